@@ -1,0 +1,1 @@
+//! The reference CPU backend: deterministic, batch-invariant, multi-threaded.

@@ -1,0 +1,11 @@
+//! Quire: an LLM inference engine for GGUF models with a paged KV cache,
+//! decode-first batching and reproducible-by-construction outputs.
+//! See docs/ARCHITECTURE.md for the map of modules.
+
+pub mod backend;
+pub mod gguf;
+pub mod kv;
+pub mod model;
+pub mod quant;
+pub mod sampler;
+pub mod tokenizer;
