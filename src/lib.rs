@@ -3,6 +3,7 @@
 //! See docs/ARCHITECTURE.md for the map of modules.
 
 pub mod backend;
+pub mod fetch;
 pub mod gguf;
 pub mod kv;
 pub mod model;
