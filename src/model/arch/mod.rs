@@ -1,0 +1,3 @@
+//! One file per architecture graph.
+
+pub mod llama;

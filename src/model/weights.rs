@@ -1,0 +1,82 @@
+//! Weight references into the memory-mapped GGUF file.
+//!
+//! Matrices stay in the mmap in their stored type (no copy, no dequant);
+//! small vectors (norms, biases) are decoded to f32 once at load.
+
+use crate::backend::QMatrix;
+use crate::gguf::GgufFile;
+use crate::quant::{self, GgmlType};
+use anyhow::{bail, Context, Result};
+
+/// A 2-D weight matrix stored in the GGUF data section.
+#[derive(Clone, Debug)]
+pub struct WeightRef {
+    pub name: String,
+    pub ty: GgmlType,
+    /// Output features (GGUF dims[1]).
+    pub rows: usize,
+    /// Input features (GGUF dims[0], contiguous).
+    pub cols: usize,
+}
+
+impl WeightRef {
+    /// Looks up `name` and checks it is a (rows, cols) matrix.
+    pub fn load(g: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Self> {
+        let t = g
+            .tensor(name)
+            .with_context(|| format!("missing tensor {name}"))?;
+        let (c, r) = match t.dims.as_slice() {
+            [c] => (*c as usize, 1),
+            [c, r] => (*c as usize, *r as usize),
+            other => bail!("tensor {name}: expected 2 dims, got {other:?}"),
+        };
+        if r != rows || c != cols {
+            bail!("tensor {name}: shape [{c}, {r}] but the model config needs [{cols}, {rows}] (GGUF order)");
+        }
+        Ok(WeightRef {
+            name: name.to_string(),
+            ty: t.ty,
+            rows,
+            cols,
+        })
+    }
+
+    pub fn optional(g: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Option<Self>> {
+        if g.tensor(name).is_none() {
+            return Ok(None);
+        }
+        Self::load(g, name, rows, cols).map(Some)
+    }
+
+    /// The matrix as an op argument, borrowing the mmap.
+    pub fn matrix<'a>(&self, g: &'a GgufFile) -> Result<QMatrix<'a>> {
+        Ok(QMatrix {
+            ty: self.ty,
+            rows: self.rows,
+            cols: self.cols,
+            data: g.tensor_data(&self.name)?,
+        })
+    }
+}
+
+/// Decodes a 1-D tensor of `len` elements (any supported type) to f32.
+pub fn load_vector(g: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
+    let t = g
+        .tensor(name)
+        .with_context(|| format!("missing tensor {name}"))?;
+    let n: u64 = t.dims.iter().product();
+    if n as usize != len {
+        bail!("tensor {name}: {n} elements, the model config needs {len}");
+    }
+    let mut out = vec![0f32; len];
+    quant::dequantize(t.ty, g.tensor_data(name)?, &mut out)
+        .with_context(|| format!("decoding tensor {name}"))?;
+    Ok(out)
+}
+
+pub fn optional_vector(g: &GgufFile, name: &str, len: usize) -> Result<Option<Vec<f32>>> {
+    if g.tensor(name).is_none() {
+        return Ok(None);
+    }
+    load_vector(g, name, len).map(Some)
+}

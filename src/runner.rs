@@ -1,0 +1,225 @@
+//! The model runner: turns a step's work (which tokens of which sequences)
+//! into batch inputs (positions, slot mapping, block tables), runs the
+//! model, and returns logits per sequence.
+
+use crate::backend::cpu::CpuBackend;
+use crate::backend::{Backend, Mode};
+use crate::dispatch::Dispatcher;
+use crate::gguf::GgufFile;
+use crate::kv::{KvManager, SeqId};
+use crate::model::{KvStorage, LlamaModel, ModelConfig, StepInput};
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::Path;
+
+/// Which logits a sequence wants from a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitsWanted {
+    None,
+    /// Only the last row of the sequence's chunk.
+    Last,
+    /// Every row (teacher forcing, perplexity).
+    All,
+}
+
+/// One sequence's part of a step: `tokens` at positions
+/// `start_pos .. start_pos + tokens.len()`. Earlier positions must already
+/// be in the KV cache.
+pub struct SeqWork<'a> {
+    pub seq: SeqId,
+    pub tokens: &'a [u32],
+    pub start_pos: usize,
+    pub logits: LogitsWanted,
+}
+
+#[derive(Clone, Debug)]
+pub struct RunnerOptions {
+    /// CPU threads (None: all cores).
+    pub threads: Option<usize>,
+    pub block_size: usize,
+    /// KV capacity in tokens, over all sequences.
+    pub kv_tokens: usize,
+    pub mode: Mode,
+    /// Show a progress bar while loading.
+    pub progress: bool,
+}
+
+impl Default for RunnerOptions {
+    fn default() -> Self {
+        RunnerOptions {
+            threads: None,
+            block_size: 16,
+            kv_tokens: 8192,
+            mode: Mode::Exact,
+            progress: false,
+        }
+    }
+}
+
+pub struct Runner {
+    pub gguf: GgufFile,
+    pub model: LlamaModel,
+    pub dx: Dispatcher,
+    pub kv: KvManager,
+    pub storage: KvStorage,
+    n_threads: usize,
+}
+
+impl Runner {
+    pub fn load(path: &Path, opts: &RunnerOptions) -> Result<Self> {
+        let gguf = GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let cfg = ModelConfig::from_gguf(&gguf)
+            .with_context(|| format!("reading the model config of {}", path.display()))?;
+        let bar = if opts.progress {
+            let b = ProgressBar::new(cfg.n_layers as u64);
+            b.set_style(
+                ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} layers")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            b.set_message(
+                path.file_name()
+                    .map(|f| f.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+            );
+            b
+        } else {
+            ProgressBar::hidden()
+        };
+        let model = LlamaModel::load(&gguf, cfg.clone(), &|i, _| bar.set_position(i as u64))?;
+        // Touch every tensor page once so the first step does not pay the
+        // page faults (and the bar reflects the real load time).
+        prefault(&gguf, &bar)?;
+        bar.finish_and_clear();
+        let cpu = CpuBackend::new(opts.threads)?;
+        let n_threads = cpu.n_threads();
+        let backends: Vec<Box<dyn Backend>> = vec![Box::new(cpu)];
+        let dx = Dispatcher::new(backends, opts.mode);
+        if opts.block_size == 0 {
+            bail!("block size must be at least 1");
+        }
+        // +1: physical block 0 is the null block.
+        let n_blocks = opts.kv_tokens.div_ceil(opts.block_size) + 1;
+        let kv = KvManager::new(n_blocks, opts.block_size)?;
+        let storage = KvStorage::new(
+            cfg.n_layers,
+            n_blocks,
+            opts.block_size,
+            cfg.n_kv_heads,
+            cfg.head_dim,
+        )?;
+        Ok(Runner {
+            gguf,
+            model,
+            dx,
+            kv,
+            storage,
+            n_threads,
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.model.cfg
+    }
+
+    pub fn n_threads(&self) -> usize {
+        self.n_threads
+    }
+
+    /// Runs one step over several sequences. Returns, per work item, its
+    /// logits: (rows wanted, vocab) flattened.
+    pub fn step(&mut self, work: &[SeqWork<'_>]) -> Result<Vec<Vec<f32>>> {
+        let mut tokens = Vec::new();
+        let mut positions = Vec::new();
+        let mut row_seq = Vec::new();
+        let mut slots = Vec::new();
+        let mut logit_rows = Vec::new();
+        let mut wanted = Vec::with_capacity(work.len());
+        let ctx = self.model.cfg.context_length;
+        for (si, w) in work.iter().enumerate() {
+            let end = w.start_pos + w.tokens.len();
+            if end > ctx {
+                bail!(
+                    "sequence {:?} reaches position {end}, past the model's context length {ctx}",
+                    w.seq
+                );
+            }
+            let copies = self
+                .kv
+                .allocate(w.seq, end)
+                .with_context(|| format!("allocating KV blocks for {end} tokens of {:?}", w.seq))?;
+            for c in copies {
+                self.storage.copy_block(c.src, c.dst)?;
+            }
+            let s = self.kv.slot_mapping(w.seq, w.start_pos, w.tokens.len())?;
+            let base = tokens.len();
+            tokens.extend_from_slice(w.tokens);
+            positions.extend((w.start_pos..end).map(|p| p as u32));
+            row_seq.extend(std::iter::repeat_n(si as u32, w.tokens.len()));
+            slots.extend_from_slice(&s);
+            let n_want = match w.logits {
+                LogitsWanted::None => 0,
+                LogitsWanted::Last => w.tokens.len().min(1),
+                LogitsWanted::All => w.tokens.len(),
+            };
+            let first = base + w.tokens.len() - n_want;
+            logit_rows.extend(first..base + w.tokens.len());
+            wanted.push(n_want);
+        }
+        let tables: Vec<Vec<u32>> = work
+            .iter()
+            .map(|w| {
+                self.kv
+                    .block_table(w.seq)
+                    .map(|t| t.to_vec())
+                    .with_context(|| format!("no block table for {:?}", w.seq))
+            })
+            .collect::<Result<_>>()?;
+        let table_refs: Vec<&[u32]> = tables.iter().map(|t| t.as_slice()).collect();
+        let input = StepInput {
+            tokens: &tokens,
+            positions: &positions,
+            row_seq: &row_seq,
+            slots: &slots,
+            block_tables: &table_refs,
+            logit_rows: &logit_rows,
+        };
+        let logits = self
+            .model
+            .forward(&self.gguf, &self.dx, &mut self.storage, &input)?;
+        let v = self.model.cfg.vocab_size;
+        let mut out = Vec::with_capacity(work.len());
+        let mut off = 0;
+        for n in wanted {
+            out.push(logits[off * v..(off + n) * v].to_vec());
+            off += n;
+        }
+        Ok(out)
+    }
+
+    /// Releases a sequence's KV blocks.
+    pub fn free(&mut self, seq: SeqId) {
+        self.kv.free(seq);
+    }
+}
+
+fn prefault(g: &GgufFile, bar: &ProgressBar) -> Result<()> {
+    let total: u64 = g.tensors().iter().map(|t| t.n_bytes as u64).sum();
+    bar.set_length(total.max(1));
+    bar.set_position(0);
+    bar.set_style(
+        ProgressStyle::with_template("loading {msg} [{bar:30}] {bytes}/{total_bytes}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let mut done = 0u64;
+    let mut sink = 0u8;
+    for t in g.tensors() {
+        let data = g.tensor_data(&t.name)?;
+        for chunk in data.chunks(4096) {
+            sink ^= chunk[0];
+        }
+        done += t.n_bytes as u64;
+        bar.set_position(done);
+    }
+    std::hint::black_box(sink);
+    Ok(())
+}

@@ -1,0 +1,52 @@
+//! Shared test helpers.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The interpreter for reference checks (`QUIRE_PYTHON`, default python3).
+pub fn python() -> String {
+    std::env::var("QUIRE_PYTHON").unwrap_or_else(|_| "python3".to_string())
+}
+
+/// Whether `python()` can import every module in `mods`; prints SKIPPED
+/// with the reason when not.
+pub fn python_has(test: &str, mods: &[&str]) -> bool {
+    let code = format!("import {}", mods.join(", "));
+    match Command::new(python()).args(["-c", &code]).output() {
+        Ok(o) if o.status.success() => true,
+        Ok(o) => {
+            eprintln!(
+                "SKIPPED: {test}: `{}` cannot import {:?} ({}); run scripts/setup-test-env.sh and set QUIRE_PYTHON",
+                python(),
+                mods,
+                String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("")
+            );
+            false
+        }
+        Err(e) => {
+            eprintln!("SKIPPED: {test}: cannot run `{}`: {e}", python());
+            false
+        }
+    }
+}
+
+pub fn repo_path(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+/// Normalized mean squared error of `got` against `want`.
+pub fn nmse(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let num: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+        .sum();
+    let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
+    num / den.max(1e-30)
+}
+
+pub fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
