@@ -53,7 +53,10 @@ fn bitwise_equal_across_thread_counts() {
     assert!(reference.iter().all(|x| x.is_finite()));
     for t in [2, 4] {
         let got = chunked(&mut runner(t), SeqId(0), &toks, 64);
-        assert!(bits(&got) == bits(&reference), "{t} threads differ from 1 thread");
+        assert!(
+            bits(&got) == bits(&reference),
+            "{t} threads differ from 1 thread"
+        );
     }
 }
 
@@ -64,7 +67,10 @@ fn bitwise_equal_prefill_chunked_and_token_by_token() {
     let once = chunked(&mut r, SeqId(1), &toks, 70);
     for chunk in [7, 16, 1] {
         let got = chunked(&mut r, SeqId(2), &toks, chunk);
-        assert!(bits(&got) == bits(&once), "chunks of {chunk} differ from one prefill");
+        assert!(
+            bits(&got) == bits(&once),
+            "chunks of {chunk} differ from one prefill"
+        );
     }
 }
 
@@ -132,5 +138,8 @@ fn bitwise_equal_alone_and_in_a_batch() {
         batched.extend(out.pop().unwrap());
     }
     assert_eq!(batched.len(), alone.len());
-    assert!(bits(&batched) == bits(&alone), "batched logits differ from alone");
+    assert!(
+        bits(&batched) == bits(&alone),
+        "batched logits differ from alone"
+    );
 }

@@ -46,7 +46,9 @@ fn check(shape: &str, ty: GgmlType, bound: f64) {
     write_model(&path, s, ty, 7).unwrap();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
     let n = 37;
-    let tokens: Vec<u32> = (0..n).map(|_| rng.random_range(0..s.vocab as u32)).collect();
+    let tokens: Vec<u32> = (0..n)
+        .map(|_| rng.random_range(0..s.vocab as u32))
+        .collect();
     let want = hf_logits(&path, &tokens, s.vocab);
     let v = s.vocab;
     let mut r = Runner::load(&path, &RunnerOptions::default()).unwrap();
@@ -64,7 +66,10 @@ fn check(shape: &str, ty: GgmlType, bound: f64) {
         .unwrap();
     for p in 0..n {
         let e = nmse(&got[p * v..(p + 1) * v], &want[p * v..(p + 1) * v]);
-        assert!(e < bound, "{test}: prefill position {p}: NMSE {e:.3e} >= {bound:.0e}");
+        assert!(
+            e < bound,
+            "{test}: prefill position {p}: NMSE {e:.3e} >= {bound:.0e}"
+        );
     }
     r.free(SeqId(1));
 
@@ -91,7 +96,10 @@ fn check(shape: &str, ty: GgmlType, bound: f64) {
             .unwrap();
         let e = nmse(&l, &want[p * v..(p + 1) * v]);
         worst = worst.max(e);
-        assert!(e < bound, "{test}: decode position {p}: NMSE {e:.3e} >= {bound:.0e}");
+        assert!(
+            e < bound,
+            "{test}: decode position {p}: NMSE {e:.3e} >= {bound:.0e}"
+        );
     }
     eprintln!("{test}: worst decode NMSE {worst:.3e} (bound {bound:.0e})");
 }

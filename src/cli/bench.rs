@@ -114,7 +114,10 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         println!("| model | threads | test | t/s |");
         println!("|---|---|---|---|");
         for (k, (m, s)) in &rows {
-            println!("| {model_name} | {} | {k} | {m:.2} ± {s:.2} |", r.n_threads());
+            println!(
+                "| {model_name} | {} | {k} | {m:.2} ± {s:.2} |",
+                r.n_threads()
+            );
         }
     }
     a.model.report_backends(&r);

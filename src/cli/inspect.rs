@@ -93,10 +93,7 @@ pub fn logits(a: LogitsArgs) -> Result<()> {
             .into_iter()
             .map(|(id, x)| serde_json::json!([id, x]))
             .collect();
-        println!(
-            "{}",
-            serde_json::json!({"pos": i, "token": t, "top": top})
-        );
+        println!("{}", serde_json::json!({"pos": i, "token": t, "top": top}));
     }
     Ok(())
 }

@@ -42,7 +42,15 @@ pub fn synth(a: SynthArgs) -> Result<()> {
         for s in SHAPES {
             println!(
                 "{:16} {:6} layers {:3} dim {:5} heads {:3}/{:<2} head_dim {:3} ffn {:6} vocab {}",
-                s.name, s.arch, s.n_layers, s.dim, s.n_heads, s.n_kv_heads, s.head_dim, s.ffn_dim, s.vocab
+                s.name,
+                s.arch,
+                s.n_layers,
+                s.dim,
+                s.n_heads,
+                s.n_kv_heads,
+                s.head_dim,
+                s.ffn_dim,
+                s.vocab
             );
         }
         return Ok(());

@@ -72,7 +72,10 @@ impl KvStorage {
     pub fn copy_block(&mut self, src: u32, dst: u32) -> Result<()> {
         let (s, d) = (src as usize, dst as usize);
         if s >= self.n_blocks || d >= self.n_blocks {
-            bail!("copy_block {src} -> {dst}: out of range ({} blocks)", self.n_blocks);
+            bail!(
+                "copy_block {src} -> {dst}: out of range ({} blocks)",
+                self.n_blocks
+            );
         }
         let n = self.block_size * self.cell_elems;
         for buf in self.k.iter_mut().chain(self.v.iter_mut()) {

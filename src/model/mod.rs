@@ -50,7 +50,10 @@ impl StepInput<'_> {
             .iter()
             .find(|&&s| s as usize >= self.block_tables.len())
         {
-            bail!("row_seq {s} out of range ({} block tables)", self.block_tables.len());
+            bail!(
+                "row_seq {s} out of range ({} block tables)",
+                self.block_tables.len()
+            );
         }
         Ok(())
     }

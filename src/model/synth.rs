@@ -58,17 +58,116 @@ const fn shape(
 
 /// Named shapes. Real ones follow the published configs.
 pub const SHAPES: &[SynthShape] = &[
-    shape("SmolLM2-135M", "llama", 30, 576, (9, 3, 64), 1536, 49152, 8192, 100000.0, true),
-    shape("Llama-3.2-1B", "llama", 16, 2048, (32, 8, 64), 8192, 128256, 131072, 500000.0, true),
-    shape("Llama-3.1-8B", "llama", 32, 4096, (32, 8, 128), 14336, 128256, 131072, 500000.0, false),
-    shape("Qwen2.5-7B", "qwen2", 28, 3584, (28, 4, 128), 18944, 152064, 32768, 1000000.0, false),
-    shape("Qwen3-0.6B", "qwen3", 28, 1024, (16, 8, 128), 3072, 151936, 40960, 1000000.0, true),
+    shape(
+        "SmolLM2-135M",
+        "llama",
+        30,
+        576,
+        (9, 3, 64),
+        1536,
+        49152,
+        8192,
+        100000.0,
+        true,
+    ),
+    shape(
+        "Llama-3.2-1B",
+        "llama",
+        16,
+        2048,
+        (32, 8, 64),
+        8192,
+        128256,
+        131072,
+        500000.0,
+        true,
+    ),
+    shape(
+        "Llama-3.1-8B",
+        "llama",
+        32,
+        4096,
+        (32, 8, 128),
+        14336,
+        128256,
+        131072,
+        500000.0,
+        false,
+    ),
+    shape(
+        "Qwen2.5-7B",
+        "qwen2",
+        28,
+        3584,
+        (28, 4, 128),
+        18944,
+        152064,
+        32768,
+        1000000.0,
+        false,
+    ),
+    shape(
+        "Qwen3-0.6B",
+        "qwen3",
+        28,
+        1024,
+        (16, 8, 128),
+        3072,
+        151936,
+        40960,
+        1000000.0,
+        true,
+    ),
     // Tiny shapes for tests: every dimension a multiple of 256 where a
     // K-quant needs it (row lengths dim and ffn_dim).
-    shape("tiny-llama", "llama", 2, 256, (4, 2, 64), 512, 384, 2048, 10000.0, false),
-    shape("tiny-llama-tied", "llama", 2, 256, (8, 1, 32), 256, 320, 2048, 10000.0, true),
-    shape("tiny-qwen2", "qwen2", 2, 256, (4, 2, 64), 512, 384, 2048, 1000000.0, true),
-    shape("tiny-qwen3", "qwen3", 2, 256, (4, 2, 128), 512, 384, 2048, 1000000.0, false),
+    shape(
+        "tiny-llama",
+        "llama",
+        2,
+        256,
+        (4, 2, 64),
+        512,
+        384,
+        2048,
+        10000.0,
+        false,
+    ),
+    shape(
+        "tiny-llama-tied",
+        "llama",
+        2,
+        256,
+        (8, 1, 32),
+        256,
+        320,
+        2048,
+        10000.0,
+        true,
+    ),
+    shape(
+        "tiny-qwen2",
+        "qwen2",
+        2,
+        256,
+        (4, 2, 64),
+        512,
+        384,
+        2048,
+        1000000.0,
+        true,
+    ),
+    shape(
+        "tiny-qwen3",
+        "qwen3",
+        2,
+        256,
+        (4, 2, 128),
+        512,
+        384,
+        2048,
+        1000000.0,
+        false,
+    ),
 ];
 
 pub fn find_shape(name: &str) -> Result<&'static SynthShape> {
@@ -105,7 +204,8 @@ fn matrix(seed: u64, rows: usize, cols: usize, std: f32, ty: GgmlType) -> Result
     let rows_data: Vec<Result<Vec<u8>>> = (0..rows)
         .into_par_iter()
         .map(|r| {
-            let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (r as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let mut rng =
+                ChaCha8Rng::seed_from_u64(seed ^ (r as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
             let x = normals(&mut rng, cols, std, 0.0);
             Ok(quant::quantize(ty, &x)?)
         })
@@ -155,19 +255,43 @@ pub fn write_model(path: &Path, s: &SynthShape, ty: GgmlType, seed: u64) -> Resu
     let a = s.arch;
     let kv = |k: &str| format!("{a}.{k}");
     w.add_kv("general.architecture", GgufValue::String(a.to_string()));
-    w.add_kv("general.name", GgufValue::String(format!("synthetic {}", s.name)));
+    w.add_kv(
+        "general.name",
+        GgufValue::String(format!("synthetic {}", s.name)),
+    );
     w.add_kv("general.alignment", GgufValue::U32(32));
     w.add_kv(&kv("block_count"), GgufValue::U32(s.n_layers as u32));
-    w.add_kv(&kv("context_length"), GgufValue::U32(s.context_length as u32));
+    w.add_kv(
+        &kv("context_length"),
+        GgufValue::U32(s.context_length as u32),
+    );
     w.add_kv(&kv("embedding_length"), GgufValue::U32(s.dim as u32));
     w.add_kv(&kv("feed_forward_length"), GgufValue::U32(s.ffn_dim as u32));
-    w.add_kv(&kv("attention.head_count"), GgufValue::U32(s.n_heads as u32));
-    w.add_kv(&kv("attention.head_count_kv"), GgufValue::U32(s.n_kv_heads as u32));
-    w.add_kv(&kv("attention.key_length"), GgufValue::U32(s.head_dim as u32));
-    w.add_kv(&kv("attention.value_length"), GgufValue::U32(s.head_dim as u32));
+    w.add_kv(
+        &kv("attention.head_count"),
+        GgufValue::U32(s.n_heads as u32),
+    );
+    w.add_kv(
+        &kv("attention.head_count_kv"),
+        GgufValue::U32(s.n_kv_heads as u32),
+    );
+    w.add_kv(
+        &kv("attention.key_length"),
+        GgufValue::U32(s.head_dim as u32),
+    );
+    w.add_kv(
+        &kv("attention.value_length"),
+        GgufValue::U32(s.head_dim as u32),
+    );
     w.add_kv(&kv("rope.freq_base"), GgufValue::F32(s.rope_base));
-    w.add_kv(&kv("rope.dimension_count"), GgufValue::U32(s.head_dim as u32));
-    w.add_kv(&kv("attention.layer_norm_rms_epsilon"), GgufValue::F32(1e-6));
+    w.add_kv(
+        &kv("rope.dimension_count"),
+        GgufValue::U32(s.head_dim as u32),
+    );
+    w.add_kv(
+        &kv("attention.layer_norm_rms_epsilon"),
+        GgufValue::F32(1e-6),
+    );
 
     let mut tokens = byte_tokens();
     let specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
@@ -201,19 +325,25 @@ pub fn write_model(path: &Path, s: &SynthShape, ty: GgmlType, seed: u64) -> Resu
 
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut next_seed = move || rng.random::<u64>();
-    let (d, q, kvd, f) = (s.dim, s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim, s.ffn_dim);
-    let mut mat = |w: &mut GgufWriter, name: &str, rows: usize, cols: usize, sd: u64| -> Result<()> {
+    let (d, q, kvd, f) = (
+        s.dim,
+        s.n_heads * s.head_dim,
+        s.n_kv_heads * s.head_dim,
+        s.ffn_dim,
+    );
+    let mat = |w: &mut GgufWriter, name: &str, rows: usize, cols: usize, sd: u64| -> Result<()> {
         let std = 1.0 / (cols as f32).sqrt();
         let data = matrix(sd, rows, cols, std, ty).with_context(|| format!("tensor {name}"))?;
         w.add_tensor(name, &[cols as u64, rows as u64], ty, data)?;
         Ok(())
     };
-    let mut vecf = |w: &mut GgufWriter, name: &str, n: usize, sd: u64, mean: f32, std: f32| -> Result<()> {
-        let mut r = ChaCha8Rng::seed_from_u64(sd);
-        let v = normals(&mut r, n, std, mean);
-        w.add_tensor(name, &[n as u64], GgmlType::F32, f32_bytes(&v))?;
-        Ok(())
-    };
+    let vecf =
+        |w: &mut GgufWriter, name: &str, n: usize, sd: u64, mean: f32, std: f32| -> Result<()> {
+            let mut r = ChaCha8Rng::seed_from_u64(sd);
+            let v = normals(&mut r, n, std, mean);
+            w.add_tensor(name, &[n as u64], GgmlType::F32, f32_bytes(&v))?;
+            Ok(())
+        };
     // Embeddings: unit variance so the first norm sees O(1) activations.
     {
         let data = matrix(next_seed(), s.vocab, d, 1.0, ty).context("tensor token_embd.weight")?;
@@ -232,8 +362,22 @@ pub fn write_model(path: &Path, s: &SynthShape, ty: GgmlType, seed: u64) -> Resu
             vecf(&mut w, &n("attn_v.bias"), kvd, next_seed(), 0.0, 0.1)?;
         }
         if a == "qwen3" {
-            vecf(&mut w, &n("attn_q_norm.weight"), s.head_dim, next_seed(), 1.0, 0.1)?;
-            vecf(&mut w, &n("attn_k_norm.weight"), s.head_dim, next_seed(), 1.0, 0.1)?;
+            vecf(
+                &mut w,
+                &n("attn_q_norm.weight"),
+                s.head_dim,
+                next_seed(),
+                1.0,
+                0.1,
+            )?;
+            vecf(
+                &mut w,
+                &n("attn_k_norm.weight"),
+                s.head_dim,
+                next_seed(),
+                1.0,
+                0.1,
+            )?;
         }
         vecf(&mut w, &n("ffn_norm.weight"), d, next_seed(), 1.0, 0.1)?;
         mat(&mut w, &n("ffn_gate.weight"), f, d, next_seed())?;

@@ -192,6 +192,7 @@ impl LlamaModel {
                     neox: c.arch.neox_rope(),
                 })?;
             }
+            let block_size = kv.block_size();
             let (kc, vc) = kv.layer_mut(li)?;
             dx.run(Op::KvWrite {
                 k: &k,
@@ -200,7 +201,7 @@ impl LlamaModel {
                 cache: KvLayerMut {
                     k: kc,
                     v: vc,
-                    block_size: kv.block_size(),
+                    block_size,
                     n_kv_heads: c.n_kv_heads,
                     head_dim: hd,
                 },
