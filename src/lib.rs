@@ -13,4 +13,6 @@ pub mod model;
 pub mod quant;
 pub mod runner;
 pub mod sampler;
+pub mod serve;
+pub mod server;
 pub mod tokenizer;

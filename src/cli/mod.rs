@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod generate;
 pub mod inspect;
+pub mod serve;
 pub mod synth;
 
 use crate::backend::Mode;
@@ -40,6 +41,8 @@ pub enum Command {
     Perplexity(inspect::PerplexityArgs),
     /// Write a random-weight GGUF of a named real shape.
     Synth(synth::SynthArgs),
+    /// OpenAI-compatible HTTP server with continuous batching.
+    Serve(serve::ServeArgs),
 }
 
 /// Options shared by every command that loads a model.
@@ -146,5 +149,6 @@ pub fn main_with(cli: Cli) -> Result<()> {
         Command::Logits(a) => inspect::logits(a),
         Command::Perplexity(a) => inspect::perplexity(a),
         Command::Synth(a) => synth::synth(a),
+        Command::Serve(a) => serve::serve(a),
     }
 }

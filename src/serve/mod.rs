@@ -1,0 +1,234 @@
+//! The multi-request engine: one thread owns the [`Runner`] (the model, its
+//! KV storage and the KV block manager) and steps every live sequence
+//! together, decode-first; callers talk to it through channels.
+//!
+//! ```text
+//! HTTP handlers --EngineHandle::submit--> Msg queue --> engine thread
+//!      ^                                                    | step loop:
+//!      +---- tokio mpsc (Event per token / end) <-----------+ admit, plan, step, sample
+//! ```
+//!
+//! Each request may ask for `n` choices: `n` sequences sharing the prompt.
+//! The first one is admitted alone; its siblings wait until its prompt is
+//! prefilled and its full blocks are in the prefix cache, then reuse them.
+
+mod engine;
+pub mod metrics;
+
+pub use engine::spawn;
+pub use metrics::{EndKind, Metrics};
+
+use crate::sampler::SamplingParams;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc;
+
+/// Engine settings.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Most sequences that may wait for admission (the queue); a request that
+    /// would exceed it is refused with [`SubmitError::QueueFull`].
+    pub max_queue: usize,
+    /// T: most tokens (rows) one step runs, decodes and prefill chunks together.
+    pub max_batch_tokens: usize,
+    /// Floor of the prefill budget: each step gives prefill chunks
+    /// `max(min_prefill_tokens, T - D)` tokens, D = live decodes (decode first;
+    /// the floor keeps prompts moving when T is saturated by decodes).
+    pub min_prefill_tokens: usize,
+    /// Most tokens one sequence prefills per step (0 = no cap).
+    pub max_prefill_chunk: usize,
+    /// Most sequences running at once.
+    pub max_running: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            max_queue: 256,
+            max_batch_tokens: 256,
+            min_prefill_tokens: 32,
+            max_prefill_chunk: 0,
+            max_running: 64,
+        }
+    }
+}
+
+/// One generation request (all its `n` choices).
+#[derive(Clone, Debug)]
+pub struct GenRequest {
+    pub prompt: Vec<u32>,
+    /// Choice `i` samples with seed `params.seed + i` (wrapping), so the
+    /// choices differ and each stays reproducible.
+    pub params: SamplingParams,
+    /// Most tokens generated per choice (the context length also bounds it).
+    pub max_tokens: usize,
+    /// Generation ends (reason Stop) after one of these tokens; it is not
+    /// sent as a Token event.
+    pub stop_ids: Vec<u32>,
+    /// Some(k): send the chosen token's log-probability and the k most likely.
+    pub top_logprobs: Option<usize>,
+    pub n: usize,
+}
+
+/// The log-probabilities of one generated token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    /// (token, log-probability), most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop token.
+    Stop,
+    /// max_tokens or the context length.
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// What the engine sends back for a request, per choice `index`.
+#[derive(Clone, Debug)]
+pub enum Event {
+    Token {
+        index: usize,
+        token: u32,
+        logprobs: Option<TokenLogprobs>,
+    },
+    /// The choice ended; `completion_tokens` counts the stop token too.
+    Finished {
+        index: usize,
+        reason: FinishReason,
+        completion_tokens: usize,
+    },
+    /// The choice failed (or the server shuts down); no more events for it.
+    Error { index: usize, message: String },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the request queue is full ({0} waiting)")]
+    QueueFull(usize),
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+/// A submitted request: its events, and a way to end single choices early
+/// (a stop string matched). Dropping it cancels every choice; the engine
+/// frees their KV blocks at its next step.
+pub struct RequestHandle {
+    pub events: mpsc::UnboundedReceiver<Event>,
+    cancel: Arc<Vec<AtomicBool>>,
+}
+
+impl RequestHandle {
+    /// Ends choice `index` (its blocks are freed at the next step).
+    pub fn cancel(&self, index: usize) {
+        if let Some(c) = self.cancel.get(index) {
+            c.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+pub(crate) enum Msg {
+    Submit(Box<Submission>),
+    /// Cancel every live sequence (shutdown deadline passed).
+    CancelAll,
+}
+
+pub(crate) struct Submission {
+    req: GenRequest,
+    tx: mpsc::UnboundedSender<Event>,
+    cancel: Arc<Vec<AtomicBool>>,
+    arrival: Instant,
+}
+
+/// Limits the server checks before submitting.
+#[derive(Clone, Copy, Debug)]
+pub struct EngineLimits {
+    pub context_length: usize,
+    /// KV capacity in tokens (the pool, null block excluded).
+    pub kv_tokens: usize,
+    pub vocab_size: usize,
+}
+
+/// Cloneable handle to the engine thread.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: std::sync::mpsc::Sender<Msg>,
+    /// Sequences submitted and not yet admitted (the engine decrements).
+    queued: Arc<AtomicUsize>,
+    max_queue: usize,
+    pub metrics: Arc<Metrics>,
+    pub limits: EngineLimits,
+}
+
+impl EngineHandle {
+    /// Queues a request. Refuses it when its `n` sequences would overflow
+    /// the queue, so the caller can answer 429 at once.
+    pub fn submit(&self, req: GenRequest) -> Result<RequestHandle, SubmitError> {
+        let n = req.n;
+        if n == 0 {
+            return Err(SubmitError::Invalid("n must be at least 1".into()));
+        }
+        if req.prompt.is_empty() {
+            return Err(SubmitError::Invalid("the prompt is empty".into()));
+        }
+        if let Some(&t) = req
+            .prompt
+            .iter()
+            .find(|&&t| t as usize >= self.limits.vocab_size)
+        {
+            return Err(SubmitError::Invalid(format!(
+                "token id {t} is outside the vocabulary of {}",
+                self.limits.vocab_size
+            )));
+        }
+        let max_q = self.max_queue;
+        if self
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                (q + n <= max_q).then_some(q + n)
+            })
+            .is_err()
+        {
+            self.metrics
+                .update(|s| s.requests_rejected_queue_full += 1);
+            return Err(SubmitError::QueueFull(self.queued.load(Ordering::Acquire)));
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let cancel: Arc<Vec<AtomicBool>> = Arc::new((0..n).map(|_| AtomicBool::new(false)).collect());
+        let sub = Submission {
+            req,
+            tx,
+            cancel: cancel.clone(),
+            arrival: Instant::now(),
+        };
+        if self.tx.send(Msg::Submit(Box::new(sub))).is_err() {
+            self.queued.fetch_sub(n, Ordering::AcqRel);
+            return Err(SubmitError::Stopped);
+        }
+        Ok(RequestHandle { events: rx, cancel })
+    }
+
+    /// Sequences waiting for admission.
+    pub fn queue_depth(&self) -> usize {
+        self.queued.load(Ordering::Acquire)
+    }
+
+    /// Asks the engine to cancel every live sequence (shutdown deadline).
+    pub fn cancel_all(&self) {
+        let _ = self.tx.send(Msg::CancelAll);
+    }
+}

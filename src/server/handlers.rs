@@ -1,0 +1,345 @@
+//! `POST /v1/chat/completions` and `POST /v1/completions`: validation,
+//! submission, then a JSON response or an SSE stream ending `data: [DONE]`.
+
+use super::api::{self, ChatRequest, CompletionRequest, Prepared};
+use super::drive::{drive, Ended, Out};
+use super::error::ApiError;
+use super::text::LpEntry;
+use super::AppState;
+use crate::serve::SubmitError;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+/// OpenAI's JSON cannot carry -inf: clamp as OpenAI does.
+fn lp_num(x: f32) -> f32 {
+    if x.is_finite() {
+        x
+    } else {
+        -9999.0
+    }
+}
+
+fn chat_logprobs_json(lps: &[LpEntry]) -> Value {
+    let content: Vec<Value> = lps
+        .iter()
+        .map(|e| {
+            json!({
+                "token": e.token,
+                "logprob": lp_num(e.logprob),
+                "bytes": e.bytes,
+                "top_logprobs": e.top.iter().map(|(t, b, l)| json!({
+                    "token": t, "logprob": lp_num(*l), "bytes": b,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json!({ "content": content })
+}
+
+fn completion_logprobs_json(lps: &[LpEntry]) -> Value {
+    let top: Vec<Value> = lps
+        .iter()
+        .map(|e| {
+            let mut m = serde_json::Map::new();
+            for (t, _, l) in &e.top {
+                m.entry(t.clone()).or_insert(json!(lp_num(*l)));
+            }
+            Value::Object(m)
+        })
+        .collect();
+    json!({
+        "tokens": lps.iter().map(|e| e.token.clone()).collect::<Vec<_>>(),
+        "token_logprobs": lps.iter().map(|e| lp_num(e.logprob)).collect::<Vec<_>>(),
+        "top_logprobs": top,
+        "text_offset": lps.iter().map(|e| e.offset).collect::<Vec<_>>(),
+    })
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn new_id(state: &AppState, kind: Kind) -> String {
+    let n = state.next_id.fetch_add(1, Ordering::Relaxed);
+    let prefix = match kind {
+        Kind::Chat => "chatcmpl",
+        Kind::Completion => "cmpl",
+    };
+    format!("{prefix}-{:x}{:08x}", n, rand::random::<u32>())
+}
+
+fn check_model(state: &AppState, model: &str) -> Result<(), ApiError> {
+    if model == state.model_id {
+        Ok(())
+    } else {
+        Err(ApiError::model_not_found(model))
+    }
+}
+
+pub async fn chat(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    match chat_inner(state, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn chat_inner(state: Arc<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let req: ChatRequest = api::parse_body(&body)?;
+    check_model(&state, &req.common.model)?;
+    let msgs = req.messages()?;
+    let top = api::chat_logprobs(&req)?;
+    let text = state
+        .tok
+        .apply_chat_template(&msgs, true)
+        .map_err(|e| ApiError::bad_request(format!("chat template: {e:#}"), Some("messages")))?;
+    let prompt = state
+        .tok
+        .encode(&text, false, true)
+        .map_err(|e| ApiError::bad_request(format!("cannot tokenize: {e:#}"), Some("messages")))?;
+    let max = req.max_completion_tokens.or(req.common.max_tokens);
+    let prep = api::prepare(
+        &req.common,
+        prompt,
+        max,
+        top,
+        &state.tok,
+        &state.engine.limits,
+    )?;
+    respond(state, prep, Kind::Chat).await
+}
+
+pub async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    match completions_inner(state, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn completions_inner(state: Arc<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let req: CompletionRequest = api::parse_body(&body)?;
+    check_model(&state, &req.common.model)?;
+    let top = api::completion_logprobs(&req)?;
+    let prompt = api::completion_prompt(&req, &state.tok)?;
+    // OpenAI's legacy default is 16 tokens.
+    let max = Some(req.common.max_tokens.unwrap_or(16));
+    let prep = api::prepare(
+        &req.common,
+        prompt,
+        max,
+        top,
+        &state.tok,
+        &state.engine.limits,
+    )?;
+    respond(state, prep, Kind::Completion).await
+}
+
+async fn respond(state: Arc<AppState>, prep: Prepared, kind: Kind) -> Result<Response, ApiError> {
+    if state.shutting_down.load(Ordering::Acquire) {
+        return Err(ApiError::unavailable("the server is shutting down"));
+    }
+    let n = prep.gen.n;
+    let handle = state.engine.submit(prep.gen.clone()).map_err(|e| match e {
+        SubmitError::QueueFull(q) => ApiError::queue_full(q, 1),
+        SubmitError::Invalid(m) => ApiError::bad_request(m, None),
+        SubmitError::Stopped => ApiError::unavailable("the engine has stopped"),
+    })?;
+    let id = new_id(&state, kind);
+    let created = unix_now();
+    let logprobs_on = prep.gen.top_logprobs.is_some();
+    if prep.stream {
+        let (tx, rx) = mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
+        let st = state.clone();
+        tokio::spawn(async move {
+            stream_task(st, prep, handle, n, kind, id, created, logprobs_on, tx).await;
+        });
+        let stream = UnboundedReceiverStream::new(rx);
+        return Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response());
+    }
+    let mut texts = vec![String::new(); n];
+    let mut lps: Vec<Vec<LpEntry>> = vec![Vec::new(); n];
+    let ended = drive(&state.tok, handle, n, &prep.stops, &mut |o| {
+        if let Out::Delta {
+            index,
+            text,
+            logprobs,
+        } = o
+        {
+            texts[index].push_str(&text);
+            lps[index].extend(logprobs);
+        }
+        true
+    })
+    .await?;
+    let Ended::Done(sums) = ended else {
+        return Err(ApiError::internal("generation ended early"));
+    };
+    let completion_tokens: usize = sums.iter().map(|s| s.completion_tokens).sum();
+    let choices: Vec<Value> = (0..n)
+        .map(|i| {
+            let lp = if logprobs_on {
+                match kind {
+                    Kind::Chat => chat_logprobs_json(&lps[i]),
+                    Kind::Completion => completion_logprobs_json(&lps[i]),
+                }
+            } else {
+                Value::Null
+            };
+            match kind {
+                Kind::Chat => json!({
+                    "index": i,
+                    "message": {"role": "assistant", "content": texts[i]},
+                    "logprobs": lp,
+                    "finish_reason": sums[i].finish_reason,
+                }),
+                Kind::Completion => json!({
+                    "index": i,
+                    "text": texts[i],
+                    "logprobs": lp,
+                    "finish_reason": sums[i].finish_reason,
+                }),
+            }
+        })
+        .collect();
+    let object = match kind {
+        Kind::Chat => "chat.completion",
+        Kind::Completion => "text_completion",
+    };
+    Ok(Json(json!({
+        "id": id,
+        "object": object,
+        "created": created,
+        "model": state.model_id,
+        "system_fingerprint": state.fingerprint,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": prep.prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prep.prompt_tokens + completion_tokens,
+        },
+    }))
+    .into_response())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn stream_task(
+    state: Arc<AppState>,
+    prep: Prepared,
+    handle: crate::serve::RequestHandle,
+    n: usize,
+    kind: Kind,
+    id: String,
+    created: u64,
+    logprobs_on: bool,
+    tx: mpsc::UnboundedSender<Result<SseEvent, Infallible>>,
+) {
+    let object = match kind {
+        Kind::Chat => "chat.completion.chunk",
+        Kind::Completion => "text_completion",
+    };
+    let chunk = |choices: Vec<Value>| -> SseEvent {
+        SseEvent::default().data(
+            json!({
+                "id": id,
+                "object": object,
+                "created": created,
+                "model": state.model_id,
+                "system_fingerprint": state.fingerprint,
+                "choices": choices,
+            })
+            .to_string(),
+        )
+    };
+    if kind == Kind::Chat {
+        for i in 0..n {
+            let c = json!({
+                "index": i,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": null,
+                "finish_reason": null,
+            });
+            if tx.send(Ok(chunk(vec![c]))).is_err() {
+                return;
+            }
+        }
+    }
+    let mut sink = |o: Out| -> bool {
+        let c = match o {
+            Out::Delta {
+                index,
+                text,
+                logprobs,
+            } => {
+                let lp = match (logprobs_on, kind) {
+                    (false, _) => Value::Null,
+                    (true, Kind::Chat) => chat_logprobs_json(&logprobs),
+                    (true, Kind::Completion) => completion_logprobs_json(&logprobs),
+                };
+                match kind {
+                    Kind::Chat => json!({
+                        "index": index, "delta": {"content": text},
+                        "logprobs": lp, "finish_reason": null,
+                    }),
+                    Kind::Completion => json!({
+                        "index": index, "text": text,
+                        "logprobs": lp, "finish_reason": null,
+                    }),
+                }
+            }
+            Out::Finish { index, reason } => match kind {
+                Kind::Chat => json!({
+                    "index": index, "delta": {},
+                    "logprobs": null, "finish_reason": reason,
+                }),
+                Kind::Completion => json!({
+                    "index": index, "text": "",
+                    "logprobs": null, "finish_reason": reason,
+                }),
+            },
+        };
+        tx.send(Ok(chunk(vec![c]))).is_ok()
+    };
+    match drive(&state.tok, handle, n, &prep.stops, &mut sink).await {
+        Ok(Ended::Done(sums)) => {
+            if prep.include_usage {
+                let ct: usize = sums.iter().map(|s| s.completion_tokens).sum();
+                let ev = SseEvent::default().data(
+                    json!({
+                        "id": id, "object": object, "created": created,
+                        "model": state.model_id, "system_fingerprint": state.fingerprint,
+                        "choices": [],
+                        "usage": {
+                            "prompt_tokens": prep.prompt_tokens,
+                            "completion_tokens": ct,
+                            "total_tokens": prep.prompt_tokens + ct,
+                        },
+                    })
+                    .to_string(),
+                );
+                let _ = tx.send(Ok(ev));
+            }
+        }
+        Ok(Ended::Gone) => return,
+        Err(e) => {
+            let _ = tx.send(Ok(SseEvent::default().data(e.body().to_string())));
+        }
+    }
+    let _ = tx.send(Ok(SseEvent::default().data("[DONE]")));
+}

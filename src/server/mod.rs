@@ -1,0 +1,194 @@
+//! The OpenAI-compatible HTTP server (axum + tokio) in front of the engine
+//! thread of [`crate::serve`].
+//!
+//! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions`,
+//! `GET /v1/models`, `GET /metrics` (Prometheus text), `GET /health`.
+//! With an API key, every endpoint but `/health` needs
+//! `Authorization: Bearer <key>`.
+
+pub mod api;
+pub mod drive;
+pub mod error;
+pub mod handlers;
+pub mod text;
+
+use crate::serve::EngineHandle;
+use crate::tokenizer::Tokenizer;
+use anyhow::{Context, Result};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use error::ApiError;
+use serde_json::json;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Shared by every handler.
+pub struct AppState {
+    pub engine: EngineHandle,
+    pub tok: Arc<Tokenizer>,
+    /// The id clients must pass as `model`.
+    pub model_id: String,
+    pub api_key: Option<String>,
+    /// Reported as `system_fingerprint` (same fingerprint, same build and
+    /// mode: outputs are reproducible given the seed).
+    pub fingerprint: String,
+    pub created: u64,
+    pub next_id: AtomicU64,
+    pub shutting_down: AtomicBool,
+}
+
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    pub host: String,
+    pub port: u16,
+    /// After Ctrl-C / SIGTERM, in-flight requests get this long to finish
+    /// before they are cancelled.
+    pub shutdown_grace: Duration,
+}
+
+/// The router over `state` (exposed for in-process tests).
+pub fn router(state: Arc<AppState>) -> Router {
+    let protected = Router::new()
+        .route("/v1/chat/completions", post(handlers::chat))
+        .route("/v1/completions", post(handlers::completions))
+        .route("/v1/models", get(models))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth));
+    Router::new()
+        .route("/health", get(health))
+        .merge(protected)
+        .with_state(state)
+}
+
+async fn auth(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    req: Request,
+    next: Next,
+) -> Response {
+    if let Some(key) = &state.api_key {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        match given {
+            None => {
+                return ApiError::unauthorized(
+                    "Missing API key: send `Authorization: Bearer <key>`.",
+                )
+                .into_response()
+            }
+            Some(g) if !constant_time_eq(g.as_bytes(), key.as_bytes()) => {
+                return ApiError::unauthorized("Incorrect API key provided.").into_response()
+            }
+            Some(_) => {}
+        }
+    }
+    next.run(req).await
+}
+
+/// Compares without an early exit on the first differing byte.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn health() -> impl IntoResponse {
+    Json(json!({"status": "ok"}))
+}
+
+async fn not_found(uri: Uri) -> Response {
+    ApiError::not_found(uri.path()).into_response()
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.model_id,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "quire",
+            "max_model_len": state.engine.limits.context_length,
+        }],
+    }))
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.engine.metrics.render(),
+    )
+}
+
+/// Serves until Ctrl-C or SIGTERM, then stops accepting, lets in-flight
+/// requests finish for `shutdown_grace`, and cancels what is left.
+/// `on_listen` gets the bound address (the port may have been 0).
+pub async fn run(
+    state: Arc<AppState>,
+    opts: ServerOptions,
+    on_listen: impl FnOnce(std::net::SocketAddr),
+) -> Result<()> {
+    let addr = format!("{}:{}", opts.host, opts.port);
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    on_listen(listener.local_addr().context("reading the bound address")?);
+    let app = router(state.clone());
+    let st = state.clone();
+    let grace = opts.shutdown_grace;
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            eprintln!(
+                "quire serve: shutting down: finishing in-flight requests (at most {} s)",
+                grace.as_secs()
+            );
+            st.shutting_down.store(true, Ordering::Release);
+            let engine = st.engine.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(grace).await;
+                engine.cancel_all();
+            });
+        })
+        .await
+        .context("serving HTTP")?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!("cannot listen for Ctrl-C: {e}");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!("cannot listen for SIGTERM: {e}");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
