@@ -56,7 +56,7 @@ pub fn spawn(runner: Runner, cfg: EngineConfig) -> Result<(EngineHandle, JoinHan
         metrics: metrics.clone(),
         limits,
     };
-    let mut engine = Engine {
+    let engine = Engine {
         runner,
         cfg,
         rx,
