@@ -10,9 +10,9 @@ py="${PYTHON:-python3}"
 if [ ! -x "$venv/bin/python" ]; then
   "$py" -m venv "$venv"
 fi
-if ! "$venv/bin/python" -c "import gguf, numpy, torch, transformers" >/dev/null 2>&1; then
+if ! "$venv/bin/python" -c "import gguf, numpy, torch, transformers, openai" >/dev/null 2>&1; then
   "$venv/bin/python" -m pip install -q --upgrade pip >&2
-  "$venv/bin/python" -m pip install -q "gguf>=0.17" numpy torch "transformers>=4.51" >&2
+  "$venv/bin/python" -m pip install -q "gguf>=0.17" numpy torch "transformers>=4.51" openai >&2
 fi
 "$venv/bin/python" -c "import gguf, numpy, torch, transformers" >&2
 echo "$venv/bin/python"
