@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Load generator for `quire serve` (standard library only).
+
+  load:  N concurrent streaming clients, each sending R requests; reports
+         throughput (completion tokens/s), TTFT and inter-token latency
+         p50/p99 (client side: one SSE text chunk = one token).
+  stall: 8 decoding streams, then one long prompt (default 6000 tokens)
+         arrives: reports the worst gap between decode tokens while it is
+         prefilled, and its TTFT. Run it against servers with different
+         budgets (bench/serve_stall.sh does decode-first vs one-shot prefill).
+
+Examples:
+  bench/serve_load.py load --url http://127.0.0.1:8080 --clients 16 --requests 2
+  bench/serve_load.py stall --url http://127.0.0.1:8080 --prompt-tokens 6000
+"""
+
+import argparse
+import http.client
+import json
+import statistics
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+
+
+def pct(xs, p):
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    k = min(len(xs) - 1, max(0, int(round(p / 100 * (len(xs) - 1)))))
+    return xs[k]
+
+
+def model_id(url, key):
+    req = urllib.request.Request(url + "/v1/models", headers=auth(key))
+    return json.load(urllib.request.urlopen(req, timeout=30))["data"][0]["id"]
+
+
+def auth(key):
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def stream(url, key, body, on_token=None):
+    """POSTs a streaming completion; returns (send time, [token arrival times], finish)."""
+    u = urllib.parse.urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=3600)
+    payload = json.dumps(dict(body, stream=True))
+    headers = {"Content-Type": "application/json", **auth(key)}
+    t0 = time.perf_counter()
+    conn.request("POST", "/v1/completions", payload, headers)
+    r = conn.getresponse()
+    if r.status != 200:
+        raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]!r}")
+    times, finish = [], None
+    while True:
+        line = r.fp.readline()
+        if not line:
+            break
+        line = line.decode().strip()
+        if not line.startswith("data: "):
+            continue
+        data = line[6:]
+        if data == "[DONE]":
+            break
+        ev = json.loads(data)
+        if "error" in ev:
+            raise RuntimeError(ev["error"]["message"])
+        for c in ev.get("choices", []):
+            if c.get("text"):
+                now = time.perf_counter()
+                times.append(now)
+                if on_token:
+                    on_token(now)
+            if c.get("finish_reason"):
+                finish = c["finish_reason"]
+    conn.close()
+    return t0, times, finish
+
+
+def cmd_load(a):
+    model = model_id(a.url, a.key)
+    ttfts, itls, ntok, errors = [], [], [0], []
+    lock = threading.Lock()
+
+    def client(i):
+        for r in range(a.requests):
+            body = dict(model=model, prompt=f"Request {i}.{r}: tell me a story about the number {i}.",
+                        max_tokens=a.max_tokens, temperature=0.8, seed=i * 1000 + r)
+            try:
+                t0, times, _ = stream(a.url, a.key, body)
+            except Exception as e:  # reported, counted as a failure
+                with lock:
+                    errors.append(str(e))
+                continue
+            with lock:
+                if times:
+                    ttfts.append(times[0] - t0)
+                    itls.extend(b - x for x, b in zip(times, times[1:]))
+                ntok[0] += len(times)
+
+    t0 = time.perf_counter()
+    th = [threading.Thread(target=client, args=(i,)) for i in range(a.clients)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    wall = time.perf_counter() - t0
+    out = {
+        "clients": a.clients, "requests": a.clients * a.requests, "errors": len(errors),
+        "tokens": ntok[0], "wall_s": round(wall, 2), "tokens_per_s": round(ntok[0] / wall, 1),
+        "ttft_p50_ms": round(pct(ttfts, 50) * 1e3, 1), "ttft_p99_ms": round(pct(ttfts, 99) * 1e3, 1),
+        "itl_p50_ms": round(pct(itls, 50) * 1e3, 1), "itl_p99_ms": round(pct(itls, 99) * 1e3, 1),
+    }
+    print(json.dumps(out))
+    if errors:
+        print("first error:", errors[0], file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_stall(a):
+    model = model_id(a.url, a.key)
+    arrivals = [[] for _ in range(a.streams)]
+    started = threading.Barrier(a.streams + 1)
+
+    def decoder(i):
+        first = [True]
+
+        def tick(now):
+            arrivals[i].append(now)
+            if first[0]:
+                first[0] = False
+                started.wait()
+
+        body = dict(model=model, prompt=f"Stream {i}: count slowly from one to a thousand.",
+                    max_tokens=a.decode_tokens, temperature=0, seed=i)
+        stream(a.url, a.key, body, on_token=tick)
+
+    th = [threading.Thread(target=decoder, args=(i,), daemon=True) for i in range(a.streams)]
+    for t in th:
+        t.start()
+    started.wait()  # every stream is decoding
+    time.sleep(0.5)
+    # Token ids avoid tokenizer effects: a fixed cycle of ordinary ids.
+    prompt = [1000 + (i * 7) % 5000 for i in range(a.prompt_tokens)]
+    body = dict(model=model, prompt=prompt, max_tokens=1, temperature=0)
+    t0, times, _ = stream(a.url, a.key, body)
+    t1 = times[0] if times else time.perf_counter()
+    # The decoders keep going (daemon threads, cut at exit): look at the
+    # window up to one second after the long prompt's first token.
+    time.sleep(1.0)
+    gaps = []
+    for ts in arrivals:
+        w = [x for x in ts if t0 <= x <= t1 + 1.0]
+        before = [x for x in ts if x < t0]
+        if before:
+            w = [before[-1]] + w
+        gaps.extend(b - x for x, b in zip(w, w[1:]))
+    base = [b - x for ts in arrivals for x, b in zip(ts, ts[1:]) if b < t0]
+    out = {
+        "streams": a.streams, "prompt_tokens": a.prompt_tokens,
+        "long_prompt_ttft_s": round(t1 - t0, 2),
+        "worst_decode_gap_during_prefill_ms": round(max(gaps) * 1e3, 1) if gaps else None,
+        "decode_itl_p50_before_ms": round(statistics.median(base) * 1e3, 1) if base else None,
+        "decode_tokens_during_prefill": len(gaps),
+    }
+    print(json.dumps(out))
+    return 0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name in ("load", "stall"):
+        s = sub.add_parser(name)
+        s.add_argument("--url", default="http://127.0.0.1:8080")
+        s.add_argument("--key", default=None)
+    s = sub.choices["load"]
+    s.add_argument("--clients", type=int, default=8)
+    s.add_argument("--requests", type=int, default=2, help="per client")
+    s.add_argument("--max-tokens", type=int, default=32)
+    s = sub.choices["stall"]
+    s.add_argument("--streams", type=int, default=8)
+    s.add_argument("--prompt-tokens", type=int, default=6000)
+    s.add_argument("--decode-tokens", type=int, default=400)
+    a = p.parse_args()
+    a.url = a.url.rstrip("/")
+    return cmd_load(a) if a.cmd == "load" else cmd_stall(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
