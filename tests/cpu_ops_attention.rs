@@ -25,11 +25,22 @@ impl Case {
     fn new(seed: u64, nkv: usize, ratio: usize, hd: usize, bs: usize, lens: Vec<usize>) -> Case {
         let mut r = rng(seed);
         let mk = |r: &mut _, l: usize| -> Vec<f16> {
-            rand_vec(r, l * nkv * hd, 2.0).into_iter().map(f16::from_f32).collect()
+            rand_vec(r, l * nkv * hd, 2.0)
+                .into_iter()
+                .map(f16::from_f32)
+                .collect()
         };
         let k = lens.iter().map(|&l| mk(&mut r, l)).collect();
         let v = lens.iter().map(|&l| mk(&mut r, l)).collect();
-        Case { nkv, n_heads: nkv * ratio, hd, bs, lens, k, v }
+        Case {
+            nkv,
+            n_heads: nkv * ratio,
+            hd,
+            bs,
+            lens,
+            k,
+            v,
+        }
     }
 
     /// Pool + block tables; `shuffle` scatters the physical blocks.
@@ -78,8 +89,18 @@ impl Case {
                 q,
                 n_heads: self.n_heads,
                 scale,
-                cache: KvLayer { k: kp, v: vp, block_size: self.bs, n_kv_heads: self.nkv, head_dim: self.hd },
-                batch: AttnBatch { block_tables: &tabs, row_seq, positions: pos },
+                cache: KvLayer {
+                    k: kp,
+                    v: vp,
+                    block_size: self.bs,
+                    n_kv_heads: self.nkv,
+                    head_dim: self.hd,
+                },
+                batch: AttnBatch {
+                    block_tables: &tabs,
+                    row_seq,
+                    positions: pos,
+                },
                 out: &mut out,
             },
             Mode::Exact,
@@ -98,7 +119,10 @@ impl Case {
                 let sc: Vec<f64> = (0..=p as usize)
                     .map(|j| {
                         let kr = &self.k[s as usize][(j * nkv + kvh) * hd..][..hd];
-                        qv.iter().zip(kr).map(|(&a, b)| a as f64 * b.to_f64()).sum::<f64>()
+                        qv.iter()
+                            .zip(kr)
+                            .map(|(&a, b)| a as f64 * b.to_f64())
+                            .sum::<f64>()
                             * scale as f64
                     })
                     .collect();
@@ -123,7 +147,12 @@ impl Case {
 fn paged_attention_all_configs() {
     let bes = backends();
     let mut seed = 500;
-    for (nkv, ratio, hd, bs) in [(3usize, 1usize, 64usize, 16usize), (1, 3, 80, 7), (2, 8, 128, 16), (3, 3, 64, 32)] {
+    for (nkv, ratio, hd, bs) in [
+        (3usize, 1usize, 64usize, 16usize),
+        (1, 3, 80, 7),
+        (2, 8, 128, 16),
+        (3, 3, 64, 32),
+    ] {
         seed += 1;
         // Odd lengths; one sequence spans several 32-position chunks.
         let lens = vec![1, 45, 97];
@@ -151,7 +180,11 @@ fn paged_attention_all_configs() {
         assert!(e < 1e-10, "{cfg}: nmse {e:.3e}");
         for (label, be) in &bes {
             let scattered = c.run(be, &ks, &vs, &ts, &q, &row_seq, &pos, scale);
-            assert_eq!(bits(&scattered), bits(&got), "{cfg} {label}: scattered != contiguous");
+            assert_eq!(
+                bits(&scattered),
+                bits(&got),
+                "{cfg} {label}: scattered != contiguous"
+            );
         }
         // Batch invariance: each of a few rows alone (decode-style) is bitwise
         // equal to the same row inside the batch.
@@ -167,7 +200,11 @@ fn paged_attention_all_configs() {
                 &pos[ri..ri + 1],
                 scale,
             );
-            assert_eq!(bits(&alone), bits(&got[ri * row..(ri + 1) * row]), "{cfg}: row {ri} alone");
+            assert_eq!(
+                bits(&alone),
+                bits(&got[ri * row..(ri + 1) * row]),
+                "{cfg}: row {ri} alone"
+            );
         }
     }
 }
@@ -180,7 +217,13 @@ fn paged_attention_errors() {
     let q = vec![0.5f32; 2 * 64];
     let mut out = vec![0f32; 2 * 64];
     let tabs: Vec<&[u32]> = t.iter().map(|t| t.as_slice()).collect();
-    let cache = KvLayer { k: &kp, v: &vp, block_size: 16, n_kv_heads: 1, head_dim: 64 };
+    let cache = KvLayer {
+        k: &kp,
+        v: &vp,
+        block_size: 16,
+        n_kv_heads: 1,
+        head_dim: 64,
+    };
     let mut run = |pos: u32, seq: u32, nh: usize, qlen: usize| {
         be.run(
             Op::PagedAttention {
@@ -188,7 +231,11 @@ fn paged_attention_errors() {
                 n_heads: nh,
                 scale: 0.125,
                 cache,
-                batch: AttnBatch { block_tables: &tabs, row_seq: &[seq], positions: &[pos] },
+                batch: AttnBatch {
+                    block_tables: &tabs,
+                    row_seq: &[seq],
+                    positions: &[pos],
+                },
                 out: &mut out[..qlen],
             },
             Mode::Exact,
