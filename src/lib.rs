@@ -9,4 +9,5 @@ pub mod kv;
 pub mod model;
 pub mod quant;
 pub mod sampler;
+pub mod scheduler;
 pub mod tokenizer;
