@@ -13,4 +13,5 @@ pub mod model;
 pub mod quant;
 pub mod runner;
 pub mod sampler;
+pub mod scheduler;
 pub mod tokenizer;

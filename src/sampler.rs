@@ -1,1 +1,270 @@
 //! Token sampling: greedy, temperature, top-k, top-p, min-p, repetition penalty; seeded per request.
+//!
+//! Reproducible by construction: each request owns a ChaCha20 RNG seeded from
+//! its `seed`, every step draws exactly one 53-bit uniform (none when
+//! greedy), candidates are kept in a total order (logit descending, id
+//! ascending) and all sums run in that fixed order in f64. The same logits,
+//! history and seed therefore give the same token on every platform.
+
+use anyhow::{bail, Result};
+use rand_chacha::rand_core::{RngCore, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+use std::cmp::Ordering;
+
+/// Per-request sampling parameters (llama.cpp defaults).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SamplingParams {
+    /// 0 = greedy.
+    pub temperature: f32,
+    /// Keep the k most likely tokens; 0 = off.
+    pub top_k: usize,
+    /// Nucleus mass; 1 = off.
+    pub top_p: f32,
+    /// Drop tokens below `min_p * p_max`; 0 = off.
+    pub min_p: f32,
+    /// llama.cpp repetition penalty; 1 = off.
+    pub repetition_penalty: f32,
+    /// How many of the last history tokens the penalty looks at; 0 = off.
+    pub repeat_last_n: usize,
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repetition_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Argmax decoding, every filter off.
+    pub fn greedy() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            repeat_last_n: 0,
+            seed: 0,
+        }
+    }
+
+    /// Rejects values outside their meaningful ranges.
+    pub fn validate(&self) -> Result<()> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            bail!(
+                "temperature must be finite and >= 0, got {}",
+                self.temperature
+            );
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            bail!("top_p must be in (0, 1], got {}", self.top_p);
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            bail!("min_p must be in [0, 1], got {}", self.min_p);
+        }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            bail!(
+                "repetition_penalty must be finite and > 0, got {}",
+                self.repetition_penalty
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Candidate order: logit descending, then id ascending. A total order on
+/// non-NaN logits (inputs are checked) with unique ids.
+fn cand_cmp(a: &(u32, f32), b: &(u32, f32)) -> Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// One request's sampler: parameters plus its own RNG stream.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    params: SamplingParams,
+    rng: ChaCha20Rng,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Result<Self> {
+        params.validate()?;
+        Ok(Sampler {
+            params,
+            rng: ChaCha20Rng::seed_from_u64(params.seed),
+        })
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// A uniform in [0, 1) from the top 53 bits of one RNG word (exact in
+    /// f64, independent of `rand`'s float conversion).
+    fn uniform(&mut self) -> f64 {
+        (self.rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
+    /// Picks the next token. `history` is the sequence so far (prompt and
+    /// generated tokens), read only by the repetition penalty.
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Result<u32> {
+        if logits.is_empty() {
+            bail!("sample: empty logits");
+        }
+        if let Some(i) = logits.iter().position(|x| x.is_nan()) {
+            bail!("sample: logit {i} is NaN");
+        }
+        if let Some(i) = logits.iter().position(|&x| x == f32::INFINITY) {
+            bail!("sample: logit {i} is +inf");
+        }
+        if logits.len() > u32::MAX as usize {
+            bail!(
+                "sample: vocabulary of {} does not fit u32 ids",
+                logits.len()
+            );
+        }
+        let p = self.params;
+        // `+ 0.0` turns -0.0 into +0.0 so equal logits tie on id only.
+        let mut work: Vec<f32> = logits.iter().map(|&x| x + 0.0).collect();
+        self.apply_repetition_penalty(&mut work, history)?;
+        if p.temperature == 0.0 {
+            // First maximum in id order = ties to the lowest id.
+            let (mut best, mut best_v) = (0usize, work[0]);
+            for (i, &v) in work.iter().enumerate().skip(1) {
+                if v > best_v {
+                    best = i;
+                    best_v = v;
+                }
+            }
+            return Ok(best as u32);
+        }
+        let mut cands: Vec<(u32, f32)> = work
+            .iter()
+            .enumerate()
+            .filter(|(_, &v)| v != f32::NEG_INFINITY)
+            .map(|(i, &v)| (i as u32, v))
+            .collect();
+        if cands.is_empty() {
+            bail!("sample: every logit is -inf");
+        }
+        if p.top_k > 0 && p.top_k < cands.len() {
+            cands.select_nth_unstable_by(p.top_k - 1, cand_cmp);
+            cands.truncate(p.top_k);
+        }
+        cands.sort_unstable_by(cand_cmp);
+
+        // Softmax at temperature T, summed in candidate order.
+        let t = f64::from(p.temperature);
+        let max = f64::from(cands[0].1);
+        let mut probs: Vec<f64> = cands
+            .iter()
+            .map(|&(_, l)| ((f64::from(l) - max) / t).exp())
+            .collect();
+        let sum: f64 = probs.iter().sum();
+        for q in &mut probs {
+            *q /= sum;
+        }
+        let mut keep = probs.len();
+        if p.top_p < 1.0 {
+            // Smallest prefix whose mass reaches top_p (at least one token).
+            let mut cum = 0.0;
+            for (i, q) in probs.iter().enumerate() {
+                cum += q;
+                if cum >= f64::from(p.top_p) {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        if p.min_p > 0.0 {
+            // probs[0] is the maximum; it always survives.
+            let floor = f64::from(p.min_p) * probs[0];
+            keep = probs[..keep].iter().take_while(|&&q| q >= floor).count();
+        }
+        let kept = &probs[..keep];
+        let total: f64 = kept.iter().sum();
+        let u = self.uniform() * total;
+        let mut cum = 0.0;
+        for (i, q) in kept.iter().enumerate() {
+            cum += q;
+            if u < cum {
+                return Ok(cands[i].0);
+            }
+        }
+        // Rounding can leave u == cum at the very end: the last kept token.
+        Ok(cands[keep - 1].0)
+    }
+
+    /// llama.cpp semantics: each distinct token among the last
+    /// `repeat_last_n` of history has its logit divided by the penalty if
+    /// positive, multiplied if not.
+    fn apply_repetition_penalty(&self, logits: &mut [f32], history: &[u32]) -> Result<()> {
+        let p = self.params;
+        if p.repetition_penalty == 1.0 || p.repeat_last_n == 0 {
+            return Ok(());
+        }
+        let start = history.len().saturating_sub(p.repeat_last_n);
+        let mut seen = vec![false; logits.len()];
+        for &tok in &history[start..] {
+            let Some(flag) = seen.get_mut(tok as usize) else {
+                bail!(
+                    "sample: history token {tok} outside vocabulary of {}",
+                    logits.len()
+                );
+            };
+            if std::mem::replace(flag, true) {
+                continue;
+            }
+            let l = &mut logits[tok as usize];
+            if *l > 0.0 {
+                *l /= p.repetition_penalty;
+            } else {
+                *l *= p.repetition_penalty;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Log-probability of `chosen` and the `top_n` most likely tokens (logit
+/// descending, ties by id), from a log-softmax over the raw logits in f64
+/// (summed in id order). A `chosen` outside the vocabulary, or an all `-inf`
+/// row, has log-probability `-inf`; NaN logits propagate as NaN.
+pub fn logprobs(logits: &[f32], chosen: u32, top_n: usize) -> (f32, Vec<(u32, f32)>) {
+    let max = logits
+        .iter()
+        .fold(f64::NEG_INFINITY, |m, &x| m.max(f64::from(x)));
+    let lse = if max == f64::NEG_INFINITY {
+        f64::INFINITY // every log-probability becomes -inf
+    } else {
+        let sum: f64 = logits.iter().map(|&x| (f64::from(x) - max).exp()).sum();
+        max + sum.ln()
+    };
+    let lp = |x: f32| (f64::from(x) - lse) as f32;
+    let chosen_lp = logits
+        .get(chosen as usize)
+        .map_or(f32::NEG_INFINITY, |&x| lp(x));
+    let mut idx: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| (i as u32, x + 0.0))
+        .collect();
+    let n = top_n.min(idx.len());
+    if n > 0 && n < idx.len() {
+        idx.select_nth_unstable_by(n - 1, cand_cmp);
+    }
+    idx.truncate(n);
+    idx.sort_unstable_by(cand_cmp);
+    (
+        chosen_lp,
+        idx.into_iter().map(|(i, x)| (i, lp(x))).collect(),
+    )
+}

@@ -1,0 +1,208 @@
+//! Paged causal attention reading f16 K/V in place through block tables.
+//!
+//! Canonical arithmetic, per query row r (position P) and head h:
+//! `m = -inf, l = 0, acc[0..hd] = 0`; for each chunk of 32 key positions
+//! `[32c, min(32c + 32, P + 1))` (aligned to absolute position 0), in order:
+//! * `s_j = dot32(q, k_j) * scale` (k_j converted exactly from f16);
+//! * `m_new = max(m, max_j s_j)`; `alpha = exp(m - m_new)`; `p_j = exp(s_j - m_new)`;
+//! * `ls = 0; ls = ls + p_j` for j in order; `l = (l * alpha) + ls`;
+//! * per d: `vs = 0; vs = vs + (p_j * v_j[d])` for j in order;
+//!   `acc[d] = (acc[d] * alpha) + vs`;
+//!
+//! then `out[d] = acc[d] / l`. Key j lives in physical cell
+//! `table[j / B] * B + j % B`; head h reads kv head `h / (n_heads / n_kv_heads)`.
+//! Threads split (row, head) pairs, so nothing depends on the batch.
+
+use super::dot::float::dot_f16;
+use crate::backend::cpu::{canon, Isa};
+use crate::backend::{AttnBatch, KvLayer};
+use anyhow::{ensure, Result};
+use half::f16;
+use rayon::prelude::*;
+
+/// Positions per online-softmax chunk (aligned to absolute position 0).
+pub const CHUNK: usize = 32;
+
+/// q, out: (n_rows, n_heads, head_dim).
+pub fn run(
+    isa: Isa,
+    q: &[f32],
+    n_heads: usize,
+    scale: f32,
+    cache: KvLayer<'_>,
+    batch: AttnBatch<'_>,
+    out: &mut [f32],
+) -> Result<()> {
+    let (hd, nkv, bs) = (cache.head_dim, cache.n_kv_heads, cache.block_size);
+    ensure!(
+        hd > 0 && nkv > 0 && bs > 0 && n_heads > 0,
+        "paged_attention: head_dim {hd}, n_kv_heads {nkv}, block_size {bs}, n_heads {n_heads} must be > 0"
+    );
+    ensure!(
+        n_heads.is_multiple_of(nkv),
+        "paged_attention: n_heads {n_heads} is not a multiple of n_kv_heads {nkv}"
+    );
+    let block_elems = bs * nkv * hd;
+    ensure!(
+        cache.k.len() == cache.v.len() && cache.k.len().is_multiple_of(block_elems),
+        "paged_attention: cache k {} / v {} elements, not whole blocks of (block_size {bs}, n_kv_heads {nkv}, head_dim {hd})",
+        cache.k.len(),
+        cache.v.len()
+    );
+    let n_blocks = cache.k.len() / block_elems;
+    let n_rows = batch.positions.len();
+    ensure!(
+        batch.row_seq.len() == n_rows,
+        "paged_attention: row_seq has {} entries, positions {}",
+        batch.row_seq.len(),
+        n_rows
+    );
+    let row = n_heads * hd;
+    ensure!(
+        q.len() == n_rows * row && out.len() == q.len(),
+        "paged_attention: q {} / out {} elements, expected n_rows {n_rows} * n_heads {n_heads} * head_dim {hd}",
+        q.len(),
+        out.len()
+    );
+    for r in 0..n_rows {
+        let s = batch.row_seq[r] as usize;
+        ensure!(
+            s < batch.block_tables.len(),
+            "paged_attention: row {r} names sequence {s}, only {} block tables",
+            batch.block_tables.len()
+        );
+        let table = batch.block_tables[s];
+        let need = batch.positions[r] as usize / bs + 1;
+        ensure!(
+            table.len() >= need,
+            "paged_attention: row {r} at position {} needs {need} blocks of {bs}, table has {}",
+            batch.positions[r],
+            table.len()
+        );
+        for (i, &b) in table[..need].iter().enumerate() {
+            ensure!(
+                (b as usize) < n_blocks,
+                "paged_attention: block table {s} entry {i} = {b} out of range ({n_blocks} blocks)"
+            );
+        }
+    }
+    let group = n_heads / nkv;
+    out.par_chunks_mut(hd).enumerate().for_each(|(rh, o)| {
+        let (r, h) = (rh / n_heads, rh % n_heads);
+        let qv = &q[rh * hd..(rh + 1) * hd];
+        let table = batch.block_tables[batch.row_seq[r] as usize];
+        let kvh = h / group;
+        head(
+            isa,
+            qv,
+            scale,
+            &cache,
+            table,
+            kvh,
+            batch.positions[r] as usize,
+            o,
+        );
+    });
+    Ok(())
+}
+
+/// One (row, head): o (hd,) = attention of qv (hd,) over positions 0..=pos.
+#[allow(clippy::too_many_arguments)]
+fn head(
+    isa: Isa,
+    qv: &[f32],
+    scale: f32,
+    cache: &KvLayer<'_>,
+    table: &[u32],
+    kvh: usize,
+    pos: usize,
+    o: &mut [f32],
+) {
+    let (hd, nkv, bs) = (cache.head_dim, cache.n_kv_heads, cache.block_size);
+    // `o` doubles as the accumulator; `vs` is the per-chunk sum.
+    let mut vs_stack = [0f32; 256];
+    let mut vs_heap;
+    let vs: &mut [f32] = if hd <= 256 {
+        &mut vs_stack[..hd]
+    } else {
+        vs_heap = vec![0f32; hd];
+        &mut vs_heap[..]
+    };
+    o.fill(0.0);
+    let cell_off = |j: usize| -> usize {
+        let cell = table[j / bs] as usize * bs + j % bs;
+        (cell * nkv + kvh) * hd
+    };
+    let mut m = f32::NEG_INFINITY;
+    let mut l = 0f32;
+    let mut s = [0f32; CHUNK];
+    let mut j0 = 0;
+    while j0 <= pos {
+        let j1 = (j0 + CHUNK).min(pos + 1);
+        let cnt = j1 - j0;
+        let mut cmax = f32::NEG_INFINITY;
+        for (t, sj) in s.iter_mut().enumerate().take(cnt) {
+            let off = cell_off(j0 + t);
+            *sj = dot_f16(isa, qv, &cache.k[off..off + hd]) * scale;
+            cmax = cmax.max(*sj);
+        }
+        let m_new = m.max(cmax);
+        let alpha = canon::exp(m - m_new);
+        let mut ls = 0f32;
+        for sj in s.iter_mut().take(cnt) {
+            *sj = canon::exp(*sj - m_new);
+            ls += *sj;
+        }
+        l = (l * alpha) + ls;
+        vs.fill(0.0);
+        for (t, &p) in s.iter().enumerate().take(cnt) {
+            let off = cell_off(j0 + t);
+            accumulate_v(isa, vs, p, &cache.v[off..off + hd]);
+        }
+        for (a, &v) in o.iter_mut().zip(vs.iter()) {
+            *a = (*a * alpha) + v;
+        }
+        m = m_new;
+        j0 = j1;
+    }
+    for a in o.iter_mut() {
+        *a /= l;
+    }
+}
+
+/// vs[d] = vs[d] + (p * v[d]) for every d (elementwise; same ops any ISA).
+#[inline]
+fn accumulate_v(isa: Isa, vs: &mut [f32], p: f32, v: &[f16]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        // SAFETY: AVX2+F16C detected at runtime; vs and v have equal length.
+        unsafe { accumulate_v_avx2(vs, p, v) };
+        return;
+    }
+    let _ = isa;
+    for (a, &x) in vs.iter_mut().zip(v) {
+        *a += p * x.to_f32();
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn accumulate_v_avx2(vs: &mut [f32], p: f32, v: &[f16]) {
+    use std::arch::x86_64::*;
+    let n = vs.len().min(v.len());
+    let pv = _mm256_set1_ps(p);
+    let mut d = 0;
+    while d + 8 <= n {
+        let x = _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(d) as *const __m128i));
+        let a = _mm256_loadu_ps(vs.as_ptr().add(d));
+        _mm256_storeu_ps(
+            vs.as_mut_ptr().add(d),
+            _mm256_add_ps(a, _mm256_mul_ps(pv, x)),
+        );
+        d += 8;
+    }
+    while d < n {
+        vs[d] += p * v[d].to_f32();
+        d += 1;
+    }
+}

@@ -1,0 +1,104 @@
+//! Canonical activation quantization (once per matmul, all rows).
+
+use super::{Act32Row, ActKRow};
+use crate::backend::cpu::canon;
+use rayon::prelude::*;
+
+/// n rows of k activations in 32-blocks. See [`Act32Row`].
+pub struct Act32 {
+    pub nb: usize,
+    pub qs: Vec<i8>,
+    pub d: Vec<f32>,
+    pub s: Vec<f32>,
+    pub sum: Vec<i32>,
+}
+
+impl Act32 {
+    /// x: (n, k), k a multiple of 32 (caller-validated).
+    pub fn quantize(x: &[f32], n: usize, k: usize) -> Act32 {
+        let nb = k / 32;
+        let mut a = Act32 {
+            nb,
+            qs: vec![0; n * k],
+            d: vec![0.0; n * nb],
+            s: vec![0.0; n * nb],
+            sum: vec![0; n * nb],
+        };
+        if n == 0 || nb == 0 {
+            return a;
+        }
+        a.qs.par_chunks_mut(k)
+            .zip(a.d.par_chunks_mut(nb))
+            .zip(a.s.par_chunks_mut(nb))
+            .zip(a.sum.par_chunks_mut(nb))
+            .zip(x.par_chunks(k))
+            .for_each(|((((qs, d), s), sum), xr)| {
+                for b in 0..nb {
+                    let q = &mut qs[32 * b..32 * b + 32];
+                    let db = canon::quantize_block(&xr[32 * b..32 * b + 32], q);
+                    let isum: i32 = q.iter().map(|&v| v as i32).sum();
+                    d[b] = db;
+                    sum[b] = isum;
+                    s[b] = db * isum as f32;
+                }
+            });
+        a
+    }
+
+    pub fn row(&self, i: usize) -> Act32Row<'_> {
+        let nb = self.nb;
+        Act32Row {
+            qs: &self.qs[i * nb * 32..(i + 1) * nb * 32],
+            d: &self.d[i * nb..(i + 1) * nb],
+            s: &self.s[i * nb..(i + 1) * nb],
+            sum: &self.sum[i * nb..(i + 1) * nb],
+        }
+    }
+}
+
+/// n rows of k activations in 256-superblocks. See [`ActKRow`].
+pub struct ActK {
+    pub nb: usize,
+    pub qs: Vec<i8>,
+    pub d: Vec<f32>,
+    pub bsum: Vec<i32>,
+}
+
+impl ActK {
+    /// x: (n, k), k a multiple of 256 (caller-validated).
+    pub fn quantize(x: &[f32], n: usize, k: usize) -> ActK {
+        let nb = k / 256;
+        let mut a = ActK {
+            nb,
+            qs: vec![0; n * k],
+            d: vec![0.0; n * nb],
+            bsum: vec![0; n * nb * 16],
+        };
+        if n == 0 || nb == 0 {
+            return a;
+        }
+        a.qs.par_chunks_mut(k)
+            .zip(a.d.par_chunks_mut(nb))
+            .zip(a.bsum.par_chunks_mut(nb * 16))
+            .zip(x.par_chunks(k))
+            .for_each(|(((qs, d), bsum), xr)| {
+                for b in 0..nb {
+                    let q = &mut qs[256 * b..256 * b + 256];
+                    d[b] = canon::quantize_block(&xr[256 * b..256 * b + 256], q);
+                    for g in 0..16 {
+                        bsum[16 * b + g] = q[16 * g..16 * g + 16].iter().map(|&v| v as i32).sum();
+                    }
+                }
+            });
+        a
+    }
+
+    pub fn row(&self, i: usize) -> ActKRow<'_> {
+        let nb = self.nb;
+        ActKRow {
+            qs: &self.qs[i * nb * 256..(i + 1) * nb * 256],
+            d: &self.d[i * nb..(i + 1) * nb],
+            bsum: &self.bsum[i * nb * 16..(i + 1) * nb * 16],
+        }
+    }
+}

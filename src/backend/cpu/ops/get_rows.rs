@@ -1,0 +1,47 @@
+//! Embedding lookup: dequantized table rows.
+
+use super::dequant::dequantize_row;
+use crate::backend::QMatrix;
+use anyhow::{ensure, Context, Result};
+use rayon::prelude::*;
+
+/// table: (rows, cols); ids: (n,); out: (n, cols).
+pub fn run(table: QMatrix<'_>, ids: &[u32], out: &mut [f32]) -> Result<()> {
+    let rb = table
+        .ty
+        .row_bytes(table.cols)
+        .map_err(|e| anyhow::anyhow!("get_rows: {e}"))?;
+    ensure!(
+        table.data.len() == rb * table.rows,
+        "get_rows: {:?} table ({} x {}) needs {} bytes, got {}",
+        table.ty,
+        table.rows,
+        table.cols,
+        rb * table.rows,
+        table.data.len()
+    );
+    ensure!(
+        out.len() == ids.len() * table.cols,
+        "get_rows: out has {} elements, expected ids {} * cols {}",
+        out.len(),
+        ids.len(),
+        table.cols
+    );
+    for (i, &id) in ids.iter().enumerate() {
+        ensure!(
+            (id as usize) < table.rows,
+            "get_rows: id {id} at {i} out of range (table has {} rows)",
+            table.rows
+        );
+    }
+    if table.cols == 0 {
+        return Ok(());
+    }
+    out.par_chunks_mut(table.cols)
+        .zip(ids.par_iter())
+        .try_for_each(|(o, &id)| {
+            let r = id as usize;
+            dequantize_row(table.ty, &table.data[r * rb..(r + 1) * rb], o)
+                .with_context(|| format!("get_rows: row {r}"))
+        })
+}

@@ -1,0 +1,107 @@
+//! out = x · wᵀ for every weight type. Activations are quantized once per
+//! call (canonically); threads split output columns (weight rows) in fixed
+//! chunks; each output element is one canonical dot, so the result is
+//! independent of thread count and batch composition.
+
+use super::dot::actq::{Act32, ActK};
+use super::dot::{dot_q32, dot_qk, float};
+use crate::backend::cpu::{Isa, SendPtr};
+use crate::backend::QMatrix;
+use crate::quant::GgmlType;
+use anyhow::{ensure, Result};
+use rayon::prelude::*;
+
+/// Activation rows per tile: a weight row is loaded once (into L1) and
+/// dotted against this many activation rows.
+const ROW_TILE: usize = 8;
+
+/// w: (m, k); x: (n, k); out: (n, m).
+pub fn run(
+    isa: Isa,
+    n_threads: usize,
+    w: QMatrix<'_>,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    let (m, k) = (w.rows, w.cols);
+    let rb =
+        w.ty.row_bytes(k)
+            .map_err(|e| anyhow::anyhow!("mat_mul: weight {:?} ({m} x {k}): {e}", w.ty))?;
+    ensure!(
+        !matches!(w.ty, GgmlType::Q8_1 | GgmlType::Q8_K),
+        "mat_mul: {:?} is an activation type, not a weight type",
+        w.ty
+    );
+    ensure!(
+        w.data.len() == rb * m,
+        "mat_mul: weight {:?} ({m} x {k}) needs {} bytes, got {}",
+        w.ty,
+        rb * m,
+        w.data.len()
+    );
+    ensure!(
+        x.len() == n * k,
+        "mat_mul: x has {} elements, expected n {n} * k {k} (weight {:?} {m} x {k})",
+        x.len(),
+        w.ty
+    );
+    ensure!(
+        out.len() == n * m,
+        "mat_mul: out has {} elements, expected n {n} * m {m}",
+        out.len()
+    );
+    if n == 0 || m == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        out.fill(0.0);
+        return Ok(());
+    }
+    enum Acts {
+        F(),
+        Q(Act32),
+        K(ActK),
+    }
+    let acts = match w.ty {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => Acts::F(),
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => Acts::K(ActK::quantize(x, n, k)),
+        _ => Acts::Q(Act32::quantize(x, n, k)),
+    };
+    // Chunks of weight rows: enough tasks to balance the pool; the split
+    // never changes any element's arithmetic.
+    let target_tasks = n_threads.max(1) * 4;
+    let chunk = m.div_ceil(target_tasks).clamp(1, 256);
+    let n_chunks = m.div_ceil(chunk);
+    let outp = SendPtr(out.as_mut_ptr());
+    let ty = w.ty;
+    (0..n_chunks).into_par_iter().for_each(|c| {
+        let j0 = c * chunk;
+        let j1 = (j0 + chunk).min(m);
+        for i0 in (0..n).step_by(ROW_TILE) {
+            let i1 = (i0 + ROW_TILE).min(n);
+            for j in j0..j1 {
+                let wr = &w.data[j * rb..(j + 1) * rb];
+                for i in i0..i1 {
+                    let v = match &acts {
+                        Acts::F() => {
+                            let xr = &x[i * k..(i + 1) * k];
+                            match ty {
+                                GgmlType::F16 => float::dot_f16_bytes(isa, xr, wr),
+                                GgmlType::BF16 => float::dot_bf16_bytes(isa, xr, wr),
+                                _ => float::dot_f32_bytes(isa, xr, wr),
+                            }
+                        }
+                        Acts::Q(a) => dot_q32(isa, ty, wr, a.row(i)),
+                        Acts::K(a) => dot_qk(isa, ty, wr, a.row(i)),
+                    };
+                    // SAFETY: element (i, j) is written by exactly one task
+                    // (the one owning column chunk [j0, j1)); i < n, j < m so
+                    // i * m + j < out.len(); `out` outlives this parallel loop.
+                    unsafe { *outp.get().add(i * m + j) = v };
+                }
+            }
+        }
+    });
+    Ok(())
+}

@@ -1,0 +1,174 @@
+//! Chat templates: `tokenizer.chat_template` rendered with minijinja, with
+//! Python string/dict methods from minijinja-contrib's pycompat and the
+//! globals HF templates expect.
+
+use super::Tokenizer;
+use anyhow::{anyhow, Result};
+use minijinja::{context, Environment, Error, ErrorKind};
+use serde::{Deserialize, Serialize};
+
+/// One chat turn.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// ChatML, used when the file has no `tokenizer.chat_template`:
+/// `<|im_start|>{role}\n{content}<|im_end|>\n` per message, then
+/// `<|im_start|>assistant\n` when a generation prompt is asked for.
+pub const CHATML_TEMPLATE: &str = "{% for message in messages %}\
+{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}\
+{% endfor %}\
+{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+impl Tokenizer {
+    /// Renders the chat template (the file's, else [`CHATML_TEMPLATE`]).
+    ///
+    /// Rendering follows HF transformers: `trim_blocks` and `lstrip_blocks`
+    /// on; globals `messages`, `add_generation_prompt`, `bos_token`,
+    /// `eos_token`, `raise_exception(msg)` and `strftime_now(fmt)` (UTC).
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let src = self.chat_template().unwrap_or(CHATML_TEMPLATE);
+        render(
+            src,
+            messages,
+            add_generation_prompt,
+            self.bos_id().and_then(|i| self.token_text(i)).unwrap_or(""),
+            self.eos_id().and_then(|i| self.token_text(i)).unwrap_or(""),
+        )
+    }
+}
+
+/// Renders `src` with the given messages and special-token strings.
+pub fn render(
+    src: &str,
+    messages: &[ChatMessage],
+    add_generation_prompt: bool,
+    bos_token: &str,
+    eos_token: &str,
+) -> Result<String> {
+    let mut env = Environment::new();
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
+        Err(Error::new(ErrorKind::InvalidOperation, msg))
+    });
+    env.add_function("strftime_now", |fmt: String| -> String {
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(0);
+        strftime_utc(&fmt, secs)
+    });
+    env.render_str(
+        src,
+        context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => bos_token,
+            eos_token => eos_token,
+        },
+    )
+    .map_err(|e| anyhow!("rendering the chat template: {e:#}"))
+}
+
+const MONTHS: [&str; 12] = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+];
+
+/// A small `strftime` for UTC times: %Y %y %m %d %e %H %M %S %B %b %%;
+/// other directives are copied through.
+pub fn strftime_utc(fmt: &str, unix_secs: i64) -> String {
+    let days = unix_secs.div_euclid(86_400);
+    let sod = unix_secs.rem_euclid(86_400);
+    // Civil-from-days (H. Hinnant), valid for the proleptic Gregorian calendar.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let month = MONTHS[(m - 1) as usize];
+    let mut out = String::new();
+    let mut it = fmt.chars();
+    while let Some(c) = it.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match it.next() {
+            Some('Y') => out.push_str(&y.to_string()),
+            Some('y') => out.push_str(&format!("{:02}", y.rem_euclid(100))),
+            Some('m') => out.push_str(&format!("{m:02}")),
+            Some('d') => out.push_str(&format!("{d:02}")),
+            Some('e') => out.push_str(&format!("{d:2}")),
+            Some('H') => out.push_str(&format!("{:02}", sod / 3600)),
+            Some('M') => out.push_str(&format!("{:02}", sod / 60 % 60)),
+            Some('S') => out.push_str(&format!("{:02}", sod % 60)),
+            Some('B') => out.push_str(month),
+            Some('b') => out.push_str(&month[..3]),
+            Some('%') => out.push('%'),
+            Some(o) => {
+                out.push('%');
+                out.push(o);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strftime_known_dates() {
+        // 2024-02-29 13:05:09 UTC
+        assert_eq!(
+            strftime_utc("%Y-%m-%d %H:%M:%S %b %B %%", 1_709_211_909),
+            "2024-02-29 13:05:09 Feb February %"
+        );
+        assert_eq!(strftime_utc("%d %B %Y", 0), "01 January 1970");
+    }
+
+    #[test]
+    fn chatml_fallback_and_raise() {
+        let m = [ChatMessage::new("user", "hi")];
+        let s = render(CHATML_TEMPLATE, &m, true, "", "").unwrap();
+        assert_eq!(s, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+        let err = render("{{ raise_exception('bad role') }}", &m, false, "", "").unwrap_err();
+        assert!(format!("{err:#}").contains("bad role"), "{err:#}");
+        let py = render("{{ messages[0].content.upper() }}", &m, false, "", "").unwrap();
+        assert_eq!(py, "HI");
+    }
+}

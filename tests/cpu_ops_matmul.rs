@@ -1,0 +1,201 @@
+//! MatMul for every weight type: accuracy vs an f64 reference over the
+//! dequantized weights, and bitwise determinism across thread counts,
+//! instruction sets and batch composition.
+
+mod cpu_ops_util;
+use cpu_ops_util::*;
+
+use quire::backend::cpu::ops::dequant::dequantize_row;
+use quire::backend::cpu::{CpuBackend, Isa};
+use quire::backend::{Backend, Mode, Op, QMatrix};
+use quire::quant::GgmlType;
+
+fn cols_for(ty: GgmlType) -> usize {
+    match ty.block_size() {
+        1 => 333,  // odd: exercises the 32-lane tail
+        32 => 352, // 11 blocks: one AVX2 group of 8 plus a 3-block tail
+        _ => 768,  // 3 superblocks
+    }
+}
+
+fn matmul(be: &CpuBackend, w: QMatrix<'_>, x: &[f32], n: usize) -> Vec<f32> {
+    let mut out = vec![0f32; n * w.rows];
+    be.run(
+        Op::MatMul {
+            w,
+            x,
+            n,
+            out: &mut out,
+        },
+        Mode::Exact,
+    )
+    .unwrap();
+    out
+}
+
+#[test]
+fn matmul_accuracy_all_types() {
+    let be = CpuBackend::new(Some(2)).unwrap();
+    for (ti, ty) in GgmlType::WEIGHT_TYPES.into_iter().enumerate() {
+        let mut r = rng(100 + ti as u64);
+        let (m, k, n) = (37, cols_for(ty), 5);
+        let data = rand_weights(&mut r, ty, m, k);
+        let x = rand_vec(&mut r, n * k, 1.0);
+        let w = QMatrix {
+            ty,
+            rows: m,
+            cols: k,
+            data: &data,
+        };
+        let got = matmul(&be, w, &x, n);
+        let rb = ty.row_bytes(k).unwrap();
+        let mut deq = vec![0f32; m * k];
+        for j in 0..m {
+            dequantize_row(
+                ty,
+                &data[j * rb..(j + 1) * rb],
+                &mut deq[j * k..(j + 1) * k],
+            )
+            .unwrap();
+        }
+        let mut want = vec![0f64; n * m];
+        for i in 0..n {
+            for j in 0..m {
+                want[i * m + j] = (0..k)
+                    .map(|e| x[i * k + e] as f64 * deq[j * k + e] as f64)
+                    .sum();
+            }
+        }
+        let e = nmse(&got, &want);
+        // Float weights: only f32 rounding. Quantized: 8-bit activation
+        // quantization (relative step 1/254 per element) dominates.
+        let bound = if ty.block_size() == 1 { 1e-10 } else { 2e-4 };
+        println!("{ty:?}: nmse {e:.3e} (bound {bound:.0e})");
+        assert!(e < bound, "{ty:?}: nmse {e:.3e} >= {bound:.0e}");
+    }
+}
+
+#[test]
+fn matmul_bitwise_threads_isa_batch() {
+    let bes = backends();
+    if CpuBackend::new(Some(1)).unwrap().isa() == Isa::Portable {
+        println!("NOTE: no AVX2 on this machine; simd rows run the portable path");
+    }
+    for (ti, ty) in GgmlType::WEIGHT_TYPES.into_iter().enumerate() {
+        let mut r = rng(200 + ti as u64);
+        let (m, k) = (67, cols_for(ty));
+        let data = rand_weights(&mut r, ty, m, k);
+        let w = QMatrix {
+            ty,
+            rows: m,
+            cols: k,
+            data: &data,
+        };
+        // Batch of 7 random rows with the probe row at index 3.
+        let batch = rand_vec(&mut r, 7 * k, 2.0);
+        let probe = batch[3 * k..4 * k].to_vec();
+        let reference = matmul(&bes[0].1, w, &batch, 7);
+        for (label, be) in &bes {
+            let full = matmul(be, w, &batch, 7);
+            assert_eq!(
+                bits(&full),
+                bits(&reference),
+                "{ty:?} {label}: batch differs"
+            );
+            let alone = matmul(be, w, &probe, 1);
+            assert_eq!(
+                bits(&alone),
+                bits(&reference[3 * m..4 * m]),
+                "{ty:?} {label}: row alone differs from row in batch"
+            );
+        }
+    }
+}
+
+#[test]
+fn matmul_errors_not_panics() {
+    let be = CpuBackend::new(Some(1)).unwrap();
+    let mut r = rng(7);
+    let data = rand_weights(&mut r, GgmlType::Q4_1, 4, 64);
+    let x = rand_vec(&mut r, 64, 1.0);
+    let mut out = vec![0f32; 4];
+    let w = QMatrix {
+        ty: GgmlType::Q4_1,
+        rows: 4,
+        cols: 64,
+        data: &data,
+    };
+    // x too short
+    let e = be
+        .run(
+            Op::MatMul {
+                w,
+                x: &x[..63],
+                n: 1,
+                out: &mut out,
+            },
+            Mode::Exact,
+        )
+        .unwrap_err();
+    assert!(format!("{e:#}").contains("mat_mul"), "{e:#}");
+    // out wrong
+    assert!(be
+        .run(
+            Op::MatMul {
+                w,
+                x: &x,
+                n: 1,
+                out: &mut out[..3]
+            },
+            Mode::Exact
+        )
+        .is_err());
+    // weight bytes wrong
+    let bad = QMatrix {
+        data: &data[..data.len() - 1],
+        ..w
+    };
+    assert!(be
+        .run(
+            Op::MatMul {
+                w: bad,
+                x: &x,
+                n: 1,
+                out: &mut out
+            },
+            Mode::Exact
+        )
+        .is_err());
+    // cols not a block multiple
+    let bad = QMatrix { cols: 48, ..w };
+    assert!(be
+        .run(
+            Op::MatMul {
+                w: bad,
+                x: &x[..48],
+                n: 1,
+                out: &mut out
+            },
+            Mode::Exact
+        )
+        .is_err());
+    // activation type as weight
+    let bad = QMatrix {
+        ty: GgmlType::Q8_K,
+        rows: 1,
+        cols: 256,
+        data: &[0u8; 292],
+    };
+    let x2 = vec![0.5f32; 256];
+    assert!(be
+        .run(
+            Op::MatMul {
+                w: bad,
+                x: &x2,
+                n: 1,
+                out: &mut out[..1]
+            },
+            Mode::Exact
+        )
+        .is_err());
+}
