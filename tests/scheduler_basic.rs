@@ -286,3 +286,34 @@ fn bad_requests_and_misuse_are_errors() {
     assert!(s.finish(A).is_err());
     assert!(Scheduler::new(SchedulerConfig::new(0, 1, 1), KvManager::new(4, 4).unwrap()).is_err());
 }
+
+#[test]
+fn older_prefill_preempts_a_newer_planned_decode() {
+    let cfg = SchedulerConfig {
+        cap: PrefillCap::Tokens(4),
+        ..SchedulerConfig::new(16, 4, 64)
+    };
+    let mut s = sched(cfg, 5, 4); // 4 usable blocks of 4 tokens
+    s.add_request(A, (0..12).collect()).unwrap();
+    s.add_request(B, vec![50, 51, 52]).unwrap();
+    assert_eq!(
+        shape(&step(&mut s)),
+        vec![(1, 0, 4, false), (2, 0, 3, true)]
+    );
+    assert_eq!((table(&s, A), table(&s, B)), (vec![1], vec![2]));
+    assert_eq!(
+        shape(&step(&mut s)),
+        vec![(2, 3, 1, true), (1, 4, 4, false)]
+    );
+    assert_eq!(table(&s, A), vec![1, 3]);
+    // B's decode takes the last block (4), then A's chunk needs a third
+    // block: B, newer than A, is preempted and its planned decode withdrawn.
+    let p = step(&mut s);
+    assert_eq!(p.preempted, vec![B]);
+    assert_eq!(shape(&p), vec![(1, 8, 4, true)]);
+    assert_eq!((p.n_decodes, p.n_prefill_tokens), (0, 4));
+    assert_eq!(table(&s, A), vec![1, 3, 4]);
+    assert_eq!(s.waiting_ids(), vec![B]);
+    assert_eq!(s.tokens(B).unwrap(), &[50, 51, 52, 2003, 2004]);
+    assert_eq!(s.kv().pool().free_block_ids(), vec![2]);
+}

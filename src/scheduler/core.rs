@@ -154,9 +154,17 @@ impl Scheduler {
     }
 
     /// Frees the running request at `idx` and requeues it at the front of
-    /// the waiting queue, to be recomputed from scratch.
+    /// the waiting queue, to be recomputed from scratch. A planned entry of
+    /// it (a phase-1 decode) is withdrawn with its block copies, whose
+    /// destination blocks are freed with the rest.
     fn preempt(&mut self, idx: usize, plan: &mut StepPlan) -> Result<()> {
         let mut r = self.running.remove(idx);
+        if let Some(k) = plan.seqs.iter().position(|e| e.seq == r.seq) {
+            plan.seqs.remove(k);
+            if k < plan.n_decodes {
+                plan.n_decodes -= 1;
+            }
+        }
         self.kv
             .free(r.seq)
             .with_context(|| format!("preempting {}", r.seq))?;
@@ -235,10 +243,10 @@ impl Scheduler {
                     i += 1;
                 }
                 Err(KvError::OutOfBlocks { .. }) => {
-                    // Victims come from the not-yet-scheduled tail, so no
-                    // planned entry is ever invalidated; if the victim is this
-                    // request, the loop moves on to the same index, which now
-                    // holds nothing (it was the last).
+                    // Victims come from the not-yet-scheduled tail (newer
+                    // than this one), so no planned entry is invalidated; if
+                    // the victim is this request, the loop ends: it was the
+                    // last.
                     let victim = self.running.len() - 1;
                     self.preempt(victim, plan)?;
                 }
@@ -270,14 +278,13 @@ impl Scheduler {
                         break;
                     }
                     Err(KvError::OutOfBlocks { .. }) => {
-                        // Preempt the newest request that is newer than this
-                        // one and not planned; decodes are all planned, so
-                        // only newer prefills qualify.
-                        let victim = (i + 1..self.running.len())
-                            .rev()
-                            .find(|&j| !plan.seqs.iter().any(|s| s.seq == self.running[j].seq));
-                        if let Some(j) = victim {
-                            self.preempt(j, plan)?;
+                        // Older requests keep priority for memory: preempt
+                        // the newest running request if it is newer than
+                        // this one, even a decode planned in phase 1 (its
+                        // entry is withdrawn). Never this request itself: a
+                        // shrunken chunk still makes progress.
+                        if self.running.len() > i + 1 {
+                            self.preempt(self.running.len() - 1, plan)?;
                             continue;
                         }
                         // Nothing to take from: shrink the chunk to what the

@@ -13,7 +13,12 @@
 //!    requests in FIFO order) fill the prefill budget: by default the dynamic
 //!    `max(n_ubatch, T - D)` (T = max batch tokens, D = scheduled decodes), or
 //!    a static budget; optionally each request's chunk is capped at
-//!    `max(n_ubatch, min(T, ceil(0.04 * n_ctx)))` tokens.
+//!    `max(n_ubatch, min(T, ceil(0.04 * n_ctx)))` tokens. A running chunk
+//!    short of blocks preempts the newest running request if it is newer
+//!    (older requests keep priority for memory, even over a planned decode,
+//!    which is then withdrawn); otherwise the chunk shrinks to what fits.
+//!    Waiting requests are admitted only if the step preempted nobody, and
+//!    the first one that does not fit stops admission (FIFO).
 //!
 //! With `D + prefill <= T`, the dynamic budget is plain chunked prefill with
 //! a T-token batch.
