@@ -13,6 +13,7 @@ pub mod model;
 pub mod quant;
 pub mod runner;
 pub mod sampler;
+pub mod scheduler;
 pub mod serve;
 pub mod server;
 pub mod tokenizer;

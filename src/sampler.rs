@@ -114,7 +114,8 @@ impl Sampler {
     }
 
     /// Picks the next token. `history` is the sequence so far (prompt and
-    /// generated tokens), read only by the repetition penalty.
+    /// generated tokens), read only by the repetition penalty, which applies
+    /// in greedy mode too (as in llama.cpp; it is off in `greedy()`).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Result<u32> {
         if logits.is_empty() {
             bail!("sample: empty logits");
@@ -212,17 +213,18 @@ impl Sampler {
             return Ok(());
         }
         let start = history.len().saturating_sub(p.repeat_last_n);
-        let mut seen = vec![false; logits.len()];
-        for &tok in &history[start..] {
-            let Some(flag) = seen.get_mut(tok as usize) else {
-                bail!(
-                    "sample: history token {tok} outside vocabulary of {}",
-                    logits.len()
-                );
-            };
-            if std::mem::replace(flag, true) {
-                continue;
-            }
+        // Distinct ids of the window (at most repeat_last_n of them), in a
+        // fixed order; no vocabulary-sized scratch buffer.
+        let mut window = history[start..].to_vec();
+        window.sort_unstable();
+        window.dedup();
+        if let Some(&bad) = window.last().filter(|&&t| t as usize >= logits.len()) {
+            bail!(
+                "sample: history token {bad} outside vocabulary of {}",
+                logits.len()
+            );
+        }
+        for tok in window {
             let l = &mut logits[tok as usize];
             if *l > 0.0 {
                 *l /= p.repetition_penalty;

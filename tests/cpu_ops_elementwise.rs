@@ -1,4 +1,5 @@
 //! rms_norm, rope, swiglu, add, add_bias, get_rows, kv_write: f64
+#![allow(clippy::needless_range_loop)] // index loops mirror the math
 //! references, bitwise determinism, and errors for bad shapes.
 
 mod cpu_ops_util;
@@ -16,8 +17,17 @@ fn be() -> CpuBackend {
 
 fn rms(be: &CpuBackend, x: &[f32], w: &[f32], dim: usize) -> Vec<f32> {
     let mut out = vec![0f32; x.len()];
-    be.run(Op::RmsNorm { x, w, dim, eps: 1e-5, out: &mut out }, Mode::Exact)
-        .unwrap();
+    be.run(
+        Op::RmsNorm {
+            x,
+            w,
+            dim,
+            eps: 1e-5,
+            out: &mut out,
+        },
+        Mode::Exact,
+    )
+    .unwrap();
     out
 }
 
@@ -50,7 +60,16 @@ fn rms_norm_reference_and_bitwise() {
     let x = vec![1f32; 10];
     let mut out = vec![0f32; 10];
     assert!(be()
-        .run(Op::RmsNorm { x: &x, w: &x[..4], dim: 4, eps: 1e-5, out: &mut out }, Mode::Exact)
+        .run(
+            Op::RmsNorm {
+                x: &x,
+                w: &x[..4],
+                dim: 4,
+                eps: 1e-5,
+                out: &mut out
+            },
+            Mode::Exact
+        )
         .is_err());
 }
 
@@ -60,7 +79,11 @@ fn rope_ref(x: &mut [f64], nh: usize, hd: usize, rd: usize, pos: &[u32], inv: &[
             let base = (i * nh + h) * hd;
             for k in 0..rd / 2 {
                 let ang = (p as f32 * inv[k]) as f64;
-                let (a, b) = if neox { (k, k + rd / 2) } else { (2 * k, 2 * k + 1) };
+                let (a, b) = if neox {
+                    (k, k + rd / 2)
+                } else {
+                    (2 * k, 2 * k + 1)
+                };
                 let (x0, x1) = (x[base + a], x[base + b]);
                 x[base + a] = x0 * ang.cos() - x1 * ang.sin();
                 x[base + b] = x0 * ang.sin() + x1 * ang.cos();
@@ -72,7 +95,12 @@ fn rope_ref(x: &mut [f64], nh: usize, hd: usize, rd: usize, pos: &[u32], inv: &[
 #[test]
 fn rope_reference_and_bitwise() {
     let mut r = rng(11);
-    for (neox, hd, rd) in [(false, 64usize, 64usize), (true, 64, 64), (true, 80, 32), (false, 128, 96)] {
+    for (neox, hd, rd) in [
+        (false, 64usize, 64usize),
+        (true, 64, 64),
+        (true, 80, 32),
+        (false, 128, 96),
+    ] {
         let (n, nh) = (6, 3);
         let pos: Vec<u32> = vec![0, 1, 17, 4095, 32768, 99_999];
         let inv: Vec<f32> = (0..rd / 2)
@@ -121,13 +149,29 @@ fn rope_reference_and_bitwise() {
     let inv = vec![1f32; 32];
     assert!(be()
         .run(
-            Op::Rope { x: &mut x, n_heads: 1, head_dim: 64, rope_dim: 64, positions: &[1, 2], inv_freq: &inv, neox: false },
+            Op::Rope {
+                x: &mut x,
+                n_heads: 1,
+                head_dim: 64,
+                rope_dim: 64,
+                positions: &[1, 2],
+                inv_freq: &inv,
+                neox: false
+            },
             Mode::Exact
         )
         .is_err());
     assert!(be()
         .run(
-            Op::Rope { x: &mut x, n_heads: 1, head_dim: 64, rope_dim: 64, positions: &[1], inv_freq: &inv[..31], neox: false },
+            Op::Rope {
+                x: &mut x,
+                n_heads: 1,
+                head_dim: 64,
+                rope_dim: 64,
+                positions: &[1],
+                inv_freq: &inv[..31],
+                neox: false
+            },
             Mode::Exact
         )
         .is_err());
@@ -140,7 +184,15 @@ fn swiglu_add_add_bias() {
     let g = rand_vec(&mut r, n, 8.0);
     let u = rand_vec(&mut r, n, 2.0);
     let mut out = vec![0f32; n];
-    be().run(Op::SwiGlu { gate: &g, up: &u, out: &mut out }, Mode::Exact).unwrap();
+    be().run(
+        Op::SwiGlu {
+            gate: &g,
+            up: &u,
+            out: &mut out,
+        },
+        Mode::Exact,
+    )
+    .unwrap();
     let want: Vec<f64> = g
         .iter()
         .zip(&u)
@@ -148,23 +200,55 @@ fn swiglu_add_add_bias() {
         .collect();
     let e = nmse(&out, &want);
     assert!(e < 1e-12, "swiglu nmse {e:.3e}");
-    assert!(be().run(Op::SwiGlu { gate: &g, up: &u[1..], out: &mut out }, Mode::Exact).is_err());
+    assert!(be()
+        .run(
+            Op::SwiGlu {
+                gate: &g,
+                up: &u[1..],
+                out: &mut out
+            },
+            Mode::Exact
+        )
+        .is_err());
 
     let mut x = g.clone();
     be().run(Op::Add { x: &mut x, y: &u }, Mode::Exact).unwrap();
     for i in 0..n {
         assert_eq!(x[i], g[i] + u[i]);
     }
-    assert!(be().run(Op::Add { x: &mut x, y: &u[1..] }, Mode::Exact).is_err());
+    assert!(be()
+        .run(
+            Op::Add {
+                x: &mut x,
+                y: &u[1..]
+            },
+            Mode::Exact
+        )
+        .is_err());
 
     let dim = 576;
     let bias = rand_vec(&mut r, dim, 1.0);
     let mut x = g[..dim * 50].to_vec();
-    be().run(Op::AddBias { x: &mut x, bias: &bias }, Mode::Exact).unwrap();
+    be().run(
+        Op::AddBias {
+            x: &mut x,
+            bias: &bias,
+        },
+        Mode::Exact,
+    )
+    .unwrap();
     for i in 0..dim * 50 {
         assert_eq!(x[i], g[i] + bias[i % dim]);
     }
-    assert!(be().run(Op::AddBias { x: &mut x[..dim + 1], bias: &bias }, Mode::Exact).is_err());
+    assert!(be()
+        .run(
+            Op::AddBias {
+                x: &mut x[..dim + 1],
+                bias: &bias
+            },
+            Mode::Exact
+        )
+        .is_err());
 }
 
 #[test]
@@ -176,8 +260,21 @@ fn get_rows_all_types() {
         let data = rand_weights(&mut r, ty, rows, cols);
         let ids = [3u32, 0, 8, 3];
         let mut out = vec![0f32; ids.len() * cols];
-        let t = QMatrix { ty, rows, cols, data: &data };
-        be().run(Op::GetRows { table: t, ids: &ids, out: &mut out }, Mode::Exact).unwrap();
+        let t = QMatrix {
+            ty,
+            rows,
+            cols,
+            data: &data,
+        };
+        be().run(
+            Op::GetRows {
+                table: t,
+                ids: &ids,
+                out: &mut out,
+            },
+            Mode::Exact,
+        )
+        .unwrap();
         let rb = ty.row_bytes(cols).unwrap();
         for (i, &id) in ids.iter().enumerate() {
             let mut want = vec![0f32; cols];
@@ -187,7 +284,14 @@ fn get_rows_all_types() {
         }
         assert!(out.iter().all(|v| v.is_finite()) && out.iter().any(|&v| v != 0.0));
         let err = be()
-            .run(Op::GetRows { table: t, ids: &[9], out: &mut out[..cols] }, Mode::Exact)
+            .run(
+                Op::GetRows {
+                    table: t,
+                    ids: &[9],
+                    out: &mut out[..cols],
+                },
+                Mode::Exact,
+            )
             .unwrap_err();
         assert!(format!("{err:#}").contains("get_rows"));
     }
@@ -248,7 +352,13 @@ fn kv_write_rounds_and_validates() {
             k: &k,
             v: &v,
             slots: &slots,
-            cache: KvLayerMut { k: &mut kc, v: &mut vc, block_size: bs, n_kv_heads: nkv, head_dim: hd },
+            cache: KvLayerMut {
+                k: &mut kc,
+                v: &mut vc,
+                block_size: bs,
+                n_kv_heads: nkv,
+                head_dim: hd,
+            },
         },
         Mode::Exact,
     )
@@ -268,7 +378,13 @@ fn kv_write_rounds_and_validates() {
                 k: &k,
                 v: &v,
                 slots: &[1, 2, 64],
-                cache: KvLayerMut { k: &mut kc, v: &mut vc, block_size: bs, n_kv_heads: nkv, head_dim: hd },
+                cache: KvLayerMut {
+                    k: &mut kc,
+                    v: &mut vc,
+                    block_size: bs,
+                    n_kv_heads: nkv,
+                    head_dim: hd,
+                },
             },
             Mode::Exact,
         )
@@ -280,7 +396,13 @@ fn kv_write_rounds_and_validates() {
                 k: &k[1..],
                 v: &v,
                 slots: &slots,
-                cache: KvLayerMut { k: &mut kc, v: &mut vc, block_size: bs, n_kv_heads: nkv, head_dim: hd },
+                cache: KvLayerMut {
+                    k: &mut kc,
+                    v: &mut vc,
+                    block_size: bs,
+                    n_kv_heads: nkv,
+                    head_dim: hd
+                },
             },
             Mode::Exact,
         )

@@ -20,8 +20,16 @@ fn cols_for(ty: GgmlType) -> usize {
 
 fn matmul(be: &CpuBackend, w: QMatrix<'_>, x: &[f32], n: usize) -> Vec<f32> {
     let mut out = vec![0f32; n * w.rows];
-    be.run(Op::MatMul { w, x, n, out: &mut out }, Mode::Exact)
-        .unwrap();
+    be.run(
+        Op::MatMul {
+            w,
+            x,
+            n,
+            out: &mut out,
+        },
+        Mode::Exact,
+    )
+    .unwrap();
     out
 }
 
@@ -33,12 +41,22 @@ fn matmul_accuracy_all_types() {
         let (m, k, n) = (37, cols_for(ty), 5);
         let data = rand_weights(&mut r, ty, m, k);
         let x = rand_vec(&mut r, n * k, 1.0);
-        let w = QMatrix { ty, rows: m, cols: k, data: &data };
+        let w = QMatrix {
+            ty,
+            rows: m,
+            cols: k,
+            data: &data,
+        };
         let got = matmul(&be, w, &x, n);
         let rb = ty.row_bytes(k).unwrap();
         let mut deq = vec![0f32; m * k];
         for j in 0..m {
-            dequantize_row(ty, &data[j * rb..(j + 1) * rb], &mut deq[j * k..(j + 1) * k]).unwrap();
+            dequantize_row(
+                ty,
+                &data[j * rb..(j + 1) * rb],
+                &mut deq[j * k..(j + 1) * k],
+            )
+            .unwrap();
         }
         let mut want = vec![0f64; n * m];
         for i in 0..n {
@@ -67,14 +85,23 @@ fn matmul_bitwise_threads_isa_batch() {
         let mut r = rng(200 + ti as u64);
         let (m, k) = (67, cols_for(ty));
         let data = rand_weights(&mut r, ty, m, k);
-        let w = QMatrix { ty, rows: m, cols: k, data: &data };
+        let w = QMatrix {
+            ty,
+            rows: m,
+            cols: k,
+            data: &data,
+        };
         // Batch of 7 random rows with the probe row at index 3.
         let batch = rand_vec(&mut r, 7 * k, 2.0);
         let probe = batch[3 * k..4 * k].to_vec();
         let reference = matmul(&bes[0].1, w, &batch, 7);
         for (label, be) in &bes {
             let full = matmul(be, w, &batch, 7);
-            assert_eq!(bits(&full), bits(&reference), "{ty:?} {label}: batch differs");
+            assert_eq!(
+                bits(&full),
+                bits(&reference),
+                "{ty:?} {label}: batch differs"
+            );
             let alone = matmul(be, w, &probe, 1);
             assert_eq!(
                 bits(&alone),
@@ -92,30 +119,83 @@ fn matmul_errors_not_panics() {
     let data = rand_weights(&mut r, GgmlType::Q4_1, 4, 64);
     let x = rand_vec(&mut r, 64, 1.0);
     let mut out = vec![0f32; 4];
-    let w = QMatrix { ty: GgmlType::Q4_1, rows: 4, cols: 64, data: &data };
+    let w = QMatrix {
+        ty: GgmlType::Q4_1,
+        rows: 4,
+        cols: 64,
+        data: &data,
+    };
     // x too short
     let e = be
-        .run(Op::MatMul { w, x: &x[..63], n: 1, out: &mut out }, Mode::Exact)
+        .run(
+            Op::MatMul {
+                w,
+                x: &x[..63],
+                n: 1,
+                out: &mut out,
+            },
+            Mode::Exact,
+        )
         .unwrap_err();
     assert!(format!("{e:#}").contains("mat_mul"), "{e:#}");
     // out wrong
     assert!(be
-        .run(Op::MatMul { w, x: &x, n: 1, out: &mut out[..3] }, Mode::Exact)
+        .run(
+            Op::MatMul {
+                w,
+                x: &x,
+                n: 1,
+                out: &mut out[..3]
+            },
+            Mode::Exact
+        )
         .is_err());
     // weight bytes wrong
-    let bad = QMatrix { data: &data[..data.len() - 1], ..w };
+    let bad = QMatrix {
+        data: &data[..data.len() - 1],
+        ..w
+    };
     assert!(be
-        .run(Op::MatMul { w: bad, x: &x, n: 1, out: &mut out }, Mode::Exact)
+        .run(
+            Op::MatMul {
+                w: bad,
+                x: &x,
+                n: 1,
+                out: &mut out
+            },
+            Mode::Exact
+        )
         .is_err());
     // cols not a block multiple
     let bad = QMatrix { cols: 48, ..w };
     assert!(be
-        .run(Op::MatMul { w: bad, x: &x[..48], n: 1, out: &mut out }, Mode::Exact)
+        .run(
+            Op::MatMul {
+                w: bad,
+                x: &x[..48],
+                n: 1,
+                out: &mut out
+            },
+            Mode::Exact
+        )
         .is_err());
     // activation type as weight
-    let bad = QMatrix { ty: GgmlType::Q8_K, rows: 1, cols: 256, data: &[0u8; 292] };
+    let bad = QMatrix {
+        ty: GgmlType::Q8_K,
+        rows: 1,
+        cols: 256,
+        data: &[0u8; 292],
+    };
     let x2 = vec![0.5f32; 256];
     assert!(be
-        .run(Op::MatMul { w: bad, x: &x2, n: 1, out: &mut out[..1] }, Mode::Exact)
+        .run(
+            Op::MatMul {
+                w: bad,
+                x: &x2,
+                n: 1,
+                out: &mut out[..1]
+            },
+            Mode::Exact
+        )
         .is_err());
 }

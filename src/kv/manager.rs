@@ -148,7 +148,7 @@ impl KvManager {
     /// The last block is partially filled and shared: the next append must
     /// copy it first.
     fn needs_cow(&self, s: &SeqState) -> bool {
-        s.n_tokens % self.block_size != 0
+        !s.n_tokens.is_multiple_of(self.block_size)
             && s.blocks.last().is_some_and(|&b| self.pool.ref_cnt(b) > 1)
     }
 
@@ -351,7 +351,7 @@ impl KvManager {
         n: usize,
     ) -> Result<Vec<u32>, KvError> {
         let s = self.seqs.get(&seq).ok_or(KvError::UnknownSeq(seq))?;
-        let end = start_pos.checked_add(n).unwrap_or(usize::MAX);
+        let end = start_pos.saturating_add(n);
         if end > s.n_tokens {
             return Err(KvError::OutOfRange {
                 seq,

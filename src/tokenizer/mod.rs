@@ -204,6 +204,19 @@ impl Tokenizer {
         })
     }
 
+    /// Reads the tokenizer of a GGUF file (see [`TokenizerSpec::from_gguf`]).
+    pub fn from_gguf(f: &crate::gguf::GgufFile) -> Result<Tokenizer> {
+        let spec = TokenizerSpec::from_gguf(f)?;
+        Tokenizer::new(spec).with_context(|| format!("{}: building the tokenizer", f.path().display()))
+    }
+
+    /// Opens `path` and reads its tokenizer.
+    pub fn from_gguf_path(path: &std::path::Path) -> Result<Tokenizer> {
+        let f = crate::gguf::GgufFile::open(path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        Tokenizer::from_gguf(&f)
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.tokens.len()
     }

@@ -2,7 +2,8 @@
 //! plain data, so a tokenizer can also be built by hand (tests, synthetic
 //! vocabularies) without a GGUF file.
 
-use anyhow::{bail, Result};
+use crate::gguf::GgufFile;
+use anyhow::{bail, Context, Result};
 
 /// GGUF `tokenizer.ggml.token_type` values (llama.cpp's `llama_token_type`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -107,6 +108,86 @@ impl TokenizerSpec {
             add_space_prefix: spm,
             chat_template: None,
         }
+    }
+
+    /// Reads the `tokenizer.*` keys. Required: `tokenizer.ggml.model` and
+    /// `tokenizer.ggml.tokens` (plus `tokenizer.ggml.merges` for gpt2);
+    /// absent flags take llama.cpp's defaults for the model family. Errors
+    /// name the key and the file.
+    pub fn from_gguf(f: &GgufFile) -> Result<TokenizerSpec> {
+        let file = f.path().display().to_string();
+        let ctx = |key: &str| format!("{file}: reading {key}");
+        let model = f
+            .get_str("tokenizer.ggml.model")
+            .with_context(|| ctx("tokenizer.ggml.model"))?;
+        let kind = TokenizerModel::parse(model).with_context(|| f.path().display().to_string())?;
+        let tokens: Vec<String> = f
+            .get_str_array("tokenizer.ggml.tokens")
+            .with_context(|| ctx("tokenizer.ggml.tokens"))?
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        let mut spec = TokenizerSpec::new(model, tokens);
+        spec.pre = f
+            .opt_str("tokenizer.ggml.pre")
+            .with_context(|| ctx("tokenizer.ggml.pre"))?
+            .map(str::to_owned);
+        if f.get("tokenizer.ggml.token_type").is_some() {
+            spec.token_types = f
+                .get_i32_array("tokenizer.ggml.token_type")
+                .with_context(|| ctx("tokenizer.ggml.token_type"))?;
+        }
+        if kind == TokenizerModel::Gpt2 {
+            spec.merges = f
+                .get_str_array("tokenizer.ggml.merges")
+                .with_context(|| ctx("tokenizer.ggml.merges"))?
+                .into_iter()
+                .map(str::to_owned)
+                .collect();
+        }
+        if f.get("tokenizer.ggml.scores").is_some() {
+            spec.scores = f
+                .get_f32_array("tokenizer.ggml.scores")
+                .with_context(|| ctx("tokenizer.ggml.scores"))?;
+        }
+        spec.bos_id = f
+            .opt_u32("tokenizer.ggml.bos_token_id")
+            .with_context(|| ctx("tokenizer.ggml.bos_token_id"))?;
+        spec.eos_id = f
+            .opt_u32("tokenizer.ggml.eos_token_id")
+            .with_context(|| ctx("tokenizer.ggml.eos_token_id"))?;
+        spec.unk_id = f
+            .opt_u32("tokenizer.ggml.unknown_token_id")
+            .with_context(|| ctx("tokenizer.ggml.unknown_token_id"))?;
+        spec.pad_id = f
+            .opt_u32("tokenizer.ggml.padding_token_id")
+            .with_context(|| ctx("tokenizer.ggml.padding_token_id"))?;
+        spec.eot_id = f
+            .opt_u32("tokenizer.ggml.eot_token_id")
+            .with_context(|| ctx("tokenizer.ggml.eot_token_id"))?;
+        if let Some(v) = f
+            .opt_bool("tokenizer.ggml.add_bos_token")
+            .with_context(|| ctx("tokenizer.ggml.add_bos_token"))?
+        {
+            spec.add_bos = v;
+        }
+        if let Some(v) = f
+            .opt_bool("tokenizer.ggml.add_eos_token")
+            .with_context(|| ctx("tokenizer.ggml.add_eos_token"))?
+        {
+            spec.add_eos = v;
+        }
+        if let Some(v) = f
+            .opt_bool("tokenizer.ggml.add_space_prefix")
+            .with_context(|| ctx("tokenizer.ggml.add_space_prefix"))?
+        {
+            spec.add_space_prefix = v;
+        }
+        spec.chat_template = f
+            .opt_str("tokenizer.chat_template")
+            .with_context(|| ctx("tokenizer.chat_template"))?
+            .map(str::to_owned);
+        Ok(spec)
     }
 
     /// Token type of `id` (normal when the file has no type table).

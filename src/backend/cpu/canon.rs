@@ -29,6 +29,7 @@
 //!     `t = ((d * da) * (A as f32)) - ((dmin * da) * (B as f32))`.
 //!   - Q6_K (16 groups of 16, i8 scale `sc_g`, `w = q6 - 32`):
 //!     `A = Σ_g sc_g * (Σ_{i in g} w_i * q_i)`; `t = (d * da) * (A as f32)`.
+//!
 //!   (`dw`, `mw`, `d`, `dmin` are the f16 block scales converted exactly.)
 //!   Terms accumulate into 8 lanes: `lane[b % 8] = lane[b % 8] + t_b` in
 //!   increasing `b` (lanes start at 0), then the tree for `s` in `[4, 2, 1]`.

@@ -123,6 +123,15 @@ impl Backend for CpuBackend {
 /// pointee outlives the parallel section.
 #[derive(Clone, Copy)]
 pub(crate) struct SendPtr(pub *mut f32);
+
+impl SendPtr {
+    /// The pointer. A method (not field access) so closures capture the
+    /// whole `SendPtr`, which is `Send`, rather than the raw field.
+    #[inline]
+    pub(crate) fn get(self) -> *mut f32 {
+        self.0
+    }
+}
 // SAFETY: SendPtr is only used to write disjoint elements from tasks that
 // all finish before the owning borrow ends (see each use).
 unsafe impl Send for SendPtr {}

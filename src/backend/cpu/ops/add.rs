@@ -26,7 +26,7 @@ pub fn add(x: &mut [f32], y: &[f32]) -> Result<()> {
 pub fn add_bias(x: &mut [f32], bias: &[f32]) -> Result<()> {
     let dim = bias.len();
     ensure!(
-        dim > 0 && x.len() % dim == 0,
+        dim > 0 && x.len().is_multiple_of(dim),
         "add_bias: x has {} elements, not a whole number of rows of bias dim {}",
         x.len(),
         dim

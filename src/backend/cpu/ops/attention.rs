@@ -39,12 +39,12 @@ pub fn run(
         "paged_attention: head_dim {hd}, n_kv_heads {nkv}, block_size {bs}, n_heads {n_heads} must be > 0"
     );
     ensure!(
-        n_heads % nkv == 0,
+        n_heads.is_multiple_of(nkv),
         "paged_attention: n_heads {n_heads} is not a multiple of n_kv_heads {nkv}"
     );
     let block_elems = bs * nkv * hd;
     ensure!(
-        cache.k.len() == cache.v.len() && cache.k.len() % block_elems == 0,
+        cache.k.len() == cache.v.len() && cache.k.len().is_multiple_of(block_elems),
         "paged_attention: cache k {} / v {} elements, not whole blocks of (block_size {bs}, n_kv_heads {nkv}, head_dim {hd})",
         cache.k.len(),
         cache.v.len()
@@ -92,7 +92,16 @@ pub fn run(
         let qv = &q[rh * hd..(rh + 1) * hd];
         let table = batch.block_tables[batch.row_seq[r] as usize];
         let kvh = h / group;
-        head(isa, qv, scale, &cache, table, kvh, batch.positions[r] as usize, o);
+        head(
+            isa,
+            qv,
+            scale,
+            &cache,
+            table,
+            kvh,
+            batch.positions[r] as usize,
+            o,
+        );
     });
     Ok(())
 }
@@ -186,7 +195,10 @@ unsafe fn accumulate_v_avx2(vs: &mut [f32], p: f32, v: &[f16]) {
     while d + 8 <= n {
         let x = _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(d) as *const __m128i));
         let a = _mm256_loadu_ps(vs.as_ptr().add(d));
-        _mm256_storeu_ps(vs.as_mut_ptr().add(d), _mm256_add_ps(a, _mm256_mul_ps(pv, x)));
+        _mm256_storeu_ps(
+            vs.as_mut_ptr().add(d),
+            _mm256_add_ps(a, _mm256_mul_ps(pv, x)),
+        );
         d += 8;
     }
     while d < n {

@@ -16,7 +16,7 @@ pub fn run(k: &[f32], v: &[f32], slots: &[u32], cache: KvLayerMut<'_>) -> Result
         cache.block_size
     );
     ensure!(
-        cache.k.len() == cache.v.len() && cache.k.len() % (cache.block_size * cell_elems) == 0,
+        cache.k.len() == cache.v.len() && cache.k.len().is_multiple_of(cache.block_size * cell_elems),
         "kv_write: cache k {} / v {} elements, not whole blocks of (block_size {} , n_kv_heads {}, head_dim {})",
         cache.k.len(),
         cache.v.len(),

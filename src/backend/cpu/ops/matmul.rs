@@ -16,11 +16,18 @@ use rayon::prelude::*;
 const ROW_TILE: usize = 8;
 
 /// w: (m, k); x: (n, k); out: (n, m).
-pub fn run(isa: Isa, n_threads: usize, w: QMatrix<'_>, x: &[f32], n: usize, out: &mut [f32]) -> Result<()> {
+pub fn run(
+    isa: Isa,
+    n_threads: usize,
+    w: QMatrix<'_>,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+) -> Result<()> {
     let (m, k) = (w.rows, w.cols);
-    let rb = w.ty.row_bytes(k).map_err(|e| {
-        anyhow::anyhow!("mat_mul: weight {:?} ({m} x {k}): {e}", w.ty)
-    })?;
+    let rb =
+        w.ty.row_bytes(k)
+            .map_err(|e| anyhow::anyhow!("mat_mul: weight {:?} ({m} x {k}): {e}", w.ty))?;
     ensure!(
         !matches!(w.ty, GgmlType::Q8_1 | GgmlType::Q8_K),
         "mat_mul: {:?} is an activation type, not a weight type",
@@ -69,7 +76,6 @@ pub fn run(isa: Isa, n_threads: usize, w: QMatrix<'_>, x: &[f32], n: usize, out:
     let outp = SendPtr(out.as_mut_ptr());
     let ty = w.ty;
     (0..n_chunks).into_par_iter().for_each(|c| {
-        let outp = outp;
         let j0 = c * chunk;
         let j1 = (j0 + chunk).min(m);
         for i0 in (0..n).step_by(ROW_TILE) {
@@ -92,7 +98,7 @@ pub fn run(isa: Isa, n_threads: usize, w: QMatrix<'_>, x: &[f32], n: usize, out:
                     // SAFETY: element (i, j) is written by exactly one task
                     // (the one owning column chunk [j0, j1)); i < n, j < m so
                     // i * m + j < out.len(); `out` outlives this parallel loop.
-                    unsafe { *outp.0.add(i * m + j) = v };
+                    unsafe { *outp.get().add(i * m + j) = v };
                 }
             }
         }

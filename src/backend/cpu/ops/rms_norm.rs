@@ -10,7 +10,7 @@ use rayon::prelude::*;
 pub fn run(isa: Isa, x: &[f32], w: &[f32], dim: usize, eps: f32, out: &mut [f32]) -> Result<()> {
     ensure!(dim > 0, "rms_norm: dim must be > 0");
     ensure!(
-        w.len() == dim && x.len() % dim == 0 && out.len() == x.len(),
+        w.len() == dim && x.len().is_multiple_of(dim) && out.len() == x.len(),
         "rms_norm: x {} / out {} elements, w {} (dim {}): expected x = out = n*dim, w = dim",
         x.len(),
         out.len(),

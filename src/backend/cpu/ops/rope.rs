@@ -22,7 +22,7 @@ pub fn run(
         "rope: n_heads {n_heads} and head_dim {head_dim} must be > 0"
     );
     ensure!(
-        rope_dim % 2 == 0 && rope_dim <= head_dim && inv_freq.len() == rope_dim / 2,
+        rope_dim.is_multiple_of(2) && rope_dim <= head_dim && inv_freq.len() == rope_dim / 2,
         "rope: rope_dim {rope_dim} must be even and <= head_dim {head_dim}, inv_freq has {} (want {})",
         inv_freq.len(),
         rope_dim / 2
@@ -54,7 +54,11 @@ pub fn run(
             }
             for head in row.chunks_exact_mut(head_dim) {
                 for (i, &(c, s)) in cs.iter().enumerate() {
-                    let (a, b) = if neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
+                    let (a, b) = if neox {
+                        (i, i + half)
+                    } else {
+                        (2 * i, 2 * i + 1)
+                    };
                     let x0 = head[a];
                     let x1 = head[b];
                     head[a] = (x0 * c) - (x1 * s);

@@ -110,10 +110,10 @@ pub unsafe fn dot_bf16(a: *const f32, b: *const u8, k: usize) -> f32 {
     for (r, acc) in acc.iter().enumerate() {
         _mm256_storeu_ps(lane.as_mut_ptr().add(8 * r), *acc);
     }
-    for l in 0..k - full {
+    for (l, lane) in lane.iter_mut().enumerate().take(k - full) {
         let p = b.add(2 * (full + l));
         let wb = half::bf16::from_bits(u16::from_le_bytes([*p, *p.add(1)])).to_f32();
-        lane[l] += *a.add(full + l) * wb;
+        *lane += *a.add(full + l) * wb;
     }
     tree32(lane)
 }
@@ -222,37 +222,55 @@ macro_rules! q32_kernel {
 }
 
 // Q4_1: unsigned nibbles x signed activations, maddubs then madd.
-q32_kernel!(dot_q4_1, 20, true, |w, a, b| {
-    let wq = nibbles(w.as_ptr().add(b * 20 + 4));
-    let aq = _mm256_loadu_si256(a.qs.as_ptr().add(b * 32) as *const __m256i);
-    _mm256_madd_epi16(_mm256_maddubs_epi16(wq, aq), _mm256_set1_epi16(1))
-}, |iv, g| iv);
+q32_kernel!(
+    dot_q4_1,
+    20,
+    true,
+    |w, a, b| {
+        let wq = nibbles(w.as_ptr().add(b * 20 + 4));
+        let aq = _mm256_loadu_si256(a.qs.as_ptr().add(b * 32) as *const __m256i);
+        _mm256_madd_epi16(_mm256_maddubs_epi16(wq, aq), _mm256_set1_epi16(1))
+    },
+    |iv, g| iv
+);
 
 // Q4_0: Σ (nib - 8) q = Σ nib q - 8 Σ q (exact).
-q32_kernel!(dot_q4_0, 18, false, |w, a, b| {
-    let wq = nibbles(w.as_ptr().add(b * 18 + 2));
-    let aq = _mm256_loadu_si256(a.qs.as_ptr().add(b * 32) as *const __m256i);
-    _mm256_madd_epi16(_mm256_maddubs_epi16(wq, aq), _mm256_set1_epi16(1))
-}, |iv, g| {
-    let sums = if g * 8 + 8 <= a.sum.len() {
-        _mm256_loadu_si256(a.sum.as_ptr().add(g * 8) as *const __m256i)
-    } else {
-        let mut t = [0i32; 8];
-        for (l, t) in t.iter_mut().enumerate() {
-            if let Some(&s) = a.sum.get(g * 8 + l) {
-                *t = s;
+q32_kernel!(
+    dot_q4_0,
+    18,
+    false,
+    |w, a, b| {
+        let wq = nibbles(w.as_ptr().add(b * 18 + 2));
+        let aq = _mm256_loadu_si256(a.qs.as_ptr().add(b * 32) as *const __m256i);
+        _mm256_madd_epi16(_mm256_maddubs_epi16(wq, aq), _mm256_set1_epi16(1))
+    },
+    |iv, g| {
+        let sums = if g * 8 + 8 <= a.sum.len() {
+            _mm256_loadu_si256(a.sum.as_ptr().add(g * 8) as *const __m256i)
+        } else {
+            let mut t = [0i32; 8];
+            for (l, t) in t.iter_mut().enumerate() {
+                if let Some(&s) = a.sum.get(g * 8 + l) {
+                    *t = s;
+                }
             }
-        }
-        _mm256_loadu_si256(t.as_ptr() as *const __m256i)
-    };
-    _mm256_sub_epi32(iv, _mm256_slli_epi32(sums, 3))
-});
+            _mm256_loadu_si256(t.as_ptr() as *const __m256i)
+        };
+        _mm256_sub_epi32(iv, _mm256_slli_epi32(sums, 3))
+    }
+);
 
 // Q8_0: |w| (unsigned) x sign(q, w), maddubs then madd.
-q32_kernel!(dot_q8_0, 34, false, |w, a, b| {
-    let wq = _mm256_loadu_si256(w.as_ptr().add(b * 34 + 2) as *const __m256i);
-    let aq = _mm256_loadu_si256(a.qs.as_ptr().add(b * 32) as *const __m256i);
-    let ax = _mm256_sign_epi8(wq, wq);
-    let sy = _mm256_sign_epi8(aq, wq);
-    _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1))
-}, |iv, g| iv);
+q32_kernel!(
+    dot_q8_0,
+    34,
+    false,
+    |w, a, b| {
+        let wq = _mm256_loadu_si256(w.as_ptr().add(b * 34 + 2) as *const __m256i);
+        let aq = _mm256_loadu_si256(a.qs.as_ptr().add(b * 32) as *const __m256i);
+        let ax = _mm256_sign_epi8(wq, wq);
+        let sy = _mm256_sign_epi8(aq, wq);
+        _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1))
+    },
+    |iv, g| iv
+);

@@ -6,7 +6,7 @@
 
 pub mod actq;
 #[cfg(target_arch = "x86_64")]
-pub mod avx2;
+pub(crate) mod avx2;
 pub mod float;
 pub mod portable;
 
