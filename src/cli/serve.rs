@@ -33,6 +33,10 @@ pub struct ServeArgs {
     /// decodes fill T.
     #[arg(long, default_value_t = 32)]
     pub min_prefill_tokens: usize,
+    /// A static prefill budget per step instead of the dynamic
+    /// max(min-prefill-tokens, T - decodes).
+    #[arg(long)]
+    pub static_prefill_budget: Option<usize>,
     /// Most prefill tokens of one sequence per step (0 = no cap).
     #[arg(long, default_value_t = 0)]
     pub max_prefill_chunk: usize,
@@ -59,6 +63,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         max_queue: a.max_queue,
         max_batch_tokens: a.max_batch_tokens,
         min_prefill_tokens: a.min_prefill_tokens,
+        static_prefill_budget: a.static_prefill_budget,
         max_prefill_chunk: a.max_prefill_chunk,
         max_running: a.max_running,
     };

@@ -1,52 +1,64 @@
-//! The engine thread: admission, decode-first planning, KV allocation,
-//! one `Runner::step` per iteration, sampling, events, metrics.
+//! The engine thread: the [`Scheduler`] plans each step (decode first,
+//! prefill chunks in the rest of the budget, prefix-cache hits, preemption),
+//! [`run_plan`] runs it on the model, each sequence samples with its own
+//! seeded [`Sampler`], and events go to the request's channel.
 //!
-//! Sequence state is one invariant: a running sequence has its first
-//! `n_computed` tokens in the KV cache and `n_computed < tokens.len()`, so
-//! every step feeds `tokens[n_computed..]` (a decode when one token is
-//! left, a prefill chunk otherwise) and the row for the last token yields
-//! the logits of the next one. Prefill, decode, prefix-cache hits and
-//! recomputation after preemption are all this one rule.
-//!
-//! KV allocation is owned here, before the step: `Runner::step` then finds
-//! every sequence already reserved up to its end, and its own `allocate`
-//! call is a no-op. Block copies (copy on write) are run on the runner's
-//! storage before the step.
+//! The scheduler owns the KV manager (allocation, prefix cache, preemption);
+//! the runner's own manager is unused here. Sequences whose client went away
+//! or that were cancelled are finished before the next plan, so their blocks
+//! return to the pool at once.
 
 use super::metrics::EndKind;
+use super::step::run_plan;
 use super::{
     EngineConfig, EngineHandle, EngineLimits, Event, FinishReason, Metrics, Msg, Submission,
     TokenLogprobs,
 };
-use crate::kv::{KvError, SeqId};
-use crate::runner::{LogitsWanted, Runner, SeqWork};
+use crate::kv::{KvManager, SeqId};
+use crate::runner::Runner;
 use crate::sampler::{logprobs, Sampler};
-use anyhow::{bail, Context, Result};
-use std::collections::VecDeque;
+use crate::scheduler::{PrefillBudget, PrefillCap, Scheduler, SchedulerConfig};
+use anyhow::{anyhow, bail, Context, Result};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 
 /// Starts the engine thread, which owns `runner` until every
 /// [`EngineHandle`] is dropped and the last sequence has ended.
 pub fn spawn(runner: Runner, cfg: EngineConfig) -> Result<(EngineHandle, JoinHandle<()>)> {
-    if cfg.max_batch_tokens == 0 {
-        bail!("max batch tokens must be at least 1");
+    if cfg.max_batch_tokens == 0 || cfg.max_running == 0 || cfg.min_prefill_tokens == 0 {
+        bail!("max batch tokens, max running and min prefill tokens must be at least 1");
     }
-    if cfg.max_running == 0 {
-        bail!("max running sequences must be at least 1");
-    }
+    let mc = runner.config().clone();
+    let mut scfg = SchedulerConfig::new(
+        cfg.max_batch_tokens,
+        cfg.min_prefill_tokens,
+        mc.context_length,
+    );
+    scfg.max_running = cfg.max_running;
+    scfg.budget = match cfg.static_prefill_budget {
+        Some(n) => PrefillBudget::Static(n),
+        None => PrefillBudget::Dynamic,
+    };
+    scfg.cap = if cfg.max_prefill_chunk > 0 {
+        PrefillCap::Tokens(cfg.max_prefill_chunk)
+    } else {
+        PrefillCap::Off
+    };
+    // Same geometry as the runner's KV storage, which the step writes.
+    let kv = KvManager::new(runner.kv.num_blocks(), runner.kv.block_size())
+        .map_err(|e| anyhow!("creating the KV manager: {e}"))?;
+    let sched = Scheduler::new(scfg, kv)?;
     let (tx, rx) = std::sync::mpsc::channel();
     let queued = Arc::new(AtomicUsize::new(0));
     let metrics = Arc::new(Metrics::new());
-    let mc = runner.config();
-    let kv_blocks = runner.kv.num_blocks().saturating_sub(1);
     let limits = EngineLimits {
         context_length: mc.context_length,
-        kv_tokens: kv_blocks * runner.kv.block_size(),
+        kv_tokens: (runner.kv.num_blocks().saturating_sub(1)) * runner.kv.block_size(),
         vocab_size: mc.vocab_size,
     };
     let handle = EngineHandle {
@@ -58,13 +70,13 @@ pub fn spawn(runner: Runner, cfg: EngineConfig) -> Result<(EngineHandle, JoinHan
     };
     let engine = Engine {
         runner,
-        cfg,
+        sched,
         rx,
         queued,
         metrics,
         limits,
-        waiting: VecDeque::new(),
-        running: Vec::new(),
+        seqs: BTreeMap::new(),
+        deferred: VecDeque::new(),
         next_id: 1,
     };
     engine.publish_metrics();
@@ -84,32 +96,22 @@ struct ReqShared {
     arrival: Instant,
 }
 
-/// One choice of a request.
+/// The engine's side of one choice (the scheduler holds its tokens).
 struct Seq {
-    id: SeqId,
     index: usize,
     req: Arc<ReqShared>,
-    /// Prompt then generated tokens.
-    tokens: Vec<u32>,
     prompt_len: usize,
-    /// Tokens whose K/V are in the cache (0 while waiting).
-    n_computed: usize,
     generated: usize,
-    /// Generation ends (Length) when `tokens.len()` reaches this.
+    /// Generation ends (Length) when the sequence reaches this many tokens.
     max_len: usize,
     max_tokens: usize,
     sampler: Sampler,
-    /// Admit only once this sibling's prompt is prefilled (prefix sharing).
-    leader: Option<SeqId>,
-    /// Still counted in the handle's queue counter (never admitted yet).
+    /// Still counted in the handle's queue counter (never scheduled yet).
     in_queue_count: bool,
     last_token_at: Option<Instant>,
 }
 
 impl Seq {
-    fn remaining(&self) -> usize {
-        self.tokens.len() - self.n_computed
-    }
     fn cancelled(&self) -> bool {
         self.req.tx.is_closed()
             || self
@@ -120,24 +122,25 @@ impl Seq {
     }
 }
 
-/// One planned row group: `n` tokens of `running[idx]`.
-struct Planned {
-    idx: usize,
-    n: usize,
-    logits: bool,
+/// A sibling choice held back until its leader's prompt is prefilled, so
+/// that it is admitted with the leader's blocks as prefix-cache hits.
+struct Deferred {
+    id: SeqId,
+    leader: SeqId,
+    prompt: Vec<u32>,
+    seq: Seq,
 }
 
 struct Engine {
     runner: Runner,
-    cfg: EngineConfig,
+    sched: Scheduler,
     rx: Receiver<Msg>,
     queued: Arc<AtomicUsize>,
     metrics: Arc<Metrics>,
     limits: EngineLimits,
-    /// FIFO; preempted sequences go back to the front.
-    waiting: VecDeque<Seq>,
-    /// In admission order: the newest is preempted first.
-    running: Vec<Seq>,
+    /// Every sequence known to the scheduler.
+    seqs: BTreeMap<SeqId, Seq>,
+    deferred: VecDeque<Deferred>,
     next_id: u64,
 }
 
@@ -145,7 +148,8 @@ impl Engine {
     fn run(mut self) {
         let mut senders_gone = false;
         loop {
-            if self.waiting.is_empty() && self.running.is_empty() {
+            let idle = self.seqs.is_empty() && self.deferred.is_empty();
+            if idle {
                 if senders_gone {
                     break;
                 }
@@ -165,10 +169,12 @@ impl Engine {
                 }
             }
             self.reap_cancelled();
-            self.admit();
-            let plan = self.plan();
-            if !plan.is_empty() {
-                self.execute(plan);
+            self.release_deferred();
+            if let Err(e) = self.step() {
+                // The scheduler's state can no longer be trusted: end every
+                // sequence with the error, and keep serving new requests.
+                tracing::error!("engine step failed: {e:#}");
+                self.fail_all(&format!("engine error: {e:#}"));
             }
             self.publish_metrics();
         }
@@ -178,15 +184,29 @@ impl Engine {
     fn handle(&mut self, m: Msg) {
         match m {
             Msg::Submit(sub) => self.enqueue(*sub),
-            Msg::CancelAll => {
-                let running = std::mem::take(&mut self.running);
-                let waiting = std::mem::take(&mut self.waiting);
-                for s in running.into_iter().chain(waiting) {
-                    let index = s.index;
-                    let message = "the server is shutting down".to_string();
-                    self.end(s, EndKind::Cancelled, Some(Event::Error { index, message }));
-                }
+            Msg::CancelAll => self.fail_all("the server is shutting down"),
+        }
+    }
+
+    fn fail_all(&mut self, message: &str) {
+        let ids: Vec<SeqId> = self.seqs.keys().copied().collect();
+        for id in ids {
+            if let Some(s) = self.seqs.remove(&id) {
+                let index = s.index;
+                let ev = Event::Error {
+                    index,
+                    message: message.to_string(),
+                };
+                self.end(id, s, EndKind::Cancelled, Some(ev));
             }
+        }
+        for d in std::mem::take(&mut self.deferred) {
+            let index = d.seq.index;
+            let ev = Event::Error {
+                index,
+                message: message.to_string(),
+            };
+            self.end(d.id, d.seq, EndKind::Cancelled, Some(ev));
         }
     }
 
@@ -215,7 +235,7 @@ impl Engine {
             let sampler = match Sampler::new(params) {
                 Ok(s) => s,
                 Err(e) => {
-                    // Every choice shares the parameters: fail them all.
+                    // Every choice shares the parameters: fail the rest.
                     self.queued.fetch_sub(n - index, Ordering::AcqRel);
                     for i in index..n {
                         let _ = shared.tx.send(Event::Error {
@@ -226,33 +246,79 @@ impl Engine {
                     return;
                 }
             };
-            self.waiting.push_back(Seq {
-                id,
+            let seq = Seq {
                 index,
                 req: shared.clone(),
-                tokens: req.prompt.clone(),
                 prompt_len: req.prompt.len(),
-                n_computed: 0,
                 generated: 0,
                 max_len,
                 max_tokens: req.max_tokens,
                 sampler,
-                leader,
                 in_queue_count: true,
                 last_token_at: None,
-            });
-            if index == 0 {
-                leader = Some(id);
+            };
+            match leader {
+                None => {
+                    if let Err(e) = self.sched.add_request(id, req.prompt.clone()) {
+                        let message = format!("{e:#}");
+                        self.end(id, seq, EndKind::Error, Some(Event::Error { index, message }));
+                        // Siblings would fail the same way.
+                        for i in 1..n {
+                            self.queued.fetch_sub(1, Ordering::AcqRel);
+                            let _ = shared.tx.send(Event::Error {
+                                index: i,
+                                message: "the request was rejected".into(),
+                            });
+                        }
+                        return;
+                    }
+                    self.seqs.insert(id, seq);
+                    leader = Some(id);
+                }
+                Some(l) => self.deferred.push_back(Deferred {
+                    id,
+                    leader: l,
+                    prompt: req.prompt.clone(),
+                    seq,
+                }),
             }
         }
     }
 
-    /// Removes a sequence for good: frees its blocks (if it holds any),
-    /// uncounts it from the queue, sends its last event and counts the end.
-    fn end(&mut self, s: Seq, kind: EndKind, event: Option<Event>) {
-        if self.runner.kv.contains(s.id) {
-            if let Err(e) = self.runner.kv.free(s.id) {
-                tracing::error!("freeing {}: {e}", s.id);
+    /// Hands deferred siblings to the scheduler once their leader's prompt
+    /// is computed (or the leader is gone).
+    fn release_deferred(&mut self) {
+        let mut keep = VecDeque::new();
+        while let Some(d) = self.deferred.pop_front() {
+            let pending = self.sched.num_computed(d.leader).is_some_and(|c| {
+                self.seqs
+                    .get(&d.leader)
+                    .is_some_and(|l| c < l.prompt_len)
+            });
+            if pending {
+                keep.push_back(d);
+                continue;
+            }
+            match self.sched.add_request(d.id, d.prompt) {
+                Ok(()) => {
+                    self.seqs.insert(d.id, d.seq);
+                }
+                Err(e) => {
+                    let index = d.seq.index;
+                    let message = format!("{e:#}");
+                    self.end(d.id, d.seq, EndKind::Error, Some(Event::Error { index, message }));
+                }
+            }
+        }
+        self.deferred = keep;
+    }
+
+    /// Removes a sequence for good: finishes it in the scheduler (freeing
+    /// its blocks), uncounts it from the queue, sends its last event.
+    fn end(&mut self, id: SeqId, s: Seq, kind: EndKind, event: Option<Event>) {
+        if self.sched.tokens(id).is_some() {
+            if let Err(e) = self.sched.finish(id) {
+                tracing::error!("finishing {id}: {e:#}");
             }
         }
         if s.in_queue_count {
@@ -267,312 +333,126 @@ impl Engine {
     /// Drops sequences whose client is gone or that were cancelled (a stop
     /// string matched): their blocks go back to the pool at once.
     fn reap_cancelled(&mut self) {
-        let mut i = 0;
-        while i < self.running.len() {
-            if self.running[i].cancelled() {
-                let s = self.running.remove(i);
-                self.end(s, EndKind::Cancelled, None);
-            } else {
-                i += 1;
+        let gone: Vec<SeqId> = self
+            .seqs
+            .iter()
+            .filter(|(_, s)| s.cancelled())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in gone {
+            if let Some(s) = self.seqs.remove(&id) {
+                self.end(id, s, EndKind::Cancelled, None);
             }
         }
-        let mut i = 0;
-        while i < self.waiting.len() {
-            if self.waiting[i].cancelled() {
-                if let Some(s) = self.waiting.remove(i) {
-                    self.end(s, EndKind::Cancelled, None);
-                }
-            } else {
-                i += 1;
-            }
+        let (gone, keep): (Vec<Deferred>, Vec<Deferred>) =
+            std::mem::take(&mut self.deferred)
+                .into_iter()
+                .partition(|d| d.seq.cancelled());
+        self.deferred = keep.into();
+        for d in gone {
+            self.end(d.id, d.seq, EndKind::Cancelled, None);
         }
     }
 
-    /// Whether `leader` still has prompt tokens to prefill (then its
-    /// siblings wait, to hit its blocks in the prefix cache).
-    fn leader_pending(&self, leader: SeqId) -> bool {
-        self.waiting.iter().any(|s| s.id == leader)
-            || self
-                .running
-                .iter()
-                .any(|s| s.id == leader && s.n_computed < s.prompt_len)
-    }
-
-    /// Admits waiting sequences in FIFO order while the pool has room for
-    /// their whole prompt plus one block of headroom per running sequence
-    /// (so admitting does not immediately force preemptions).
-    fn admit(&mut self) {
-        let bs = self.runner.kv.block_size();
-        let usable = self.runner.kv.num_blocks().saturating_sub(1);
-        let mut i = 0;
-        while i < self.waiting.len() && self.running.len() < self.cfg.max_running {
-            if let Some(l) = self.waiting[i].leader {
-                if self.leader_pending(l) {
-                    i += 1;
-                    continue;
+    /// Plans and runs one step, samples, sends events.
+    fn step(&mut self) -> Result<()> {
+        let plan = self.sched.schedule().context("scheduling")?;
+        for id in &plan.must_finish {
+            if let Some(s) = self.seqs.remove(id) {
+                let ev = Event::Finished {
+                    index: s.index,
+                    reason: FinishReason::Length,
+                    completion_tokens: s.generated,
+                };
+                self.end(*id, s, EndKind::Length, Some(ev));
+            }
+        }
+        if plan.is_empty() {
+            // Nothing runnable (e.g. every waiting prompt is blocked behind
+            // the pool): wait for a message rather than spin.
+            if self.sched.has_unfinished() {
+                match self.rx.recv_timeout(Duration::from_millis(5)) {
+                    Ok(m) => self.handle(m),
+                    Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {}
                 }
             }
-            let s = &self.waiting[i];
-            let need = (s.tokens.len() + 1).div_ceil(bs);
-            if need > usable {
-                let msg = format!(
-                    "the sequence needs {} tokens of KV cache, more than the server's {} (--kv-tokens)",
-                    s.tokens.len() + 1,
-                    usable * bs
-                );
-                if let Some(s) = self.waiting.remove(i) {
-                    let index = s.index;
-                    self.end(s, EndKind::Error, Some(Event::Error { index, message: msg }));
+            return Ok(());
+        }
+        let mut newly = 0u64;
+        for ss in &plan.seqs {
+            if let Some(s) = self.seqs.get_mut(&ss.seq) {
+                if s.in_queue_count {
+                    s.in_queue_count = false;
+                    self.queued.fetch_sub(1, Ordering::AcqRel);
+                    newly += s.prompt_len as u64;
                 }
+            }
+        }
+        let prefilled = plan.n_prefill_tokens as u64;
+        let preemptions = self.sched.num_preemptions();
+        self.metrics.update(|m| {
+            m.prompt_tokens_total += newly;
+            m.computed_prompt_tokens_total += prefilled;
+            m.preemptions_total = preemptions;
+        });
+        let outs = match run_plan(&mut self.runner, self.sched.kv(), &plan) {
+            Ok(o) => o,
+            Err(e) => {
+                // The step's cells are undefined: end its sequences.
+                let message = format!("model step failed: {e:#}");
+                tracing::error!("{message}");
+                for ss in &plan.seqs {
+                    if let Some(s) = self.seqs.remove(&ss.seq) {
+                        let index = s.index;
+                        let message = message.clone();
+                        self.end(ss.seq, s, EndKind::Error, Some(Event::Error { index, message }));
+                    }
+                }
+                return self.sched.on_step_done(&[]);
+            }
+        };
+        let now = Instant::now();
+        let mut sampled = Vec::new();
+        let mut ended: Vec<(SeqId, EndKind, Event)> = Vec::new();
+        for (ss, logits) in plan.seqs.iter().zip(&outs) {
+            if !ss.sample {
                 continue;
             }
-            let free = self.runner.kv.num_free_blocks();
-            if !self.running.is_empty() && free < need + self.running.len() {
-                break;
-            }
-            let id = s.id;
-            let cached = match self.runner.kv.allocate_with_prefix_reserve(id, &s.tokens, 0) {
-                Ok(n) => n,
-                Err(KvError::OutOfBlocks { .. }) => break,
-                Err(e) => {
-                    if let Some(s) = self.waiting.remove(i) {
-                        let index = s.index;
-                        let message = format!("KV allocation failed: {e}");
-                        self.end(s, EndKind::Error, Some(Event::Error { index, message }));
+            let (Some(s), Some(history)) = (self.seqs.get_mut(&ss.seq), self.sched.tokens(ss.seq))
+            else {
+                continue;
+            };
+            match sample_one(s, logits, history, now, &self.metrics) {
+                Ok((tok, end)) => {
+                    sampled.push((ss.seq, tok));
+                    if let Some((kind, ev)) = end {
+                        ended.push((ss.seq, kind, ev));
                     }
-                    continue;
                 }
-            };
-            let Some(mut s) = self.waiting.remove(i) else {
-                break;
-            };
-            s.n_computed = cached;
-            if s.in_queue_count {
-                s.in_queue_count = false;
-                self.queued.fetch_sub(1, Ordering::AcqRel);
-                let pl = s.prompt_len as u64;
-                self.metrics.update(|m| m.prompt_tokens_total += pl);
+                Err(message) => {
+                    let index = s.index;
+                    // Finished before on_step_done: it then needs no token.
+                    if let Some(s) = self.seqs.remove(&ss.seq) {
+                        self.end(ss.seq, s, EndKind::Error, Some(Event::Error { index, message }));
+                    }
+                }
             }
-            self.running.push(s);
         }
-    }
-
-    /// Preempts the newest running sequence: frees its blocks and puts it at
-    /// the front of the queue; it will be recomputed (prefix cache first).
-    fn preempt_last(&mut self) {
-        let Some(mut s) = self.running.pop() else {
-            return;
-        };
-        if let Err(e) = self.runner.kv.free(s.id) {
-            tracing::error!("freeing preempted {}: {e}", s.id);
-        }
-        tracing::debug!("preempting {} at {} tokens", s.id, s.tokens.len());
-        s.n_computed = 0;
-        self.metrics.update(|m| m.preemptions_total += 1);
-        self.waiting.push_front(s);
-    }
-
-    /// Reserves KV for `running[idx]` up to `n_total` tokens and runs the
-    /// copy-on-write copies the reservation asks for.
-    fn reserve(&mut self, idx: usize, n_total: usize) -> Result<(), KvError> {
-        let id = self.running[idx].id;
-        let copies = self.runner.kv.allocate(id, n_total)?;
-        for c in copies {
-            self.runner
-                .storage
-                .copy_block(c.src, c.dst)
-                .map_err(|e| KvError::InvalidArgument(format!("block copy failed: {e:#}")))?;
+        self.metrics.record_step(now, sampled.len() as u64);
+        self.sched.on_step_done(&sampled).context("completing the step")?;
+        for (id, kind, ev) in ended {
+            if let Some(s) = self.seqs.remove(&id) {
+                self.end(id, s, kind, Some(ev));
+            }
         }
         Ok(())
     }
 
-    /// Decode-first plan: every running decode (one token each), then prefill
-    /// chunks in admission order within `max(min_prefill_tokens, T - D)`.
-    /// Allocates the KV of every planned row; preempts the newest sequences
-    /// when a decode cannot get a block.
-    fn plan(&mut self) -> Vec<Planned> {
-        loop {
-            let mut plan = Vec::new();
-            let mut k = 0;
-            while k < self.running.len() {
-                if self.running[k].remaining() != 1 {
-                    k += 1;
-                    continue;
-                }
-                let end = self.running[k].tokens.len();
-                match self.reserve(k, end) {
-                    Ok(()) => {
-                        plan.push(Planned {
-                            idx: k,
-                            n: 1,
-                            logits: true,
-                        });
-                        k += 1;
-                    }
-                    Err(KvError::OutOfBlocks { .. }) if self.running.len() > 1 => {
-                        // The victim is the last one, never an already
-                        // planned (smaller) index, so `plan` stays valid.
-                        self.preempt_last();
-                    }
-                    Err(e) => {
-                        // Alone and out of blocks: it can never grow.
-                        let s = self.running.remove(k);
-                        let (index, generated) = (s.index, s.generated);
-                        let (kind, ev) = match e {
-                            KvError::OutOfBlocks { .. } => (
-                                EndKind::Length,
-                                Event::Finished {
-                                    index,
-                                    reason: FinishReason::Length,
-                                    completion_tokens: generated,
-                                },
-                            ),
-                            e => (
-                                EndKind::Error,
-                                Event::Error {
-                                    index,
-                                    message: format!("KV allocation failed: {e}"),
-                                },
-                            ),
-                        };
-                        self.end(s, kind, Some(ev));
-                        return Vec::new();
-                    }
-                }
-            }
-            let d = plan.len();
-            let t = self.cfg.max_batch_tokens;
-            let mut budget = self.cfg.min_prefill_tokens.max(t.saturating_sub(d));
-            let bs = self.runner.kv.block_size();
-            for k in 0..self.running.len() {
-                if budget == 0 {
-                    break;
-                }
-                let s = &self.running[k];
-                if s.remaining() <= 1 {
-                    continue;
-                }
-                let mut n = s.remaining().min(budget);
-                if self.cfg.max_prefill_chunk > 0 {
-                    n = n.min(self.cfg.max_prefill_chunk);
-                }
-                let reserved = self.runner.kv.block_table(s.id).map_or(0, |t| t.len()) * bs;
-                let avail = reserved.saturating_sub(s.n_computed)
-                    + self.runner.kv.num_free_blocks() * bs;
-                n = n.min(avail);
-                if n == 0 {
-                    break;
-                }
-                let (id, end) = (s.id, s.n_computed + n);
-                let logits = end == s.tokens.len();
-                match self.reserve(k, end) {
-                    Ok(()) => {
-                        plan.push(Planned { idx: k, n, logits });
-                        budget -= n;
-                    }
-                    Err(e) => {
-                        tracing::debug!("prefill of {id} waits for blocks: {e}");
-                        break;
-                    }
-                }
-            }
-            if !plan.is_empty() || self.running.is_empty() {
-                return plan;
-            }
-            // Nothing can run: prefills hold the pool between them. Free the
-            // newest one and retry (terminates: running shrinks each time).
-            if self.running.len() == 1 {
-                let s = self.running.remove(0);
-                let index = s.index;
-                let message = "the KV cache is too small for this sequence".to_string();
-                self.end(s, EndKind::Error, Some(Event::Error { index, message }));
-                return Vec::new();
-            }
-            self.preempt_last();
-        }
-    }
-
-    /// Runs the planned rows in one step and handles their logits.
-    fn execute(&mut self, plan: Vec<Planned>) {
-        let work: Vec<SeqWork<'_>> = plan
-            .iter()
-            .map(|p| {
-                let s = &self.running[p.idx];
-                SeqWork {
-                    seq: s.id,
-                    tokens: &s.tokens[s.n_computed..s.n_computed + p.n],
-                    start_pos: s.n_computed,
-                    logits: if p.logits {
-                        LogitsWanted::Last
-                    } else {
-                        LogitsWanted::None
-                    },
-                }
-            })
-            .collect();
-        let result = self.runner.step(&work);
-        drop(work);
-        let outs = match result {
-            Ok(o) => o,
-            Err(e) => {
-                // A failed step leaves the written cells undefined: end every
-                // sequence of the step with the error.
-                let message = format!("model step failed: {e:#}");
-                tracing::error!("{message}");
-                let mut idxs: Vec<usize> = plan.iter().map(|p| p.idx).collect();
-                idxs.sort_unstable();
-                for i in idxs.into_iter().rev() {
-                    let s = self.running.remove(i);
-                    let index = s.index;
-                    let message = message.clone();
-                    self.end(s, EndKind::Error, Some(Event::Error { index, message }));
-                }
-                return;
-            }
-        };
-        let now = Instant::now();
-        let mut generated = 0u64;
-        let mut prefilled = 0u64;
-        let mut ended: Vec<(usize, EndKind, Option<Event>)> = Vec::new();
-        for (p, logits) in plan.iter().zip(outs) {
-            let s = &mut self.running[p.idx];
-            if p.n > 1 || s.n_computed < s.prompt_len {
-                prefilled += p.n as u64;
-            }
-            s.n_computed += p.n;
-            if let Err(e) = self
-                .runner
-                .kv
-                .commit_full_blocks(s.id, &s.tokens, s.n_computed)
-            {
-                tracing::warn!("prefix-cache commit for {}: {e}", s.id);
-            }
-            if !p.logits {
-                continue;
-            }
-            match sample_one(s, &logits, now, &self.metrics) {
-                Ok(Some(end)) => ended.push((p.idx, end.0, Some(end.1))),
-                Ok(None) => {}
-                Err(message) => {
-                    let index = s.index;
-                    ended.push((p.idx, EndKind::Error, Some(Event::Error { index, message })));
-                }
-            }
-            generated += 1;
-        }
-        self.metrics.update(|m| m.computed_prompt_tokens_total += prefilled);
-        self.metrics.record_step(now, generated);
-        ended.sort_by_key(|e| e.0);
-        for (idx, kind, ev) in ended.into_iter().rev() {
-            let s = self.running.remove(idx);
-            self.end(s, kind, ev);
-        }
-    }
-
     fn publish_metrics(&self) {
-        let kv = &self.runner.kv;
+        let kv = self.sched.kv();
         let km = kv.metrics();
-        let (waiting, running) = (self.waiting.len(), self.running.len());
+        let waiting = self.sched.num_waiting() + self.deferred.len();
+        let running = self.sched.num_running();
         let (used, free, total) = (
             kv.num_used_blocks(),
             kv.num_free_blocks(),
@@ -590,29 +470,31 @@ impl Engine {
     }
 }
 
-/// Samples the next token of `s` from `logits`, sends it, and says whether
-/// the sequence ended (with its last event). A send failure (client gone)
-/// ends it as cancelled.
+/// Samples the next token of `s` (whose tokens so far are `history`) and
+/// sends it; says whether the sequence ended, with its last event. A send
+/// failure (client gone) ends it as cancelled.
+#[allow(clippy::type_complexity)]
 fn sample_one(
     s: &mut Seq,
     logits: &[f32],
+    history: &[u32],
     now: Instant,
     metrics: &Metrics,
-) -> Result<Option<(EndKind, Event)>, String> {
+) -> Result<(u32, Option<(EndKind, Event)>), String> {
     let tok = s
         .sampler
-        .sample(logits, &s.tokens)
+        .sample(logits, history)
         .map_err(|e| format!("sampling failed: {e:#}"))?;
     let lp = s.req.top_logprobs.map(|k| {
         let (logprob, top) = logprobs(logits, tok, k);
         TokenLogprobs { logprob, top }
     });
-    s.tokens.push(tok);
     s.generated += 1;
     let since = s.last_token_at.unwrap_or(s.req.arrival);
+    let first = s.generated == 1;
     metrics.update(|m| {
         let dt = now.duration_since(since).as_secs_f64();
-        if s.generated == 1 {
+        if first {
             m.ttft.observe(dt);
         } else {
             m.itl.observe(dt);
@@ -621,14 +503,12 @@ fn sample_one(
     s.last_token_at = Some(now);
     let index = s.index;
     if s.req.stop_ids.contains(&tok) {
-        return Ok(Some((
-            EndKind::Stop,
-            Event::Finished {
-                index,
-                reason: FinishReason::Stop,
-                completion_tokens: s.generated,
-            },
-        )));
+        let ev = Event::Finished {
+            index,
+            reason: FinishReason::Stop,
+            completion_tokens: s.generated,
+        };
+        return Ok((tok, Some((EndKind::Stop, ev))));
     }
     let sent = s.req.tx.send(Event::Token {
         index,
@@ -636,23 +516,18 @@ fn sample_one(
         logprobs: lp,
     });
     if sent.is_err() {
-        return Ok(Some((
-            EndKind::Cancelled,
-            Event::Error {
-                index,
-                message: "client gone".into(),
-            },
-        )));
+        return Ok((tok, Some((EndKind::Cancelled, Event::Error {
+            index,
+            message: "client gone".into(),
+        }))));
     }
-    if s.generated >= s.max_tokens || s.tokens.len() >= s.max_len {
-        return Ok(Some((
-            EndKind::Length,
-            Event::Finished {
-                index,
-                reason: FinishReason::Length,
-                completion_tokens: s.generated,
-            },
-        )));
+    if s.generated >= s.max_tokens || history.len() + 1 >= s.max_len {
+        let ev = Event::Finished {
+            index,
+            reason: FinishReason::Length,
+            completion_tokens: s.generated,
+        };
+        return Ok((tok, Some((EndKind::Length, ev))));
     }
-    Ok(None)
+    Ok((tok, None))
 }

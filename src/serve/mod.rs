@@ -8,12 +8,17 @@
 //!      +---- tokio mpsc (Event per token / end) <-----------+ admit, plan, step, sample
 //! ```
 //!
+//! Planning is the pure [`crate::scheduler`]'s: decode first, prefill chunks
+//! in the rest of the token budget, prefix-cache hits, preemption with
+//! recomputation. [`step::run_plan`] runs its plan on the model.
+//!
 //! Each request may ask for `n` choices: `n` sequences sharing the prompt.
-//! The first one is admitted alone; its siblings wait until its prompt is
+//! The first one is queued alone; its siblings wait until its prompt is
 //! prefilled and its full blocks are in the prefix cache, then reuse them.
 
 mod engine;
 pub mod metrics;
+pub mod step;
 
 pub use engine::spawn;
 pub use metrics::{EndKind, Metrics};
@@ -36,6 +41,9 @@ pub struct EngineConfig {
     /// `max(min_prefill_tokens, T - D)` tokens, D = live decodes (decode first;
     /// the floor keeps prompts moving when T is saturated by decodes).
     pub min_prefill_tokens: usize,
+    /// Some(n): a static prefill budget of n tokens per step, whatever the
+    /// number of decodes (instead of the dynamic `max(min, T - D)`).
+    pub static_prefill_budget: Option<usize>,
     /// Most tokens one sequence prefills per step (0 = no cap).
     pub max_prefill_chunk: usize,
     /// Most sequences running at once.
@@ -48,6 +56,7 @@ impl Default for EngineConfig {
             max_queue: 256,
             max_batch_tokens: 256,
             min_prefill_tokens: 32,
+            static_prefill_budget: None,
             max_prefill_chunk: 0,
             max_running: 64,
         }
