@@ -175,3 +175,98 @@ fn server_full_queue_answers_429() {
     drop(b);
     assert!(srv.wait_idle(Duration::from_secs(30)));
 }
+
+fn completion(srv: &Server, prompt: &str, max_tokens: usize) -> serde_json::Value {
+    let body = serde_json::json!({
+        "model": srv.model_id, "prompt": prompt, "max_tokens": max_tokens,
+        "temperature": 0, "logprobs": 1,
+    })
+    .to_string();
+    let r = srv.request("POST", "/v1/completions", Some(&body));
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.json()
+}
+
+#[test]
+fn server_preemption_recomputes_exactly() {
+    // 16 blocks of 16 tokens: 6 sequences of ~70 tokens cannot all fit, so
+    // the scheduler preempts and recomputes; outputs must not change.
+    let Some(srv) = Server::start(
+        "server_preemption_recomputes_exactly",
+        None,
+        &["--kv-tokens", "256", "--max-batch-tokens", "64", "--min-prefill-tokens", "16"],
+    ) else {
+        return;
+    };
+    let prompts: Vec<String> = (0..6)
+        .map(|i| format!("Story {i}: once upon a time, a dragon named Ember"))
+        .collect();
+    let alone: Vec<serde_json::Value> = prompts.iter().map(|p| completion(&srv, p, 60)).collect();
+    assert_eq!(srv.metric("quire_preemptions_total"), 0.0);
+    let crowd: Vec<serde_json::Value> = std::thread::scope(|sc| {
+        let hs: Vec<_> = prompts
+            .iter()
+            .map(|p| sc.spawn(|| completion(&srv, p, 60)))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(
+        srv.metric("quire_preemptions_total") > 0.0,
+        "the workload was meant to force preemption"
+    );
+    for (a, c) in alone.iter().zip(&crowd) {
+        assert_eq!(a["choices"][0]["text"], c["choices"][0]["text"]);
+        assert_eq!(
+            a["choices"][0]["logprobs"]["token_logprobs"],
+            c["choices"][0]["logprobs"]["token_logprobs"]
+        );
+        assert_eq!(c["usage"]["completion_tokens"].as_u64(), Some(60));
+    }
+    assert!(srv.wait_idle(Duration::from_secs(10)));
+}
+
+#[test]
+fn server_prefix_cache_hits_repeat_prompts() {
+    let Some(srv) = Server::start("server_prefix_cache_hits_repeat_prompts", None, &[]) else {
+        return;
+    };
+    let prompt = "The quick brown fox jumps over the lazy dog. ".repeat(8);
+    let a = completion(&srv, &prompt, 4);
+    let hits0 = srv.metric("quire_prefix_cache_hit_tokens_total");
+    let b = completion(&srv, &prompt, 4);
+    let hits1 = srv.metric("quire_prefix_cache_hit_tokens_total");
+    let prompt_tokens = a["usage"]["prompt_tokens"].as_u64().unwrap() as f64;
+    // All full blocks but the one holding the last prompt token are reused.
+    assert!(
+        hits1 - hits0 >= (prompt_tokens - 16.0).floor() - 15.0 && hits1 > hits0,
+        "hits {hits0} -> {hits1} for a {prompt_tokens}-token prompt"
+    );
+    assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
+    assert_eq!(
+        a["choices"][0]["logprobs"]["token_logprobs"],
+        b["choices"][0]["logprobs"]["token_logprobs"]
+    );
+    assert!(srv.metric("quire_prefix_cache_hit_rate") > 0.0);
+}
+
+#[test]
+fn server_graceful_shutdown_finishes_streams() {
+    let Some(mut srv) = Server::start("server_graceful_shutdown_finishes_streams", None, &[])
+    else {
+        return;
+    };
+    let body = format!(
+        r#"{{"model":"{}","prompt":"Once upon a time","max_tokens":24,"temperature":0,"stream":true}}"#,
+        srv.model_id
+    );
+    let mut s = open_stream(&srv.addr, None, "/v1/completions", &body, 2);
+    let status = srv.terminate(Duration::from_secs(60));
+    // The in-flight stream ran to its end.
+    let mut rest = String::new();
+    use std::io::Read;
+    let _ = s.read_to_string(&mut rest);
+    assert!(rest.contains("\"finish_reason\":\"length\""), "{rest}");
+    assert!(rest.contains("data: [DONE]"), "{rest}");
+    let status = status.expect("the server did not exit after SIGTERM");
+    assert!(status.success(), "exit status {status}");
+}

@@ -129,10 +129,23 @@ impl Server {
         false
     }
 
-    /// Sends SIGTERM-like termination and waits; returns the exit status.
-    pub fn stop(mut self) {
+    /// Sends SIGTERM (graceful shutdown) and waits up to `timeout` for the
+    /// exit; returns the exit status, or None on timeout (then kills).
+    pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let st = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("running kill");
+        assert!(st.success(), "kill -TERM failed");
+        let t0 = Instant::now();
+        while t0.elapsed() < timeout {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let _ = self.child.kill();
-        let _ = self.child.wait();
+        None
     }
 }
 
