@@ -13,7 +13,9 @@ fn assert_error_shape(r: &server_util::Response, status: u16, needle: &str) {
     assert_eq!(r.status, status, "body: {}", r.body);
     let v = r.json();
     let e = &v["error"];
-    let msg = e["message"].as_str().unwrap_or_else(|| panic!("no error.message: {v}"));
+    let msg = e["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no error.message: {v}"));
     assert!(e["type"].is_string(), "no error.type: {v}");
     assert!(e.get("param").is_some() && e.get("code").is_some(), "{v}");
     assert!(msg.contains(needle), "message {msg:?} lacks {needle:?}");
@@ -82,7 +84,10 @@ fn server_errors_and_auth() {
     assert_error_shape(&r, 400, &format!("maximum context length is {ctx} tokens"));
     assert!(r.body.contains(&format!("{}", ctx + 8)), "{}", r.body);
     // max_tokens past the context, with a short prompt.
-    let body = format!(r#"{{"model":"{model}","prompt":"hi","max_tokens":{}}}"#, ctx);
+    let body = format!(
+        r#"{{"model":"{model}","prompt":"hi","max_tokens":{}}}"#,
+        ctx
+    );
     let r = srv.request("POST", "/v1/completions", Some(&body));
     assert_error_shape(&r, 400, "maximum context length");
     // Unknown endpoint.
@@ -194,7 +199,14 @@ fn server_preemption_recomputes_exactly() {
     let Some(srv) = Server::start(
         "server_preemption_recomputes_exactly",
         None,
-        &["--kv-tokens", "256", "--max-batch-tokens", "64", "--min-prefill-tokens", "16"],
+        &[
+            "--kv-tokens",
+            "256",
+            "--max-batch-tokens",
+            "64",
+            "--min-prefill-tokens",
+            "16",
+        ],
     ) else {
         return;
     };

@@ -16,7 +16,10 @@ fn python() -> String {
 
 /// Whether the interpreter has `openai`; prints SKIPPED when not.
 fn have_openai(test: &str) -> bool {
-    match Command::new(python()).args(["-c", "import openai"]).output() {
+    match Command::new(python())
+        .args(["-c", "import openai"])
+        .output()
+    {
         Ok(o) if o.status.success() => true,
         Ok(o) => {
             eprintln!(
@@ -52,7 +55,10 @@ fn run_suite(test: &str, names: &[&str]) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("{stdout}{stderr}");
-    assert!(out.status.success(), "openai suite failed:\n{stdout}\n{stderr}");
+    assert!(
+        out.status.success(),
+        "openai suite failed:\n{stdout}\n{stderr}"
+    );
     // Every requested test reported ok (a SKIPPED suite would not).
     for n in names {
         assert!(

@@ -261,7 +261,12 @@ impl Engine {
                 None => {
                     if let Err(e) = self.sched.add_request(id, req.prompt.clone()) {
                         let message = format!("{e:#}");
-                        self.end(id, seq, EndKind::Error, Some(Event::Error { index, message }));
+                        self.end(
+                            id,
+                            seq,
+                            EndKind::Error,
+                            Some(Event::Error { index, message }),
+                        );
                         // Siblings would fail the same way.
                         for i in 1..n {
                             self.queued.fetch_sub(1, Ordering::AcqRel);
@@ -290,11 +295,10 @@ impl Engine {
     fn release_deferred(&mut self) {
         let mut keep = VecDeque::new();
         while let Some(d) = self.deferred.pop_front() {
-            let pending = self.sched.num_computed(d.leader).is_some_and(|c| {
-                self.seqs
-                    .get(&d.leader)
-                    .is_some_and(|l| c < l.prompt_len)
-            });
+            let pending = self
+                .sched
+                .num_computed(d.leader)
+                .is_some_and(|c| self.seqs.get(&d.leader).is_some_and(|l| c < l.prompt_len));
             if pending {
                 keep.push_back(d);
                 continue;
@@ -306,7 +310,12 @@ impl Engine {
                 Err(e) => {
                     let index = d.seq.index;
                     let message = format!("{e:#}");
-                    self.end(d.id, d.seq, EndKind::Error, Some(Event::Error { index, message }));
+                    self.end(
+                        d.id,
+                        d.seq,
+                        EndKind::Error,
+                        Some(Event::Error { index, message }),
+                    );
                 }
             }
         }
@@ -344,10 +353,9 @@ impl Engine {
                 self.end(id, s, EndKind::Cancelled, None);
             }
         }
-        let (gone, keep): (Vec<Deferred>, Vec<Deferred>) =
-            std::mem::take(&mut self.deferred)
-                .into_iter()
-                .partition(|d| d.seq.cancelled());
+        let (gone, keep): (Vec<Deferred>, Vec<Deferred>) = std::mem::take(&mut self.deferred)
+            .into_iter()
+            .partition(|d| d.seq.cancelled());
         self.deferred = keep.into();
         for d in gone {
             self.end(d.id, d.seq, EndKind::Cancelled, None);
@@ -405,7 +413,12 @@ impl Engine {
                     if let Some(s) = self.seqs.remove(&ss.seq) {
                         let index = s.index;
                         let message = message.clone();
-                        self.end(ss.seq, s, EndKind::Error, Some(Event::Error { index, message }));
+                        self.end(
+                            ss.seq,
+                            s,
+                            EndKind::Error,
+                            Some(Event::Error { index, message }),
+                        );
                     }
                 }
                 return self.sched.on_step_done(&[]);
@@ -433,13 +446,20 @@ impl Engine {
                     let index = s.index;
                     // Finished before on_step_done: it then needs no token.
                     if let Some(s) = self.seqs.remove(&ss.seq) {
-                        self.end(ss.seq, s, EndKind::Error, Some(Event::Error { index, message }));
+                        self.end(
+                            ss.seq,
+                            s,
+                            EndKind::Error,
+                            Some(Event::Error { index, message }),
+                        );
                     }
                 }
             }
         }
         self.metrics.record_step(now, sampled.len() as u64);
-        self.sched.on_step_done(&sampled).context("completing the step")?;
+        self.sched
+            .on_step_done(&sampled)
+            .context("completing the step")?;
         for (id, kind, ev) in ended {
             if let Some(s) = self.seqs.remove(&id) {
                 self.end(id, s, kind, Some(ev));
@@ -516,10 +536,16 @@ fn sample_one(
         logprobs: lp,
     });
     if sent.is_err() {
-        return Ok((tok, Some((EndKind::Cancelled, Event::Error {
-            index,
-            message: "client gone".into(),
-        }))));
+        return Ok((
+            tok,
+            Some((
+                EndKind::Cancelled,
+                Event::Error {
+                    index,
+                    message: "client gone".into(),
+                },
+            )),
+        ));
     }
     if s.generated >= s.max_tokens || history.len() + 1 >= s.max_len {
         let ev = Event::Finished {

@@ -212,12 +212,12 @@ impl EngineHandle {
             })
             .is_err()
         {
-            self.metrics
-                .update(|s| s.requests_rejected_queue_full += 1);
+            self.metrics.update(|s| s.requests_rejected_queue_full += 1);
             return Err(SubmitError::QueueFull(self.queued.load(Ordering::Acquire)));
         }
         let (tx, rx) = mpsc::unbounded_channel();
-        let cancel: Arc<Vec<AtomicBool>> = Arc::new((0..n).map(|_| AtomicBool::new(false)).collect());
+        let cancel: Arc<Vec<AtomicBool>> =
+            Arc::new((0..n).map(|_| AtomicBool::new(false)).collect());
         let sub = Submission {
             req,
             tx,

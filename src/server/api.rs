@@ -326,10 +326,7 @@ pub fn prepare(
         },
         stops,
         stream: c.stream.unwrap_or(false),
-        include_usage: c
-            .stream_options
-            .as_ref()
-            .is_some_and(|o| o.include_usage),
+        include_usage: c.stream_options.as_ref().is_some_and(|o| o.include_usage),
         prompt_tokens: p,
     })
 }
@@ -381,12 +378,16 @@ pub fn completion_prompt(r: &CompletionRequest, tok: &Tokenizer) -> Result<Vec<u
         PromptSpec::Texts(v) if v.len() == 1 => v[0].as_str(),
         PromptSpec::Texts(v) => {
             return Err(ApiError::bad_request(
-                format!("exactly one prompt per request is supported, got {}", v.len()),
+                format!(
+                    "exactly one prompt per request is supported, got {}",
+                    v.len()
+                ),
                 Some("prompt"),
             ))
         }
         PromptSpec::Tokens(ids) => return Ok(ids.clone()),
     };
-    tok.encode(text, true, false)
-        .map_err(|e| ApiError::bad_request(format!("cannot tokenize the prompt: {e:#}"), Some("prompt")))
+    tok.encode(text, true, false).map_err(|e| {
+        ApiError::bad_request(format!("cannot tokenize the prompt: {e:#}"), Some("prompt"))
+    })
 }

@@ -171,7 +171,9 @@ async fn respond(state: Arc<AppState>, prep: Prepared, kind: Kind) -> Result<Res
             stream_task(st, prep, handle, n, kind, id, created, logprobs_on, tx).await;
         });
         let stream = UnboundedReceiverStream::new(rx);
-        return Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response());
+        return Ok(Sse::new(stream)
+            .keep_alive(KeepAlive::default())
+            .into_response());
     }
     let mut texts = vec![String::new(); n];
     let mut lps: Vec<Vec<LpEntry>> = vec![Vec::new(); n];

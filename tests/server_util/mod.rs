@@ -256,7 +256,13 @@ fn dechunk(mut s: &str) -> String {
 
 /// Opens a streaming request and returns the socket once `n_events` SSE
 /// `data:` lines have arrived (the caller may then drop it: a disconnect).
-pub fn open_stream(addr: &str, key: Option<&str>, path: &str, body: &str, n_events: usize) -> TcpStream {
+pub fn open_stream(
+    addr: &str,
+    key: Option<&str>,
+    path: &str,
+    body: &str,
+    n_events: usize,
+) -> TcpStream {
     let mut s = TcpStream::connect(addr).expect("connecting to the server");
     s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
     let auth = key.map(|k| format!("Bearer {k}"));
