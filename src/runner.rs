@@ -196,9 +196,13 @@ impl Runner {
         Ok(out)
     }
 
-    /// Releases a sequence's KV blocks.
+    /// Releases a sequence's KV blocks. Freeing a sequence that holds no
+    /// blocks (never allocated, or already freed) is a no-op.
     pub fn free(&mut self, seq: SeqId) {
-        self.kv.free(seq);
+        if self.kv.contains(seq) {
+            // Cannot fail for a sequence the manager holds.
+            let _ = self.kv.free(seq);
+        }
     }
 }
 

@@ -59,7 +59,7 @@ fn stream_reply(
     prompt: &[u32],
     opts: &GenerateOptions,
 ) -> Result<(String, GenStats)> {
-    let mut dec = StreamDecoder::new(tok);
+    let mut dec = StreamDecoder::new(tok, true);
     let mut text = String::new();
     let stops = opts.stop_ids.clone();
     let mut stdout = std::io::stdout();
@@ -73,7 +73,7 @@ fn stream_reply(
         }
         Ok(true)
     })?;
-    if let Some(rest) = dec.finish()? {
+    if let Some(rest) = dec.finish() {
         text.push_str(&rest);
         stdout.write_all(rest.as_bytes())?;
     }

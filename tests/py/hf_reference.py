@@ -22,9 +22,8 @@ def field(r, key, default=None):
     return v
 
 
-def main():
-    path, toks_json, out = sys.argv[1], sys.argv[2], sys.argv[3]
-    tokens = json.loads(toks_json)
+def build_model(path):
+    """A transformers model with the GGUF file's (dequantized) weights."""
     r = gguf.GGUFReader(path)
     arch = field(r, "general.architecture")
     p = lambda k, d=None: field(r, f"{arch}.{k}", d)
@@ -109,6 +108,13 @@ def main():
     if missing or unexpected:
         raise SystemExit(f"state dict mismatch: missing={missing} unexpected={unexpected}")
     model.eval()
+    return model
+
+
+def main():
+    path, toks_json, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    tokens = json.loads(toks_json)
+    model = build_model(path)
     with torch.no_grad():
         logits = model(torch.tensor([tokens])).logits[0].float().numpy()
     logits.astype("<f4").tofile(out)
