@@ -107,7 +107,7 @@ fn generate_inner(
         finish_reason: "length",
         ..Default::default()
     };
-    let mut sampler = Sampler::new(opts.sampling.clone())?;
+    let mut sampler = Sampler::new(opts.sampling)?;
     let mut history: Vec<u32> = prompt.to_vec();
     let mut out = Vec::new();
     let t0 = Instant::now();

@@ -68,13 +68,13 @@ impl ModelConfig {
             .map(|v| v as usize)
             .unwrap_or(n_heads);
         let ffn_dim = g.get_u32(&key("feed_forward_length"))? as usize;
-        if n_heads == 0 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+        if n_heads == 0 || n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
             bail!("bad head counts: {n_heads} heads, {n_kv_heads} kv heads (heads must be a multiple of kv heads)");
         }
         let head_dim = match g.opt_u32(&key("attention.key_length"))? {
             Some(v) => v as usize,
             None => {
-                if dim % n_heads != 0 {
+                if !dim.is_multiple_of(n_heads) {
                     bail!("embedding_length {dim} is not a multiple of head_count {n_heads}");
                 }
                 dim / n_heads

@@ -260,36 +260,36 @@ pub fn write_model(path: &Path, s: &SynthShape, ty: GgmlType, seed: u64) -> Resu
         GgufValue::String(format!("synthetic {}", s.name)),
     );
     w.add_kv("general.alignment", GgufValue::U32(32));
-    w.add_kv(&kv("block_count"), GgufValue::U32(s.n_layers as u32));
+    w.add_kv(kv("block_count"), GgufValue::U32(s.n_layers as u32));
     w.add_kv(
-        &kv("context_length"),
+        kv("context_length"),
         GgufValue::U32(s.context_length as u32),
     );
-    w.add_kv(&kv("embedding_length"), GgufValue::U32(s.dim as u32));
-    w.add_kv(&kv("feed_forward_length"), GgufValue::U32(s.ffn_dim as u32));
+    w.add_kv(kv("embedding_length"), GgufValue::U32(s.dim as u32));
+    w.add_kv(kv("feed_forward_length"), GgufValue::U32(s.ffn_dim as u32));
     w.add_kv(
-        &kv("attention.head_count"),
+        kv("attention.head_count"),
         GgufValue::U32(s.n_heads as u32),
     );
     w.add_kv(
-        &kv("attention.head_count_kv"),
+        kv("attention.head_count_kv"),
         GgufValue::U32(s.n_kv_heads as u32),
     );
     w.add_kv(
-        &kv("attention.key_length"),
+        kv("attention.key_length"),
         GgufValue::U32(s.head_dim as u32),
     );
     w.add_kv(
-        &kv("attention.value_length"),
+        kv("attention.value_length"),
         GgufValue::U32(s.head_dim as u32),
     );
-    w.add_kv(&kv("rope.freq_base"), GgufValue::F32(s.rope_base));
+    w.add_kv(kv("rope.freq_base"), GgufValue::F32(s.rope_base));
     w.add_kv(
-        &kv("rope.dimension_count"),
+        kv("rope.dimension_count"),
         GgufValue::U32(s.head_dim as u32),
     );
     w.add_kv(
-        &kv("attention.layer_norm_rms_epsilon"),
+        kv("attention.layer_norm_rms_epsilon"),
         GgufValue::F32(1e-6),
     );
 
