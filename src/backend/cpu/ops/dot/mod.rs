@@ -7,6 +7,8 @@
 pub mod actq;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2_q32;
 pub mod float;
 pub mod portable;
 
@@ -34,26 +36,44 @@ pub struct ActKRow<'a> {
     pub bsum: &'a [i32],
 }
 
-/// Canonical dot of one 32-block-quantized weight row (`nb` blocks of `ty`)
-/// with one activation row. `w` holds exactly `nb * ty.type_size()` bytes
-/// and `a` exactly `nb` blocks (the caller validated both).
+/// Canonical dots of one 32-block-quantized weight row (`nb` blocks of
+/// `ty`) with several activation rows: `out[r] = dot(w, a[r])`. `w` holds
+/// exactly `nb * ty.type_size()` bytes and every `a[r]` exactly `nb` blocks
+/// (the caller validated both); `out.len() == a.len()`.
 #[inline]
-pub fn dot_q32(isa: Isa, ty: GgmlType, w: &[u8], a: Act32Row<'_>) -> f32 {
+pub fn dot_q32_rows(isa: Isa, ty: GgmlType, w: &[u8], a: &[Act32Row<'_>], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 {
-        // SAFETY: Isa::Avx2 is only chosen after runtime detection of AVX2
-        // and F16C; lengths are validated by the caller (see above).
-        unsafe {
-            match ty {
-                GgmlType::Q4_1 => return avx2::dot_q4_1(w, a),
-                GgmlType::Q4_0 => return avx2::dot_q4_0(w, a),
-                GgmlType::Q8_0 => return avx2::dot_q8_0(w, a),
-                _ => {}
+        use avx2_q32::{dot_rows, Kind};
+        let kind = match ty {
+            GgmlType::Q4_0 => Some(Kind::Q4_0),
+            GgmlType::Q4_1 => Some(Kind::Q4_1),
+            GgmlType::Q8_0 => Some(Kind::Q8_0),
+            _ => None,
+        };
+        if let Some(kind) = kind {
+            let mut ac = a.chunks_exact(4);
+            let mut oc = out.chunks_exact_mut(4);
+            for (a4, o4) in (&mut ac).zip(&mut oc) {
+                let a4: &[Act32Row<'_>; 4] = a4.try_into().expect("chunk of 4");
+                let o4: &mut [f32; 4] = o4.try_into().expect("chunk of 4");
+                // SAFETY: Isa::Avx2 is only chosen after runtime detection of
+                // AVX2 and F16C; lengths are validated by the caller.
+                unsafe { dot_rows::<4>(kind, w, a4, o4) };
             }
+            for (a1, o1) in ac.remainder().iter().zip(oc.into_remainder()) {
+                let mut o = [0f32; 1];
+                // SAFETY: as above.
+                unsafe { dot_rows::<1>(kind, w, &[*a1], &mut o) };
+                *o1 = o[0];
+            }
+            return;
         }
     }
     let _ = isa;
-    portable::dot_q32(ty, w, a)
+    for (ar, o) in a.iter().zip(out.iter_mut()) {
+        *o = portable::dot_q32(ty, w, *ar);
+    }
 }
 
 /// Canonical dot of one K-quant weight row with one Q8_K activation row.
