@@ -14,17 +14,18 @@
 //! Threads split (row, head) pairs, so nothing depends on the batch.
 
 use super::dot::float::dot_f16;
+use super::for_chunks;
 use crate::backend::cpu::{canon, Isa};
 use crate::backend::{AttnBatch, KvLayer};
 use anyhow::{ensure, Result};
 use half::f16;
-use rayon::prelude::*;
 
 /// Positions per online-softmax chunk (aligned to absolute position 0).
 pub const CHUNK: usize = 32;
 
 /// q, out: (n_rows, n_heads, head_dim).
 pub fn run(
+    par: bool,
     isa: Isa,
     q: &[f32],
     n_heads: usize,
@@ -87,7 +88,7 @@ pub fn run(
         }
     }
     let group = n_heads / nkv;
-    out.par_chunks_mut(hd).enumerate().for_each(|(rh, o)| {
+    for_chunks(par, out, hd, |rh, o| {
         let (r, h) = (rh / n_heads, rh % n_heads);
         let qv = &q[rh * hd..(rh + 1) * hd];
         let table = batch.block_tables[batch.row_seq[r] as usize];

@@ -17,6 +17,7 @@ const ROW_TILE: usize = 8;
 
 /// w: (m, k); x: (n, k); out: (n, m).
 pub fn run(
+    par: bool,
     isa: Isa,
     n_threads: usize,
     w: QMatrix<'_>,
@@ -65,8 +66,8 @@ pub fn run(
     }
     let acts = match w.ty {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => Acts::F(),
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => Acts::K(ActK::quantize(x, n, k)),
-        _ => Acts::Q(Act32::quantize(x, n, k)),
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => Acts::K(ActK::quantize(par, x, n, k)),
+        _ => Acts::Q(Act32::quantize(par, x, n, k)),
     };
     // Chunks of weight rows: enough tasks to balance the pool; the split
     // never changes any element's arithmetic.
@@ -75,7 +76,7 @@ pub fn run(
     let n_chunks = m.div_ceil(chunk);
     let outp = SendPtr(out.as_mut_ptr());
     let ty = w.ty;
-    (0..n_chunks).into_par_iter().for_each(|c| {
+    let task = |c: usize| {
         let j0 = c * chunk;
         let j1 = (j0 + chunk).min(m);
         let mut tile_out = [0f32; ROW_TILE];
@@ -120,6 +121,11 @@ pub fn run(
                 }
             }
         }
-    });
+    };
+    if par {
+        (0..n_chunks).into_par_iter().for_each(task);
+    } else {
+        (0..n_chunks).for_each(task);
+    }
     Ok(())
 }

@@ -1,12 +1,11 @@
 //! out = silu(gate) * up (canonical silu).
 
-use super::ELEM_CHUNK;
+use super::{for_chunks, ELEM_CHUNK};
 use crate::backend::cpu::canon;
 use anyhow::{ensure, Result};
-use rayon::prelude::*;
 
 /// gate, up, out: (len,).
-pub fn run(gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<()> {
+pub fn run(par: bool, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<()> {
     ensure!(
         gate.len() == up.len() && up.len() == out.len(),
         "swiglu: gate {} / up {} / out {} elements differ",
@@ -14,13 +13,11 @@ pub fn run(gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<()> {
         up.len(),
         out.len()
     );
-    out.par_chunks_mut(ELEM_CHUNK)
-        .enumerate()
-        .for_each(|(c, oc)| {
-            let base = c * ELEM_CHUNK;
-            for (i, o) in oc.iter_mut().enumerate() {
-                *o = canon::silu(gate[base + i]) * up[base + i];
-            }
-        });
+    for_chunks(par, out, ELEM_CHUNK, |c, oc| {
+        let base = c * ELEM_CHUNK;
+        for (i, o) in oc.iter_mut().enumerate() {
+            *o = canon::silu(gate[base + i]) * up[base + i];
+        }
+    });
     Ok(())
 }

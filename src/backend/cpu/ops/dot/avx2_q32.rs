@@ -109,9 +109,17 @@ unsafe fn group_ints<const R: usize, const FULL: bool>(
         };
         for r in 0..R {
             let q = a[r].qs.as_ptr();
-            let p0 = block_dot(kind, w0, _mm256_loadu_si256(q.add(b0 * 32) as *const __m256i));
+            let p0 = block_dot(
+                kind,
+                w0,
+                _mm256_loadu_si256(q.add(b0 * 32) as *const __m256i),
+            );
             let p1 = if has1 {
-                block_dot(kind, w1, _mm256_loadu_si256(q.add(b1 * 32) as *const __m256i))
+                block_dot(
+                    kind,
+                    w1,
+                    _mm256_loadu_si256(q.add(b1 * 32) as *const __m256i),
+                )
             } else {
                 _mm256_setzero_si256()
             };
