@@ -106,10 +106,25 @@ pub fn dot32_by(k: usize, prod: impl Fn(usize) -> f32) -> f32 {
     tree32(lane)
 }
 
-/// Round half away from zero, exact (f32::round semantics).
+/// Round half away from zero, exact, without libm: truncate toward zero
+/// through i32 (exact for |x| < 2^23), then compare the exact fraction
+/// with 0.5. |x| >= 2^23 (already an integer), inf and NaN pass through.
+/// A zero result is +0.0 (callers only convert it to an integer or multiply
+/// it, where the sign of zero never matters).
 #[inline]
 pub fn round_away(x: f32) -> f32 {
-    x.round()
+    if !(x.abs() < 8_388_608.0) {
+        return x;
+    }
+    let t = (x as i32) as f32;
+    let f = x - t;
+    if f >= 0.5 {
+        t + 1.0
+    } else if f <= -0.5 {
+        t - 1.0
+    } else {
+        t
+    }
 }
 
 /// Canonical activation quantization of one block: returns `d`, writes `q`.

@@ -160,17 +160,30 @@ pub unsafe fn dot_rows<const R: usize>(
             group_ints::<R, false>(kind, wp, a, g0, cnt)
         };
         // Block scales (f16) of this group; zero in missing lanes.
-        let mut dh = [0u16; 8];
-        let mut mh = [0u16; 8];
-        for i in 0..cnt {
-            let blk = wp.add((g0 + i) * ts);
-            dh[i] = rd_u16(blk);
-            if kind == Kind::Q4_1 {
-                mh[i] = rd_u16(blk.add(2));
+        let (dw, mw) = if cnt == 8 {
+            let h = |i: usize, o: usize| rd_u16(wp.add((g0 + i) * ts + o)) as i16;
+            let d = _mm_setr_epi16(h(0, 0), h(1, 0), h(2, 0), h(3, 0), h(4, 0), h(5, 0), h(6, 0), h(7, 0));
+            let m = if kind == Kind::Q4_1 {
+                _mm_setr_epi16(h(0, 2), h(1, 2), h(2, 2), h(3, 2), h(4, 2), h(5, 2), h(6, 2), h(7, 2))
+            } else {
+                _mm_setzero_si128()
+            };
+            (_mm256_cvtph_ps(d), _mm256_cvtph_ps(m))
+        } else {
+            let mut dh = [0u16; 8];
+            let mut mh = [0u16; 8];
+            for i in 0..cnt {
+                let blk = wp.add((g0 + i) * ts);
+                dh[i] = rd_u16(blk);
+                if kind == Kind::Q4_1 {
+                    mh[i] = rd_u16(blk.add(2));
+                }
             }
-        }
-        let dw = _mm256_cvtph_ps(_mm_loadu_si128(dh.as_ptr() as *const __m128i));
-        let mw = _mm256_cvtph_ps(_mm_loadu_si128(mh.as_ptr() as *const __m128i));
+            (
+                _mm256_cvtph_ps(_mm_loadu_si128(dh.as_ptr() as *const __m128i)),
+                _mm256_cvtph_ps(_mm_loadu_si128(mh.as_ptr() as *const __m128i)),
+            )
+        };
         let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt as i32), lane_idx);
         for r in 0..R {
             let mut iv = ints[r];
