@@ -26,6 +26,22 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// Const-generic tag (so each kernel is compiled per kind, branch-free).
+    pub const fn tag(self) -> u8 {
+        match self {
+            Kind::Q4_0 => 0,
+            Kind::Q4_1 => 1,
+            Kind::Q8_0 => 2,
+        }
+    }
+    #[inline(always)]
+    const fn from_tag(t: u8) -> Kind {
+        match t {
+            0 => Kind::Q4_0,
+            1 => Kind::Q4_1,
+            _ => Kind::Q8_0,
+        }
+    }
     #[inline(always)]
     fn type_size(self) -> usize {
         match self {
@@ -140,12 +156,12 @@ unsafe fn group_ints<const R: usize, const FULL: bool>(
 
 /// out[r] = canonical dot of weight row `w` with activation row `a[r]`.
 #[target_feature(enable = "avx2,f16c")]
-pub unsafe fn dot_rows<const R: usize>(
-    kind: Kind,
+pub unsafe fn dot_rows<const KIND: u8, const R: usize>(
     w: &[u8],
     a: &[Act32Row<'_>; R],
     out: &mut [f32; R],
 ) {
+    let kind = Kind::from_tag(KIND);
     let nb = a[0].d.len();
     let ts = kind.type_size();
     let wp = w.as_ptr();

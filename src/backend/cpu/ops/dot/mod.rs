@@ -44,7 +44,7 @@ pub struct ActKRow<'a> {
 pub fn dot_q32_rows(isa: Isa, ty: GgmlType, w: &[u8], a: &[Act32Row<'_>], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 {
-        use avx2_q32::{dot_rows, Kind};
+        use avx2_q32::Kind;
         let kind = match ty {
             GgmlType::Q4_0 => Some(Kind::Q4_0),
             GgmlType::Q4_1 => Some(Kind::Q4_1),
@@ -52,20 +52,14 @@ pub fn dot_q32_rows(isa: Isa, ty: GgmlType, w: &[u8], a: &[Act32Row<'_>], out: &
             _ => None,
         };
         if let Some(kind) = kind {
-            let mut ac = a.chunks_exact(4);
-            let mut oc = out.chunks_exact_mut(4);
-            for (a4, o4) in (&mut ac).zip(&mut oc) {
-                let a4: &[Act32Row<'_>; 4] = a4.try_into().expect("chunk of 4");
-                let o4: &mut [f32; 4] = o4.try_into().expect("chunk of 4");
-                // SAFETY: Isa::Avx2 is only chosen after runtime detection of
-                // AVX2 and F16C; lengths are validated by the caller.
-                unsafe { dot_rows::<4>(kind, w, a4, o4) };
-            }
-            for (a1, o1) in ac.remainder().iter().zip(oc.into_remainder()) {
-                let mut o = [0f32; 1];
-                // SAFETY: as above.
-                unsafe { dot_rows::<1>(kind, w, &[*a1], &mut o) };
-                *o1 = o[0];
+            // SAFETY: Isa::Avx2 is only chosen after runtime detection of
+            // AVX2 and F16C; lengths are validated by the caller.
+            unsafe {
+                match kind {
+                    Kind::Q4_0 => rows_avx2::<{ Kind::Q4_0.tag() }>(w, a, out),
+                    Kind::Q4_1 => rows_avx2::<{ Kind::Q4_1.tag() }>(w, a, out),
+                    Kind::Q8_0 => rows_avx2::<{ Kind::Q8_0.tag() }>(w, a, out),
+                }
             }
             return;
         }
@@ -73,6 +67,31 @@ pub fn dot_q32_rows(isa: Isa, ty: GgmlType, w: &[u8], a: &[Act32Row<'_>], out: &
     let _ = isa;
     for (ar, o) in a.iter().zip(out.iter_mut()) {
         *o = portable::dot_q32(ty, w, *ar);
+    }
+}
+
+/// Tiles of 4 activation rows, then single rows.
+///
+/// # Safety
+/// AVX2 + F16C available; `w` and every row of `a` hold the same block count.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn rows_avx2<const KIND: u8>(w: &[u8], a: &[Act32Row<'_>], out: &mut [f32]) {
+    use avx2_q32::dot_rows;
+    let mut ac = a.chunks_exact(4);
+    let mut oc = out.chunks_exact_mut(4);
+    for (a4, o4) in (&mut ac).zip(&mut oc) {
+        if let (Ok(a4), Ok(o4)) = (
+            <&[Act32Row<'_>; 4]>::try_from(a4),
+            <&mut [f32; 4]>::try_from(o4),
+        ) {
+            dot_rows::<KIND, 4>(w, a4, o4);
+        }
+    }
+    for (a1, o1) in ac.remainder().iter().zip(oc.into_remainder()) {
+        let mut o = [0f32; 1];
+        dot_rows::<KIND, 1>(w, &[*a1], &mut o);
+        *o1 = o[0];
     }
 }
 
