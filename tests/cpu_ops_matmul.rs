@@ -199,3 +199,43 @@ fn matmul_errors_not_panics() {
         )
         .is_err());
 }
+
+/// Float weights with K a multiple of 32 take the in-register tree path;
+/// it must equal the portable lane-by-lane tree.
+#[test]
+fn matmul_float_no_tail_bitwise() {
+    let bes = backends();
+    for (ti, ty) in [GgmlType::F32, GgmlType::F16, GgmlType::BF16]
+        .into_iter()
+        .enumerate()
+    {
+        let mut r = rng(400 + ti as u64);
+        let (m, k) = (19, 320);
+        let data = rand_weights(&mut r, ty, m, k);
+        let w = QMatrix {
+            ty,
+            rows: m,
+            cols: k,
+            data: &data,
+        };
+        let x = rand_vec(&mut r, 3 * k, 1.0);
+        let reference = matmul(&bes[0].1, w, &x, 3);
+        for (label, be) in &bes {
+            assert_eq!(
+                bits(&matmul(be, w, &x, 3)),
+                bits(&reference),
+                "{ty:?} {label}"
+            );
+        }
+        // And equals the canonical definition computed directly.
+        let row0: Vec<f32> = (0..k)
+            .map(|e| match ty {
+                GgmlType::F32 => f32::from_le_bytes(data[4 * e..4 * e + 4].try_into().unwrap()),
+                GgmlType::F16 => half::f16::from_le_bytes([data[2 * e], data[2 * e + 1]]).to_f32(),
+                _ => half::bf16::from_le_bytes([data[2 * e], data[2 * e + 1]]).to_f32(),
+            })
+            .collect();
+        let want = quire::backend::cpu::canon::dot32(&x[..k], &row0);
+        assert_eq!(reference[0].to_bits(), want.to_bits(), "{ty:?} canonical");
+    }
+}

@@ -25,11 +25,14 @@ macro_rules! float_dot {
                 }
                 e += 32;
             }
+            if full == k {
+                return tree32_regs(acc);
+            }
             let mut lane = [0f32; 32];
             for (r, acc) in acc.iter().enumerate() {
                 _mm256_storeu_ps(lane.as_mut_ptr().add(8 * r), *acc);
             }
-            if full < k {
+            {
                 let mut ta = [0f32; 32];
                 let mut tb = [0f32; 32];
                 for l in 0..k - full {
@@ -44,6 +47,25 @@ macro_rules! float_dot {
             tree32(lane)
         }
     };
+}
+
+/// The canonical 32-lane tree on lanes held as 4 x 8 (lane 8r + i in
+/// register r, element i): s = 16 and 8 are whole-register adds, s = 4, 2, 1
+/// are in-register; each step is exactly `lane[i] = lane[i] + lane[i + s]`.
+#[inline(always)]
+pub(crate) unsafe fn tree32_regs(acc: [__m256; 4]) -> f32 {
+    let a = _mm256_add_ps(acc[0], acc[2]); // s = 16 (lanes 0..8)
+    let b = _mm256_add_ps(acc[1], acc[3]); // s = 16 (lanes 8..16)
+    tree8_reg(_mm256_add_ps(a, b)) // s = 8, then 4, 2, 1
+}
+
+/// The canonical 8-lane tree (s = 4, 2, 1) on one register.
+#[inline(always)]
+pub(crate) unsafe fn tree8_reg(v: __m256) -> f32 {
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    let s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 0b01));
+    _mm_cvtss_f32(s1)
 }
 
 #[inline(always)]
@@ -104,6 +126,9 @@ pub unsafe fn dot_bf16(a: *const f32, b: *const u8, k: usize) -> f32 {
             *acc = _mm256_add_ps(*acc, _mm256_mul_ps(va, vb));
         }
         e += 32;
+    }
+    if full == k {
+        return tree32_regs(acc);
     }
     let mut lane = [0f32; 32];
     for (r, acc) in acc.iter().enumerate() {

@@ -13,8 +13,8 @@
 //! Callers guarantee AVX2 + F16C and that `w` holds `a[r].d.len()` blocks
 //! for every row r (all rows have the same block count).
 
+use super::avx2::tree8_reg;
 use super::Act32Row;
-use crate::backend::cpu::canon::tree8;
 use std::arch::x86_64::*;
 
 /// Which legacy block layout a kernel reads.
@@ -178,9 +178,27 @@ pub unsafe fn dot_rows<const KIND: u8, const R: usize>(
         // Block scales (f16) of this group; zero in missing lanes.
         let (dw, mw) = if cnt == 8 {
             let h = |i: usize, o: usize| rd_u16(wp.add((g0 + i) * ts + o)) as i16;
-            let d = _mm_setr_epi16(h(0, 0), h(1, 0), h(2, 0), h(3, 0), h(4, 0), h(5, 0), h(6, 0), h(7, 0));
+            let d = _mm_setr_epi16(
+                h(0, 0),
+                h(1, 0),
+                h(2, 0),
+                h(3, 0),
+                h(4, 0),
+                h(5, 0),
+                h(6, 0),
+                h(7, 0),
+            );
             let m = if kind == Kind::Q4_1 {
-                _mm_setr_epi16(h(0, 2), h(1, 2), h(2, 2), h(3, 2), h(4, 2), h(5, 2), h(6, 2), h(7, 2))
+                _mm_setr_epi16(
+                    h(0, 2),
+                    h(1, 2),
+                    h(2, 2),
+                    h(3, 2),
+                    h(4, 2),
+                    h(5, 2),
+                    h(6, 2),
+                    h(7, 2),
+                )
             } else {
                 _mm_setzero_si128()
             };
@@ -219,8 +237,6 @@ pub unsafe fn dot_rows<const KIND: u8, const R: usize>(
         g0 += 8;
     }
     for r in 0..R {
-        let mut lane = [0f32; 8];
-        _mm256_storeu_ps(lane.as_mut_ptr(), acc[r]);
-        out[r] = tree8(lane);
+        out[r] = tree8_reg(acc[r]);
     }
 }
