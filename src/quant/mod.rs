@@ -4,6 +4,12 @@
 
 use thiserror::Error;
 
+mod blocks32;
+mod float;
+mod kquants;
+
+pub use float::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+
 /// A GGML tensor type as stored in GGUF (`ggml_type` numbering).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[allow(non_camel_case_types)]
@@ -36,6 +42,8 @@ pub enum QuantError {
         block: usize,
         n: usize,
     },
+    #[error("{op}: {ty:?} is not supported (activation-side type, no weight codec)")]
+    Unsupported { op: &'static str, ty: GgmlType },
     #[error("{op}: {ty:?} buffer of {got} bytes, expected {want}")]
     BadLength {
         op: &'static str,
@@ -180,7 +188,7 @@ impl GgmlType {
     /// Bytes of `n` elements; errors unless `n` is a whole number of blocks.
     pub fn row_bytes(self, n: usize) -> Result<usize, QuantError> {
         let b = self.block_size();
-        if n % b != 0 {
+        if !n.is_multiple_of(b) {
             return Err(QuantError::NotBlockMultiple {
                 op: "row_bytes",
                 ty: self,
@@ -190,4 +198,94 @@ impl GgmlType {
         }
         Ok(n / b * self.type_size())
     }
+}
+
+/// Bytes needed for `n` elements of `ty`, checked against `src.len()`.
+fn check_src(op: &'static str, ty: GgmlType, src_len: usize, n: usize) -> Result<(), QuantError> {
+    let want = ty.row_bytes(n).map_err(|e| match e {
+        QuantError::NotBlockMultiple { ty, block, n, .. } => {
+            QuantError::NotBlockMultiple { op, ty, block, n }
+        }
+        other => other,
+    })?;
+    if src_len != want {
+        return Err(QuantError::BadLength {
+            op,
+            ty,
+            got: src_len,
+            want,
+        });
+    }
+    Ok(())
+}
+
+/// Dequantizes `dst.len()` elements of type `ty` from `src`.
+///
+/// `src` must hold exactly `ty.row_bytes(dst.len())` bytes. The arithmetic
+/// (operation order, single rounding per step, no FMA) is that of ggml's
+/// `dequantize_row_*`, so results are bitwise equal to the `gguf` Python
+/// package's numpy dequantization.
+pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
+    check_src("dequantize", ty, src.len(), dst.len())?;
+    match ty {
+        GgmlType::F32 => float::dequant_f32(src, dst),
+        GgmlType::F16 => float::dequant_f16(src, dst),
+        GgmlType::BF16 => float::dequant_bf16(src, dst),
+        GgmlType::Q4_0 => blocks32::dequant_q4_0(src, dst),
+        GgmlType::Q4_1 => blocks32::dequant_q4_1(src, dst),
+        GgmlType::Q5_0 => blocks32::dequant_q5_0(src, dst),
+        GgmlType::Q5_1 => blocks32::dequant_q5_1(src, dst),
+        GgmlType::Q8_0 => blocks32::dequant_q8_0(src, dst),
+        GgmlType::Q4_K => kquants::dequant_q4_k(src, dst),
+        GgmlType::Q5_K => kquants::dequant_q5_k(src, dst),
+        GgmlType::Q6_K => kquants::dequant_q6_k(src, dst),
+        GgmlType::Q8_1 | GgmlType::Q8_K => {
+            return Err(QuantError::Unsupported {
+                op: "dequantize",
+                ty,
+            })
+        }
+    }
+    Ok(())
+}
+
+/// Reference quantizer: encodes `src` (a whole number of blocks) as `ty`.
+///
+/// For the 32-element block types and the float types the rounding is that
+/// of ggml's `quantize_row_*_ref`. The K-quant encoders are simplified
+/// versions of ggml's (no iterative scale search): valid encodings with small
+/// error, meant for test and synthetic models.
+pub fn quantize(ty: GgmlType, src: &[f32]) -> Result<Vec<u8>, QuantError> {
+    let n_bytes = ty.row_bytes(src.len()).map_err(|e| match e {
+        QuantError::NotBlockMultiple { ty, block, n, .. } => QuantError::NotBlockMultiple {
+            op: "quantize",
+            ty,
+            block,
+            n,
+        },
+        other => other,
+    })?;
+    let mut out = vec![0u8; n_bytes];
+    match ty {
+        GgmlType::F32 => float::quant_f32(src, &mut out),
+        GgmlType::F16 => float::quant_f16(src, &mut out),
+        GgmlType::BF16 => float::quant_bf16(src, &mut out),
+        GgmlType::Q4_0 => blocks32::quant_q4_0(src, &mut out),
+        GgmlType::Q4_1 => blocks32::quant_q4_1(src, &mut out),
+        GgmlType::Q5_0 => blocks32::quant_q5_0(src, &mut out),
+        GgmlType::Q5_1 => blocks32::quant_q5_1(src, &mut out),
+        GgmlType::Q8_0 => blocks32::quant_q8_0(src, &mut out),
+        GgmlType::Q4_K => kquants::quant_q4_k(src, &mut out),
+        GgmlType::Q5_K => kquants::quant_q5_k(src, &mut out),
+        GgmlType::Q6_K => kquants::quant_q6_k(src, &mut out),
+        GgmlType::Q8_1 | GgmlType::Q8_K => {
+            return Err(QuantError::Unsupported { op: "quantize", ty })
+        }
+    }
+    Ok(out)
+}
+
+/// Whether `dequantize`/`quantize` support `ty` (the weight types).
+pub fn is_weight_type(ty: GgmlType) -> bool {
+    GgmlType::WEIGHT_TYPES.contains(&ty)
 }
