@@ -1,6 +1,5 @@
 //! Embedding lookup: dequantized table rows.
 
-use super::dequant::dequantize_row;
 use super::try_for_chunks;
 use crate::backend::QMatrix;
 use anyhow::{ensure, Context, Result};
@@ -39,7 +38,9 @@ pub fn run(par: bool, table: QMatrix<'_>, ids: &[u32], out: &mut [f32]) -> Resul
     }
     try_for_chunks(par, out, table.cols, |i, o| {
         let r = ids[i] as usize;
-        dequantize_row(table.ty, &table.data[r * rb..(r + 1) * rb], o)
+        // The quant module's ggml-order dequantization (bitwise equal to
+        // this backend's own block decoding; see tests).
+        crate::quant::dequantize(table.ty, &table.data[r * rb..(r + 1) * rb], o)
             .with_context(|| format!("get_rows: row {r}"))
     })
 }
