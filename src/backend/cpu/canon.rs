@@ -113,7 +113,7 @@ pub fn dot32_by(k: usize, prod: impl Fn(usize) -> f32) -> f32 {
 /// it, where the sign of zero never matters).
 #[inline]
 pub fn round_away(x: f32) -> f32 {
-    if !(x.abs() < 8_388_608.0) {
+    if x.is_nan() || x.abs() >= 8_388_608.0 {
         return x;
     }
     let t = (x as i32) as f32;

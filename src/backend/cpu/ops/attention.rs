@@ -24,6 +24,7 @@ use half::f16;
 pub const CHUNK: usize = 32;
 
 /// q, out: (n_rows, n_heads, head_dim).
+#[allow(clippy::too_many_arguments)] // the op's fields, passed through
 pub fn run(
     par: bool,
     isa: Isa,

@@ -7,6 +7,7 @@ use anyhow::{ensure, Result};
 /// x: (n, n_heads, head_dim) rotated in place; positions: (n,);
 /// inv_freq: (rope_dim / 2,). Angle_i = (pos as f32) * inv_freq[i];
 /// pair i is (2i, 2i+1), or (i, i + rope_dim/2) when `neox`.
+#[allow(clippy::too_many_arguments)] // the op's fields, passed through
 pub fn run(
     par: bool,
     x: &mut [f32],

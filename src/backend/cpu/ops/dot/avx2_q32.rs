@@ -100,6 +100,7 @@ unsafe fn block_dot(kind: Kind, wq: __m256i, aq: __m256i) -> __m256i {
 /// R rows: returns per row the vector of 8 exact block integers (zero in
 /// missing lanes). `FULL` = (cnt == 8), so the loop fully unrolls.
 #[inline(always)]
+#[allow(clippy::needless_range_loop)] // k indexes blocks and h alike
 unsafe fn group_ints<const R: usize, const FULL: bool>(
     kind: Kind,
     w: *const u8,
