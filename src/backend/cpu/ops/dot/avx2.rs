@@ -12,6 +12,7 @@ use std::arch::x86_64::*;
 macro_rules! float_dot {
     ($name:ident, $bty:ty, $load:ident) => {
         /// 32-lane canonical dot; `a` and `b` cover k elements.
+        #[inline]
         #[target_feature(enable = "avx2,f16c")]
         pub unsafe fn $name(a: *const f32, b: *const $bty, k: usize) -> f32 {
             let mut acc = [_mm256_setzero_ps(); 4];
