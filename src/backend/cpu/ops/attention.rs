@@ -122,9 +122,29 @@ fn head(
 ) {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 {
-        // SAFETY: AVX2+F16C detected at runtime (Isa::Avx2); the caller
-        // validated the block table against the cache size.
-        unsafe { head_avx2(qv, scale, cache, table, kvh, pos, o) };
+        let hd = cache.head_dim;
+        if hd.is_multiple_of(8) && hd <= 256 {
+            // SAFETY: AVX2+F16C detected at runtime (Isa::Avx2); the caller
+            // validated the block table against the cache size, and
+            // qv / o hold hd elements.
+            unsafe {
+                super::attention_avx2::head(
+                    qv,
+                    scale,
+                    cache.k,
+                    cache.v,
+                    table,
+                    cache.block_size,
+                    cache.n_kv_heads,
+                    kvh,
+                    pos,
+                    o,
+                )
+            };
+        } else {
+            // SAFETY: as above.
+            unsafe { head_avx2(qv, scale, cache, table, kvh, pos, o) };
+        }
         return;
     }
     let _ = isa;

@@ -3,6 +3,8 @@
 
 pub mod add;
 pub mod attention;
+#[cfg(target_arch = "x86_64")]
+pub mod attention_avx2;
 pub mod dequant;
 pub mod dot;
 pub mod get_rows;
