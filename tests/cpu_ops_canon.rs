@@ -145,7 +145,7 @@ fn exp8_bitwise_equals_exp() {
             f32::NAN,
             0.5 * std::f32::consts::LN_2,
         ]);
-        while xs.len() % 8 != 0 {
+        while !xs.len().is_multiple_of(8) {
             xs.push(1.0);
         }
         for c in xs.chunks_exact(8) {
