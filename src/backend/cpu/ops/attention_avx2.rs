@@ -161,7 +161,31 @@ pub unsafe fn head(
     pos: usize,
     o: &mut [f32],
 ) {
-    let hd = qv.len();
+    // Common head sizes get fully unrolled inner loops (same arithmetic).
+    match qv.len() {
+        64 => head_n::<64>(qv, scale, k, v, table, bs, nkv, kvh, pos, o),
+        128 => head_n::<128>(qv, scale, k, v, table, bs, nkv, kvh, pos, o),
+        _ => head_n::<0>(qv, scale, k, v, table, bs, nkv, kvh, pos, o),
+    }
+}
+
+/// `head` with head_dim fixed at compile time (`HD > 0`) or read from
+/// `qv.len()` (`HD == 0`).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn head_n<const HD: usize>(
+    qv: &[f32],
+    scale: f32,
+    k: &[f16],
+    v: &[f16],
+    table: &[u32],
+    bs: usize,
+    nkv: usize,
+    kvh: usize,
+    pos: usize,
+    o: &mut [f32],
+) {
+    let hd = if HD > 0 { HD } else { qv.len() };
     let mut vs = [0f32; 256];
     let vs = &mut vs[..hd];
     o.fill(0.0);
