@@ -200,6 +200,20 @@ fn swiglu_add_add_bias() {
         .collect();
     let e = nmse(&out, &want);
     assert!(e < 1e-12, "swiglu nmse {e:.3e}");
+    // Bitwise across ISA / threads, with an odd length (SIMD tail).
+    for (label, b) in backends() {
+        let mut o2 = vec![0f32; n - 5];
+        b.run(
+            Op::SwiGlu {
+                gate: &g[5..],
+                up: &u[5..],
+                out: &mut o2,
+            },
+            Mode::Exact,
+        )
+        .unwrap();
+        assert_eq!(bits(&o2), bits(&out[5..]), "swiglu {label}");
+    }
     assert!(be()
         .run(
             Op::SwiGlu {

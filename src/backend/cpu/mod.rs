@@ -116,7 +116,7 @@ impl Backend for CpuBackend {
             } => ops::rope::run(
                 par, x, n_heads, head_dim, rope_dim, positions, inv_freq, neox,
             ),
-            Op::SwiGlu { gate, up, out } => ops::swiglu::run(par, gate, up, out),
+            Op::SwiGlu { gate, up, out } => ops::swiglu::run(par, isa, gate, up, out),
             Op::GetRows { table, ids, out } => ops::get_rows::run(par, table, ids, out),
             Op::Add { x, y } => ops::add::add(par, x, y),
             Op::AddBias { x, bias } => ops::add::add_bias(par, x, bias),
