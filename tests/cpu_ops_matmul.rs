@@ -239,3 +239,37 @@ fn matmul_float_no_tail_bitwise() {
         assert_eq!(reference[0].to_bits(), want.to_bits(), "{ty:?} canonical");
     }
 }
+
+/// AVX2 activation quantization is bitwise the portable (canonical) one,
+/// including exact .5 ties (rounded away from zero).
+#[test]
+fn activation_quantization_isa_bitwise() {
+    use quire::backend::cpu::ops::dot::actq::Act32;
+    let simd = CpuBackend::new(Some(1)).unwrap().isa();
+    if simd == Isa::Portable {
+        println!("SKIPPED: no AVX2 on this machine");
+        return;
+    }
+    let mut r = rng(77);
+    let k = 32 * 9;
+    let n = 5;
+    let mut x = rand_vec(&mut r, n * k, 3.0);
+    // Ties: amax 127 -> d = 1, so x*id = x exactly; k + 0.5 must round away.
+    for (i, v) in x[..32].iter_mut().enumerate() {
+        *v = if i == 0 {
+            127.0
+        } else {
+            (i as f32 - 16.0) + 0.5
+        };
+    }
+    x[32..64].fill(0.0); // all-zero block: d = 0
+    let a = Act32::quantize(false, simd, &x, n, k);
+    let b = Act32::quantize(false, Isa::Portable, &x, n, k);
+    assert_eq!(a.qs, b.qs);
+    assert_eq!(a.sum, b.sum);
+    assert_eq!(bits(&a.d), bits(&b.d));
+    assert_eq!(bits(&a.s), bits(&b.s));
+    assert_eq!(a.qs[1], -15); // i = 1: -14.5 -> -15
+    assert_eq!(a.qs[31], 16); // 15.5 -> 16
+    assert_eq!(a.d[1], 0.0);
+}

@@ -1,7 +1,7 @@
 //! Canonical activation quantization (once per matmul, all rows).
 
 use super::{Act32Row, ActKRow};
-use crate::backend::cpu::canon;
+use crate::backend::cpu::{canon, Isa};
 use rayon::prelude::*;
 
 /// n rows of k activations in 32-blocks. See [`Act32Row`].
@@ -15,7 +15,7 @@ pub struct Act32 {
 
 impl Act32 {
     /// x: (n, k), k a multiple of 32 (caller-validated).
-    pub fn quantize(par: bool, x: &[f32], n: usize, k: usize) -> Act32 {
+    pub fn quantize(par: bool, isa: Isa, x: &[f32], n: usize, k: usize) -> Act32 {
         let nb = k / 32;
         let mut a = Act32 {
             nb,
@@ -30,8 +30,21 @@ impl Act32 {
         let row = |qs: &mut [i8], d: &mut [f32], s: &mut [f32], sum: &mut [i32], xr: &[f32]| {
             for b in 0..nb {
                 let q = &mut qs[32 * b..32 * b + 32];
-                let db = canon::quantize_block(&xr[32 * b..32 * b + 32], q);
-                let isum: i32 = q.iter().map(|&v| v as i32).sum();
+                let xb = &xr[32 * b..32 * b + 32];
+                #[cfg(target_arch = "x86_64")]
+                let (db, isum) = if isa == Isa::Avx2 {
+                    // SAFETY: AVX2 detected at runtime; xb and q hold 32.
+                    unsafe { super::avx2::quantize_block32(xb.as_ptr(), q.as_mut_ptr()) }
+                } else {
+                    let db = canon::quantize_block(xb, q);
+                    (db, q.iter().map(|&v| v as i32).sum())
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                let (db, isum) = {
+                    let _ = isa;
+                    let db = canon::quantize_block(xb, q);
+                    (db, q.iter().map(|&v| v as i32).sum::<i32>())
+                };
                 d[b] = db;
                 sum[b] = isum;
                 s[b] = db * isum as f32;

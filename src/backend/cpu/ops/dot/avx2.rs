@@ -142,3 +142,64 @@ pub unsafe fn dot_bf16(a: *const f32, b: *const u8, k: usize) -> f32 {
     }
     tree32(lane)
 }
+
+/// Canonical activation quantization of one 32-element block (bitwise
+/// `canon::quantize_block` + the exact sum): returns (d, Σq).
+///
+/// # Safety
+/// AVX2 available; `x` and `q` hold 32 elements.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn quantize_block32(x: *const f32, q: *mut i8) -> (f32, i32) {
+    let absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    let v = [
+        _mm256_loadu_ps(x),
+        _mm256_loadu_ps(x.add(8)),
+        _mm256_loadu_ps(x.add(16)),
+        _mm256_loadu_ps(x.add(24)),
+    ];
+    // amax: max is exact and order-free (NaN inputs are not supported by
+    // either path's contract; both then produce garbage deterministically).
+    let m01 = _mm256_max_ps(_mm256_and_ps(v[0], absmask), _mm256_and_ps(v[1], absmask));
+    let m23 = _mm256_max_ps(_mm256_and_ps(v[2], absmask), _mm256_and_ps(v[3], absmask));
+    let m = _mm256_max_ps(m01, m23);
+    let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    let m1 = _mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 0b01));
+    let amax = _mm_cvtss_f32(m1);
+    let d = amax / 127.0;
+    let id = if d == 0.0 { 0.0 } else { 1.0 / d };
+    let idv = _mm256_set1_ps(id);
+    let half = _mm256_set1_ps(0.5);
+    let mhalf = _mm256_set1_ps(-0.5);
+    let one = _mm256_set1_ps(1.0);
+    let lo = _mm256_set1_ps(-127.0);
+    let hi = _mm256_set1_ps(127.0);
+    let mut qi = [_mm256_setzero_si256(); 4];
+    for r in 0..4 {
+        let y = _mm256_mul_ps(v[r], idv);
+        // round half away from zero, as canon::round_away (|y| <= ~127).
+        let t = _mm256_round_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        let f = _mm256_sub_ps(y, t);
+        let up = _mm256_and_ps(_mm256_cmp_ps(f, half, _CMP_GE_OQ), one);
+        let dn = _mm256_and_ps(_mm256_cmp_ps(f, mhalf, _CMP_LE_OQ), one);
+        let n = _mm256_sub_ps(_mm256_add_ps(t, up), dn);
+        let n = _mm256_min_ps(_mm256_max_ps(n, lo), hi);
+        qi[r] = _mm256_cvttps_epi32(n);
+    }
+    // Pack 32 x i32 -> 32 x i8 in element order.
+    let p01 = _mm256_packs_epi32(qi[0], qi[1]); // lane-interleaved i16
+    let p23 = _mm256_packs_epi32(qi[2], qi[3]);
+    let p = _mm256_packs_epi16(p01, p23);
+    // packs interleave 128-bit lanes: dwords come out as [0,4,1,5,2,6,3,7].
+    let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(q as *mut __m256i, p);
+    let s = _mm256_add_epi32(
+        _mm256_add_epi32(qi[0], qi[1]),
+        _mm256_add_epi32(qi[2], qi[3]),
+    );
+    let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+    (d, _mm_cvtsi128_si32(s))
+}
