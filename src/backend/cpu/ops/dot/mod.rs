@@ -8,6 +8,8 @@ pub mod actq;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2_k;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2_q32;
 pub mod float;
 pub mod portable;
@@ -98,6 +100,18 @@ unsafe fn rows_avx2<const KIND: u8>(w: &[u8], a: &[Act32Row<'_>], out: &mut [f32
 /// Canonical dot of one K-quant weight row with one Q8_K activation row.
 #[inline]
 pub fn dot_qk(isa: Isa, ty: GgmlType, w: &[u8], a: ActKRow<'_>) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        // SAFETY: Isa::Avx2 only after runtime AVX2 + F16C detection; the
+        // caller validated that w holds a.d.len() superblocks of ty.
+        unsafe {
+            match ty {
+                GgmlType::Q4_K => return avx2_k::dot_q4_k(w, a),
+                GgmlType::Q6_K => return avx2_k::dot_q6_k(w, a),
+                _ => {}
+            }
+        }
+    }
     let _ = isa;
     portable::dot_qk(ty, w, a)
 }
