@@ -107,3 +107,60 @@ fn dot32_matches_definition() {
         assert!((canon::dot32(&a, &b) as f64 - want).abs() < 1e-5 * (k as f64).sqrt());
     }
 }
+
+/// The AVX2 exp used by attention is bitwise the canonical scalar exp.
+#[test]
+fn exp8_bitwise_equals_exp() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !(std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("f16c"))
+        {
+            println!("SKIPPED: no AVX2/F16C on this machine");
+            return;
+        }
+        use quire::backend::cpu::ops::attention_avx2::exp8;
+        use std::arch::x86_64::*;
+        let mut r = rng(5);
+        let mut xs: Vec<f32> = (0..400_000)
+            .map(|i| match i % 4 {
+                0 => r.random_range(-110.0..95.0),
+                1 => r.random_range(-1.0..1.0),
+                2 => r.random_range(-30.0..0.0),
+                _ => f32::from_bits(r.random::<u32>()), // any bit pattern
+            })
+            .collect();
+        xs.extend_from_slice(&[
+            0.0,
+            -0.0,
+            88.8,
+            88.80001,
+            -104.0,
+            -104.00001,
+            88.72,
+            -87.5,
+            -103.9,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            0.5 * std::f32::consts::LN_2,
+        ]);
+        while !xs.len().is_multiple_of(8) {
+            xs.push(1.0);
+        }
+        for c in xs.chunks_exact(8) {
+            let mut got = [0f32; 8];
+            // SAFETY: AVX2 + F16C checked above; both arrays hold 8 lanes.
+            unsafe { _mm256_storeu_ps(got.as_mut_ptr(), exp8(_mm256_loadu_ps(c.as_ptr()))) };
+            for (g, &x) in got.iter().zip(c) {
+                let want = canon::exp(x);
+                assert!(
+                    g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                    "exp8({x:e}) = {g:e}, canonical {want:e}"
+                );
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    println!("SKIPPED: not x86_64");
+}

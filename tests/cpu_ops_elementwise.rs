@@ -200,6 +200,20 @@ fn swiglu_add_add_bias() {
         .collect();
     let e = nmse(&out, &want);
     assert!(e < 1e-12, "swiglu nmse {e:.3e}");
+    // Bitwise across ISA / threads, with an odd length (SIMD tail).
+    for (label, b) in backends() {
+        let mut o2 = vec![0f32; n - 5];
+        b.run(
+            Op::SwiGlu {
+                gate: &g[5..],
+                up: &u[5..],
+                out: &mut o2,
+            },
+            Mode::Exact,
+        )
+        .unwrap();
+        assert_eq!(bits(&o2), bits(&out[5..]), "swiglu {label}");
+    }
     assert!(be()
         .run(
             Op::SwiGlu {
@@ -407,4 +421,21 @@ fn kv_write_rounds_and_validates() {
             Mode::Exact,
         )
         .is_err());
+}
+
+/// The backend's block decoding (used by the dot kernels' reference and by
+/// get_rows) equals `quire::quant::dequantize` (checked against gguf-py)
+/// bit for bit, for every weight type.
+#[test]
+fn dequant_matches_quant_module() {
+    for (ti, ty) in GgmlType::WEIGHT_TYPES.into_iter().enumerate() {
+        let mut r = rng(600 + ti as u64);
+        let cols = if ty.block_size() == 256 { 768 } else { 96 };
+        let data = rand_weights(&mut r, ty, 1, cols);
+        let mut ours = vec![0f32; cols];
+        let mut theirs = vec![1f32; cols];
+        dequantize_row(ty, &data, &mut ours).unwrap();
+        quire::quant::dequantize(ty, &data, &mut theirs).unwrap();
+        assert_eq!(bits(&ours), bits(&theirs), "{ty:?}");
+    }
 }

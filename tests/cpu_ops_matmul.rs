@@ -199,3 +199,77 @@ fn matmul_errors_not_panics() {
         )
         .is_err());
 }
+
+/// Float weights with K a multiple of 32 take the in-register tree path;
+/// it must equal the portable lane-by-lane tree.
+#[test]
+fn matmul_float_no_tail_bitwise() {
+    let bes = backends();
+    for (ti, ty) in [GgmlType::F32, GgmlType::F16, GgmlType::BF16]
+        .into_iter()
+        .enumerate()
+    {
+        let mut r = rng(400 + ti as u64);
+        let (m, k) = (19, 320);
+        let data = rand_weights(&mut r, ty, m, k);
+        let w = QMatrix {
+            ty,
+            rows: m,
+            cols: k,
+            data: &data,
+        };
+        let x = rand_vec(&mut r, 3 * k, 1.0);
+        let reference = matmul(&bes[0].1, w, &x, 3);
+        for (label, be) in &bes {
+            assert_eq!(
+                bits(&matmul(be, w, &x, 3)),
+                bits(&reference),
+                "{ty:?} {label}"
+            );
+        }
+        // And equals the canonical definition computed directly.
+        let row0: Vec<f32> = (0..k)
+            .map(|e| match ty {
+                GgmlType::F32 => f32::from_le_bytes(data[4 * e..4 * e + 4].try_into().unwrap()),
+                GgmlType::F16 => half::f16::from_le_bytes([data[2 * e], data[2 * e + 1]]).to_f32(),
+                _ => half::bf16::from_le_bytes([data[2 * e], data[2 * e + 1]]).to_f32(),
+            })
+            .collect();
+        let want = quire::backend::cpu::canon::dot32(&x[..k], &row0);
+        assert_eq!(reference[0].to_bits(), want.to_bits(), "{ty:?} canonical");
+    }
+}
+
+/// AVX2 activation quantization is bitwise the portable (canonical) one,
+/// including exact .5 ties (rounded away from zero).
+#[test]
+fn activation_quantization_isa_bitwise() {
+    use quire::backend::cpu::ops::dot::actq::Act32;
+    let simd = CpuBackend::new(Some(1)).unwrap().isa();
+    if simd == Isa::Portable {
+        println!("SKIPPED: no AVX2 on this machine");
+        return;
+    }
+    let mut r = rng(77);
+    let k = 32 * 9;
+    let n = 5;
+    let mut x = rand_vec(&mut r, n * k, 3.0);
+    // Ties: amax 127 -> d = 1, so x*id = x exactly; k + 0.5 must round away.
+    for (i, v) in x[..32].iter_mut().enumerate() {
+        *v = if i == 0 {
+            127.0
+        } else {
+            (i as f32 - 16.0) + 0.5
+        };
+    }
+    x[32..64].fill(0.0); // all-zero block: d = 0
+    let a = Act32::quantize(false, simd, &x, n, k);
+    let b = Act32::quantize(false, Isa::Portable, &x, n, k);
+    assert_eq!(a.qs, b.qs);
+    assert_eq!(a.sum, b.sum);
+    assert_eq!(bits(&a.d), bits(&b.d));
+    assert_eq!(bits(&a.s), bits(&b.s));
+    assert_eq!(a.qs[1], -15); // i = 1: -14.5 -> -15
+    assert_eq!(a.qs[31], 16); // 15.5 -> 16
+    assert_eq!(a.d[1], 0.0);
+}

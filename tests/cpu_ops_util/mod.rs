@@ -85,10 +85,17 @@ pub fn backends() -> Vec<(String, CpuBackend)> {
     for t in [1, 2, 4] {
         v.push((format!("simd t{t}"), CpuBackend::new(Some(t)).unwrap()));
     }
+    // Every op through the pool, however small.
+    v.push((
+        "simd t3 all-parallel".to_string(),
+        CpuBackend::new(Some(3)).unwrap().with_par_min_work(0),
+    ));
     for t in [1, 3] {
         v.push((
             format!("portable t{t}"),
-            CpuBackend::with_options(Some(t), true).unwrap(),
+            CpuBackend::with_options(Some(t), true)
+                .unwrap()
+                .with_par_min_work(0),
         ));
     }
     v

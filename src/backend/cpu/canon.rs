@@ -51,8 +51,22 @@
 //!   `o1 = (x0*s) + (x1*c)`.
 //! * rms_norm: `ss = dot32(x, x)`; `mean = ss / (dim as f32)`;
 //!   `scale = rsqrt(mean + eps)`; `out = (x * scale) * w`.
-//! * Attention: see `ops/attention.rs` (online softmax in 32-position chunks
-//!   aligned to absolute position 0).
+//! * Attention (`ops/attention.rs`), per query row at position P and head h
+//!   (kv head `h / (n_heads / n_kv_heads)`): `m = -inf, l = 0, acc = 0`; for
+//!   each chunk of 32 positions `[32c, min(32c + 32, P + 1))` aligned to
+//!   absolute position 0: `s_j = dot32(q, k_j) * scale`;
+//!   `m_new = max(m, max_j s_j)`; `alpha = exp(m - m_new)`;
+//!   `p_j = exp(s_j - m_new)`; `ls = Σ_j p_j` (sequential from 0, j in order);
+//!   `l = (l * alpha) + ls`; per d: `vs = Σ_j (p_j * v_j[d])` (sequential from
+//!   0); `acc[d] = (acc[d] * alpha) + vs`; finally `out[d] = acc[d] / l`.
+//!   K/V are f16 (`kv_write` rounds f32 -> f16 to nearest even), read through
+//!   the block table at cell `table[j / B] * B + j % B`.
+//! * `round_half_away` ([`round_away`]): `t = trunc(x)` (exact), `f = x - t`
+//!   (exact); `t + 1` if `f >= 0.5`, `t - 1` if `f <= -0.5`, else `t`.
+//! * Polynomial coefficients are the f32 constants `1.0 / n!` (one correctly
+//!   rounded f32 division each, e.g. `1.0f32 / 5040.0f32`); `LN2_HI` is
+//!   `0x3f317200`, `LN2_LO` `1.4286068e-6`; `P1..P4` are given as bit patterns
+//!   below.
 
 /// Pairwise tree over 32 lanes: for s in [16, 8, 4, 2, 1].
 #[inline]
@@ -106,10 +120,25 @@ pub fn dot32_by(k: usize, prod: impl Fn(usize) -> f32) -> f32 {
     tree32(lane)
 }
 
-/// Round half away from zero, exact (f32::round semantics).
+/// Round half away from zero, exact, without libm: truncate toward zero
+/// through i32 (exact for |x| < 2^23), then compare the exact fraction
+/// with 0.5. |x| >= 2^23 (already an integer), inf and NaN pass through.
+/// A zero result is +0.0 (callers only convert it to an integer or multiply
+/// it, where the sign of zero never matters).
 #[inline]
 pub fn round_away(x: f32) -> f32 {
-    x.round()
+    if x.is_nan() || x.abs() >= 8_388_608.0 {
+        return x;
+    }
+    let t = (x as i32) as f32;
+    let f = x - t;
+    if f >= 0.5 {
+        t + 1.0
+    } else if f <= -0.5 {
+        t - 1.0
+    } else {
+        t
+    }
 }
 
 /// Canonical activation quantization of one block: returns `d`, writes `q`.

@@ -18,6 +18,7 @@ pub struct CpuBackend {
     pool: rayon::ThreadPool,
     n_threads: usize,
     isa: Isa,
+    par_min_work: usize,
 }
 
 impl CpuBackend {
@@ -45,7 +46,16 @@ impl CpuBackend {
             pool,
             n_threads: n,
             isa: Isa::detect(force_portable),
+            par_min_work: PAR_MIN_WORK,
         })
+    }
+
+    /// Sets the operation count below which an op runs serially on the
+    /// calling thread (default 65536; 0 = always use the pool). Results are
+    /// identical either way; tests use 0 to exercise the parallel paths.
+    pub fn with_par_min_work(mut self, work: usize) -> Self {
+        self.par_min_work = work;
+        self
     }
 
     pub fn n_threads(&self) -> usize {
@@ -80,18 +90,21 @@ impl Backend for CpuBackend {
 
     fn run(&self, op: Op<'_>, _mode: Mode) -> Result<()> {
         // The cpu kernels are already exact (hence deterministic); every mode
-        // runs the same code.
+        // runs the same code. Small ops run serially on the calling thread:
+        // handing them to the pool costs more than they do, and no result
+        // depends on which thread computes it.
+        let par = self.n_threads > 1 && work(&op) >= self.par_min_work;
         let isa = self.isa;
         let nt = self.n_threads;
-        self.pool.install(|| match op {
-            Op::MatMul { w, x, n, out } => ops::matmul::run(isa, nt, w, x, n, out),
+        let exec = move || match op {
+            Op::MatMul { w, x, n, out } => ops::matmul::run(par, isa, nt, w, x, n, out),
             Op::RmsNorm {
                 x,
                 w,
                 dim,
                 eps,
                 out,
-            } => ops::rms_norm::run(isa, x, w, dim, eps, out),
+            } => ops::rms_norm::run(par, isa, x, w, dim, eps, out),
             Op::Rope {
                 x,
                 n_heads,
@@ -100,11 +113,13 @@ impl Backend for CpuBackend {
                 positions,
                 inv_freq,
                 neox,
-            } => ops::rope::run(x, n_heads, head_dim, rope_dim, positions, inv_freq, neox),
-            Op::SwiGlu { gate, up, out } => ops::swiglu::run(gate, up, out),
-            Op::GetRows { table, ids, out } => ops::get_rows::run(table, ids, out),
-            Op::Add { x, y } => ops::add::add(x, y),
-            Op::AddBias { x, bias } => ops::add::add_bias(x, bias),
+            } => ops::rope::run(
+                par, x, n_heads, head_dim, rope_dim, positions, inv_freq, neox,
+            ),
+            Op::SwiGlu { gate, up, out } => ops::swiglu::run(par, isa, gate, up, out),
+            Op::GetRows { table, ids, out } => ops::get_rows::run(par, table, ids, out),
+            Op::Add { x, y } => ops::add::add(par, x, y),
+            Op::AddBias { x, bias } => ops::add::add_bias(par, x, bias),
             Op::KvWrite { k, v, slots, cache } => ops::kv_write::run(k, v, slots, cache),
             Op::PagedAttention {
                 q,
@@ -113,8 +128,38 @@ impl Backend for CpuBackend {
                 cache,
                 batch,
                 out,
-            } => ops::attention::run(isa, q, n_heads, scale, cache, batch, out),
-        })
+            } => ops::attention::run(par, isa, q, n_heads, scale, cache, batch, out),
+        };
+        if par {
+            self.pool.install(exec)
+        } else {
+            exec()
+        }
+    }
+}
+
+/// Below this many (multiply-add-equivalent) operations an op runs on the
+/// calling thread: a pool hand-off costs several microseconds.
+const PAR_MIN_WORK: usize = 1 << 16;
+
+/// Rough operation count of an op (only used to choose serial vs parallel,
+/// which never changes results).
+fn work(op: &Op<'_>) -> usize {
+    match op {
+        Op::MatMul { w, n, .. } => w.rows.saturating_mul(w.cols).saturating_mul(*n),
+        Op::RmsNorm { x, .. } => x.len() * 2,
+        Op::Rope { x, .. } => x.len() * 4,
+        Op::SwiGlu { out, .. } => out.len() * 16,
+        Op::GetRows { out, .. } => out.len() * 2,
+        Op::Add { x, .. } => x.len() / 4,
+        Op::AddBias { x, .. } => x.len() / 4,
+        Op::KvWrite { .. } => 0,
+        Op::PagedAttention { q, batch, .. } => {
+            let ctx: usize = batch.positions.iter().map(|&p| p as usize + 1).sum();
+            let rows = batch.positions.len().max(1);
+            // q.len() / rows = n_heads * head_dim per row; x2 for QK and PV.
+            (q.len() / rows).saturating_mul(ctx).saturating_mul(2)
+        }
     }
 }
 

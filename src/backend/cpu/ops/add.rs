@@ -1,29 +1,26 @@
 //! Residual add and bias add (elementwise; no reduction).
 
-use super::ELEM_CHUNK;
+use super::{for_chunks, ELEM_CHUNK};
 use anyhow::{ensure, Result};
-use rayon::prelude::*;
 
 /// x += y. x, y: (len,).
-pub fn add(x: &mut [f32], y: &[f32]) -> Result<()> {
+pub fn add(par: bool, x: &mut [f32], y: &[f32]) -> Result<()> {
     ensure!(
         x.len() == y.len(),
         "add: x has {} elements, y has {}",
         x.len(),
         y.len()
     );
-    x.par_chunks_mut(ELEM_CHUNK)
-        .zip(y.par_chunks(ELEM_CHUNK))
-        .for_each(|(xc, yc)| {
-            for (a, &b) in xc.iter_mut().zip(yc) {
-                *a += b;
-            }
-        });
+    for_chunks(par, x, ELEM_CHUNK, |c, xc| {
+        for (a, &b) in xc.iter_mut().zip(&y[c * ELEM_CHUNK..]) {
+            *a += b;
+        }
+    });
     Ok(())
 }
 
 /// x: (n, dim) += bias: (dim,) on every row.
-pub fn add_bias(x: &mut [f32], bias: &[f32]) -> Result<()> {
+pub fn add_bias(par: bool, x: &mut [f32], bias: &[f32]) -> Result<()> {
     let dim = bias.len();
     ensure!(
         dim > 0 && x.len().is_multiple_of(dim),
@@ -32,7 +29,7 @@ pub fn add_bias(x: &mut [f32], bias: &[f32]) -> Result<()> {
         dim
     );
     let rows_per = (ELEM_CHUNK / dim).max(1);
-    x.par_chunks_mut(rows_per * dim).for_each(|xc| {
+    for_chunks(par, x, rows_per * dim, |_, xc| {
         for row in xc.chunks_exact_mut(dim) {
             for (a, &b) in row.iter_mut().zip(bias) {
                 *a += b;

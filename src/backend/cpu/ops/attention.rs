@@ -14,17 +14,19 @@
 //! Threads split (row, head) pairs, so nothing depends on the batch.
 
 use super::dot::float::dot_f16;
+use super::for_chunks;
 use crate::backend::cpu::{canon, Isa};
 use crate::backend::{AttnBatch, KvLayer};
 use anyhow::{ensure, Result};
 use half::f16;
-use rayon::prelude::*;
 
 /// Positions per online-softmax chunk (aligned to absolute position 0).
 pub const CHUNK: usize = 32;
 
 /// q, out: (n_rows, n_heads, head_dim).
+#[allow(clippy::too_many_arguments)] // the op's fields, passed through
 pub fn run(
+    par: bool,
     isa: Isa,
     q: &[f32],
     n_heads: usize,
@@ -87,7 +89,7 @@ pub fn run(
         }
     }
     let group = n_heads / nkv;
-    out.par_chunks_mut(hd).enumerate().for_each(|(rh, o)| {
+    for_chunks(par, out, hd, |rh, o| {
         let (r, h) = (rh / n_heads, rh % n_heads);
         let qv = &q[rh * hd..(rh + 1) * hd];
         let table = batch.block_tables[batch.row_seq[r] as usize];
@@ -118,6 +120,67 @@ fn head(
     pos: usize,
     o: &mut [f32],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        let hd = cache.head_dim;
+        if hd.is_multiple_of(8) && hd <= 256 {
+            // SAFETY: AVX2+F16C detected at runtime (Isa::Avx2); the caller
+            // validated the block table against the cache size, and
+            // qv / o hold hd elements.
+            unsafe {
+                super::attention_avx2::head(
+                    qv,
+                    scale,
+                    cache.k,
+                    cache.v,
+                    table,
+                    cache.block_size,
+                    cache.n_kv_heads,
+                    kvh,
+                    pos,
+                    o,
+                )
+            };
+        } else {
+            // SAFETY: as above.
+            unsafe { head_avx2(qv, scale, cache, table, kvh, pos, o) };
+        }
+        return;
+    }
+    let _ = isa;
+    head_impl::<false>(qv, scale, cache, table, kvh, pos, o)
+}
+
+/// `head_impl` compiled with AVX2 enabled, so its kernels inline.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn head_avx2(
+    qv: &[f32],
+    scale: f32,
+    cache: &KvLayer<'_>,
+    table: &[u32],
+    kvh: usize,
+    pos: usize,
+    o: &mut [f32],
+) {
+    head_impl::<true>(qv, scale, cache, table, kvh, pos, o)
+}
+
+/// The canonical per-(row, head) computation; `AVX` selects kernels that
+/// are bitwise equal to the portable ones (only ever true inside
+/// `head_avx2`, i.e. with AVX2 + F16C available).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn head_impl<const AVX: bool>(
+    qv: &[f32],
+    scale: f32,
+    cache: &KvLayer<'_>,
+    table: &[u32],
+    kvh: usize,
+    pos: usize,
+    o: &mut [f32],
+) {
     let (hd, nkv, bs) = (cache.head_dim, cache.n_kv_heads, cache.block_size);
     // `o` doubles as the accumulator; `vs` is the per-chunk sum.
     let mut vs_stack = [0f32; 256];
@@ -129,21 +192,46 @@ fn head(
         &mut vs_heap[..]
     };
     o.fill(0.0);
-    let cell_off = |j: usize| -> usize {
-        let cell = table[j / bs] as usize * bs + j % bs;
-        (cell * nkv + kvh) * hd
-    };
     let mut m = f32::NEG_INFINITY;
     let mut l = 0f32;
     let mut s = [0f32; CHUNK];
+    let mut offs = [0usize; CHUNK];
     let mut j0 = 0;
     while j0 <= pos {
         let j1 = (j0 + CHUNK).min(pos + 1);
         let cnt = j1 - j0;
+        // Element offsets of this chunk's cells (block-table walk, no
+        // per-position division).
+        let (mut blk, mut within) = (j0 / bs, j0 % bs);
+        for off in offs.iter_mut().take(cnt) {
+            let cell = table[blk] as usize * bs + within;
+            *off = (cell * nkv + kvh) * hd;
+            within += 1;
+            if within == bs {
+                within = 0;
+                blk += 1;
+            }
+        }
         let mut cmax = f32::NEG_INFINITY;
-        for (t, sj) in s.iter_mut().enumerate().take(cnt) {
-            let off = cell_off(j0 + t);
-            *sj = dot_f16(isa, qv, &cache.k[off..off + hd]) * scale;
+        for (sj, &off) in s.iter_mut().zip(offs.iter()).take(cnt) {
+            let kr = &cache.k[off..off + hd];
+            let d = if AVX {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: AVX is true only inside head_avx2 (AVX2 + F16C);
+                // kr and qv both hold hd elements.
+                unsafe {
+                    crate::backend::cpu::ops::dot::avx2::dot_f16(
+                        qv.as_ptr(),
+                        kr.as_ptr() as *const u8,
+                        hd,
+                    )
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                dot_f16(Isa::Portable, qv, kr)
+            } else {
+                dot_f16(Isa::Portable, qv, kr)
+            };
+            *sj = d * scale;
             cmax = cmax.max(*sj);
         }
         let m_new = m.max(cmax);
@@ -155,9 +243,17 @@ fn head(
         }
         l = (l * alpha) + ls;
         vs.fill(0.0);
-        for (t, &p) in s.iter().enumerate().take(cnt) {
-            let off = cell_off(j0 + t);
-            accumulate_v(isa, vs, p, &cache.v[off..off + hd]);
+        for (&p, &off) in s.iter().zip(offs.iter()).take(cnt) {
+            let vr = &cache.v[off..off + hd];
+            if AVX {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: AVX is true only inside head_avx2 (AVX2 + F16C).
+                unsafe {
+                    accumulate_v_avx2(vs, p, vr)
+                };
+            } else {
+                accumulate_v(vs, p, vr);
+            }
         }
         for (a, &v) in o.iter_mut().zip(vs.iter()) {
             *a = (*a * alpha) + v;
@@ -170,22 +266,17 @@ fn head(
     }
 }
 
-/// vs[d] = vs[d] + (p * v[d]) for every d (elementwise; same ops any ISA).
+/// vs[d] = vs[d] + (p * v[d]) for every d (elementwise; the AVX2 version
+/// does the same two roundings per element).
 #[inline]
-fn accumulate_v(isa: Isa, vs: &mut [f32], p: f32, v: &[f16]) {
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
-        // SAFETY: AVX2+F16C detected at runtime; vs and v have equal length.
-        unsafe { accumulate_v_avx2(vs, p, v) };
-        return;
-    }
-    let _ = isa;
+fn accumulate_v(vs: &mut [f32], p: f32, v: &[f16]) {
     for (a, &x) in vs.iter_mut().zip(v) {
         *a += p * x.to_f32();
     }
 }
 
 #[cfg(target_arch = "x86_64")]
+#[inline]
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn accumulate_v_avx2(vs: &mut [f32], p: f32, v: &[f16]) {
     use std::arch::x86_64::*;

@@ -1,12 +1,11 @@
 //! Embedding lookup: dequantized table rows.
 
-use super::dequant::dequantize_row;
+use super::try_for_chunks;
 use crate::backend::QMatrix;
 use anyhow::{ensure, Context, Result};
-use rayon::prelude::*;
 
 /// table: (rows, cols); ids: (n,); out: (n, cols).
-pub fn run(table: QMatrix<'_>, ids: &[u32], out: &mut [f32]) -> Result<()> {
+pub fn run(par: bool, table: QMatrix<'_>, ids: &[u32], out: &mut [f32]) -> Result<()> {
     let rb = table
         .ty
         .row_bytes(table.cols)
@@ -37,11 +36,11 @@ pub fn run(table: QMatrix<'_>, ids: &[u32], out: &mut [f32]) -> Result<()> {
     if table.cols == 0 {
         return Ok(());
     }
-    out.par_chunks_mut(table.cols)
-        .zip(ids.par_iter())
-        .try_for_each(|(o, &id)| {
-            let r = id as usize;
-            dequantize_row(table.ty, &table.data[r * rb..(r + 1) * rb], o)
-                .with_context(|| format!("get_rows: row {r}"))
-        })
+    try_for_chunks(par, out, table.cols, |i, o| {
+        let r = ids[i] as usize;
+        // The quant module's ggml-order dequantization (bitwise equal to
+        // this backend's own block decoding; see tests).
+        crate::quant::dequantize(table.ty, &table.data[r * rb..(r + 1) * rb], o)
+            .with_context(|| format!("get_rows: row {r}"))
+    })
 }

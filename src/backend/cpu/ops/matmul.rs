@@ -4,7 +4,7 @@
 //! independent of thread count and batch composition.
 
 use super::dot::actq::{Act32, ActK};
-use super::dot::{dot_q32, dot_qk, float};
+use super::dot::{dot_q32_rows, dot_qk, float, Act32Row};
 use crate::backend::cpu::{Isa, SendPtr};
 use crate::backend::QMatrix;
 use crate::quant::GgmlType;
@@ -17,6 +17,7 @@ const ROW_TILE: usize = 8;
 
 /// w: (m, k); x: (n, k); out: (n, m).
 pub fn run(
+    par: bool,
     isa: Isa,
     n_threads: usize,
     w: QMatrix<'_>,
@@ -65,8 +66,8 @@ pub fn run(
     }
     let acts = match w.ty {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => Acts::F(),
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => Acts::K(ActK::quantize(x, n, k)),
-        _ => Acts::Q(Act32::quantize(x, n, k)),
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => Acts::K(ActK::quantize(par, x, n, k)),
+        _ => Acts::Q(Act32::quantize(par, isa, x, n, k)),
     };
     // Chunks of weight rows: enough tasks to balance the pool; the split
     // never changes any element's arithmetic.
@@ -75,33 +76,56 @@ pub fn run(
     let n_chunks = m.div_ceil(chunk);
     let outp = SendPtr(out.as_mut_ptr());
     let ty = w.ty;
-    (0..n_chunks).into_par_iter().for_each(|c| {
+    let task = |c: usize| {
         let j0 = c * chunk;
         let j1 = (j0 + chunk).min(m);
+        let mut tile_out = [0f32; ROW_TILE];
         for i0 in (0..n).step_by(ROW_TILE) {
             let i1 = (i0 + ROW_TILE).min(n);
+            let nr = i1 - i0;
+            // Quantized activation rows of this tile (built once per tile).
+            let rows: Option<[Act32Row<'_>; ROW_TILE]> = match &acts {
+                Acts::Q(a) => Some(std::array::from_fn(|t| a.row((i0 + t).min(i1 - 1)))),
+                _ => None,
+            };
             for j in j0..j1 {
                 let wr = &w.data[j * rb..(j + 1) * rb];
-                for i in i0..i1 {
-                    let v = match &acts {
-                        Acts::F() => {
+                match &acts {
+                    Acts::F() => {
+                        for (t, i) in (i0..i1).enumerate() {
                             let xr = &x[i * k..(i + 1) * k];
-                            match ty {
+                            tile_out[t] = match ty {
                                 GgmlType::F16 => float::dot_f16_bytes(isa, xr, wr),
                                 GgmlType::BF16 => float::dot_bf16_bytes(isa, xr, wr),
                                 _ => float::dot_f32_bytes(isa, xr, wr),
-                            }
+                            };
                         }
-                        Acts::Q(a) => dot_q32(isa, ty, wr, a.row(i)),
-                        Acts::K(a) => dot_qk(isa, ty, wr, a.row(i)),
-                    };
-                    // SAFETY: element (i, j) is written by exactly one task
-                    // (the one owning column chunk [j0, j1)); i < n, j < m so
-                    // i * m + j < out.len(); `out` outlives this parallel loop.
-                    unsafe { *outp.get().add(i * m + j) = v };
+                    }
+                    Acts::Q(_) => {
+                        if let Some(rows) = &rows {
+                            dot_q32_rows(isa, ty, wr, &rows[..nr], &mut tile_out[..nr]);
+                        }
+                    }
+                    Acts::K(a) => {
+                        for (t, i) in (i0..i1).enumerate() {
+                            tile_out[t] = dot_qk(isa, ty, wr, a.row(i));
+                        }
+                    }
+                }
+                for (t, &v) in tile_out[..nr].iter().enumerate() {
+                    // SAFETY: element (i0 + t, j) is written by exactly one
+                    // task (the one owning column chunk [j0, j1)); i < n and
+                    // j < m so the index is < out.len(); `out` outlives this
+                    // parallel loop.
+                    unsafe { *outp.get().add((i0 + t) * m + j) = v };
                 }
             }
         }
-    });
+    };
+    if par {
+        (0..n_chunks).into_par_iter().for_each(task);
+    } else {
+        (0..n_chunks).for_each(task);
+    }
     Ok(())
 }

@@ -2,12 +2,20 @@
 //! out = (x * scale) * w.
 
 use super::dot::float::dot_f32;
+use super::for_chunks;
 use crate::backend::cpu::{canon, Isa};
 use anyhow::{ensure, Result};
-use rayon::prelude::*;
 
 /// x, out: (n, dim); w: (dim,).
-pub fn run(isa: Isa, x: &[f32], w: &[f32], dim: usize, eps: f32, out: &mut [f32]) -> Result<()> {
+pub fn run(
+    par: bool,
+    isa: Isa,
+    x: &[f32],
+    w: &[f32],
+    dim: usize,
+    eps: f32,
+    out: &mut [f32],
+) -> Result<()> {
     ensure!(dim > 0, "rms_norm: dim must be > 0");
     ensure!(
         w.len() == dim && x.len().is_multiple_of(dim) && out.len() == x.len(),
@@ -17,15 +25,14 @@ pub fn run(isa: Isa, x: &[f32], w: &[f32], dim: usize, eps: f32, out: &mut [f32]
         w.len(),
         dim
     );
-    out.par_chunks_mut(dim)
-        .zip(x.par_chunks(dim))
-        .for_each(|(o, xr)| {
-            let ss = dot_f32(isa, xr, xr);
-            let mean = ss / dim as f32;
-            let scale = canon::rsqrt(mean + eps);
-            for ((o, &v), &g) in o.iter_mut().zip(xr).zip(w) {
-                *o = (v * scale) * g;
-            }
-        });
+    for_chunks(par, out, dim, |r, o| {
+        let xr = &x[r * dim..(r + 1) * dim];
+        let ss = dot_f32(isa, xr, xr);
+        let mean = ss / dim as f32;
+        let scale = canon::rsqrt(mean + eps);
+        for ((o, &v), &g) in o.iter_mut().zip(xr).zip(w) {
+            *o = (v * scale) * g;
+        }
+    });
     Ok(())
 }

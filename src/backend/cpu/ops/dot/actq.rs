@@ -1,7 +1,7 @@
 //! Canonical activation quantization (once per matmul, all rows).
 
 use super::{Act32Row, ActKRow};
-use crate::backend::cpu::canon;
+use crate::backend::cpu::{canon, Isa};
 use rayon::prelude::*;
 
 /// n rows of k activations in 32-blocks. See [`Act32Row`].
@@ -15,7 +15,7 @@ pub struct Act32 {
 
 impl Act32 {
     /// x: (n, k), k a multiple of 32 (caller-validated).
-    pub fn quantize(x: &[f32], n: usize, k: usize) -> Act32 {
+    pub fn quantize(par: bool, isa: Isa, x: &[f32], n: usize, k: usize) -> Act32 {
         let nb = k / 32;
         let mut a = Act32 {
             nb,
@@ -27,21 +27,47 @@ impl Act32 {
         if n == 0 || nb == 0 {
             return a;
         }
-        a.qs.par_chunks_mut(k)
-            .zip(a.d.par_chunks_mut(nb))
-            .zip(a.s.par_chunks_mut(nb))
-            .zip(a.sum.par_chunks_mut(nb))
-            .zip(x.par_chunks(k))
-            .for_each(|((((qs, d), s), sum), xr)| {
-                for b in 0..nb {
-                    let q = &mut qs[32 * b..32 * b + 32];
-                    let db = canon::quantize_block(&xr[32 * b..32 * b + 32], q);
-                    let isum: i32 = q.iter().map(|&v| v as i32).sum();
-                    d[b] = db;
-                    sum[b] = isum;
-                    s[b] = db * isum as f32;
-                }
-            });
+        let row = |qs: &mut [i8], d: &mut [f32], s: &mut [f32], sum: &mut [i32], xr: &[f32]| {
+            for b in 0..nb {
+                let q = &mut qs[32 * b..32 * b + 32];
+                let xb = &xr[32 * b..32 * b + 32];
+                #[cfg(target_arch = "x86_64")]
+                let (db, isum) = if isa == Isa::Avx2 {
+                    // SAFETY: AVX2 detected at runtime; xb and q hold 32.
+                    unsafe { super::avx2::quantize_block32(xb.as_ptr(), q.as_mut_ptr()) }
+                } else {
+                    let db = canon::quantize_block(xb, q);
+                    (db, q.iter().map(|&v| v as i32).sum())
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                let (db, isum) = {
+                    let _ = isa;
+                    let db = canon::quantize_block(xb, q);
+                    (db, q.iter().map(|&v| v as i32).sum::<i32>())
+                };
+                d[b] = db;
+                sum[b] = isum;
+                s[b] = db * isum as f32;
+            }
+        };
+        if par {
+            a.qs.par_chunks_mut(k)
+                .zip(a.d.par_chunks_mut(nb))
+                .zip(a.s.par_chunks_mut(nb))
+                .zip(a.sum.par_chunks_mut(nb))
+                .zip(x.par_chunks(k))
+                .for_each(|((((qs, d), s), sum), xr)| row(qs, d, s, sum, xr));
+        } else {
+            for ((((qs, d), s), sum), xr) in
+                a.qs.chunks_mut(k)
+                    .zip(a.d.chunks_mut(nb))
+                    .zip(a.s.chunks_mut(nb))
+                    .zip(a.sum.chunks_mut(nb))
+                    .zip(x.chunks(k))
+            {
+                row(qs, d, s, sum, xr);
+            }
+        }
         a
     }
 
@@ -66,7 +92,7 @@ pub struct ActK {
 
 impl ActK {
     /// x: (n, k), k a multiple of 256 (caller-validated).
-    pub fn quantize(x: &[f32], n: usize, k: usize) -> ActK {
+    pub fn quantize(par: bool, x: &[f32], n: usize, k: usize) -> ActK {
         let nb = k / 256;
         let mut a = ActK {
             nb,
@@ -77,19 +103,31 @@ impl ActK {
         if n == 0 || nb == 0 {
             return a;
         }
-        a.qs.par_chunks_mut(k)
-            .zip(a.d.par_chunks_mut(nb))
-            .zip(a.bsum.par_chunks_mut(nb * 16))
-            .zip(x.par_chunks(k))
-            .for_each(|(((qs, d), bsum), xr)| {
-                for b in 0..nb {
-                    let q = &mut qs[256 * b..256 * b + 256];
-                    d[b] = canon::quantize_block(&xr[256 * b..256 * b + 256], q);
-                    for g in 0..16 {
-                        bsum[16 * b + g] = q[16 * g..16 * g + 16].iter().map(|&v| v as i32).sum();
-                    }
+        let row = |qs: &mut [i8], d: &mut [f32], bsum: &mut [i32], xr: &[f32]| {
+            for b in 0..nb {
+                let q = &mut qs[256 * b..256 * b + 256];
+                d[b] = canon::quantize_block(&xr[256 * b..256 * b + 256], q);
+                for g in 0..16 {
+                    bsum[16 * b + g] = q[16 * g..16 * g + 16].iter().map(|&v| v as i32).sum();
                 }
-            });
+            }
+        };
+        if par {
+            a.qs.par_chunks_mut(k)
+                .zip(a.d.par_chunks_mut(nb))
+                .zip(a.bsum.par_chunks_mut(nb * 16))
+                .zip(x.par_chunks(k))
+                .for_each(|(((qs, d), bsum), xr)| row(qs, d, bsum, xr));
+        } else {
+            for (((qs, d), bsum), xr) in
+                a.qs.chunks_mut(k)
+                    .zip(a.d.chunks_mut(nb))
+                    .zip(a.bsum.chunks_mut(nb * 16))
+                    .zip(x.chunks(k))
+            {
+                row(qs, d, bsum, xr);
+            }
+        }
         a
     }
 

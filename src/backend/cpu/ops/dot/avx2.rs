@@ -6,13 +6,13 @@
 //! available (runtime detection) and that the slices/pointers cover the
 //! lengths stated in each function's doc.
 
-use super::Act32Row;
-use crate::backend::cpu::canon::{tree32, tree8};
+use crate::backend::cpu::canon::tree32;
 use std::arch::x86_64::*;
 
 macro_rules! float_dot {
     ($name:ident, $bty:ty, $load:ident) => {
         /// 32-lane canonical dot; `a` and `b` cover k elements.
+        #[inline]
         #[target_feature(enable = "avx2,f16c")]
         pub unsafe fn $name(a: *const f32, b: *const $bty, k: usize) -> f32 {
             let mut acc = [_mm256_setzero_ps(); 4];
@@ -26,11 +26,14 @@ macro_rules! float_dot {
                 }
                 e += 32;
             }
+            if full == k {
+                return tree32_regs(acc);
+            }
             let mut lane = [0f32; 32];
             for (r, acc) in acc.iter().enumerate() {
                 _mm256_storeu_ps(lane.as_mut_ptr().add(8 * r), *acc);
             }
-            if full < k {
+            {
                 let mut ta = [0f32; 32];
                 let mut tb = [0f32; 32];
                 for l in 0..k - full {
@@ -45,6 +48,25 @@ macro_rules! float_dot {
             tree32(lane)
         }
     };
+}
+
+/// The canonical 32-lane tree on lanes held as 4 x 8 (lane 8r + i in
+/// register r, element i): s = 16 and 8 are whole-register adds, s = 4, 2, 1
+/// are in-register; each step is exactly `lane[i] = lane[i] + lane[i + s]`.
+#[inline(always)]
+pub(crate) unsafe fn tree32_regs(acc: [__m256; 4]) -> f32 {
+    let a = _mm256_add_ps(acc[0], acc[2]); // s = 16 (lanes 0..8)
+    let b = _mm256_add_ps(acc[1], acc[3]); // s = 16 (lanes 8..16)
+    tree8_reg(_mm256_add_ps(a, b)) // s = 8, then 4, 2, 1
+}
+
+/// The canonical 8-lane tree (s = 4, 2, 1) on one register.
+#[inline(always)]
+pub(crate) unsafe fn tree8_reg(v: __m256) -> f32 {
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    let s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 0b01));
+    _mm_cvtss_f32(s1)
 }
 
 #[inline(always)]
@@ -106,6 +128,9 @@ pub unsafe fn dot_bf16(a: *const f32, b: *const u8, k: usize) -> f32 {
         }
         e += 32;
     }
+    if full == k {
+        return tree32_regs(acc);
+    }
     let mut lane = [0f32; 32];
     for (r, acc) in acc.iter().enumerate() {
         _mm256_storeu_ps(lane.as_mut_ptr().add(8 * r), *acc);
@@ -118,159 +143,63 @@ pub unsafe fn dot_bf16(a: *const f32, b: *const u8, k: usize) -> f32 {
     tree32(lane)
 }
 
-/// Horizontal sums of 8 vectors of 8 i32: lane i of the result = Σ v[i].
-#[inline(always)]
-unsafe fn hsum8x8(v: &[__m256i; 8]) -> __m256i {
-    let s01 = _mm256_hadd_epi32(v[0], v[1]);
-    let s23 = _mm256_hadd_epi32(v[2], v[3]);
-    let s45 = _mm256_hadd_epi32(v[4], v[5]);
-    let s67 = _mm256_hadd_epi32(v[6], v[7]);
-    // [v0 lo, v1 lo, v2 lo, v3 lo | v0 hi, v1 hi, v2 hi, v3 hi] (4-sums)
-    let s0123 = _mm256_hadd_epi32(s01, s23);
-    let s4567 = _mm256_hadd_epi32(s45, s67);
-    let lo = _mm256_permute2x128_si256(s0123, s4567, 0x20);
-    let hi = _mm256_permute2x128_si256(s0123, s4567, 0x31);
-    _mm256_add_epi32(lo, hi)
-}
-
-/// Horizontal sum of one vector of 8 i32.
-#[inline(always)]
-unsafe fn hsum1(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+/// Canonical activation quantization of one 32-element block (bitwise
+/// `canon::quantize_block` + the exact sum): returns (d, Σq).
+///
+/// # Safety
+/// AVX2 available; `x` and `q` hold 32 elements.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn quantize_block32(x: *const f32, q: *mut i8) -> (f32, i32) {
+    let absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    let v = [
+        _mm256_loadu_ps(x),
+        _mm256_loadu_ps(x.add(8)),
+        _mm256_loadu_ps(x.add(16)),
+        _mm256_loadu_ps(x.add(24)),
+    ];
+    // amax: max is exact and order-free (NaN inputs are not supported by
+    // either path's contract; both then produce garbage deterministically).
+    let m01 = _mm256_max_ps(_mm256_and_ps(v[0], absmask), _mm256_and_ps(v[1], absmask));
+    let m23 = _mm256_max_ps(_mm256_and_ps(v[2], absmask), _mm256_and_ps(v[3], absmask));
+    let m = _mm256_max_ps(m01, m23);
+    let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    let m1 = _mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 0b01));
+    let amax = _mm_cvtss_f32(m1);
+    let d = amax / 127.0;
+    let id = if d == 0.0 { 0.0 } else { 1.0 / d };
+    let idv = _mm256_set1_ps(id);
+    let half = _mm256_set1_ps(0.5);
+    let mhalf = _mm256_set1_ps(-0.5);
+    let one = _mm256_set1_ps(1.0);
+    let lo = _mm256_set1_ps(-127.0);
+    let hi = _mm256_set1_ps(127.0);
+    let mut qi = [_mm256_setzero_si256(); 4];
+    for r in 0..4 {
+        let y = _mm256_mul_ps(v[r], idv);
+        // round half away from zero, as canon::round_away (|y| <= ~127).
+        let t = _mm256_round_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        let f = _mm256_sub_ps(y, t);
+        let up = _mm256_and_ps(_mm256_cmp_ps(f, half, _CMP_GE_OQ), one);
+        let dn = _mm256_and_ps(_mm256_cmp_ps(f, mhalf, _CMP_LE_OQ), one);
+        let n = _mm256_sub_ps(_mm256_add_ps(t, up), dn);
+        let n = _mm256_min_ps(_mm256_max_ps(n, lo), hi);
+        qi[r] = _mm256_cvttps_epi32(n);
+    }
+    // Pack 32 x i32 -> 32 x i8 in element order.
+    let p01 = _mm256_packs_epi32(qi[0], qi[1]); // lane-interleaved i16
+    let p23 = _mm256_packs_epi32(qi[2], qi[3]);
+    let p = _mm256_packs_epi16(p01, p23);
+    // packs interleave 128-bit lanes: dwords come out as [0,4,1,5,2,6,3,7].
+    let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(q as *mut __m256i, p);
+    let s = _mm256_add_epi32(
+        _mm256_add_epi32(qi[0], qi[1]),
+        _mm256_add_epi32(qi[2], qi[3]),
+    );
+    let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
-    _mm_cvtsi128_si32(s)
+    (d, _mm_cvtsi128_si32(s))
 }
-
-#[inline(always)]
-unsafe fn rd_u16(p: *const u8) -> u16 {
-    u16::from_le_bytes([*p, *p.add(1)])
-}
-
-#[inline(always)]
-unsafe fn f16_scalar(p: *const u8) -> f32 {
-    half::f16::from_bits(rd_u16(p)).to_f32()
-}
-
-/// 32 nibbles of 16 bytes as 32 unsigned bytes: low nibbles then high.
-#[inline(always)]
-unsafe fn nibbles(p: *const u8) -> __m256i {
-    let raw = _mm_loadu_si128(p as *const __m128i);
-    let both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
-    _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
-}
-
-/// Shared driver for the 32-block kernels: `isum(b)` gives the 8 i32 partial
-/// sums of block b (exact, any order); `fin` turns a vector of 8 exact block
-/// integers (lanes = blocks g*8..g*8+8) into the 8 float terms.
-macro_rules! q32_kernel {
-    ($name:ident, $ts:expr, $has_min:expr, |$w:ident, $a:ident, $b:ident| $isum:expr, |$iv:ident, $g:ident| $adj:expr) => {
-        /// Canonical dot; `w` holds `a.d.len()` blocks.
-        #[target_feature(enable = "avx2,f16c")]
-        pub unsafe fn $name($w: &[u8], $a: Act32Row<'_>) -> f32 {
-            let nb = $a.d.len();
-            let groups = nb / 8;
-            let mut acc = _mm256_setzero_ps();
-            let mut dwb = [0u16; 8];
-            let mut mwb = [0u16; 8];
-            let mut v = [_mm256_setzero_si256(); 8];
-            for $g in 0..groups {
-                for i in 0..8 {
-                    let $b = $g * 8 + i;
-                    let p = $w.as_ptr().add($b * $ts);
-                    dwb[i] = rd_u16(p);
-                    if $has_min {
-                        mwb[i] = rd_u16(p.add(2));
-                    }
-                    v[i] = $isum;
-                }
-                let $iv = hsum8x8(&v);
-                let _ = $g;
-                let iv = $adj;
-                let isf = _mm256_cvtepi32_ps(iv);
-                let dw = _mm256_cvtph_ps(_mm_loadu_si128(dwb.as_ptr() as *const __m128i));
-                let da = _mm256_loadu_ps($a.d.as_ptr().add($g * 8));
-                let mut t = _mm256_mul_ps(_mm256_mul_ps(dw, da), isf);
-                if $has_min {
-                    let mw = _mm256_cvtph_ps(_mm_loadu_si128(mwb.as_ptr() as *const __m128i));
-                    let sa = _mm256_loadu_ps($a.s.as_ptr().add($g * 8));
-                    t = _mm256_add_ps(t, _mm256_mul_ps(mw, sa));
-                }
-                acc = _mm256_add_ps(acc, t);
-            }
-            let mut lane = [0f32; 8];
-            _mm256_storeu_ps(lane.as_mut_ptr(), acc);
-            for $b in groups * 8..nb {
-                let p = $w.as_ptr().add($b * $ts);
-                let $g = $b / 8;
-                let _ = $g;
-                // Scalar tail: lane vector with only this block's integer.
-                let $iv = _mm256_set1_epi32(hsum1($isum));
-                let iv = $adj;
-                let mut tmp = [0i32; 8];
-                _mm256_storeu_si256(tmp.as_mut_ptr() as *mut __m256i, iv);
-                let isum = tmp[$b % 8];
-                let mut t = (f16_scalar(p) * $a.d[$b]) * isum as f32;
-                if $has_min {
-                    t += f16_scalar(p.add(2)) * $a.s[$b];
-                }
-                lane[$b % 8] += t;
-            }
-            tree8(lane)
-        }
-    };
-}
-
-// Q4_1: unsigned nibbles x signed activations, maddubs then madd.
-q32_kernel!(
-    dot_q4_1,
-    20,
-    true,
-    |w, a, b| {
-        let wq = nibbles(w.as_ptr().add(b * 20 + 4));
-        let aq = _mm256_loadu_si256(a.qs.as_ptr().add(b * 32) as *const __m256i);
-        _mm256_madd_epi16(_mm256_maddubs_epi16(wq, aq), _mm256_set1_epi16(1))
-    },
-    |iv, g| iv
-);
-
-// Q4_0: Σ (nib - 8) q = Σ nib q - 8 Σ q (exact).
-q32_kernel!(
-    dot_q4_0,
-    18,
-    false,
-    |w, a, b| {
-        let wq = nibbles(w.as_ptr().add(b * 18 + 2));
-        let aq = _mm256_loadu_si256(a.qs.as_ptr().add(b * 32) as *const __m256i);
-        _mm256_madd_epi16(_mm256_maddubs_epi16(wq, aq), _mm256_set1_epi16(1))
-    },
-    |iv, g| {
-        let sums = if g * 8 + 8 <= a.sum.len() {
-            _mm256_loadu_si256(a.sum.as_ptr().add(g * 8) as *const __m256i)
-        } else {
-            let mut t = [0i32; 8];
-            for (l, t) in t.iter_mut().enumerate() {
-                if let Some(&s) = a.sum.get(g * 8 + l) {
-                    *t = s;
-                }
-            }
-            _mm256_loadu_si256(t.as_ptr() as *const __m256i)
-        };
-        _mm256_sub_epi32(iv, _mm256_slli_epi32(sums, 3))
-    }
-);
-
-// Q8_0: |w| (unsigned) x sign(q, w), maddubs then madd.
-q32_kernel!(
-    dot_q8_0,
-    34,
-    false,
-    |w, a, b| {
-        let wq = _mm256_loadu_si256(w.as_ptr().add(b * 34 + 2) as *const __m256i);
-        let aq = _mm256_loadu_si256(a.qs.as_ptr().add(b * 32) as *const __m256i);
-        let ax = _mm256_sign_epi8(wq, wq);
-        let sy = _mm256_sign_epi8(aq, wq);
-        _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1))
-    },
-    |iv, g| iv
-);

@@ -7,6 +7,10 @@
 pub mod actq;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2_k;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2_q32;
 pub mod float;
 pub mod portable;
 
@@ -34,31 +38,80 @@ pub struct ActKRow<'a> {
     pub bsum: &'a [i32],
 }
 
-/// Canonical dot of one 32-block-quantized weight row (`nb` blocks of `ty`)
-/// with one activation row. `w` holds exactly `nb * ty.type_size()` bytes
-/// and `a` exactly `nb` blocks (the caller validated both).
+/// Canonical dots of one 32-block-quantized weight row (`nb` blocks of
+/// `ty`) with several activation rows: `out[r] = dot(w, a[r])`. `w` holds
+/// exactly `nb * ty.type_size()` bytes and every `a[r]` exactly `nb` blocks
+/// (the caller validated both); `out.len() == a.len()`.
 #[inline]
-pub fn dot_q32(isa: Isa, ty: GgmlType, w: &[u8], a: Act32Row<'_>) -> f32 {
+pub fn dot_q32_rows(isa: Isa, ty: GgmlType, w: &[u8], a: &[Act32Row<'_>], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 {
-        // SAFETY: Isa::Avx2 is only chosen after runtime detection of AVX2
-        // and F16C; lengths are validated by the caller (see above).
-        unsafe {
-            match ty {
-                GgmlType::Q4_1 => return avx2::dot_q4_1(w, a),
-                GgmlType::Q4_0 => return avx2::dot_q4_0(w, a),
-                GgmlType::Q8_0 => return avx2::dot_q8_0(w, a),
-                _ => {}
+        use avx2_q32::Kind;
+        let kind = match ty {
+            GgmlType::Q4_0 => Some(Kind::Q4_0),
+            GgmlType::Q4_1 => Some(Kind::Q4_1),
+            GgmlType::Q8_0 => Some(Kind::Q8_0),
+            _ => None,
+        };
+        if let Some(kind) = kind {
+            // SAFETY: Isa::Avx2 is only chosen after runtime detection of
+            // AVX2 and F16C; lengths are validated by the caller.
+            unsafe {
+                match kind {
+                    Kind::Q4_0 => rows_avx2::<{ Kind::Q4_0.tag() }>(w, a, out),
+                    Kind::Q4_1 => rows_avx2::<{ Kind::Q4_1.tag() }>(w, a, out),
+                    Kind::Q8_0 => rows_avx2::<{ Kind::Q8_0.tag() }>(w, a, out),
+                }
             }
+            return;
         }
     }
     let _ = isa;
-    portable::dot_q32(ty, w, a)
+    for (ar, o) in a.iter().zip(out.iter_mut()) {
+        *o = portable::dot_q32(ty, w, *ar);
+    }
+}
+
+/// Tiles of 4 activation rows, then single rows.
+///
+/// # Safety
+/// AVX2 + F16C available; `w` and every row of `a` hold the same block count.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn rows_avx2<const KIND: u8>(w: &[u8], a: &[Act32Row<'_>], out: &mut [f32]) {
+    use avx2_q32::dot_rows;
+    let mut ac = a.chunks_exact(4);
+    let mut oc = out.chunks_exact_mut(4);
+    for (a4, o4) in (&mut ac).zip(&mut oc) {
+        if let (Ok(a4), Ok(o4)) = (
+            <&[Act32Row<'_>; 4]>::try_from(a4),
+            <&mut [f32; 4]>::try_from(o4),
+        ) {
+            dot_rows::<KIND, 4>(w, a4, o4);
+        }
+    }
+    for (a1, o1) in ac.remainder().iter().zip(oc.into_remainder()) {
+        let mut o = [0f32; 1];
+        dot_rows::<KIND, 1>(w, &[*a1], &mut o);
+        *o1 = o[0];
+    }
 }
 
 /// Canonical dot of one K-quant weight row with one Q8_K activation row.
 #[inline]
 pub fn dot_qk(isa: Isa, ty: GgmlType, w: &[u8], a: ActKRow<'_>) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        // SAFETY: Isa::Avx2 only after runtime AVX2 + F16C detection; the
+        // caller validated that w holds a.d.len() superblocks of ty.
+        unsafe {
+            match ty {
+                GgmlType::Q4_K => return avx2_k::dot_q4_k(w, a),
+                GgmlType::Q6_K => return avx2_k::dot_q6_k(w, a),
+                _ => {}
+            }
+        }
+    }
     let _ = isa;
     portable::dot_qk(ty, w, a)
 }
