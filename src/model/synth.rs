@@ -28,6 +28,9 @@ pub struct SynthShape {
     pub tied: bool,
 }
 
+// A const constructor for the table below: positional arguments keep each
+// shape on one line.
+#[allow(clippy::too_many_arguments)]
 const fn shape(
     name: &'static str,
     arch: &'static str,
@@ -267,10 +270,7 @@ pub fn write_model(path: &Path, s: &SynthShape, ty: GgmlType, seed: u64) -> Resu
     );
     w.add_kv(kv("embedding_length"), GgufValue::U32(s.dim as u32));
     w.add_kv(kv("feed_forward_length"), GgufValue::U32(s.ffn_dim as u32));
-    w.add_kv(
-        kv("attention.head_count"),
-        GgufValue::U32(s.n_heads as u32),
-    );
+    w.add_kv(kv("attention.head_count"), GgufValue::U32(s.n_heads as u32));
     w.add_kv(
         kv("attention.head_count_kv"),
         GgufValue::U32(s.n_kv_heads as u32),
@@ -288,10 +288,7 @@ pub fn write_model(path: &Path, s: &SynthShape, ty: GgmlType, seed: u64) -> Resu
         kv("rope.dimension_count"),
         GgufValue::U32(s.head_dim as u32),
     );
-    w.add_kv(
-        kv("attention.layer_norm_rms_epsilon"),
-        GgufValue::F32(1e-6),
-    );
+    w.add_kv(kv("attention.layer_norm_rms_epsilon"), GgufValue::F32(1e-6));
 
     let mut tokens = byte_tokens();
     let specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];

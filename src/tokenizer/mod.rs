@@ -45,7 +45,7 @@ enum Algo {
         pretok: PreTokenizerWrapper,
         model: Box<BPE>,
     },
-    Spm(spm::SpmModel),
+    Spm(Box<spm::SpmModel>),
 }
 
 /// A tokenizer for one GGUF model. Immutable and `Sync`: share it freely.
@@ -175,7 +175,11 @@ impl Tokenizer {
                 )
             }
             TokenizerModel::Llama => (
-                Algo::Spm(spm::SpmModel::new(&spec.tokens, &spec.scores, spec.unk_id)?),
+                Algo::Spm(Box::new(spm::SpmModel::new(
+                    &spec.tokens,
+                    &spec.scores,
+                    spec.unk_id,
+                )?)),
                 "spm",
             ),
         };
