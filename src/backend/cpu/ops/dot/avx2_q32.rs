@@ -164,39 +164,70 @@ unsafe fn group_ints<const R: usize, const FULL: bool>(
     cnt: usize,
 ) -> [__m256i; R] {
     let ts = kind.type_size();
-    let mut h = [[_mm256_setzero_si256(); 4]; R];
+    // Transposing reduction of 8 block vectors into one vector of 8 block
+    // sums, by blends (any port) and one in-lane shuffle per step:
+    // level 1 folds blocks (2k, 2k+1) into alternating 32-bit lanes, level 2
+    // pairs of those into alternating 64-bit halves, level 3 the two
+    // 128-bit halves. Integer adds, so exact in any order.
+    let mut z = [[_mm256_setzero_si256(); 2]; R];
     for k in 0..4 {
         let (b0, b1) = (g0 + 2 * k, g0 + 2 * k + 1);
         let has0 = FULL || 2 * k < cnt;
         let has1 = FULL || 2 * k + 1 < cnt;
-        if !has0 {
+        if !has0 && k % 2 == 0 {
+            // Nothing left: z[k / 2] stays zero.
             break;
         }
-        let w0 = decode(kind, w.add(b0 * ts));
+        let zero = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        let w0 = if has0 {
+            decode(kind, w.add(b0 * ts))
+        } else {
+            zero
+        };
         let w1 = if has1 {
             decode(kind, w.add(b1 * ts))
         } else {
-            (_mm256_setzero_si256(), _mm256_setzero_si256())
+            zero
         };
         for r in 0..R {
             let q = a[r].qs.as_ptr();
-            let p0 = block_dot(w0, q.add(b0 * 32));
+            // A missing block pair still runs the level-2 fold (with zeros)
+            // so that z[k / 2] ends in the level-2 layout.
+            let p0 = if has0 {
+                block_dot(w0, q.add(b0 * 32))
+            } else {
+                _mm256_setzero_si256()
+            };
             let p1 = if has1 {
                 block_dot(w1, q.add(b1 * 32))
             } else {
                 _mm256_setzero_si256()
             };
-            h[r][k] = _mm256_hadd_epi32(p0, p1);
+            // Lane 2i: p0[2i] + p0[2i+1]; lane 2i+1: p1[2i] + p1[2i+1].
+            let x = _mm256_add_epi32(
+                _mm256_blend_epi32(p0, p1, 0b1010_1010),
+                _mm256_shuffle_epi32(_mm256_blend_epi32(p1, p0, 0b1010_1010), 0b10_11_00_01),
+            );
+            if k % 2 == 0 {
+                z[r][k / 2] = x;
+            } else {
+                // Lanes (4j, 4j+1): blocks 2k-2, 2k-1; (4j+2, 4j+3): 2k, 2k+1.
+                let y = z[r][k / 2];
+                z[r][k / 2] = _mm256_add_epi32(
+                    _mm256_blend_epi32(y, x, 0b1100_1100),
+                    _mm256_shuffle_epi32(_mm256_blend_epi32(x, y, 0b1100_1100), 0b01_00_11_10),
+                );
+            }
         }
     }
     let mut out = [_mm256_setzero_si256(); R];
     for r in 0..R {
-        // [b0 lo, b1 lo, b2 lo, b3 lo | b0 hi, b1 hi, b2 hi, b3 hi] (4-sums)
-        let s0123 = _mm256_hadd_epi32(h[r][0], h[r][1]);
-        let s4567 = _mm256_hadd_epi32(h[r][2], h[r][3]);
-        let lo = _mm256_permute2x128_si256(s0123, s4567, 0x20);
-        let hi = _mm256_permute2x128_si256(s0123, s4567, 0x31);
-        out[r] = _mm256_add_epi32(lo, hi);
+        // z[0]: blocks 0..4 in each 128-bit half; z[1]: blocks 4..8.
+        let (u, v) = (z[r][0], z[r][1]);
+        out[r] = _mm256_add_epi32(
+            _mm256_blend_epi32(u, v, 0b1111_0000),
+            _mm256_permute2x128_si256(u, v, 0x21),
+        );
     }
     out
 }
