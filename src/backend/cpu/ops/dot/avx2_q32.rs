@@ -232,6 +232,26 @@ unsafe fn group_ints<const R: usize, const FULL: bool>(
     out
 }
 
+/// 8 i32 at `p` (full group) or the `mask`ed ones, zero elsewhere.
+#[inline(always)]
+unsafe fn ld_i(full: bool, mask: __m256i, p: *const i32) -> __m256i {
+    if full {
+        _mm256_loadu_si256(p as *const __m256i)
+    } else {
+        _mm256_maskload_epi32(p, mask)
+    }
+}
+
+/// 8 f32 at `p` (full group) or the `mask`ed ones, zero elsewhere.
+#[inline(always)]
+unsafe fn ld_f(full: bool, mask: __m256i, p: *const f32) -> __m256 {
+    if full {
+        _mm256_loadu_ps(p)
+    } else {
+        _mm256_maskload_ps(p, mask)
+    }
+}
+
 /// out[r] = canonical dot of weight row `w` with activation row `a[r]`.
 #[target_feature(enable = "avx2,f16c")]
 pub unsafe fn dot_rows<const KIND: u8, const R: usize>(
@@ -255,32 +275,23 @@ pub unsafe fn dot_rows<const KIND: u8, const R: usize>(
         };
         // Block scales (f16) of this group; zero in missing lanes.
         let (dw, mw) = if cnt == 8 {
-            let h = |i: usize, o: usize| rd_u16(wp.add((g0 + i) * ts + o)) as i16;
-            let d = _mm_setr_epi16(
-                h(0, 0),
-                h(1, 0),
-                h(2, 0),
-                h(3, 0),
-                h(4, 0),
-                h(5, 0),
-                h(6, 0),
-                h(7, 0),
-            );
-            let m = if kind.has_min() {
-                _mm_setr_epi16(
-                    h(0, 2),
-                    h(1, 2),
-                    h(2, 2),
-                    h(3, 2),
-                    h(4, 2),
-                    h(5, 2),
-                    h(6, 2),
-                    h(7, 2),
-                )
+            // One gather of the first 4 bytes of each block: d in the low
+            // 16 bits, m (Q4_1 / Q5_1) in the high 16 bits. Every block has
+            // at least 18 bytes, so the reads stay inside `w`.
+            let idx = _mm256_mullo_epi32(lane_idx, _mm256_set1_epi32(ts as i32));
+            let v = _mm256_i32gather_epi32::<1>(wp.add(g0 * ts) as *const i32, idx);
+            let lo = _mm256_and_si256(v, _mm256_set1_epi32(0xFFFF));
+            let hi = if kind.has_min() {
+                _mm256_srli_epi32(v, 16)
             } else {
-                _mm_setzero_si128()
+                _mm256_setzero_si256()
             };
-            (_mm256_cvtph_ps(d), _mm256_cvtph_ps(m))
+            // [d0..d3, m0..m3 | d4..d7, m4..m7] -> [d0..d7 | m0..m7].
+            let p = _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0b11_01_10_00);
+            (
+                _mm256_cvtph_ps(_mm256_castsi256_si128(p)),
+                _mm256_cvtph_ps(_mm256_extracti128_si256(p, 1)),
+            )
         } else {
             let mut dh = [0u16; 8];
             let mut mh = [0u16; 8];
@@ -297,17 +308,20 @@ pub unsafe fn dot_rows<const KIND: u8, const R: usize>(
             )
         };
         let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt as i32), lane_idx);
+        // Per-row block values: plain loads for a full group, masked
+        // (zero-filled) loads for the tail.
+        let full = cnt == 8;
         for r in 0..R {
             let mut iv = ints[r];
             if let Some(sh) = kind.offset_shift() {
-                let sums = _mm256_maskload_epi32(a[r].sum.as_ptr().add(g0), mask);
+                let sums = ld_i(full, mask, a[r].sum.as_ptr().add(g0));
                 iv = _mm256_sub_epi32(iv, _mm256_sll_epi32(sums, _mm_cvtsi32_si128(sh)));
             }
             let isf = _mm256_cvtepi32_ps(iv);
-            let da = _mm256_maskload_ps(a[r].d.as_ptr().add(g0), mask);
+            let da = ld_f(full, mask, a[r].d.as_ptr().add(g0));
             let mut t = _mm256_mul_ps(_mm256_mul_ps(dw, da), isf);
             if kind.has_min() {
-                let sa = _mm256_maskload_ps(a[r].s.as_ptr().add(g0), mask);
+                let sa = ld_f(full, mask, a[r].s.as_ptr().add(g0));
                 t = _mm256_add_ps(t, _mm256_mul_ps(mw, sa));
             }
             acc[r] = _mm256_add_ps(acc[r], t);
