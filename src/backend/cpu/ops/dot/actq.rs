@@ -9,7 +9,7 @@ use rayon::prelude::*;
 #[inline]
 fn quantize(isa: Isa, xb: &[f32], q: &mut [i16]) -> (f32, i32) {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 && xb.len() == q.len() && xb.len() % 16 == 0 {
+    if isa == Isa::Avx2 && xb.len() == q.len() && xb.len().is_multiple_of(16) {
         // SAFETY: Isa::Avx2 only after runtime AVX2 detection; xb and q
         // both hold xb.len() elements, a multiple of 16 (checked above).
         return unsafe { super::avx2::quantize_block16(xb.as_ptr(), q.as_mut_ptr(), xb.len()) };
