@@ -310,10 +310,15 @@ fn activation_quantization_isa_bitwise() {
     assert_eq!(a.sum, b.sum);
     assert_eq!(bits(&a.d), bits(&b.d));
     assert_eq!(bits(&a.s), bits(&b.s));
-    assert_eq!(a.qs[1], -15); // i = 1: -14.5 -> -15
-    assert_eq!(a.qs[31], 16); // 15.5 -> 16
+    use quire::backend::cpu::ops::dot::actq::pair_pos;
+    assert_eq!(a.qs[pair_pos(0, 1)], -15); // i = 1: -14.5 -> -15
+    assert_eq!(a.qs[pair_pos(0, 31)], 16); // 15.5 -> 16
     assert_eq!(a.d[1], 0.0);
-    assert_eq!(a.qs[0], 32767);
+    assert_eq!(a.qs[pair_pos(0, 0)], 32767);
+    // Odd block count: the last pair's missing partner is zero.
+    let a = Act32::quantize(false, simd, &x[..3 * 32], 1, 96);
+    assert_eq!(a.qs.len(), 128);
+    assert!((0..32).all(|i| a.qs[pair_pos(3, i)] == 0));
 }
 
 /// Same for the 256-element (K-quant) activation blocks, with NaN/inf
