@@ -4,6 +4,10 @@
   load:  N concurrent streaming clients, each sending R requests; reports
          throughput (completion tokens/s), TTFT and inter-token latency
          p50/p99 (client side: one SSE text chunk = one token).
+  prefix: R requests sharing one long system prompt (default 32 requests,
+         1000 shared tokens), C at a time; reports prefill tokens computed
+         (from /metrics), wall time and throughput. Run it against servers
+         with and without prefix caching (bench/serve_prefix.sh).
   stall: 8 decoding streams, then one long prompt (default 6000 tokens)
          arrives: reports the worst gap between decode tokens while it is
          prefilled, and its TTFT. Run it against servers with different
@@ -170,10 +174,64 @@ def cmd_stall(a):
     return 0
 
 
+def metric(url, key, name):
+    req = urllib.request.Request(url + "/metrics", headers=auth(key))
+    with urllib.request.urlopen(req) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise RuntimeError(f"metric {name} not found")
+
+
+def cmd_prefix(a):
+    model = model_id(a.url, a.key)
+    # Token ids avoid tokenizer effects: a shared prefix, then a short
+    # per-request suffix.
+    shared = [1000 + (i * 13) % 7000 for i in range(a.shared_tokens)]
+    before = metric(a.url, a.key, "quire_prefill_tokens_computed_total")
+    hits0 = metric(a.url, a.key, "quire_prefix_cache_hit_tokens_total")
+    errors, ntok = [], [0]
+    lock = threading.Lock()
+    sem = threading.Semaphore(a.concurrency)
+
+    def one(i):
+        with sem:
+            prompt = shared + [9000 + i * 17 + j for j in range(a.suffix_tokens)]
+            body = dict(model=model, prompt=prompt, max_tokens=a.max_tokens, temperature=0)
+            try:
+                _, times, _ = stream(a.url, a.key, body)
+                with lock:
+                    ntok[0] += len(times)
+            except Exception as e:  # reported, counted as a failure
+                with lock:
+                    errors.append(str(e))
+
+    t0 = time.perf_counter()
+    th = [threading.Thread(target=one, args=(i,)) for i in range(a.requests)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    wall = time.perf_counter() - t0
+    computed = metric(a.url, a.key, "quire_prefill_tokens_computed_total") - before
+    hits = metric(a.url, a.key, "quire_prefix_cache_hit_tokens_total") - hits0
+    print(json.dumps({
+        "requests": a.requests, "shared_tokens": a.shared_tokens, "errors": len(errors),
+        "prompt_tokens": a.requests * (a.shared_tokens + a.suffix_tokens),
+        "prefill_tokens_computed": int(computed), "prefix_hit_tokens": int(hits),
+        "wall_s": round(wall, 2), "requests_per_s": round(a.requests / wall, 3),
+        "completion_tokens_per_s": round(ntok[0] / wall, 2),
+    }))
+    if errors:
+        print("first error:", errors[0], file=sys.stderr)
+        return 1
+    return 0
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("load", "stall"):
+    for name in ("load", "stall", "prefix"):
         s = sub.add_parser(name)
         s.add_argument("--url", default="http://127.0.0.1:8080")
         s.add_argument("--key", default=None)
@@ -185,9 +243,15 @@ def main():
     s.add_argument("--streams", type=int, default=8)
     s.add_argument("--prompt-tokens", type=int, default=6000)
     s.add_argument("--decode-tokens", type=int, default=400)
+    s = sub.choices["prefix"]
+    s.add_argument("--requests", type=int, default=32)
+    s.add_argument("--concurrency", type=int, default=8)
+    s.add_argument("--shared-tokens", type=int, default=1000)
+    s.add_argument("--suffix-tokens", type=int, default=16)
+    s.add_argument("--max-tokens", type=int, default=8)
     a = p.parse_args()
     a.url = a.url.rstrip("/")
-    return cmd_load(a) if a.cmd == "load" else cmd_stall(a)
+    return {"load": cmd_load, "stall": cmd_stall, "prefix": cmd_prefix}[a.cmd](a)
 
 
 if __name__ == "__main__":

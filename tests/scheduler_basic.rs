@@ -169,6 +169,25 @@ fn prefix_cache_hit_skips_cached_prompt_tokens() {
 }
 
 #[test]
+fn without_prefix_caching_a_repeated_prefix_is_prefilled_again() {
+    let mut cfg = SchedulerConfig::new(32, 4, 64);
+    cfg.prefix_caching = false;
+    let mut s = sched(cfg, 16, 4);
+    s.add_request(A, (0..10).collect()).unwrap();
+    assert_eq!(shape(&step(&mut s)), vec![(1, 0, 10, true)]);
+    assert_eq!(table(&s, A), vec![1, 2, 3]);
+    s.finish(A).unwrap();
+    let mut prompt: Vec<u32> = (0..8).collect();
+    prompt.extend([50, 51, 52]);
+    s.add_request(B, prompt).unwrap();
+    // The whole prompt is computed; fresh blocks come off the free list in
+    // LRU order (A's blocks were freed tail first).
+    assert_eq!(shape(&step(&mut s)), vec![(2, 0, 11, true)]);
+    assert_eq!(table(&s, B), vec![4, 5, 6]);
+    assert_eq!(s.kv().metrics().prefix_hit_tokens, 0);
+}
+
+#[test]
 fn decode_preempts_the_newest_and_it_recomputes_later() {
     // 4 usable blocks of 4 tokens.
     let mut s = sched(SchedulerConfig::new(16, 4, 64), 5, 4);

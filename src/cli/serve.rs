@@ -49,6 +49,9 @@ pub struct ServeArgs {
     /// Seconds in-flight requests get to finish after Ctrl-C / SIGTERM.
     #[arg(long, default_value_t = 30)]
     pub shutdown_grace: u64,
+    /// Disable prefix caching (every prompt is prefilled in full).
+    #[arg(long)]
+    pub no_prefix_cache: bool,
 }
 
 pub fn serve(a: ServeArgs) -> Result<()> {
@@ -66,6 +69,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         static_prefill_budget: a.static_prefill_budget,
         max_prefill_chunk: a.max_prefill_chunk,
         max_running: a.max_running,
+        prefix_caching: !a.no_prefix_cache,
     };
     let mode = format!("{:?}", a.model.mode).to_lowercase();
     let (engine, join) = crate::serve::spawn(runner, cfg)?;

@@ -378,9 +378,13 @@ impl Scheduler {
                 continue;
             };
             r.n_computed += f.n;
-            self.kv
-                .commit_full_blocks(r.seq, &r.tokens, r.n_computed)
-                .with_context(|| format!("committing blocks of {}", r.seq))?;
+            // Without prefix caching nothing is ever registered, so every
+            // lookup misses and every prompt is prefilled in full.
+            if self.cfg.prefix_caching {
+                self.kv
+                    .commit_full_blocks(r.seq, &r.tokens, r.n_computed)
+                    .with_context(|| format!("committing blocks of {}", r.seq))?;
+            }
             if let Some(&tok) = tokens.get(&f.seq) {
                 r.tokens.push(tok);
             }

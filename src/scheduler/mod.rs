@@ -63,6 +63,9 @@ pub struct SchedulerConfig {
     pub max_running: usize,
     pub budget: PrefillBudget,
     pub cap: PrefillCap,
+    /// Register full blocks in the prefix cache so later requests with the
+    /// same prefix skip their prefill (on by default).
+    pub prefix_caching: bool,
 }
 
 impl SchedulerConfig {
@@ -75,6 +78,7 @@ impl SchedulerConfig {
             max_running: 256,
             budget: PrefillBudget::Dynamic,
             cap: PrefillCap::Off,
+            prefix_caching: true,
         }
     }
 

@@ -40,6 +40,7 @@ pub fn spawn(runner: Runner, cfg: EngineConfig) -> Result<(EngineHandle, JoinHan
         mc.context_length,
     );
     scfg.max_running = cfg.max_running;
+    scfg.prefix_caching = cfg.prefix_caching;
     scfg.budget = match cfg.static_prefill_budget {
         Some(n) => PrefillBudget::Static(n),
         None => PrefillBudget::Dynamic,

@@ -48,6 +48,8 @@ pub struct EngineConfig {
     pub max_prefill_chunk: usize,
     /// Most sequences running at once.
     pub max_running: usize,
+    /// Reuse cached KV blocks of shared prompt prefixes.
+    pub prefix_caching: bool,
 }
 
 impl Default for EngineConfig {
@@ -59,6 +61,7 @@ impl Default for EngineConfig {
             static_prefill_budget: None,
             max_prefill_chunk: 0,
             max_running: 64,
+            prefix_caching: true,
         }
     }
 }
