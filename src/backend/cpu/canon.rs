@@ -13,26 +13,33 @@
 //!   pairwise tree: for `s` in `[16, 8, 4, 2, 1]`, `lane[i] = lane[i] + lane[i + s]`
 //!   for `i < s`; the result is `lane[0]`. F16/BF16 operands are converted
 //!   exactly to f32 first.
-//! * **Activation quantization** (per row, per block of 32 or 256 elements):
-//!   `amax = max |x|`; `d = amax / 127`; `id = if d == 0 { 0 } else { 1 / d }`;
-//!   `q = clamp(round_half_away_from_zero(x * id), -127, 127)` as i8.
-//!   32-blocks also keep `S = Σ q` (exact) and `sa = d * (S as f32)`; 256-blocks
-//!   keep the 16 exact group sums `bsum[g] = Σ q[16g..16g+16]`.
+//! * **Activation quantization** (per row, per block of 32 or 256 elements,
+//!   16-bit): `amax = max |x|`; `d = amax / 32767`; `id = if d == 0 { 0 } else { 1 / d }`;
+//!   `q = clamp(round_half_away_from_zero(x * id), -32767, 32767)` as i16
+//!   (a NaN `x * id` gives `q = 0`; NaN elements are ignored by the max).
+//!   32-blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 weights) also keep `S = Σ q`
+//!   (exact i32) and `sa = d * (S as f32)`; 256-blocks (Q4_K, Q5_K, Q6_K)
+//!   keep the 16 exact group sums `bsum[g] = Σ q[16g..16g+16]` (i32).
 //! * **Quantized dot** of a weight row with a quantized activation row:
 //!   each (super)block `b` yields exact integer sums and one float term `t_b`:
-//!   - Q4_0 / Q5_0 / Q8_0: `I = Σ w_i * q_i` with `w` the signed weight
-//!     integer (`nib - 8`, `q5 - 16`, `i8`); `t = (dw * da) * (I as f32)`.
-//!   - Q4_1 / Q5_1: `I = Σ w_i * q_i` with the unsigned weight integer;
+//!   - Q4_0 / Q5_0 / Q8_0: `I = Σ w_i * q_i` (exact i32: |w| <= 128, so
+//!     |I| <= 32 * 128 * 32767 < 2^31) with `w` the signed weight integer
+//!     (`nib - 8`, `q5 - 16`, `i8`); `t = (dw * da) * (I as f32)`.
+//!   - Q4_1 / Q5_1: `I = Σ w_i * q_i` (i32) with the unsigned weight integer;
 //!     `t = ((dw * da) * (I as f32)) + (mw * sa)`.
 //!   - Q4_K / Q5_K (8 sub-blocks of 32, 6-bit scale `sc_j` and min `m_j`):
-//!     `A = Σ_j sc_j * (Σ_{i in j} w_i * q_i)`, `B = Σ_j m_j * (bsum[2j] + bsum[2j+1])`,
-//!     `t = ((d * da) * (A as f32)) - ((dmin * da) * (B as f32))`.
+//!     `I_j = Σ_{i in j} w_i * q_i` (i32), `A = Σ_j sc_j * I_j` and
+//!     `B = Σ_j m_j * (bsum[2j] + bsum[2j+1])`, both exact in **i64** (A can
+//!     exceed i32); `t = ((d * da) * (A as f32)) - ((dmin * da) * (B as f32))`
+//!     where `i64 as f32` rounds to nearest even.
 //!   - Q6_K (16 groups of 16, i8 scale `sc_g`, `w = q6 - 32`):
-//!     `A = Σ_g sc_g * (Σ_{i in g} w_i * q_i)`; `t = (d * da) * (A as f32)`.
+//!     `I_g = Σ_{i in g} w_i * q_i` (i32); `A = Σ_g sc_g * I_g` (exact i64);
+//!     `t = (d * da) * (A as f32)`.
 //!
 //!   (`dw`, `mw`, `d`, `dmin` are the f16 block scales converted exactly.)
 //!   Terms accumulate into 8 lanes: `lane[b % 8] = lane[b % 8] + t_b` in
 //!   increasing `b` (lanes start at 0), then the tree for `s` in `[4, 2, 1]`.
+//!   Integer sums are exact, so any summation order gives the same value.
 //! * **F32/F16/BF16 matmul**: `out = dot32(x_row, w_row)` on unquantized f32
 //!   activations.
 //!
@@ -141,17 +148,23 @@ pub fn round_away(x: f32) -> f32 {
     }
 }
 
-/// Canonical activation quantization of one block: returns `d`, writes `q`.
+/// Largest activation integer magnitude (16-bit activations).
+pub const QA_MAX: f32 = 32767.0;
+
+/// Canonical 16-bit activation quantization of one block: returns `d`,
+/// writes `q` (same length as `x`).
 #[inline]
-pub fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
+pub fn quantize_block(x: &[f32], q: &mut [i16]) -> f32 {
     let mut amax = 0f32;
     for &v in x {
+        // f32::max ignores a NaN operand.
         amax = amax.max(v.abs());
     }
-    let d = amax / 127.0;
+    let d = amax / QA_MAX;
     let id = if d == 0.0 { 0.0 } else { 1.0 / d };
     for (o, &v) in q.iter_mut().zip(x) {
-        *o = round_away(v * id).clamp(-127.0, 127.0) as i8;
+        // NaN -> clamp keeps NaN -> `as i16` gives 0.
+        *o = round_away(v * id).clamp(-QA_MAX, QA_MAX) as i16;
     }
     d
 }

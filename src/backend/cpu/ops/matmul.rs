@@ -66,7 +66,9 @@ pub fn run(
     }
     let acts = match w.ty {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => Acts::F(),
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => Acts::K(ActK::quantize(par, x, n, k)),
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+            Acts::K(ActK::quantize(par, isa, x, n, k))
+        }
         _ => Acts::Q(Act32::quantize(par, isa, x, n, k)),
     };
     // Chunks of weight rows: enough tasks to balance the pool; the split

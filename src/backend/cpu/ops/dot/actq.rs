@@ -4,10 +4,25 @@ use super::{Act32Row, ActKRow};
 use crate::backend::cpu::{canon, Isa};
 use rayon::prelude::*;
 
+/// One canonical block (`canon::quantize_block`) and its exact sum Σq.
+/// `xb.len() == q.len()`, a multiple of 16 (32 or 256 here).
+#[inline]
+fn quantize(isa: Isa, xb: &[f32], q: &mut [i16]) -> (f32, i32) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 && xb.len() == q.len() && xb.len() % 16 == 0 {
+        // SAFETY: Isa::Avx2 only after runtime AVX2 detection; xb and q
+        // both hold xb.len() elements, a multiple of 16 (checked above).
+        return unsafe { super::avx2::quantize_block16(xb.as_ptr(), q.as_mut_ptr(), xb.len()) };
+    }
+    let _ = isa;
+    let db = canon::quantize_block(xb, q);
+    (db, q.iter().map(|&v| v as i32).sum())
+}
+
 /// n rows of k activations in 32-blocks. See [`Act32Row`].
 pub struct Act32 {
     pub nb: usize,
-    pub qs: Vec<i8>,
+    pub qs: Vec<i16>,
     pub d: Vec<f32>,
     pub s: Vec<f32>,
     pub sum: Vec<i32>,
@@ -27,24 +42,11 @@ impl Act32 {
         if n == 0 || nb == 0 {
             return a;
         }
-        let row = |qs: &mut [i8], d: &mut [f32], s: &mut [f32], sum: &mut [i32], xr: &[f32]| {
+        let row = |qs: &mut [i16], d: &mut [f32], s: &mut [f32], sum: &mut [i32], xr: &[f32]| {
             for b in 0..nb {
                 let q = &mut qs[32 * b..32 * b + 32];
                 let xb = &xr[32 * b..32 * b + 32];
-                #[cfg(target_arch = "x86_64")]
-                let (db, isum) = if isa == Isa::Avx2 {
-                    // SAFETY: AVX2 detected at runtime; xb and q hold 32.
-                    unsafe { super::avx2::quantize_block32(xb.as_ptr(), q.as_mut_ptr()) }
-                } else {
-                    let db = canon::quantize_block(xb, q);
-                    (db, q.iter().map(|&v| v as i32).sum())
-                };
-                #[cfg(not(target_arch = "x86_64"))]
-                let (db, isum) = {
-                    let _ = isa;
-                    let db = canon::quantize_block(xb, q);
-                    (db, q.iter().map(|&v| v as i32).sum::<i32>())
-                };
+                let (db, isum) = quantize(isa, xb, q);
                 d[b] = db;
                 sum[b] = isum;
                 s[b] = db * isum as f32;
@@ -85,14 +87,14 @@ impl Act32 {
 /// n rows of k activations in 256-superblocks. See [`ActKRow`].
 pub struct ActK {
     pub nb: usize,
-    pub qs: Vec<i8>,
+    pub qs: Vec<i16>,
     pub d: Vec<f32>,
     pub bsum: Vec<i32>,
 }
 
 impl ActK {
     /// x: (n, k), k a multiple of 256 (caller-validated).
-    pub fn quantize(par: bool, x: &[f32], n: usize, k: usize) -> ActK {
+    pub fn quantize(par: bool, isa: Isa, x: &[f32], n: usize, k: usize) -> ActK {
         let nb = k / 256;
         let mut a = ActK {
             nb,
@@ -103,10 +105,10 @@ impl ActK {
         if n == 0 || nb == 0 {
             return a;
         }
-        let row = |qs: &mut [i8], d: &mut [f32], bsum: &mut [i32], xr: &[f32]| {
+        let row = |qs: &mut [i16], d: &mut [f32], bsum: &mut [i32], xr: &[f32]| {
             for b in 0..nb {
                 let q = &mut qs[256 * b..256 * b + 256];
-                d[b] = canon::quantize_block(&xr[256 * b..256 * b + 256], q);
+                d[b] = quantize(isa, &xr[256 * b..256 * b + 256], q).0;
                 for g in 0..16 {
                     bsum[16 * b + g] = q[16 * g..16 * g + 16].iter().map(|&v| v as i32).sum();
                 }

@@ -6,7 +6,7 @@
 //! available (runtime detection) and that the slices/pointers cover the
 //! lengths stated in each function's doc.
 
-use crate::backend::cpu::canon::tree32;
+use crate::backend::cpu::canon::{self, tree32};
 use std::arch::x86_64::*;
 
 macro_rules! float_dot {
@@ -143,62 +143,71 @@ pub unsafe fn dot_bf16(a: *const f32, b: *const u8, k: usize) -> f32 {
     tree32(lane)
 }
 
-/// Canonical activation quantization of one 32-element block (bitwise
-/// `canon::quantize_block` + the exact sum): returns (d, Σq).
+/// Canonical 16-bit activation quantization of one block of `n` elements
+/// (bitwise `canon::quantize_block` + the exact sum): returns (d, Σq).
+/// NaN elements are ignored by the max and quantize to 0, as in the
+/// portable version.
 ///
 /// # Safety
-/// AVX2 available; `x` and `q` hold 32 elements.
+/// AVX2 available; `x` and `q` hold `n` elements, `n` a multiple of 16.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-pub unsafe fn quantize_block32(x: *const f32, q: *mut i8) -> (f32, i32) {
+pub unsafe fn quantize_block16(x: *const f32, q: *mut i16, n: usize) -> (f32, i32) {
     let absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
-    let v = [
-        _mm256_loadu_ps(x),
-        _mm256_loadu_ps(x.add(8)),
-        _mm256_loadu_ps(x.add(16)),
-        _mm256_loadu_ps(x.add(24)),
-    ];
-    // amax: max is exact and order-free (NaN inputs are not supported by
-    // either path's contract; both then produce garbage deterministically).
-    let m01 = _mm256_max_ps(_mm256_and_ps(v[0], absmask), _mm256_and_ps(v[1], absmask));
-    let m23 = _mm256_max_ps(_mm256_and_ps(v[2], absmask), _mm256_and_ps(v[3], absmask));
-    let m = _mm256_max_ps(m01, m23);
+    // amax: max is exact and order-free; NaN lanes are zeroed first (the
+    // portable f32::max ignores NaN operands).
+    let mut m = _mm256_setzero_ps();
+    let mut e = 0;
+    while e < n {
+        let v = _mm256_loadu_ps(x.add(e));
+        let a = _mm256_and_ps(v, absmask);
+        let a = _mm256_and_ps(a, _mm256_cmp_ps(a, a, _CMP_ORD_Q));
+        m = _mm256_max_ps(m, a);
+        e += 8;
+    }
     let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     let m1 = _mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 0b01));
     let amax = _mm_cvtss_f32(m1);
-    let d = amax / 127.0;
+    let d = amax / canon::QA_MAX;
     let id = if d == 0.0 { 0.0 } else { 1.0 / d };
     let idv = _mm256_set1_ps(id);
     let half = _mm256_set1_ps(0.5);
     let mhalf = _mm256_set1_ps(-0.5);
     let one = _mm256_set1_ps(1.0);
-    let lo = _mm256_set1_ps(-127.0);
-    let hi = _mm256_set1_ps(127.0);
-    let mut qi = [_mm256_setzero_si256(); 4];
-    for r in 0..4 {
-        let y = _mm256_mul_ps(v[r], idv);
-        // round half away from zero, as canon::round_away (|y| <= ~127).
+    let lo = _mm256_set1_ps(-canon::QA_MAX);
+    let hi = _mm256_set1_ps(canon::QA_MAX);
+    let mut sum = _mm256_setzero_si256();
+    let quant8 = |p: *const f32| -> __m256i {
+        let y = _mm256_mul_ps(_mm256_loadu_ps(p), idv);
+        // NaN -> 0 (portable: NaN as i16 == 0).
+        let y = _mm256_and_ps(y, _mm256_cmp_ps(y, y, _CMP_ORD_Q));
+        // round half away from zero, as canon::round_away. |y| can exceed
+        // 2^23 only if inf (id = 0 then, so y is 0 or NaN): the clamp
+        // below handles +-inf either way.
         let t = _mm256_round_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
         let f = _mm256_sub_ps(y, t);
         let up = _mm256_and_ps(_mm256_cmp_ps(f, half, _CMP_GE_OQ), one);
         let dn = _mm256_and_ps(_mm256_cmp_ps(f, mhalf, _CMP_LE_OQ), one);
-        let n = _mm256_sub_ps(_mm256_add_ps(t, up), dn);
-        let n = _mm256_min_ps(_mm256_max_ps(n, lo), hi);
-        qi[r] = _mm256_cvttps_epi32(n);
+        let r = _mm256_sub_ps(_mm256_add_ps(t, up), dn);
+        let r = _mm256_min_ps(_mm256_max_ps(r, lo), hi);
+        _mm256_cvttps_epi32(r)
+    };
+    let mut e = 0;
+    while e < n {
+        let a = quant8(x.add(e));
+        let b = quant8(x.add(e + 8));
+        sum = _mm256_add_epi32(sum, _mm256_add_epi32(a, b));
+        // packs interleaves 128-bit lanes: qwords come out as [0, 2, 1, 3].
+        let p = _mm256_packs_epi32(a, b);
+        let p = _mm256_permute4x64_epi64(p, 0b11_01_10_00);
+        _mm256_storeu_si256(q.add(e) as *mut __m256i, p);
+        e += 16;
     }
-    // Pack 32 x i32 -> 32 x i8 in element order.
-    let p01 = _mm256_packs_epi32(qi[0], qi[1]); // lane-interleaved i16
-    let p23 = _mm256_packs_epi32(qi[2], qi[3]);
-    let p = _mm256_packs_epi16(p01, p23);
-    // packs interleave 128-bit lanes: dwords come out as [0,4,1,5,2,6,3,7].
-    let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256(q as *mut __m256i, p);
-    let s = _mm256_add_epi32(
-        _mm256_add_epi32(qi[0], qi[1]),
-        _mm256_add_epi32(qi[2], qi[3]),
+    let s = _mm_add_epi32(
+        _mm256_castsi256_si128(sum),
+        _mm256_extracti128_si256(sum, 1),
     );
-    let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
     (d, _mm_cvtsi128_si32(s))

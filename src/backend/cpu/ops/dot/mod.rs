@@ -22,7 +22,7 @@ use crate::quant::GgmlType;
 /// exact sum `sum[b] = Σ q`, and `s[b] = d[b] * (sum[b] as f32)`.
 #[derive(Clone, Copy)]
 pub struct Act32Row<'a> {
-    pub qs: &'a [i8],
+    pub qs: &'a [i16],
     pub d: &'a [f32],
     pub s: &'a [f32],
     pub sum: &'a [i32],
@@ -33,7 +33,7 @@ pub struct Act32Row<'a> {
 /// of 16-element groups).
 #[derive(Clone, Copy)]
 pub struct ActKRow<'a> {
-    pub qs: &'a [i8],
+    pub qs: &'a [i16],
     pub d: &'a [f32],
     pub bsum: &'a [i32],
 }
@@ -50,6 +50,8 @@ pub fn dot_q32_rows(isa: Isa, ty: GgmlType, w: &[u8], a: &[Act32Row<'_>], out: &
         let kind = match ty {
             GgmlType::Q4_0 => Some(Kind::Q4_0),
             GgmlType::Q4_1 => Some(Kind::Q4_1),
+            GgmlType::Q5_0 => Some(Kind::Q5_0),
+            GgmlType::Q5_1 => Some(Kind::Q5_1),
             GgmlType::Q8_0 => Some(Kind::Q8_0),
             _ => None,
         };
@@ -60,6 +62,8 @@ pub fn dot_q32_rows(isa: Isa, ty: GgmlType, w: &[u8], a: &[Act32Row<'_>], out: &
                 match kind {
                     Kind::Q4_0 => rows_avx2::<{ Kind::Q4_0.tag() }>(w, a, out),
                     Kind::Q4_1 => rows_avx2::<{ Kind::Q4_1.tag() }>(w, a, out),
+                    Kind::Q5_0 => rows_avx2::<{ Kind::Q5_0.tag() }>(w, a, out),
+                    Kind::Q5_1 => rows_avx2::<{ Kind::Q5_1.tag() }>(w, a, out),
                     Kind::Q8_0 => rows_avx2::<{ Kind::Q8_0.tag() }>(w, a, out),
                 }
             }
@@ -107,6 +111,7 @@ pub fn dot_qk(isa: Isa, ty: GgmlType, w: &[u8], a: ActKRow<'_>) -> f32 {
         unsafe {
             match ty {
                 GgmlType::Q4_K => return avx2_k::dot_q4_k(w, a),
+                GgmlType::Q5_K => return avx2_k::dot_q5_k(w, a),
                 GgmlType::Q6_K => return avx2_k::dot_q6_k(w, a),
                 _ => {}
             }

@@ -26,6 +26,7 @@ pub fn dot_q32(ty: GgmlType, w: &[u8], a: Act32Row<'_>) -> f32 {
             _ => q8_0_ints(blk, &mut wi),
         }
         let qa = &a.qs[32 * b..32 * b + 32];
+        // Exact: |w| <= 128, |q| <= 32767, so |isum| <= 32 * 128 * 32767 < 2^31.
         let mut isum = 0i32;
         for i in 0..32 {
             isum += wi[i] as i32 * qa[i] as i32;
@@ -53,13 +54,14 @@ pub fn dot_qk(ty: GgmlType, w: &[u8], a: ActKRow<'_>) -> f32 {
         let bsum = &a.bsum[16 * b..16 * b + 16];
         let t = if ty == GgmlType::Q6_K {
             q6_k_ints(blk, &mut s);
-            let mut acc = 0i32;
+            // I_g exact in i32 (|I_g| <= 16 * 32 * 32767); A in i64.
+            let mut acc = 0i64;
             for g in 0..16 {
                 let mut ig = 0i32;
                 for i in 16 * g..16 * g + 16 {
                     ig += s[i] as i32 * qa[i] as i32;
                 }
-                acc += (blk[192 + g] as i8) as i32 * ig;
+                acc += (blk[192 + g] as i8) as i64 * ig as i64;
             }
             (f16_at(blk, 208) * a.d[b]) * acc as f32
         } else {
@@ -68,15 +70,16 @@ pub fn dot_qk(ty: GgmlType, w: &[u8], a: ActKRow<'_>) -> f32 {
             } else {
                 q5_k_ints(blk, &mut u)
             }
-            let (mut am, mut bm) = (0i32, 0i32);
+            // I_j exact in i32 (|I_j| <= 32 * 31 * 32767); A, B in i64.
+            let (mut am, mut bm) = (0i64, 0i64);
             for j in 0..8 {
                 let (sc, m) = k_scale_min(j, &blk[4..16]);
                 let mut ij = 0i32;
                 for i in 32 * j..32 * j + 32 {
                     ij += u[i] as i32 * qa[i] as i32;
                 }
-                am += sc as i32 * ij;
-                bm += m as i32 * (bsum[2 * j] + bsum[2 * j + 1]);
+                am += sc as i64 * ij as i64;
+                bm += m as i64 * (bsum[2 * j] as i64 + bsum[2 * j + 1] as i64);
             }
             let d = f16_at(blk, 0);
             let dmin = f16_at(blk, 2);
