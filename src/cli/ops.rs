@@ -95,8 +95,9 @@ pub struct CheckExactArgs {
     /// Greedy tokens to generate after the prompt.
     #[arg(long, default_value_t = 256)]
     pub tokens: usize,
-    /// Random prompt tokens (prefilled in one step).
-    #[arg(long, default_value_t = 8)]
+    /// Random prompt tokens (prefilled in one step; > 32 crosses an
+    /// attention chunk inside the prefill).
+    #[arg(long, default_value_t = 40)]
     pub prompt_tokens: usize,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

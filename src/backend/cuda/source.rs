@@ -4,10 +4,9 @@
 
 use anyhow::{anyhow, bail, Result};
 
-/// Activation integer range of quantized matmul (`canon.rs`: i8, 127).
-/// The CPU is moving to 16-bit activations (32767); this constant follows
-/// whatever the CPU backend uses.
-pub const ACT_QMAX: f32 = 127.0;
+/// Activation integer range of quantized matmul: the CPU's own constant
+/// (16-bit activations, 32767), so the two can never disagree.
+pub const ACT_QMAX: f32 = crate::backend::cpu::canon::QA_MAX;
 
 /// Shared device functions (canonical arithmetic).
 pub const COMMON: &str = include_str!("kernels/common.cuh");
