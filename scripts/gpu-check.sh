@@ -6,7 +6,7 @@
 # Llama-3.2-1B Q4_K models. Writes logs and summary.txt to $OUT (or ./gpu-check-out).
 #
 #   QUIRE=./.devbin/quire scripts/gpu-check.sh [steps...]
-# steps: ops-exact ops-fast perf smollm llama (default: all)
+# steps: ops-exact ops-fast perf smollm llama bench (default: all)
 set -uo pipefail
 QUIRE="${QUIRE:-./target/release/quire}"
 OUT="${OUT:-./gpu-check-out}"
@@ -15,7 +15,7 @@ mkdir -p "$OUT"
 summary="$OUT/summary.txt"
 : >"$summary"
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(ops-exact ops-fast perf smollm llama)
+[ ${#steps[@]} -eq 0 ] && steps=(ops-exact ops-fast perf smollm llama bench)
 note() { echo "$*" | tee -a "$summary"; }
 note "gpu-check: $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 status=0
@@ -44,6 +44,13 @@ for s in "${steps[@]}"; do
     llama)
       "$QUIRE" synth --shape Llama-3.2-1B --type Q4_K -o "$tmp/llama1b-q4_k.gguf" >"$OUT/synth-llama.log" 2>&1
       run_step llama-exact "$QUIRE" check-exact -m "$tmp/llama1b-q4_k.gguf" --tokens "$TOKENS"
+      ;;
+    bench)
+      # Decode/prefill tokens/s, GPU (exact kernels, host-slice op interface)
+      # vs CPU, on the synthetic SmolLM2 model (smollm step first).
+      run_step bench-gpu "$QUIRE" bench -m "$tmp/smollm2-q4_1.gguf" --gpu required --mode exact -p 128 -g 64 -r 1 --show-backends
+      run_step bench-cpu "$QUIRE" bench -m "$tmp/smollm2-q4_1.gguf" -p 128 -g 64 -r 1
+      grep -E "pp|tg" "$OUT/bench-gpu.log" "$OUT/bench-cpu.log" | tee -a "$summary"
       ;;
     *) note "unknown step $s"; status=1 ;;
   esac

@@ -100,11 +100,11 @@ impl Runner {
         match opts.gpu {
             GpuMode::Off => {}
             GpuMode::Required => {
-                let cuda = crate::backend::cuda::CudaBackend::new(opts.gpu, opts.threads)
+                let cuda = crate::backend::cuda::CudaBackend::new(opts.gpu)
                     .context("--gpu required: the CUDA backend is unavailable")?;
                 backends.push(Box::new(cuda));
             }
-            GpuMode::Auto => match crate::backend::cuda::CudaBackend::new(opts.gpu, opts.threads) {
+            GpuMode::Auto => match crate::backend::cuda::CudaBackend::new(opts.gpu) {
                 Ok(cuda) => {
                     tracing::info!("gpu auto: cuda backend on {}", cuda.device_description());
                     backends.push(Box::new(cuda));

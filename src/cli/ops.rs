@@ -45,7 +45,7 @@ pub fn ops(a: OpsArgs) -> Result<()> {
     let cpu = CpuBackend::new(a.threads)?;
     let be: Box<dyn Backend> = match a.backend.as_str() {
         "cuda" => {
-            let c = crate::backend::cuda::CudaBackend::new(GpuMode::Auto, a.threads)
+            let c = crate::backend::cuda::CudaBackend::new(GpuMode::Auto)
                 .context("quire ops --backend cuda")?;
             println!("device: {}", c.device_description());
             Box::new(c)

@@ -49,8 +49,9 @@ pub struct CudaBackend {
     weights: Mutex<HashMap<WeightKey, Arc<CudaSlice<u8>>>>,
     /// Serializes runs (one stream, one set of scratch buffers).
     lock: Mutex<()>,
-    /// `auto` only: set after a launch/transfer error; every later op then
-    /// runs on `fallback`.
+    /// `auto` only: set after a launch/transfer error; the failing op then
+    /// runs on `fallback` and every later op is declined (dispatch falls
+    /// back to its cpu backend).
     disabled: Mutex<Option<String>>,
     fallback: Option<CpuBackend>,
 }
@@ -106,7 +107,7 @@ impl CudaBackend {
     /// `gpu_mode` decides what an op the backend cannot run does: `required`
     /// makes it an error; `auto` lets dispatch fall back. `GpuMode::Off` is
     /// refused (the caller must not build a CUDA backend then).
-    pub fn new(gpu_mode: GpuMode, cpu_threads: Option<usize>) -> Result<Self> {
+    pub fn new(gpu_mode: GpuMode) -> Result<Self> {
         if gpu_mode == GpuMode::Off {
             bail!("cuda backend: --gpu off never opens a device");
         }
@@ -136,8 +137,10 @@ impl CudaBackend {
                 funcs.insert(e, f);
             }
         }
+        // Runs only the one op that hit a device error (later ops are
+        // declined and go to the dispatcher's own cpu backend): one thread.
         let fallback = if gpu_mode == GpuMode::Auto {
-            Some(CpuBackend::new(cpu_threads)?)
+            Some(CpuBackend::new(Some(1))?)
         } else {
             None
         };
@@ -875,10 +878,10 @@ impl Backend for CudaBackend {
             GpuMode::Required => true,
             GpuMode::Off => false,
             GpuMode::Auto => {
-                // A disabled backend keeps answering for the ops it can run and
-                // sends them to its CPU fallback (so the count shows "cuda"
-                // only while the device works; see `run`).
-                self.capability(op, mode).is_ok()
+                // After a device error the backend declines everything, so
+                // dispatch (and its per-backend counts) moves to the cpu.
+                let disabled = self.disabled.lock().map(|d| d.is_some()).unwrap_or(true);
+                !disabled && self.capability(op, mode).is_ok()
             }
         }
     }
