@@ -221,6 +221,28 @@ struct Ctx<'a> {
     results: Vec<CaseResult>,
 }
 
+/// Overwrites about 1/16 of `v` (at least 4 entries) with special values:
+/// ±Inf, NaN, ±0, huge, subnormal.
+fn specials(rng: &mut ChaCha8Rng, v: &mut [f32]) {
+    const S: [f32; 8] = [
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        0.0,
+        -0.0,
+        3.0e38,
+        -1.0e30,
+        1.0e-40,
+    ];
+    if v.is_empty() {
+        return;
+    }
+    for _ in 0..(v.len() / 16).max(4) {
+        let i = rng.random_range(0..v.len());
+        v[i] = S[rng.random_range(0..S.len())];
+    }
+}
+
 fn randv(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
     (0..n)
         .map(|_| rng.random_range(-1.0f32..1.0) * scale)
@@ -351,7 +373,12 @@ impl Ctx<'_> {
                 shapes.push((2049, 2048, 1));
                 shapes.push((576, 1536, 64));
             }
-            for (m, k, n) in shapes {
+            let mut shapes: Vec<(usize, usize, usize, bool)> = shapes
+                .into_iter()
+                .map(|(m, k, n)| (m, k, n, false))
+                .collect();
+            shapes.push((33, 4 * kmul, 5, true));
+            for (m, k, n, special) in shapes {
                 let wf = randv(&mut self.rng, m * k, 1.0);
                 let data = match crate::quant::quantize(ty, &wf) {
                     Ok(d) => d,
@@ -373,10 +400,16 @@ impl Ctx<'_> {
                     cols: k,
                     data: &data,
                 };
-                let x = randv(&mut self.rng, n * k, 2.0);
+                let mut x = randv(&mut self.rng, n * k, 2.0);
+                if special {
+                    specials(&mut self.rng, &mut x);
+                }
                 let mut r = vec![0f32; n * m];
                 let mut y = Guarded::new(n * m);
-                let desc = format!("{ty:?} m={m} k={k} n={n}");
+                let desc = format!(
+                    "{ty:?} m={m} k={k} n={n}{}",
+                    if special { " specials" } else { "" }
+                );
                 let supported = self.be.supports_op(
                     &Op::MatMul {
                         w,
@@ -520,8 +553,18 @@ impl Ctx<'_> {
             &[1, 31, 1000, 100_003, 1 << 20]
         };
         if self.want("rms_norm") {
-            for &(n, dim) in &[(1usize, 1usize), (3, 33), (5, 576), (2, 2048), (7, 4097)] {
-                let x = randv(&mut self.rng, n * dim, 3.0);
+            for &(n, dim, special) in &[
+                (1usize, 1usize, false),
+                (3, 33, false),
+                (5, 576, false),
+                (2, 2048, false),
+                (7, 4097, false),
+                (9, 576, true),
+            ] {
+                let mut x = randv(&mut self.rng, n * dim, 3.0);
+                if special {
+                    specials(&mut self.rng, &mut x);
+                }
                 let w = randv(&mut self.rng, dim, 1.5);
                 let mut r = vec![0f32; n * dim];
                 let mut y = Guarded::new(n * dim);
@@ -586,7 +629,7 @@ impl Ctx<'_> {
                 let g = y.guards_ok();
                 self.finish(
                     "rms_norm",
-                    format!("n={n} dim={dim}"),
+                    format!("n={n} dim={dim}{}", if special { " specials" } else { "" }),
                     sup,
                     err,
                     y.body(),
@@ -597,10 +640,19 @@ impl Ctx<'_> {
             }
         }
         if self.want("swiglu") {
-            for &len in lens {
+            let cases: Vec<(usize, bool)> = lens
+                .iter()
+                .map(|&l| (l, false))
+                .chain([(1000, true)])
+                .collect();
+            for (len, special) in cases {
                 // Wide range: exercises exp's overflow/underflow branches.
-                let gate = randv(&mut self.rng, len, 120.0);
-                let up = randv(&mut self.rng, len, 2.0);
+                let mut gate = randv(&mut self.rng, len, 120.0);
+                let mut up = randv(&mut self.rng, len, 2.0);
+                if special {
+                    specials(&mut self.rng, &mut gate);
+                    specials(&mut self.rng, &mut up);
+                }
                 let mut r = vec![0f32; len];
                 let mut y = Guarded::new(len);
                 let sup = self.be.supports_op(
@@ -656,7 +708,7 @@ impl Ctx<'_> {
                 let g = y.guards_ok();
                 self.finish(
                     "swiglu",
-                    format!("len={len}"),
+                    format!("len={len}{}", if special { " specials" } else { "" }),
                     sup,
                     err,
                     y.body(),
