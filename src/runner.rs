@@ -148,17 +148,12 @@ impl Runner {
         self.n_threads
     }
 
-    /// Runs one step over several sequences. Returns, per work item, its
-    /// logits: (rows wanted, vocab) flattened.
+    /// Runs one step over several sequences, allocating their KV blocks in
+    /// the runner's own manager first. Returns, per work item, its logits:
+    /// (rows wanted, vocab) flattened.
     pub fn step(&mut self, work: &[SeqWork<'_>]) -> Result<Vec<Vec<f32>>> {
-        let mut tokens = Vec::new();
-        let mut positions = Vec::new();
-        let mut row_seq = Vec::new();
-        let mut slots = Vec::new();
-        let mut logit_rows = Vec::new();
-        let mut wanted = Vec::with_capacity(work.len());
         let ctx = self.model.cfg.context_length;
-        for (si, w) in work.iter().enumerate() {
+        for w in work {
             let end = w.start_pos + w.tokens.len();
             if end > ctx {
                 bail!(
@@ -173,50 +168,29 @@ impl Runner {
             for c in copies {
                 self.storage.copy_block(c.src, c.dst)?;
             }
-            let s = self.kv.slot_mapping(w.seq, w.start_pos, w.tokens.len())?;
-            let base = tokens.len();
-            tokens.extend_from_slice(w.tokens);
-            positions.extend((w.start_pos..end).map(|p| p as u32));
-            row_seq.extend(std::iter::repeat_n(si as u32, w.tokens.len()));
-            slots.extend_from_slice(&s);
-            let n_want = match w.logits {
-                LogitsWanted::None => 0,
-                LogitsWanted::Last => w.tokens.len().min(1),
-                LogitsWanted::All => w.tokens.len(),
-            };
-            let first = base + w.tokens.len() - n_want;
-            logit_rows.extend(first..base + w.tokens.len());
-            wanted.push(n_want);
         }
-        let tables: Vec<Vec<u32>> = work
-            .iter()
-            .map(|w| {
-                self.kv
-                    .block_table(w.seq)
-                    .map(|t| t.to_vec())
-                    .with_context(|| format!("no block table for {:?}", w.seq))
-            })
-            .collect::<Result<_>>()?;
-        let table_refs: Vec<&[u32]> = tables.iter().map(|t| t.as_slice()).collect();
-        let input = StepInput {
-            tokens: &tokens,
-            positions: &positions,
-            row_seq: &row_seq,
-            slots: &slots,
-            block_tables: &table_refs,
-            logit_rows: &logit_rows,
-        };
-        let logits = self
-            .model
-            .forward(&self.gguf, &self.dx, &mut self.storage, &input)?;
-        let v = self.model.cfg.vocab_size;
-        let mut out = Vec::with_capacity(work.len());
-        let mut off = 0;
-        for n in wanted {
-            out.push(logits[off * v..(off + n) * v].to_vec());
-            off += n;
-        }
-        Ok(out)
+        forward_batch(
+            &self.model,
+            &self.gguf,
+            &self.dx,
+            &mut self.storage,
+            &self.kv,
+            work,
+        )
+    }
+
+    /// Like [`Runner::step`], but with blocks already allocated (and any
+    /// copy-on-write copies done) in `kv`, a manager owned by someone else
+    /// (the serving scheduler). Allocates nothing.
+    pub fn step_with_kv(&mut self, kv: &KvManager, work: &[SeqWork<'_>]) -> Result<Vec<Vec<f32>>> {
+        forward_batch(
+            &self.model,
+            &self.gguf,
+            &self.dx,
+            &mut self.storage,
+            kv,
+            work,
+        )
     }
 
     /// Releases a sequence's KV blocks. Freeing a sequence that holds no
@@ -227,6 +201,83 @@ impl Runner {
             let _ = self.kv.free(seq);
         }
     }
+}
+
+/// Builds the step's batch inputs from the block tables of `kv` (slot
+/// mapping, positions, which rows want logits) and runs the model.
+fn forward_batch(
+    model: &LlamaModel,
+    gguf: &GgufFile,
+    dx: &Dispatcher,
+    storage: &mut KvStorage,
+    kv: &KvManager,
+    work: &[SeqWork<'_>],
+) -> Result<Vec<Vec<f32>>> {
+    let ctx = model.cfg.context_length;
+    let n_rows: usize = work.iter().map(|w| w.tokens.len()).sum();
+    let mut tokens = Vec::with_capacity(n_rows);
+    let mut positions = Vec::with_capacity(n_rows);
+    let mut row_seq = Vec::with_capacity(n_rows);
+    let mut slots = Vec::with_capacity(n_rows);
+    let mut logit_rows = Vec::new();
+    let mut wanted = Vec::with_capacity(work.len());
+    let mut tables: Vec<&[u32]> = Vec::with_capacity(work.len());
+    for (si, w) in work.iter().enumerate() {
+        let n = w.tokens.len();
+        if n == 0 {
+            bail!("step: sequence {:?} has no tokens", w.seq);
+        }
+        let end = w.start_pos + n;
+        if end > ctx {
+            bail!(
+                "sequence {:?} reaches position {end}, past the model's context length {ctx}",
+                w.seq
+            );
+        }
+        let s = kv
+            .slot_mapping(w.seq, w.start_pos, n)
+            .with_context(|| format!("slot mapping of {:?}", w.seq))?;
+        let table = kv
+            .block_table(w.seq)
+            .with_context(|| format!("no block table for {:?}", w.seq))?;
+        let base = tokens.len();
+        tokens.extend_from_slice(w.tokens);
+        positions.extend((w.start_pos..end).map(|p| p as u32));
+        row_seq.extend(std::iter::repeat_n(si as u32, n));
+        slots.extend_from_slice(&s);
+        let n_want = match w.logits {
+            LogitsWanted::None => 0,
+            LogitsWanted::Last => 1,
+            LogitsWanted::All => n,
+        };
+        logit_rows.extend(base + n - n_want..base + n);
+        wanted.push(n_want);
+        tables.push(table);
+    }
+    let input = StepInput {
+        tokens: &tokens,
+        positions: &positions,
+        row_seq: &row_seq,
+        slots: &slots,
+        block_tables: &tables,
+        logit_rows: &logit_rows,
+    };
+    let logits = model.forward(gguf, dx, storage, &input)?;
+    let v = model.cfg.vocab_size;
+    if logits.len() != logit_rows.len() * v {
+        bail!(
+            "the model returned {} logits for {} rows of vocabulary {v}",
+            logits.len(),
+            logit_rows.len()
+        );
+    }
+    let mut out = Vec::with_capacity(work.len());
+    let mut off = 0;
+    for n in wanted {
+        out.push(logits[off * v..(off + n) * v].to_vec());
+        off += n;
+    }
+    Ok(out)
 }
 
 fn prefault(g: &GgufFile, bar: &ProgressBar) -> Result<()> {

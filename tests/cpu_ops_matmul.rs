@@ -114,6 +114,45 @@ fn matmul_bitwise_threads_isa_batch() {
     }
 }
 
+/// Every tail length of the 8-block AVX2 groups (1..=17 blocks), all
+/// legacy types, tiles of 1..=9 rows: bitwise equal across backends.
+#[test]
+fn matmul_q32_group_tails_bitwise() {
+    let bes = backends();
+    for (ti, ty) in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for nb in 1..=17 {
+            let mut r = rng(300 + 32 * ti as u64 + nb as u64);
+            let (m, k) = (5, 32 * nb);
+            let data = rand_weights(&mut r, ty, m, k);
+            let w = QMatrix {
+                ty,
+                rows: m,
+                cols: k,
+                data: &data,
+            };
+            let n = 1 + nb % 9;
+            let x = rand_vec(&mut r, n * k, 1.5);
+            let reference = matmul(&bes[0].1, w, &x, n);
+            for (label, be) in &bes {
+                assert_eq!(
+                    bits(&matmul(be, w, &x, n)),
+                    bits(&reference),
+                    "{ty:?} nb {nb} {label}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn matmul_errors_not_panics() {
     let be = CpuBackend::new(Some(1)).unwrap();
@@ -271,10 +310,15 @@ fn activation_quantization_isa_bitwise() {
     assert_eq!(a.sum, b.sum);
     assert_eq!(bits(&a.d), bits(&b.d));
     assert_eq!(bits(&a.s), bits(&b.s));
-    assert_eq!(a.qs[1], -15); // i = 1: -14.5 -> -15
-    assert_eq!(a.qs[31], 16); // 15.5 -> 16
+    use quire::backend::cpu::ops::dot::actq::pair_pos;
+    assert_eq!(a.qs[pair_pos(0, 1)], -15); // i = 1: -14.5 -> -15
+    assert_eq!(a.qs[pair_pos(0, 31)], 16); // 15.5 -> 16
     assert_eq!(a.d[1], 0.0);
-    assert_eq!(a.qs[0], 32767);
+    assert_eq!(a.qs[pair_pos(0, 0)], 32767);
+    // Odd block count: the last pair's missing partner is zero.
+    let a = Act32::quantize(false, simd, &x[..3 * 32], 1, 96);
+    assert_eq!(a.qs.len(), 128);
+    assert!((0..32).all(|i| a.qs[pair_pos(3, i)] == 0));
 }
 
 /// Same for the 256-element (K-quant) activation blocks, with NaN/inf

@@ -3,38 +3,16 @@
 //! and bytes. Skipped (SKIPPED printed) when `QUIRE_PYTHON` (default
 //! `python3`) lacks `gguf` or `numpy`.
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
+mod common;
+
+use common::{gguf_python_unavailable as python_unavailable, gguf_ref_script as script, python};
 use quire::gguf::{GgufFile, GgufValue, GgufWriter};
 use quire::quant::{quantize, GgmlType};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
-
-fn python() -> String {
-    std::env::var("QUIRE_PYTHON").unwrap_or_else(|_| "python3".to_string())
-}
-
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/gguf_ref.py")
-}
-
-fn python_unavailable() -> Option<String> {
-    match Command::new(python())
-        .arg(script())
-        .arg("check-imports")
-        .output()
-    {
-        Err(e) => Some(format!("cannot run {}: {e}", python())),
-        Ok(o) if !o.status.success() => Some(format!(
-            "{} lacks gguf/numpy: {}",
-            python(),
-            String::from_utf8_lossy(&o.stdout).trim()
-        )),
-        Ok(_) => None,
-    }
-}
 
 /// gguf-py's GGUFValueType name for a scalar value.
 fn py_type(v: &GgufValue) -> &'static str {

@@ -6,38 +6,16 @@
 //! Python: the interpreter in `QUIRE_PYTHON` (default `python3`); without
 //! `gguf` and `numpy` the tests print SKIPPED and return.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
+mod common;
+
+use common::{gguf_python_unavailable as python_unavailable, gguf_ref_script as script, python};
 use quire::gguf::GgufWriter;
 use quire::quant::{dequantize, quantize, GgmlType};
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-
-fn python() -> String {
-    std::env::var("QUIRE_PYTHON").unwrap_or_else(|_| "python3".to_string())
-}
-
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/gguf_ref.py")
-}
-
-/// None when Python with gguf+numpy is usable, else the reason to skip.
-fn python_unavailable() -> Option<String> {
-    match Command::new(python())
-        .arg(script())
-        .arg("check-imports")
-        .output()
-    {
-        Err(e) => Some(format!("cannot run {}: {e}", python())),
-        Ok(o) if !o.status.success() => Some(format!(
-            "{} lacks gguf/numpy: {}",
-            python(),
-            String::from_utf8_lossy(&o.stdout).trim()
-        )),
-        Ok(_) => None,
-    }
-}
 
 fn run_py(args: &[&str]) {
     let o = Command::new(python())

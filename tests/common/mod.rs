@@ -50,3 +50,26 @@ pub fn nmse(got: &[f32], want: &[f32]) -> f64 {
 pub fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
+
+/// tests/py/gguf_ref.py: reference checks with the `gguf` Python package.
+pub fn gguf_ref_script() -> PathBuf {
+    repo_path("tests/py/gguf_ref.py")
+}
+
+/// None when `python()` can run gguf_ref.py (gguf + numpy), else the reason
+/// to skip.
+pub fn gguf_python_unavailable() -> Option<String> {
+    match Command::new(python())
+        .arg(gguf_ref_script())
+        .arg("check-imports")
+        .output()
+    {
+        Err(e) => Some(format!("cannot run {}: {e}", python())),
+        Ok(o) if !o.status.success() => Some(format!(
+            "{} lacks gguf/numpy: {}",
+            python(),
+            String::from_utf8_lossy(&o.stdout).trim()
+        )),
+        Ok(_) => None,
+    }
+}

@@ -9,7 +9,7 @@ use rayon::prelude::*;
 #[inline]
 fn quantize(isa: Isa, xb: &[f32], q: &mut [i16]) -> (f32, i32) {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 && xb.len() == q.len() && xb.len() % 16 == 0 {
+    if isa == Isa::Avx2 && xb.len() == q.len() && xb.len().is_multiple_of(16) {
         // SAFETY: Isa::Avx2 only after runtime AVX2 detection; xb and q
         // both hold xb.len() elements, a multiple of 16 (checked above).
         return unsafe { super::avx2::quantize_block16(xb.as_ptr(), q.as_mut_ptr(), xb.len()) };
@@ -17,6 +17,17 @@ fn quantize(isa: Isa, xb: &[f32], q: &mut [i16]) -> (f32, i32) {
     let _ = isa;
     let db = canon::quantize_block(xb, q);
     (db, q.iter().map(|&v| v as i32).sum())
+}
+
+/// Position in an [`Act32Row`]'s `qs` of element `i` (0..32) of block `b`:
+/// blocks are stored in pairs (2p, 2p + 1) of 64 values, as four chunks of
+/// 8 elements each interleaved by block:
+/// `[A0..8, B0..8, A8..16, B8..16, A16..24, B16..24, A24..32, B24..32]`
+/// (a missing last partner B is zero). This is the order in which the
+/// AVX2 kernels unpack two weight blocks into one register.
+#[inline(always)]
+pub fn pair_pos(b: usize, i: usize) -> usize {
+    64 * (b / 2) + 16 * (i / 8) + 8 * (b % 2) + i % 8
 }
 
 /// n rows of k activations in 32-blocks. See [`Act32Row`].
@@ -32,9 +43,11 @@ impl Act32 {
     /// x: (n, k), k a multiple of 32 (caller-validated).
     pub fn quantize(par: bool, isa: Isa, x: &[f32], n: usize, k: usize) -> Act32 {
         let nb = k / 32;
+        // Row stride of `qs`: the block count rounded up to a pair.
+        let rk = nb.div_ceil(2) * 64;
         let mut a = Act32 {
             nb,
-            qs: vec![0; n * k],
+            qs: vec![0; n * rk],
             d: vec![0.0; n * nb],
             s: vec![0.0; n * nb],
             sum: vec![0; n * nb],
@@ -43,17 +56,21 @@ impl Act32 {
             return a;
         }
         let row = |qs: &mut [i16], d: &mut [f32], s: &mut [f32], sum: &mut [i32], xr: &[f32]| {
+            let mut q = [0i16; 32];
             for b in 0..nb {
-                let q = &mut qs[32 * b..32 * b + 32];
                 let xb = &xr[32 * b..32 * b + 32];
-                let (db, isum) = quantize(isa, xb, q);
+                let (db, isum) = quantize(isa, xb, &mut q);
+                for c in 0..4 {
+                    let o = pair_pos(b, 8 * c);
+                    qs[o..o + 8].copy_from_slice(&q[8 * c..8 * c + 8]);
+                }
                 d[b] = db;
                 sum[b] = isum;
                 s[b] = db * isum as f32;
             }
         };
         if par {
-            a.qs.par_chunks_mut(k)
+            a.qs.par_chunks_mut(rk)
                 .zip(a.d.par_chunks_mut(nb))
                 .zip(a.s.par_chunks_mut(nb))
                 .zip(a.sum.par_chunks_mut(nb))
@@ -61,7 +78,7 @@ impl Act32 {
                 .for_each(|((((qs, d), s), sum), xr)| row(qs, d, s, sum, xr));
         } else {
             for ((((qs, d), s), sum), xr) in
-                a.qs.chunks_mut(k)
+                a.qs.chunks_mut(rk)
                     .zip(a.d.chunks_mut(nb))
                     .zip(a.s.chunks_mut(nb))
                     .zip(a.sum.chunks_mut(nb))
@@ -75,8 +92,9 @@ impl Act32 {
 
     pub fn row(&self, i: usize) -> Act32Row<'_> {
         let nb = self.nb;
+        let rk = nb.div_ceil(2) * 64;
         Act32Row {
-            qs: &self.qs[i * nb * 32..(i + 1) * nb * 32],
+            qs: &self.qs[i * rk..(i + 1) * rk],
             d: &self.d[i * nb..(i + 1) * nb],
             s: &self.s[i * nb..(i + 1) * nb],
             sum: &self.sum[i * nb..(i + 1) * nb],

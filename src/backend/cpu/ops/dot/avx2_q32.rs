@@ -115,47 +115,97 @@ unsafe fn high_bits(bits: u32) -> __m256i {
     _mm256_and_si256(_mm256_cmpeq_epi16(b, sel), _mm256_set1_epi16(0x10))
 }
 
-/// Weight integers of one block as i16: (elements 0..16, elements 16..32).
-/// Unsigned for Q4_*/Q5_* (offsets are corrected through S), signed Q8_0.
+/// 16 bytes at `p`, or zeros when `p` is None.
 #[inline(always)]
-unsafe fn decode(kind: Kind, blk: *const u8) -> (__m256i, __m256i) {
+unsafe fn ld128(p: Option<*const u8>) -> __m128i {
+    match p {
+        Some(p) => _mm_loadu_si128(p as *const __m128i),
+        None => _mm_setzero_si128(),
+    }
+}
+
+/// `[16 bytes at a + off | 16 bytes at b + off (or zeros)]`.
+#[inline(always)]
+unsafe fn ld_pair(a: *const u8, b: Option<*const u8>, off: usize) -> __m256i {
+    _mm256_set_m128i(
+        ld128(b.map(|b| b.add(off))),
+        _mm_loadu_si128(a.add(off) as *const __m128i),
+    )
+}
+
+/// Weight integers of a block pair (A, B; B absent = zeros) as four i16
+/// vectors in the activation pair layout (`actq::pair_pos`): chunk c holds
+/// `[A 8c..8c+8 | B 8c..8c+8]`. Unsigned for Q4_*/Q5_* (offsets are
+/// corrected through S), signed for Q8_0.
+#[inline(always)]
+unsafe fn decode_pair(kind: Kind, a: *const u8, b: Option<*const u8>) -> [__m256i; 4] {
     let m4 = _mm256_set1_epi16(0x0F);
+    let z = _mm256_setzero_si256();
+    let qo = match kind {
+        Kind::Q4_0 | Kind::Q8_0 => 2,
+        Kind::Q4_1 => 4,
+        Kind::Q5_0 => 6,
+        Kind::Q5_1 => 8,
+    };
     match kind {
-        Kind::Q8_0 => (
-            _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(2) as *const __m128i)),
-            _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(18) as *const __m128i)),
-        ),
-        Kind::Q4_0 | Kind::Q4_1 => {
-            let qo = if kind == Kind::Q4_1 { 4 } else { 2 };
-            // Byte j -> i16 lane j: low nibble is element j, high j + 16.
-            let v = _mm256_cvtepu8_epi16(_mm_loadu_si128(blk.add(qo) as *const __m128i));
-            (_mm256_and_si256(v, m4), _mm256_srli_epi16(v, 4))
+        Kind::Q8_0 => {
+            // unpack(x, x) as i16 is 257 x; >> 8 (arithmetic) is x.
+            let x = ld_pair(a, b, qo);
+            let y = ld_pair(a, b, qo + 16);
+            [
+                _mm256_srai_epi16(_mm256_unpacklo_epi8(x, x), 8),
+                _mm256_srai_epi16(_mm256_unpackhi_epi8(x, x), 8),
+                _mm256_srai_epi16(_mm256_unpacklo_epi8(y, y), 8),
+                _mm256_srai_epi16(_mm256_unpackhi_epi8(y, y), 8),
+            ]
         }
-        Kind::Q5_0 | Kind::Q5_1 => {
-            let (ho, qo) = if kind == Kind::Q5_1 { (4, 8) } else { (2, 6) };
-            let qh = rd_u32(blk.add(ho));
-            let v = _mm256_cvtepu8_epi16(_mm_loadu_si128(blk.add(qo) as *const __m128i));
-            (
-                _mm256_or_si256(_mm256_and_si256(v, m4), high_bits(qh)),
-                _mm256_or_si256(_mm256_srli_epi16(v, 4), high_bits(qh >> 16)),
-            )
+        _ => {
+            // Byte j: low nibble element j, high nibble element j + 16.
+            let v = ld_pair(a, b, qo);
+            let u0 = _mm256_unpacklo_epi8(v, z); // bytes 0..8 of A | of B
+            let u1 = _mm256_unpackhi_epi8(v, z); // bytes 8..16
+            let mut c = [
+                _mm256_and_si256(u0, m4),
+                _mm256_and_si256(u1, m4),
+                _mm256_srli_epi16(u0, 4),
+                _mm256_srli_epi16(u1, 4),
+            ];
+            if matches!(kind, Kind::Q5_0 | Kind::Q5_1) {
+                let ho = if kind == Kind::Q5_1 { 4 } else { 2 };
+                let ha = rd_u32(a.add(ho));
+                let hb = match b {
+                    Some(b) => rd_u32(b.add(ho)),
+                    None => 0,
+                };
+                for (i, ci) in c.iter_mut().enumerate() {
+                    // Bit e of qh is the fifth bit of element e.
+                    let bits = ((ha >> (8 * i)) & 0xFF) | (((hb >> (8 * i)) & 0xFF) << 8);
+                    *ci = _mm256_or_si256(*ci, high_bits(bits));
+                }
+            }
+            c
         }
     }
 }
 
-/// 8 i32 partial sums of Σ w_i * q_i for one block (exact).
+/// 8 i32 partial sums of a block pair: lanes 0..4 of block A, 4..8 of B
+/// (exact). `q` points at the pair's 64 activations.
 #[inline(always)]
-unsafe fn block_dot(w: (__m256i, __m256i), q: *const i16) -> __m256i {
-    let a0 = _mm256_loadu_si256(q as *const __m256i);
-    let a1 = _mm256_loadu_si256(q.add(16) as *const __m256i);
-    _mm256_add_epi32(_mm256_madd_epi16(w.0, a0), _mm256_madd_epi16(w.1, a1))
+unsafe fn pair_dot(w: &[__m256i; 4], q: *const i16) -> __m256i {
+    let l0 = _mm256_loadu_si256(q as *const __m256i);
+    let l1 = _mm256_loadu_si256(q.add(16) as *const __m256i);
+    let l2 = _mm256_loadu_si256(q.add(32) as *const __m256i);
+    let l3 = _mm256_loadu_si256(q.add(48) as *const __m256i);
+    let p0 = _mm256_add_epi32(_mm256_madd_epi16(w[0], l0), _mm256_madd_epi16(w[1], l1));
+    let p1 = _mm256_add_epi32(_mm256_madd_epi16(w[2], l2), _mm256_madd_epi16(w[3], l3));
+    _mm256_add_epi32(p0, p1)
 }
 
-/// One group of up to 8 blocks starting at block `g0` (`cnt` of them) for
-/// R rows: returns per row the vector of 8 exact block integers (zero in
-/// missing lanes). `FULL` = (cnt == 8), so the loop fully unrolls.
+/// One group of up to 8 blocks starting at block `g0` (`cnt` of them, g0
+/// even) for R rows: returns per row the vector of 8 exact block integers
+/// (zero in missing lanes). `FULL` = (cnt == 8), so the loop fully unrolls.
 #[inline(always)]
-#[allow(clippy::needless_range_loop)] // k indexes blocks and h alike
+#[allow(clippy::needless_range_loop)] // k indexes pairs and z alike
 unsafe fn group_ints<const R: usize, const FULL: bool>(
     kind: Kind,
     w: *const u8,
@@ -164,41 +214,75 @@ unsafe fn group_ints<const R: usize, const FULL: bool>(
     cnt: usize,
 ) -> [__m256i; R] {
     let ts = kind.type_size();
-    let mut h = [[_mm256_setzero_si256(); 4]; R];
+    // Pair k of the group gives one vector (lanes 0..4 block 2k, 4..8 block
+    // 2k + 1). Two merges by blends (any port) and one in-lane shuffle
+    // each: pairs (0, 1) and (2, 3) fold to [b0 b2 b0 b2 | b1 b3 b1 b3] and
+    // [b4 b6 .. | b5 b7 ..], then to [b0 b2 b4 b6 | b1 b3 b5 b7], permuted
+    // to block order at the end. Integer adds, so exact in any order.
+    let mut x = [[_mm256_setzero_si256(); 2]; R];
     for k in 0..4 {
         let (b0, b1) = (g0 + 2 * k, g0 + 2 * k + 1);
         let has0 = FULL || 2 * k < cnt;
         let has1 = FULL || 2 * k + 1 < cnt;
-        if !has0 {
+        let mut v = [_mm256_setzero_si256(); R];
+        if has0 {
+            let wv = decode_pair(
+                kind,
+                w.add(b0 * ts),
+                if has1 { Some(w.add(b1 * ts)) } else { None },
+            );
+            for r in 0..R {
+                // The pair's 64 activations exist even without a partner.
+                v[r] = pair_dot(&wv, a[r].qs.as_ptr().add(32 * b0));
+            }
+        }
+        for r in 0..R {
+            if k % 2 == 0 {
+                x[r][k / 2] = v[r];
+            } else {
+                let y = x[r][k / 2];
+                // Lane 2i: y[2i] + y[2i+1]; lane 2i+1: v[2i] + v[2i+1].
+                x[r][k / 2] = _mm256_add_epi32(
+                    _mm256_blend_epi32(y, v[r], 0b1010_1010),
+                    _mm256_shuffle_epi32(_mm256_blend_epi32(v[r], y, 0b1010_1010), 0b10_11_00_01),
+                );
+            }
+        }
+        if !FULL && 2 * k + 2 >= cnt && k % 2 == 1 {
             break;
         }
-        let w0 = decode(kind, w.add(b0 * ts));
-        let w1 = if has1 {
-            decode(kind, w.add(b1 * ts))
-        } else {
-            (_mm256_setzero_si256(), _mm256_setzero_si256())
-        };
-        for r in 0..R {
-            let q = a[r].qs.as_ptr();
-            let p0 = block_dot(w0, q.add(b0 * 32));
-            let p1 = if has1 {
-                block_dot(w1, q.add(b1 * 32))
-            } else {
-                _mm256_setzero_si256()
-            };
-            h[r][k] = _mm256_hadd_epi32(p0, p1);
-        }
     }
+    let perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     let mut out = [_mm256_setzero_si256(); R];
     for r in 0..R {
-        // [b0 lo, b1 lo, b2 lo, b3 lo | b0 hi, b1 hi, b2 hi, b3 hi] (4-sums)
-        let s0123 = _mm256_hadd_epi32(h[r][0], h[r][1]);
-        let s4567 = _mm256_hadd_epi32(h[r][2], h[r][3]);
-        let lo = _mm256_permute2x128_si256(s0123, s4567, 0x20);
-        let hi = _mm256_permute2x128_si256(s0123, s4567, 0x31);
-        out[r] = _mm256_add_epi32(lo, hi);
+        let (u, v) = (x[r][0], x[r][1]);
+        let m = _mm256_add_epi32(
+            _mm256_blend_epi32(u, v, 0b1100_1100),
+            _mm256_shuffle_epi32(_mm256_blend_epi32(v, u, 0b1100_1100), 0b01_00_11_10),
+        );
+        out[r] = _mm256_permutevar8x32_epi32(m, perm);
     }
     out
+}
+
+/// 8 i32 at `p` (full group) or the `mask`ed ones, zero elsewhere.
+#[inline(always)]
+unsafe fn ld_i(full: bool, mask: __m256i, p: *const i32) -> __m256i {
+    if full {
+        _mm256_loadu_si256(p as *const __m256i)
+    } else {
+        _mm256_maskload_epi32(p, mask)
+    }
+}
+
+/// 8 f32 at `p` (full group) or the `mask`ed ones, zero elsewhere.
+#[inline(always)]
+unsafe fn ld_f(full: bool, mask: __m256i, p: *const f32) -> __m256 {
+    if full {
+        _mm256_loadu_ps(p)
+    } else {
+        _mm256_maskload_ps(p, mask)
+    }
 }
 
 /// out[r] = canonical dot of weight row `w` with activation row `a[r]`.
@@ -224,32 +308,23 @@ pub unsafe fn dot_rows<const KIND: u8, const R: usize>(
         };
         // Block scales (f16) of this group; zero in missing lanes.
         let (dw, mw) = if cnt == 8 {
-            let h = |i: usize, o: usize| rd_u16(wp.add((g0 + i) * ts + o)) as i16;
-            let d = _mm_setr_epi16(
-                h(0, 0),
-                h(1, 0),
-                h(2, 0),
-                h(3, 0),
-                h(4, 0),
-                h(5, 0),
-                h(6, 0),
-                h(7, 0),
-            );
-            let m = if kind.has_min() {
-                _mm_setr_epi16(
-                    h(0, 2),
-                    h(1, 2),
-                    h(2, 2),
-                    h(3, 2),
-                    h(4, 2),
-                    h(5, 2),
-                    h(6, 2),
-                    h(7, 2),
-                )
+            // One gather of the first 4 bytes of each block: d in the low
+            // 16 bits, m (Q4_1 / Q5_1) in the high 16 bits. Every block has
+            // at least 18 bytes, so the reads stay inside `w`.
+            let idx = _mm256_mullo_epi32(lane_idx, _mm256_set1_epi32(ts as i32));
+            let v = _mm256_i32gather_epi32::<1>(wp.add(g0 * ts) as *const i32, idx);
+            let lo = _mm256_and_si256(v, _mm256_set1_epi32(0xFFFF));
+            let hi = if kind.has_min() {
+                _mm256_srli_epi32(v, 16)
             } else {
-                _mm_setzero_si128()
+                _mm256_setzero_si256()
             };
-            (_mm256_cvtph_ps(d), _mm256_cvtph_ps(m))
+            // [d0..d3, m0..m3 | d4..d7, m4..m7] -> [d0..d7 | m0..m7].
+            let p = _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0b11_01_10_00);
+            (
+                _mm256_cvtph_ps(_mm256_castsi256_si128(p)),
+                _mm256_cvtph_ps(_mm256_extracti128_si256(p, 1)),
+            )
         } else {
             let mut dh = [0u16; 8];
             let mut mh = [0u16; 8];
@@ -266,17 +341,20 @@ pub unsafe fn dot_rows<const KIND: u8, const R: usize>(
             )
         };
         let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt as i32), lane_idx);
+        // Per-row block values: plain loads for a full group, masked
+        // (zero-filled) loads for the tail.
+        let full = cnt == 8;
         for r in 0..R {
             let mut iv = ints[r];
             if let Some(sh) = kind.offset_shift() {
-                let sums = _mm256_maskload_epi32(a[r].sum.as_ptr().add(g0), mask);
+                let sums = ld_i(full, mask, a[r].sum.as_ptr().add(g0));
                 iv = _mm256_sub_epi32(iv, _mm256_sll_epi32(sums, _mm_cvtsi32_si128(sh)));
             }
             let isf = _mm256_cvtepi32_ps(iv);
-            let da = _mm256_maskload_ps(a[r].d.as_ptr().add(g0), mask);
+            let da = ld_f(full, mask, a[r].d.as_ptr().add(g0));
             let mut t = _mm256_mul_ps(_mm256_mul_ps(dw, da), isf);
             if kind.has_min() {
-                let sa = _mm256_maskload_ps(a[r].s.as_ptr().add(g0), mask);
+                let sa = ld_f(full, mask, a[r].s.as_ptr().add(g0));
                 t = _mm256_add_ps(t, _mm256_mul_ps(mw, sa));
             }
             acc[r] = _mm256_add_ps(acc[r], t);

@@ -18,7 +18,8 @@ use crate::backend::cpu::Isa;
 use crate::quant::GgmlType;
 
 /// One activation row quantized in 32-element blocks (for Q4_0, Q4_1, Q5_0,
-/// Q5_1, Q8_0 weights). Per block b: `qs[32b..32b+32]`, scale `d[b]`,
+/// Q5_1, Q8_0 weights). Per block b: elements at `qs[actq::pair_pos(b, i)]`
+/// (`qs` holds the block count rounded up to a pair), scale `d[b]`,
 /// exact sum `sum[b] = Σ q`, and `s[b] = d[b] * (sum[b] as f32)`.
 #[derive(Clone, Copy)]
 pub struct Act32Row<'a> {

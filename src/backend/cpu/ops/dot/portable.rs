@@ -1,6 +1,7 @@
 //! Portable quantized dot kernels: the readable statement of the canonical
 //! block arithmetic (see `canon.rs`).
 
+use super::actq::pair_pos;
 use super::{Act32Row, ActKRow};
 use crate::backend::cpu::canon::tree8;
 use crate::backend::cpu::ops::dequant::{
@@ -25,7 +26,7 @@ pub fn dot_q32(ty: GgmlType, w: &[u8], a: Act32Row<'_>) -> f32 {
             GgmlType::Q5_1 => q5_1_ints(blk, &mut wi),
             _ => q8_0_ints(blk, &mut wi),
         }
-        let qa = &a.qs[32 * b..32 * b + 32];
+        let qa: [i16; 32] = std::array::from_fn(|i| a.qs[pair_pos(b, i)]);
         // Exact: |w| <= 128, |q| <= 32767, so |isum| <= 32 * 128 * 32767 < 2^31.
         let mut isum = 0i32;
         for i in 0..32 {
