@@ -10,6 +10,7 @@ pub mod fetch;
 pub mod gguf;
 pub mod kv;
 pub mod model;
+pub mod opcheck;
 pub mod quant;
 pub mod runner;
 pub mod sampler;

@@ -3,7 +3,7 @@
 //! model, and returns logits per sequence.
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::{Backend, Mode};
+use crate::backend::{Backend, GpuMode, Mode};
 use crate::dispatch::Dispatcher;
 use crate::gguf::GgufFile;
 use crate::kv::{KvManager, SeqId};
@@ -42,6 +42,8 @@ pub struct RunnerOptions {
     pub mode: Mode,
     /// Show a progress bar while loading.
     pub progress: bool,
+    /// GPU use (h-cuda): off (default), auto or required.
+    pub gpu: GpuMode,
 }
 
 impl Default for RunnerOptions {
@@ -52,6 +54,7 @@ impl Default for RunnerOptions {
             kv_tokens: 8192,
             mode: Mode::Exact,
             progress: false,
+            gpu: GpuMode::Off,
         }
     }
 }
@@ -92,7 +95,27 @@ impl Runner {
         bar.finish_and_clear();
         let cpu = CpuBackend::new(opts.threads)?;
         let n_threads = cpu.n_threads();
-        let backends: Vec<Box<dyn Backend>> = vec![Box::new(cpu)];
+        // --- CUDA backend (h-cuda): before the CPU one unless --gpu off ---
+        let mut backends: Vec<Box<dyn Backend>> = Vec::new();
+        match opts.gpu {
+            GpuMode::Off => {}
+            GpuMode::Required => {
+                let cuda = crate::backend::cuda::CudaBackend::new(opts.gpu)
+                    .context("--gpu required: the CUDA backend is unavailable")?;
+                backends.push(Box::new(cuda));
+            }
+            GpuMode::Auto => match crate::backend::cuda::CudaBackend::new(opts.gpu) {
+                Ok(cuda) => {
+                    tracing::info!("gpu auto: cuda backend on {}", cuda.device_description());
+                    backends.push(Box::new(cuda));
+                }
+                Err(e) => {
+                    eprintln!("warning: --gpu auto: no CUDA backend ({e:#}); running on the cpu")
+                }
+            },
+        }
+        backends.push(Box::new(cpu));
+        // --- end CUDA backend ---
         let dx = Dispatcher::new(backends, opts.mode);
         if opts.block_size == 0 {
             bail!("block size must be at least 1");

@@ -5,6 +5,8 @@
 //! source of truth, and dispatch never compares backend names.
 
 pub mod cpu;
+// --- CUDA backend (h-cuda) ---
+pub mod cuda;
 
 use crate::quant::GgmlType;
 use half::f16;
@@ -34,6 +36,35 @@ impl std::str::FromStr for Mode {
         }
     }
 }
+
+// --- CUDA backend (h-cuda): the GPU-use contract ---
+/// Whether and how a GPU backend is used (`--gpu`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum GpuMode {
+    /// Never touch a device.
+    #[default]
+    Off,
+    /// Use the GPU where it can run an op; fall back to the CPU otherwise
+    /// (no device, compile failure, unsupported op, device error) and say so.
+    Auto,
+    /// Every op on the GPU; any fallback is an error naming the op and why.
+    Required,
+}
+
+impl std::str::FromStr for GpuMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(GpuMode::Off),
+            "auto" => Ok(GpuMode::Auto),
+            "required" => Ok(GpuMode::Required),
+            other => Err(format!(
+                "unknown gpu mode '{other}' (expected off, auto or required)"
+            )),
+        }
+    }
+}
+// --- end CUDA backend additions ---
 
 /// A weight matrix in its stored (possibly quantized) form.
 /// `data`: (rows, cols) row-major, each row `ty.row_bytes(cols)` bytes.

@@ -3,10 +3,11 @@
 pub mod bench;
 pub mod generate;
 pub mod inspect;
+pub mod ops; // h-cuda
 pub mod serve;
 pub mod synth;
 
-use crate::backend::Mode;
+use crate::backend::{GpuMode, Mode};
 use crate::runner::{Runner, RunnerOptions};
 use crate::sampler::SamplingParams;
 use crate::tokenizer::Tokenizer;
@@ -43,6 +44,11 @@ pub enum Command {
     Synth(synth::SynthArgs),
     /// OpenAI-compatible HTTP server with continuous batching.
     Serve(serve::ServeArgs),
+    /// Op parity harness: every op x dtype x shape on a backend vs the cpu.
+    Ops(ops::OpsArgs),
+    /// Greedy run on the GPU (exact) and the CPU, logits compared bitwise
+    /// at every step.
+    CheckExact(ops::CheckExactArgs),
 }
 
 /// Options shared by every command that loads a model.
@@ -69,6 +75,10 @@ pub struct ModelArgs {
     /// Print which backend ran each op kind at the end.
     #[arg(long)]
     pub show_backends: bool,
+    /// GPU use: off (never touch a device), auto (CUDA where it can run an
+    /// op, else the CPU, reported) or required (any fallback is an error).
+    #[arg(long, default_value = "off")]
+    pub gpu: GpuMode,
 }
 
 impl ModelArgs {
@@ -80,6 +90,7 @@ impl ModelArgs {
             kv_tokens: self.kv_tokens,
             mode: self.mode,
             progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            gpu: self.gpu,
         };
         let runner = Runner::load(&path, &opts)?;
         let tok = Tokenizer::from_gguf(&runner.gguf)
@@ -150,5 +161,7 @@ pub fn main_with(cli: Cli) -> Result<()> {
         Command::Perplexity(a) => inspect::perplexity(a),
         Command::Synth(a) => synth::synth(a),
         Command::Serve(a) => serve::serve(a),
+        Command::Ops(a) => ops::ops(a),
+        Command::CheckExact(a) => ops::check_exact(a),
     }
 }

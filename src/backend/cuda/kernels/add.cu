@@ -1,0 +1,13 @@
+// Residual add (x += y) and bias add (x[r, :] += bias), elementwise.
+extern "C" __global__ void add(float* __restrict__ x, const float* __restrict__ y, long long len) {
+    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= len) return;
+    x[t] = q_add(x[t], y[t]);
+}
+
+extern "C" __global__ void add_bias(float* __restrict__ x, const float* __restrict__ bias,
+                                    long long len, int dim) {
+    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= len) return;
+    x[t] = q_add(x[t], bias[t % dim]);
+}

@@ -1,0 +1,105 @@
+// Paged causal attention reading f16 K/V through block tables in the
+// kernel (cell = table[j / B] * B + j % B), decode and prefill rows alike.
+// Canonical arithmetic (src/backend/cpu/ops/attention.rs): per (row, head),
+// chunks of 32 key positions aligned to absolute position 0.
+// One warp per (row, head). Thread j of the warp computes s_j with its own
+// 32-lane dot32 (registers); the chunk max is an exact warp reduction; the
+// sums over j are sequential in j (ls on thread 0; vs per d on the thread
+// owning d, d = l, l + 32, ...). head_dim <= 256 (8 values per thread).
+
+#define ATT_MAXD 8
+
+extern "C" __global__ void paged_attention(
+    const float* __restrict__ q, int n_rows, int n_heads, int n_kv_heads, int head_dim,
+    int block_size, float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
+    const u32* __restrict__ tables, const u32* __restrict__ table_off,
+    const u32* __restrict__ row_seq, const u32* __restrict__ positions,
+    float* __restrict__ out) {
+    __shared__ float qs[256];
+    __shared__ float ps[32];
+    int rh = blockIdx.x;
+    if (rh >= n_rows * n_heads) return;
+    int r = rh / n_heads, h = rh % n_heads;
+    int l = threadIdx.x;
+    int hd = head_dim;
+    int kvh = h / (n_heads / n_kv_heads);
+    const float* qv = q + (long long)rh * hd;
+    for (int d = l; d < hd; d += 32) qs[d] = qv[d];
+    __syncwarp();
+    const u32* table = tables + table_off[row_seq[r]];
+    int pos = (int)positions[r];
+    float acc[ATT_MAXD];
+#pragma unroll
+    for (int u = 0; u < ATT_MAXD; u++) acc[u] = 0.0f;
+    float m = Q_NINF, lsum = 0.0f;
+    int full = hd / 32 * 32;
+    for (int j0 = 0; j0 <= pos; j0 += 32) {
+        int cnt = min(32, pos + 1 - j0);
+        int j = j0 + l;
+        float s = Q_NINF;
+        long long off = 0;
+        if (l < cnt) {
+            long long cell = (long long)table[j / block_size] * block_size + j % block_size;
+            off = (cell * n_kv_heads + kvh) * hd;
+            const u16* kr = kc + off;
+            float lane[32];
+#pragma unroll
+            for (int t = 0; t < 32; t++) lane[t] = 0.0f;
+            for (int e = 0; e < full; e += 32) {
+#pragma unroll
+                for (int t = 0; t < 32; t++)
+                    lane[t] = q_add(lane[t], q_mul(qs[e + t], q_f16(kr[e + t])));
+            }
+#pragma unroll
+            for (int t = 0; t < 32; t++)
+                if (t < hd - full) lane[t] = q_add(lane[t], q_mul(qs[full + t], q_f16(kr[full + t])));
+#pragma unroll
+            for (int st = 16; st >= 1; st >>= 1) {
+#pragma unroll
+                for (int t = 0; t < st; t++) lane[t] = q_add(lane[t], lane[t + st]);
+            }
+            s = q_mul(lane[0], scale);
+        }
+        // Chunk max: NaN-ignoring, exact and order-free (starts at -inf).
+        float cmax = q_max(Q_NINF, s);
+        for (int st = 16; st >= 1; st >>= 1)
+            cmax = q_max(cmax, __shfl_xor_sync(0xffffffffu, cmax, st, 32));
+        float m_new = q_max(m, cmax);
+        float alpha = q_exp(q_sub(m, m_new));
+        float p = (l < cnt) ? q_exp(q_sub(s, m_new)) : 0.0f;
+        ps[l] = p;
+        __syncwarp();
+        float ls = 0.0f;
+        for (int t = 0; t < cnt; t++) ls = q_add(ls, ps[t]);
+        lsum = q_add(q_mul(lsum, alpha), ls);
+        // vs[d] = sum_j p_j * v_j[d], sequential in j.
+        float vs[ATT_MAXD];
+#pragma unroll
+        for (int u = 0; u < ATT_MAXD; u++) vs[u] = 0.0f;
+        int blk = j0 / block_size, within = j0 % block_size;
+        for (int t = 0; t < cnt; t++) {
+            long long cell = (long long)table[blk] * block_size + within;
+            const u16* vr = vc + (cell * n_kv_heads + kvh) * hd;
+            float pt = ps[t];
+#pragma unroll
+            for (int u = 0; u < ATT_MAXD; u++) {
+                int d = l + 32 * u;
+                if (d < hd) vs[u] = q_add(vs[u], q_mul(pt, q_f16(vr[d])));
+            }
+            if (++within == block_size) {
+                within = 0;
+                blk++;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < ATT_MAXD; u++) acc[u] = q_add(q_mul(acc[u], alpha), vs[u]);
+        m = m_new;
+        __syncwarp();
+    }
+    float* o = out + (long long)rh * hd;
+#pragma unroll
+    for (int u = 0; u < ATT_MAXD; u++) {
+        int d = l + 32 * u;
+        if (d < hd) o[d] = q_div(acc[u], lsum);
+    }
+}

@@ -1,0 +1,136 @@
+// Quire canonical arithmetic for CUDA (see src/backend/cpu/canon.rs, whose
+// top doc comment is the definition). Every float operation below is an
+// explicitly rounded intrinsic (__fadd_rn, __fmul_rn, ...), which the
+// compiler never contracts into an FMA; kernels are also compiled with
+// --fmad=false. Constants (QC_*) are injected by the host as exact bit
+// patterns taken from the Rust constants.
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+
+#define QF(bits) __int_as_float((int)(bits))
+#define Q_INF __int_as_float(0x7f800000)
+#define Q_NINF __int_as_float((int)0xff800000u)
+
+__device__ __forceinline__ float q_add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float q_sub(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ float q_mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float q_div(float a, float b) { return __fdiv_rn(a, b); }
+__device__ __forceinline__ bool q_isnan(float x) { return x != x; }
+
+// Rust f32::max: NaN-ignoring maximum (a NaN operand yields the other).
+__device__ __forceinline__ float q_max(float a, float b) { return fmaxf(a, b); }
+
+// f16 <-> f32 through PTX (exact widening; round-to-nearest-even narrowing),
+// so no header is needed.
+__device__ __forceinline__ float q_f16(u16 bits) {
+    float r;
+    asm("{ .reg .b16 h; mov.b16 h, %1; cvt.f32.f16 %0, h; }" : "=f"(r) : "h"(bits));
+    return r;
+}
+__device__ __forceinline__ u16 q_to_f16(float x) {
+    u16 r;
+    asm("{ .reg .b16 h; cvt.rn.f16.f32 h, %1; mov.b16 %0, h; }" : "=h"(r) : "f"(x));
+    return r;
+}
+__device__ __forceinline__ float q_bf16(u16 bits) { return __uint_as_float(((u32)bits) << 16); }
+__device__ __forceinline__ float q_f16_at(const u8* p) {
+    return q_f16((u16)p[0] | ((u16)p[1] << 8));
+}
+
+// round half away from zero (canon::round_away).
+__device__ __forceinline__ float q_round_away(float x) {
+    if (q_isnan(x) || fabsf(x) >= 8388608.0f) return x;
+    float t = (float)(int)x;
+    float f = q_sub(x, t);
+    if (f >= 0.5f) return q_add(t, 1.0f);
+    if (f <= -0.5f) return q_sub(t, 1.0f);
+    return t;
+}
+
+__device__ __forceinline__ float q_scale_pow2(float v, int n) {
+    if (n > 127) {
+        v = q_mul(v, __int_as_float((127 + 127) << 23));
+        return q_mul(v, __int_as_float((n - 127 + 127) << 23));
+    }
+    if (n < -126) {
+        v = q_mul(v, __int_as_float((-100 + 127) << 23));
+        return q_mul(v, __int_as_float((n + 100 + 127) << 23));
+    }
+    return q_mul(v, __int_as_float((n + 127) << 23));
+}
+
+__device__ __forceinline__ float q_exp(float x) {
+    if (q_isnan(x)) return x;
+    if (x > 88.8f) return Q_INF;
+    if (x < -104.0f) return 0.0f;
+    float n = q_round_away(q_mul(x, QF(QC_LOG2E)));
+    float r = q_sub(q_sub(x, q_mul(n, QF(QC_LN2_HI))), q_mul(n, QF(QC_LN2_LO)));
+    float p = QF(QC_INV_FACT7);
+    p = q_add(q_mul(p, r), QF(QC_INV_FACT6));
+    p = q_add(q_mul(p, r), QF(QC_INV_FACT5));
+    p = q_add(q_mul(p, r), QF(QC_INV_FACT4));
+    p = q_add(q_mul(p, r), QF(QC_INV_FACT3));
+    p = q_add(q_mul(p, r), 0.5f);
+    p = q_add(q_mul(p, r), 1.0f);
+    p = q_add(q_mul(p, r), 1.0f);
+    return q_scale_pow2(p, (int)n);
+}
+
+__device__ __forceinline__ float q_silu(float x) {
+    return q_div(x, q_add(1.0f, q_exp(-x)));
+}
+
+__device__ __forceinline__ float q_rsqrt(float x) { return q_div(1.0f, __fsqrt_rn(x)); }
+
+__device__ __forceinline__ void q_sin_cos(float x, float* so, float* co) {
+    if (q_isnan(x) || fabsf(x) == Q_INF) {
+        *so = __int_as_float(0x7fc00000);
+        *co = __int_as_float(0x7fc00000);
+        return;
+    }
+    float k = q_round_away(q_mul(x, QF(QC_TWO_OVER_PI)));
+    float r = q_sub(x, q_mul(k, QF(QC_P1)));
+    r = q_sub(r, q_mul(k, QF(QC_P2)));
+    r = q_sub(r, q_mul(k, QF(QC_P3)));
+    r = q_sub(r, q_mul(k, QF(QC_P4)));
+    float r2 = q_mul(r, r);
+    float ps = QF(QC_INV_FACT9);
+    ps = q_sub(q_mul(ps, r2), QF(QC_INV_FACT7));
+    ps = q_add(q_mul(ps, r2), QF(QC_INV_FACT5));
+    ps = q_sub(q_mul(ps, r2), QF(QC_INV_FACT3));
+    float s = q_add(r, q_mul(r, q_mul(r2, ps)));
+    float pc = -QF(QC_INV_FACT10);
+    pc = q_add(q_mul(pc, r2), QF(QC_INV_FACT8));
+    pc = q_sub(q_mul(pc, r2), QF(QC_INV_FACT6));
+    pc = q_add(q_mul(pc, r2), QF(QC_INV_FACT4));
+    pc = q_sub(q_mul(pc, r2), 0.5f);
+    float c = q_add(1.0f, q_mul(r2, pc));
+    switch (((long long)k) & 3) {
+        case 0: *so = s; *co = c; break;
+        case 1: *so = c; *co = -s; break;
+        case 2: *so = -s; *co = -c; break;
+        default: *so = -c; *co = s; break;
+    }
+}
+
+// Canonical 32-lane tree over a warp: lane i holds lane[i]; returns the
+// total in lane 0 (for s in 16, 8, 4, 2, 1: lane[i] = lane[i] + lane[i + s]).
+__device__ __forceinline__ float q_warp_tree32(float v) {
+    for (int s = 16; s >= 1; s >>= 1) {
+        float o = __shfl_down_sync(0xffffffffu, v, s, 32);
+        v = q_add(v, o);
+    }
+    return v;
+}
+
+// 8-lane tree within aligned groups of 8 threads; result in the group's lane 0.
+__device__ __forceinline__ float q_group_tree8(float v) {
+    for (int s = 4; s >= 1; s >>= 1) {
+        float o = __shfl_down_sync(0xffffffffu, v, s, 8);
+        v = q_add(v, o);
+    }
+    return v;
+}

@@ -1,0 +1,225 @@
+//! `quire ops`: the op parity harness (every op x dtype x shape on a
+//! backend vs the `cpu` reference), and `quire check-exact`: a whole-model
+//! greedy run on the GPU (`--gpu required`) and on the CPU, comparing the
+//! logits bitwise at every step.
+
+use crate::backend::cpu::CpuBackend;
+use crate::backend::{Backend, GpuMode, Mode};
+use crate::kv::SeqId;
+use crate::opcheck::{self, Status};
+use crate::runner::{LogitsWanted, Runner, RunnerOptions, SeqWork};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use rand::{Rng, SeedableRng};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+pub struct OpsArgs {
+    /// Backend under test: cuda, or cpu-portable (the CPU's portable
+    /// kernels, single-threaded; checks the harness without a GPU).
+    #[arg(long, default_value = "cuda")]
+    pub backend: String,
+    /// Mode: exact (bitwise), deterministic or fast (NMSE bounds).
+    #[arg(long, default_value = "exact")]
+    pub mode: Mode,
+    /// Only ops whose name contains this (mat_mul, rms_norm, rope, swiglu,
+    /// get_rows, add, add_bias, kv_write, paged_attention).
+    #[arg(long)]
+    pub op: Option<String>,
+    /// Time each op and print GB/s and TFLOP/s (times include the host <->
+    /// device transfers of the current host-slice op interface).
+    #[arg(long)]
+    pub perf: bool,
+    /// Reduced shape grid.
+    #[arg(long)]
+    pub quick: bool,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// CPU threads of the reference.
+    #[arg(long, short = 't')]
+    pub threads: Option<usize>,
+}
+
+pub fn ops(a: OpsArgs) -> Result<()> {
+    let cpu = CpuBackend::new(a.threads)?;
+    let be: Box<dyn Backend> = match a.backend.as_str() {
+        "cuda" => {
+            let c = crate::backend::cuda::CudaBackend::new(GpuMode::Auto)
+                .context("quire ops --backend cuda")?;
+            println!("device: {}", c.device_description());
+            Box::new(c)
+        }
+        "cpu-portable" => Box::new(CpuBackend::with_options(Some(1), true)?),
+        other => bail!("unknown backend '{other}' (expected cuda or cpu-portable)"),
+    };
+    let opts = opcheck::Options {
+        mode: a.mode,
+        op_filter: a.op.clone(),
+        perf: a.perf,
+        seed: a.seed,
+        quick: a.quick,
+    };
+    println!(
+        "quire ops: backend {} vs cpu, mode {:?}, seed {}",
+        a.backend, a.mode, a.seed
+    );
+    let res = opcheck::run(be.as_ref(), &cpu, &opts);
+    for r in &res {
+        println!("{r}");
+    }
+    let (p, f, u) = opcheck::summary(&res);
+    println!(
+        "summary: {} cases: {p} passed, {f} failed, {u} unsupported (backend {}, mode {:?})",
+        res.len(),
+        a.backend,
+        a.mode
+    );
+    println!("{p} passed, {f} failed");
+    if f > 0 {
+        let names: Vec<String> = res
+            .iter()
+            .filter(|r| matches!(r.status, Status::Fail(_)))
+            .map(|r| format!("{} {}", r.op, r.desc))
+            .collect();
+        bail!("{f} op parity case(s) failed: {}", names.join("; "));
+    }
+    Ok(())
+}
+
+#[derive(Args, Debug)]
+pub struct CheckExactArgs {
+    /// GGUF model.
+    #[arg(long, short = 'm')]
+    pub model: PathBuf,
+    /// Greedy tokens to generate after the prompt.
+    #[arg(long, default_value_t = 256)]
+    pub tokens: usize,
+    /// Random prompt tokens (prefilled in one step; > 32 crosses an
+    /// attention chunk inside the prefill).
+    #[arg(long, default_value_t = 40)]
+    pub prompt_tokens: usize,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// CPU threads.
+    #[arg(long, short = 't')]
+    pub threads: Option<usize>,
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Loads the model twice (GPU required + exact, and CPU), prefills a random
+/// prompt and decodes greedily, comparing every step's logits bitwise.
+pub fn check_exact(a: CheckExactArgs) -> Result<()> {
+    let base = RunnerOptions {
+        threads: a.threads,
+        kv_tokens: (a.prompt_tokens + a.tokens + 16).max(64),
+        mode: Mode::Exact,
+        ..Default::default()
+    };
+    let mut gpu = Runner::load(
+        &a.model,
+        &RunnerOptions {
+            gpu: GpuMode::Required,
+            ..base.clone()
+        },
+    )
+    .context("loading the model with --gpu required")?;
+    let mut cpu = Runner::load(&a.model, &base).context("loading the model on the cpu")?;
+    let vocab = cpu.config().vocab_size;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed);
+    let prompt: Vec<u32> = (0..a.prompt_tokens.max(1))
+        .map(|_| rng.random_range(0..vocab as u32))
+        .collect();
+    let seq = SeqId(1);
+    let mut toks = prompt.clone();
+    let (mut t_gpu, mut t_cpu) = (0f64, 0f64);
+    let mut mismatches = 0usize;
+    let mut first_bad: Option<usize> = None;
+    for step in 0..=a.tokens {
+        let (chunk, start) = if step == 0 {
+            (prompt.clone(), 0)
+        } else {
+            (vec![*toks.last().unwrap_or(&0)], toks.len() - 1)
+        };
+        let work = [SeqWork {
+            seq,
+            tokens: &chunk,
+            start_pos: start,
+            logits: LogitsWanted::Last,
+        }];
+        let t = Instant::now();
+        let lg = gpu
+            .step(&work)
+            .with_context(|| format!("gpu step {step}"))?;
+        t_gpu += t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let lc = cpu
+            .step(&work)
+            .with_context(|| format!("cpu step {step}"))?;
+        t_cpu += t.elapsed().as_secs_f64();
+        let (g, c) = (&lg[0], &lc[0]);
+        let same = g.len() == c.len()
+            && g.iter()
+                .zip(c.iter())
+                .all(|(x, y)| x.to_bits() == y.to_bits());
+        if !same {
+            mismatches += 1;
+            if first_bad.is_none() {
+                first_bad = Some(step);
+                let n_diff = g
+                    .iter()
+                    .zip(c.iter())
+                    .filter(|(x, y)| x.to_bits() != y.to_bits())
+                    .count();
+                let maxd = g
+                    .iter()
+                    .zip(c.iter())
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0f32, f32::max);
+                println!(
+                    "step {step}: logits differ in {n_diff}/{} entries (max |diff| {maxd:e})",
+                    c.len()
+                );
+            }
+        }
+        // Both continue with the CPU's greedy token.
+        if step < a.tokens {
+            toks.push(argmax(c));
+        }
+    }
+    gpu.report_backends_to_stdout();
+    println!(
+        "check-exact: {} steps ({} prompt tokens + {} greedy), {} bitwise equal, {} differ; gpu {:.2}s, cpu {:.2}s",
+        a.tokens + 1,
+        prompt.len(),
+        a.tokens,
+        a.tokens + 1 - mismatches,
+        mismatches,
+        t_gpu,
+        t_cpu
+    );
+    if let Some(s) = first_bad {
+        bail!("GPU logits are not bitwise equal to the CPU's (first at step {s})");
+    }
+    println!("check-exact: PASS (every step's logits bitwise equal)");
+    Ok(())
+}
+
+impl Runner {
+    /// Prints the dispatcher's op kind -> backend counts.
+    pub fn report_backends_to_stdout(&self) {
+        println!("op kind -> backend (count):");
+        for (op, b, n) in self.dx.report() {
+            println!("  {op:16} {b:6} {n}");
+        }
+    }
+}

@@ -1,0 +1,1167 @@
+//! The op parity harness: runs every op, dtype and a grid of shapes on a
+//! backend under test and on the `cpu` reference, and compares.
+//!
+//! Per case: seeded random inputs; the output buffers of the backend under
+//! test sit between guard regions filled with a sentinel bit pattern, which
+//! must be untouched afterwards; NaN/Inf positions must agree; the NMSE
+//! `Σ(y - r)² / Σ r²` must be under the op's bound; in `exact` mode every
+//! element must be bitwise equal (two NaNs count as equal: NaN payloads are
+//! not part of the canonical arithmetic). A case the backend does not
+//! support (its `supports_op` says no) is reported UNSUPPORTED, never as a
+//! pass. Backend-agnostic: it only uses the `Backend` trait.
+
+use crate::backend::{AttnBatch, Backend, KvLayer, KvLayerMut, Mode, Op, QMatrix};
+use crate::quant::GgmlType;
+use anyhow::Result;
+use half::f16;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::time::Instant;
+
+/// Outcome of one case.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Status {
+    Pass,
+    Fail(String),
+    Unsupported,
+}
+
+/// One case's result line.
+#[derive(Clone, Debug)]
+pub struct CaseResult {
+    pub op: &'static str,
+    pub desc: String,
+    pub status: Status,
+    pub nmse: f64,
+    pub bitwise: bool,
+    /// (seconds per run on the backend under test, bytes, flops), with --perf.
+    pub perf: Option<(f64, f64, f64)>,
+}
+
+impl std::fmt::Display for CaseResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = match &self.status {
+            Status::Pass => "PASS".to_string(),
+            Status::Fail(_) => "FAIL".to_string(),
+            Status::Unsupported => "UNSUPPORTED".to_string(),
+        };
+        write!(f, "{st:11} {:16} {:44}", self.op, self.desc)?;
+        if self.status != Status::Unsupported {
+            write!(
+                f,
+                " nmse={:.2e} {}",
+                self.nmse,
+                if self.bitwise {
+                    "bitwise"
+                } else {
+                    "not-bitwise"
+                }
+            )?;
+        }
+        if let Some((t, bytes, flops)) = self.perf {
+            write!(
+                f,
+                "  {:9.1} us {:8.2} GB/s {:8.4} TFLOP/s",
+                t * 1e6,
+                bytes / t / 1e9,
+                flops / t / 1e12
+            )?;
+        }
+        if let Status::Fail(why) = &self.status {
+            write!(f, "  -- {why}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Harness options.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub mode: Mode,
+    /// Only ops whose kind contains this string.
+    pub op_filter: Option<String>,
+    pub perf: bool,
+    pub seed: u64,
+    /// A reduced grid (CI, quick checks).
+    pub quick: bool,
+}
+
+const GUARD: usize = 64;
+const SENTINEL_F32: u32 = 0x7fa5_a5a5; // a signalling-NaN pattern no kernel writes
+const SENTINEL_F16: u16 = 0x7d5a;
+
+/// An f32 output buffer with guard regions on both sides.
+struct Guarded {
+    buf: Vec<f32>,
+    len: usize,
+}
+
+impl Guarded {
+    fn new(len: usize) -> Self {
+        Guarded {
+            buf: vec![f32::from_bits(SENTINEL_F32); len + 2 * GUARD],
+            len,
+        }
+    }
+    fn from(init: &[f32]) -> Self {
+        let mut g = Guarded::new(init.len());
+        g.body_mut().copy_from_slice(init);
+        g
+    }
+    fn body(&self) -> &[f32] {
+        &self.buf[GUARD..GUARD + self.len]
+    }
+    fn body_mut(&mut self) -> &mut [f32] {
+        &mut self.buf[GUARD..GUARD + self.len]
+    }
+    fn guards_ok(&self) -> bool {
+        self.buf[..GUARD]
+            .iter()
+            .chain(&self.buf[GUARD + self.len..])
+            .all(|v| v.to_bits() == SENTINEL_F32)
+    }
+}
+
+struct GuardedF16 {
+    buf: Vec<f16>,
+    len: usize,
+}
+
+impl GuardedF16 {
+    fn from(init: &[f16]) -> Self {
+        let mut buf = vec![f16::from_bits(SENTINEL_F16); init.len() + 2 * GUARD];
+        buf[GUARD..GUARD + init.len()].copy_from_slice(init);
+        GuardedF16 {
+            buf,
+            len: init.len(),
+        }
+    }
+    fn body(&self) -> &[f16] {
+        &self.buf[GUARD..GUARD + self.len]
+    }
+    fn body_mut(&mut self) -> &mut [f16] {
+        &mut self.buf[GUARD..GUARD + self.len]
+    }
+    fn guards_ok(&self) -> bool {
+        self.buf[..GUARD]
+            .iter()
+            .chain(&self.buf[GUARD + self.len..])
+            .all(|v| v.to_bits() == SENTINEL_F16)
+    }
+}
+
+/// Comparison of a result with the reference.
+struct Cmp {
+    nmse: f64,
+    bitwise: bool,
+    nan_inf_ok: bool,
+    first_diff: Option<(usize, f32, f32)>,
+}
+
+fn compare(y: &[f32], r: &[f32]) -> Cmp {
+    let (mut num, mut den) = (0f64, 0f64);
+    let mut bitwise = y.len() == r.len();
+    let mut nan_inf_ok = y.len() == r.len();
+    let mut first_diff = None;
+    for (i, (&a, &b)) in y.iter().zip(r).enumerate() {
+        let same = a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+        if !same {
+            bitwise = false;
+            if first_diff.is_none() {
+                first_diff = Some((i, a, b));
+            }
+        }
+        if a.is_nan() != b.is_nan() || (b.is_infinite() && a != b) || (a.is_infinite() && a != b) {
+            nan_inf_ok = false;
+            continue;
+        }
+        if a.is_finite() && b.is_finite() {
+            let d = a as f64 - b as f64;
+            num += d * d;
+            den += (b as f64) * (b as f64);
+        }
+    }
+    let nmse = if den > 0.0 {
+        num / den
+    } else if num > 0.0 {
+        f64::INFINITY
+    } else {
+        0.0
+    };
+    Cmp {
+        nmse,
+        bitwise,
+        nan_inf_ok,
+        first_diff,
+    }
+}
+
+/// Per-op NMSE bound for non-exact modes (the current `fast` kernels are
+/// the exact ones; these bounds leave room for FMA and faster math).
+fn nmse_bound(op: &str) -> f64 {
+    match op {
+        "mat_mul" | "paged_attention" => 1e-5,
+        "rms_norm" | "rope" | "swiglu" => 1e-6,
+        _ => 1e-7, // get_rows, add, add_bias, kv_write: pure conversions/adds
+    }
+}
+
+/// (head_dim, n_kv_heads, gqa ratio, block_size, per-sequence (start, n_rows)).
+type AttnCase = (usize, usize, usize, usize, Vec<(usize, usize)>);
+
+struct Ctx<'a> {
+    be: &'a dyn Backend,
+    cpu: &'a dyn Backend,
+    opts: &'a Options,
+    rng: ChaCha8Rng,
+    /// Weight buffers stay alive for the whole run, so no two cases share
+    /// an address (backends may cache uploads by address).
+    keep: Vec<Vec<u8>>,
+    results: Vec<CaseResult>,
+}
+
+/// Overwrites about 1/16 of `v` (at least 4 entries) with special values:
+/// ±Inf, NaN, ±0, huge, subnormal.
+fn specials(rng: &mut ChaCha8Rng, v: &mut [f32]) {
+    const S: [f32; 8] = [
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        0.0,
+        -0.0,
+        3.0e38,
+        -1.0e30,
+        1.0e-40,
+    ];
+    if v.is_empty() {
+        return;
+    }
+    for _ in 0..(v.len() / 16).max(4) {
+        let i = rng.random_range(0..v.len());
+        v[i] = S[rng.random_range(0..S.len())];
+    }
+}
+
+fn randv(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| rng.random_range(-1.0f32..1.0) * scale)
+        .collect()
+}
+
+impl Ctx<'_> {
+    /// Runs `make(false)` on the reference and `make(true)` on the backend
+    /// (through closures that build the op over their own buffers), then
+    /// records the comparison.
+    #[allow(clippy::too_many_arguments)]
+    fn finish(
+        &mut self,
+        op: &'static str,
+        desc: String,
+        supported: bool,
+        run_err: Option<String>,
+        y: &[f32],
+        r: &[f32],
+        guards_ok: bool,
+        perf: Option<(f64, f64, f64)>,
+    ) {
+        if !supported {
+            self.results.push(CaseResult {
+                op,
+                desc,
+                status: Status::Unsupported,
+                nmse: 0.0,
+                bitwise: false,
+                perf: None,
+            });
+            return;
+        }
+        if let Some(e) = run_err {
+            self.results.push(CaseResult {
+                op,
+                desc,
+                status: Status::Fail(format!("error: {e}")),
+                nmse: f64::NAN,
+                bitwise: false,
+                perf: None,
+            });
+            return;
+        }
+        let c = compare(y, r);
+        let exact = self.opts.mode == Mode::Exact;
+        let status = if !guards_ok {
+            Status::Fail("guard bytes around the output were overwritten".into())
+        } else if !c.nan_inf_ok {
+            Status::Fail("NaN/Inf positions differ from the reference".into())
+        } else if exact && !c.bitwise {
+            let (i, a, b) = c.first_diff.unwrap_or((0, 0.0, 0.0));
+            Status::Fail(format!(
+                "not bitwise equal: first at {i}: {a:e} ({:#010x}) vs cpu {b:e} ({:#010x})",
+                a.to_bits(),
+                b.to_bits()
+            ))
+        } else if c.nmse.is_nan() || c.nmse > nmse_bound(op) {
+            Status::Fail(format!(
+                "nmse {:.3e} over bound {:.1e}",
+                c.nmse,
+                nmse_bound(op)
+            ))
+        } else {
+            Status::Pass
+        };
+        self.results.push(CaseResult {
+            op,
+            desc,
+            status,
+            nmse: c.nmse,
+            bitwise: c.bitwise,
+            perf,
+        });
+    }
+
+    fn want(&self, op: &str) -> bool {
+        self.opts
+            .op_filter
+            .as_deref()
+            .is_none_or(|f| op.contains(f))
+    }
+
+    /// Times `f` (already run once): median of several runs.
+    fn time(&self, mut f: impl FnMut() -> Result<()>) -> Option<f64> {
+        if !self.opts.perf {
+            return None;
+        }
+        let mut ts = Vec::new();
+        let t_all = Instant::now();
+        for _ in 0..20 {
+            let t = Instant::now();
+            if f().is_err() {
+                return None;
+            }
+            ts.push(t.elapsed().as_secs_f64());
+            if t_all.elapsed().as_secs_f64() > 0.5 && ts.len() >= 3 {
+                break;
+            }
+        }
+        ts.sort_by(|a, b| a.total_cmp(b));
+        Some(ts[ts.len() / 2])
+    }
+
+    fn matmul(&mut self) {
+        if !self.want("mat_mul") {
+            return;
+        }
+        use GgmlType::*;
+        let types = [
+            F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
+        ];
+        for ty in types {
+            let bs = ty.block_size().max(1);
+            let kmul = if bs == 1 { 1 } else { bs };
+            let mut shapes: Vec<(usize, usize, usize)> = vec![
+                (1, kmul, 1),
+                (7, 3 * kmul, 3),
+                (49, if bs == 256 { 768 } else { 576 }, 1),
+                (193, if bs == 256 { 1536 } else { 576 }, 8),
+                (64, 2048, 33),
+            ];
+            if bs == 1 {
+                shapes.push((5, 33, 2));
+                shapes.push((31, 1000, 5));
+            }
+            if !self.opts.quick {
+                shapes.push((2049, 2048, 1));
+                shapes.push((576, 1536, 64));
+            }
+            let mut shapes: Vec<(usize, usize, usize, bool)> = shapes
+                .into_iter()
+                .map(|(m, k, n)| (m, k, n, false))
+                .collect();
+            shapes.push((33, 4 * kmul, 5, true));
+            for (m, k, n, special) in shapes {
+                let wf = randv(&mut self.rng, m * k, 1.0);
+                let data = match crate::quant::quantize(ty, &wf) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        self.results.push(CaseResult {
+                            op: "mat_mul",
+                            desc: format!("{ty:?} m={m} k={k} n={n}"),
+                            status: Status::Fail(format!("quantizing the weights: {e}")),
+                            nmse: f64::NAN,
+                            bitwise: false,
+                            perf: None,
+                        });
+                        continue;
+                    }
+                };
+                let w = QMatrix {
+                    ty,
+                    rows: m,
+                    cols: k,
+                    data: &data,
+                };
+                let mut x = randv(&mut self.rng, n * k, 2.0);
+                if special {
+                    specials(&mut self.rng, &mut x);
+                }
+                let mut r = vec![0f32; n * m];
+                let mut y = Guarded::new(n * m);
+                let desc = format!(
+                    "{ty:?} m={m} k={k} n={n}{}",
+                    if special { " specials" } else { "" }
+                );
+                let supported = self.be.supports_op(
+                    &Op::MatMul {
+                        w,
+                        x: &x,
+                        n,
+                        out: y.body_mut(),
+                    },
+                    self.opts.mode,
+                );
+                let mode = self.opts.mode;
+                let mut err = None;
+                let mut perf = None;
+                if supported {
+                    if let Err(e) = self.cpu.run(
+                        Op::MatMul {
+                            w,
+                            x: &x,
+                            n,
+                            out: &mut r,
+                        },
+                        mode,
+                    ) {
+                        err = Some(format!("cpu reference: {e:#}"));
+                    } else if let Err(e) = self.be.run(
+                        Op::MatMul {
+                            w,
+                            x: &x,
+                            n,
+                            out: y.body_mut(),
+                        },
+                        mode,
+                    ) {
+                        err = Some(format!("{e:#}"));
+                    } else {
+                        let mut tmp = vec![0f32; n * m];
+                        let be = self.be;
+                        let t = self.time(|| {
+                            be.run(
+                                Op::MatMul {
+                                    w,
+                                    x: &x,
+                                    n,
+                                    out: &mut tmp,
+                                },
+                                mode,
+                            )
+                        });
+                        let bytes = (data.len() + 4 * (x.len() + n * m)) as f64;
+                        perf = t.map(|t| (t, bytes, 2.0 * (m * k * n) as f64));
+                    }
+                }
+                let g = y.guards_ok();
+                self.finish("mat_mul", desc, supported, err, y.body(), &r, g, perf);
+                // The weights outlive any backend cache entry keyed by address.
+                self.keep.push(data);
+            }
+        }
+    }
+
+    fn get_rows(&mut self) {
+        if !self.want("get_rows") {
+            return;
+        }
+        use GgmlType::*;
+        for ty in [
+            F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
+        ] {
+            let bs = ty.block_size().max(1);
+            for (rows, cols, nids) in [
+                (3, bs, 1),
+                (50, 2 * bs.max(32), 7),
+                (1000, 576usize.div_ceil(bs) * bs, 33),
+            ] {
+                let wf = randv(&mut self.rng, rows * cols, 1.0);
+                let Ok(data) = crate::quant::quantize(ty, &wf) else {
+                    continue;
+                };
+                let ids: Vec<u32> = (0..nids)
+                    .map(|_| self.rng.random_range(0..rows as u32))
+                    .collect();
+                let t = QMatrix {
+                    ty,
+                    rows,
+                    cols,
+                    data: &data,
+                };
+                let mut r = vec![0f32; nids * cols];
+                let mut y = Guarded::new(nids * cols);
+                let mode = self.opts.mode;
+                let sup = self.be.supports_op(
+                    &Op::GetRows {
+                        table: t,
+                        ids: &ids,
+                        out: y.body_mut(),
+                    },
+                    mode,
+                );
+                let mut err = None;
+                if sup {
+                    if let Err(e) = self.cpu.run(
+                        Op::GetRows {
+                            table: t,
+                            ids: &ids,
+                            out: &mut r,
+                        },
+                        mode,
+                    ) {
+                        err = Some(format!("cpu reference: {e:#}"));
+                    } else if let Err(e) = self.be.run(
+                        Op::GetRows {
+                            table: t,
+                            ids: &ids,
+                            out: y.body_mut(),
+                        },
+                        mode,
+                    ) {
+                        err = Some(format!("{e:#}"));
+                    }
+                }
+                let g = y.guards_ok();
+                self.finish(
+                    "get_rows",
+                    format!("{ty:?} rows={rows} cols={cols} ids={nids}"),
+                    sup,
+                    err,
+                    y.body(),
+                    &r,
+                    g,
+                    None,
+                );
+                self.keep.push(data);
+            }
+        }
+    }
+
+    fn elementwise(&mut self) {
+        let mode = self.opts.mode;
+        let lens: &[usize] = if self.opts.quick {
+            &[1, 31, 1000]
+        } else {
+            &[1, 31, 1000, 100_003, 1 << 20]
+        };
+        if self.want("rms_norm") {
+            for &(n, dim, special) in &[
+                (1usize, 1usize, false),
+                (3, 33, false),
+                (5, 576, false),
+                (2, 2048, false),
+                (7, 4097, false),
+                (9, 576, true),
+            ] {
+                let mut x = randv(&mut self.rng, n * dim, 3.0);
+                if special {
+                    specials(&mut self.rng, &mut x);
+                }
+                let w = randv(&mut self.rng, dim, 1.5);
+                let mut r = vec![0f32; n * dim];
+                let mut y = Guarded::new(n * dim);
+                let sup = self.be.supports_op(
+                    &Op::RmsNorm {
+                        x: &x,
+                        w: &w,
+                        dim,
+                        eps: 1e-5,
+                        out: y.body_mut(),
+                    },
+                    mode,
+                );
+                let err = if !sup {
+                    None
+                } else {
+                    self.cpu
+                        .run(
+                            Op::RmsNorm {
+                                x: &x,
+                                w: &w,
+                                dim,
+                                eps: 1e-5,
+                                out: &mut r,
+                            },
+                            mode,
+                        )
+                        .and_then(|_| {
+                            self.be.run(
+                                Op::RmsNorm {
+                                    x: &x,
+                                    w: &w,
+                                    dim,
+                                    eps: 1e-5,
+                                    out: y.body_mut(),
+                                },
+                                mode,
+                            )
+                        })
+                        .err()
+                        .map(|e| format!("{e:#}"))
+                };
+                let mut tmp = vec![0f32; n * dim];
+                let be = self.be;
+                let t = if sup && err.is_none() {
+                    self.time(|| {
+                        be.run(
+                            Op::RmsNorm {
+                                x: &x,
+                                w: &w,
+                                dim,
+                                eps: 1e-5,
+                                out: &mut tmp,
+                            },
+                            mode,
+                        )
+                    })
+                } else {
+                    None
+                };
+                let perf = t.map(|t| (t, (8 * n * dim + 4 * dim) as f64, (3 * n * dim) as f64));
+                let g = y.guards_ok();
+                self.finish(
+                    "rms_norm",
+                    format!("n={n} dim={dim}{}", if special { " specials" } else { "" }),
+                    sup,
+                    err,
+                    y.body(),
+                    &r,
+                    g,
+                    perf,
+                );
+            }
+        }
+        if self.want("swiglu") {
+            let cases: Vec<(usize, bool)> = lens
+                .iter()
+                .map(|&l| (l, false))
+                .chain([(1000, true)])
+                .collect();
+            for (len, special) in cases {
+                // Wide range: exercises exp's overflow/underflow branches.
+                let mut gate = randv(&mut self.rng, len, 120.0);
+                let mut up = randv(&mut self.rng, len, 2.0);
+                if special {
+                    specials(&mut self.rng, &mut gate);
+                    specials(&mut self.rng, &mut up);
+                }
+                let mut r = vec![0f32; len];
+                let mut y = Guarded::new(len);
+                let sup = self.be.supports_op(
+                    &Op::SwiGlu {
+                        gate: &gate,
+                        up: &up,
+                        out: y.body_mut(),
+                    },
+                    mode,
+                );
+                let err = if !sup {
+                    None
+                } else {
+                    self.cpu
+                        .run(
+                            Op::SwiGlu {
+                                gate: &gate,
+                                up: &up,
+                                out: &mut r,
+                            },
+                            mode,
+                        )
+                        .and_then(|_| {
+                            self.be.run(
+                                Op::SwiGlu {
+                                    gate: &gate,
+                                    up: &up,
+                                    out: y.body_mut(),
+                                },
+                                mode,
+                            )
+                        })
+                        .err()
+                        .map(|e| format!("{e:#}"))
+                };
+                let mut tmp = vec![0f32; len];
+                let be = self.be;
+                let t = if sup && err.is_none() {
+                    self.time(|| {
+                        be.run(
+                            Op::SwiGlu {
+                                gate: &gate,
+                                up: &up,
+                                out: &mut tmp,
+                            },
+                            mode,
+                        )
+                    })
+                } else {
+                    None
+                };
+                let perf = t.map(|t| (t, (12 * len) as f64, (20 * len) as f64));
+                let g = y.guards_ok();
+                self.finish(
+                    "swiglu",
+                    format!("len={len}{}", if special { " specials" } else { "" }),
+                    sup,
+                    err,
+                    y.body(),
+                    &r,
+                    g,
+                    perf,
+                );
+            }
+        }
+        if self.want("add") {
+            for &len in lens {
+                let x0 = randv(&mut self.rng, len, 10.0);
+                let yv = randv(&mut self.rng, len, 10.0);
+                let mut r = x0.clone();
+                let mut y = Guarded::from(&x0);
+                let sup = self.be.supports_op(
+                    &Op::Add {
+                        x: y.body_mut(),
+                        y: &yv,
+                    },
+                    mode,
+                );
+                let err = if !sup {
+                    None
+                } else {
+                    self.cpu
+                        .run(Op::Add { x: &mut r, y: &yv }, mode)
+                        .and_then(|_| {
+                            self.be.run(
+                                Op::Add {
+                                    x: y.body_mut(),
+                                    y: &yv,
+                                },
+                                mode,
+                            )
+                        })
+                        .err()
+                        .map(|e| format!("{e:#}"))
+                };
+                let mut tmp = x0.clone();
+                let be = self.be;
+                let t = if sup && err.is_none() {
+                    self.time(|| {
+                        be.run(
+                            Op::Add {
+                                x: &mut tmp,
+                                y: &yv,
+                            },
+                            mode,
+                        )
+                    })
+                } else {
+                    None
+                };
+                let perf = t.map(|t| (t, (12 * len) as f64, len as f64));
+                let g = y.guards_ok();
+                self.finish("add", format!("len={len}"), sup, err, y.body(), &r, g, perf);
+            }
+            for &(n, dim) in &[(1usize, 1usize), (3, 33), (17, 576), (64, 2048)] {
+                let x0 = randv(&mut self.rng, n * dim, 10.0);
+                let bias = randv(&mut self.rng, dim, 10.0);
+                let mut r = x0.clone();
+                let mut y = Guarded::from(&x0);
+                let sup = self.be.supports_op(
+                    &Op::AddBias {
+                        x: y.body_mut(),
+                        bias: &bias,
+                    },
+                    mode,
+                );
+                let err = if !sup {
+                    None
+                } else {
+                    self.cpu
+                        .run(
+                            Op::AddBias {
+                                x: &mut r,
+                                bias: &bias,
+                            },
+                            mode,
+                        )
+                        .and_then(|_| {
+                            self.be.run(
+                                Op::AddBias {
+                                    x: y.body_mut(),
+                                    bias: &bias,
+                                },
+                                mode,
+                            )
+                        })
+                        .err()
+                        .map(|e| format!("{e:#}"))
+                };
+                let g = y.guards_ok();
+                self.finish(
+                    "add_bias",
+                    format!("n={n} dim={dim}"),
+                    sup,
+                    err,
+                    y.body(),
+                    &r,
+                    g,
+                    None,
+                );
+            }
+        }
+        if self.want("rope") {
+            for &(n, nh, hd, rd, neox) in &[
+                (1usize, 1usize, 64usize, 64usize, false),
+                (3, 3, 64, 64, true),
+                (5, 9, 80, 80, false),
+                (7, 4, 128, 128, true),
+                (2, 2, 256, 256, false),
+                (4, 3, 128, 32, true),
+                (33, 8, 64, 64, false),
+            ] {
+                let x0 = randv(&mut self.rng, n * nh * hd, 4.0);
+                let positions: Vec<u32> =
+                    (0..n).map(|_| self.rng.random_range(0..40_000)).collect();
+                let inv_freq: Vec<f32> = (0..rd / 2)
+                    .map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / rd as f32))
+                    .collect();
+                let mut r = x0.clone();
+                let mut y = Guarded::from(&x0);
+                let sup = self.be.supports_op(
+                    &Op::Rope {
+                        x: y.body_mut(),
+                        n_heads: nh,
+                        head_dim: hd,
+                        rope_dim: rd,
+                        positions: &positions,
+                        inv_freq: &inv_freq,
+                        neox,
+                    },
+                    mode,
+                );
+                let err = if !sup {
+                    None
+                } else {
+                    self.cpu
+                        .run(
+                            Op::Rope {
+                                x: &mut r,
+                                n_heads: nh,
+                                head_dim: hd,
+                                rope_dim: rd,
+                                positions: &positions,
+                                inv_freq: &inv_freq,
+                                neox,
+                            },
+                            mode,
+                        )
+                        .and_then(|_| {
+                            self.be.run(
+                                Op::Rope {
+                                    x: y.body_mut(),
+                                    n_heads: nh,
+                                    head_dim: hd,
+                                    rope_dim: rd,
+                                    positions: &positions,
+                                    inv_freq: &inv_freq,
+                                    neox,
+                                },
+                                mode,
+                            )
+                        })
+                        .err()
+                        .map(|e| format!("{e:#}"))
+                };
+                let g = y.guards_ok();
+                self.finish(
+                    "rope",
+                    format!("n={n} heads={nh} hd={hd} rope={rd} neox={neox}"),
+                    sup,
+                    err,
+                    y.body(),
+                    &r,
+                    g,
+                    None,
+                );
+            }
+        }
+    }
+
+    fn kv_write(&mut self) {
+        if !self.want("kv_write") {
+            return;
+        }
+        let mode = self.opts.mode;
+        for &(n, nkv, hd, bs, nblk) in &[
+            (1usize, 1usize, 64usize, 16usize, 4usize),
+            (7, 3, 80, 16, 8),
+            (64, 8, 128, 16, 16),
+            (5, 2, 256, 7, 9),
+        ] {
+            let row = nkv * hd;
+            let cells = bs * nblk;
+            let k = randv(&mut self.rng, n * row, 3.0);
+            let v = randv(&mut self.rng, n * row, 3.0);
+            let mut all: Vec<u32> = (0..cells as u32).collect();
+            all.shuffle(&mut self.rng);
+            let slots: Vec<u32> = all[..n].to_vec();
+            let init: Vec<f16> = (0..cells * row)
+                .map(|_| f16::from_f32(self.rng.random_range(-1.0f32..1.0)))
+                .collect();
+            let (mut rk, mut rv) = (init.clone(), init.clone());
+            let (mut gk, mut gv) = (GuardedF16::from(&init), GuardedF16::from(&init));
+            let sup = self.be.supports_op(
+                &Op::KvWrite {
+                    k: &k,
+                    v: &v,
+                    slots: &slots,
+                    cache: KvLayerMut {
+                        k: gk.body_mut(),
+                        v: gv.body_mut(),
+                        block_size: bs,
+                        n_kv_heads: nkv,
+                        head_dim: hd,
+                    },
+                },
+                mode,
+            );
+            let err = if !sup {
+                None
+            } else {
+                self.cpu
+                    .run(
+                        Op::KvWrite {
+                            k: &k,
+                            v: &v,
+                            slots: &slots,
+                            cache: KvLayerMut {
+                                k: &mut rk,
+                                v: &mut rv,
+                                block_size: bs,
+                                n_kv_heads: nkv,
+                                head_dim: hd,
+                            },
+                        },
+                        mode,
+                    )
+                    .and_then(|_| {
+                        self.be.run(
+                            Op::KvWrite {
+                                k: &k,
+                                v: &v,
+                                slots: &slots,
+                                cache: KvLayerMut {
+                                    k: gk.body_mut(),
+                                    v: gv.body_mut(),
+                                    block_size: bs,
+                                    n_kv_heads: nkv,
+                                    head_dim: hd,
+                                },
+                            },
+                            mode,
+                        )
+                    })
+                    .err()
+                    .map(|e| format!("{e:#}"))
+            };
+            // Compare the whole cache (untouched cells must stay) as f32.
+            let to32 = |a: &[f16], b: &[f16]| -> Vec<f32> {
+                a.iter().chain(b).map(|h| h.to_f32()).collect()
+            };
+            let y = to32(gk.body(), gv.body());
+            let r = to32(&rk, &rv);
+            let g = gk.guards_ok() && gv.guards_ok();
+            self.finish(
+                "kv_write",
+                format!("n={n} kv_heads={nkv} hd={hd} block={bs} blocks={nblk}"),
+                sup,
+                err,
+                &y,
+                &r,
+                g,
+                None,
+            );
+        }
+    }
+
+    fn attention(&mut self) {
+        if !self.want("paged_attention") {
+            return;
+        }
+        let mode = self.opts.mode;
+        let mut cases: Vec<AttnCase> = vec![
+            (64, 3, 3, 16, vec![(0, 1)]),
+            (64, 1, 8, 16, vec![(31, 1), (32, 1), (100, 1)]),
+            (80, 2, 1, 16, vec![(0, 17)]),
+            (128, 8, 3, 16, vec![(40, 9), (7, 1)]),
+            (256, 1, 8, 7, vec![(63, 2), (5, 5)]),
+            (128, 2, 8, 32, vec![(1000, 1), (0, 40), (300, 3)]),
+            (64, 3, 3, 16, vec![(4000, 1)]),
+            (96, 1, 3, 16, vec![(33, 33)]),
+        ];
+        if !self.opts.quick {
+            cases.push((128, 8, 4, 16, vec![(8000, 1); 4]));
+            cases.push((64, 3, 3, 16, vec![(0, 256)]));
+        }
+        for (hd, nkv, ratio, bs, seqs) in cases {
+            let nh = nkv * ratio;
+            // Blocks per sequence; physical ids scattered over a shuffled pool
+            // (plus spare unused blocks).
+            let per: Vec<usize> = seqs.iter().map(|&(s, c)| (s + c) / bs + 1).collect();
+            let total: usize = per.iter().sum::<usize>() + 5;
+            let mut pool: Vec<u32> = (0..total as u32).collect();
+            pool.shuffle(&mut self.rng);
+            let mut tables: Vec<Vec<u32>> = Vec::new();
+            let mut at = 0;
+            for &p in &per {
+                tables.push(pool[at..at + p].to_vec());
+                at += p;
+            }
+            let mut row_seq = Vec::new();
+            let mut positions = Vec::new();
+            for (si, &(s, c)) in seqs.iter().enumerate() {
+                for p in s..s + c {
+                    row_seq.push(si as u32);
+                    positions.push(p as u32);
+                }
+            }
+            let n_rows = positions.len();
+            let cell = nkv * hd;
+            let kc: Vec<f16> = (0..total * bs * cell)
+                .map(|_| f16::from_f32(self.rng.random_range(-2.0f32..2.0)))
+                .collect();
+            let vc: Vec<f16> = (0..total * bs * cell)
+                .map(|_| f16::from_f32(self.rng.random_range(-2.0f32..2.0)))
+                .collect();
+            let q = randv(&mut self.rng, n_rows * nh * hd, 2.0);
+            let trefs: Vec<&[u32]> = tables.iter().map(|t| &t[..]).collect();
+            let batch = AttnBatch {
+                block_tables: &trefs,
+                row_seq: &row_seq,
+                positions: &positions,
+            };
+            let cache = KvLayer {
+                k: &kc,
+                v: &vc,
+                block_size: bs,
+                n_kv_heads: nkv,
+                head_dim: hd,
+            };
+            let scale = 1.0 / (hd as f32).sqrt();
+            let mut r = vec![0f32; q.len()];
+            let mut y = Guarded::new(q.len());
+            let sup = self.be.supports_op(
+                &Op::PagedAttention {
+                    q: &q,
+                    n_heads: nh,
+                    scale,
+                    cache,
+                    batch,
+                    out: y.body_mut(),
+                },
+                mode,
+            );
+            let err = if !sup {
+                None
+            } else {
+                self.cpu
+                    .run(
+                        Op::PagedAttention {
+                            q: &q,
+                            n_heads: nh,
+                            scale,
+                            cache,
+                            batch,
+                            out: &mut r,
+                        },
+                        mode,
+                    )
+                    .and_then(|_| {
+                        self.be.run(
+                            Op::PagedAttention {
+                                q: &q,
+                                n_heads: nh,
+                                scale,
+                                cache,
+                                batch,
+                                out: y.body_mut(),
+                            },
+                            mode,
+                        )
+                    })
+                    .err()
+                    .map(|e| format!("{e:#}"))
+            };
+            let mut tmp = vec![0f32; q.len()];
+            let be = self.be;
+            let t = if sup && err.is_none() {
+                self.time(|| {
+                    be.run(
+                        Op::PagedAttention {
+                            q: &q,
+                            n_heads: nh,
+                            scale,
+                            cache,
+                            batch,
+                            out: &mut tmp,
+                        },
+                        mode,
+                    )
+                })
+            } else {
+                None
+            };
+            let ctx: usize = positions.iter().map(|&p| p as usize + 1).sum();
+            let perf = t.map(|t| {
+                (
+                    t,
+                    (ctx * nkv * hd * 4 + 8 * q.len()) as f64,
+                    (4 * ctx * nh * hd) as f64,
+                )
+            });
+            let g = y.guards_ok();
+            let desc = format!(
+                "hd={hd} kv={nkv} gqa={ratio} B={bs} rows={n_rows} seqs={:?}",
+                seqs
+            );
+            self.finish("paged_attention", desc, sup, err, y.body(), &r, g, perf);
+        }
+    }
+}
+
+/// Runs the whole grid on `be` against `cpu`.
+pub fn run(be: &dyn Backend, cpu: &dyn Backend, opts: &Options) -> Vec<CaseResult> {
+    let mut c = Ctx {
+        be,
+        cpu,
+        opts,
+        rng: ChaCha8Rng::seed_from_u64(opts.seed),
+        keep: Vec::new(),
+        results: Vec::new(),
+    };
+    c.matmul();
+    c.get_rows();
+    c.elementwise();
+    c.kv_write();
+    c.attention();
+    c.results
+}
+
+/// (passed, failed, unsupported).
+pub fn summary(results: &[CaseResult]) -> (usize, usize, usize) {
+    let mut s = (0, 0, 0);
+    for r in results {
+        match r.status {
+            Status::Pass => s.0 += 1,
+            Status::Fail(_) => s.1 += 1,
+            Status::Unsupported => s.2 += 1,
+        }
+    }
+    s
+}
