@@ -1,6 +1,7 @@
 //! `quire serve`: the OpenAI-compatible server.
 
 use super::ModelArgs;
+use crate::scheduler::PrefillCap;
 use crate::serve::EngineConfig;
 use crate::server::{AppState, ServerOptions};
 use anyhow::{Context, Result};
@@ -37,9 +38,10 @@ pub struct ServeArgs {
     /// max(min-prefill-tokens, T - decodes).
     #[arg(long)]
     pub static_prefill_budget: Option<usize>,
-    /// Most prefill tokens of one sequence per step (0 = no cap).
-    #[arg(long, default_value_t = 0)]
-    pub max_prefill_chunk: usize,
+    /// Most prefill tokens of one sequence per step: `off`, `auto`
+    /// (min(T, ceil(0.04 * n_ctx)), at least the prefill floor) or a number.
+    #[arg(long, default_value = "off", value_parser = parse_cap)]
+    pub max_prefill_chunk: PrefillCap,
     /// Most sequences running at once.
     #[arg(long, default_value_t = 64)]
     pub max_running: usize,
@@ -52,6 +54,17 @@ pub struct ServeArgs {
     /// Disable prefix caching (every prompt is prefilled in full).
     #[arg(long)]
     pub no_prefix_cache: bool,
+}
+
+fn parse_cap(s: &str) -> std::result::Result<PrefillCap, String> {
+    match s {
+        "off" | "0" => Ok(PrefillCap::Off),
+        "auto" => Ok(PrefillCap::Auto),
+        n => n
+            .parse::<usize>()
+            .map(PrefillCap::Tokens)
+            .map_err(|_| format!("expected off, auto or a token count, got '{n}'")),
+    }
 }
 
 pub fn serve(a: ServeArgs) -> Result<()> {

@@ -17,7 +17,7 @@ use super::{
 use crate::kv::{KvManager, SeqId};
 use crate::runner::Runner;
 use crate::sampler::{logprobs, Sampler};
-use crate::scheduler::{PrefillBudget, PrefillCap, Scheduler, SchedulerConfig};
+use crate::scheduler::{PrefillBudget, Scheduler, SchedulerConfig};
 use anyhow::{anyhow, bail, Context, Result};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -45,11 +45,7 @@ pub fn spawn(runner: Runner, cfg: EngineConfig) -> Result<(EngineHandle, JoinHan
         Some(n) => PrefillBudget::Static(n),
         None => PrefillBudget::Dynamic,
     };
-    scfg.cap = if cfg.max_prefill_chunk > 0 {
-        PrefillCap::Tokens(cfg.max_prefill_chunk)
-    } else {
-        PrefillCap::Off
-    };
+    scfg.cap = cfg.max_prefill_chunk;
     // Same geometry as the runner's KV storage, which the step writes.
     let kv = KvManager::new(runner.kv.num_blocks(), runner.kv.block_size())
         .map_err(|e| anyhow!("creating the KV manager: {e}"))?;

@@ -24,6 +24,7 @@ pub use engine::spawn;
 pub use metrics::{EndKind, Metrics};
 
 use crate::sampler::SamplingParams;
+use crate::scheduler::PrefillCap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -44,8 +45,8 @@ pub struct EngineConfig {
     /// Some(n): a static prefill budget of n tokens per step, whatever the
     /// number of decodes (instead of the dynamic `max(min, T - D)`).
     pub static_prefill_budget: Option<usize>,
-    /// Most tokens one sequence prefills per step (0 = no cap).
-    pub max_prefill_chunk: usize,
+    /// Most tokens one sequence prefills per step.
+    pub max_prefill_chunk: PrefillCap,
     /// Most sequences running at once.
     pub max_running: usize,
     /// Reuse cached KV blocks of shared prompt prefixes.
@@ -59,7 +60,7 @@ impl Default for EngineConfig {
             max_batch_tokens: 256,
             min_prefill_tokens: 32,
             static_prefill_budget: None,
-            max_prefill_chunk: 0,
+            max_prefill_chunk: PrefillCap::Off,
             max_running: 64,
             prefix_caching: true,
         }
