@@ -184,7 +184,9 @@ impl Drop for Pool {
 }
 
 fn worker(sh: Arc<Shared>) {
-    let mut seen = sh.epoch.load(Ordering::Acquire);
+    // The epoch a new pool starts at (not a fresh load: the pool may be
+    // dropped, bumping it, before this thread first runs).
+    let mut seen = 0;
     loop {
         // Spin, then park, until the epoch moves.
         let mut start: Option<Instant> = None;
@@ -207,7 +209,7 @@ fn worker(sh: Arc<Shared>) {
             }
             let mut g = sh.lock.lock().unwrap_or_else(|e| e.into_inner());
             sh.sleepers.fetch_add(1, Ordering::SeqCst);
-            while sh.epoch.load(Ordering::SeqCst) == seen {
+            while sh.epoch.load(Ordering::SeqCst) == seen && !sh.stop.load(Ordering::SeqCst) {
                 g = sh.cv.wait(g).unwrap_or_else(|e| e.into_inner());
             }
             sh.sleepers.fetch_sub(1, Ordering::SeqCst);
