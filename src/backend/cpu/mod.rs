@@ -38,7 +38,8 @@ impl CpuBackend {
                 .map(|n| n.get())
                 .unwrap_or(1),
         };
-        let pool = pool::Pool::new(n).with_context(|| format!("cpu backend: building a thread pool of {n} threads"))?;
+        let pool = pool::Pool::new(n)
+            .with_context(|| format!("cpu backend: building a thread pool of {n} threads"))?;
         Ok(CpuBackend {
             pool,
             n_threads: n,

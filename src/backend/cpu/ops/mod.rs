@@ -90,7 +90,9 @@ pub(crate) fn try_for_chunks<T: Send>(
         let err = std::sync::Mutex::new(None);
         for_chunks(par, data, chunk, |i, c| {
             if let Err(e) = f(i, c) {
-                err.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+                err.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_or_insert(e);
             }
         });
         match err.into_inner().unwrap_or_else(|e| e.into_inner()) {

@@ -1,9 +1,9 @@
 //! Canonical activation quantization (once per matmul, all rows).
 
 use super::{Act32Row, ActKRow};
-use crate::backend::cpu::{canon, Isa};
 use crate::backend::cpu::ops::MutPtr;
 use crate::backend::cpu::pool::Par;
+use crate::backend::cpu::{canon, Isa};
 
 /// One canonical block (`canon::quantize_block`) and its exact sum Σq.
 /// `xb.len() == q.len()`, a multiple of 16 (32 or 256 here).
