@@ -7,15 +7,16 @@
 
 pub mod canon;
 pub mod ops;
+pub mod pool;
 pub mod simd;
 
 use crate::backend::{Backend, Mode, Op};
 use anyhow::{Context, Result};
 pub use simd::Isa;
 
-/// The `cpu` backend. Owns its rayon thread pool; all work runs inside it.
+/// The `cpu` backend. Owns its worker pool; parallel ops run on it.
 pub struct CpuBackend {
-    pool: rayon::ThreadPool,
+    pool: pool::Pool,
     n_threads: usize,
     isa: Isa,
     par_min_work: usize,
@@ -37,10 +38,7 @@ impl CpuBackend {
                 .map(|n| n.get())
                 .unwrap_or(1),
         };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .thread_name(|i| format!("quire-cpu-{i}"))
-            .build()
+        let pool = pool::Pool::new(n)
             .with_context(|| format!("cpu backend: building a thread pool of {n} threads"))?;
         Ok(CpuBackend {
             pool,
@@ -93,10 +91,14 @@ impl Backend for CpuBackend {
         // runs the same code. Small ops run serially on the calling thread:
         // handing them to the pool costs more than they do, and no result
         // depends on which thread computes it.
-        let par = self.n_threads > 1 && work(&op) >= self.par_min_work;
+        let par = if self.n_threads > 1 && work(&op) >= self.par_min_work {
+            pool::Par::pool(&self.pool)
+        } else {
+            pool::Par::SERIAL
+        };
         let isa = self.isa;
         let nt = self.n_threads;
-        let exec = move || match op {
+        match op {
             Op::MatMul { w, x, n, out } => ops::matmul::run(par, isa, nt, w, x, n, out),
             Op::RmsNorm {
                 x,
@@ -129,11 +131,6 @@ impl Backend for CpuBackend {
                 batch,
                 out,
             } => ops::attention::run(par, isa, q, n_heads, scale, cache, batch, out),
-        };
-        if par {
-            self.pool.install(exec)
-        } else {
-            exec()
         }
     }
 }

@@ -4,7 +4,7 @@ use super::{for_chunks, ELEM_CHUNK};
 use anyhow::{ensure, Result};
 
 /// x += y. x, y: (len,).
-pub fn add(par: bool, x: &mut [f32], y: &[f32]) -> Result<()> {
+pub fn add(par: crate::backend::cpu::pool::Par<'_>, x: &mut [f32], y: &[f32]) -> Result<()> {
     ensure!(
         x.len() == y.len(),
         "add: x has {} elements, y has {}",
@@ -20,7 +20,11 @@ pub fn add(par: bool, x: &mut [f32], y: &[f32]) -> Result<()> {
 }
 
 /// x: (n, dim) += bias: (dim,) on every row.
-pub fn add_bias(par: bool, x: &mut [f32], bias: &[f32]) -> Result<()> {
+pub fn add_bias(
+    par: crate::backend::cpu::pool::Par<'_>,
+    x: &mut [f32],
+    bias: &[f32],
+) -> Result<()> {
     let dim = bias.len();
     ensure!(
         dim > 0 && x.len().is_multiple_of(dim),

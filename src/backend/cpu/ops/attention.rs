@@ -26,7 +26,7 @@ pub const CHUNK: usize = 32;
 /// q, out: (n_rows, n_heads, head_dim).
 #[allow(clippy::too_many_arguments)] // the op's fields, passed through
 pub fn run(
-    par: bool,
+    par: crate::backend::cpu::pool::Par<'_>,
     isa: Isa,
     q: &[f32],
     n_heads: usize,

@@ -5,7 +5,12 @@ use crate::backend::QMatrix;
 use anyhow::{ensure, Context, Result};
 
 /// table: (rows, cols); ids: (n,); out: (n, cols).
-pub fn run(par: bool, table: QMatrix<'_>, ids: &[u32], out: &mut [f32]) -> Result<()> {
+pub fn run(
+    par: crate::backend::cpu::pool::Par<'_>,
+    table: QMatrix<'_>,
+    ids: &[u32],
+    out: &mut [f32],
+) -> Result<()> {
     let rb = table
         .ty
         .row_bytes(table.cols)

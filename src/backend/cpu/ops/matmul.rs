@@ -9,7 +9,6 @@ use crate::backend::cpu::{Isa, SendPtr};
 use crate::backend::QMatrix;
 use crate::quant::GgmlType;
 use anyhow::{ensure, Result};
-use rayon::prelude::*;
 
 /// Activation rows per tile: a weight row is loaded once (into L1) and
 /// dotted against this many activation rows.
@@ -17,7 +16,7 @@ const ROW_TILE: usize = 8;
 
 /// w: (m, k); x: (n, k); out: (n, m).
 pub fn run(
-    par: bool,
+    par: crate::backend::cpu::pool::Par<'_>,
     isa: Isa,
     n_threads: usize,
     w: QMatrix<'_>,
@@ -71,16 +70,11 @@ pub fn run(
         }
         _ => Acts::Q(Act32::quantize(par, isa, x, n, k)),
     };
-    // Chunks of weight rows: enough tasks to balance the pool; the split
-    // never changes any element's arithmetic.
-    let target_tasks = n_threads.max(1) * 4;
-    let chunk = m.div_ceil(target_tasks).clamp(1, 256);
-    let n_chunks = m.div_ceil(chunk);
+    let _ = n_threads;
     let outp = SendPtr(out.as_mut_ptr());
     let ty = w.ty;
-    let task = |c: usize| {
-        let j0 = c * chunk;
-        let j1 = (j0 + chunk).min(m);
+    // Output columns (weight rows) [j0, j1) for all n activation rows.
+    let task = |j0: usize, j1: usize| {
         let mut tile_out = [0f32; ROW_TILE];
         for i0 in (0..n).step_by(ROW_TILE) {
             let i1 = (i0 + ROW_TILE).min(n);
@@ -124,10 +118,29 @@ pub fn run(
             }
         }
     };
-    if par {
-        (0..n_chunks).into_par_iter().for_each(task);
+    // The split of weight rows among threads never changes any element's
+    // arithmetic. Few activation rows (decode): one contiguous range per
+    // thread (a multiple of 8 rows), no hand-offs. Many (prefill): chunks
+    // claimed dynamically, for balance.
+    let nt = par.n_threads();
+    if n <= SMALL_N {
+        let per = m.div_ceil(nt).next_multiple_of(8);
+        par.for_threads(|t, _| {
+            let j0 = (t * per).min(m);
+            let j1 = (j0 + per).min(m);
+            if j0 < j1 {
+                task(j0, j1);
+            }
+        });
     } else {
-        (0..n_chunks).for_each(task);
+        let chunk = m.div_ceil(nt * 4).clamp(1, 256);
+        par.for_tasks(m.div_ceil(chunk), |c| {
+            let j0 = c * chunk;
+            task(j0, (j0 + chunk).min(m));
+        });
     }
     Ok(())
 }
+
+/// Activation rows up to which threads split the weight rows statically.
+const SMALL_N: usize = 4;

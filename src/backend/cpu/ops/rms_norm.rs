@@ -8,7 +8,7 @@ use anyhow::{ensure, Result};
 
 /// x, out: (n, dim); w: (dim,).
 pub fn run(
-    par: bool,
+    par: crate::backend::cpu::pool::Par<'_>,
     isa: Isa,
     x: &[f32],
     w: &[f32],

@@ -9,7 +9,7 @@ use anyhow::{ensure, Result};
 /// pair i is (2i, 2i+1), or (i, i + rope_dim/2) when `neox`.
 #[allow(clippy::too_many_arguments)] // the op's fields, passed through
 pub fn run(
-    par: bool,
+    par: crate::backend::cpu::pool::Par<'_>,
     x: &mut [f32],
     n_heads: usize,
     head_dim: usize,

@@ -5,7 +5,13 @@ use crate::backend::cpu::{canon, Isa};
 use anyhow::{ensure, Result};
 
 /// gate, up, out: (len,).
-pub fn run(par: bool, isa: Isa, gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<()> {
+pub fn run(
+    par: crate::backend::cpu::pool::Par<'_>,
+    isa: Isa,
+    gate: &[f32],
+    up: &[f32],
+    out: &mut [f32],
+) -> Result<()> {
     ensure!(
         gate.len() == up.len() && up.len() == out.len(),
         "swiglu: gate {} / up {} / out {} elements differ",

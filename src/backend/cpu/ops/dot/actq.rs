@@ -1,8 +1,9 @@
 //! Canonical activation quantization (once per matmul, all rows).
 
 use super::{Act32Row, ActKRow};
+use crate::backend::cpu::ops::MutPtr;
+use crate::backend::cpu::pool::Par;
 use crate::backend::cpu::{canon, Isa};
-use rayon::prelude::*;
 
 /// One canonical block (`canon::quantize_block`) and its exact sum Σq.
 /// `xb.len() == q.len()`, a multiple of 16 (32 or 256 here).
@@ -41,7 +42,9 @@ pub struct Act32 {
 
 impl Act32 {
     /// x: (n, k), k a multiple of 32 (caller-validated).
-    pub fn quantize(par: bool, isa: Isa, x: &[f32], n: usize, k: usize) -> Act32 {
+    /// `par`: a [`Par`] (or `false`, serial); rows split among threads.
+    pub fn quantize<'p>(par: impl Into<Par<'p>>, isa: Isa, x: &[f32], n: usize, k: usize) -> Act32 {
+        let par: Par<'p> = par.into();
         let nb = k / 32;
         // Row stride of `qs`: the block count rounded up to a pair.
         let rk = nb.div_ceil(2) * 64;
@@ -69,13 +72,26 @@ impl Act32 {
                 s[b] = db * isum as f32;
             }
         };
-        if par {
-            a.qs.par_chunks_mut(rk)
-                .zip(a.d.par_chunks_mut(nb))
-                .zip(a.s.par_chunks_mut(nb))
-                .zip(a.sum.par_chunks_mut(nb))
-                .zip(x.par_chunks(k))
-                .for_each(|((((qs, d), s), sum), xr)| row(qs, d, s, sum, xr));
+        if par.is_par() && n > 1 {
+            let (qs, d, sp, sum) = (
+                MutPtr::new(&mut a.qs),
+                MutPtr::new(&mut a.d),
+                MutPtr::new(&mut a.s),
+                MutPtr::new(&mut a.sum),
+            );
+            par.for_tasks(n, |i| {
+                // SAFETY: task i alone touches row i of each buffer (in
+                // bounds: the buffers hold n rows); `a` outlives the loop.
+                unsafe {
+                    row(
+                        qs.slice(i * rk, rk),
+                        d.slice(i * nb, nb),
+                        sp.slice(i * nb, nb),
+                        sum.slice(i * nb, nb),
+                        &x[i * k..(i + 1) * k],
+                    )
+                }
+            });
         } else {
             for ((((qs, d), s), sum), xr) in
                 a.qs.chunks_mut(rk)
@@ -112,7 +128,9 @@ pub struct ActK {
 
 impl ActK {
     /// x: (n, k), k a multiple of 256 (caller-validated).
-    pub fn quantize(par: bool, isa: Isa, x: &[f32], n: usize, k: usize) -> ActK {
+    /// `par`: a [`Par`] (or `false`, serial); rows split among threads.
+    pub fn quantize<'p>(par: impl Into<Par<'p>>, isa: Isa, x: &[f32], n: usize, k: usize) -> ActK {
+        let par: Par<'p> = par.into();
         let nb = k / 256;
         let mut a = ActK {
             nb,
@@ -132,12 +150,24 @@ impl ActK {
                 }
             }
         };
-        if par {
-            a.qs.par_chunks_mut(k)
-                .zip(a.d.par_chunks_mut(nb))
-                .zip(a.bsum.par_chunks_mut(nb * 16))
-                .zip(x.par_chunks(k))
-                .for_each(|(((qs, d), bsum), xr)| row(qs, d, bsum, xr));
+        if par.is_par() && n > 1 {
+            let (qs, d, bsum) = (
+                MutPtr::new(&mut a.qs),
+                MutPtr::new(&mut a.d),
+                MutPtr::new(&mut a.bsum),
+            );
+            par.for_tasks(n, |i| {
+                // SAFETY: task i alone touches row i of each buffer (in
+                // bounds: the buffers hold n rows); `a` outlives the loop.
+                unsafe {
+                    row(
+                        qs.slice(i * k, k),
+                        d.slice(i * nb, nb),
+                        bsum.slice(i * nb * 16, nb * 16),
+                        &x[i * k..(i + 1) * k],
+                    )
+                }
+            });
         } else {
             for (((qs, d), bsum), xr) in
                 a.qs.chunks_mut(k)
