@@ -4,7 +4,7 @@
 //! pair first, leftmost on ties; byte fallback for unknown characters).
 
 use quire::gguf::{GgufFile, GgufWriter};
-use quire::tokenizer::{StreamDecoder, Tokenizer, TokenizerSpec};
+use quire::tokenizer::{ChatMessage, StreamDecoder, Tokenizer, TokenizerSpec};
 
 const UNK: u32 = 0;
 const BOS: u32 = 1;
@@ -71,7 +71,11 @@ fn write_gguf(dir: &std::path::Path, with_tokens: bool) -> std::path::PathBuf {
     w.add_kv("tokenizer.ggml.bos_token_id", BOS);
     w.add_kv("tokenizer.ggml.eos_token_id", EOS);
     w.add_kv("tokenizer.ggml.unknown_token_id", UNK);
-    let path = dir.join(if with_tokens { "spm.gguf" } else { "broken.gguf" });
+    let path = dir.join(if with_tokens {
+        "spm.gguf"
+    } else {
+        "broken.gguf"
+    });
     w.write_to(&path).expect("writing the synthetic GGUF");
     path
 }
@@ -90,12 +94,21 @@ fn merges_by_score_with_space_prefix_and_bos() {
     assert_eq!(t.vocab_size(), 278);
     assert_eq!(t.bos_id(), Some(BOS));
     // llama defaults: add_bos and add_space_prefix are on.
-    assert_eq!(t.encode("hello world", true, false).unwrap(), vec![BOS, 271, 276]);
-    assert_eq!(t.encode("hello world", false, false).unwrap(), vec![271, 276]);
+    assert_eq!(
+        t.encode("hello world", true, false).unwrap(),
+        vec![BOS, 271, 276]
+    );
+    assert_eq!(
+        t.encode("hello world", false, false).unwrap(),
+        vec![271, 276]
+    );
     assert_eq!(t.decode(&[BOS, 271, 276], true).unwrap(), "hello world");
     // Only a space at the very start of the output is removed (as HF does):
     // a rendered BOS keeps the word's space.
-    assert_eq!(t.decode(&[BOS, 271, 276], false).unwrap(), "<s> hello world");
+    assert_eq!(
+        t.decode(&[BOS, 271, 276], false).unwrap(),
+        "<s> hello world"
+    );
     assert_eq!(t.token_to_piece(271).unwrap(), " hello");
 }
 
@@ -133,6 +146,24 @@ fn special_tokens() {
     let ids = t.encode("hello<|user|>world", false, false).unwrap();
     assert_eq!(ids, vec![271, USER, 276]);
     assert_eq!(t.decode(&ids, true).unwrap(), "hello<|user|> world");
+}
+
+#[test]
+fn chatml_fallback_without_template() {
+    let (_d, t) = load();
+    assert!(t.chat_template().is_none());
+    let m = [
+        ChatMessage::new("system", "S"),
+        ChatMessage::new("user", "U"),
+    ];
+    assert_eq!(
+        t.apply_chat_template(&m, true).unwrap(),
+        "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n"
+    );
+    assert_eq!(
+        t.apply_chat_template(&m[1..], false).unwrap(),
+        "<|im_start|>user\nU<|im_end|>\n"
+    );
 }
 
 #[test]

@@ -130,7 +130,13 @@ impl Tokenizer {
                 )
             })
             .filter(|(i, _)| !spec.tokens[*i].is_empty())
-            .map(|(i, t)| (spec.tokens[i].clone(), i as u32, *t == TokenType::UserDefined))
+            .map(|(i, t)| {
+                (
+                    spec.tokens[i].clone(),
+                    i as u32,
+                    *t == TokenType::UserDefined,
+                )
+            })
             .collect();
         specials.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
 
@@ -207,7 +213,8 @@ impl Tokenizer {
     /// Reads the tokenizer of a GGUF file (see [`TokenizerSpec::from_gguf`]).
     pub fn from_gguf(f: &crate::gguf::GgufFile) -> Result<Tokenizer> {
         let spec = TokenizerSpec::from_gguf(f)?;
-        Tokenizer::new(spec).with_context(|| format!("{}: building the tokenizer", f.path().display()))
+        Tokenizer::new(spec)
+            .with_context(|| format!("{}: building the tokenizer", f.path().display()))
     }
 
     /// Opens `path` and reads its tokenizer.
@@ -298,8 +305,7 @@ impl Tokenizer {
                 pretok
                     .pre_tokenize(&mut pts)
                     .map_err(|e| anyhow!("pre-tokenizer ({}): {e}", self.pre_family))?;
-                for (piece, _, _) in pts.get_splits(OffsetReferential::Original, OffsetType::Byte)
-                {
+                for (piece, _, _) in pts.get_splits(OffsetReferential::Original, OffsetType::Byte) {
                     let toks = model
                         .tokenize(piece)
                         .map_err(|e| anyhow!("BPE on piece {piece:?}: {e}"))?;
@@ -361,7 +367,10 @@ impl Tokenizer {
     /// `▁` to a space.
     pub fn piece_bytes(&self, id: u32, skip_special: bool) -> Result<Vec<u8>> {
         let text = self.tokens.get(id as usize).ok_or_else(|| {
-            anyhow!("token id {id} out of range (vocab size {})", self.tokens.len())
+            anyhow!(
+                "token id {id} out of range (vocab size {})",
+                self.tokens.len()
+            )
         })?;
         let ty = self.types[id as usize];
         Ok(match ty {
@@ -404,9 +413,10 @@ impl Tokenizer {
         Ok(String::from_utf8_lossy(&self.piece_bytes(id, false)?).into_owned())
     }
 
-    /// Decodes `ids`. With SentencePiece and add_space_prefix, the space the
-    /// encoder prefixed to the first word is removed. Invalid UTF-8 becomes
-    /// U+FFFD.
+    /// Decodes `ids`. With SentencePiece and add_space_prefix, a space at the
+    /// very start of the output (the one the encoder prefixed to the first
+    /// word) is removed; after a rendered BOS it is kept, as in HF. Invalid
+    /// UTF-8 becomes U+FFFD.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
         let mut d = StreamDecoder::new(self, skip_special);
         let mut s = String::new();
