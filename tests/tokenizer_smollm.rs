@@ -33,17 +33,21 @@ const CASES: &[(&str, &[u32])] = &[
     ),
     (
         "  leading   spaces\t\ttabs\n\n\nnewlines  ",
-        &[216, 2899, 256, 5600, 197, 197, 100, 7366, 1116, 198, 2241, 5110, 256],
+        &[
+            216, 2899, 256, 5600, 197, 197, 100, 7366, 1116, 198, 2241, 5110, 256,
+        ],
     ),
     (
         "Café naïve résumé über",
-        &[51, 1939, 2756, 15486, 46494, 412, 2756, 5422, 2756, 5549, 137, 593],
+        &[
+            51, 1939, 2756, 15486, 46494, 412, 2756, 5422, 2756, 5549, 137, 593,
+        ],
     ),
     (
         "中文分词测试，日本語のテキスト",
         &[
-            28589, 29184, 37349, 16313, 231, 43222, 229, 16313, 239, 12831, 23274, 115, 40993,
-            179, 120, 248, 26453, 11100, 224, 10391, 251, 10391, 134, 11100, 226,
+            28589, 29184, 37349, 16313, 231, 43222, 229, 16313, 239, 12831, 23274, 115, 40993, 179,
+            120, 248, 26453, 11100, 224, 10391, 251, 10391, 134, 11100, 226,
         ],
     ),
     (
@@ -99,7 +103,11 @@ fn exact_ids_and_round_trip() {
         assert_eq!(t.encode(text, true, true).unwrap(), ids);
         assert_eq!(t.decode(&ids, false).unwrap(), *text, "round trip");
         let raw = t.encode(text, false, false).unwrap();
-        assert_eq!(t.decode(&raw, false).unwrap(), *text, "round trip, no special");
+        assert_eq!(
+            t.decode(&raw, false).unwrap(),
+            *text,
+            "round trip, no special"
+        );
     }
 }
 
@@ -148,13 +156,16 @@ fn stream_decoder_reassembles_split_characters() {
 #[test]
 fn random_text_round_trips() {
     let Some(t) = load() else { return };
-    let pool: Vec<char> = "abcXYZ019 \t\n\r.,;'\"(){}<>|_-+=éüñßøçЖЯ中文字日本語한국🎉🚀👩\u{200d}💻²½"
-        .chars()
-        .collect();
+    let pool: Vec<char> =
+        "abcXYZ019 \t\n\r.,;'\"(){}<>|_-+=éüñßøçЖЯ中文字日本語한국🎉🚀👩\u{200d}💻²½"
+            .chars()
+            .collect();
     let mut rng = ChaCha8Rng::seed_from_u64(0x5eed);
     for _ in 0..200 {
         let n = rng.random_range(1..60);
-        let s: String = (0..n).map(|_| pool[rng.random_range(0..pool.len())]).collect();
+        let s: String = (0..n)
+            .map(|_| pool[rng.random_range(0..pool.len())])
+            .collect();
         let ids = t.encode(&s, false, false).unwrap();
         assert!(!ids.is_empty());
         assert_eq!(t.decode(&ids, false).unwrap(), s, "ids {ids:?}");

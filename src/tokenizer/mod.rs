@@ -41,11 +41,12 @@ const END_OF_TURN_TOKENS: &[&str] = &[
 ];
 
 enum Algo {
+    // Boxed: both are large and the variants should stay similar in size.
     Bpe {
-        pretok: PreTokenizerWrapper,
+        pretok: Box<PreTokenizerWrapper>,
         model: Box<BPE>,
     },
-    Spm(spm::SpmModel),
+    Spm(Box<spm::SpmModel>),
 }
 
 /// A tokenizer for one GGUF model. Immutable and `Sync`: share it freely.
@@ -168,14 +169,18 @@ impl Tokenizer {
                     .context("building the BPE model from tokenizer.ggml.tokens/merges")?;
                 (
                     Algo::Bpe {
-                        pretok,
+                        pretok: Box::new(pretok),
                         model: Box::new(model),
                     },
                     kind.family,
                 )
             }
             TokenizerModel::Llama => (
-                Algo::Spm(spm::SpmModel::new(&spec.tokens, &spec.scores, spec.unk_id)?),
+                Algo::Spm(Box::new(spm::SpmModel::new(
+                    &spec.tokens,
+                    &spec.scores,
+                    spec.unk_id,
+                )?)),
                 "spm",
             ),
         };
@@ -446,5 +451,35 @@ fn truncate(s: &str, n: usize) -> &str {
     match s.char_indices().nth(n) {
         Some((i, _)) => &s[..i],
         None => s,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokenizer_is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Tokenizer>();
+        check::<StreamDecoder<'static>>();
+    }
+
+    #[test]
+    fn partition_prefers_longer_specials() {
+        let toks: Vec<String> = ["<a>", "<a><b>", "x"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let mut spec = TokenizerSpec::new("llama", toks);
+        spec.token_types = vec![3, 3, 1];
+        let t = Tokenizer::new(spec).unwrap();
+        let f: Vec<String> = t
+            .partition("x<a><b><a>x", true)
+            .iter()
+            .map(|f| format!("{f:?}"))
+            .collect();
+        assert_eq!(f, ["Text(\"x\")", "Token(1)", "Token(0)", "Text(\"x\")"]);
+        assert_eq!(t.partition("x<a>", false).len(), 1);
     }
 }
