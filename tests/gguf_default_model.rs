@@ -28,7 +28,10 @@ fn default_model_opens() {
     assert_eq!(f.get_u32("llama.attention.head_count_kv").unwrap(), 3);
     assert_eq!(f.get_str("tokenizer.ggml.model").unwrap(), "gpt2");
     assert_eq!(f.get_str("tokenizer.ggml.pre").unwrap(), "smollm");
-    assert_eq!(f.get_str_array("tokenizer.ggml.tokens").unwrap().len(), 49152);
+    assert_eq!(
+        f.get_str_array("tokenizer.ggml.tokens").unwrap().len(),
+        49152
+    );
 
     let q = f.tensor("blk.0.attn_q.weight").unwrap();
     assert_eq!(q.ty, GgmlType::Q4_1);
@@ -36,7 +39,11 @@ fn default_model_opens() {
     let norm = f.tensor("blk.0.attn_norm.weight").unwrap();
     assert_eq!(norm.ty, GgmlType::F32);
     // Real weights dequantize to finite, non-constant values of weight scale.
-    for name in ["token_embd.weight", "blk.0.attn_q.weight", "blk.29.ffn_down.weight"] {
+    for name in [
+        "token_embd.weight",
+        "blk.0.attn_q.weight",
+        "blk.29.ffn_down.weight",
+    ] {
         let w = f.tensor_f32(name).unwrap();
         assert!(w.iter().all(|v| v.is_finite()), "{name}");
         let rms = (w.iter().map(|v| (v * v) as f64).sum::<f64>() / w.len() as f64).sqrt();

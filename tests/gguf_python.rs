@@ -21,7 +21,11 @@ fn script() -> PathBuf {
 }
 
 fn python_unavailable() -> Option<String> {
-    match Command::new(python()).arg(script()).arg("check-imports").output() {
+    match Command::new(python())
+        .arg(script())
+        .arg("check-imports")
+        .output()
+    {
         Err(e) => Some(format!("cannot run {}: {e}", python())),
         Ok(o) if !o.status.success() => Some(format!(
             "{} lacks gguf/numpy: {}",
@@ -90,14 +94,21 @@ fn gguf_python_reads_our_files() {
         ("f64", GgufValue::F64(rng.random_range(-10.0f64..10.0))),
         ("bool", GgufValue::Bool(true)),
         ("str", s("Ġtoken ✓")),
-        ("tokens", GgufValue::Array(vec![s("<s>"), s("a"), s("ĠHello")])),
+        (
+            "tokens",
+            GgufValue::Array(vec![s("<s>"), s("a"), s("ĠHello")]),
+        ),
         (
             "scores",
             GgufValue::Array((0..6).map(|_| GgufValue::F32(rng.random())).collect()),
         ),
         (
             "types",
-            GgufValue::Array((0..6).map(|_| GgufValue::I32(rng.random_range(1..7))).collect()),
+            GgufValue::Array(
+                (0..6)
+                    .map(|_| GgufValue::I32(rng.random_range(1..7)))
+                    .collect(),
+            ),
         ),
     ];
     let mut w = GgufWriter::new();
@@ -112,8 +123,13 @@ fn gguf_python_reads_our_files() {
         };
         let n = dims.iter().product::<u64>() as usize;
         let x: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-        w.add_tensor(format!("t{i}.{}", ty.name()), &dims, ty, quantize(ty, &x).unwrap())
-            .unwrap();
+        w.add_tensor(
+            format!("t{i}.{}", ty.name()),
+            &dims,
+            ty,
+            quantize(ty, &x).unwrap(),
+        )
+        .unwrap();
     }
     w.write_to(&path).unwrap();
     let f = GgufFile::open(&path).unwrap();
@@ -131,8 +147,7 @@ fn gguf_python_reads_our_files() {
         String::from_utf8_lossy(&o.stderr)
     );
     let m: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(m["version"], 3);
 
     let md = m["metadata"].as_object().unwrap();
@@ -156,7 +171,11 @@ fn gguf_python_reads_our_files() {
             }
             _ => {
                 assert_eq!(types, vec![py_type(v)], "{k}");
-                assert!(same_scalar(v, &p["value"]), "{k}: ours {v:?} vs python {}", p["value"]);
+                assert!(
+                    same_scalar(v, &p["value"]),
+                    "{k}: ours {v:?} vs python {}",
+                    p["value"]
+                );
             }
         }
     }
@@ -173,7 +192,12 @@ fn gguf_python_reads_our_files() {
             .collect();
         assert_eq!(shape, t.dims, "{}: GGML-order shape", t.name);
         assert_eq!(p["type"], t.ty.name(), "{}", t.name);
-        assert_eq!(p["n_bytes"].as_u64().unwrap(), t.n_bytes as u64, "{}", t.name);
+        assert_eq!(
+            p["n_bytes"].as_u64().unwrap(),
+            t.n_bytes as u64,
+            "{}",
+            t.name
+        );
         assert_eq!(
             p["data_offset"].as_u64().unwrap(),
             f.data_offset() + t.offset,

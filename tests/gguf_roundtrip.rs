@@ -22,8 +22,14 @@ fn all_value_kinds(rng: &mut ChaCha8Rng) -> Vec<(String, GgufValue)> {
         ("t.i32".into(), GgufValue::I32(rng.random())),
         ("t.u64".into(), GgufValue::U64(rng.random())),
         ("t.i64".into(), GgufValue::I64(rng.random())),
-        ("t.f32".into(), GgufValue::F32(rng.random_range(-1e6f32..1e6))),
-        ("t.f64".into(), GgufValue::F64(rng.random_range(-1e6f64..1e6))),
+        (
+            "t.f32".into(),
+            GgufValue::F32(rng.random_range(-1e6f32..1e6)),
+        ),
+        (
+            "t.f64".into(),
+            GgufValue::F64(rng.random_range(-1e6f64..1e6)),
+        ),
         ("t.bool".into(), GgufValue::Bool(rng.random())),
         ("t.string".into(), s("héllo wörld ✓")),
         ("t.empty_string".into(), s("")),
@@ -92,13 +98,19 @@ fn round_trip_every_type_and_value() {
         let x = random_f32(&mut rng, n as usize);
         let data = quantize(ty, &x).unwrap();
         let name = format!("blk.{i}.{}", ty.name());
-        w.add_tensor(name.as_str(), &dims, ty, data.clone()).unwrap();
+        w.add_tensor(name.as_str(), &dims, ty, data.clone())
+            .unwrap();
         expect.push((name, dims, ty, data));
     }
     // A 1D tensor whose size is not a multiple of the alignment.
     let norm = random_f32(&mut rng, 7);
-    w.add_tensor("norm", &[7], GgmlType::F32, quantize(GgmlType::F32, &norm).unwrap())
-        .unwrap();
+    w.add_tensor(
+        "norm",
+        &[7],
+        GgmlType::F32,
+        quantize(GgmlType::F32, &norm).unwrap(),
+    )
+    .unwrap();
     w.write_to(&path).unwrap();
 
     let f = GgufFile::open(&path).unwrap();
@@ -194,7 +206,9 @@ fn typed_getters() {
         let msg = e.to_string();
         assert!(msg.contains("get.gguf"), "no file in: {msg}");
         assert!(matches!(e, GgufError::Metadata { .. }), "{msg}");
-        let GgufError::Metadata { key, .. } = &e else { unreachable!() };
+        let GgufError::Metadata { key, .. } = &e else {
+            unreachable!()
+        };
         assert!(msg.contains(&format!("'{key}'")), "no key in: {msg}");
     }
     // The error works with anyhow.
@@ -247,7 +261,8 @@ fn writer_rejects_bad_tensors() {
     assert!(e.contains("overflow"), "{e}");
     let e = err(w.add_tensor("x", &[256], GgmlType::Q8_K, vec![0; 292]));
     assert!(e.contains("Q8_K"), "{e}");
-    w.add_tensor("x", &[32], GgmlType::Q8_0, vec![0; 34]).unwrap();
+    w.add_tensor("x", &[32], GgmlType::Q8_0, vec![0; 34])
+        .unwrap();
     let e = err(w.add_tensor("x", &[32], GgmlType::Q8_0, vec![0; 34]));
     assert!(e.contains("duplicate"), "{e}");
 
@@ -260,6 +275,21 @@ fn writer_rejects_bad_tensors() {
         "mixed",
         GgufValue::Array(vec![GgufValue::U32(1), GgufValue::I32(1)]),
     );
-    let e = w.write_to(&dir.path().join("b.gguf")).unwrap_err().to_string();
+    let e = w
+        .write_to(&dir.path().join("b.gguf"))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("mixed"), "{e}");
+}
+
+#[test]
+fn errors_are_send_sync_static() {
+    fn check<T: Send + Sync + 'static + std::error::Error>() {}
+    check::<GgufError>();
+    check::<quire::quant::QuantError>();
+    // Display of values elides long arrays.
+    let v = GgufValue::from((0..20u32).collect::<Vec<_>>());
+    let s = v.to_string();
+    assert!(s.starts_with("[0, 1,") && s.contains("(20 items)"), "{s}");
+    assert_eq!(v.type_name(), "array of u32");
 }

@@ -13,7 +13,11 @@ fn weights(n: usize, seed: u64) -> Vec<f32> {
     for i in 0..n {
         let g: f32 = (0..4).map(|_| rng.random_range(-1.0f32..1.0)).sum::<f32>() * 0.5;
         let scale = 0.02 * (1.0 + (i / 256) as f32 * 0.3);
-        let outlier = if rng.random_range(0..100) == 0 { 4.0 } else { 1.0 };
+        let outlier = if rng.random_range(0..100) == 0 {
+            4.0
+        } else {
+            1.0
+        };
         v.push(g * scale * outlier);
     }
     v
@@ -59,7 +63,10 @@ fn quantize_dequantize_error_is_small() {
         let e = rel_rms(&x, &y);
         report.push(format!("{ty:?}: {e:.2e} (bound {:.1e})", bound(ty)));
         if e > bound(ty) {
-            failures.push(format!("{ty:?}: relative RMS error {e:.3e} > {:.1e}", bound(ty)));
+            failures.push(format!(
+                "{ty:?}: relative RMS error {e:.3e} > {:.1e}",
+                bound(ty)
+            ));
         }
     }
     println!("{}", report.join(", "));
@@ -114,7 +121,10 @@ fn zero_and_constant_blocks_are_finite() {
             dequantize(ty, &q, &mut y).unwrap();
             for v in &y {
                 assert!(v.is_finite(), "{ty:?} const {c}: {v}");
-                assert!((v - c).abs() <= 0.02 * c.abs() + 1e-6, "{ty:?} const {c}: got {v}");
+                assert!(
+                    (v - c).abs() <= 0.02 * c.abs() + 1e-6,
+                    "{ty:?} const {c}: got {v}"
+                );
             }
         }
     }
@@ -128,22 +138,37 @@ fn bad_lengths_are_errors() {
         let mut dst = vec![0f32; 2 * b];
         dequantize(ty, &good, &mut dst).unwrap();
         let r = dequantize(ty, &good[..good.len() - 1], &mut dst);
-        assert!(matches!(r, Err(QuantError::BadLength { .. })), "{ty:?}: {r:?}");
+        assert!(
+            matches!(r, Err(QuantError::BadLength { .. })),
+            "{ty:?}: {r:?}"
+        );
         let mut long = good.clone();
         long.push(0);
         let r = dequantize(ty, &long, &mut dst);
-        assert!(matches!(r, Err(QuantError::BadLength { .. })), "{ty:?}: {r:?}");
+        assert!(
+            matches!(r, Err(QuantError::BadLength { .. })),
+            "{ty:?}: {r:?}"
+        );
         if b > 1 {
             let mut odd = vec![0f32; b + 1];
             let r = dequantize(ty, &good, &mut odd);
-            assert!(matches!(r, Err(QuantError::NotBlockMultiple { .. })), "{ty:?}: {r:?}");
+            assert!(
+                matches!(r, Err(QuantError::NotBlockMultiple { .. })),
+                "{ty:?}: {r:?}"
+            );
             let r = quantize(ty, &odd);
-            assert!(matches!(r, Err(QuantError::NotBlockMultiple { .. })), "{ty:?}: {r:?}");
+            assert!(
+                matches!(r, Err(QuantError::NotBlockMultiple { .. })),
+                "{ty:?}: {r:?}"
+            );
             assert!(r.unwrap_err().to_string().contains("quantize"));
         }
     }
     for ty in [GgmlType::Q8_1, GgmlType::Q8_K] {
         let r = quantize(ty, &vec![1.0; 256]);
-        assert!(matches!(r, Err(QuantError::Unsupported { .. })), "{ty:?}: {r:?}");
+        assert!(
+            matches!(r, Err(QuantError::Unsupported { .. })),
+            "{ty:?}: {r:?}"
+        );
     }
 }

@@ -24,7 +24,11 @@ fn script() -> PathBuf {
 
 /// None when Python with gguf+numpy is usable, else the reason to skip.
 fn python_unavailable() -> Option<String> {
-    match Command::new(python()).arg(script()).arg("check-imports").output() {
+    match Command::new(python())
+        .arg(script())
+        .arg("check-imports")
+        .output()
+    {
         Err(e) => Some(format!("cannot run {}: {e}", python())),
         Ok(o) if !o.status.success() => Some(format!(
             "{} lacks gguf/numpy: {}",
@@ -185,7 +189,12 @@ fn reference_quantizers_match_gguf_python_bitwise() {
         GgmlType::Q8_0,
     ] {
         let dst = dir.path().join(format!("{}.bin", ty.name()));
-        run_py(&["quantize", ty.name(), src.to_str().unwrap(), dst.to_str().unwrap()]);
+        run_py(&[
+            "quantize",
+            ty.name(),
+            src.to_str().unwrap(),
+            dst.to_str().unwrap(),
+        ]);
         let reference = std::fs::read(&dst).unwrap();
         let ours = quantize(ty, &x).unwrap();
         assert_eq!(ours.len(), reference.len(), "{ty:?}: encoded length");

@@ -85,7 +85,7 @@ impl GgufWriter {
                     "tensor '{name}': element count of {dims:?} overflows"
                 ))
             })?;
-        if dims[0] % ty.block_size() as u64 != 0 {
+        if !dims[0].is_multiple_of(ty.block_size() as u64) {
             return Err(werr(format!(
                 "tensor '{name}': row length {} is not a multiple of the {} block size {}",
                 dims[0],

@@ -188,7 +188,7 @@ impl GgmlType {
     /// Bytes of `n` elements; errors unless `n` is a whole number of blocks.
     pub fn row_bytes(self, n: usize) -> Result<usize, QuantError> {
         let b = self.block_size();
-        if n % b != 0 {
+        if !n.is_multiple_of(b) {
             return Err(QuantError::NotBlockMultiple {
                 op: "row_bytes",
                 ty: self,
