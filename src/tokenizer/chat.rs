@@ -171,4 +171,33 @@ mod tests {
         let py = render("{{ messages[0].content.upper() }}", &m, false, "", "").unwrap();
         assert_eq!(py, "HI");
     }
+
+    /// A Llama-3-style template: whitespace control, `trim`, bos_token,
+    /// `loop.index0`, `strftime_now`.
+    #[test]
+    fn llama3_style_template() {
+        let src = "{{- bos_token }}\n{%- for message in messages %}\n    \
+                   {%- if loop.index0 == 0 and message.role != 'system' %}{{ raise_exception('system first') }}{% endif %}\n    \
+                   {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}\n\
+                   {%- endfor %}\n\
+                   {%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}";
+        let m = [
+            ChatMessage::new("system", " Be nice. "),
+            ChatMessage::new("user", "Hi\n"),
+        ];
+        let s = render(src, &m, true, "<|begin_of_text|>", "<|eot_id|>").unwrap();
+        assert_eq!(
+            s,
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe nice.<|eot_id|>\
+             <|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>\
+             <|start_header_id|>assistant<|end_header_id|>\n\n"
+        );
+        let err = render(src, &m[1..], false, "", "").unwrap_err();
+        assert!(format!("{err:#}").contains("system first"));
+        let year = render("{{ strftime_now('%Y') }}", &m, false, "", "").unwrap();
+        assert!(
+            year.len() == 4 && year.parse::<u32>().unwrap() >= 2024,
+            "{year}"
+        );
+    }
 }

@@ -41,8 +41,9 @@ const END_OF_TURN_TOKENS: &[&str] = &[
 ];
 
 enum Algo {
+    // Boxed: both are large and the variants should stay similar in size.
     Bpe {
-        pretok: PreTokenizerWrapper,
+        pretok: Box<PreTokenizerWrapper>,
         model: Box<BPE>,
     },
     Spm(Box<spm::SpmModel>),
@@ -168,7 +169,7 @@ impl Tokenizer {
                     .context("building the BPE model from tokenizer.ggml.tokens/merges")?;
                 (
                     Algo::Bpe {
-                        pretok,
+                        pretok: Box::new(pretok),
                         model: Box::new(model),
                     },
                     kind.family,
@@ -417,9 +418,10 @@ impl Tokenizer {
         Ok(String::from_utf8_lossy(&self.piece_bytes(id, false)?).into_owned())
     }
 
-    /// Decodes `ids`. With SentencePiece and add_space_prefix, the space the
-    /// encoder prefixed to the first word is removed. Invalid UTF-8 becomes
-    /// U+FFFD.
+    /// Decodes `ids`. With SentencePiece and add_space_prefix, a space at the
+    /// very start of the output (the one the encoder prefixed to the first
+    /// word) is removed; after a rendered BOS it is kept, as in HF. Invalid
+    /// UTF-8 becomes U+FFFD.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
         let mut d = StreamDecoder::new(self, skip_special);
         let mut s = String::new();
@@ -449,5 +451,35 @@ fn truncate(s: &str, n: usize) -> &str {
     match s.char_indices().nth(n) {
         Some((i, _)) => &s[..i],
         None => s,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokenizer_is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Tokenizer>();
+        check::<StreamDecoder<'static>>();
+    }
+
+    #[test]
+    fn partition_prefers_longer_specials() {
+        let toks: Vec<String> = ["<a>", "<a><b>", "x"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let mut spec = TokenizerSpec::new("llama", toks);
+        spec.token_types = vec![3, 3, 1];
+        let t = Tokenizer::new(spec).unwrap();
+        let f: Vec<String> = t
+            .partition("x<a><b><a>x", true)
+            .iter()
+            .map(|f| format!("{f:?}"))
+            .collect();
+        assert_eq!(f, ["Text(\"x\")", "Token(1)", "Token(0)", "Text(\"x\")"]);
+        assert_eq!(t.partition("x<a>", false).len(), 1);
     }
 }

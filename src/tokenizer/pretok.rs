@@ -12,7 +12,9 @@ use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::SplitDelimiterBehavior;
+use tokenizers::{
+    OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer, SplitDelimiterBehavior,
+};
 
 const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
 /// llama3 regex with the case-insensitive contractions spelled out (as
@@ -76,6 +78,28 @@ pub fn resolve(pre: Option<&str>) -> PreTokenizerKind {
 /// Builds the HF pre-tokenizer: the family's regex splits, then the
 /// byte-level mapping (without its own regex, and without a prefix space).
 pub fn build(kind: &PreTokenizerKind) -> Result<PreTokenizerWrapper> {
+    let mut steps = regex_steps(kind)?;
+    steps.push(PreTokenizerWrapper::ByteLevel(ByteLevel::new(
+        false, false, false,
+    )));
+    Ok(PreTokenizerWrapper::Sequence(Sequence::new(steps)))
+}
+
+/// Splits `text` with the family's regexes only (no byte-level mapping):
+/// the pieces BPE will see, as plain text. For tests and debugging.
+pub fn split_text(kind: &PreTokenizerKind, text: &str) -> Result<Vec<String>> {
+    let seq = Sequence::new(regex_steps(kind)?);
+    let mut pts = PreTokenizedString::from(text);
+    seq.pre_tokenize(&mut pts)
+        .map_err(|e| anyhow!("pre-tokenizer ({}): {e}", kind.family))?;
+    Ok(pts
+        .get_splits(OffsetReferential::Original, OffsetType::Byte)
+        .into_iter()
+        .map(|(s, _, _)| s.to_string())
+        .collect())
+}
+
+fn regex_steps(kind: &PreTokenizerKind) -> Result<Vec<PreTokenizerWrapper>> {
     let mut steps = Vec::with_capacity(kind.regexes.len() + 1);
     for re in &kind.regexes {
         let split = Split::new(
@@ -87,10 +111,7 @@ pub fn build(kind: &PreTokenizerKind) -> Result<PreTokenizerWrapper> {
         .with_context(|| format!("compiling pre-tokenizer regex {re:?} ({})", kind.family))?;
         steps.push(PreTokenizerWrapper::Split(split));
     }
-    steps.push(PreTokenizerWrapper::ByteLevel(ByteLevel::new(
-        false, false, false,
-    )));
-    Ok(PreTokenizerWrapper::Sequence(Sequence::new(steps)))
+    Ok(steps)
 }
 
 /// GPT-2's reversible byte -> printable char table: printable Latin-1
