@@ -5,6 +5,7 @@
 //! source of truth, and dispatch never compares backend names.
 
 pub mod cpu;
+pub mod validate;
 // --- CUDA backend (h-cuda) ---
 pub mod cuda;
 

@@ -297,27 +297,7 @@ impl CudaBackend {
         let (m, k) = (w.rows, w.cols);
         let tc =
             ty_code(w.ty).ok_or_else(|| anyhow!("mat_mul: {:?} is not a weight type", w.ty))?;
-        let rb =
-            w.ty.row_bytes(k)
-                .map_err(|e| anyhow!("mat_mul: weight {:?} ({m} x {k}): {e}", w.ty))?;
-        ensure!(
-            w.data.len() == rb * m,
-            "mat_mul: weight {:?} ({m} x {k}) needs {} bytes, got {}",
-            w.ty,
-            rb * m,
-            w.data.len()
-        );
-        ensure!(
-            x.len() == n * k,
-            "mat_mul: x has {} elements, expected n {n} * k {k} (weight {:?} {m} x {k})",
-            x.len(),
-            w.ty
-        );
-        ensure!(
-            out.len() == n * m,
-            "mat_mul: out has {} elements, expected n {n} * m {m}",
-            out.len()
-        );
+        crate::backend::validate::mat_mul(&w, x.len(), n, out.len())?;
         if n == 0 || m == 0 {
             return Ok(());
         }
@@ -550,33 +530,7 @@ impl CudaBackend {
     fn get_rows(&self, table: QMatrix<'_>, ids: &[u32], out: &mut [f32]) -> Result<()> {
         let tc = ty_code(table.ty)
             .ok_or_else(|| anyhow!("get_rows: {:?} is not a weight type", table.ty))?;
-        let rb = table
-            .ty
-            .row_bytes(table.cols)
-            .map_err(|e| anyhow!("get_rows: {e}"))?;
-        ensure!(
-            table.data.len() == rb * table.rows,
-            "get_rows: {:?} table ({} x {}) needs {} bytes, got {}",
-            table.ty,
-            table.rows,
-            table.cols,
-            rb * table.rows,
-            table.data.len()
-        );
-        ensure!(
-            out.len() == ids.len() * table.cols,
-            "get_rows: out has {} elements, expected ids {} * cols {}",
-            out.len(),
-            ids.len(),
-            table.cols
-        );
-        for (i, &id) in ids.iter().enumerate() {
-            ensure!(
-                (id as usize) < table.rows,
-                "get_rows: id {id} at {i} out of range (table has {} rows)",
-                table.rows
-            );
-        }
+        let rb = crate::backend::validate::get_rows(&table, ids, out.len())?;
         if out.is_empty() {
             return Ok(());
         }

@@ -2,7 +2,7 @@
 
 use super::try_for_chunks;
 use crate::backend::QMatrix;
-use anyhow::{ensure, Context, Result};
+use anyhow::{Context, Result};
 
 /// table: (rows, cols); ids: (n,); out: (n, cols).
 pub fn run(
@@ -11,33 +11,7 @@ pub fn run(
     ids: &[u32],
     out: &mut [f32],
 ) -> Result<()> {
-    let rb = table
-        .ty
-        .row_bytes(table.cols)
-        .map_err(|e| anyhow::anyhow!("get_rows: {e}"))?;
-    ensure!(
-        table.data.len() == rb * table.rows,
-        "get_rows: {:?} table ({} x {}) needs {} bytes, got {}",
-        table.ty,
-        table.rows,
-        table.cols,
-        rb * table.rows,
-        table.data.len()
-    );
-    ensure!(
-        out.len() == ids.len() * table.cols,
-        "get_rows: out has {} elements, expected ids {} * cols {}",
-        out.len(),
-        ids.len(),
-        table.cols
-    );
-    for (i, &id) in ids.iter().enumerate() {
-        ensure!(
-            (id as usize) < table.rows,
-            "get_rows: id {id} at {i} out of range (table has {} rows)",
-            table.rows
-        );
-    }
+    let rb = crate::backend::validate::get_rows(&table, ids, out.len())?;
     if table.cols == 0 {
         return Ok(());
     }

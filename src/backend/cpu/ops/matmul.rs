@@ -25,32 +25,12 @@ pub fn run(
     out: &mut [f32],
 ) -> Result<()> {
     let (m, k) = (w.rows, w.cols);
-    let rb =
-        w.ty.row_bytes(k)
-            .map_err(|e| anyhow::anyhow!("mat_mul: weight {:?} ({m} x {k}): {e}", w.ty))?;
     ensure!(
         !matches!(w.ty, GgmlType::Q8_1 | GgmlType::Q8_K),
         "mat_mul: {:?} is an activation type, not a weight type",
         w.ty
     );
-    ensure!(
-        w.data.len() == rb * m,
-        "mat_mul: weight {:?} ({m} x {k}) needs {} bytes, got {}",
-        w.ty,
-        rb * m,
-        w.data.len()
-    );
-    ensure!(
-        x.len() == n * k,
-        "mat_mul: x has {} elements, expected n {n} * k {k} (weight {:?} {m} x {k})",
-        x.len(),
-        w.ty
-    );
-    ensure!(
-        out.len() == n * m,
-        "mat_mul: out has {} elements, expected n {n} * m {m}",
-        out.len()
-    );
+    let rb = crate::backend::validate::mat_mul(&w, x.len(), n, out.len())?;
     if n == 0 || m == 0 {
         return Ok(());
     }
