@@ -3,14 +3,18 @@
 //! model, and returns logits per sequence.
 
 use crate::backend::cpu::CpuBackend;
+use crate::backend::cuda::CudaBackend;
 use crate::backend::{Backend, GpuMode, Mode};
-use crate::dispatch::Dispatcher;
+use crate::dispatch::cuda::{CudaExec, DevKvCache, DevStore};
+use crate::dispatch::{Dispatcher, HostExec};
 use crate::gguf::GgufFile;
 use crate::kv::{KvManager, SeqId};
+use crate::model::arch::llama::LlamaWeights;
 use crate::model::{KvStorage, LlamaModel, ModelConfig, StepInput};
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::Path;
+use std::sync::Arc;
 
 /// Which logits a sequence wants from a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,12 +63,25 @@ impl Default for RunnerOptions {
     }
 }
 
+/// Where a step's ops run and where the KV cache lives.
+pub enum Compute {
+    /// Host memory: ops through the dispatcher (cpu, or per-op cuda with
+    /// host slices under `--gpu auto` when the device path cannot run the
+    /// model); KV cache in host memory.
+    Host { dx: Dispatcher, storage: KvStorage },
+    /// Device memory: weights, activations and KV cache on the GPU.
+    Cuda {
+        exec: CudaExec,
+        weights: LlamaWeights<DevStore>,
+        kv: DevKvCache,
+    },
+}
+
 pub struct Runner {
     pub gguf: GgufFile,
     pub model: LlamaModel,
-    pub dx: Dispatcher,
     pub kv: KvManager,
-    pub storage: KvStorage,
+    pub compute: Compute,
     n_threads: usize,
 }
 
@@ -73,71 +90,123 @@ impl Runner {
         let gguf = GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?;
         let cfg = ModelConfig::from_gguf(&gguf)
             .with_context(|| format!("reading the model config of {}", path.display()))?;
-        let bar = if opts.progress {
-            let b = ProgressBar::new(cfg.n_layers as u64);
-            b.set_style(
-                ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} layers")
-                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
-            );
-            b.set_message(
-                path.file_name()
-                    .map(|f| f.to_string_lossy().into_owned())
-                    .unwrap_or_default(),
-            );
-            b
-        } else {
-            ProgressBar::hidden()
-        };
+        let name = path
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let bar = progress_bar(
+            opts.progress,
+            cfg.n_layers as u64,
+            "loading {msg} [{bar:30}] {pos}/{len} layers",
+            &name,
+        );
         let model = LlamaModel::load(&gguf, cfg.clone(), &|i, _| bar.set_position(i as u64))?;
-        // Touch every tensor page once so the first step does not pay the
-        // page faults (and the bar reflects the real load time).
-        prefault(&gguf, &bar)?;
         bar.finish_and_clear();
-        let cpu = CpuBackend::new(opts.threads)?;
-        let n_threads = cpu.n_threads();
-        // --- CUDA backend (h-cuda): before the CPU one unless --gpu off ---
-        let mut backends: Vec<Box<dyn Backend>> = Vec::new();
-        match opts.gpu {
-            GpuMode::Off => {}
-            GpuMode::Required => {
-                let cuda = crate::backend::cuda::CudaBackend::new(opts.gpu)
-                    .context("--gpu required: the CUDA backend is unavailable")?;
-                backends.push(Box::new(cuda));
-            }
-            GpuMode::Auto => match crate::backend::cuda::CudaBackend::new(opts.gpu) {
-                Ok(cuda) => {
-                    tracing::info!("gpu auto: cuda backend on {}", cuda.device_description());
-                    backends.push(Box::new(cuda));
-                }
-                Err(e) => {
-                    eprintln!("warning: --gpu auto: no CUDA backend ({e:#}); running on the cpu")
-                }
-            },
-        }
-        backends.push(Box::new(cpu));
-        // --- end CUDA backend ---
-        let dx = Dispatcher::new(backends, opts.mode);
         if opts.block_size == 0 {
             bail!("block size must be at least 1");
         }
         // +1: physical block 0 is the null block.
         let n_blocks = opts.kv_tokens.div_ceil(opts.block_size) + 1;
         let kv = KvManager::new(n_blocks, opts.block_size)?;
-        let storage = KvStorage::new(
-            cfg.n_layers,
-            n_blocks,
-            opts.block_size,
-            cfg.n_kv_heads,
-            cfg.head_dim,
-        )?;
+        let host_kv = || {
+            KvStorage::new(
+                cfg.n_layers,
+                n_blocks,
+                opts.block_size,
+                cfg.n_kv_heads,
+                cfg.head_dim,
+            )
+        };
+        let mut host_backends: Vec<Box<dyn Backend>> = Vec::new();
+        match opts.gpu {
+            GpuMode::Off => {}
+            GpuMode::Required | GpuMode::Auto => {
+                match load_cuda(&gguf, &model, opts, n_blocks, &name) {
+                    Ok(Ok(compute)) => {
+                        return Ok(Runner {
+                            gguf,
+                            model,
+                            kv,
+                            compute,
+                            n_threads: 1,
+                        })
+                    }
+                    // The device path cannot run this model (an op it does
+                    // not support): under auto, per-op dispatch with host
+                    // slices, cuda where it can and cpu elsewhere.
+                    Ok(Err((cuda, why))) => {
+                        eprintln!("warning: --gpu auto: {why}; running op by op (cuda where supported, else cpu) with host memory");
+                        host_backends.push(Box::new(cuda));
+                    }
+                    Err(e) if opts.gpu == GpuMode::Required => {
+                        return Err(
+                            e.context("--gpu required: the CUDA backend cannot run this model")
+                        )
+                    }
+                    Err(e) => {
+                        eprintln!(
+                            "warning: --gpu auto: no CUDA backend ({e:#}); running on the cpu"
+                        )
+                    }
+                }
+            }
+        }
+        // Touch every tensor page once so the first step does not pay the
+        // page faults (and the bar reflects the real load time).
+        let bar = progress_bar(opts.progress, 1, "", &name);
+        prefault(&gguf, &bar)?;
+        bar.finish_and_clear();
+        let cpu = CpuBackend::new(opts.threads)?;
+        let n_threads = cpu.n_threads();
+        host_backends.push(Box::new(cpu));
+        let dx = Dispatcher::new(host_backends, opts.mode);
         Ok(Runner {
             gguf,
             model,
-            dx,
             kv,
-            storage,
+            compute: Compute::Host {
+                dx,
+                storage: host_kv()?,
+            },
             n_threads,
         })
+    }
+
+    /// Which backend ran each op kind, and how often.
+    pub fn backend_report(&self) -> Vec<(String, String, u64)> {
+        match &self.compute {
+            Compute::Host { dx, .. } => dx.report(),
+            Compute::Cuda { exec, .. } => exec.report(),
+        }
+    }
+
+    /// "cpu", or "cuda (device name)" when the model runs on the device.
+    pub fn placement(&self) -> String {
+        match &self.compute {
+            Compute::Host { .. } => "host memory".into(),
+            Compute::Cuda { exec, .. } => {
+                format!(
+                    "cuda device memory, {}",
+                    exec.backend().device_description()
+                )
+            }
+        }
+    }
+
+    /// Copies physical KV block `src` to `dst` in every layer.
+    pub fn copy_block(&mut self, src: u32, dst: u32) -> Result<()> {
+        match &mut self.compute {
+            Compute::Host { storage, .. } => storage.copy_block(src, dst),
+            Compute::Cuda { exec, kv, .. } => kv.copy_block(exec.backend(), src, dst),
+        }
+    }
+
+    /// Bytes of the KV cache (all layers, K and V).
+    pub fn kv_bytes(&self) -> usize {
+        match &self.compute {
+            Compute::Host { storage, .. } => storage.bytes(),
+            Compute::Cuda { kv, .. } => kv.bytes(),
+        }
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -166,31 +235,17 @@ impl Runner {
                 .allocate(w.seq, end)
                 .with_context(|| format!("allocating KV blocks for {end} tokens of {:?}", w.seq))?;
             for c in copies {
-                self.storage.copy_block(c.src, c.dst)?;
+                self.copy_block(c.src, c.dst)?;
             }
         }
-        forward_batch(
-            &self.model,
-            &self.gguf,
-            &self.dx,
-            &mut self.storage,
-            &self.kv,
-            work,
-        )
+        forward_batch(&self.model, &self.gguf, &mut self.compute, &self.kv, work)
     }
 
     /// Like [`Runner::step`], but with blocks already allocated (and any
     /// copy-on-write copies done) in `kv`, a manager owned by someone else
     /// (the serving scheduler). Allocates nothing.
     pub fn step_with_kv(&mut self, kv: &KvManager, work: &[SeqWork<'_>]) -> Result<Vec<Vec<f32>>> {
-        forward_batch(
-            &self.model,
-            &self.gguf,
-            &self.dx,
-            &mut self.storage,
-            kv,
-            work,
-        )
+        forward_batch(&self.model, &self.gguf, &mut self.compute, kv, work)
     }
 
     /// Releases a sequence's KV blocks. Freeing a sequence that holds no
@@ -208,8 +263,7 @@ impl Runner {
 fn forward_batch(
     model: &LlamaModel,
     gguf: &GgufFile,
-    dx: &Dispatcher,
-    storage: &mut KvStorage,
+    compute: &mut Compute,
     kv: &KvManager,
     work: &[SeqWork<'_>],
 ) -> Result<Vec<Vec<f32>>> {
@@ -262,7 +316,16 @@ fn forward_batch(
         block_tables: &tables,
         logit_rows: &logit_rows,
     };
-    let logits = model.forward(gguf, dx, storage, &input)?;
+    let logits = match compute {
+        Compute::Host { dx, storage } => {
+            model.forward_host(&HostExec { dx, gguf }, storage, &input)?
+        }
+        Compute::Cuda {
+            exec,
+            weights,
+            kv: dev_kv,
+        } => crate::model::arch::llama::forward(&model.cfg, weights, exec, dev_kv, &input)?,
+    };
     let v = model.cfg.vocab_size;
     if logits.len() != logit_rows.len() * v {
         bail!(
@@ -278,6 +341,77 @@ fn forward_batch(
         off += n;
     }
     Ok(out)
+}
+
+fn progress_bar(show: bool, len: u64, template: &str, name: &str) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let b = ProgressBar::new(len);
+    if !template.is_empty() {
+        b.set_style(
+            ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+    }
+    b.set_message(name.to_string());
+    b
+}
+
+/// The device path: a cuda backend, a whole-model capability check, the
+/// weights uploaded and the KV cache allocated on the device. `Ok(Err)`
+/// when the backend works but cannot run some op of this model (the reason
+/// names the op), so `auto` can fall back op by op.
+#[allow(clippy::type_complexity)]
+fn load_cuda(
+    gguf: &GgufFile,
+    model: &LlamaModel,
+    opts: &RunnerOptions,
+    n_blocks: usize,
+    name: &str,
+) -> Result<std::result::Result<Compute, (CudaBackend, String)>> {
+    let cuda = CudaBackend::new(opts.gpu)?;
+    for info in model.op_infos() {
+        if let Err(why) = cuda.capability(&info, opts.mode) {
+            let why = format!(
+                "op {} ({:?}{}) cannot run on the cuda backend: {why}",
+                info.kind,
+                opts.mode,
+                info.weight.map(|t| format!(", {t:?}")).unwrap_or_default()
+            );
+            if opts.gpu == GpuMode::Required {
+                bail!("{why}");
+            }
+            return Ok(Err((cuda, why)));
+        }
+    }
+    tracing::info!("cuda: model on {}", cuda.device_description());
+    let exec = CudaExec::new(Arc::new(cuda), opts.mode);
+    let cfg = &model.cfg;
+    let bar = progress_bar(
+        opts.progress,
+        cfg.n_layers as u64,
+        "uploading {msg} to the GPU [{bar:30}] {pos}/{len} layers",
+        name,
+    );
+    let weights = exec.upload_weights(
+        |mat, vec| {
+            model
+                .weights
+                .map::<DevStore>(mat, vec, &|i, _| bar.set_position(i as u64))
+        },
+        gguf,
+    )?;
+    bar.finish_and_clear();
+    let kv = DevKvCache::new(
+        exec.backend(),
+        cfg.n_layers,
+        n_blocks,
+        opts.block_size,
+        cfg.n_kv_heads,
+        cfg.head_dim,
+    )
+    .context("allocating the KV cache on the device")?;
+    Ok(Ok(Compute::Cuda { exec, weights, kv }))
 }
 
 fn prefault(g: &GgufFile, bar: &ProgressBar) -> Result<()> {

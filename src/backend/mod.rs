@@ -5,9 +5,8 @@
 //! source of truth, and dispatch never compares backend names.
 
 pub mod cpu;
-pub mod validate;
-// --- CUDA backend (h-cuda) ---
 pub mod cuda;
+pub mod validate;
 
 use crate::quant::GgmlType;
 use half::f16;
@@ -113,93 +112,206 @@ pub struct AttnBatch<'a> {
     pub positions: &'a [u32],
 }
 
-/// Every op a model graph may issue. Matched exhaustively by each backend
-/// (no `_ =>` arm), so a new op fails to compile until every backend answers.
-pub enum Op<'a> {
+/// Where an op's tensors live. Each backend's ops are written over one
+/// memory space: `Host` (plain slices; the `cpu` backend, the parity
+/// harness) or a device space (`cuda::Dev`: device buffers, so a whole
+/// step runs without a host round trip). One `OpT` enum serves all spaces,
+/// so a new op must be answered by every backend in every space.
+pub trait Mem: 'static {
+    /// Read-only f32 activation.
+    type In<'a>;
+    /// Written f32 activation.
+    type Out<'a>;
+    /// u32 index vector (token ids, positions, slots, rows).
+    type Idx<'a>;
+    /// f32 parameter vector (norm weights, biases, RoPE frequencies).
+    type Param<'a>;
+    /// A weight matrix in its stored type.
+    type W<'a>: WeightInfo;
+    /// One layer of the paged KV cache, read-only / written.
+    type Kv<'a>: KvInfo;
+    type KvMut<'a>: KvInfo;
+    /// The attention batch (block tables, row -> sequence, positions).
+    type Batch<'a>;
+}
+
+/// Shape of a weight matrix, whatever memory holds it.
+pub trait WeightInfo {
+    fn ty(&self) -> GgmlType;
+    fn rows(&self) -> usize;
+    fn cols(&self) -> usize;
+    /// Bytes of the stored matrix.
+    fn data_len(&self) -> usize;
+}
+
+/// Geometry of one KV layer: (block_size, n_kv_heads, head_dim).
+pub trait KvInfo {
+    fn geometry(&self) -> (usize, usize, usize);
+}
+
+/// Host memory: the types every op had before device spaces existed.
+pub struct Host;
+
+impl Mem for Host {
+    type In<'a> = &'a [f32];
+    type Out<'a> = &'a mut [f32];
+    type Idx<'a> = &'a [u32];
+    type Param<'a> = &'a [f32];
+    type W<'a> = QMatrix<'a>;
+    type Kv<'a> = KvLayer<'a>;
+    type KvMut<'a> = KvLayerMut<'a>;
+    type Batch<'a> = AttnBatch<'a>;
+}
+
+impl WeightInfo for QMatrix<'_> {
+    fn ty(&self) -> GgmlType {
+        self.ty
+    }
+    fn rows(&self) -> usize {
+        self.rows
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+impl KvInfo for KvLayer<'_> {
+    fn geometry(&self) -> (usize, usize, usize) {
+        (self.block_size, self.n_kv_heads, self.head_dim)
+    }
+}
+
+impl KvInfo for KvLayerMut<'_> {
+    fn geometry(&self) -> (usize, usize, usize) {
+        (self.block_size, self.n_kv_heads, self.head_dim)
+    }
+}
+
+/// Every op a model graph may issue, over memory space `M`. Matched
+/// exhaustively by each backend (no `_ =>` arm), so a new op fails to
+/// compile until every backend answers.
+pub enum OpT<'a, M: Mem> {
     /// out = x · wᵀ. x: (n, w.cols), out: (n, w.rows).
     MatMul {
-        w: QMatrix<'a>,
-        x: &'a [f32],
+        w: M::W<'a>,
+        x: M::In<'a>,
         n: usize,
-        out: &'a mut [f32],
+        out: M::Out<'a>,
     },
     /// Row-wise RMS norm. x, out: (n, dim); w: (dim,).
     RmsNorm {
-        x: &'a [f32],
-        w: &'a [f32],
+        x: M::In<'a>,
+        w: M::Param<'a>,
         dim: usize,
         eps: f32,
-        out: &'a mut [f32],
+        out: M::Out<'a>,
     },
     /// Rotary embedding in place. x: (n, n_heads, head_dim); positions:
     /// (n,); inv_freq: (rope_dim / 2,). `neox` rotates pairs (i, i + d/2)
     /// instead of (2i, 2i + 1).
     Rope {
-        x: &'a mut [f32],
+        x: M::Out<'a>,
         n_heads: usize,
         head_dim: usize,
         rope_dim: usize,
-        positions: &'a [u32],
-        inv_freq: &'a [f32],
+        positions: M::Idx<'a>,
+        inv_freq: M::Param<'a>,
         neox: bool,
     },
     /// out = silu(gate) * up, elementwise.
     SwiGlu {
-        gate: &'a [f32],
-        up: &'a [f32],
-        out: &'a mut [f32],
+        gate: M::In<'a>,
+        up: M::In<'a>,
+        out: M::Out<'a>,
     },
     /// Embedding lookup: out (ids.len(), table.cols) = dequantized rows.
     GetRows {
-        table: QMatrix<'a>,
-        ids: &'a [u32],
-        out: &'a mut [f32],
+        table: M::W<'a>,
+        ids: M::Idx<'a>,
+        out: M::Out<'a>,
+    },
+    /// Row gather of an activation: out (rows.len(), dim) = x[rows[i]].
+    /// Picks the rows that go through the output head.
+    SelectRows {
+        x: M::In<'a>,
+        dim: usize,
+        rows: M::Idx<'a>,
+        out: M::Out<'a>,
     },
     /// x += y, elementwise (residual).
-    Add { x: &'a mut [f32], y: &'a [f32] },
+    Add { x: M::Out<'a>, y: M::In<'a> },
     /// x (n, dim) += bias (dim,) on every row.
-    AddBias { x: &'a mut [f32], bias: &'a [f32] },
-    /// Store k, v (n, n_kv_heads, head_dim) into physical cells `slots` (n,).
+    AddBias { x: M::Out<'a>, bias: M::Param<'a> },
+    /// Store k, v (n, n_kv_heads, head_dim) into physical cells `slots`
+    /// (n,), which must be distinct.
     KvWrite {
-        k: &'a [f32],
-        v: &'a [f32],
-        slots: &'a [u32],
-        cache: KvLayerMut<'a>,
+        k: M::In<'a>,
+        v: M::In<'a>,
+        slots: M::Idx<'a>,
+        cache: M::KvMut<'a>,
     },
     /// Causal attention reading K/V through the block tables in place.
     /// q, out: (n_rows, n_heads, head_dim); GQA: head h reads kv head
     /// h / (n_heads / n_kv_heads).
     PagedAttention {
-        q: &'a [f32],
+        q: M::In<'a>,
         n_heads: usize,
         scale: f32,
-        cache: KvLayer<'a>,
-        batch: AttnBatch<'a>,
-        out: &'a mut [f32],
+        cache: M::Kv<'a>,
+        batch: M::Batch<'a>,
+        out: M::Out<'a>,
     },
 }
 
-impl Op<'_> {
+/// Host-memory ops (the `cpu` backend, the parity harness).
+pub type Op<'a> = OpT<'a, Host>;
+
+/// What capability depends on, whatever memory the op's tensors live in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpInfo {
+    pub kind: &'static str,
+    /// Weight type of mat_mul / get_rows.
+    pub weight: Option<GgmlType>,
+    /// head_dim of paged_attention.
+    pub head_dim: Option<usize>,
+}
+
+impl<M: Mem> OpT<'_, M> {
     pub fn kind(&self) -> &'static str {
-        match self {
-            Op::MatMul { .. } => "mat_mul",
-            Op::RmsNorm { .. } => "rms_norm",
-            Op::Rope { .. } => "rope",
-            Op::SwiGlu { .. } => "swiglu",
-            Op::GetRows { .. } => "get_rows",
-            Op::Add { .. } => "add",
-            Op::AddBias { .. } => "add_bias",
-            Op::KvWrite { .. } => "kv_write",
-            Op::PagedAttention { .. } => "paged_attention",
+        self.info().kind
+    }
+
+    pub fn info(&self) -> OpInfo {
+        let (kind, weight, head_dim) = match self {
+            OpT::MatMul { w, .. } => ("mat_mul", Some(w.ty()), None),
+            OpT::RmsNorm { .. } => ("rms_norm", None, None),
+            OpT::Rope { .. } => ("rope", None, None),
+            OpT::SwiGlu { .. } => ("swiglu", None, None),
+            OpT::GetRows { table, .. } => ("get_rows", Some(table.ty()), None),
+            OpT::SelectRows { .. } => ("select_rows", None, None),
+            OpT::Add { .. } => ("add", None, None),
+            OpT::AddBias { .. } => ("add_bias", None, None),
+            OpT::KvWrite { .. } => ("kv_write", None, None),
+            OpT::PagedAttention { cache, .. } => {
+                ("paged_attention", None, Some(cache.geometry().2))
+            }
+        };
+        OpInfo {
+            kind,
+            weight,
+            head_dim,
         }
     }
 }
 
-/// A compute backend.
-pub trait Backend: Send + Sync {
+/// A compute backend over memory space `M` (host slices by default).
+pub trait Backend<M: Mem = Host>: Send + Sync {
     fn name(&self) -> &'static str;
     /// Whether this backend can run `op` in `mode`. The only capability query.
-    fn supports_op(&self, op: &Op<'_>, mode: Mode) -> bool;
+    fn supports_op(&self, op: &OpT<'_, M>, mode: Mode) -> bool;
     /// Runs `op`. Errors name the op and the shapes involved.
-    fn run(&self, op: Op<'_>, mode: Mode) -> anyhow::Result<()>;
+    fn run(&self, op: OpT<'_, M>, mode: Mode) -> anyhow::Result<()>;
 }

@@ -1,27 +1,33 @@
-//! Shape checks shared by every backend: one definition of what a valid op
-//! argument is, so backends cannot disagree on what they accept.
+//! Shape checks shared by every backend and every memory space: one
+//! definition of what a valid op argument is, so backends cannot disagree
+//! on what they accept. Checks take lengths (host slices and device
+//! buffers both know theirs); checks of index *values* (ids, slots, block
+//! tables) need them on the host and are done where they are uploaded.
 
-use super::QMatrix;
+use super::{AttnBatch, WeightInfo};
 use anyhow::{anyhow, ensure, Result};
 
-/// `MatMul` arguments: w (rows m, cols k), x (n, k), out (n, m). Returns the
-/// weight's row bytes.
-pub fn mat_mul(w: &QMatrix<'_>, x_len: usize, n: usize, out_len: usize) -> Result<usize> {
-    let (m, k) = (w.rows, w.cols);
-    let rb =
-        w.ty.row_bytes(k)
-            .map_err(|e| anyhow!("mat_mul: weight {:?} ({m} x {k}): {e}", w.ty))?;
+/// `MatMul` arguments: w (rows m, cols k) of `data_len` bytes, x (n, k),
+/// out (n, m). Returns the weight's row bytes.
+pub fn mat_mul(
+    w: &dyn WeightInfo,
+    data_len: usize,
+    x_len: usize,
+    n: usize,
+    out_len: usize,
+) -> Result<usize> {
+    let (m, k, ty) = (w.rows(), w.cols(), w.ty());
+    let rb = ty
+        .row_bytes(k)
+        .map_err(|e| anyhow!("mat_mul: weight {ty:?} ({m} x {k}): {e}"))?;
     ensure!(
-        w.data.len() == rb * m,
-        "mat_mul: weight {:?} ({m} x {k}) needs {} bytes, got {}",
-        w.ty,
-        rb * m,
-        w.data.len()
+        data_len == rb * m,
+        "mat_mul: weight {ty:?} ({m} x {k}) needs {} bytes, got {data_len}",
+        rb * m
     );
     ensure!(
         x_len == n * k,
-        "mat_mul: x has {x_len} elements, expected n {n} * k {k} (weight {:?} {m} x {k})",
-        w.ty
+        "mat_mul: x has {x_len} elements, expected n {n} * k {k} (weight {ty:?} {m} x {k})"
     );
     ensure!(
         out_len == n * m,
@@ -30,34 +36,209 @@ pub fn mat_mul(w: &QMatrix<'_>, x_len: usize, n: usize, out_len: usize) -> Resul
     Ok(rb)
 }
 
-/// `GetRows` arguments: every id indexes a row of `table`; out (ids, cols).
-/// Returns the table's row bytes.
-pub fn get_rows(table: &QMatrix<'_>, ids: &[u32], out_len: usize) -> Result<usize> {
-    let rb = table
-        .ty
-        .row_bytes(table.cols)
-        .map_err(|e| anyhow!("get_rows: {e}"))?;
+/// `GetRows` shapes: table (rows, cols) of `data_len` bytes; out (n_ids,
+/// cols). Returns the table's row bytes.
+pub fn get_rows(
+    table: &dyn WeightInfo,
+    data_len: usize,
+    n_ids: usize,
+    out_len: usize,
+) -> Result<usize> {
+    let (rows, cols, ty) = (table.rows(), table.cols(), table.ty());
+    let rb = ty.row_bytes(cols).map_err(|e| anyhow!("get_rows: {e}"))?;
     ensure!(
-        table.data.len() == rb * table.rows,
-        "get_rows: {:?} table ({} x {}) needs {} bytes, got {}",
-        table.ty,
-        table.rows,
-        table.cols,
-        rb * table.rows,
-        table.data.len()
+        data_len == rb * rows,
+        "get_rows: {ty:?} table ({rows} x {cols}) needs {} bytes, got {data_len}",
+        rb * rows
     );
     ensure!(
-        out_len == ids.len() * table.cols,
-        "get_rows: out has {out_len} elements, expected ids {} * cols {}",
-        ids.len(),
-        table.cols
+        out_len == n_ids * cols,
+        "get_rows: out has {out_len} elements, expected ids {n_ids} * cols {cols}"
     );
-    for (i, &id) in ids.iter().enumerate() {
-        ensure!(
-            (id as usize) < table.rows,
-            "get_rows: id {id} at {i} out of range (table has {} rows)",
-            table.rows
-        );
-    }
     Ok(rb)
+}
+
+/// Every index is below `limit` (`what` names the op and the index kind).
+pub fn indices(what: &str, idx: &[u32], limit: usize) -> Result<()> {
+    if let Some((i, &v)) = idx.iter().enumerate().find(|(_, &v)| v as usize >= limit) {
+        anyhow::bail!("{what}: {v} at {i} out of range (limit {limit})");
+    }
+    Ok(())
+}
+
+/// `RmsNorm`: x, out (n, dim), w (dim,). Returns n.
+pub fn rms_norm(x_len: usize, w_len: usize, dim: usize, out_len: usize) -> Result<usize> {
+    ensure!(dim > 0, "rms_norm: dim must be > 0");
+    ensure!(
+        w_len == dim && x_len.is_multiple_of(dim) && out_len == x_len,
+        "rms_norm: x {x_len} / out {out_len} elements, w {w_len} (dim {dim}): expected x = out = n*dim, w = dim"
+    );
+    Ok(x_len / dim)
+}
+
+/// `Rope`: x (n, n_heads, head_dim), n positions, rope_dim / 2 frequencies.
+pub fn rope(
+    x_len: usize,
+    n_heads: usize,
+    head_dim: usize,
+    rope_dim: usize,
+    n: usize,
+    inv_freq_len: usize,
+) -> Result<()> {
+    ensure!(
+        n_heads > 0 && head_dim > 0,
+        "rope: n_heads {n_heads} and head_dim {head_dim} must be > 0"
+    );
+    ensure!(
+        rope_dim.is_multiple_of(2) && rope_dim <= head_dim && inv_freq_len == rope_dim / 2,
+        "rope: rope_dim {rope_dim} (head_dim {head_dim}) with {inv_freq_len} inv_freq, expected {}",
+        rope_dim / 2
+    );
+    ensure!(
+        x_len == n * n_heads * head_dim,
+        "rope: x has {x_len} elements, expected n {n} * n_heads {n_heads} * head_dim {head_dim}"
+    );
+    Ok(())
+}
+
+/// Elementwise ops over equal lengths (`swiglu`, `add`).
+pub fn same_len(op: &str, lens: &[usize]) -> Result<()> {
+    ensure!(
+        lens.windows(2).all(|w| w[0] == w[1]),
+        "{op}: operand lengths {lens:?} differ"
+    );
+    Ok(())
+}
+
+/// `AddBias`: x (n, dim), bias (dim,).
+pub fn add_bias(x_len: usize, dim: usize) -> Result<()> {
+    ensure!(
+        dim > 0 && x_len.is_multiple_of(dim),
+        "add_bias: x has {x_len} elements, not rows of bias dim {dim}"
+    );
+    Ok(())
+}
+
+/// `SelectRows`: x (n, dim), out (n_sel, dim). Returns n.
+pub fn select_rows(x_len: usize, dim: usize, n_sel: usize, out_len: usize) -> Result<usize> {
+    ensure!(
+        dim > 0 && x_len.is_multiple_of(dim) && out_len == n_sel * dim,
+        "select_rows: x {x_len} / out {out_len} elements for dim {dim} and {n_sel} rows"
+    );
+    Ok(x_len / dim)
+}
+
+/// `KvWrite` shapes: cache k, v of whole blocks of (block_size, n_kv_heads,
+/// head_dim); k, v (n_slots, n_kv_heads, head_dim). Returns the cache's
+/// number of cells.
+pub fn kv_write(
+    geometry: (usize, usize, usize),
+    cache_k_len: usize,
+    cache_v_len: usize,
+    k_len: usize,
+    v_len: usize,
+    n_slots: usize,
+) -> Result<usize> {
+    let (bs, nkv, hd) = geometry;
+    let row = nkv * hd;
+    ensure!(
+        row > 0 && bs > 0,
+        "kv_write: n_kv_heads {nkv} / head_dim {hd} / block_size {bs} must be > 0"
+    );
+    ensure!(
+        cache_k_len == cache_v_len && cache_k_len.is_multiple_of(bs * row),
+        "kv_write: cache k {cache_k_len} / v {cache_v_len} elements, not whole blocks of (block_size {bs}, n_kv_heads {nkv}, head_dim {hd})"
+    );
+    ensure!(
+        k_len == n_slots * row && v_len == k_len,
+        "kv_write: k {k_len} / v {v_len} elements, expected n {n_slots} * n_kv_heads {nkv} * head_dim {hd}"
+    );
+    Ok(cache_k_len / row)
+}
+
+/// `KvWrite` slot values: in range and distinct (two rows of one step never
+/// share a cell; a repeat is a caller bug, and would race on a GPU).
+pub fn kv_slots(slots: &[u32], n_cells: usize) -> Result<()> {
+    indices("kv_write: slot", slots, n_cells)?;
+    let mut sorted = slots.to_vec();
+    sorted.sort_unstable();
+    if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+        anyhow::bail!("kv_write: slot {} is written by two rows", w[0]);
+    }
+    Ok(())
+}
+
+/// `PagedAttention` shapes. Returns the cache's number of blocks.
+#[allow(clippy::too_many_arguments)] // the op's scalar fields
+pub fn attention(
+    geometry: (usize, usize, usize),
+    n_heads: usize,
+    cache_k_len: usize,
+    cache_v_len: usize,
+    n_rows: usize,
+    q_len: usize,
+    out_len: usize,
+) -> Result<usize> {
+    let (bs, nkv, hd) = geometry;
+    ensure!(
+        hd > 0 && nkv > 0 && bs > 0 && n_heads > 0,
+        "paged_attention: head_dim {hd}, n_kv_heads {nkv}, block_size {bs}, n_heads {n_heads} must be > 0"
+    );
+    ensure!(
+        n_heads.is_multiple_of(nkv),
+        "paged_attention: n_heads {n_heads} is not a multiple of n_kv_heads {nkv}"
+    );
+    let block_elems = bs * nkv * hd;
+    ensure!(
+        cache_k_len == cache_v_len && cache_k_len.is_multiple_of(block_elems),
+        "paged_attention: cache k {cache_k_len} / v {cache_v_len} elements, not whole blocks of (block_size {bs}, n_kv_heads {nkv}, head_dim {hd})"
+    );
+    ensure!(
+        q_len == n_rows * n_heads * hd && out_len == q_len,
+        "paged_attention: q {q_len} / out {out_len} elements, expected n_rows {n_rows} * n_heads {n_heads} * head_dim {hd}"
+    );
+    Ok(cache_k_len / block_elems)
+}
+
+/// `PagedAttention` batch values: every row names a sequence with a table
+/// long enough for its position, and every block it reads is in range.
+/// Returns, per sequence, the number of blocks its rows read.
+pub fn attention_batch(
+    batch: &AttnBatch<'_>,
+    block_size: usize,
+    n_blocks: usize,
+) -> Result<Vec<usize>> {
+    let n_rows = batch.positions.len();
+    ensure!(
+        batch.row_seq.len() == n_rows,
+        "paged_attention: row_seq has {} entries, positions {n_rows}",
+        batch.row_seq.len()
+    );
+    let mut need = vec![0usize; batch.block_tables.len()];
+    for r in 0..n_rows {
+        let s = batch.row_seq[r] as usize;
+        ensure!(
+            s < batch.block_tables.len(),
+            "paged_attention: row {r} names sequence {s}, only {} block tables",
+            batch.block_tables.len()
+        );
+        let nb = batch.positions[r] as usize / block_size + 1;
+        let table = batch.block_tables[s];
+        ensure!(
+            table.len() >= nb,
+            "paged_attention: row {r} at position {} needs {nb} blocks of {block_size}, table has {}",
+            batch.positions[r],
+            table.len()
+        );
+        need[s] = need[s].max(nb);
+    }
+    for (s, &nb) in need.iter().enumerate() {
+        for (i, &b) in batch.block_tables[s][..nb].iter().enumerate() {
+            ensure!(
+                (b as usize) < n_blocks,
+                "paged_attention: block table {s} entry {i} = {b} out of range ({n_blocks} blocks)"
+            );
+        }
+    }
+    Ok(need)
 }

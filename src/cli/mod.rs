@@ -101,7 +101,7 @@ impl ModelArgs {
     pub fn report_backends(&self, runner: &Runner) {
         if self.show_backends {
             eprintln!("op kind -> backend (count):");
-            for (op, b, n) in runner.dx.report() {
+            for (op, b, n) in runner.backend_report() {
                 eprintln!("  {op:16} {b:6} {n}");
             }
         }

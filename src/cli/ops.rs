@@ -218,7 +218,7 @@ impl Runner {
     /// Prints the dispatcher's op kind -> backend counts.
     pub fn report_backends_to_stdout(&self) {
         println!("op kind -> backend (count):");
-        for (op, b, n) in self.dx.report() {
+        for (op, b, n) in self.backend_report() {
             println!("  {op:16} {b:6} {n}");
         }
     }

@@ -3,6 +3,7 @@
 //! Layout per layer: k, v: (n_blocks, block_size, n_kv_heads, head_dim), f16.
 //! Block ids and tables are owned by `kv::KvManager`; this is only memory.
 
+use crate::backend::{KvLayer, KvLayerMut};
 use anyhow::{bail, Result};
 use half::f16;
 
@@ -11,6 +12,8 @@ pub struct KvStorage {
     v: Vec<Vec<f16>>,
     n_blocks: usize,
     block_size: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
     cell_elems: usize,
 }
 
@@ -37,6 +40,8 @@ impl KvStorage {
             v: (0..n_layers).map(|_| vec![fill; per_layer]).collect(),
             n_blocks,
             block_size,
+            n_kv_heads,
+            head_dim,
             cell_elems,
         })
     }
@@ -54,17 +59,30 @@ impl KvStorage {
         2 * self.k.len() * self.n_blocks * self.block_size * self.cell_elems * 2
     }
 
-    pub fn layer(&self, i: usize) -> Result<(&[f16], &[f16])> {
+    pub fn layer(&self, i: usize) -> Result<KvLayer<'_>> {
         match (self.k.get(i), self.v.get(i)) {
-            (Some(k), Some(v)) => Ok((k, v)),
+            (Some(k), Some(v)) => Ok(KvLayer {
+                k,
+                v,
+                block_size: self.block_size,
+                n_kv_heads: self.n_kv_heads,
+                head_dim: self.head_dim,
+            }),
             _ => bail!("KV layer {i} out of range ({} layers)", self.k.len()),
         }
     }
 
-    pub fn layer_mut(&mut self, i: usize) -> Result<(&mut [f16], &mut [f16])> {
+    pub fn layer_mut(&mut self, i: usize) -> Result<KvLayerMut<'_>> {
+        let n = self.k.len();
         match (self.k.get_mut(i), self.v.get_mut(i)) {
-            (Some(k), Some(v)) => Ok((k, v)),
-            _ => bail!("KV layer {i} out of range"),
+            (Some(k), Some(v)) => Ok(KvLayerMut {
+                k,
+                v,
+                block_size: self.block_size,
+                n_kv_heads: self.n_kv_heads,
+                head_dim: self.head_dim,
+            }),
+            _ => bail!("KV layer {i} out of range ({n} layers)"),
         }
     }
 

@@ -8,6 +8,22 @@ use crate::gguf::GgufFile;
 use crate::quant::{self, GgmlType};
 use anyhow::{bail, Context, Result};
 
+/// Where a model's weights live: the types of its matrices and vectors.
+/// The graph is generic over it, so one graph runs from the mmap (host) or
+/// from device copies.
+pub trait Store {
+    type Mat;
+    type Vec;
+}
+
+/// Weights on the host: matrices in the GGUF mmap, vectors decoded to f32.
+pub struct HostStore;
+
+impl Store for HostStore {
+    type Mat = WeightRef;
+    type Vec = Vec<f32>;
+}
+
 /// A 2-D weight matrix stored in the GGUF data section.
 #[derive(Clone, Debug)]
 pub struct WeightRef {

@@ -10,6 +10,8 @@
 //! support (its `supports_op` says no) is reported UNSUPPORTED, never as a
 //! pass. Backend-agnostic: it only uses the `Backend` trait.
 
+mod rows;
+
 use crate::backend::{AttnBatch, Backend, KvLayer, KvLayerMut, Mode, Op, QMatrix};
 use crate::quant::GgmlType;
 use anyhow::Result;
@@ -1147,6 +1149,7 @@ pub fn run(be: &dyn Backend, cpu: &dyn Backend, opts: &Options) -> Vec<CaseResul
     };
     c.matmul();
     c.get_rows();
+    c.select_rows();
     c.elementwise();
     c.kv_write();
     c.attention();

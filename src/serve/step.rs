@@ -15,7 +15,7 @@ pub fn run_plan(runner: &mut Runner, kv: &KvManager, plan: &StepPlan) -> Result<
     // earlier one's copy fills.
     for s in &plan.seqs {
         for c in &s.copies {
-            runner.storage.copy_block(c.src, c.dst).with_context(|| {
+            runner.copy_block(c.src, c.dst).with_context(|| {
                 format!("copying KV block {} -> {} for {}", c.src, c.dst, s.seq)
             })?;
         }

@@ -79,6 +79,7 @@ impl Backend for CpuBackend {
             | Op::Rope { .. }
             | Op::SwiGlu { .. }
             | Op::GetRows { .. }
+            | Op::SelectRows { .. }
             | Op::Add { .. }
             | Op::AddBias { .. }
             | Op::KvWrite { .. }
@@ -120,6 +121,7 @@ impl Backend for CpuBackend {
             ),
             Op::SwiGlu { gate, up, out } => ops::swiglu::run(par, isa, gate, up, out),
             Op::GetRows { table, ids, out } => ops::get_rows::run(par, table, ids, out),
+            Op::SelectRows { x, dim, rows, out } => ops::select_rows::run(x, dim, rows, out),
             Op::Add { x, y } => ops::add::add(par, x, y),
             Op::AddBias { x, bias } => ops::add::add_bias(par, x, bias),
             Op::KvWrite { k, v, slots, cache } => ops::kv_write::run(k, v, slots, cache),
@@ -148,6 +150,7 @@ fn work(op: &Op<'_>) -> usize {
         Op::Rope { x, .. } => x.len() * 4,
         Op::SwiGlu { out, .. } => out.len() * 16,
         Op::GetRows { out, .. } => out.len() * 2,
+        Op::SelectRows { .. } => 0,
         Op::Add { x, .. } => x.len() / 4,
         Op::AddBias { x, .. } => x.len() / 4,
         Op::KvWrite { .. } => 0,

@@ -30,6 +30,11 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
         include_str!("kernels/get_rows.cu"),
         &["get_rows"],
     ),
+    (
+        "select_rows",
+        include_str!("kernels/select_rows.cu"),
+        &["select_rows"],
+    ),
     ("add", include_str!("kernels/add.cu"), &["add", "add_bias"]),
     (
         "kv_write",

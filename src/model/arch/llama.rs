@@ -6,42 +6,91 @@
 //! (or per (row, head)), so a row's result never depends on the rest of the
 //! batch: batch invariance follows from the backend's per-row arithmetic.
 
-use crate::backend::{AttnBatch, KvLayer, KvLayerMut, Op};
-use crate::dispatch::Dispatcher;
+use crate::backend::{validate, AttnBatch, OpInfo, OpT};
+use crate::dispatch::{Exec, HostExec};
 use crate::gguf::GgufFile;
 use crate::model::config::{Arch, ModelConfig};
 use crate::model::kv_storage::KvStorage;
-use crate::model::weights::{load_vector, optional_vector, WeightRef};
+use crate::model::weights::{load_vector, optional_vector, HostStore, Store, WeightRef};
 use crate::model::StepInput;
 use anyhow::{bail, Context, Result};
 
-struct Layer {
-    attn_norm: Vec<f32>,
-    wq: WeightRef,
-    wk: WeightRef,
-    wv: WeightRef,
-    wo: WeightRef,
-    bq: Option<Vec<f32>>,
-    bk: Option<Vec<f32>>,
-    bv: Option<Vec<f32>>,
-    q_norm: Option<Vec<f32>>,
-    k_norm: Option<Vec<f32>>,
-    ffn_norm: Vec<f32>,
-    w_gate: WeightRef,
-    w_up: WeightRef,
-    w_down: WeightRef,
+/// One transformer block's weights, wherever they live.
+pub struct Layer<S: Store> {
+    attn_norm: S::Vec,
+    wq: S::Mat,
+    wk: S::Mat,
+    wv: S::Mat,
+    wo: S::Mat,
+    bq: Option<S::Vec>,
+    bk: Option<S::Vec>,
+    bv: Option<S::Vec>,
+    q_norm: Option<S::Vec>,
+    k_norm: Option<S::Vec>,
+    ffn_norm: S::Vec,
+    w_gate: S::Mat,
+    w_up: S::Mat,
+    w_down: S::Mat,
 }
 
-pub struct LlamaModel {
-    pub cfg: ModelConfig,
-    token_embd: WeightRef,
-    output_norm: Vec<f32>,
+/// All weights of a llama-family model, wherever they live.
+pub struct LlamaWeights<S: Store> {
+    token_embd: S::Mat,
+    output_norm: S::Vec,
     /// `output.weight`, or `token_embd.weight` when tied.
-    output: WeightRef,
-    layers: Vec<Layer>,
+    output: S::Mat,
+    layers: Vec<Layer<S>>,
     /// (rope_dim / 2,) inverse frequencies, computed once in f64 then
     /// rounded to f32 so every backend gets the same table.
-    inv_freq: Vec<f32>,
+    inv_freq: S::Vec,
+}
+
+impl<S: Store> LlamaWeights<S> {
+    /// The same weights moved to another store (e.g. uploaded to a device),
+    /// matrix by matrix; `progress(done, total)` counts layers.
+    pub fn map<T: Store>(
+        &self,
+        mat: &mut dyn FnMut(&S::Mat) -> Result<T::Mat>,
+        vec: &mut dyn FnMut(&S::Vec) -> Result<T::Vec>,
+        progress: &dyn Fn(usize, usize),
+    ) -> Result<LlamaWeights<T>> {
+        fn opt<A, B>(v: &Option<A>, f: &mut dyn FnMut(&A) -> Result<B>) -> Result<Option<B>> {
+            v.as_ref().map(f).transpose()
+        }
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for (i, l) in self.layers.iter().enumerate() {
+            layers.push(Layer {
+                bq: opt(&l.bq, vec)?,
+                bk: opt(&l.bk, vec)?,
+                bv: opt(&l.bv, vec)?,
+                q_norm: opt(&l.q_norm, vec)?,
+                k_norm: opt(&l.k_norm, vec)?,
+                attn_norm: vec(&l.attn_norm)?,
+                ffn_norm: vec(&l.ffn_norm)?,
+                wq: mat(&l.wq)?,
+                wk: mat(&l.wk)?,
+                wv: mat(&l.wv)?,
+                wo: mat(&l.wo)?,
+                w_gate: mat(&l.w_gate)?,
+                w_up: mat(&l.w_up)?,
+                w_down: mat(&l.w_down)?,
+            });
+            progress(i + 1, self.layers.len());
+        }
+        Ok(LlamaWeights {
+            token_embd: mat(&self.token_embd)?,
+            output_norm: vec(&self.output_norm)?,
+            output: mat(&self.output)?,
+            layers,
+            inv_freq: vec(&self.inv_freq)?,
+        })
+    }
+}
+
+/// A llama-family model: its config and its host (mmap) weights.
+pub struct LlamaModel {
+    pub cfg: ModelConfig,
+    pub weights: LlamaWeights<HostStore>,
 }
 
 impl LlamaModel {
@@ -94,201 +143,283 @@ impl LlamaModel {
         }
         Ok(LlamaModel {
             cfg,
-            token_embd,
-            output_norm,
-            output,
-            layers,
-            inv_freq,
+            weights: LlamaWeights {
+                token_embd,
+                output_norm,
+                output,
+                layers,
+                inv_freq,
+            },
         })
     }
 
-    /// Runs one step. Writes K/V of every input row into its slot, and
-    /// returns logits (input.logit_rows.len(), vocab) for the rows asked.
-    pub fn forward(
+    /// What the graph asks of a backend: one `OpInfo` per distinct op kind,
+    /// weight type and head_dim it issues (for a whole-model capability
+    /// check before anything is uploaded).
+    pub fn op_infos(&self) -> Vec<OpInfo> {
+        let w = &self.weights;
+        let mut out = vec![
+            OpInfo {
+                kind: "get_rows",
+                weight: Some(w.token_embd.ty),
+                head_dim: None,
+            },
+            OpInfo {
+                kind: "mat_mul",
+                weight: Some(w.output.ty),
+                head_dim: None,
+            },
+            OpInfo {
+                kind: "paged_attention",
+                weight: None,
+                head_dim: Some(self.cfg.head_dim),
+            },
+        ];
+        for kind in [
+            "rms_norm",
+            "rope",
+            "swiglu",
+            "select_rows",
+            "add",
+            "add_bias",
+            "kv_write",
+        ] {
+            out.push(OpInfo {
+                kind,
+                weight: None,
+                head_dim: None,
+            });
+        }
+        for l in &w.layers {
+            for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
+                out.push(OpInfo {
+                    kind: "mat_mul",
+                    weight: Some(m.ty),
+                    head_dim: None,
+                });
+            }
+        }
+        out.dedup();
+        let mut uniq: Vec<OpInfo> = Vec::new();
+        for i in out {
+            if !uniq.contains(&i) {
+                uniq.push(i);
+            }
+        }
+        uniq
+    }
+
+    /// Runs one step on the host (mmap weights, host KV). See [`forward`].
+    pub fn forward_host(
         &self,
-        g: &GgufFile,
-        dx: &Dispatcher,
+        exec: &HostExec<'_>,
         kv: &mut KvStorage,
         input: &StepInput<'_>,
     ) -> Result<Vec<f32>> {
-        let c = &self.cfg;
-        let n = input.tokens.len();
-        input.validate(c.vocab_size)?;
-        if n == 0 {
-            return Ok(Vec::new());
-        }
-        let (d, qd, kvd, hd) = (c.dim, c.q_dim(), c.kv_dim(), c.head_dim);
-        let mut x = vec![0f32; n * d]; // (n, dim) residual stream
-        dx.run(Op::GetRows {
-            table: self.token_embd.matrix(g)?,
-            ids: input.tokens,
-            out: &mut x,
-        })?;
-        let mut h = vec![0f32; n * d]; // (n, dim)
-        let mut q = vec![0f32; n * qd]; // (n, n_heads, head_dim)
-        let mut k = vec![0f32; n * kvd]; // (n, n_kv_heads, head_dim)
-        let mut v = vec![0f32; n * kvd];
-        let mut att = vec![0f32; n * qd]; // (n, n_heads, head_dim)
-        let mut o = vec![0f32; n * d];
-        let mut gate = vec![0f32; n * c.ffn_dim]; // (n, ffn)
-        let mut up = vec![0f32; n * c.ffn_dim];
-        let mut act = vec![0f32; n * c.ffn_dim];
-        let batch = AttnBatch {
-            block_tables: input.block_tables,
-            row_seq: input.row_seq,
-            positions: input.positions,
-        };
-        let scale = 1.0f32 / (hd as f32).sqrt();
-        for (li, l) in self.layers.iter().enumerate() {
-            dx.run(Op::RmsNorm {
-                x: &x,
-                w: &l.attn_norm,
-                dim: d,
-                eps: c.rms_eps,
-                out: &mut h,
-            })?;
-            for (w, b, out) in [
-                (&l.wq, &l.bq, &mut q),
-                (&l.wk, &l.bk, &mut k),
-                (&l.wv, &l.bv, &mut v),
-            ] {
-                dx.run(Op::MatMul {
-                    w: w.matrix(g)?,
-                    x: &h,
-                    n,
-                    out,
-                })?;
-                if let Some(b) = b {
-                    dx.run(Op::AddBias { x: out, bias: b })?;
-                }
-            }
-            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-                // Per-head RMS norm: view (n, heads, hd) as (n * heads, hd).
-                let tmp = q.clone();
-                dx.run(Op::RmsNorm {
-                    x: &tmp,
-                    w: qn,
-                    dim: hd,
-                    eps: c.rms_eps,
-                    out: &mut q,
-                })?;
-                let tmp = k.clone();
-                dx.run(Op::RmsNorm {
-                    x: &tmp,
-                    w: kn,
-                    dim: hd,
-                    eps: c.rms_eps,
-                    out: &mut k,
-                })?;
-            }
-            for (t, heads) in [(&mut q, c.n_heads), (&mut k, c.n_kv_heads)] {
-                dx.run(Op::Rope {
-                    x: t,
-                    n_heads: heads,
-                    head_dim: hd,
-                    rope_dim: c.rope_dim,
-                    positions: input.positions,
-                    inv_freq: &self.inv_freq,
-                    neox: c.arch.neox_rope(),
-                })?;
-            }
-            let block_size = kv.block_size();
-            let (kc, vc) = kv.layer_mut(li)?;
-            dx.run(Op::KvWrite {
-                k: &k,
-                v: &v,
-                slots: input.slots,
-                cache: KvLayerMut {
-                    k: kc,
-                    v: vc,
-                    block_size,
-                    n_kv_heads: c.n_kv_heads,
-                    head_dim: hd,
-                },
-            })
-            .with_context(|| format!("layer {li}"))?;
-            let (kc, vc) = kv.layer(li)?;
-            dx.run(Op::PagedAttention {
-                q: &q,
-                n_heads: c.n_heads,
-                scale,
-                cache: KvLayer {
-                    k: kc,
-                    v: vc,
-                    block_size: kv.block_size(),
-                    n_kv_heads: c.n_kv_heads,
-                    head_dim: hd,
-                },
-                batch,
-                out: &mut att,
-            })
-            .with_context(|| format!("layer {li}"))?;
-            dx.run(Op::MatMul {
-                w: l.wo.matrix(g)?,
-                x: &att,
-                n,
-                out: &mut o,
-            })?;
-            dx.run(Op::Add { x: &mut x, y: &o })?;
-            dx.run(Op::RmsNorm {
-                x: &x,
-                w: &l.ffn_norm,
-                dim: d,
-                eps: c.rms_eps,
-                out: &mut h,
-            })?;
-            dx.run(Op::MatMul {
-                w: l.w_gate.matrix(g)?,
-                x: &h,
-                n,
-                out: &mut gate,
-            })?;
-            dx.run(Op::MatMul {
-                w: l.w_up.matrix(g)?,
-                x: &h,
-                n,
-                out: &mut up,
-            })?;
-            dx.run(Op::SwiGlu {
-                gate: &gate,
-                up: &up,
-                out: &mut act,
-            })?;
-            dx.run(Op::MatMul {
-                w: l.w_down.matrix(g)?,
-                x: &act,
-                n,
-                out: &mut o,
-            })?;
-            dx.run(Op::Add { x: &mut x, y: &o })?;
-        }
-        // Only the rows that want logits go through the output head.
-        let m = input.logit_rows.len();
-        if m == 0 {
-            return Ok(Vec::new());
-        }
-        let mut sel = vec![0f32; m * d]; // (m, dim)
-        for (i, &r) in input.logit_rows.iter().enumerate() {
+        forward(&self.cfg, &self.weights, exec, kv, input)
+    }
+}
+
+/// Runs one step of the graph in `e`'s memory space. Writes K/V of every
+/// input row into its slot, and returns logits (input.logit_rows.len(),
+/// vocab) for the rows asked.
+pub fn forward<E: Exec>(
+    c: &ModelConfig,
+    w: &LlamaWeights<E::S>,
+    e: &E,
+    kv: &mut E::Kv,
+    input: &StepInput<'_>,
+) -> Result<Vec<f32>> {
+    let n = input.tokens.len();
+    input.validate(c.vocab_size)?;
+    validate::kv_slots(input.slots, E::kv_cells(kv))?;
+    let logit_rows: Vec<u32> = input
+        .logit_rows
+        .iter()
+        .map(|&r| {
             if r >= n {
                 bail!("logit row {r} out of range for a step of {n} rows");
             }
-            sel[i * d..(i + 1) * d].copy_from_slice(&x[r * d..(r + 1) * d]);
-        }
-        let mut normed = vec![0f32; m * d];
-        dx.run(Op::RmsNorm {
-            x: &sel,
-            w: &self.output_norm,
+            Ok(r as u32)
+        })
+        .collect::<Result<_>>()?;
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let (d, qd, kvd, hd) = (c.dim, c.q_dim(), c.kv_dim(), c.head_dim);
+    let tokens = e.idx(input.tokens)?;
+    let positions = e.idx(input.positions)?;
+    let slots = e.idx(input.slots)?;
+    let batch = e.batch(
+        kv,
+        AttnBatch {
+            block_tables: input.block_tables,
+            row_seq: input.row_seq,
+            positions: input.positions,
+        },
+    )?;
+    let mut x = e.zeros(n * d)?; // (n, dim) residual stream
+    e.run(OpT::GetRows {
+        table: e.mat(&w.token_embd)?,
+        ids: E::idx_view(&tokens),
+        out: E::wr(&mut x),
+    })?;
+    let mut h = e.zeros(n * d)?; // (n, dim)
+    let mut q = e.zeros(n * qd)?; // (n, n_heads, head_dim)
+    let mut k = e.zeros(n * kvd)?; // (n, n_kv_heads, head_dim)
+    let mut v = e.zeros(n * kvd)?;
+    // Pre-norm q/k when the model has per-head q/k norms (Qwen3).
+    let mut q_raw = e.zeros(if c.arch == Arch::Qwen3 { n * qd } else { 0 })?;
+    let mut k_raw = e.zeros(if c.arch == Arch::Qwen3 { n * kvd } else { 0 })?;
+    let mut att = e.zeros(n * qd)?; // (n, n_heads, head_dim)
+    let mut o = e.zeros(n * d)?;
+    let mut gate = e.zeros(n * c.ffn_dim)?; // (n, ffn)
+    let mut up = e.zeros(n * c.ffn_dim)?;
+    let mut act = e.zeros(n * c.ffn_dim)?;
+    let scale = 1.0f32 / (hd as f32).sqrt();
+    for (li, l) in w.layers.iter().enumerate() {
+        e.run(OpT::RmsNorm {
+            x: E::rd(&x),
+            w: E::param(&l.attn_norm),
             dim: d,
             eps: c.rms_eps,
-            out: &mut normed,
+            out: E::wr(&mut h),
         })?;
-        let mut logits = vec![0f32; m * c.vocab_size]; // (m, vocab)
-        dx.run(Op::MatMul {
-            w: self.output.matrix(g)?,
-            x: &normed,
-            n: m,
-            out: &mut logits,
+        let qk_norm = match (&l.q_norm, &l.k_norm) {
+            (Some(qn), Some(kn)) => Some((qn, kn)),
+            _ => None,
+        };
+        // With q/k norms the projections land in q_raw / k_raw first.
+        let (q_dst, k_dst) = if qk_norm.is_some() {
+            (&mut q_raw, &mut k_raw)
+        } else {
+            (&mut q, &mut k)
+        };
+        for (wm, b, out) in [
+            (&l.wq, &l.bq, q_dst),
+            (&l.wk, &l.bk, k_dst),
+            (&l.wv, &l.bv, &mut v),
+        ] {
+            e.run(OpT::MatMul {
+                w: e.mat(wm)?,
+                x: E::rd(&h),
+                n,
+                out: E::wr(out),
+            })?;
+            if let Some(b) = b {
+                e.run(OpT::AddBias {
+                    x: E::wr(out),
+                    bias: E::param(b),
+                })?;
+            }
+        }
+        if let Some((qn, kn)) = qk_norm {
+            // Per-head RMS norm: view (n, heads, hd) as (n * heads, hd).
+            for (src, nw, dst) in [(&q_raw, qn, &mut q), (&k_raw, kn, &mut k)] {
+                e.run(OpT::RmsNorm {
+                    x: E::rd(src),
+                    w: E::param(nw),
+                    dim: hd,
+                    eps: c.rms_eps,
+                    out: E::wr(dst),
+                })?;
+            }
+        }
+        for (t, heads) in [(&mut q, c.n_heads), (&mut k, c.n_kv_heads)] {
+            e.run(OpT::Rope {
+                x: E::wr(t),
+                n_heads: heads,
+                head_dim: hd,
+                rope_dim: c.rope_dim,
+                positions: E::idx_view(&positions),
+                inv_freq: E::param(&w.inv_freq),
+                neox: c.arch.neox_rope(),
+            })?;
+        }
+        e.run(OpT::KvWrite {
+            k: E::rd(&k),
+            v: E::rd(&v),
+            slots: E::idx_view(&slots),
+            cache: E::kv_layer_mut(kv, li)?,
+        })
+        .with_context(|| format!("layer {li}"))?;
+        e.run(OpT::PagedAttention {
+            q: E::rd(&q),
+            n_heads: c.n_heads,
+            scale,
+            cache: E::kv_layer(kv, li)?,
+            batch: E::batch_view(&batch),
+            out: E::wr(&mut att),
+        })
+        .with_context(|| format!("layer {li}"))?;
+        e.run(OpT::MatMul {
+            w: e.mat(&l.wo)?,
+            x: E::rd(&att),
+            n,
+            out: E::wr(&mut o),
         })?;
-        Ok(logits)
+        e.run(OpT::Add {
+            x: E::wr(&mut x),
+            y: E::rd(&o),
+        })?;
+        e.run(OpT::RmsNorm {
+            x: E::rd(&x),
+            w: E::param(&l.ffn_norm),
+            dim: d,
+            eps: c.rms_eps,
+            out: E::wr(&mut h),
+        })?;
+        for (wm, out) in [(&l.w_gate, &mut gate), (&l.w_up, &mut up)] {
+            e.run(OpT::MatMul {
+                w: e.mat(wm)?,
+                x: E::rd(&h),
+                n,
+                out: E::wr(out),
+            })?;
+        }
+        e.run(OpT::SwiGlu {
+            gate: E::rd(&gate),
+            up: E::rd(&up),
+            out: E::wr(&mut act),
+        })?;
+        e.run(OpT::MatMul {
+            w: e.mat(&l.w_down)?,
+            x: E::rd(&act),
+            n,
+            out: E::wr(&mut o),
+        })?;
+        e.run(OpT::Add {
+            x: E::wr(&mut x),
+            y: E::rd(&o),
+        })?;
     }
+    // Only the rows that want logits go through the output head.
+    let m = logit_rows.len();
+    if m == 0 {
+        return Ok(Vec::new());
+    }
+    let rows = e.idx(&logit_rows)?;
+    let mut sel = e.zeros(m * d)?; // (m, dim)
+    e.run(OpT::SelectRows {
+        x: E::rd(&x),
+        dim: d,
+        rows: E::idx_view(&rows),
+        out: E::wr(&mut sel),
+    })?;
+    let mut normed = e.zeros(m * d)?;
+    e.run(OpT::RmsNorm {
+        x: E::rd(&sel),
+        w: E::param(&w.output_norm),
+        dim: d,
+        eps: c.rms_eps,
+        out: E::wr(&mut normed),
+    })?;
+    let mut logits = e.zeros(m * c.vocab_size)?; // (m, vocab)
+    e.run(OpT::MatMul {
+        w: e.mat(&w.output)?,
+        x: E::rd(&normed),
+        n: m,
+        out: E::wr(&mut logits),
+    })?;
+    e.download(logits)
 }

@@ -17,7 +17,7 @@ use super::dot::float::dot_f16;
 use super::for_chunks;
 use crate::backend::cpu::{canon, Isa};
 use crate::backend::{AttnBatch, KvLayer};
-use anyhow::{ensure, Result};
+use anyhow::Result;
 use half::f16;
 
 /// Positions per online-softmax chunk (aligned to absolute position 0).
@@ -36,58 +36,16 @@ pub fn run(
     out: &mut [f32],
 ) -> Result<()> {
     let (hd, nkv, bs) = (cache.head_dim, cache.n_kv_heads, cache.block_size);
-    ensure!(
-        hd > 0 && nkv > 0 && bs > 0 && n_heads > 0,
-        "paged_attention: head_dim {hd}, n_kv_heads {nkv}, block_size {bs}, n_heads {n_heads} must be > 0"
-    );
-    ensure!(
-        n_heads.is_multiple_of(nkv),
-        "paged_attention: n_heads {n_heads} is not a multiple of n_kv_heads {nkv}"
-    );
-    let block_elems = bs * nkv * hd;
-    ensure!(
-        cache.k.len() == cache.v.len() && cache.k.len().is_multiple_of(block_elems),
-        "paged_attention: cache k {} / v {} elements, not whole blocks of (block_size {bs}, n_kv_heads {nkv}, head_dim {hd})",
+    let n_blocks = crate::backend::validate::attention(
+        (bs, nkv, hd),
+        n_heads,
         cache.k.len(),
-        cache.v.len()
-    );
-    let n_blocks = cache.k.len() / block_elems;
-    let n_rows = batch.positions.len();
-    ensure!(
-        batch.row_seq.len() == n_rows,
-        "paged_attention: row_seq has {} entries, positions {}",
-        batch.row_seq.len(),
-        n_rows
-    );
-    let row = n_heads * hd;
-    ensure!(
-        q.len() == n_rows * row && out.len() == q.len(),
-        "paged_attention: q {} / out {} elements, expected n_rows {n_rows} * n_heads {n_heads} * head_dim {hd}",
+        cache.v.len(),
+        batch.positions.len(),
         q.len(),
-        out.len()
-    );
-    for r in 0..n_rows {
-        let s = batch.row_seq[r] as usize;
-        ensure!(
-            s < batch.block_tables.len(),
-            "paged_attention: row {r} names sequence {s}, only {} block tables",
-            batch.block_tables.len()
-        );
-        let table = batch.block_tables[s];
-        let need = batch.positions[r] as usize / bs + 1;
-        ensure!(
-            table.len() >= need,
-            "paged_attention: row {r} at position {} needs {need} blocks of {bs}, table has {}",
-            batch.positions[r],
-            table.len()
-        );
-        for (i, &b) in table[..need].iter().enumerate() {
-            ensure!(
-                (b as usize) < n_blocks,
-                "paged_attention: block table {s} entry {i} = {b} out of range ({n_blocks} blocks)"
-            );
-        }
-    }
+        out.len(),
+    )?;
+    crate::backend::validate::attention_batch(&batch, bs, n_blocks)?;
     let group = n_heads / nkv;
     for_chunks(par, out, hd, |rh, o| {
         let (r, h) = (rh / n_heads, rh % n_heads);

@@ -11,7 +11,8 @@ pub fn run(
     ids: &[u32],
     out: &mut [f32],
 ) -> Result<()> {
-    let rb = crate::backend::validate::get_rows(&table, ids, out.len())?;
+    let rb = crate::backend::validate::get_rows(&table, table.data.len(), ids.len(), out.len())?;
+    crate::backend::validate::indices("get_rows: id", ids, table.rows)?;
     if table.cols == 0 {
         return Ok(());
     }

@@ -30,7 +30,7 @@ pub fn run(
         "mat_mul: {:?} is an activation type, not a weight type",
         w.ty
     );
-    let rb = crate::backend::validate::mat_mul(&w, x.len(), n, out.len())?;
+    let rb = crate::backend::validate::mat_mul(&w, w.data.len(), x.len(), n, out.len())?;
     if n == 0 || m == 0 {
         return Ok(());
     }

@@ -12,6 +12,7 @@ pub mod kv_write;
 pub mod matmul;
 pub mod rms_norm;
 pub mod rope;
+pub mod select_rows;
 pub mod swiglu;
 
 /// Elements per parallel task in elementwise ops (fixed, so the split does

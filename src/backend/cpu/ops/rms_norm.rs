@@ -4,7 +4,7 @@
 use super::dot::float::dot_f32;
 use super::for_chunks;
 use crate::backend::cpu::{canon, Isa};
-use anyhow::{ensure, Result};
+use anyhow::Result;
 
 /// x, out: (n, dim); w: (dim,).
 pub fn run(
@@ -16,15 +16,7 @@ pub fn run(
     eps: f32,
     out: &mut [f32],
 ) -> Result<()> {
-    ensure!(dim > 0, "rms_norm: dim must be > 0");
-    ensure!(
-        w.len() == dim && x.len().is_multiple_of(dim) && out.len() == x.len(),
-        "rms_norm: x {} / out {} elements, w {} (dim {}): expected x = out = n*dim, w = dim",
-        x.len(),
-        out.len(),
-        w.len(),
-        dim
-    );
+    crate::backend::validate::rms_norm(x.len(), w.len(), dim, out.len())?;
     for_chunks(par, out, dim, |r, o| {
         let xr = &x[r * dim..(r + 1) * dim];
         let ss = dot_f32(isa, xr, xr);

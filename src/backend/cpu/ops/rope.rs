@@ -2,7 +2,7 @@
 
 use super::for_chunks;
 use crate::backend::cpu::canon;
-use anyhow::{ensure, Result};
+use anyhow::Result;
 
 /// x: (n, n_heads, head_dim) rotated in place; positions: (n,);
 /// inv_freq: (rope_dim / 2,). Angle_i = (pos as f32) * inv_freq[i];
@@ -19,24 +19,7 @@ pub fn run(
     neox: bool,
 ) -> Result<()> {
     let n = positions.len();
-    ensure!(
-        n_heads > 0 && head_dim > 0,
-        "rope: n_heads {n_heads} and head_dim {head_dim} must be > 0"
-    );
-    ensure!(
-        rope_dim.is_multiple_of(2) && rope_dim <= head_dim && inv_freq.len() == rope_dim / 2,
-        "rope: rope_dim {rope_dim} must be even and <= head_dim {head_dim}, inv_freq has {} (want {})",
-        inv_freq.len(),
-        rope_dim / 2
-    );
-    ensure!(
-        x.len() == n * n_heads * head_dim,
-        "rope: x has {} elements, expected n {} * n_heads {} * head_dim {}",
-        x.len(),
-        n,
-        n_heads,
-        head_dim
-    );
+    crate::backend::validate::rope(x.len(), n_heads, head_dim, rope_dim, n, inv_freq.len())?;
     let half = rope_dim / 2;
     for_chunks(par, x, n_heads * head_dim, |r, row| {
         let pos = positions[r];

@@ -2,7 +2,7 @@
 
 use super::{for_chunks, ELEM_CHUNK};
 use crate::backend::cpu::{canon, Isa};
-use anyhow::{ensure, Result};
+use anyhow::Result;
 
 /// gate, up, out: (len,).
 pub fn run(
@@ -12,13 +12,7 @@ pub fn run(
     up: &[f32],
     out: &mut [f32],
 ) -> Result<()> {
-    ensure!(
-        gate.len() == up.len() && up.len() == out.len(),
-        "swiglu: gate {} / up {} / out {} elements differ",
-        gate.len(),
-        up.len(),
-        out.len()
-    );
+    crate::backend::validate::same_len("swiglu", &[gate.len(), up.len(), out.len()])?;
     for_chunks(par, out, ELEM_CHUNK, |c, oc| {
         let base = c * ELEM_CHUNK;
         let g = &gate[base..base + oc.len()];

@@ -1,8 +1,7 @@
-// K/V rows (f32) -> f16, round to nearest even. With the host-slice op
-// interface the kernel writes row i of the converted K/V to `k16 + i * row`;
-// the host stores row i into physical cell slots[i] (in row order, so a
-// repeated slot keeps the last row, as on the CPU). A device-resident cache
-// will write through `slots` directly.
+// Store K/V rows (f32) into their physical cells of the paged f16 cache,
+// round to nearest even. One thread per (row, element). Slots of one call
+// are distinct (checked on the host), so no two threads write one cell.
+// slots are device values: a slot >= n_cells writes nothing.
 // NaN keeps its sign and top payload bits, quieted (as the `half` crate).
 __device__ __forceinline__ u16 kv_f16(float x) {
     u32 b = __float_as_uint(x);
@@ -11,11 +10,18 @@ __device__ __forceinline__ u16 kv_f16(float x) {
     return q_to_f16(x);
 }
 
+// k, v: (n, row); slots: (n,); kc, vc: (n_cells, row) with
+// row = n_kv_heads * head_dim.
 extern "C" __global__ void kv_write(const float* __restrict__ k, const float* __restrict__ v,
-                                    long long len, u16* __restrict__ k16,
-                                    u16* __restrict__ v16) {
+                                    const u32* __restrict__ slots, int n, int row,
+                                    long long n_cells, u16* __restrict__ kc,
+                                    u16* __restrict__ vc) {
     long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= len) return;
-    k16[t] = kv_f16(k[t]);
-    v16[t] = kv_f16(v[t]);
+    if (t >= (long long)n * row) return;
+    int i = (int)(t / row), e = (int)(t % row);
+    u32 s = slots[i];
+    if ((long long)s >= n_cells) return;
+    long long dst = (long long)s * row + e;
+    kc[dst] = kv_f16(k[t]);
+    vc[dst] = kv_f16(v[t]);
 }

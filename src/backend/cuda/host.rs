@@ -1,0 +1,323 @@
+//! The host-slice path of the `cuda` backend (`Backend<Host>`): each op
+//! uploads its inputs, runs the device launcher of `launch.rs` and
+//! downloads its outputs. This is what the parity harness drives, and what
+//! `--gpu auto` uses for single ops when a model cannot run wholly on the
+//! device. A model step on the GPU uses the device space instead
+//! (`dispatch::cuda`), which keeps activations and the KV cache resident.
+//!
+//! Weights (`QMatrix.data`, which lives in the model's mmap for the whole
+//! run) are uploaded once and cached, keyed by (address, length, content
+//! fingerprint). KV ops upload only the blocks their slots or block tables
+//! touch, remapped onto a compact buffer.
+
+use super::mem::{DevAttnBatch, DevKv, DevKvMut, DevMatrix};
+use super::{fingerprint, CudaBackend};
+use crate::backend::{validate, AttnBatch, KvLayer, KvLayerMut, Op, QMatrix};
+use anyhow::{anyhow, Result};
+use cudarc::driver::CudaSlice;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+impl CudaBackend {
+    fn weight(&self, w: &QMatrix<'_>) -> Result<Arc<CudaSlice<u8>>> {
+        let key = (w.data.as_ptr() as usize, w.data.len(), fingerprint(w.data));
+        let mut cache = self
+            .weights
+            .lock()
+            .map_err(|_| anyhow!("cuda backend: weight cache lock poisoned"))?;
+        if let Some(s) = cache.get(&key) {
+            return Ok(s.clone());
+        }
+        let s = Arc::new(self.up(w.data, "uploading a weight matrix")?);
+        cache.insert(key, s.clone());
+        Ok(s)
+    }
+
+    fn dev_matrix<'a>(w: &QMatrix<'_>, data: &'a CudaSlice<u8>) -> DevMatrix<'a> {
+        DevMatrix {
+            ty: w.ty,
+            rows: w.rows,
+            cols: w.cols,
+            data: data.slice(0..w.data.len()),
+        }
+    }
+
+    /// Runs one host-slice op on the device (the caller holds the lock).
+    pub(super) fn run_host(&self, op: &mut Op<'_>) -> Result<()> {
+        match op {
+            Op::MatMul { w, x, n, out } => {
+                validate::mat_mul(w, w.data.len(), x.len(), *n, out.len())?;
+                let wd = self.weight(w)?;
+                let xd = self.up(x, "mat_mul: x")?;
+                let mut od = self.scratch::<f32>(out.len(), "mat_mul: out")?;
+                self.d_mat_mul(
+                    &Self::dev_matrix(w, &wd),
+                    &xd.slice(0..x.len()),
+                    *n,
+                    &mut od.slice_mut(0..out.len()),
+                )?;
+                self.down(&od, out, "mat_mul: out")
+            }
+            Op::RmsNorm {
+                x,
+                w,
+                dim,
+                eps,
+                out,
+            } => {
+                let (xd, wd) = (self.up(x, "rms_norm: x")?, self.up(w, "rms_norm: w")?);
+                let mut od = self.scratch::<f32>(out.len(), "rms_norm: out")?;
+                self.d_rms_norm(
+                    &xd.slice(0..x.len()),
+                    &wd.slice(0..w.len()),
+                    *dim,
+                    *eps,
+                    &mut od.slice_mut(0..out.len()),
+                )?;
+                self.down(&od, out, "rms_norm: out")
+            }
+            Op::Rope {
+                x,
+                n_heads,
+                head_dim,
+                rope_dim,
+                positions,
+                inv_freq,
+                neox,
+            } => {
+                let mut xd = self.up(x, "rope: x")?;
+                let pd = self.up(positions, "rope: positions")?;
+                let fd = self.up(inv_freq, "rope: inv_freq")?;
+                self.d_rope(
+                    &mut xd.slice_mut(0..x.len()),
+                    *n_heads,
+                    *head_dim,
+                    *rope_dim,
+                    &pd.slice(0..positions.len()),
+                    &fd.slice(0..inv_freq.len()),
+                    *neox,
+                )?;
+                self.down(&xd, x, "rope: x")
+            }
+            Op::SwiGlu { gate, up, out } => {
+                let (gd, ud) = (self.up(gate, "swiglu: gate")?, self.up(up, "swiglu: up")?);
+                let mut od = self.scratch::<f32>(out.len(), "swiglu: out")?;
+                self.d_swiglu(
+                    &gd.slice(0..gate.len()),
+                    &ud.slice(0..up.len()),
+                    &mut od.slice_mut(0..out.len()),
+                )?;
+                self.down(&od, out, "swiglu: out")
+            }
+            Op::GetRows { table, ids, out } => {
+                validate::get_rows(table, table.data.len(), ids.len(), out.len())?;
+                validate::indices("get_rows: id", ids, table.rows)?;
+                let td = self.weight(table)?;
+                let idd = self.up(ids, "get_rows: ids")?;
+                let mut od = self.scratch::<f32>(out.len(), "get_rows: out")?;
+                self.d_get_rows(
+                    &Self::dev_matrix(table, &td),
+                    &idd.slice(0..ids.len()),
+                    &mut od.slice_mut(0..out.len()),
+                )?;
+                self.down(&od, out, "get_rows: out")
+            }
+            Op::SelectRows { x, dim, rows, out } => {
+                let n = validate::select_rows(x.len(), *dim, rows.len(), out.len())?;
+                validate::indices("select_rows: row", rows, n)?;
+                let xd = self.up(x, "select_rows: x")?;
+                let rd = self.up(rows, "select_rows: rows")?;
+                let mut od = self.scratch::<f32>(out.len(), "select_rows: out")?;
+                self.d_select_rows(
+                    &xd.slice(0..x.len()),
+                    *dim,
+                    &rd.slice(0..rows.len()),
+                    &mut od.slice_mut(0..out.len()),
+                )?;
+                self.down(&od, out, "select_rows: out")
+            }
+            Op::Add { x, y } => {
+                let (mut xd, yd) = (self.up(x, "add: x")?, self.up(y, "add: y")?);
+                self.d_add(&mut xd.slice_mut(0..x.len()), &yd.slice(0..y.len()))?;
+                self.down(&xd, x, "add: x")
+            }
+            Op::AddBias { x, bias } => {
+                let (mut xd, bd) = (self.up(x, "add_bias: x")?, self.up(bias, "add_bias: bias")?);
+                self.d_add_bias(&mut xd.slice_mut(0..x.len()), &bd.slice(0..bias.len()))?;
+                self.down(&xd, x, "add_bias: x")
+            }
+            Op::KvWrite { k, v, slots, cache } => self.host_kv_write(k, v, slots, cache),
+            Op::PagedAttention {
+                q,
+                n_heads,
+                scale,
+                cache,
+                batch,
+                out,
+            } => self.host_attention(q, *n_heads, *scale, *cache, *batch, out),
+        }?;
+        self.sync("host op")
+    }
+
+    /// Uploads the blocks holding `slots`, writes on the device, and copies
+    /// those blocks back.
+    fn host_kv_write(
+        &self,
+        k: &[f32],
+        v: &[f32],
+        slots: &[u32],
+        cache: &mut KvLayerMut<'_>,
+    ) -> Result<()> {
+        let geo = (cache.block_size, cache.n_kv_heads, cache.head_dim);
+        let n_cells = validate::kv_write(
+            geo,
+            cache.k.len(),
+            cache.v.len(),
+            k.len(),
+            v.len(),
+            slots.len(),
+        )?;
+        validate::kv_slots(slots, n_cells)?;
+        if k.is_empty() {
+            return Ok(());
+        }
+        let bs = cache.block_size;
+        let block_elems = bs * cache.n_kv_heads * cache.head_dim;
+        let mut remap: HashMap<u32, u32> = HashMap::new();
+        let mut order: Vec<u32> = Vec::new();
+        let local: Vec<u32> = slots
+            .iter()
+            .map(|&s| {
+                let b = s / bs as u32;
+                let c = *remap.entry(b).or_insert_with(|| {
+                    order.push(b);
+                    (order.len() - 1) as u32
+                });
+                c * bs as u32 + s % bs as u32
+            })
+            .collect();
+        let (kb, vb) = gather_blocks(cache.k, cache.v, &order, block_elems);
+        let (mut kd, mut vd) = (
+            self.up(&kb, "kv_write: k blocks")?,
+            self.up(&vb, "kv_write: v blocks")?,
+        );
+        let (kx, vx) = (self.up(k, "kv_write: k")?, self.up(v, "kv_write: v")?);
+        let sd = self.up(&local, "kv_write: slots")?;
+        self.d_kv_write(
+            &kx.slice(0..k.len()),
+            &vx.slice(0..v.len()),
+            &sd.slice(0..local.len()),
+            &mut DevKvMut {
+                k: kd.slice_mut(0..kb.len()),
+                v: vd.slice_mut(0..vb.len()),
+                block_size: bs,
+                n_kv_heads: cache.n_kv_heads,
+                head_dim: cache.head_dim,
+            },
+        )?;
+        let (mut kh, mut vh) = (vec![0u16; kb.len()], vec![0u16; vb.len()]);
+        self.down(&kd, &mut kh, "kv_write: k blocks")?;
+        self.down(&vd, &mut vh, "kv_write: v blocks")?;
+        self.sync("kv_write")?;
+        let (kh, vh): (&[half::f16], &[half::f16]) = (kh.reinterpret_cast(), vh.reinterpret_cast());
+        for (i, &b) in order.iter().enumerate() {
+            let (src, dst) = (i * block_elems, b as usize * block_elems);
+            cache.k[dst..dst + block_elems].copy_from_slice(&kh[src..src + block_elems]);
+            cache.v[dst..dst + block_elems].copy_from_slice(&vh[src..src + block_elems]);
+        }
+        Ok(())
+    }
+
+    /// Uploads the blocks the tables reference and runs the paged kernel on
+    /// them through remapped tables.
+    fn host_attention(
+        &self,
+        q: &[f32],
+        n_heads: usize,
+        scale: f32,
+        cache: KvLayer<'_>,
+        batch: AttnBatch<'_>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let (bs, nkv, hd) = (cache.block_size, cache.n_kv_heads, cache.head_dim);
+        let n_blocks = validate::attention(
+            (bs, nkv, hd),
+            n_heads,
+            cache.k.len(),
+            cache.v.len(),
+            batch.positions.len(),
+            q.len(),
+            out.len(),
+        )?;
+        let need = validate::attention_batch(&batch, bs, n_blocks)?;
+        if batch.positions.is_empty() {
+            return Ok(());
+        }
+        let mut remap: HashMap<u32, u32> = HashMap::new();
+        let mut order: Vec<u32> = Vec::new();
+        let tables: Vec<Vec<u32>> = need
+            .iter()
+            .enumerate()
+            .map(|(s, &nb)| {
+                batch.block_tables[s][..nb]
+                    .iter()
+                    .map(|&b| {
+                        *remap.entry(b).or_insert_with(|| {
+                            order.push(b);
+                            (order.len() - 1) as u32
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
+        let table_refs: Vec<&[u32]> = tables.iter().map(|t| &t[..]).collect();
+        let local = AttnBatch {
+            block_tables: &table_refs,
+            row_seq: batch.row_seq,
+            positions: batch.positions,
+        };
+        let block_elems = bs * nkv * hd;
+        let (kb, vb) = gather_blocks(cache.k, cache.v, &order, block_elems);
+        let db = DevAttnBatch::upload(self, &local, bs, order.len())?;
+        let (kd, vd) = (
+            self.up(&kb, "paged_attention: k blocks")?,
+            self.up(&vb, "paged_attention: v blocks")?,
+        );
+        let qd = self.up(q, "paged_attention: q")?;
+        let mut od = self.scratch::<f32>(out.len(), "paged_attention: out")?;
+        self.d_attention(
+            &qd.slice(0..q.len()),
+            n_heads,
+            scale,
+            &DevKv {
+                k: kd.slice(0..kb.len()),
+                v: vd.slice(0..vb.len()),
+                block_size: bs,
+                n_kv_heads: nkv,
+                head_dim: hd,
+            },
+            &db,
+            &mut od.slice_mut(0..out.len()),
+        )?;
+        self.down(&od, out, "paged_attention: out")
+    }
+}
+
+/// The f16 bits of blocks `order` of k and v, concatenated.
+fn gather_blocks(
+    k: &[half::f16],
+    v: &[half::f16],
+    order: &[u32],
+    block_elems: usize,
+) -> (Vec<u16>, Vec<u16>) {
+    let (kb, vb): (&[u16], &[u16]) = (k.reinterpret_cast(), v.reinterpret_cast());
+    let mut kc = Vec::with_capacity(order.len() * block_elems);
+    let mut vc = Vec::with_capacity(order.len() * block_elems);
+    for &b in order {
+        let o = b as usize * block_elems;
+        kc.extend_from_slice(&kb[o..o + block_elems]);
+        vc.extend_from_slice(&vb[o..o + block_elems]);
+    }
+    (kc, vc)
+}

@@ -1,0 +1,419 @@
+//! Kernel launches over device buffers: the one implementation of every op
+//! on the GPU. The device memory space (`Dev`) calls these directly; the
+//! host-slice path (`host.rs`) uploads, calls them and downloads.
+//!
+//! Each launcher checks shapes with `backend::validate` (the same checks
+//! the cpu backend runs) before it launches anything.
+
+use super::mem::{DevAttnBatch, DevKv, DevKvMut, DevMatrix};
+use super::{drv, grid_1d, i32_of, ty_code, CudaBackend};
+use crate::backend::{validate, KvInfo};
+use crate::quant::GgmlType;
+use anyhow::{anyhow, ensure, Result};
+use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+
+impl CudaBackend {
+    /// out (n, m) = x (n, k) · wᵀ.
+    pub(crate) fn d_mat_mul(
+        &self,
+        w: &DevMatrix<'_>,
+        x: &CudaView<'_, f32>,
+        n: usize,
+        out: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        let (m, k) = (w.rows, w.cols);
+        let tc =
+            ty_code(w.ty).ok_or_else(|| anyhow!("mat_mul: {:?} is not a weight type", w.ty))?;
+        validate::mat_mul(w, w.data.len(), x.len(), n, out.len())?;
+        if n == 0 || m == 0 {
+            return Ok(());
+        }
+        if k == 0 {
+            drv(self.stream().memset_zeros(out), "mat_mul: zero out")?;
+            return Ok(());
+        }
+        let (mi, ki, ni) = (i32_of(m, "m")?, i32_of(k, "k")?, i32_of(n, "n")?);
+        i32_of(n * k, "n * k")?;
+        let s = self.stream();
+        // Rows of activations per thread group (outputs share weight loads).
+        let ra: i32 = match n {
+            1 => 1,
+            2..=4 => 4,
+            5..=8 => 8,
+            _ => 32,
+        };
+        let rw = 32 / ra as u32;
+        let qcfg = LaunchConfig {
+            grid_dim: (
+                u32::try_from((m as u64).div_ceil(rw as u64))?,
+                u32::try_from((n as u64).div_ceil(ra as u64))?,
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        match w.ty {
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
+                let mut b = s.launch_builder(self.func("mm_float")?);
+                b.arg(&w.data)
+                    .arg(&mi)
+                    .arg(&ki)
+                    .arg(&tc)
+                    .arg(x)
+                    .arg(&ni)
+                    .arg(out);
+                // SAFETY: argument types match mm_float's signature; buffers
+                // hold m*k weights, n*k inputs and n*m outputs (validated).
+                drv(
+                    unsafe { b.launch(grid_1d(n * m * 32, 256)?) },
+                    "mat_mul: launching mm_float",
+                )?;
+            }
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+                let nb = k / 256;
+                let mut qs = self.scratch::<i16>(n * k, "mat_mul: act q")?;
+                let mut ad = self.scratch::<f32>(n * nb, "mat_mul: act d")?;
+                let mut bs = self.scratch::<i32>(n * nb * 16, "mat_mul: act bsum")?;
+                let mut b = s.launch_builder(self.func("quant_actk")?);
+                b.arg(x)
+                    .arg(&ni)
+                    .arg(&ki)
+                    .arg(&mut qs)
+                    .arg(&mut ad)
+                    .arg(&mut bs);
+                // SAFETY: matches quant_actk; n*k inputs, n*k q, n*nb d, n*nb*16 sums.
+                drv(
+                    unsafe { b.launch(grid_1d(n * nb, 128)?) },
+                    "mat_mul: launching quant_actk",
+                )?;
+                let mut b = s.launch_builder(self.func("mm_qk")?);
+                b.arg(&w.data)
+                    .arg(&mi)
+                    .arg(&ki)
+                    .arg(&tc)
+                    .arg(&qs)
+                    .arg(&ad)
+                    .arg(&bs)
+                    .arg(&ni)
+                    .arg(&ra)
+                    .arg(out);
+                // SAFETY: matches mm_qk; buffers sized as above.
+                drv(unsafe { b.launch(qcfg) }, "mat_mul: launching mm_qk")?;
+            }
+            _ => {
+                let nb = k / 32;
+                let mut qs = self.scratch::<i16>(n * k, "mat_mul: act q")?;
+                let mut ad = self.scratch::<f32>(n * nb, "mat_mul: act d")?;
+                let mut asum = self.scratch::<f32>(n * nb, "mat_mul: act s")?;
+                let mut b = s.launch_builder(self.func("quant_act32")?);
+                b.arg(x)
+                    .arg(&ni)
+                    .arg(&ki)
+                    .arg(&mut qs)
+                    .arg(&mut ad)
+                    .arg(&mut asum);
+                // SAFETY: matches quant_act32; n*k inputs, n*k q, n*nb d and s.
+                drv(
+                    unsafe { b.launch(grid_1d(n * nb, 128)?) },
+                    "mat_mul: launching quant_act32",
+                )?;
+                let mut b = s.launch_builder(self.func("mm_q32")?);
+                b.arg(&w.data)
+                    .arg(&mi)
+                    .arg(&ki)
+                    .arg(&tc)
+                    .arg(&qs)
+                    .arg(&ad)
+                    .arg(&asum)
+                    .arg(&ni)
+                    .arg(&ra)
+                    .arg(out);
+                // SAFETY: matches mm_q32; buffers sized as above.
+                drv(unsafe { b.launch(qcfg) }, "mat_mul: launching mm_q32")?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn d_rms_norm(
+        &self,
+        x: &CudaView<'_, f32>,
+        w: &CudaView<'_, f32>,
+        dim: usize,
+        eps: f32,
+        out: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        let n = validate::rms_norm(x.len(), w.len(), dim, out.len())?;
+        if n == 0 {
+            return Ok(());
+        }
+        let (ni, di) = (i32_of(n, "rows")?, i32_of(dim, "dim")?);
+        let mut b = self.stream().launch_builder(self.func("rms_norm")?);
+        b.arg(x).arg(w).arg(&ni).arg(&di).arg(&eps).arg(out);
+        // SAFETY: matches rms_norm; n*dim inputs/outputs, dim weights.
+        drv(
+            unsafe { b.launch(grid_1d(n * 32, 256)?) },
+            "rms_norm: launch",
+        )?;
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)] // the op's fields
+    pub(crate) fn d_rope(
+        &self,
+        x: &mut CudaViewMut<'_, f32>,
+        n_heads: usize,
+        head_dim: usize,
+        rope_dim: usize,
+        positions: &CudaView<'_, u32>,
+        inv_freq: &CudaView<'_, f32>,
+        neox: bool,
+    ) -> Result<()> {
+        let n = positions.len();
+        validate::rope(x.len(), n_heads, head_dim, rope_dim, n, inv_freq.len())?;
+        let total = n * n_heads * (rope_dim / 2);
+        if total == 0 {
+            return Ok(());
+        }
+        let (ni, hi, hdi, rdi) = (
+            i32_of(n, "n")?,
+            i32_of(n_heads, "n_heads")?,
+            i32_of(head_dim, "head_dim")?,
+            i32_of(rope_dim, "rope_dim")?,
+        );
+        let nx = neox as i32;
+        let mut b = self.stream().launch_builder(self.func("rope")?);
+        b.arg(x)
+            .arg(&ni)
+            .arg(&hi)
+            .arg(&hdi)
+            .arg(&rdi)
+            .arg(positions)
+            .arg(inv_freq)
+            .arg(&nx);
+        // SAFETY: matches rope; x holds n*n_heads*head_dim, positions n,
+        // inv_freq rope_dim/2 (validated).
+        drv(unsafe { b.launch(grid_1d(total, 256)?) }, "rope: launch")?;
+        Ok(())
+    }
+
+    pub(crate) fn d_swiglu(
+        &self,
+        gate: &CudaView<'_, f32>,
+        up: &CudaView<'_, f32>,
+        out: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        validate::same_len("swiglu", &[gate.len(), up.len(), out.len()])?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let len = out.len() as i64;
+        let cfg = grid_1d(out.len(), 256)?;
+        let mut b = self.stream().launch_builder(self.func("swiglu")?);
+        b.arg(gate).arg(up).arg(&len).arg(out);
+        // SAFETY: matches swiglu; all three buffers hold len elements.
+        drv(unsafe { b.launch(cfg) }, "swiglu: launch")?;
+        Ok(())
+    }
+
+    pub(crate) fn d_get_rows(
+        &self,
+        table: &DevMatrix<'_>,
+        ids: &CudaView<'_, u32>,
+        out: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        let tc = ty_code(table.ty)
+            .ok_or_else(|| anyhow!("get_rows: {:?} is not a weight type", table.ty))?;
+        let rb = validate::get_rows(table, table.data.len(), ids.len(), out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let (ri, ci, ni) = (
+            i32_of(table.rows, "rows")?,
+            i32_of(table.cols, "cols")?,
+            i32_of(ids.len(), "ids")?,
+        );
+        let rbl = rb as i64;
+        let cfg = grid_1d(out.len(), 256)?;
+        let mut b = self.stream().launch_builder(self.func("get_rows")?);
+        b.arg(&table.data)
+            .arg(&ri)
+            .arg(&ci)
+            .arg(&rbl)
+            .arg(&tc)
+            .arg(ids)
+            .arg(&ni)
+            .arg(out);
+        // SAFETY: matches get_rows; the kernel bounds-checks every id
+        // against table_rows; out holds n_ids*cols (validated).
+        drv(unsafe { b.launch(cfg) }, "get_rows: launch")?;
+        Ok(())
+    }
+
+    pub(crate) fn d_select_rows(
+        &self,
+        x: &CudaView<'_, f32>,
+        dim: usize,
+        rows: &CudaView<'_, u32>,
+        out: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        let n = validate::select_rows(x.len(), dim, rows.len(), out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let (ni, di, mi) = (
+            i32_of(n, "n")?,
+            i32_of(dim, "dim")?,
+            i32_of(rows.len(), "rows")?,
+        );
+        let cfg = grid_1d(out.len(), 256)?;
+        let mut b = self.stream().launch_builder(self.func("select_rows")?);
+        b.arg(x).arg(&ni).arg(&di).arg(rows).arg(&mi).arg(out);
+        // SAFETY: matches select_rows; the kernel bounds-checks every row
+        // against n; out holds m*dim (validated).
+        drv(unsafe { b.launch(cfg) }, "select_rows: launch")?;
+        Ok(())
+    }
+
+    pub(crate) fn d_add(&self, x: &mut CudaViewMut<'_, f32>, y: &CudaView<'_, f32>) -> Result<()> {
+        validate::same_len("add", &[x.len(), y.len()])?;
+        if x.is_empty() {
+            return Ok(());
+        }
+        let len = x.len() as i64;
+        let cfg = grid_1d(x.len(), 256)?;
+        let mut b = self.stream().launch_builder(self.func("add")?);
+        b.arg(x).arg(y).arg(&len);
+        // SAFETY: matches add; both buffers hold len elements.
+        drv(unsafe { b.launch(cfg) }, "add: launch")?;
+        Ok(())
+    }
+
+    pub(crate) fn d_add_bias(
+        &self,
+        x: &mut CudaViewMut<'_, f32>,
+        bias: &CudaView<'_, f32>,
+    ) -> Result<()> {
+        let dim = bias.len();
+        validate::add_bias(x.len(), dim)?;
+        if x.is_empty() {
+            return Ok(());
+        }
+        let len = x.len() as i64;
+        let di = i32_of(dim, "dim")?;
+        let cfg = grid_1d(x.len(), 256)?;
+        let mut b = self.stream().launch_builder(self.func("add_bias")?);
+        b.arg(x).arg(bias).arg(&len).arg(&di);
+        // SAFETY: matches add_bias; x holds len, bias dim elements.
+        drv(unsafe { b.launch(cfg) }, "add_bias: launch")?;
+        Ok(())
+    }
+
+    /// Stores k, v rows into cells `slots` of the cache. The slot values
+    /// must have been checked distinct and in range where they were
+    /// uploaded; the kernel skips any slot out of range regardless.
+    pub(crate) fn d_kv_write(
+        &self,
+        k: &CudaView<'_, f32>,
+        v: &CudaView<'_, f32>,
+        slots: &CudaView<'_, u32>,
+        cache: &mut DevKvMut<'_>,
+    ) -> Result<()> {
+        let n_cells = validate::kv_write(
+            cache.geometry(),
+            cache.k.len(),
+            cache.v.len(),
+            k.len(),
+            v.len(),
+            slots.len(),
+        )?;
+        if k.is_empty() {
+            return Ok(());
+        }
+        let row = cache.n_kv_heads * cache.head_dim;
+        let (ni, ri) = (i32_of(slots.len(), "n")?, i32_of(row, "row")?);
+        let nc = n_cells as i64;
+        let cfg = grid_1d(k.len(), 256)?;
+        let mut b = self.stream().launch_builder(self.func("kv_write")?);
+        b.arg(k)
+            .arg(v)
+            .arg(slots)
+            .arg(&ni)
+            .arg(&ri)
+            .arg(&nc)
+            .arg(&mut cache.k)
+            .arg(&mut cache.v);
+        // SAFETY: matches kv_write; k, v hold n*row; the kernel skips slots
+        // >= n_cells, so every write is inside the cache.
+        drv(unsafe { b.launch(cfg) }, "kv_write: launch")?;
+        Ok(())
+    }
+
+    pub(crate) fn d_attention(
+        &self,
+        q: &CudaView<'_, f32>,
+        n_heads: usize,
+        scale: f32,
+        cache: &DevKv<'_>,
+        batch: &DevAttnBatch,
+        out: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        let (bs, nkv, hd) = cache.geometry();
+        let n_blocks = validate::attention(
+            (bs, nkv, hd),
+            n_heads,
+            cache.k.len(),
+            cache.v.len(),
+            batch.n_rows,
+            q.len(),
+            out.len(),
+        )?;
+        ensure!(
+            hd <= 256,
+            "paged_attention: head_dim {hd} > 256 is not supported by the CUDA kernel"
+        );
+        // The batch's tables were validated against a cache of this shape.
+        ensure!(
+            batch.block_size == bs && batch.n_blocks == n_blocks,
+            "paged_attention: the batch was validated for {} blocks of {}, the cache has {n_blocks} of {bs}",
+            batch.n_blocks,
+            batch.block_size
+        );
+        if batch.n_rows == 0 {
+            return Ok(());
+        }
+        let (nri, nhi, nkvi, hdi, bsi) = (
+            i32_of(batch.n_rows, "n_rows")?,
+            i32_of(n_heads, "n_heads")?,
+            i32_of(nkv, "n_kv_heads")?,
+            i32_of(hd, "head_dim")?,
+            i32_of(bs, "block_size")?,
+        );
+        let cfg = LaunchConfig {
+            grid_dim: (u32::try_from(batch.n_rows * n_heads)?, 1, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream().launch_builder(self.func("paged_attention")?);
+        b.arg(q)
+            .arg(&nri)
+            .arg(&nhi)
+            .arg(&nkvi)
+            .arg(&hdi)
+            .arg(&bsi)
+            .arg(&scale)
+            .arg(&cache.k)
+            .arg(&cache.v)
+            .arg(&batch.tables)
+            .arg(&batch.table_off)
+            .arg(&batch.row_seq)
+            .arg(&batch.positions)
+            .arg(out);
+        // SAFETY: matches paged_attention; every table entry a row reads was
+        // validated below n_blocks at upload (DevAttnBatch::upload) for this
+        // cache geometry (checked above); q/out hold n_rows*n_heads*head_dim;
+        // head_dim <= 256 (shared q buffer).
+        drv(unsafe { b.launch(cfg) }, "paged_attention: launch")?;
+        Ok(())
+    }
+}

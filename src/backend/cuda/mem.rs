@@ -1,0 +1,150 @@
+//! The device memory space of the `cuda` backend: ops whose tensors are
+//! device buffers, so a whole step runs on the GPU with one upload of the
+//! step's inputs and one download of its logits.
+//!
+//! Index *values* in device buffers cannot be checked by the op without a
+//! download. They are checked on the host where they are uploaded
+//! ([`DevAttnBatch::upload`] for block tables; the executor for ids, slots
+//! and rows), and every kernel that indexes memory with a device-side
+//! value also bounds-checks it (an out-of-range id reads as NaN, an
+//! out-of-range slot writes nothing), so no value can reach outside a
+//! buffer.
+
+use super::{drv, CudaBackend};
+use crate::backend::{validate, AttnBatch, KvInfo, Mem, WeightInfo};
+use crate::quant::GgmlType;
+use anyhow::{Context, Result};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+
+/// Device memory (see the module doc).
+pub struct Dev;
+
+impl Mem for Dev {
+    type In<'a> = CudaView<'a, f32>;
+    type Out<'a> = CudaViewMut<'a, f32>;
+    type Idx<'a> = CudaView<'a, u32>;
+    type Param<'a> = CudaView<'a, f32>;
+    type W<'a> = DevMatrix<'a>;
+    type Kv<'a> = DevKv<'a>;
+    type KvMut<'a> = DevKvMut<'a>;
+    type Batch<'a> = &'a DevAttnBatch;
+}
+
+/// A weight matrix on the device in its stored type.
+/// data: (rows, cols) row-major, `ty.row_bytes(cols)` bytes per row.
+pub struct DevMatrix<'a> {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: CudaView<'a, u8>,
+}
+
+impl WeightInfo for DevMatrix<'_> {
+    fn ty(&self) -> GgmlType {
+        self.ty
+    }
+    fn rows(&self) -> usize {
+        self.rows
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+/// One layer of the device KV cache, f16 bits.
+/// k, v: (n_blocks, block_size, n_kv_heads, head_dim).
+pub struct DevKv<'a> {
+    pub k: CudaView<'a, u16>,
+    pub v: CudaView<'a, u16>,
+    pub block_size: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// Written view of one layer of the device KV cache (layout of [`DevKv`]).
+pub struct DevKvMut<'a> {
+    pub k: CudaViewMut<'a, u16>,
+    pub v: CudaViewMut<'a, u16>,
+    pub block_size: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl KvInfo for DevKv<'_> {
+    fn geometry(&self) -> (usize, usize, usize) {
+        (self.block_size, self.n_kv_heads, self.head_dim)
+    }
+}
+
+impl KvInfo for DevKvMut<'_> {
+    fn geometry(&self) -> (usize, usize, usize) {
+        (self.block_size, self.n_kv_heads, self.head_dim)
+    }
+}
+
+/// An attention batch on the device, validated on the host at upload
+/// against a cache of `n_blocks` blocks of `block_size` cells: every table
+/// entry a row reads is below `n_blocks`. Fields are private so no
+/// unvalidated batch exists.
+pub struct DevAttnBatch {
+    /// Concatenated block tables, each cut to the blocks its rows read.
+    pub(super) tables: CudaSlice<u32>,
+    /// (n_seqs,) start of each sequence's table in `tables`.
+    pub(super) table_off: CudaSlice<u32>,
+    /// (n_rows,) sequence of each query row.
+    pub(super) row_seq: CudaSlice<u32>,
+    /// (n_rows,) absolute position of each query row.
+    pub(super) positions: CudaSlice<u32>,
+    pub(super) n_rows: usize,
+    pub(super) block_size: usize,
+    pub(super) n_blocks: usize,
+}
+
+impl DevAttnBatch {
+    /// Validates `batch` (see [`validate::attention_batch`]) and uploads it.
+    pub fn upload(
+        be: &CudaBackend,
+        batch: &AttnBatch<'_>,
+        block_size: usize,
+        n_blocks: usize,
+    ) -> Result<Self> {
+        anyhow::ensure!(block_size > 0, "paged_attention: block_size must be > 0");
+        let need = validate::attention_batch(batch, block_size, n_blocks)?;
+        let mut flat = Vec::new();
+        let mut offs = Vec::with_capacity(need.len());
+        for (s, &nb) in need.iter().enumerate() {
+            offs.push(u32::try_from(flat.len()).context("block tables too long")?);
+            flat.extend_from_slice(&batch.block_tables[s][..nb]);
+        }
+        Ok(DevAttnBatch {
+            tables: be.up(&flat, "paged_attention: block tables")?,
+            table_off: be.up(&offs, "paged_attention: table offsets")?,
+            row_seq: be.up(batch.row_seq, "paged_attention: row_seq")?,
+            positions: be.up(batch.positions, "paged_attention: positions")?,
+            n_rows: batch.positions.len(),
+            block_size,
+            n_blocks,
+        })
+    }
+
+    pub fn n_rows(&self) -> usize {
+        self.n_rows
+    }
+
+    /// The row positions (for RoPE, which reads the same positions).
+    pub fn positions(&self) -> CudaView<'_, u32> {
+        self.positions.slice(0..self.n_rows)
+    }
+}
+
+/// A device allocation of `len` elements of `T`, zero-filled.
+pub fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    be: &CudaBackend,
+    len: usize,
+    what: &str,
+) -> Result<CudaSlice<T>> {
+    drv(be.stream().alloc_zeros::<T>(len.max(1)), what)
+}

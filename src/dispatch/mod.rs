@@ -1,0 +1,164 @@
+//! Per-op backend choice. Asks each backend, in priority order, whether it
+//! supports the op in the current mode; never compares backend names.
+//! Records which backend ran each op kind, for `--show-backends`.
+
+pub mod cuda;
+
+use crate::backend::{AttnBatch, Backend, Host, KvLayer, KvLayerMut, Mem, Mode, Op, OpT, QMatrix};
+use crate::gguf::GgufFile;
+use crate::model::weights::{HostStore, Store, WeightRef};
+use crate::model::KvStorage;
+use anyhow::{anyhow, Context, Result};
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+pub struct Dispatcher {
+    backends: Vec<Box<dyn Backend>>,
+    mode: Mode,
+    /// (op kind, backend name) -> count.
+    counts: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+}
+
+impl Dispatcher {
+    /// `backends` in priority order; the last should support everything
+    /// (the CPU reference).
+    pub fn new(backends: Vec<Box<dyn Backend>>, mode: Mode) -> Self {
+        Dispatcher {
+            backends,
+            mode,
+            counts: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    pub fn run(&self, op: Op<'_>) -> Result<()> {
+        let kind = op.kind();
+        let b = self
+            .backends
+            .iter()
+            .find(|b| b.supports_op(&op, self.mode))
+            .ok_or_else(|| anyhow!("no backend supports op {kind} in mode {:?}", self.mode))?;
+        let name = b.name();
+        b.run(op, self.mode)
+            .with_context(|| format!("op {kind} on backend {name}"))?;
+        if let Ok(mut c) = self.counts.lock() {
+            *c.entry((kind, name)).or_insert(0) += 1;
+        }
+        Ok(())
+    }
+
+    /// Which backend ran each op kind, and how often.
+    pub fn report(&self) -> Vec<(String, String, u64)> {
+        self.counts
+            .lock()
+            .map(|c| {
+                c.iter()
+                    .map(|((k, b), n)| (k.to_string(), b.to_string(), *n))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// Runs a model graph in one memory space: owns nothing but knows how to
+/// allocate activations, view weights, upload a step's inputs, run ops and
+/// bring logits back. The graph (`model/arch/*.rs`) is written once over
+/// this trait; [`HostExec`] runs it on host slices through the
+/// [`Dispatcher`], `cuda::CudaExec` wholly on the device.
+pub trait Exec {
+    /// The memory space of the ops.
+    type M: Mem;
+    /// Where the weights live.
+    type S: Store;
+    /// An owned f32 activation of a fixed length.
+    type Buf;
+    /// An owned (or borrowed, on the host) u32 vector.
+    type IdxBuf<'i>;
+    /// An owned (or borrowed) attention batch.
+    type BatchBuf<'i>;
+    /// The paged KV cache, all layers.
+    type Kv;
+
+    /// A zero-filled activation of `len` elements.
+    fn zeros(&self, len: usize) -> Result<Self::Buf>;
+    fn rd(b: &Self::Buf) -> <Self::M as Mem>::In<'_>;
+    fn wr(b: &mut Self::Buf) -> <Self::M as Mem>::Out<'_>;
+    fn mat<'a>(&'a self, m: &'a <Self::S as Store>::Mat) -> Result<<Self::M as Mem>::W<'a>>;
+    fn param(v: &<Self::S as Store>::Vec) -> <Self::M as Mem>::Param<'_>;
+    fn idx<'i>(&self, v: &'i [u32]) -> Result<Self::IdxBuf<'i>>;
+    fn idx_view<'a>(b: &'a Self::IdxBuf<'_>) -> <Self::M as Mem>::Idx<'a>;
+    /// Validates and uploads an attention batch for the cache `kv`.
+    fn batch<'i>(&self, kv: &Self::Kv, b: AttnBatch<'i>) -> Result<Self::BatchBuf<'i>>;
+    fn batch_view<'a>(b: &'a Self::BatchBuf<'_>) -> <Self::M as Mem>::Batch<'a>;
+    /// Cells (block_size x blocks) of one layer of the cache.
+    fn kv_cells(kv: &Self::Kv) -> usize;
+    fn kv_layer(kv: &Self::Kv, li: usize) -> Result<<Self::M as Mem>::Kv<'_>>;
+    fn kv_layer_mut(kv: &mut Self::Kv, li: usize) -> Result<<Self::M as Mem>::KvMut<'_>>;
+    /// Runs one op (on whichever backend the executor picks).
+    fn run(&self, op: OpT<'_, Self::M>) -> Result<()>;
+    /// Moves an activation to the host (waits for every queued op).
+    fn download(&self, b: Self::Buf) -> Result<Vec<f32>>;
+}
+
+/// Host-memory execution: every op goes through the [`Dispatcher`], which
+/// picks a backend per op.
+pub struct HostExec<'g> {
+    pub dx: &'g Dispatcher,
+    pub gguf: &'g GgufFile,
+}
+
+impl Exec for HostExec<'_> {
+    type M = Host;
+    type S = HostStore;
+    type Buf = Vec<f32>;
+    type IdxBuf<'i> = &'i [u32];
+    type BatchBuf<'i> = AttnBatch<'i>;
+    type Kv = KvStorage;
+
+    fn zeros(&self, len: usize) -> Result<Vec<f32>> {
+        Ok(vec![0f32; len])
+    }
+    fn rd(b: &Vec<f32>) -> &[f32] {
+        b
+    }
+    fn wr(b: &mut Vec<f32>) -> &mut [f32] {
+        b
+    }
+    fn mat<'a>(&'a self, m: &'a WeightRef) -> Result<QMatrix<'a>> {
+        m.matrix(self.gguf)
+    }
+    fn param(v: &Vec<f32>) -> &[f32] {
+        v
+    }
+    fn idx<'i>(&self, v: &'i [u32]) -> Result<&'i [u32]> {
+        Ok(v)
+    }
+    fn idx_view<'a>(b: &'a &[u32]) -> &'a [u32] {
+        b
+    }
+    fn batch<'i>(&self, _kv: &KvStorage, b: AttnBatch<'i>) -> Result<AttnBatch<'i>> {
+        // The cpu kernels validate the batch themselves.
+        Ok(b)
+    }
+    fn batch_view<'a>(b: &'a AttnBatch<'_>) -> AttnBatch<'a> {
+        *b
+    }
+    fn kv_cells(kv: &KvStorage) -> usize {
+        kv.n_blocks() * kv.block_size()
+    }
+    fn kv_layer(kv: &KvStorage, li: usize) -> Result<KvLayer<'_>> {
+        kv.layer(li)
+    }
+    fn kv_layer_mut(kv: &mut KvStorage, li: usize) -> Result<KvLayerMut<'_>> {
+        kv.layer_mut(li)
+    }
+    fn run(&self, op: Op<'_>) -> Result<()> {
+        self.dx.run(op)
+    }
+    fn download(&self, b: Vec<f32>) -> Result<Vec<f32>> {
+        Ok(b)
+    }
+}

@@ -1,0 +1,189 @@
+//! Whole-model device path: a model step with weights, activations and the
+//! paged KV cache resident on the GPU gives logits bitwise equal to the cpu
+//! backend in `exact` mode, across batched prefill, scattered blocks,
+//! fork + copy-on-write and decode. SKIPPED loudly without a GPU.
+
+use quire::backend::cuda::{source, CudaBackend};
+use quire::backend::{GpuMode, Mode};
+use quire::kv::SeqId;
+use quire::model::synth;
+use quire::quant::GgmlType;
+use quire::runner::{Compute, LogitsWanted, Runner, RunnerOptions, SeqWork};
+
+fn gpu_usable() -> Option<String> {
+    if !(source::driver_present() && source::nvrtc_present()) {
+        return Some("no CUDA driver / NVRTC on this machine".into());
+    }
+    CudaBackend::new(GpuMode::Required)
+        .err()
+        .map(|e| format!("CUDA present but no usable device: {e:#}"))
+}
+
+fn toks(seed: u32, n: usize, vocab: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (seed.wrapping_mul(2_654_435_761).wrapping_add(i * 40_503)) % vocab)
+        .collect()
+}
+
+/// One sequence's work in a scripted step: (seq, tokens, start, logits).
+type Item = (SeqId, Vec<u32>, usize, LogitsWanted);
+
+/// Runs the same scripted steps on both runners, comparing every logit bit.
+fn scenario(gpu: &mut Runner, cpu: &mut Runner, what: &str) {
+    let vocab = gpu.config().vocab_size as u32;
+    let (a, b, c, junk) = (SeqId(1), SeqId(2), SeqId(3), SeqId(9));
+    let pa = toks(1, 37, vocab);
+    let pb = toks(2, 20, vocab);
+    for r in [&mut *gpu, &mut *cpu] {
+        // Scatter the physical blocks: a freed sequence leaves holes.
+        r.step(&[SeqWork {
+            seq: junk,
+            tokens: &toks(3, 50, vocab),
+            start_pos: 0,
+            logits: LogitsWanted::None,
+        }])
+        .unwrap();
+    }
+    let mut steps: Vec<Vec<Item>> = vec![vec![
+        (a, pa.clone(), 0, LogitsWanted::All),
+        (b, pb.clone(), 0, LogitsWanted::Last),
+    ]];
+    for t in 0..6u32 {
+        steps.push(vec![
+            (
+                a,
+                vec![(7 + t) % vocab],
+                37 + t as usize,
+                LogitsWanted::Last,
+            ),
+            (
+                b,
+                vec![(11 + t) % vocab],
+                20 + t as usize,
+                LogitsWanted::Last,
+            ),
+        ]);
+    }
+    for (si, step) in steps.iter().enumerate() {
+        if si == 1 {
+            for r in [&mut *gpu, &mut *cpu] {
+                r.free(junk);
+                r.kv.fork(a, c).unwrap();
+            }
+        }
+        let mut work: Vec<SeqWork<'_>> = step
+            .iter()
+            .map(|(s, t, p, l)| SeqWork {
+                seq: *s,
+                tokens: t,
+                start_pos: *p,
+                logits: *l,
+            })
+            .collect();
+        // The fork decodes a different token than its parent from the
+        // shared (copy-on-write) last block.
+        let ctok = [(5 + si as u32) % vocab];
+        if si >= 1 {
+            work.push(SeqWork {
+                seq: c,
+                tokens: &ctok,
+                start_pos: 37 + si - 1,
+                logits: LogitsWanted::Last,
+            });
+        }
+        let g = gpu.step(&work).unwrap();
+        let r = cpu.step(&work).unwrap();
+        assert_eq!(g.len(), r.len());
+        for (i, (gl, rl)) in g.iter().zip(&r).enumerate() {
+            assert_eq!(gl.len(), rl.len(), "{what}: step {si} item {i} length");
+            assert!(
+                gl.iter().all(|x| x.is_finite()),
+                "{what}: non-finite logits"
+            );
+            let diff = gl
+                .iter()
+                .zip(rl)
+                .position(|(x, y)| x.to_bits() != y.to_bits());
+            assert!(
+                diff.is_none(),
+                "{what}: step {si} item {i}: logit {} differs: gpu {} cpu {}",
+                diff.unwrap(),
+                gl[diff.unwrap()],
+                rl[diff.unwrap()]
+            );
+        }
+    }
+}
+
+#[test]
+fn device_resident_model_is_bitwise_equal_to_cpu() {
+    if let Some(why) = gpu_usable() {
+        eprintln!("SKIPPED: {why}; the device-resident model path did NOT run");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for shape in ["tiny-llama", "tiny-llama-tied", "tiny-qwen2", "tiny-qwen3"] {
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_K,
+            GgmlType::Q8_0,
+            GgmlType::F16,
+        ] {
+            let path = dir.path().join(format!("{shape}-{ty:?}.gguf"));
+            synth::write_model(&path, synth::find_shape(shape).unwrap(), ty, 5).unwrap();
+            let opts = RunnerOptions {
+                threads: Some(2),
+                kv_tokens: 512,
+                block_size: 16,
+                mode: Mode::Exact,
+                ..RunnerOptions::default()
+            };
+            let mut gpu = Runner::load(
+                &path,
+                &RunnerOptions {
+                    gpu: GpuMode::Required,
+                    ..opts.clone()
+                },
+            )
+            .unwrap();
+            assert!(
+                matches!(gpu.compute, Compute::Cuda { .. }),
+                "--gpu required must put the model on the device"
+            );
+            let mut cpu = Runner::load(&path, &opts).unwrap();
+            scenario(&mut gpu, &mut cpu, &format!("{shape} {ty:?}"));
+            eprintln!("{shape} {ty:?}: device path bitwise equal to the cpu");
+        }
+    }
+}
+
+#[test]
+fn gpu_required_without_a_gpu_fails_naming_cuda() {
+    if gpu_usable().is_none() {
+        eprintln!("SKIPPED: a GPU is present (the no-GPU error path is not testable here)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.gguf");
+    synth::write_model(
+        &path,
+        synth::find_shape("tiny-llama").unwrap(),
+        GgmlType::Q4_0,
+        5,
+    )
+    .unwrap();
+    let e = Runner::load(
+        &path,
+        &RunnerOptions {
+            gpu: GpuMode::Required,
+            ..RunnerOptions::default()
+        },
+    )
+    .err()
+    .expect("--gpu required without a GPU must fail");
+    let msg = format!("{e:#}");
+    assert!(
+        msg.contains("--gpu required") && msg.contains("cuda"),
+        "{msg}"
+    );
+}
