@@ -180,7 +180,16 @@ impl Runner {
         }
     }
 
-    /// "cpu", or "cuda (device name)" when the model runs on the device.
+    /// Per op kind (kind, count, seconds) on the device, when profiling
+    /// (QUIRE_PROFILE_OPS=1).
+    pub fn op_profile(&self) -> Option<Vec<(String, u64, f64)>> {
+        match &self.compute {
+            Compute::Host { .. } => None,
+            Compute::Cuda { exec, .. } => exec.profile(),
+        }
+    }
+
+    /// Where the model's tensors live (host, or which device).
     pub fn placement(&self) -> String {
         match &self.compute {
             Compute::Host { .. } => "host memory".into(),

@@ -187,3 +187,129 @@ fn gpu_required_without_a_gpu_fails_naming_cuda() {
         "{msg}"
     );
 }
+
+/// Logits of sequence 1 over a fixed script: a prompt prefilled in chunks
+/// of `chunk`, then 3 decode steps; `with_other` runs a second sequence in
+/// every step of the same batch.
+fn script(r: &mut Runner, chunk: usize, with_other: bool) -> Vec<Vec<f32>> {
+    let vocab = r.config().vocab_size as u32;
+    let (a, b) = (SeqId(1), SeqId(2));
+    let pa = toks(1, 45, vocab);
+    let pb = toks(2, 45, vocab);
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos < pa.len() {
+        let end = (pos + chunk).min(pa.len());
+        let mut w = vec![SeqWork {
+            seq: a,
+            tokens: &pa[pos..end],
+            start_pos: pos,
+            logits: LogitsWanted::Last,
+        }];
+        if with_other {
+            w.push(SeqWork {
+                seq: b,
+                tokens: &pb[pos..end],
+                start_pos: pos,
+                logits: LogitsWanted::Last,
+            });
+        }
+        let l = r.step(&w).unwrap();
+        pos = end;
+        if pos == pa.len() {
+            out.push(l[0].clone());
+        }
+    }
+    for t in 0..3u32 {
+        let ta = [(7 + t) % vocab];
+        let tb = [(9 + t) % vocab];
+        let mut w = vec![SeqWork {
+            seq: a,
+            tokens: &ta,
+            start_pos: 45 + t as usize,
+            logits: LogitsWanted::Last,
+        }];
+        if with_other {
+            w.push(SeqWork {
+                seq: b,
+                tokens: &tb,
+                start_pos: 45 + t as usize,
+                logits: LogitsWanted::Last,
+            });
+        }
+        out.push(r.step(&w).unwrap()[0].clone());
+    }
+    r.free(a);
+    r.free(b);
+    out
+}
+
+fn bits_of(v: &[Vec<f32>]) -> Vec<Vec<u32>> {
+    v.iter()
+        .map(|l| l.iter().map(|x| x.to_bits()).collect())
+        .collect()
+}
+
+/// `deterministic` on the device: batch-invariant and KV-cache invariant
+/// (bitwise), and close to the cpu. `fast`: run-to-run bitwise and close
+/// to the cpu (its GEMMs are not batch-invariant).
+#[test]
+fn device_fast_and_deterministic_modes() {
+    if let Some(why) = gpu_usable() {
+        eprintln!("SKIPPED: {why}; device fast/deterministic modes did NOT run");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::F16,
+    ] {
+        let path = dir.path().join(format!("m-{ty:?}.gguf"));
+        synth::write_model(&path, synth::find_shape("tiny-qwen3").unwrap(), ty, 11).unwrap();
+        let opts = |mode, gpu| RunnerOptions {
+            threads: Some(2),
+            kv_tokens: 512,
+            mode,
+            gpu,
+            ..RunnerOptions::default()
+        };
+        let mut cpu = Runner::load(&path, &opts(Mode::Exact, GpuMode::Off)).unwrap();
+        let want = script(&mut cpu, 45, false);
+        let mut det = Runner::load(&path, &opts(Mode::Deterministic, GpuMode::Required)).unwrap();
+        let alone = script(&mut det, 45, false);
+        assert_eq!(
+            bits_of(&alone),
+            bits_of(&script(&mut det, 45, true)),
+            "{ty:?}: deterministic must be batch-invariant"
+        );
+        assert_eq!(
+            bits_of(&alone),
+            bits_of(&script(&mut det, 7, false)),
+            "{ty:?}: deterministic must be KV-cache (chunking) invariant"
+        );
+        let mut fast = Runner::load(&path, &opts(Mode::Fast, GpuMode::Required)).unwrap();
+        let f1 = script(&mut fast, 45, true);
+        assert_eq!(
+            bits_of(&f1),
+            bits_of(&script(&mut fast, 45, true)),
+            "{ty:?}: fast must be run-to-run deterministic"
+        );
+        for (name, got) in [("deterministic", &alone), ("fast", &f1)] {
+            for (g, w) in got.iter().zip(&want) {
+                let (mut num, mut den) = (0f64, 0f64);
+                for (a, b) in g.iter().zip(w) {
+                    num += (*a as f64 - *b as f64).powi(2);
+                    den += (*b as f64).powi(2);
+                }
+                let nmse = num / den;
+                assert!(
+                    nmse < 1e-3,
+                    "{ty:?} {name}: logits NMSE {nmse:e} vs the cpu"
+                );
+            }
+        }
+        eprintln!("{ty:?}: deterministic invariant, fast reproducible, both close to the cpu");
+    }
+}

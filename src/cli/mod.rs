@@ -105,6 +105,18 @@ impl ModelArgs {
                 eprintln!("  {op:16} {b:6} {n}");
             }
         }
+        if let Some(p) = runner.op_profile() {
+            let total: f64 = p.iter().map(|r| r.2).sum();
+            eprintln!("op kind: count, device time (QUIRE_PROFILE_OPS=1, synchronized per op)");
+            for (op, n, t) in p {
+                eprintln!(
+                    "  {op:16} {n:8} {:10.3} ms {:5.1}% {:8.2} us/op",
+                    t * 1e3,
+                    100.0 * t / total.max(1e-12),
+                    t * 1e6 / n.max(1) as f64
+                );
+            }
+        }
     }
 }
 

@@ -127,18 +127,52 @@ impl DevKvCache {
     }
 }
 
-/// Owned activation on the device.
+/// Device buffers of finished steps, by length, for the next step to
+/// reuse (a step allocates the same shapes as the one before it).
+type BufPool = Arc<Mutex<HashMap<usize, Vec<CudaSlice<f32>>>>>;
+
+/// Most bytes the pool keeps.
+const POOL_CAP_BYTES: usize = 512 << 20;
+
+/// Owned activation on the device; returns its memory to the pool on drop.
 pub struct DevBuf {
-    data: CudaSlice<f32>,
+    data: Option<CudaSlice<f32>>,
     len: usize,
+    pool: BufPool,
+}
+
+impl DevBuf {
+    fn slice(&self) -> &CudaSlice<f32> {
+        // Only `drop` takes the slice out.
+        self.data.as_ref().expect("DevBuf used after drop")
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        if let (Some(d), Ok(mut p)) = (self.data.take(), self.pool.lock()) {
+            // Bounded: steps of ever new shapes (serving) must not hoard
+            // memory; past the cap a buffer is simply freed.
+            let held: usize = p.iter().map(|(len, v)| len * v.len()).sum();
+            if (held + self.len) * 4 <= POOL_CAP_BYTES {
+                // Stream-ordered: a later user's kernels queue after this
+                // buffer's last kernels.
+                p.entry(self.len).or_default().push(d);
+            }
+        }
+    }
 }
 
 /// Runs every op of a step on the cuda backend's device space.
 pub struct CudaExec {
     be: Arc<CudaBackend>,
     mode: Mode,
-    /// op kind -> count, for `--show-backends`.
-    counts: Mutex<BTreeMap<&'static str, u64>>,
+    /// op kind -> (count, seconds), for `--show-backends`. Seconds are
+    /// measured only with QUIRE_PROFILE_OPS=1 (which synchronizes after
+    /// every op, so it slows the run down).
+    counts: Mutex<BTreeMap<&'static str, (u64, f64)>>,
+    profile: bool,
+    pool: BufPool,
 }
 
 impl CudaExec {
@@ -147,6 +181,8 @@ impl CudaExec {
             be,
             mode,
             counts: Mutex::new(BTreeMap::new()),
+            profile: std::env::var("QUIRE_PROFILE_OPS").is_ok_and(|v| v == "1"),
+            pool: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
@@ -201,10 +237,25 @@ impl CudaExec {
             .lock()
             .map(|c| {
                 c.iter()
-                    .map(|(k, n)| (k.to_string(), "cuda".to_string(), *n))
+                    .map(|(k, (n, _))| (k.to_string(), "cuda".to_string(), *n))
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// Per op kind: (kind, count, seconds), when QUIRE_PROFILE_OPS=1.
+    pub fn profile(&self) -> Option<Vec<(String, u64, f64)>> {
+        if !self.profile {
+            return None;
+        }
+        self.counts
+            .lock()
+            .map(|c| {
+                c.iter()
+                    .map(|(k, (n, t))| (k.to_string(), *n, *t))
+                    .collect()
+            })
+            .ok()
     }
 }
 
@@ -217,16 +268,38 @@ impl Exec for CudaExec {
     type Kv = DevKvCache;
 
     fn zeros(&self, len: usize) -> Result<DevBuf> {
+        let reused = self
+            .pool
+            .lock()
+            .map_err(|_| anyhow!("cuda: buffer pool lock poisoned"))?
+            .get_mut(&len)
+            .and_then(|v| v.pop());
+        let data = match reused {
+            Some(mut d) => {
+                drv(
+                    self.be.stream().memset_zeros(&mut d),
+                    "zeroing an activation",
+                )?;
+                d
+            }
+            None => zeros::<f32>(&self.be, len, "allocating an activation")?,
+        };
         Ok(DevBuf {
-            data: zeros::<f32>(&self.be, len, "allocating an activation")?,
+            data: Some(data),
             len,
+            pool: self.pool.clone(),
         })
     }
     fn rd(b: &DevBuf) -> CudaView<'_, f32> {
-        b.data.slice(0..b.len)
+        b.slice().slice(0..b.len)
     }
     fn wr(b: &mut DevBuf) -> CudaViewMut<'_, f32> {
-        b.data.slice_mut(0..b.len)
+        let len = b.len;
+        // Only `drop` takes the slice out.
+        b.data
+            .as_mut()
+            .expect("DevBuf used after drop")
+            .slice_mut(0..len)
     }
     fn mat<'a>(&'a self, m: &'a Arc<DevWeight>) -> Result<DevMatrix<'a>> {
         Ok(DevMatrix {
@@ -291,15 +364,30 @@ impl Exec for CudaExec {
                 .unwrap_or_else(|| "the backend is disabled".into());
             bail!("op {kind} cannot run on the cuda device path: {why}");
         }
+        let t0 = if self.profile {
+            self.be.sync("profiling")?;
+            Some(std::time::Instant::now())
+        } else {
+            None
+        };
         Backend::<Dev>::run(self.be.as_ref(), op, self.mode)?;
+        let dt = match t0 {
+            Some(t) => {
+                self.be.sync("profiling")?;
+                t.elapsed().as_secs_f64()
+            }
+            None => 0.0,
+        };
         if let Ok(mut c) = self.counts.lock() {
-            *c.entry(kind).or_insert(0) += 1;
+            let e = c.entry(kind).or_insert((0, 0.0));
+            e.0 += 1;
+            e.1 += dt;
         }
         Ok(())
     }
     fn download(&self, b: DevBuf) -> Result<Vec<f32>> {
         let mut h = vec![0f32; b.len];
-        self.be.down(&b.data, &mut h, "downloading logits")?;
+        self.be.down(b.slice(), &mut h, "downloading logits")?;
         self.be.sync("step")?;
         Ok(h)
     }

@@ -12,7 +12,7 @@
 
 use super::mem::{DevAttnBatch, DevKv, DevKvMut, DevMatrix};
 use super::{fingerprint, CudaBackend};
-use crate::backend::{validate, AttnBatch, KvLayer, KvLayerMut, Op, QMatrix};
+use crate::backend::{validate, AttnBatch, KvLayer, KvLayerMut, Mode, Op, QMatrix};
 use anyhow::{anyhow, Result};
 use cudarc::driver::CudaSlice;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
@@ -44,7 +44,7 @@ impl CudaBackend {
     }
 
     /// Runs one host-slice op on the device (the caller holds the lock).
-    pub(super) fn run_host(&self, op: &mut Op<'_>) -> Result<()> {
+    pub(super) fn run_host(&self, op: &mut Op<'_>, mode: Mode) -> Result<()> {
         match op {
             Op::MatMul { w, x, n, out } => {
                 validate::mat_mul(w, w.data.len(), x.len(), *n, out.len())?;
@@ -56,6 +56,7 @@ impl CudaBackend {
                     &xd.slice(0..x.len()),
                     *n,
                     &mut od.slice_mut(0..out.len()),
+                    mode,
                 )?;
                 self.down(&od, out, "mat_mul: out")
             }
@@ -155,7 +156,7 @@ impl CudaBackend {
                 cache,
                 batch,
                 out,
-            } => self.host_attention(q, *n_heads, *scale, *cache, *batch, out),
+            } => self.host_attention(q, *n_heads, *scale, *cache, *batch, out, mode),
         }?;
         self.sync("host op")
     }
@@ -231,6 +232,7 @@ impl CudaBackend {
 
     /// Uploads the blocks the tables reference and runs the paged kernel on
     /// them through remapped tables.
+    #[allow(clippy::too_many_arguments)] // the op's fields and the mode
     fn host_attention(
         &self,
         q: &[f32],
@@ -239,6 +241,7 @@ impl CudaBackend {
         cache: KvLayer<'_>,
         batch: AttnBatch<'_>,
         out: &mut [f32],
+        mode: Mode,
     ) -> Result<()> {
         let (bs, nkv, hd) = (cache.block_size, cache.n_kv_heads, cache.head_dim);
         let n_blocks = validate::attention(
@@ -299,6 +302,7 @@ impl CudaBackend {
             },
             &db,
             &mut od.slice_mut(0..out.len()),
+            mode,
         )?;
         self.down(&od, out, "paged_attention: out")
     }

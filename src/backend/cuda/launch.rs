@@ -7,14 +7,221 @@
 
 use super::mem::{DevAttnBatch, DevKv, DevKvMut, DevMatrix};
 use super::{drv, grid_1d, i32_of, ty_code, CudaBackend};
-use crate::backend::{validate, KvInfo};
+use crate::backend::{validate, KvInfo, Mode};
 use crate::quant::GgmlType;
-use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+use anyhow::{anyhow, bail, ensure, Result};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+
+/// Activation rows per group of the warp-per-row matmul (MV_ROWS in matmul.cu).
+const MV_ROWS: usize = 8;
+
+/// Bytes each arena region is aligned to (any kernel argument type).
+const ARENA_ALIGN: usize = 256;
+
+/// Runs `f` on three typed, disjoint regions at the start of the arena,
+/// of `la`, `lb` and `lc` elements. The arena was sized by
+/// [`CudaBackend::arena`] for them.
+fn arena3<A, B, C, R>(
+    arena: &mut CudaSlice<u8>,
+    (la, lb, lc): (usize, usize, usize),
+    f: impl FnOnce(
+        &mut CudaViewMut<'_, A>,
+        &mut CudaViewMut<'_, B>,
+        &mut CudaViewMut<'_, C>,
+    ) -> Result<R>,
+) -> Result<R> {
+    let ra = (la * std::mem::size_of::<A>()).next_multiple_of(ARENA_ALIGN);
+    let rb = (lb * std::mem::size_of::<B>()).next_multiple_of(ARENA_ALIGN);
+    let (mut va, mut rest) = arena
+        .try_split_at_mut(ra)
+        .ok_or_else(|| anyhow!("scratch arena too small"))?;
+    let (mut vb, mut vc) = rest
+        .try_split_at_mut(rb)
+        .ok_or_else(|| anyhow!("scratch arena too small"))?;
+    // SAFETY: the regions are disjoint, start at multiples of ARENA_ALIGN
+    // bytes (the allocation itself is at least 256-byte aligned), and are
+    // only used as i16 / i32 / f32, for which every bit pattern is valid.
+    // transmute_mut checks each region holds the requested length.
+    let views = unsafe {
+        (
+            va.transmute_mut::<A>(la),
+            vb.transmute_mut::<B>(lb),
+            vc.transmute_mut::<C>(lc),
+        )
+    };
+    match views {
+        (Some(mut a), Some(mut b), Some(mut c)) => f(&mut a, &mut b, &mut c),
+        _ => bail!("scratch arena too small"),
+    }
+}
 
 impl CudaBackend {
-    /// out (n, m) = x (n, k) · wᵀ.
+    /// The scratch arena, grown to hold regions of `bytes` (each rounded up
+    /// to ARENA_ALIGN). Ops on the one stream reuse it in order, so no two
+    /// kernels that run concurrently share it; a replaced arena is freed
+    /// stream-ordered, after the kernels queued on it.
+    pub(crate) fn arena(
+        &self,
+        bytes: &[usize],
+    ) -> Result<std::sync::MutexGuard<'_, CudaSlice<u8>>> {
+        let need: usize = bytes.iter().map(|b| b.next_multiple_of(ARENA_ALIGN)).sum();
+        let mut g = self
+            .arena
+            .lock()
+            .map_err(|_| anyhow!("cuda backend: arena lock poisoned"))?;
+        if g.len() < need {
+            *g = self.scratch::<u8>(need.max(2 * g.len()), "growing the scratch arena")?;
+        }
+        Ok(g)
+    }
+
+    /// out (n, m) = x (n, k) · wᵀ. `exact`: the canonical kernels;
+    /// `deterministic`: the warp-per-row kernel for every n (batch-invariant);
+    /// `fast`: that kernel for decode (n <= 8), cuBLAS f16 tensor-core GEMM
+    /// with f32 accumulation beyond (weights dequantized to f16 per call).
     pub(crate) fn d_mat_mul(
+        &self,
+        w: &DevMatrix<'_>,
+        x: &CudaView<'_, f32>,
+        n: usize,
+        out: &mut CudaViewMut<'_, f32>,
+        mode: Mode,
+    ) -> Result<()> {
+        if mode != Mode::Exact && n > 0 && w.rows > 0 && w.cols > 0 && w.cols.is_multiple_of(32) {
+            validate::mat_mul(w, w.data.len(), x.len(), n, out.len())?;
+            if mode == Mode::Fast && n > MV_ROWS && self.blas.is_some() {
+                return self.gemm_f16(w, x, n, out);
+            }
+            return self.mv_fast(w, x, n, out);
+        }
+        self.mat_mul_exact(w, x, n, out)
+    }
+
+    /// The warp-per-row kernel (validated arguments).
+    fn mv_fast(
+        &self,
+        w: &DevMatrix<'_>,
+        x: &CudaView<'_, f32>,
+        n: usize,
+        out: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        let tc =
+            ty_code(w.ty).ok_or_else(|| anyhow!("mat_mul: {:?} is not a weight type", w.ty))?;
+        let (m, k) = (w.rows, w.cols);
+        let rb = w.ty.row_bytes(k).map_err(|e| anyhow!("mat_mul: {e}"))? as i64;
+        let (mi, ki, ni) = (i32_of(m, "m")?, i32_of(k, "k")?, i32_of(n, "n")?);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                u32::try_from(m.div_ceil(8))?,
+                u32::try_from(n.div_ceil(MV_ROWS))?,
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream().launch_builder(self.func("mv_fast")?);
+        b.arg(&w.data)
+            .arg(&mi)
+            .arg(&ki)
+            .arg(&rb)
+            .arg(&tc)
+            .arg(x)
+            .arg(&ni)
+            .arg(out);
+        // SAFETY: matches mv_fast; w holds m rows of rb bytes, x n*k and out
+        // n*m (validated by the caller); k is a multiple of 32.
+        drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_fast")?;
+        Ok(())
+    }
+
+    /// Weights to f16 (unless stored as f16), activations to f16, one cuBLAS
+    /// GEMM with f32 accumulation and output.
+    fn gemm_f16(
+        &self,
+        w: &DevMatrix<'_>,
+        x: &CudaView<'_, f32>,
+        n: usize,
+        out: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        use cudarc::cublas::sys::{
+            cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType,
+        };
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        let blas = self
+            .blas
+            .as_ref()
+            .ok_or_else(|| anyhow!("mat_mul: no cuBLAS"))?;
+        let (m, k) = (w.rows, w.cols);
+        let (mi, ki, ni) = (i32_of(m, "m")?, i32_of(k, "k")?, i32_of(n, "n")?);
+        let s = self.stream();
+        let f16_weights = w.ty == GgmlType::F16;
+        let wlen = if f16_weights { 0 } else { m * k };
+        let mut guard = self.arena(&[wlen * 2, n * k * 2, 0])?;
+        arena3::<u16, u16, u8, ()>(&mut guard, (wlen, n * k, 0), |w16, x16, _| {
+            if !f16_weights {
+                let tc = ty_code(w.ty)
+                    .ok_or_else(|| anyhow!("mat_mul: {:?} is not a weight type", w.ty))?;
+                let rb = w.ty.row_bytes(k).map_err(|e| anyhow!("mat_mul: {e}"))? as i64;
+                let mut b = s.launch_builder(self.func("dequant_f16")?);
+                b.arg(&w.data)
+                    .arg(&mi)
+                    .arg(&ki)
+                    .arg(&rb)
+                    .arg(&tc)
+                    .arg(&mut *w16);
+                // SAFETY: matches dequant_f16; w holds m rows of rb bytes,
+                // w16 m*k elements.
+                drv(
+                    unsafe { b.launch(grid_1d(m * k, 256)?) },
+                    "mat_mul: dequant_f16",
+                )?;
+            }
+            let len = (n * k) as i64;
+            let mut b = s.launch_builder(self.func("to_f16")?);
+            b.arg(x).arg(&len).arg(&mut *x16);
+            // SAFETY: matches to_f16; x and x16 hold n*k elements.
+            drv(unsafe { b.launch(grid_1d(n * k, 256)?) }, "mat_mul: to_f16")?;
+            let (alpha, beta) = (1.0f32, 0.0f32);
+            let (wp, _g1) = if f16_weights {
+                w.data.device_ptr(s)
+            } else {
+                w16.device_ptr(s)
+            };
+            let (xp, _g2) = x16.device_ptr(s);
+            let (op, _g3) = out.device_ptr_mut(s);
+            // Column-major view: out^T (m, n) = W (k, m)^T · x^T (k, n).
+            // SAFETY: cuBLAS is bound to this backend's stream; the pointers
+            // hold m*k (weights), n*k (x) f16 and n*m f32 (out) elements,
+            // and stay alive until the GEMM (queued on the same stream) ran.
+            unsafe {
+                cudarc::cublas::result::gemm_ex(
+                    *blas.handle(),
+                    cublasOperation_t::CUBLAS_OP_T,
+                    cublasOperation_t::CUBLAS_OP_N,
+                    mi,
+                    ni,
+                    ki,
+                    (&alpha) as *const f32 as *const _,
+                    wp as *const _,
+                    cudaDataType::CUDA_R_16F,
+                    ki,
+                    xp as *const _,
+                    cudaDataType::CUDA_R_16F,
+                    ki,
+                    (&beta) as *const f32 as *const _,
+                    op as *mut _,
+                    cudaDataType::CUDA_R_32F,
+                    mi,
+                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(|e| anyhow!("mat_mul: cublasGemmEx ({m} x {k}, n {n}): {e:?}"))
+        })
+    }
+
+    /// The canonical kernels (bitwise equal to the cpu).
+    fn mat_mul_exact(
         &self,
         w: &DevMatrix<'_>,
         x: &CudaView<'_, f32>,
@@ -71,65 +278,75 @@ impl CudaBackend {
             }
             GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
                 let nb = k / 256;
-                let mut qs = self.scratch::<i16>(n * k, "mat_mul: act q")?;
-                let mut ad = self.scratch::<f32>(n * nb, "mat_mul: act d")?;
-                let mut bs = self.scratch::<i32>(n * nb * 16, "mat_mul: act bsum")?;
-                let mut b = s.launch_builder(self.func("quant_actk")?);
-                b.arg(x)
-                    .arg(&ni)
-                    .arg(&ki)
-                    .arg(&mut qs)
-                    .arg(&mut ad)
-                    .arg(&mut bs);
-                // SAFETY: matches quant_actk; n*k inputs, n*k q, n*nb d, n*nb*16 sums.
-                drv(
-                    unsafe { b.launch(grid_1d(n * nb, 128)?) },
-                    "mat_mul: launching quant_actk",
+                let mut guard = self.arena(&[n * k * 2, n * nb * 4, n * nb * 16 * 4])?;
+                arena3::<i16, f32, i32, ()>(
+                    &mut guard,
+                    (n * k, n * nb, n * nb * 16),
+                    |qs, ad, bs| {
+                        let mut b = s.launch_builder(self.func("quant_actk")?);
+                        b.arg(x)
+                            .arg(&ni)
+                            .arg(&ki)
+                            .arg(&mut *qs)
+                            .arg(&mut *ad)
+                            .arg(&mut *bs);
+                        // SAFETY: matches quant_actk; n*k inputs, n*k q, n*nb d, n*nb*16 sums.
+                        drv(
+                            unsafe { b.launch(grid_1d(n * nb, 128)?) },
+                            "mat_mul: launching quant_actk",
+                        )?;
+                        let mut b = s.launch_builder(self.func("mm_qk")?);
+                        b.arg(&w.data)
+                            .arg(&mi)
+                            .arg(&ki)
+                            .arg(&tc)
+                            .arg(&mut *qs)
+                            .arg(&mut *ad)
+                            .arg(&mut *bs)
+                            .arg(&ni)
+                            .arg(&ra)
+                            .arg(out);
+                        // SAFETY: matches mm_qk; buffers sized as above.
+                        drv(unsafe { b.launch(qcfg) }, "mat_mul: launching mm_qk")?;
+                        Ok(())
+                    },
                 )?;
-                let mut b = s.launch_builder(self.func("mm_qk")?);
-                b.arg(&w.data)
-                    .arg(&mi)
-                    .arg(&ki)
-                    .arg(&tc)
-                    .arg(&qs)
-                    .arg(&ad)
-                    .arg(&bs)
-                    .arg(&ni)
-                    .arg(&ra)
-                    .arg(out);
-                // SAFETY: matches mm_qk; buffers sized as above.
-                drv(unsafe { b.launch(qcfg) }, "mat_mul: launching mm_qk")?;
             }
             _ => {
                 let nb = k / 32;
-                let mut qs = self.scratch::<i16>(n * k, "mat_mul: act q")?;
-                let mut ad = self.scratch::<f32>(n * nb, "mat_mul: act d")?;
-                let mut asum = self.scratch::<f32>(n * nb, "mat_mul: act s")?;
-                let mut b = s.launch_builder(self.func("quant_act32")?);
-                b.arg(x)
-                    .arg(&ni)
-                    .arg(&ki)
-                    .arg(&mut qs)
-                    .arg(&mut ad)
-                    .arg(&mut asum);
-                // SAFETY: matches quant_act32; n*k inputs, n*k q, n*nb d and s.
-                drv(
-                    unsafe { b.launch(grid_1d(n * nb, 128)?) },
-                    "mat_mul: launching quant_act32",
+                let mut guard = self.arena(&[n * k * 2, n * nb * 4, n * nb * 4])?;
+                arena3::<i16, f32, f32, ()>(
+                    &mut guard,
+                    (n * k, n * nb, n * nb),
+                    |qs, ad, asum| {
+                        let mut b = s.launch_builder(self.func("quant_act32")?);
+                        b.arg(x)
+                            .arg(&ni)
+                            .arg(&ki)
+                            .arg(&mut *qs)
+                            .arg(&mut *ad)
+                            .arg(&mut *asum);
+                        // SAFETY: matches quant_act32; n*k inputs, n*k q, n*nb d and s.
+                        drv(
+                            unsafe { b.launch(grid_1d(n * nb, 128)?) },
+                            "mat_mul: launching quant_act32",
+                        )?;
+                        let mut b = s.launch_builder(self.func("mm_q32")?);
+                        b.arg(&w.data)
+                            .arg(&mi)
+                            .arg(&ki)
+                            .arg(&tc)
+                            .arg(&mut *qs)
+                            .arg(&mut *ad)
+                            .arg(&mut *asum)
+                            .arg(&ni)
+                            .arg(&ra)
+                            .arg(out);
+                        // SAFETY: matches mm_q32; buffers sized as above.
+                        drv(unsafe { b.launch(qcfg) }, "mat_mul: launching mm_q32")?;
+                        Ok(())
+                    },
                 )?;
-                let mut b = s.launch_builder(self.func("mm_q32")?);
-                b.arg(&w.data)
-                    .arg(&mi)
-                    .arg(&ki)
-                    .arg(&tc)
-                    .arg(&qs)
-                    .arg(&ad)
-                    .arg(&asum)
-                    .arg(&ni)
-                    .arg(&ra)
-                    .arg(out);
-                // SAFETY: matches mm_q32; buffers sized as above.
-                drv(unsafe { b.launch(qcfg) }, "mat_mul: launching mm_q32")?;
             }
         }
         Ok(())
@@ -349,6 +566,7 @@ impl CudaBackend {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)] // the op's fields and the mode
     pub(crate) fn d_attention(
         &self,
         q: &CudaView<'_, f32>,
@@ -357,6 +575,7 @@ impl CudaBackend {
         cache: &DevKv<'_>,
         batch: &DevAttnBatch,
         out: &mut CudaViewMut<'_, f32>,
+        mode: Mode,
     ) -> Result<()> {
         let (bs, nkv, hd) = cache.geometry();
         let n_blocks = validate::attention(
@@ -389,12 +608,22 @@ impl CudaBackend {
             i32_of(hd, "head_dim")?,
             i32_of(bs, "block_size")?,
         );
+        // exact: the canonical kernel, one warp per block; otherwise the
+        // lane-per-dimension kernel, 4 warps per block.
+        let (kernel, warps) = match mode {
+            Mode::Exact => ("paged_attention", 1),
+            Mode::Fast | Mode::Deterministic => ("paged_attention_fast", 4),
+        };
         let cfg = LaunchConfig {
-            grid_dim: (u32::try_from(batch.n_rows * n_heads)?, 1, 1),
-            block_dim: (32, 1, 1),
+            grid_dim: (
+                u32::try_from((batch.n_rows * n_heads).div_ceil(warps))?,
+                1,
+                1,
+            ),
+            block_dim: (32 * warps as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream().launch_builder(self.func("paged_attention")?);
+        let mut b = self.stream().launch_builder(self.func(kernel)?);
         b.arg(q)
             .arg(&nri)
             .arg(&nhi)

@@ -50,6 +50,12 @@ pub struct CudaBackend {
     weights: Mutex<HashMap<WeightKey, Arc<CudaSlice<u8>>>>,
     /// Serializes runs (one stream, one set of scratch buffers).
     lock: Mutex<()>,
+    /// Scratch memory of matmul (quantized activations), reused op after
+    /// op; see `launch.rs`.
+    arena: Mutex<CudaSlice<u8>>,
+    /// cuBLAS on the backend's stream (fast-mode GEMMs), when libcublas
+    /// loads; without it fast mode uses the warp-per-row kernel.
+    blas: Option<cudarc::cublas::CudaBlas>,
     /// `auto` only: set after a launch/transfer error; the failing op then
     /// runs on `fallback` and every later op is declined (dispatch falls
     /// back to its cpu backend).
@@ -148,8 +154,28 @@ impl CudaBackend {
         } else {
             None
         };
+        // SAFETY: a 256-byte allocation nothing reads before writing.
+        let arena = drv(
+            unsafe { stream.alloc::<u8>(256) },
+            "allocating the scratch arena",
+        )?;
+        // SAFETY: only tries to dlopen libcublas by its candidate names
+        // (cudarc panics on first use of a missing library otherwise).
+        let blas = if unsafe { cudarc::cublas::sys::is_culib_present() } {
+            match cudarc::cublas::CudaBlas::new(stream.clone()) {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    tracing::warn!("cuBLAS present but unusable ({e:?}); fast GEMMs disabled");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         Ok(CudaBackend {
             gpu_mode,
+            blas,
+            arena: Mutex::new(arena),
             dev: Device { ctx, stream, funcs },
             name,
             arch,
@@ -178,7 +204,7 @@ impl CudaBackend {
     /// Both memory spaces ask this; it depends only on what `OpInfo`
     /// carries (op kind, weight type, head_dim), never on where tensors live.
     pub fn capability(&self, op: &OpInfo, mode: Mode) -> std::result::Result<(), String> {
-        // Every mode runs the exact kernels (fast = deterministic = exact).
+        // Every op has a kernel in every mode (launch.rs picks it).
         let _ = mode;
         if let Some(ty) = op.weight {
             if ty_code(ty).is_none() {
@@ -293,7 +319,7 @@ impl Backend for CudaBackend {
                 None => bail!("op {kind}: cuda backend disabled: {why}"),
             };
         }
-        let res = enter(self).and_then(|_g| self.run_host(&mut op));
+        let res = enter(self).and_then(|_g| self.run_host(&mut op, mode));
         match res {
             Ok(()) => Ok(()),
             Err(e) => {
@@ -337,7 +363,7 @@ impl Backend<Dev> for CudaBackend {
         }
         let _g = enter(self)?;
         match op {
-            OpT::MatMul { w, x, n, mut out } => self.d_mat_mul(&w, &x, n, &mut out),
+            OpT::MatMul { w, x, n, mut out } => self.d_mat_mul(&w, &x, n, &mut out, mode),
             OpT::RmsNorm {
                 x,
                 w,
@@ -383,7 +409,7 @@ impl Backend<Dev> for CudaBackend {
                 cache,
                 batch,
                 mut out,
-            } => self.d_attention(&q, n_heads, scale, &cache, batch, &mut out),
+            } => self.d_attention(&q, n_heads, scale, &cache, batch, &mut out, mode),
         }
         .with_context(|| format!("op {kind} on cuda (device)"))
     }

@@ -11,12 +11,24 @@ pub const ACT_QMAX: f32 = crate::backend::cpu::canon::QA_MAX;
 /// Shared device functions (canonical arithmetic).
 pub const COMMON: &str = include_str!("kernels/common.cuh");
 
+/// Element dequantization shared by get_rows and the matmul kernels.
+pub const DEQUANT: &str = include_str!("kernels/dequant.cuh");
+
 /// (file stem, source, kernel entry points).
 pub const KERNELS: &[(&str, &str, &[&str])] = &[
     (
         "matmul",
         include_str!("kernels/matmul.cu"),
-        &["quant_act32", "quant_actk", "mm_q32", "mm_qk", "mm_float"],
+        &[
+            "quant_act32",
+            "quant_actk",
+            "mm_q32",
+            "mm_qk",
+            "mm_float",
+            "dequant_f16",
+            "to_f16",
+            "mv_fast",
+        ],
     ),
     (
         "rms_norm",
@@ -44,7 +56,7 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     (
         "attention",
         include_str!("kernels/attention.cu"),
-        &["paged_attention"],
+        &["paged_attention", "paged_attention_fast"],
     ),
 ];
 
@@ -89,7 +101,7 @@ pub fn full_source(stem: &str) -> Result<String> {
         .iter()
         .find(|(n, _, _)| *n == stem)
         .ok_or_else(|| anyhow!("no CUDA kernel file named {stem}"))?;
-    Ok(format!("{}\n{}\n{}", prelude(), COMMON, src))
+    Ok(format!("{}\n{}\n{}\n{}", prelude(), COMMON, DEQUANT, src))
 }
 
 /// Whether libnvrtc can be loaded (cudarc panics on first use otherwise).

@@ -103,3 +103,82 @@ extern "C" __global__ void paged_attention(
         if (d < hd) o[d] = q_div(acc[u], lsum);
     }
 }
+
+// ---------------------------------------------------------------------------
+// Fast and deterministic modes: one warp per (row, head); lane l owns
+// dimensions l, l + 32, ... of q, the accumulator and each K/V row, so the
+// warp reads every K/V row coalesced. Keys are visited in order 0..=pos
+// with an online softmax per key (FMA, __expf); the dot products of a
+// group of 4 keys are reduced together by a fixed xor-shuffle tree. Every
+// row's result depends only on its own keys, in a fixed order: batch- and
+// KV-cache invariant, not bitwise equal to the cpu.
+extern "C" __global__ void paged_attention_fast(
+    const float* __restrict__ q, int n_rows, int n_heads, int n_kv_heads, int head_dim,
+    int block_size, float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
+    const u32* __restrict__ tables, const u32* __restrict__ table_off,
+    const u32* __restrict__ row_seq, const u32* __restrict__ positions,
+    float* __restrict__ out) {
+    int rh = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (rh >= n_rows * n_heads) return;
+    int l = threadIdx.x & 31;
+    int r = rh / n_heads, h = rh % n_heads;
+    int hd = head_dim;
+    int kvh = h / (n_heads / n_kv_heads);
+    const float* qv = q + (long long)rh * hd;
+    float qr[ATT_MAXD], acc[ATT_MAXD];
+#pragma unroll
+    for (int u = 0; u < ATT_MAXD; u++) {
+        int d = l + 32 * u;
+        qr[u] = d < hd ? qv[d] * scale : 0.0f;
+        acc[u] = 0.0f;
+    }
+    const u32* table = tables + table_off[row_seq[r]];
+    int pos = (int)positions[r];
+    float m = Q_NINF, lsum = 0.0f;
+    for (int j0 = 0; j0 <= pos; j0 += 4) {
+        float s[4];
+        long long off[4];
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            int j = j0 + t;
+            s[t] = 0.0f;
+            off[t] = -1;
+            if (j <= pos) {
+                long long cell = (long long)table[j / block_size] * block_size + j % block_size;
+                off[t] = (cell * n_kv_heads + kvh) * hd;
+                const u16* kr = kc + off[t];
+#pragma unroll
+                for (int u = 0; u < ATT_MAXD; u++) {
+                    int d = l + 32 * u;
+                    if (d < hd) s[t] += qr[u] * q_f16(kr[d]);
+                }
+            }
+        }
+#pragma unroll
+        for (int st = 16; st >= 1; st >>= 1) {
+#pragma unroll
+            for (int t = 0; t < 4; t++) s[t] += __shfl_xor_sync(0xffffffffu, s[t], st, 32);
+        }
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            if (off[t] < 0) continue;
+            float m_new = fmaxf(m, s[t]);
+            float alpha = __expf(m - m_new);
+            float p = __expf(s[t] - m_new);
+            lsum = lsum * alpha + p;
+            const u16* vr = vc + off[t];
+#pragma unroll
+            for (int u = 0; u < ATT_MAXD; u++) {
+                int d = l + 32 * u;
+                if (d < hd) acc[u] = acc[u] * alpha + p * q_f16(vr[d]);
+            }
+            m = m_new;
+        }
+    }
+    float* o = out + (long long)rh * hd;
+#pragma unroll
+    for (int u = 0; u < ATT_MAXD; u++) {
+        int d = l + 32 * u;
+        if (d < hd) o[d] = acc[u] / lsum;
+    }
+}

@@ -269,3 +269,111 @@ extern "C" __global__ void mm_float(const u8* __restrict__ w, int m, int k, int 
     float r = q_warp_tree32(lane);
     if (ok && l == 0) out[(long long)i * m + j] = r;
 }
+
+// ---------------------------------------------------------------------------
+// Fast and deterministic modes (not the canonical arithmetic: FMA, f32
+// activations, warp-shuffle trees). Every output row is still computed in
+// one fixed order that does not depend on the batch, so these are
+// batch-invariant (deterministic mode); only `fast` adds cuBLAS GEMMs.
+
+// Weights (m, k) dequantized to f16 (round to nearest even) for a
+// tensor-core GEMM. One thread per element.
+extern "C" __global__ void dequant_f16(const u8* __restrict__ w, int m, int k,
+                                       long long row_bytes, int ty, u16* __restrict__ out) {
+    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (long long)m * k) return;
+    int r = (int)(t / k), e = (int)(t % k);
+    out[t] = q_to_f16(q_dequant(w + (long long)r * row_bytes, e, ty));
+}
+
+// f32 -> f16 bits, round to nearest even.
+extern "C" __global__ void to_f16(const float* __restrict__ x, long long len,
+                                  u16* __restrict__ out) {
+    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= len) return;
+    out[t] = q_to_f16(x[t]);
+}
+
+#define MV_ROWS 8
+
+// Dot products of one 32-element Q4_0 / Q8_0 block with up to MV_ROWS
+// activation rows (x: (n, k), block b), accumulated into acc.
+__device__ __forceinline__ void mv_block32(const u8* __restrict__ blk, int ty, const float* __restrict__ x,
+                                           int k, int b, int n, float* acc) {
+    float d = q_f16_at(blk);
+    float wv[32];
+    if (ty == 0) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            u16 two = *(const u16*)(blk + 2 + 2 * i);
+            wv[2 * i] = (float)((int)(two & 0xF) - 8);
+            wv[2 * i + 16] = (float)((int)((two >> 4) & 0xF) - 8);
+            wv[2 * i + 1] = (float)((int)((two >> 8) & 0xF) - 8);
+            wv[2 * i + 17] = (float)((int)(two >> 12) - 8);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            u16 two = *(const u16*)(blk + 2 + 2 * i);
+            wv[2 * i] = (float)(signed char)(two & 0xFF);
+            wv[2 * i + 1] = (float)(signed char)(two >> 8);
+        }
+    }
+    for (int r = 0; r < n; r++) {
+        const float4* xr = (const float4*)(x + (long long)r * k + 32 * b);
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            float4 v = xr[i];
+            s += wv[4 * i] * v.x + wv[4 * i + 1] * v.y + wv[4 * i + 2] * v.z + wv[4 * i + 3] * v.w;
+        }
+        acc[r] += d * s;
+    }
+}
+
+// out (n, m) = x (n, k) · wᵀ, k a multiple of 32: one warp per output row
+// and group of MV_ROWS activation rows (blockIdx.y); lane l takes blocks
+// l, l + 32, ... of the row (coalesced: the warp reads 32 consecutive
+// blocks), then a fixed xor-shuffle tree. Weights are read once per group.
+// Q4_0 and Q8_0 decode their blocks directly; other types dequantize
+// element by element (q_dequant).
+extern "C" __global__ void mv_fast(const u8* __restrict__ w, int m, int k, long long row_bytes,
+                                   int ty, const float* __restrict__ x, int n_all,
+                                   float* __restrict__ out) {
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int l = threadIdx.x & 31;
+    if (row >= m) return;
+    int g0 = blockIdx.y * MV_ROWS;
+    int n = min(MV_ROWS, n_all - g0);
+    x += (long long)g0 * k;
+    out += (long long)g0 * m;
+    const u8* wr = w + (long long)row * row_bytes;
+    float acc[MV_ROWS];
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; r++) acc[r] = 0.0f;
+    if (ty == 0 || ty == 4) {
+        int bsz = ty == 0 ? 18 : 34;
+        int nb = k / 32;
+        for (int b = l; b < nb; b += 32) mv_block32(wr + (long long)b * bsz, ty, x, k, b, n, acc);
+    } else {
+        // 32-element chunks, lane-strided like the blocks above.
+        for (int c = l; c < k / 32; c += 32) {
+            float wv[32];
+#pragma unroll 4
+            for (int i = 0; i < 32; i++) wv[i] = q_dequant(wr, 32 * c + i, ty);
+            for (int r = 0; r < n; r++) {
+                const float* xr = x + (long long)r * k + 32 * c;
+                float s = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 32; i++) s += wv[i] * xr[i];
+                acc[r] += s;
+            }
+        }
+    }
+    for (int r = 0; r < n; r++) {
+        float v = acc[r];
+#pragma unroll
+        for (int st = 16; st >= 1; st >>= 1) v += __shfl_xor_sync(0xffffffffu, v, st, 32);
+        if (l == 0) out[(long long)r * m + row] = v;
+    }
+}
