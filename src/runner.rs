@@ -64,6 +64,7 @@ impl Default for RunnerOptions {
 }
 
 /// Where a step's ops run and where the KV cache lives.
+#[allow(clippy::large_enum_variant)] // one per runner, never moved in a loop
 pub enum Compute {
     /// Host memory: ops through the dispatcher (cpu, or per-op cuda with
     /// host slices under `--gpu auto` when the device path cannot run the
@@ -333,7 +334,20 @@ fn forward_batch(
             exec,
             weights,
             kv: dev_kv,
-        } => crate::model::arch::llama::forward(&model.cfg, weights, exec, dev_kv, &input)?,
+        } => {
+            // A pure decode step (one row per sequence, all logits) replays
+            // a captured CUDA graph; anything else runs op by op.
+            let decode = work
+                .iter()
+                .all(|w| w.tokens.len() == 1 && w.logits == LogitsWanted::Last);
+            if decode && exec.graphable(work.len()) {
+                exec.decode_step(model.cfg.vocab_size, &input, dev_kv, &mut |e, kv, bufs| {
+                    crate::model::arch::llama::forward_bufs(&model.cfg, weights, e, kv, bufs)
+                })?
+            } else {
+                crate::model::arch::llama::forward(&model.cfg, weights, exec, dev_kv, &input)?
+            }
+        }
     };
     let v = model.cfg.vocab_size;
     if logits.len() != logit_rows.len() * v {

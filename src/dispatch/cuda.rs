@@ -4,15 +4,16 @@
 //! inputs (token ids, positions, slots, block tables: a few KB) and
 //! downloads only the logits of the rows that asked for them.
 
-use super::Exec;
+use super::{Exec, StepBufs};
 use crate::backend::cuda::mem::{zeros, Dev, DevAttnBatch, DevKv, DevKvMut, DevMatrix};
 use crate::backend::cuda::{drv, CudaBackend};
 use crate::backend::{AttnBatch, Backend, Mode, OpT};
 use crate::model::weights::{Store, WeightRef};
 use crate::quant::GgmlType;
 use anyhow::{anyhow, bail, Context, Result};
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+use cudarc::driver::{CudaGraph, CudaSlice, CudaView, CudaViewMut};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A weight matrix uploaded to the device in its stored type.
@@ -128,8 +129,16 @@ impl DevKvCache {
 }
 
 /// Device buffers of finished steps, by length, for the next step to
-/// reuse (a step allocates the same shapes as the one before it).
-type BufPool = Arc<Mutex<HashMap<usize, Vec<CudaSlice<f32>>>>>;
+/// reuse (a step allocates the same shapes as the one before it). Once a
+/// graph has been captured, pooled buffers are `pinned`: a graph holds
+/// their addresses, so they are never freed.
+#[derive(Default)]
+struct PoolInner {
+    bufs: Mutex<HashMap<usize, Vec<CudaSlice<f32>>>>,
+    pinned: AtomicBool,
+}
+
+type BufPool = Arc<PoolInner>;
 
 /// Most bytes the pool keeps.
 const POOL_CAP_BYTES: usize = 512 << 20;
@@ -150,11 +159,11 @@ impl DevBuf {
 
 impl Drop for DevBuf {
     fn drop(&mut self) {
-        if let (Some(d), Ok(mut p)) = (self.data.take(), self.pool.lock()) {
+        if let (Some(d), Ok(mut p)) = (self.data.take(), self.pool.bufs.lock()) {
             // Bounded: steps of ever new shapes (serving) must not hoard
-            // memory; past the cap a buffer is simply freed.
+            // memory; past the cap a buffer is simply freed (unless pinned).
             let held: usize = p.iter().map(|(len, v)| len * v.len()).sum();
-            if (held + self.len) * 4 <= POOL_CAP_BYTES {
+            if self.pool.pinned.load(Ordering::Relaxed) || (held + self.len) * 4 <= POOL_CAP_BYTES {
                 // Stream-ordered: a later user's kernels queue after this
                 // buffer's last kernels.
                 p.entry(self.len).or_default().push(d);
@@ -173,6 +182,38 @@ pub struct CudaExec {
     counts: Mutex<BTreeMap<&'static str, (u64, f64)>>,
     profile: bool,
     pool: BufPool,
+    /// Decode graphs by batch size.
+    graphs: Mutex<HashMap<usize, DecodeGraph>>,
+    /// Set while a graph is being captured: no allocation may happen then.
+    capturing: AtomicBool,
+    /// CUDA graphs for decode steps (QUIRE_NO_GRAPHS=1 turns them off).
+    use_graphs: bool,
+}
+
+/// A captured, instantiated graph.
+struct SendGraph(CudaGraph);
+
+// SAFETY: CUDA graph handles are not tied to a thread; every use (launch,
+// destroy) binds the context first and is serialized by `CudaExec::graphs`.
+unsafe impl Send for SendGraph {}
+
+/// Fixed inputs, fixed logits buffer and the captured graph of the decode
+/// steps of one batch size (one row per sequence, every row's logits).
+struct DecodeGraph {
+    tokens: CudaSlice<u32>,
+    positions: CudaSlice<u32>,
+    slots: CudaSlice<u32>,
+    rows: CudaSlice<u32>,
+    batch: DevAttnBatch,
+    /// (B, vocab) logits, written by the graph's last node.
+    out: CudaSlice<f32>,
+    graph: Option<SendGraph>,
+    /// One uncaptured step ran with these inputs (it filled the buffer
+    /// pool, so the capture allocates nothing).
+    warm: bool,
+    /// Scratch arena size at capture: a larger arena is a new allocation,
+    /// and the graph must be captured again.
+    arena_len: usize,
 }
 
 impl CudaExec {
@@ -182,7 +223,10 @@ impl CudaExec {
             mode,
             counts: Mutex::new(BTreeMap::new()),
             profile: std::env::var("QUIRE_PROFILE_OPS").is_ok_and(|v| v == "1"),
-            pool: Arc::new(Mutex::new(HashMap::new())),
+            pool: Arc::new(PoolInner::default()),
+            graphs: Mutex::new(HashMap::new()),
+            capturing: AtomicBool::new(false),
+            use_graphs: !std::env::var("QUIRE_NO_GRAPHS").is_ok_and(|v| v == "1"),
         }
     }
 
@@ -243,6 +287,133 @@ impl CudaExec {
             .unwrap_or_default()
     }
 
+    /// Whether a decode step of `b` rows can run as a CUDA graph in `mode`
+    /// (fast mode uses cuBLAS beyond 8 rows, which is not captured).
+    pub fn graphable(&self, b: usize) -> bool {
+        self.use_graphs && !self.profile && b > 0 && (self.mode != Mode::Fast || b <= 8)
+    }
+
+    /// Runs a decode step (one row per sequence, every row's logits) with
+    /// fixed input buffers, as a CUDA graph captured on the second step of
+    /// a batch size and replayed after. `step` runs the model's ops on the
+    /// given inputs and returns its logits buffer (forward_bufs).
+    #[allow(clippy::type_complexity)]
+    pub fn decode_step(
+        &self,
+        vocab: usize,
+        input: &crate::model::StepInput<'_>,
+        kv: &mut DevKvCache,
+        step: &mut dyn FnMut(
+            &CudaExec,
+            &mut DevKvCache,
+            &StepBufs<DevIdx<'_>, DevBatch<'_>>,
+        ) -> Result<Option<DevBuf>>,
+    ) -> Result<Vec<f32>> {
+        let b = input.tokens.len();
+        input.validate(vocab)?;
+        crate::backend::validate::kv_slots(input.slots, Self::kv_cells(kv))?;
+        anyhow::ensure!(
+            input.logit_rows.len() == b
+                && input.logit_rows.iter().enumerate().all(|(i, &r)| r == i),
+            "decode graph: every row must want its logits, in order"
+        );
+        self.be.bind()?;
+        let mut graphs = self
+            .graphs
+            .lock()
+            .map_err(|_| anyhow!("cuda: graph lock poisoned"))?;
+        if let std::collections::hash_map::Entry::Vacant(slot) = graphs.entry(b) {
+            let rows: Vec<u32> = (0..b as u32).collect();
+            slot.insert(DecodeGraph {
+                tokens: zeros::<u32>(&self.be, b, "decode tokens")?,
+                positions: zeros::<u32>(&self.be, b, "decode positions")?,
+                slots: zeros::<u32>(&self.be, b, "decode slots")?,
+                rows: self.be.up(&rows, "decode rows")?,
+                batch: DevAttnBatch::fixed(&self.be, b, kv.n_blocks, kv.block_size, kv.n_blocks)?,
+                out: zeros::<f32>(&self.be, b * vocab, "decode logits")?,
+                graph: None,
+                warm: false,
+                arena_len: 0,
+            });
+        }
+        let g = graphs
+            .get_mut(&b)
+            .ok_or_else(|| anyhow!("cuda: decode graph missing"))?;
+        let st = self.be.stream();
+        drv(st.memcpy_htod(input.tokens, &mut g.tokens), "decode tokens")?;
+        drv(st.memcpy_htod(input.slots, &mut g.slots), "decode slots")?;
+        drv(
+            st.memcpy_htod(input.positions, &mut g.positions),
+            "decode positions",
+        )?;
+        g.batch.refill(
+            &self.be,
+            &AttnBatch {
+                block_tables: input.block_tables,
+                row_seq: input.row_seq,
+                positions: input.positions,
+            },
+            kv.n_blocks,
+        )?;
+        if g.graph.is_some() && g.arena_len != self.be.arena_len() {
+            g.graph = None;
+        }
+        if g.graph.is_none() {
+            let bufs = StepBufs {
+                n: b,
+                n_rows: b,
+                tokens: DevIdx::View(g.tokens.slice(0..b)),
+                positions: DevIdx::View(g.positions.slice(0..b)),
+                slots: DevIdx::View(g.slots.slice(0..b)),
+                rows: DevIdx::View(g.rows.slice(0..b)),
+                batch: DevBatch::Fixed(&g.batch),
+            };
+            if !g.warm {
+                let logits = step(self, kv, &bufs)?
+                    .ok_or_else(|| anyhow!("decode step returned no logits"))?;
+                drv(
+                    st.memcpy_dtod(&Self::rd(&logits), &mut g.out),
+                    "decode logits",
+                )?;
+                g.warm = true;
+            } else {
+                drv(
+                    st.begin_capture(
+                        cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                    ),
+                    "beginning graph capture",
+                )?;
+                self.capturing.store(true, Ordering::Relaxed);
+                let r = step(self, kv, &bufs).and_then(|l| {
+                    let l = l.ok_or_else(|| anyhow!("decode step returned no logits"))?;
+                    drv(st.memcpy_dtod(&Self::rd(&l), &mut g.out), "decode logits")
+                });
+                self.capturing.store(false, Ordering::Relaxed);
+                let graph = drv(
+                    st.end_capture(
+                        cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
+                    ),
+                    "ending graph capture",
+                );
+                r.context("capturing a decode graph")?;
+                let graph = graph?.ok_or_else(|| anyhow!("graph capture produced no graph"))?;
+                self.pool.pinned.store(true, Ordering::Relaxed);
+                g.arena_len = self.be.arena_len();
+                g.graph = Some(SendGraph(graph));
+            }
+        }
+        if let Some(SendGraph(graph)) = &g.graph {
+            drv(graph.launch(), "launching a decode graph")?;
+            if let Ok(mut c) = self.counts.lock() {
+                c.entry("decode_graph").or_insert((0, 0.0)).0 += 1;
+            }
+        }
+        let mut h = vec![0f32; b * vocab];
+        self.be.down(&g.out, &mut h, "downloading logits")?;
+        self.be.sync("decode step")?;
+        Ok(h)
+    }
+
     /// Per op kind: (kind, count, seconds), when QUIRE_PROFILE_OPS=1.
     pub fn profile(&self) -> Option<Vec<(String, u64, f64)>> {
         if !self.profile {
@@ -259,17 +430,31 @@ impl CudaExec {
     }
 }
 
+/// A step's index vector on the device: uploaded for this step, or a view
+/// of a fixed buffer that a captured graph reads.
+pub enum DevIdx<'i> {
+    Owned(CudaSlice<u32>, usize),
+    View(CudaView<'i, u32>),
+}
+
+/// A step's attention batch: uploaded for this step, or a fixed one.
+pub enum DevBatch<'i> {
+    Owned(Box<DevAttnBatch>),
+    Fixed(&'i DevAttnBatch),
+}
+
 impl Exec for CudaExec {
     type M = Dev;
     type S = DevStore;
     type Buf = DevBuf;
-    type IdxBuf<'i> = (CudaSlice<u32>, usize);
-    type BatchBuf<'i> = DevAttnBatch;
+    type IdxBuf<'i> = DevIdx<'i>;
+    type BatchBuf<'i> = DevBatch<'i>;
     type Kv = DevKvCache;
 
     fn zeros(&self, len: usize) -> Result<DevBuf> {
         let reused = self
             .pool
+            .bufs
             .lock()
             .map_err(|_| anyhow!("cuda: buffer pool lock poisoned"))?
             .get_mut(&len)
@@ -281,6 +466,9 @@ impl Exec for CudaExec {
                     "zeroing an activation",
                 )?;
                 d
+            }
+            None if self.capturing.load(Ordering::Relaxed) => {
+                bail!("cuda graph capture: no pooled buffer of {len} elements (would allocate)")
             }
             None => zeros::<f32>(&self.be, len, "allocating an activation")?,
         };
@@ -312,17 +500,31 @@ impl Exec for CudaExec {
     fn param(v: &DevVec) -> CudaView<'_, f32> {
         v.data.slice(0..v.len)
     }
-    fn idx(&self, v: &[u32]) -> Result<(CudaSlice<u32>, usize)> {
-        Ok((self.be.up(v, "uploading step indices")?, v.len()))
+    fn idx<'i>(&self, v: &'i [u32]) -> Result<DevIdx<'i>> {
+        Ok(DevIdx::Owned(
+            self.be.up(v, "uploading step indices")?,
+            v.len(),
+        ))
     }
-    fn idx_view<'a>(b: &'a (CudaSlice<u32>, usize)) -> CudaView<'a, u32> {
-        b.0.slice(0..b.1)
+    fn idx_view<'a>(b: &'a DevIdx<'_>) -> CudaView<'a, u32> {
+        match b {
+            DevIdx::Owned(s, n) => s.slice(0..*n),
+            DevIdx::View(v) => v.slice(0..v.len()),
+        }
     }
-    fn batch<'i>(&self, kv: &DevKvCache, b: AttnBatch<'i>) -> Result<DevAttnBatch> {
-        DevAttnBatch::upload(&self.be, &b, kv.block_size, kv.n_blocks)
+    fn batch<'i>(&self, kv: &DevKvCache, b: AttnBatch<'i>) -> Result<DevBatch<'i>> {
+        Ok(DevBatch::Owned(Box::new(DevAttnBatch::upload(
+            &self.be,
+            &b,
+            kv.block_size,
+            kv.n_blocks,
+        )?)))
     }
-    fn batch_view(b: &DevAttnBatch) -> &DevAttnBatch {
-        b
+    fn batch_view<'a>(b: &'a DevBatch<'_>) -> &'a DevAttnBatch {
+        match b {
+            DevBatch::Owned(o) => o,
+            DevBatch::Fixed(f) => f,
+        }
     }
     fn kv_cells(kv: &DevKvCache) -> usize {
         kv.n_blocks * kv.block_size

@@ -63,6 +63,24 @@ impl Dispatcher {
     }
 }
 
+/// A step's index inputs in an executor's memory space.
+pub struct StepBufs<I, B> {
+    /// Rows of the step.
+    pub n: usize,
+    /// Rows that want logits (`rows` holds their indices).
+    pub n_rows: usize,
+    /// (n,) token ids, checked < vocab.
+    pub tokens: I,
+    /// (n,) absolute positions.
+    pub positions: I,
+    /// (n,) physical KV cells, checked distinct and in range.
+    pub slots: I,
+    /// (n_rows,) rows that go through the output head, checked < n.
+    pub rows: I,
+    /// The attention batch (validated at upload).
+    pub batch: B,
+}
+
 /// Runs a model graph in one memory space: owns nothing but knows how to
 /// allocate activations, view weights, upload a step's inputs, run ops and
 /// bring logits back. The graph (`model/arch/*.rs`) is written once over

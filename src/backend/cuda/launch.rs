@@ -75,6 +75,12 @@ impl CudaBackend {
         Ok(g)
     }
 
+    /// Bytes of the scratch arena (it only grows; a new size is a new
+    /// allocation).
+    pub fn arena_len(&self) -> usize {
+        self.arena.lock().map(|a| a.len()).unwrap_or(0)
+    }
+
     /// out (n, m) = x (n, k) · wᵀ. `exact`: the canonical kernels;
     /// `deterministic`: the warp-per-row kernel for every n (batch-invariant);
     /// `fast`: that kernel for decode (n <= 8), cuBLAS f16 tensor-core GEMM

@@ -134,6 +134,66 @@ impl DevAttnBatch {
         self.n_rows
     }
 
+    /// A batch of `n_rows` rows, one per sequence, whose block tables hold
+    /// at most `stride` blocks: fixed buffers (a captured graph reads
+    /// them) refilled by [`DevAttnBatch::refill`] before each replay.
+    pub fn fixed(
+        be: &CudaBackend,
+        n_rows: usize,
+        stride: usize,
+        block_size: usize,
+        n_blocks: usize,
+    ) -> Result<Self> {
+        let offs: Vec<u32> = (0..n_rows)
+            .map(|s| u32::try_from(s * stride).context("block tables too long"))
+            .collect::<Result<_>>()?;
+        let seqs: Vec<u32> = (0..n_rows as u32).collect();
+        Ok(DevAttnBatch {
+            tables: zeros::<u32>(be, n_rows * stride, "decode block tables")?,
+            table_off: be.up(&offs, "decode table offsets")?,
+            row_seq: be.up(&seqs, "decode row_seq")?,
+            positions: zeros::<u32>(be, n_rows, "decode positions")?,
+            n_rows,
+            block_size,
+            n_blocks,
+        })
+    }
+
+    /// Validates a one-row-per-sequence `batch` against this fixed batch's
+    /// cache geometry and copies its tables and positions in place.
+    pub fn refill(&mut self, be: &CudaBackend, batch: &AttnBatch<'_>, stride: usize) -> Result<()> {
+        let need = validate::attention_batch(batch, self.block_size, self.n_blocks)?;
+        anyhow::ensure!(
+            batch.positions.len() == self.n_rows
+                && batch.block_tables.len() == self.n_rows
+                && batch
+                    .row_seq
+                    .iter()
+                    .enumerate()
+                    .all(|(i, &s)| s as usize == i),
+            "decode batch: expected {} rows, one per sequence, in order",
+            self.n_rows
+        );
+        let mut flat = vec![0u32; self.n_rows * stride];
+        for (s, &nb) in need.iter().enumerate() {
+            anyhow::ensure!(
+                nb <= stride,
+                "decode batch: a table of {nb} blocks exceeds {stride}"
+            );
+            flat[s * stride..s * stride + nb].copy_from_slice(&batch.block_tables[s][..nb]);
+        }
+        drv(
+            be.stream().memcpy_htod(&flat, &mut self.tables),
+            "decode block tables",
+        )?;
+        drv(
+            be.stream()
+                .memcpy_htod(batch.positions, &mut self.positions),
+            "decode positions",
+        )?;
+        Ok(())
+    }
+
     /// The row positions (for RoPE, which reads the same positions).
     pub fn positions(&self) -> CudaView<'_, u32> {
         self.positions.slice(0..self.n_rows)

@@ -137,7 +137,13 @@ impl CudaBackend {
         let (maj, min) = drv(ctx.compute_capability(), "compute capability")?;
         let arch = format!("sm_{maj}{min}");
         let name = drv(ctx.name(), "device name")?;
-        let stream = ctx.default_stream();
+        // One created stream for all work (the legacy default stream cannot
+        // be captured into CUDA graphs).
+        // SAFETY: every buffer of this backend is used on this one stream
+        // only, so cudarc's cross-stream event tracking is not needed;
+        // disabled before any buffer exists.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = drv(ctx.new_stream(), "creating a stream")?;
         let mut funcs = HashMap::new();
         for (stem, _, entries) in source::KERNELS {
             let ptx = source::compile(stem, &arch)?;

@@ -7,7 +7,7 @@
 //! batch: batch invariance follows from the backend's per-row arithmetic.
 
 use crate::backend::{validate, AttnBatch, OpInfo, OpT};
-use crate::dispatch::{Exec, HostExec};
+use crate::dispatch::{Exec, HostExec, StepBufs};
 use crate::gguf::GgufFile;
 use crate::model::config::{Arch, ModelConfig};
 use crate::model::kv_storage::KvStorage;
@@ -246,22 +246,46 @@ pub fn forward<E: Exec>(
     if n == 0 {
         return Ok(Vec::new());
     }
+    let bufs = StepBufs {
+        n,
+        n_rows: logit_rows.len(),
+        tokens: e.idx(input.tokens)?,
+        positions: e.idx(input.positions)?,
+        slots: e.idx(input.slots)?,
+        rows: e.idx(&logit_rows)?,
+        batch: e.batch(
+            kv,
+            AttnBatch {
+                block_tables: input.block_tables,
+                row_seq: input.row_seq,
+                positions: input.positions,
+            },
+        )?,
+    };
+    match forward_bufs(c, w, e, kv, &bufs)? {
+        Some(logits) => e.download(logits),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// Runs the step's ops on inputs already in `e`'s memory space (validated
+/// where they were uploaded) and returns the logits buffer (rows.len(),
+/// vocab), or None when no row wants logits. Issues no host
+/// synchronization, so a device executor can capture it as a graph.
+pub fn forward_bufs<E: Exec>(
+    c: &ModelConfig,
+    w: &LlamaWeights<E::S>,
+    e: &E,
+    kv: &mut E::Kv,
+    b: &StepBufs<E::IdxBuf<'_>, E::BatchBuf<'_>>,
+) -> Result<Option<E::Buf>> {
+    let (n, m) = (b.n, b.n_rows);
     let (d, qd, kvd, hd) = (c.dim, c.q_dim(), c.kv_dim(), c.head_dim);
-    let tokens = e.idx(input.tokens)?;
-    let positions = e.idx(input.positions)?;
-    let slots = e.idx(input.slots)?;
-    let batch = e.batch(
-        kv,
-        AttnBatch {
-            block_tables: input.block_tables,
-            row_seq: input.row_seq,
-            positions: input.positions,
-        },
-    )?;
+    let (tokens, positions, slots, batch) = (&b.tokens, &b.positions, &b.slots, &b.batch);
     let mut x = e.zeros(n * d)?; // (n, dim) residual stream
     e.run(OpT::GetRows {
         table: e.mat(&w.token_embd)?,
-        ids: E::idx_view(&tokens),
+        ids: E::idx_view(tokens),
         out: E::wr(&mut x),
     })?;
     let mut h = e.zeros(n * d)?; // (n, dim)
@@ -331,7 +355,7 @@ pub fn forward<E: Exec>(
                 n_heads: heads,
                 head_dim: hd,
                 rope_dim: c.rope_dim,
-                positions: E::idx_view(&positions),
+                positions: E::idx_view(positions),
                 inv_freq: E::param(&w.inv_freq),
                 neox: c.arch.neox_rope(),
             })?;
@@ -339,7 +363,7 @@ pub fn forward<E: Exec>(
         e.run(OpT::KvWrite {
             k: E::rd(&k),
             v: E::rd(&v),
-            slots: E::idx_view(&slots),
+            slots: E::idx_view(slots),
             cache: E::kv_layer_mut(kv, li)?,
         })
         .with_context(|| format!("layer {li}"))?;
@@ -348,7 +372,7 @@ pub fn forward<E: Exec>(
             n_heads: c.n_heads,
             scale,
             cache: E::kv_layer(kv, li)?,
-            batch: E::batch_view(&batch),
+            batch: E::batch_view(batch),
             out: E::wr(&mut att),
         })
         .with_context(|| format!("layer {li}"))?;
@@ -394,16 +418,14 @@ pub fn forward<E: Exec>(
         })?;
     }
     // Only the rows that want logits go through the output head.
-    let m = logit_rows.len();
     if m == 0 {
-        return Ok(Vec::new());
+        return Ok(None);
     }
-    let rows = e.idx(&logit_rows)?;
     let mut sel = e.zeros(m * d)?; // (m, dim)
     e.run(OpT::SelectRows {
         x: E::rd(&x),
         dim: d,
-        rows: E::idx_view(&rows),
+        rows: E::idx_view(&b.rows),
         out: E::wr(&mut sel),
     })?;
     let mut normed = e.zeros(m * d)?;
@@ -421,5 +443,5 @@ pub fn forward<E: Exec>(
         n: m,
         out: E::wr(&mut logits),
     })?;
-    e.download(logits)
+    Ok(Some(logits))
 }

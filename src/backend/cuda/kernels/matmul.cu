@@ -300,23 +300,25 @@ extern "C" __global__ void to_f16(const float* __restrict__ x, long long len,
 // activation rows (x: (n, k), block b), accumulated into acc.
 __device__ __forceinline__ void mv_block32(const u8* __restrict__ blk, int ty, const float* __restrict__ x,
                                            int k, int b, int n, float* acc) {
+    // The scale is folded into the weights (not applied to the block sum),
+    // so an intermediate overflows only when the true products do.
     float d = q_f16_at(blk);
     float wv[32];
     if (ty == 0) {
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             u16 two = *(const u16*)(blk + 2 + 2 * i);
-            wv[2 * i] = (float)((int)(two & 0xF) - 8);
-            wv[2 * i + 16] = (float)((int)((two >> 4) & 0xF) - 8);
-            wv[2 * i + 1] = (float)((int)((two >> 8) & 0xF) - 8);
-            wv[2 * i + 17] = (float)((int)(two >> 12) - 8);
+            wv[2 * i] = d * (float)((int)(two & 0xF) - 8);
+            wv[2 * i + 16] = d * (float)((int)((two >> 4) & 0xF) - 8);
+            wv[2 * i + 1] = d * (float)((int)((two >> 8) & 0xF) - 8);
+            wv[2 * i + 17] = d * (float)((int)(two >> 12) - 8);
         }
     } else {
 #pragma unroll
         for (int i = 0; i < 16; i++) {
             u16 two = *(const u16*)(blk + 2 + 2 * i);
-            wv[2 * i] = (float)(signed char)(two & 0xFF);
-            wv[2 * i + 1] = (float)(signed char)(two >> 8);
+            wv[2 * i] = d * (float)(signed char)(two & 0xFF);
+            wv[2 * i + 1] = d * (float)(signed char)(two >> 8);
         }
     }
     for (int r = 0; r < n; r++) {
@@ -327,7 +329,7 @@ __device__ __forceinline__ void mv_block32(const u8* __restrict__ blk, int ty, c
             float4 v = xr[i];
             s += wv[4 * i] * v.x + wv[4 * i + 1] * v.y + wv[4 * i + 2] * v.z + wv[4 * i + 3] * v.w;
         }
-        acc[r] += d * s;
+        acc[r] += s;
     }
 }
 
