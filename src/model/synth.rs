@@ -248,7 +248,7 @@ fn byte_tokens() -> Vec<String> {
 }
 
 /// Writes a random-weight model of `shape` with matrices in `ty` (norms
-/// F32). The tokenizer is a byte-level GPT-2 vocabulary without merges,
+/// F32). The tokenizer is a byte-level GPT-2 vocabulary with one merge,
 /// padded with `<extra_N>` tokens, plus ChatML specials.
 pub fn write_model(path: &Path, s: &SynthShape, ty: GgmlType, seed: u64) -> Result<()> {
     if s.vocab < 260 {
@@ -295,6 +295,10 @@ pub fn write_model(path: &Path, s: &SynthShape, ty: GgmlType, seed: u64) -> Resu
     tokens.extend(specials.iter().map(|t| t.to_string()));
     let mut types = vec![1i32; 256];
     types.extend([3, 3, 3]);
+    // One merge, so the merges array has a string element type (llama.cpp
+    // rejects an empty, untyped one).
+    tokens.push("Ġt".to_string());
+    types.push(1);
     while tokens.len() < s.vocab {
         tokens.push(format!("<extra_{}>", tokens.len()));
         types.push(4);
@@ -309,7 +313,10 @@ pub fn write_model(path: &Path, s: &SynthShape, ty: GgmlType, seed: u64) -> Resu
         "tokenizer.ggml.token_type",
         GgufValue::Array(types.into_iter().map(GgufValue::I32).collect()),
     );
-    w.add_kv("tokenizer.ggml.merges", GgufValue::Array(Vec::new()));
+    w.add_kv(
+        "tokenizer.ggml.merges",
+        GgufValue::Array(vec![GgufValue::String("Ġ t".into())]),
+    );
     w.add_kv("tokenizer.ggml.bos_token_id", GgufValue::U32(256));
     w.add_kv("tokenizer.ggml.eos_token_id", GgufValue::U32(258));
     w.add_kv("tokenizer.ggml.add_bos_token", GgufValue::Bool(false));

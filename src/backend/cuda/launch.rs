@@ -614,19 +614,15 @@ impl CudaBackend {
             i32_of(hd, "head_dim")?,
             i32_of(bs, "block_size")?,
         );
-        // exact: the canonical kernel, one warp per block; otherwise the
-        // lane-per-dimension kernel, 4 warps per block.
-        let (kernel, warps) = match mode {
-            Mode::Exact => ("paged_attention", 1),
-            Mode::Fast | Mode::Deterministic => ("paged_attention_fast", 4),
+        // exact: one warp per (row, head); otherwise ATT_WARPS (8) warps
+        // per (row, head) splitting the keys (attention.cu).
+        let (kernel, threads) = match mode {
+            Mode::Exact => ("paged_attention", 32),
+            Mode::Fast | Mode::Deterministic => ("paged_attention_fast", 256),
         };
         let cfg = LaunchConfig {
-            grid_dim: (
-                u32::try_from((batch.n_rows * n_heads).div_ceil(warps))?,
-                1,
-                1,
-            ),
-            block_dim: (32 * warps as u32, 1, 1),
+            grid_dim: (u32::try_from(batch.n_rows * n_heads)?, 1, 1),
+            block_dim: (threads, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut b = self.stream().launch_builder(self.func(kernel)?);

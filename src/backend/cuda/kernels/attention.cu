@@ -105,22 +105,29 @@ extern "C" __global__ void paged_attention(
 }
 
 // ---------------------------------------------------------------------------
-// Fast and deterministic modes: one warp per (row, head); lane l owns
-// dimensions l, l + 32, ... of q, the accumulator and each K/V row, so the
-// warp reads every K/V row coalesced. Keys are visited in order 0..=pos
-// with an online softmax per key (FMA, __expf); the dot products of a
-// group of 4 keys are reduced together by a fixed xor-shuffle tree. Every
+// Fast and deterministic modes: one block of ATT_WARPS warps per (row,
+// head). Warp w visits the groups of 4 keys g = w, w + ATT_WARPS, ... (key
+// j belongs to warp (j / 4) % ATT_WARPS whatever the context length or
+// chunking); lane l owns dimensions l, l + 32, ... of q, the accumulator
+// and each K/V row, so every K/V row is read coalesced. Per key an online
+// softmax (FMA-free here: the file compiles with --fmad=false; __expf);
+// the dot products of a group are reduced by a fixed xor-shuffle tree.
+// The warps' partial (max, sum, acc) are combined in warp order. Every
 // row's result depends only on its own keys, in a fixed order: batch- and
 // KV-cache invariant, not bitwise equal to the cpu.
+#define ATT_WARPS 8
+
 extern "C" __global__ void paged_attention_fast(
     const float* __restrict__ q, int n_rows, int n_heads, int n_kv_heads, int head_dim,
     int block_size, float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
     const u32* __restrict__ tables, const u32* __restrict__ table_off,
     const u32* __restrict__ row_seq, const u32* __restrict__ positions,
     float* __restrict__ out) {
-    int rh = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    __shared__ float part_m[ATT_WARPS], part_l[ATT_WARPS];
+    __shared__ float part_acc[ATT_WARPS][256];
+    int rh = blockIdx.x;
     if (rh >= n_rows * n_heads) return;
-    int l = threadIdx.x & 31;
+    int w = threadIdx.x >> 5, l = threadIdx.x & 31;
     int r = rh / n_heads, h = rh % n_heads;
     int hd = head_dim;
     int kvh = h / (n_heads / n_kv_heads);
@@ -135,7 +142,7 @@ extern "C" __global__ void paged_attention_fast(
     const u32* table = tables + table_off[row_seq[r]];
     int pos = (int)positions[r];
     float m = Q_NINF, lsum = 0.0f;
-    for (int j0 = 0; j0 <= pos; j0 += 4) {
+    for (int j0 = 4 * w; j0 <= pos; j0 += 4 * ATT_WARPS) {
         float s[4];
         long long off[4];
 #pragma unroll
@@ -175,10 +182,39 @@ extern "C" __global__ void paged_attention_fast(
             m = m_new;
         }
     }
-    float* o = out + (long long)rh * hd;
+    if (l == 0) {
+        part_m[w] = m;
+        part_l[w] = lsum;
+    }
 #pragma unroll
     for (int u = 0; u < ATT_MAXD; u++) {
         int d = l + 32 * u;
-        if (d < hd) o[d] = acc[u] / lsum;
+        if (d < hd) part_acc[w][d] = acc[u];
+    }
+    __syncthreads();
+    if (w != 0) return;
+    // Warp 0 combines the partials in warp order (warp 0 always holds key 0,
+    // so the maximum is finite unless a score is NaN/Inf).
+    float mx = part_m[0];
+    for (int i = 1; i < ATT_WARPS; i++) mx = fmaxf(mx, part_m[i]);
+    float L = 0.0f;
+    float o[ATT_MAXD];
+#pragma unroll
+    for (int u = 0; u < ATT_MAXD; u++) o[u] = 0.0f;
+    for (int i = 0; i < ATT_WARPS; i++) {
+        if (part_l[i] == 0.0f) continue; // a warp that saw no key
+        float f = __expf(part_m[i] - mx);
+        L += part_l[i] * f;
+#pragma unroll
+        for (int u = 0; u < ATT_MAXD; u++) {
+            int d = l + 32 * u;
+            if (d < hd) o[u] += part_acc[i][d] * f;
+        }
+    }
+    float* op = out + (long long)rh * hd;
+#pragma unroll
+    for (int u = 0; u < ATT_MAXD; u++) {
+        int d = l + 32 * u;
+        if (d < hd) op[d] = o[u] / L;
     }
 }

@@ -321,7 +321,10 @@ __device__ __forceinline__ void mv_block32(const u8* __restrict__ blk, int ty, c
             wv[2 * i + 1] = d * (float)(signed char)(two >> 8);
         }
     }
-    for (int r = 0; r < n; r++) {
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; r++) {
+        // Static indexing keeps acc in registers.
+        if (r >= n) break;
         const float4* xr = (const float4*)(x + (long long)r * k + 32 * b);
         float s = 0.0f;
 #pragma unroll
@@ -363,7 +366,9 @@ extern "C" __global__ void mv_fast(const u8* __restrict__ w, int m, int k, long 
             float wv[32];
 #pragma unroll 4
             for (int i = 0; i < 32; i++) wv[i] = q_dequant(wr, 32 * c + i, ty);
-            for (int r = 0; r < n; r++) {
+#pragma unroll
+            for (int r = 0; r < MV_ROWS; r++) {
+                if (r >= n) break;
                 const float* xr = x + (long long)r * k + 32 * c;
                 float s = 0.0f;
 #pragma unroll
@@ -372,7 +377,9 @@ extern "C" __global__ void mv_fast(const u8* __restrict__ w, int m, int k, long 
             }
         }
     }
-    for (int r = 0; r < n; r++) {
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; r++) {
+        if (r >= n) break;
         float v = acc[r];
 #pragma unroll
         for (int st = 16; st >= 1; st >>= 1) v += __shfl_xor_sync(0xffffffffu, v, st, 32);
