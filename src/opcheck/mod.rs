@@ -242,7 +242,10 @@ struct Ctx<'a> {
 /// f32 limit. Only exact mode gets the huge ones: where a sum of products
 /// of such values overflows depends on the order and grouping of the
 /// arithmetic, which exact mode fixes and the faster modes do not.
-fn specials(rng: &mut ChaCha8Rng, v: &mut [f32], huge: bool) {
+/// `nan` = false leaves NaN out too (quantized matmul outside exact mode:
+/// the canonical 16-bit activation quantization reads a NaN activation as
+/// 0, the faster modes propagate it; see DETERMINISM.md).
+fn specials(rng: &mut ChaCha8Rng, v: &mut [f32], huge: bool, nan: bool) {
     const S: [f32; 8] = [
         f32::INFINITY,
         f32::NEG_INFINITY,
@@ -256,8 +259,11 @@ fn specials(rng: &mut ChaCha8Rng, v: &mut [f32], huge: bool) {
     if v.is_empty() {
         return;
     }
-    const NOT_HUGE: [f32; 6] = [S[0], S[1], S[2], S[3], S[4], S[7]];
-    let pool: &[f32] = if huge { &S } else { &NOT_HUGE };
+    let pool: Vec<f32> = S
+        .iter()
+        .copied()
+        .filter(|x| (huge || x.abs() < 1e20) && (nan || !x.is_nan()))
+        .collect();
     for _ in 0..(v.len() / 16).max(4) {
         let i = rng.random_range(0..v.len());
         v[i] = pool[rng.random_range(0..pool.len())];
@@ -428,7 +434,8 @@ impl Ctx<'_> {
                 };
                 let mut x = randv(&mut self.rng, n * k, 2.0);
                 if special {
-                    specials(&mut self.rng, &mut x, self.opts.mode == Mode::Exact);
+                    let exact = self.opts.mode == Mode::Exact;
+                    specials(&mut self.rng, &mut x, exact, exact);
                 }
                 let mut r = vec![0f32; n * m];
                 let mut y = Guarded::new(n * m);
@@ -589,7 +596,7 @@ impl Ctx<'_> {
             ] {
                 let mut x = randv(&mut self.rng, n * dim, 3.0);
                 if special {
-                    specials(&mut self.rng, &mut x, self.opts.mode == Mode::Exact);
+                    specials(&mut self.rng, &mut x, self.opts.mode == Mode::Exact, true);
                 }
                 let w = randv(&mut self.rng, dim, 1.5);
                 let mut r = vec![0f32; n * dim];
@@ -676,8 +683,13 @@ impl Ctx<'_> {
                 let mut gate = randv(&mut self.rng, len, 120.0);
                 let mut up = randv(&mut self.rng, len, 2.0);
                 if special {
-                    specials(&mut self.rng, &mut gate, self.opts.mode == Mode::Exact);
-                    specials(&mut self.rng, &mut up, self.opts.mode == Mode::Exact);
+                    specials(
+                        &mut self.rng,
+                        &mut gate,
+                        self.opts.mode == Mode::Exact,
+                        true,
+                    );
+                    specials(&mut self.rng, &mut up, self.opts.mode == Mode::Exact, true);
                 }
                 let mut r = vec![0f32; len];
                 let mut y = Guarded::new(len);
