@@ -356,25 +356,8 @@ extern "C" __global__ void mv_fast(const u8* __restrict__ w, int m, int k, long 
     float acc[MV_ROWS];
 #pragma unroll
     for (int r = 0; r < MV_ROWS; r++) acc[r] = 0.0f;
-    int bsz = ty == 0 ? 18 : 34;
-    if ((ty == 0 || ty == 4) && (row_bytes & 3) == 0) {
-        // The warp stages 32 consecutive blocks in shared memory with
-        // coalesced 4-byte loads (several in flight per lane), then lane l
-        // decodes block l of the chunk.
-        __shared__ u32 stage[8][34 * 32 / 4];
-        u32* st = stage[threadIdx.x >> 5];
-        const u32* w32 = (const u32*)wr;
-        int nb = k / 32;
-        for (int b0 = 0; b0 < nb; b0 += 32) {
-            int cnt = min(32, nb - b0);
-            int words = cnt * bsz / 4;
-            const u32* src = w32 + (long long)b0 * bsz / 4;
-            __syncwarp();
-            for (int i = l; i < words; i += 32) st[i] = src[i];
-            __syncwarp();
-            if (l < cnt) mv_block32((const u8*)st + l * bsz, ty, x, k, b0 + l, n, acc);
-        }
-    } else if (ty == 0 || ty == 4) {
+    if (ty == 0 || ty == 4) {
+        int bsz = ty == 0 ? 18 : 34;
         int nb = k / 32;
         for (int b = l; b < nb; b += 32) mv_block32(wr + (long long)b * bsz, ty, x, k, b, n, acc);
     } else {
