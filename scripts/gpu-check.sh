@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # GPU checks in one call (for the lent GPU machine, which has the CUDA driver
-# and libnvrtc but no Rust toolchain): the op parity harness in exact and
-# fast modes, and whole-model exact checks (GPU logits bitwise equal to the
+# and libnvrtc but no Rust toolchain): the op parity harness in exact,
+# deterministic and fast modes, and whole-model exact checks (GPU logits bitwise equal to the
 # CPU's at every step of a greedy run) on synthetic SmolLM2-135M Q4_1 and
 # Llama-3.2-1B Q4_K models. Writes logs and summary.txt to $OUT (or ./gpu-check-out).
 #
 #   QUIRE=./.devbin/quire scripts/gpu-check.sh [steps...]
-# steps: ops-exact ops-fast perf smollm llama bench (default: all)
+# steps: ops-exact ops-det ops-fast perf smollm llama bench (default: all)
 set -uo pipefail
 QUIRE="${QUIRE:-./target/release/quire}"
 OUT="${OUT:-./gpu-check-out}"
@@ -15,7 +15,7 @@ mkdir -p "$OUT"
 summary="$OUT/summary.txt"
 : >"$summary"
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(ops-exact ops-fast perf smollm llama bench)
+[ ${#steps[@]} -eq 0 ] && steps=(ops-exact ops-det ops-fast perf smollm llama bench)
 note() { echo "$*" | tee -a "$summary"; }
 note "gpu-check: $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 status=0
@@ -35,6 +35,7 @@ mkdir -p "$tmp"
 for s in "${steps[@]}"; do
   case $s in
     ops-exact) run_step ops-exact "$QUIRE" ops --backend cuda --mode exact ;;
+    ops-det) run_step ops-det "$QUIRE" ops --backend cuda --mode deterministic ;;
     ops-fast) run_step ops-fast "$QUIRE" ops --backend cuda --mode fast ;;
     perf) run_step ops-perf "$QUIRE" ops --backend cuda --mode exact --perf --op mat_mul ;;
     smollm)
@@ -46,11 +47,12 @@ for s in "${steps[@]}"; do
       run_step llama-exact "$QUIRE" check-exact -m "$tmp/llama1b-q4_k.gguf" --tokens "$TOKENS"
       ;;
     bench)
-      # Decode/prefill tokens/s, GPU (exact kernels, host-slice op interface)
-      # vs CPU, on the synthetic SmolLM2 model (smollm step first).
-      run_step bench-gpu "$QUIRE" bench -m "$tmp/smollm2-q4_1.gguf" --gpu required --mode exact -p 128 -g 64 -r 1 --show-backends
+      # Prefill/decode tokens/s on the device-resident path, exact and fast
+      # kernels, vs the CPU, on the synthetic SmolLM2 model (smollm step first).
+      run_step bench-gpu-exact "$QUIRE" bench -m "$tmp/smollm2-q4_1.gguf" --gpu required --mode exact -p 512 -g 128 -r 2 --show-backends
+      run_step bench-gpu-fast "$QUIRE" bench -m "$tmp/smollm2-q4_1.gguf" --gpu required --mode fast -p 512 -g 128 -r 2
       run_step bench-cpu "$QUIRE" bench -m "$tmp/smollm2-q4_1.gguf" -p 128 -g 64 -r 1
-      grep -E "pp|tg" "$OUT/bench-gpu.log" "$OUT/bench-cpu.log" | tee -a "$summary"
+      grep -E "pp|tg" "$OUT"/bench-*.log | tee -a "$summary"
       ;;
     *) note "unknown step $s"; status=1 ;;
   esac
