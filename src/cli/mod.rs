@@ -75,8 +75,9 @@ pub struct ModelArgs {
     /// Print which backend ran each op kind at the end.
     #[arg(long)]
     pub show_backends: bool,
-    /// GPU use: off (never touch a device), auto (CUDA where it can run an
-    /// op, else the CPU, reported) or required (any fallback is an error).
+    /// GPU use: off (never touch a device), auto (the whole model on the
+    /// CUDA device when it supports every op, else op by op or the CPU,
+    /// reported) or required (any fallback is an error).
     #[arg(long, default_value = "off")]
     pub gpu: GpuMode,
 }
