@@ -439,3 +439,67 @@ fn dequant_matches_quant_module() {
         assert_eq!(bits(&ours), bits(&theirs), "{ty:?}");
     }
 }
+
+#[test]
+fn select_rows_copies_rows_and_checks_indices() {
+    let be = be();
+    let (n, dim) = (5usize, 7usize);
+    let x: Vec<f32> = (0..n * dim).map(|i| (i as f32) * 0.37 - 3.0).collect();
+    let rows = [4u32, 0, 4, 2];
+    let mut out = vec![0f32; rows.len() * dim];
+    be.run(
+        Op::SelectRows {
+            x: &x,
+            dim,
+            rows: &rows,
+            out: &mut out,
+        },
+        Mode::Exact,
+    )
+    .unwrap();
+    for (i, &r) in rows.iter().enumerate() {
+        let r = r as usize;
+        assert_eq!(&out[i * dim..(i + 1) * dim], &x[r * dim..(r + 1) * dim]);
+    }
+    let e = be
+        .run(
+            Op::SelectRows {
+                x: &x,
+                dim,
+                rows: &[5],
+                out: &mut out[..dim],
+            },
+            Mode::Exact,
+        )
+        .unwrap_err();
+    assert!(format!("{e:#}").contains("select_rows"), "{e:#}");
+}
+
+#[test]
+fn kv_write_rejects_a_slot_written_twice() {
+    let be = be();
+    let (nkv, hd, bs, nblk) = (2usize, 8usize, 4usize, 3usize);
+    let mut kc = vec![f16::from_f32(0.5); nblk * bs * nkv * hd];
+    let mut vc = kc.clone();
+    let k = vec![1.0f32; 2 * nkv * hd];
+    let e = be
+        .run(
+            Op::KvWrite {
+                k: &k,
+                v: &k,
+                slots: &[3, 3],
+                cache: KvLayerMut {
+                    k: &mut kc,
+                    v: &mut vc,
+                    block_size: bs,
+                    n_kv_heads: nkv,
+                    head_dim: hd,
+                },
+            },
+            Mode::Exact,
+        )
+        .unwrap_err();
+    assert!(format!("{e:#}").contains("written by two rows"), "{e:#}");
+    // Nothing was written.
+    assert!(kc.iter().all(|&x| x == f16::from_f32(0.5)));
+}
