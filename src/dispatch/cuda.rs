@@ -12,7 +12,7 @@ use crate::model::weights::{Store, WeightRef};
 use crate::quant::GgmlType;
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{CudaGraph, CudaSlice, CudaView, CudaViewMut};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -129,13 +129,19 @@ impl DevKvCache {
 }
 
 /// Device buffers of finished steps, by length, for the next step to
-/// reuse (a step allocates the same shapes as the one before it). Once a
-/// graph has been captured, pooled buffers are `pinned`: a graph holds
-/// their addresses, so they are never freed.
+/// reuse (a step allocates the same shapes as the one before it). Buffers
+/// a captured graph uses are `pinned` (by device address): the graph holds
+/// their addresses, so they are never freed; others are freed past a cap.
 #[derive(Default)]
 struct PoolInner {
     bufs: Mutex<HashMap<usize, Vec<CudaSlice<f32>>>>,
-    pinned: AtomicBool,
+    pinned: Mutex<HashSet<u64>>,
+}
+
+fn dev_addr(s: &CudaSlice<f32>) -> u64 {
+    use cudarc::driver::DevicePtr;
+    let (p, _sync) = s.device_ptr(s.stream());
+    p
 }
 
 type BufPool = Arc<PoolInner>;
@@ -163,7 +169,13 @@ impl Drop for DevBuf {
             // Bounded: steps of ever new shapes (serving) must not hoard
             // memory; past the cap a buffer is simply freed (unless pinned).
             let held: usize = p.iter().map(|(len, v)| len * v.len()).sum();
-            if self.pool.pinned.load(Ordering::Relaxed) || (held + self.len) * 4 <= POOL_CAP_BYTES {
+            let pinned = self
+                .pool
+                .pinned
+                .lock()
+                .map(|g| g.contains(&dev_addr(&d)))
+                .unwrap_or(true);
+            if pinned || (held + self.len) * 4 <= POOL_CAP_BYTES {
                 // Stream-ordered: a later user's kernels queue after this
                 // buffer's last kernels.
                 p.entry(self.len).or_default().push(d);
@@ -211,6 +223,8 @@ struct DecodeGraph {
     /// One uncaptured step ran with these inputs (it filled the buffer
     /// pool, so the capture allocates nothing).
     warm: bool,
+    /// A capture of this size failed: run its steps op by op.
+    capture_failed: bool,
     /// Scratch arena size at capture: a larger arena is a new allocation,
     /// and the graph must be captured again.
     arena_len: usize,
@@ -333,6 +347,7 @@ impl CudaExec {
                 out: zeros::<f32>(&self.be, b * vocab, "decode logits")?,
                 graph: None,
                 warm: false,
+                capture_failed: false,
                 arena_len: 0,
             });
         }
@@ -368,7 +383,7 @@ impl CudaExec {
                 rows: DevIdx::View(g.rows.slice(0..b)),
                 batch: DevBatch::Fixed(&g.batch),
             };
-            if !g.warm {
+            if !g.warm || g.capture_failed {
                 let logits = step(self, kv, &bufs)?
                     .ok_or_else(|| anyhow!("decode step returned no logits"))?;
                 drv(
@@ -395,11 +410,29 @@ impl CudaExec {
                     ),
                     "ending graph capture",
                 );
-                r.context("capturing a decode graph")?;
-                let graph = graph?.ok_or_else(|| anyhow!("graph capture produced no graph"))?;
-                self.pool.pinned.store(true, Ordering::Relaxed);
-                g.arena_len = self.be.arena_len();
-                g.graph = Some(SendGraph(graph));
+                let captured = r.and_then(|()| {
+                    graph?.ok_or_else(|| anyhow!("graph capture produced no graph"))
+                });
+                match captured {
+                    Ok(graph) => {
+                        g.arena_len = self.be.arena_len();
+                        g.graph = Some(SendGraph(graph));
+                    }
+                    Err(e) => {
+                        // Nothing ran during the failed capture: run this
+                        // step (and later ones of this size) op by op.
+                        tracing::warn!(
+                            "cuda graph capture for batch {b} failed ({e:#}); running op by op"
+                        );
+                        g.capture_failed = true;
+                        let logits = step(self, kv, &bufs)?
+                            .ok_or_else(|| anyhow!("decode step returned no logits"))?;
+                        drv(
+                            st.memcpy_dtod(&Self::rd(&logits), &mut g.out),
+                            "decode logits",
+                        )?;
+                    }
+                }
             }
         }
         if let Some(SendGraph(graph)) = &g.graph {
@@ -461,6 +494,13 @@ impl Exec for CudaExec {
             .and_then(|v| v.pop());
         let data = match reused {
             Some(mut d) => {
+                if self.capturing.load(Ordering::Relaxed) {
+                    self.pool
+                        .pinned
+                        .lock()
+                        .map_err(|_| anyhow!("cuda: buffer pool lock poisoned"))?
+                        .insert(dev_addr(&d));
+                }
                 drv(
                     self.be.stream().memset_zeros(&mut d),
                     "zeroing an activation",
