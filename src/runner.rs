@@ -211,14 +211,6 @@ impl Runner {
         }
     }
 
-    /// Bytes of the KV cache (all layers, K and V).
-    pub fn kv_bytes(&self) -> usize {
-        match &self.compute {
-            Compute::Host { storage, .. } => storage.bytes(),
-            Compute::Cuda { kv, .. } => kv.bytes(),
-        }
-    }
-
     pub fn config(&self) -> &ModelConfig {
         &self.model.cfg
     }

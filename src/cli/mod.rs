@@ -101,7 +101,10 @@ impl ModelArgs {
 
     pub fn report_backends(&self, runner: &Runner) {
         if self.show_backends {
-            eprintln!("op kind -> backend (count):");
+            eprintln!(
+                "model in {}; op kind -> backend (count):",
+                runner.placement()
+            );
             for (op, b, n) in runner.backend_report() {
                 eprintln!("  {op:16} {b:6} {n}");
             }

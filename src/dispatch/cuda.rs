@@ -88,10 +88,6 @@ impl DevKvCache {
         })
     }
 
-    pub fn bytes(&self) -> usize {
-        2 * self.k.len() * self.n_blocks * self.block_size * self.n_kv_heads * self.head_dim * 2
-    }
-
     fn layer_len(&self) -> usize {
         self.n_blocks * self.block_size * self.n_kv_heads * self.head_dim
     }
@@ -597,15 +593,8 @@ impl Exec for CudaExec {
         }
     }
     fn run(&self, op: OpT<'_, Dev>) -> Result<()> {
+        // Backend<Dev>::run checks capability and names the op and reason.
         let kind = op.kind();
-        if !Backend::<Dev>::supports_op(self.be.as_ref(), &op, self.mode) {
-            let why = self
-                .be
-                .capability(&op.info(), self.mode)
-                .err()
-                .unwrap_or_else(|| "the backend is disabled".into());
-            bail!("op {kind} cannot run on the cuda device path: {why}");
-        }
         let t0 = if self.profile {
             self.be.sync("profiling")?;
             Some(std::time::Instant::now())

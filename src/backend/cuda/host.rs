@@ -185,19 +185,12 @@ impl CudaBackend {
         }
         let bs = cache.block_size;
         let block_elems = bs * cache.n_kv_heads * cache.head_dim;
-        let mut remap: HashMap<u32, u32> = HashMap::new();
-        let mut order: Vec<u32> = Vec::new();
+        let mut blocks = BlockRemap::default();
         let local: Vec<u32> = slots
             .iter()
-            .map(|&s| {
-                let b = s / bs as u32;
-                let c = *remap.entry(b).or_insert_with(|| {
-                    order.push(b);
-                    (order.len() - 1) as u32
-                });
-                c * bs as u32 + s % bs as u32
-            })
+            .map(|&s| blocks.local(s / bs as u32) * bs as u32 + s % bs as u32)
             .collect();
+        let order = blocks.order;
         let (kb, vb) = gather_blocks(cache.k, cache.v, &order, block_elems);
         let (mut kd, mut vd) = (
             self.up(&kb, "kv_write: k blocks")?,
@@ -257,23 +250,18 @@ impl CudaBackend {
         if batch.positions.is_empty() {
             return Ok(());
         }
-        let mut remap: HashMap<u32, u32> = HashMap::new();
-        let mut order: Vec<u32> = Vec::new();
+        let mut blocks = BlockRemap::default();
         let tables: Vec<Vec<u32>> = need
             .iter()
             .enumerate()
             .map(|(s, &nb)| {
                 batch.block_tables[s][..nb]
                     .iter()
-                    .map(|&b| {
-                        *remap.entry(b).or_insert_with(|| {
-                            order.push(b);
-                            (order.len() - 1) as u32
-                        })
-                    })
+                    .map(|&b| blocks.local(b))
                     .collect()
             })
             .collect();
+        let order = blocks.order;
         let table_refs: Vec<&[u32]> = tables.iter().map(|t| &t[..]).collect();
         let local = AttnBatch {
             block_tables: &table_refs,
@@ -305,6 +293,25 @@ impl CudaBackend {
             mode,
         )?;
         self.down(&od, out, "paged_attention: out")
+    }
+}
+
+/// Physical block ids renumbered 0, 1, ... in order of first use, so only
+/// the blocks an op touches are uploaded.
+#[derive(Default)]
+struct BlockRemap {
+    index: HashMap<u32, u32>,
+    /// Physical id of each local block.
+    order: Vec<u32>,
+}
+
+impl BlockRemap {
+    fn local(&mut self, b: u32) -> u32 {
+        let order = &mut self.order;
+        *self.index.entry(b).or_insert_with(|| {
+            order.push(b);
+            (order.len() - 1) as u32
+        })
     }
 }
 

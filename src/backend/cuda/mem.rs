@@ -130,10 +130,6 @@ impl DevAttnBatch {
         })
     }
 
-    pub fn n_rows(&self) -> usize {
-        self.n_rows
-    }
-
     /// A batch of `n_rows` rows, one per sequence, whose block tables hold
     /// at most `stride` blocks: fixed buffers (a captured graph reads
     /// them) refilled by [`DevAttnBatch::refill`] before each replay.
@@ -192,11 +188,6 @@ impl DevAttnBatch {
             "decode positions",
         )?;
         Ok(())
-    }
-
-    /// The row positions (for RoPE, which reads the same positions).
-    pub fn positions(&self) -> CudaView<'_, u32> {
-        self.positions.slice(0..self.n_rows)
     }
 }
 

@@ -199,7 +199,6 @@ impl LlamaModel {
                 });
             }
         }
-        out.dedup();
         let mut uniq: Vec<OpInfo> = Vec::new();
         for i in out {
             if !uniq.contains(&i) {
