@@ -1,6 +1,9 @@
 //! `quire bench`: prefill (pp) and decode (tg) tokens/s, measured like
 //! llama-bench: pp N = one prompt of N random tokens from an empty cache;
-//! tg N = N single-token decode steps from an empty cache.
+//! tg N = N single-token decode steps from an empty cache (or after a
+//! prompt of `--depth` tokens). `--batch` adds batched decode measured like
+//! llama-batched-bench: B sequences of `--batch-prompt` tokens each, then
+//! `-g` steps of B rows; tokens/s counts every generated token.
 
 use super::ModelArgs;
 use crate::kv::SeqId;
@@ -29,6 +32,94 @@ pub struct BenchArgs {
     /// Print results as one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Batch-1 decode after prompts of these lengths (comma-separated),
+    /// besides the empty-cache tg test.
+    #[arg(long, value_delimiter = ',')]
+    pub depth: Vec<usize>,
+    /// Batched decode at these batch sizes (comma-separated, e.g. 8,32,64).
+    #[arg(long, value_delimiter = ',')]
+    pub batch: Vec<usize>,
+    /// Prompt tokens of each sequence of the batched decode test.
+    #[arg(long, default_value_t = 128)]
+    pub batch_prompt: usize,
+    /// Physical KV block order: `in-order` (a fresh free list) or
+    /// `scattered` (the free list shuffled before every test, so every
+    /// sequence's blocks are spread over random physical blocks).
+    #[arg(long, value_enum, default_value_t = KvLayout::InOrder)]
+    pub kv_layout: KvLayout,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvLayout {
+    InOrder,
+    Scattered,
+}
+
+/// Shuffles the runner's KV free list: takes every free block (one
+/// one-block sequence each), then frees them in a random order.
+fn scatter_kv(r: &mut Runner, seed: u64) -> Result<()> {
+    let bs = r.kv.block_size();
+    let n = r.kv.num_free_blocks();
+    let ids: Vec<SeqId> = (0..n as u64).map(|i| SeqId(1 << 40 | i)).collect();
+    for id in &ids {
+        r.kv.allocate(*id, bs)
+            .map_err(|e| anyhow::anyhow!("scattering the KV free list: {e}"))?;
+    }
+    let mut order = ids;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.random_range(0..=i));
+    }
+    for id in order {
+        r.free(id);
+    }
+    Ok(())
+}
+
+/// Generated tokens/s of `gen` decode steps over `b` sequences, each
+/// prefilled with `prompt` tokens first (not timed).
+fn time_batched(
+    r: &mut Runner,
+    b: usize,
+    prompt: usize,
+    gen: usize,
+    ubatch: usize,
+    seed: u64,
+) -> Result<f64> {
+    let vocab = r.config().vocab_size;
+    let seqs: Vec<SeqId> = (0..b as u64).map(|i| SeqId(5000 + i)).collect();
+    let toks: Vec<Vec<u32>> = (0..b)
+        .map(|i| random_tokens(prompt + gen, vocab, seed + i as u64))
+        .collect();
+    let res = (|| {
+        for (s, t) in seqs.iter().zip(&toks) {
+            crate::engine::prefill(r, *s, &t[..prompt], 0, ubatch)?;
+        }
+        let t0 = Instant::now();
+        for step in 0..gen {
+            let work: Vec<SeqWork<'_>> = seqs
+                .iter()
+                .zip(&toks)
+                .map(|(s, t)| SeqWork {
+                    seq: *s,
+                    tokens: std::slice::from_ref(&t[prompt + step]),
+                    start_pos: prompt + step,
+                    logits: LogitsWanted::Last,
+                })
+                .collect();
+            r.step(&work)?;
+        }
+        Ok((b * gen) as f64 / t0.elapsed().as_secs_f64())
+    })();
+    for s in seqs {
+        r.free(s);
+    }
+    res
+}
+
+/// Decode tokens/s at batch 1 after a prompt of `depth` tokens.
+fn time_depth(r: &mut Runner, depth: usize, gen: usize, ubatch: usize) -> Result<f64> {
+    time_batched(r, 1, depth, gen, ubatch, 7)
 }
 
 fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
@@ -82,11 +173,23 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         .map(|f| f.to_string_lossy().into_owned())
         .unwrap_or_else(|| crate::fetch::DEFAULT_MODEL_FILE.to_string());
     let mut rows = Vec::new();
+    let layout = a.kv_layout;
+    let mut prep_seed = 0u64;
+    let mut prep = |r: &mut Runner| -> Result<()> {
+        prep_seed += 1;
+        match layout {
+            KvLayout::InOrder => Ok(()),
+            KvLayout::Scattered => scatter_kv(r, prep_seed),
+        }
+    };
     if a.prompt_tokens > 0 {
         let toks = random_tokens(a.prompt_tokens, vocab, 1);
         time_pp(&mut r, &toks, a.ubatch, SeqId(0))?; // warm-up
         let v: Vec<f64> = (0..a.reps.max(1))
-            .map(|i| time_pp(&mut r, &toks, a.ubatch, SeqId(1 + i as u64)))
+            .map(|i| {
+                prep(&mut r)?;
+                time_pp(&mut r, &toks, a.ubatch, SeqId(1 + i as u64))
+            })
             .collect::<Result<_>>()?;
         rows.push((format!("pp{}", a.prompt_tokens), mean_std(&v)));
     }
@@ -94,9 +197,39 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         let toks = random_tokens(a.gen_tokens, vocab, 2);
         time_tg(&mut r, &toks[..toks.len().min(8)], SeqId(100))?; // warm-up
         let v: Vec<f64> = (0..a.reps.max(1))
-            .map(|i| time_tg(&mut r, &toks, SeqId(101 + i as u64)))
+            .map(|i| {
+                prep(&mut r)?;
+                time_tg(&mut r, &toks, SeqId(101 + i as u64))
+            })
             .collect::<Result<_>>()?;
         rows.push((format!("tg{}", a.gen_tokens), mean_std(&v)));
+    }
+    if a.gen_tokens > 0 {
+        for &d in &a.depth {
+            prep(&mut r)?;
+            time_depth(&mut r, d, a.gen_tokens.min(8), a.ubatch)?; // warm-up
+            let v: Vec<f64> = (0..a.reps.max(1))
+                .map(|_| {
+                    prep(&mut r)?;
+                    time_depth(&mut r, d, a.gen_tokens, a.ubatch)
+                })
+                .collect::<Result<_>>()?;
+            let ms = mean_std(&v);
+            rows.push((format!("tg{}@d{d}", a.gen_tokens), ms));
+        }
+        for &b in &a.batch {
+            anyhow::ensure!(b > 0, "--batch sizes must be at least 1");
+            prep(&mut r)?;
+            time_batched(&mut r, b, a.batch_prompt, 4, a.ubatch, 11)?; // warm-up
+            let v: Vec<f64> = (0..a.reps.max(1))
+                .map(|i| {
+                    prep(&mut r)?;
+                    time_batched(&mut r, b, a.batch_prompt, a.gen_tokens, a.ubatch, 100 * i as u64)
+                })
+                .collect::<Result<_>>()?;
+            let ms = mean_std(&v);
+            rows.push((format!("tg{} B{b} p{}", a.gen_tokens, a.batch_prompt), ms));
+        }
     }
     if a.json {
         let obj: serde_json::Map<String, serde_json::Value> = rows

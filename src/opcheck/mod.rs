@@ -213,11 +213,15 @@ fn compare(y: &[f32], r: &[f32]) -> Cmp {
     }
 }
 
-/// Per-op NMSE bound for non-exact modes (FMA, f32 or f16 activations
-/// instead of the canonical 16-bit integer ones, __expf).
+/// Per-op NMSE bound for non-exact modes (FMA, int8 or f16 activations
+/// instead of the canonical 16-bit integer ones, __expf). Quantized matmul
+/// rounds activations to int8 per block of 32 (step amax/127): its error
+/// variance is ~amax²/(12·127²) per value, an NMSE of 1e-5 to 3e-5 on
+/// random data, so it gets 1e-4.
 fn nmse_bound(op: &str) -> f64 {
     match op {
-        "mat_mul" | "paged_attention" => 1e-5,
+        "mat_mul" => 1e-4,
+        "paged_attention" => 1e-5,
         "rms_norm" | "rope" | "swiglu" => 1e-6,
         _ => 1e-7, // get_rows, add, add_bias, kv_write: pure conversions/adds
     }

@@ -12,8 +12,14 @@ use crate::quant::GgmlType;
 use anyhow::{anyhow, bail, ensure, Result};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
-/// Activation rows per group of the warp-per-row matmul (MV_ROWS in matmul.cu).
+/// Activation rows per group of the warp-per-row matmul (MV_ROWS in
+/// matmul_fast.cu).
 const MV_ROWS: usize = 8;
+
+/// Up to this many rows `fast` mode keeps the warp-per-row kernels (weights
+/// streamed once from memory, the other groups hit L2); beyond, one cuBLAS
+/// GEMM (which pays a dequantization of the whole matrix per call).
+const MV_BATCH: usize = 64;
 
 /// Bytes each arena region is aligned to (any kernel argument type).
 const ARENA_ALIGN: usize = 256;
@@ -40,7 +46,7 @@ fn arena3<A, B, C, R>(
         .ok_or_else(|| anyhow!("scratch arena too small"))?;
     // SAFETY: the regions are disjoint, start at multiples of ARENA_ALIGN
     // bytes (the allocation itself is at least 256-byte aligned), and are
-    // only used as i16 / i32 / f32, for which every bit pattern is valid.
+    // only used as i8 / i16 / i32 / f32 / u8, for which every bit pattern is valid.
     // transmute_mut checks each region holds the requested length.
     let views = unsafe {
         (
@@ -82,8 +88,10 @@ impl CudaBackend {
     }
 
     /// out (n, m) = x (n, k) · wᵀ. `exact`: the canonical kernels;
-    /// `deterministic`: the warp-per-row kernel for every n (batch-invariant);
-    /// `fast`: that kernel for decode (n <= 8), cuBLAS f16 tensor-core GEMM
+    /// `deterministic`: the warp-per-row kernels (int8 activations and dp4a
+    /// for quantized weights) for every n, in groups of MV_ROWS rows
+    /// (batch-invariant); `fast`: those up to MV_BATCH rows, where weights
+    /// are still read from L2 for each group, and cuBLAS f16 tensor-core GEMM
     /// with f32 accumulation beyond (weights dequantized to f16 per call).
     pub(crate) fn d_mat_mul(
         &self,
@@ -95,16 +103,19 @@ impl CudaBackend {
     ) -> Result<()> {
         if mode != Mode::Exact && n > 0 && w.rows > 0 && w.cols > 0 && w.cols.is_multiple_of(32) {
             validate::mat_mul(w, w.data.len(), x.len(), n, out.len())?;
-            if mode == Mode::Fast && n > MV_ROWS && self.blas.is_some() {
+            if mode == Mode::Fast && n > MV_BATCH && self.blas.is_some() {
                 return self.gemm_f16(w, x, n, out);
             }
-            return self.mv_fast(w, x, n, out);
+            return self.mat_vec(w, x, n, out);
         }
         self.mat_mul_exact(w, x, n, out)
     }
 
-    /// The warp-per-row kernel (validated arguments).
-    fn mv_fast(
+    /// The warp-per-row kernels (validated arguments, k a multiple of 32).
+    /// The grid's x dimension walks activation-row groups fastest, so the
+    /// groups that read one tile of weight rows run together and all but the
+    /// first find it in L2.
+    fn mat_vec(
         &self,
         w: &DevMatrix<'_>,
         x: &CudaView<'_, f32>,
@@ -116,28 +127,58 @@ impl CudaBackend {
         let (m, k) = (w.rows, w.cols);
         let rb = w.ty.row_bytes(k).map_err(|e| anyhow!("mat_mul: {e}"))? as i64;
         let (mi, ki, ni) = (i32_of(m, "m")?, i32_of(k, "k")?, i32_of(n, "n")?);
+        i32_of(n * k, "n * k")?;
         let cfg = LaunchConfig {
             grid_dim: (
-                u32::try_from(m.div_ceil(8))?,
                 u32::try_from(n.div_ceil(MV_ROWS))?,
+                u32::try_from(m.div_ceil(8))?,
                 1,
             ),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream().launch_builder(self.func("mv_fast")?);
-        b.arg(&w.data)
-            .arg(&mi)
-            .arg(&ki)
-            .arg(&rb)
-            .arg(&tc)
-            .arg(x)
-            .arg(&ni)
-            .arg(out);
-        // SAFETY: matches mv_fast; w holds m rows of rb bytes, x n*k and out
-        // n*m (validated by the caller); k is a multiple of 32.
-        drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_fast")?;
-        Ok(())
+        let s = self.stream();
+        if matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+            let mut b = s.launch_builder(self.func("mv_float")?);
+            b.arg(&w.data)
+                .arg(&mi)
+                .arg(&ki)
+                .arg(&tc)
+                .arg(x)
+                .arg(&ni)
+                .arg(out);
+            // SAFETY: matches mv_float; w holds m rows of k values, x n*k and
+            // out n*m (validated by the caller); k is a multiple of 32.
+            drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_float")?;
+            return Ok(());
+        }
+        let nblk = n * k / 32;
+        let mut guard = self.arena(&[n * k, nblk * 8, 0])?;
+        arena3::<i8, f32, u8, ()>(&mut guard, (n * k, nblk * 2, 0), |xq, xds, _| {
+            let nb = nblk as i64;
+            let mut b = s.launch_builder(self.func("quant_q8")?);
+            b.arg(x).arg(&nb).arg(&mut *xq).arg(&mut *xds);
+            // SAFETY: matches quant_q8 (xds as float2 pairs); x holds nblk
+            // blocks of 32 values, xq n*k bytes, xds 2*nblk floats.
+            drv(
+                unsafe { b.launch(grid_1d(nblk * 32, 256)?) },
+                "mat_mul: launching quant_q8",
+            )?;
+            let mut b = s.launch_builder(self.func("mv_q8")?);
+            b.arg(&w.data)
+                .arg(&mi)
+                .arg(&ki)
+                .arg(&rb)
+                .arg(&tc)
+                .arg(&mut *xq)
+                .arg(&mut *xds)
+                .arg(&ni)
+                .arg(out);
+            // SAFETY: matches mv_q8; w holds m rows of rb bytes (256-byte
+            // aligned allocation), xq/xds as above, out n*m.
+            drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_q8")?;
+            Ok(())
+        })
     }
 
     /// Weights to f16 (unless stored as f16), activations to f16, one cuBLAS

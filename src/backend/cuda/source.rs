@@ -25,10 +25,12 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
             "mm_q32",
             "mm_qk",
             "mm_float",
-            "dequant_f16",
-            "to_f16",
-            "mv_fast",
         ],
+    ),
+    (
+        "matmul_fast",
+        include_str!("kernels/matmul_fast.cu"),
+        &["quant_q8", "mv_q8", "mv_float", "dequant_f16", "to_f16"],
     ),
     (
         "rms_norm",

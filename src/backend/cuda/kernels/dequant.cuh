@@ -2,6 +2,30 @@
 // with the ggml formulas of src/quant (one rounding per operation), so
 // every kernel that dequantizes gets the cpu's bits.
 
+// Type codes (ty_code in mod.rs).
+#define TY_Q4_0 0
+#define TY_Q4_1 1
+#define TY_Q5_0 2
+#define TY_Q5_1 3
+#define TY_Q8_0 4
+#define TY_Q4_K 10
+#define TY_Q5_K 11
+#define TY_Q6_K 12
+#define TY_F32 20
+#define TY_F16 21
+#define TY_BF16 22
+
+// 6-bit scale and minimum of sub-block j of a Q4_K / Q5_K superblock.
+__device__ __forceinline__ void k_scale_min(int j, const u8* s, int* sc, int* mn) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
 __device__ __forceinline__ int gr_type_size(int ty) {
     switch (ty) {
         case 0: return 18;   // Q4_0

@@ -6,17 +6,6 @@
 // output: thread l of the group owns lane l.
 // Float weights: one warp per output; thread l owns lane l of dot32.
 
-#define TY_Q4_0 0
-#define TY_Q4_1 1
-#define TY_Q5_0 2
-#define TY_Q5_1 3
-#define TY_Q8_0 4
-#define TY_Q4_K 10
-#define TY_Q5_K 11
-#define TY_Q6_K 12
-#define TY_F32 20
-#define TY_F16 21
-#define TY_BF16 22
 
 // Activation quantization of one block of `len` values (canon::quantize_block
 // with the activation integer range QUIRE_ACT_QMAX).
@@ -151,15 +140,6 @@ extern "C" __global__ void mm_q32(const u8* __restrict__ w, int m, int k, int ty
     if (ok && l == 0) out[(long long)i * m + j] = r;
 }
 
-__device__ __forceinline__ void k_scale_min(int j, const u8* s, int* sc, int* mn) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *mn = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
 
 // Term of one K-quant superblock (canon.rs).
 __device__ float qk_term(int ty, const u8* blk, const short* qa, const int* bsum, float da) {
@@ -268,121 +248,4 @@ extern "C" __global__ void mm_float(const u8* __restrict__ w, int m, int k, int 
     }
     float r = q_warp_tree32(lane);
     if (ok && l == 0) out[(long long)i * m + j] = r;
-}
-
-// ---------------------------------------------------------------------------
-// Fast and deterministic modes (not the canonical arithmetic: FMA, f32
-// activations, warp-shuffle trees). Every output row is still computed in
-// one fixed order that does not depend on the batch, so these are
-// batch-invariant (deterministic mode); only `fast` adds cuBLAS GEMMs.
-
-// Weights (m, k) dequantized to f16 (round to nearest even) for a
-// tensor-core GEMM. One thread per element.
-extern "C" __global__ void dequant_f16(const u8* __restrict__ w, int m, int k,
-                                       long long row_bytes, int ty, u16* __restrict__ out) {
-    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= (long long)m * k) return;
-    int r = (int)(t / k), e = (int)(t % k);
-    out[t] = q_to_f16(q_dequant(w + (long long)r * row_bytes, e, ty));
-}
-
-// f32 -> f16 bits, round to nearest even.
-extern "C" __global__ void to_f16(const float* __restrict__ x, long long len,
-                                  u16* __restrict__ out) {
-    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= len) return;
-    out[t] = q_to_f16(x[t]);
-}
-
-#define MV_ROWS 8
-
-// Dot products of one 32-element Q4_0 / Q8_0 block with up to MV_ROWS
-// activation rows (x: (n, k), block b), accumulated into acc.
-__device__ __forceinline__ void mv_block32(const u8* __restrict__ blk, int ty, const float* __restrict__ x,
-                                           int k, int b, int n, float* acc) {
-    // The scale is folded into the weights (not applied to the block sum),
-    // so an intermediate overflows only when the true products do.
-    float d = q_f16_at(blk);
-    float wv[32];
-    if (ty == 0) {
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            u16 two = *(const u16*)(blk + 2 + 2 * i);
-            wv[2 * i] = d * (float)((int)(two & 0xF) - 8);
-            wv[2 * i + 16] = d * (float)((int)((two >> 4) & 0xF) - 8);
-            wv[2 * i + 1] = d * (float)((int)((two >> 8) & 0xF) - 8);
-            wv[2 * i + 17] = d * (float)((int)(two >> 12) - 8);
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < 16; i++) {
-            u16 two = *(const u16*)(blk + 2 + 2 * i);
-            wv[2 * i] = d * (float)(signed char)(two & 0xFF);
-            wv[2 * i + 1] = d * (float)(signed char)(two >> 8);
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < MV_ROWS; r++) {
-        // Static indexing keeps acc in registers.
-        if (r >= n) break;
-        const float4* xr = (const float4*)(x + (long long)r * k + 32 * b);
-        float s = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            float4 v = xr[i];
-            s += wv[4 * i] * v.x + wv[4 * i + 1] * v.y + wv[4 * i + 2] * v.z + wv[4 * i + 3] * v.w;
-        }
-        acc[r] += s;
-    }
-}
-
-// out (n, m) = x (n, k) · wᵀ, k a multiple of 32: one warp per output row
-// and group of MV_ROWS activation rows (blockIdx.y); lane l takes blocks
-// l, l + 32, ... of the row (coalesced: the warp reads 32 consecutive
-// blocks), then a fixed xor-shuffle tree. Weights are read once per group.
-// Q4_0 and Q8_0 decode their blocks directly; other types dequantize
-// element by element (q_dequant).
-extern "C" __global__ void mv_fast(const u8* __restrict__ w, int m, int k, long long row_bytes,
-                                   int ty, const float* __restrict__ x, int n_all,
-                                   float* __restrict__ out) {
-    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int l = threadIdx.x & 31;
-    if (row >= m) return;
-    int g0 = blockIdx.y * MV_ROWS;
-    int n = min(MV_ROWS, n_all - g0);
-    x += (long long)g0 * k;
-    out += (long long)g0 * m;
-    const u8* wr = w + (long long)row * row_bytes;
-    float acc[MV_ROWS];
-#pragma unroll
-    for (int r = 0; r < MV_ROWS; r++) acc[r] = 0.0f;
-    if (ty == 0 || ty == 4) {
-        int bsz = ty == 0 ? 18 : 34;
-        int nb = k / 32;
-        for (int b = l; b < nb; b += 32) mv_block32(wr + (long long)b * bsz, ty, x, k, b, n, acc);
-    } else {
-        // 32-element chunks, lane-strided like the blocks above.
-        for (int c = l; c < k / 32; c += 32) {
-            float wv[32];
-#pragma unroll 4
-            for (int i = 0; i < 32; i++) wv[i] = q_dequant(wr, 32 * c + i, ty);
-#pragma unroll
-            for (int r = 0; r < MV_ROWS; r++) {
-                if (r >= n) break;
-                const float* xr = x + (long long)r * k + 32 * c;
-                float s = 0.0f;
-#pragma unroll
-                for (int i = 0; i < 32; i++) s += wv[i] * xr[i];
-                acc[r] += s;
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < MV_ROWS; r++) {
-        if (r >= n) break;
-        float v = acc[r];
-#pragma unroll
-        for (int st = 16; st >= 1; st >>= 1) v += __shfl_xor_sync(0xffffffffu, v, st, 32);
-        if (l == 0) out[(long long)r * m + row] = v;
-    }
 }

@@ -1,0 +1,306 @@
+// Decode-shaped matmul for the `deterministic` and `fast` modes (not the
+// canonical arithmetic; see matmul.cu for `exact`).
+//
+// Activations are quantized per row to int8 in blocks of 32 (quant_q8:
+// scale d = amax / 127, round to nearest), and each weight "unit" of 32
+// values is decoded in registers to 8 packed int8x4 words and dotted with
+// __dp4a. One warp computes one weight row for up to MV_ROWS activation
+// rows (weights are read once per step for all of them); lane l takes units
+// l, l + 32, ... (the warp streams 32 consecutive units per iteration), then
+// a fixed xor-shuffle tree. The arithmetic of one output depends only on its
+// own activation row, so the kernels are batch-invariant.
+//
+// Unit of type:   Q4_0/Q4_1/Q5_0/Q5_1/Q8_0: one 32-block;
+//                 Q4_K/Q5_K/Q6_K: one 32-value sub-block of a 256-superblock.
+// Value of a unit: sum_i d_a * (A_i * isum_i) + B * s_a, where isum_0/1 are
+// the integer dots of the unit's first/second 16 values, A_i the weight
+// scales, B the weight minimum (Q4_1, Q5_1, Q4_K, Q5_K) and s_a = d_a * sum(q_a).
+
+#define MV_ROWS 8
+
+// x: (n, k) -> xq: (n, k) int8, xds: (n, k/32) float2 {d, d * sum(q)}.
+// One warp per 32-block. A NaN anywhere in the block makes d NaN, so NaN
+// propagates to every output of the row (like a float dot product).
+extern "C" __global__ void quant_q8(const float* __restrict__ x, long long nblocks,
+                                    signed char* __restrict__ xq, float2* __restrict__ xds) {
+    long long blk = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int l = threadIdx.x & 31;
+    if (blk >= nblocks) return;
+    float v = x[blk * 32 + l];
+    float amax = fabsf(v);
+    bool nan = v != v;
+#pragma unroll
+    for (int s = 16; s >= 1; s >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, s));
+    nan = __any_sync(0xffffffffu, nan);
+    float d = amax / 127.0f;
+    int q = (d == 0.0f || nan) ? 0 : __float2int_rn(v / d);
+    q = max(-127, min(127, q));
+    int sum = q;
+#pragma unroll
+    for (int s = 16; s >= 1; s >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, s);
+    xq[blk * 32 + l] = (signed char)q;
+    if (l == 0) {
+        if (nan) d = __int_as_float(0x7fc00000);
+        xds[blk] = make_float2(d, d * (float)sum);
+    }
+}
+
+// Little-endian int from two 2-byte-aligned halves.
+__device__ __forceinline__ int ld_i2(const u8* p) {
+    const u16* h = (const u16*)p;
+    return (int)((u32)h[0] | ((u32)h[1] << 16));
+}
+__device__ __forceinline__ int ld_i4(const u8* p) { return *(const int*)p; }
+
+// Bit b of each byte's position: spreads 4 bits of `t` to bit 4 of bytes 0..3.
+__device__ __forceinline__ int spread4(u32 t) {
+    return (int)(((t & 1u) << 4) | ((t & 2u) << 11) | ((t & 4u) << 18) | ((t & 8u) << 25));
+}
+
+__device__ __forceinline__ float f16_at2(const u8* p) { return q_f16(*(const u16*)p); }
+
+// Decodes unit `u` of a weight row into w[8] (values 4i..4i+3 in word i, as
+// signed int8), the scales A0 (values 0..15), A1 (16..31) and the minimum B.
+template <int TY>
+__device__ __forceinline__ void decode_unit(const u8* __restrict__ row, int u, int* w, float& a0,
+                                            float& a1, float& b) {
+    b = 0.0f;
+    if (TY == TY_Q4_0) {
+        const u8* blk = row + (long long)u * 18;
+        a0 = a1 = f16_at2(blk);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int q = ld_i2(blk + 2 + 4 * i);
+            w[i] = __vsub4(q & 0x0F0F0F0F, 0x08080808);
+            w[i + 4] = __vsub4((q >> 4) & 0x0F0F0F0F, 0x08080808);
+        }
+    } else if (TY == TY_Q4_1) {
+        const u8* blk = row + (long long)u * 20;
+        a0 = a1 = f16_at2(blk);
+        b = f16_at2(blk + 2);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int q = ld_i4(blk + 4 + 4 * i);
+            w[i] = q & 0x0F0F0F0F;
+            w[i + 4] = (q >> 4) & 0x0F0F0F0F;
+        }
+    } else if (TY == TY_Q5_0 || TY == TY_Q5_1) {
+        const int bs = TY == TY_Q5_0 ? 22 : 24;
+        const u8* blk = row + (long long)u * bs;
+        a0 = a1 = f16_at2(blk);
+        const u8* hb = blk + (TY == TY_Q5_0 ? 2 : 4);
+        if (TY == TY_Q5_1) b = f16_at2(blk + 2);
+        u32 qh = (u32)ld_i2(hb);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int q = TY == TY_Q5_0 ? ld_i2(hb + 4 + 4 * i) : ld_i4(hb + 4 + 4 * i);
+            int lo = (q & 0x0F0F0F0F) | spread4(qh >> (4 * i));
+            int hi = ((q >> 4) & 0x0F0F0F0F) | spread4(qh >> (16 + 4 * i));
+            if (TY == TY_Q5_0) {
+                lo = __vsub4(lo, 0x10101010);
+                hi = __vsub4(hi, 0x10101010);
+            }
+            w[i] = lo;
+            w[i + 4] = hi;
+        }
+    } else if (TY == TY_Q8_0) {
+        const u8* blk = row + (long long)u * 34;
+        a0 = a1 = f16_at2(blk);
+#pragma unroll
+        for (int i = 0; i < 8; i++) w[i] = ld_i2(blk + 2 + 4 * i);
+    } else if (TY == TY_Q4_K || TY == TY_Q5_K) {
+        const int bs = TY == TY_Q4_K ? 144 : 176;
+        const u8* blk = row + (long long)(u >> 3) * bs;
+        int j = u & 7, c = j >> 1, hi = j & 1;
+        int sc, mn;
+        k_scale_min(j, blk + 4, &sc, &mn);
+        float d = f16_at2(blk), dmin = f16_at2(blk + 2);
+        a0 = a1 = d * (float)sc;
+        b = -dmin * (float)mn;
+        // Superblocks are 16-byte multiples and tensors 256-byte aligned.
+        const int4* qs = (const int4*)(blk + (TY == TY_Q4_K ? 16 : 48) + 32 * c);
+        int4 q0 = qs[0], q1 = qs[1];
+        int q[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+#pragma unroll
+        for (int i = 0; i < 8; i++) w[i] = (q[i] >> (4 * hi)) & 0x0F0F0F0F;
+        if (TY == TY_Q5_K) {
+            const int4* qh = (const int4*)(blk + 16);
+            int4 h0 = qh[0], h1 = qh[1];
+            int h[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+#pragma unroll
+            for (int i = 0; i < 8; i++) w[i] |= ((h[i] >> (2 * c + hi)) & 0x01010101) << 4;
+        }
+    } else {  // Q6_K: unit s = 4h + c covers values 128h + 32c + 0..31.
+        const u8* blk = row + (long long)(u >> 3) * 210;
+        int s = u & 7, h = s >> 2, c = s & 3;
+        float d = f16_at2(blk + 208);
+        a0 = d * (float)(signed char)blk[192 + 2 * s];
+        a1 = d * (float)(signed char)blk[192 + 2 * s + 1];
+        const u8* ql = blk + 64 * h + (c & 1) * 32;
+        const u8* qh = blk + 128 + 32 * h;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int lo = (ld_i2(ql + 4 * i) >> (4 * (c >> 1))) & 0x0F0F0F0F;
+            int hb = ((ld_i2(qh + 4 * i) >> (2 * c)) & 0x03030303) << 4;
+            w[i] = __vsub4(lo | hb, 0x20202020);
+        }
+    }
+}
+
+template <int TY>
+__device__ __forceinline__ void mv_q8_row(const u8* __restrict__ wr, int units,
+                                          const signed char* __restrict__ xq,
+                                          const float2* __restrict__ xds, int k, int n, int l,
+                                          float* acc) {
+    int nb = k / 32;
+    for (int u = l; u < units; u += 32) {
+        int w[8];
+        float a0, a1, b;
+        decode_unit<TY>(wr, u, w, a0, a1, b);
+#pragma unroll
+        for (int r = 0; r < MV_ROWS; r++) {
+            if (r >= n) break;
+            const int4* xa = (const int4*)(xq + (long long)r * k + 32 * u);
+            int4 x0 = xa[0], x1 = xa[1];
+            int i0 = __dp4a(w[0], x0.x, 0);
+            i0 = __dp4a(w[1], x0.y, i0);
+            i0 = __dp4a(w[2], x0.z, i0);
+            i0 = __dp4a(w[3], x0.w, i0);
+            int i1 = __dp4a(w[4], x1.x, 0);
+            i1 = __dp4a(w[5], x1.y, i1);
+            i1 = __dp4a(w[6], x1.z, i1);
+            i1 = __dp4a(w[7], x1.w, i1);
+            float2 ds = xds[(long long)r * nb + u];
+            float t = fmaf(a0, (float)i0, a1 * (float)i1);
+            acc[r] = fmaf(ds.x, t, fmaf(b, ds.y, acc[r]));
+        }
+    }
+}
+
+// out (n, m) = x (n, k) · wᵀ with x given as quant_q8's (xq, xds).
+// Block: 256 threads = 8 warps = 8 weight rows; grid (ceil(n/MV_ROWS), ceil(m/8)):
+// the groups of activation rows that share a weight tile are neighbours.
+extern "C" __global__ void mv_q8(const u8* __restrict__ w, int m, int k, long long row_bytes,
+                                 int ty, const signed char* __restrict__ xq,
+                                 const float2* __restrict__ xds, int n_all,
+                                 float* __restrict__ out) {
+    int row = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int l = threadIdx.x & 31;
+    if (row >= m) return;
+    int g0 = blockIdx.x * MV_ROWS;
+    int n = min(MV_ROWS, n_all - g0);
+    xq += (long long)g0 * k;
+    xds += (long long)g0 * (k / 32);
+    out += (long long)g0 * m;
+    const u8* wr = w + (long long)row * row_bytes;
+    int units = k / 32;
+    float acc[MV_ROWS];
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; r++) acc[r] = 0.0f;
+    switch (ty) {
+        case TY_Q4_0: mv_q8_row<TY_Q4_0>(wr, units, xq, xds, k, n, l, acc); break;
+        case TY_Q4_1: mv_q8_row<TY_Q4_1>(wr, units, xq, xds, k, n, l, acc); break;
+        case TY_Q5_0: mv_q8_row<TY_Q5_0>(wr, units, xq, xds, k, n, l, acc); break;
+        case TY_Q5_1: mv_q8_row<TY_Q5_1>(wr, units, xq, xds, k, n, l, acc); break;
+        case TY_Q8_0: mv_q8_row<TY_Q8_0>(wr, units, xq, xds, k, n, l, acc); break;
+        case TY_Q4_K: mv_q8_row<TY_Q4_K>(wr, units, xq, xds, k, n, l, acc); break;
+        case TY_Q5_K: mv_q8_row<TY_Q5_K>(wr, units, xq, xds, k, n, l, acc); break;
+        default: mv_q8_row<TY_Q6_K>(wr, units, xq, xds, k, n, l, acc); break;
+    }
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; r++) {
+        if (r >= n) break;
+        float v = acc[r];
+#pragma unroll
+        for (int st = 16; st >= 1; st >>= 1) v += __shfl_xor_sync(0xffffffffu, v, st, 32);
+        if (l == 0) out[(long long)r * m + row] = v;
+    }
+}
+
+// Float weights (F32, F16, BF16), f32 activations: one warp per weight row
+// for up to MV_ROWS activation rows; lane l takes 8-value chunks l, l + 32,
+// ... (16-byte loads of f16/bf16 weights). k is a multiple of 32.
+__device__ __forceinline__ void unpack8(const u8* __restrict__ wr, int ty, int c, float* v) {
+    if (ty == TY_F32) {
+        const float4* p = (const float4*)(wr + (long long)c * 32);
+        float4 a = p[0], b = p[1];
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+        v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+        return;
+    }
+    uint4 q = *(const uint4*)(wr + (long long)c * 16);
+    u32 h[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if (ty == TY_F16) {
+            v[2 * i] = q_f16((u16)(h[i] & 0xFFFF));
+            v[2 * i + 1] = q_f16((u16)(h[i] >> 16));
+        } else {
+            v[2 * i] = __uint_as_float(h[i] << 16);
+            v[2 * i + 1] = __uint_as_float(h[i] & 0xFFFF0000u);
+        }
+    }
+}
+
+extern "C" __global__ void mv_float(const u8* __restrict__ w, int m, int k, int ty,
+                                    const float* __restrict__ x, int n_all,
+                                    float* __restrict__ out) {
+    int row = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int l = threadIdx.x & 31;
+    if (row >= m) return;
+    int g0 = blockIdx.x * MV_ROWS;
+    int n = min(MV_ROWS, n_all - g0);
+    x += (long long)g0 * k;
+    out += (long long)g0 * m;
+    const u8* wr = w + (long long)row * k * (ty == TY_F32 ? 4 : 2);
+    float acc[MV_ROWS];
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; r++) acc[r] = 0.0f;
+    for (int c = l; c < k / 8; c += 32) {
+        float v[8];
+        unpack8(wr, ty, c, v);
+#pragma unroll
+        for (int r = 0; r < MV_ROWS; r++) {
+            if (r >= n) break;
+            const float4* xr = (const float4*)(x + (long long)r * k + 8 * c);
+            float4 a = xr[0], b = xr[1];
+            float s = acc[r];
+            s = fmaf(v[0], a.x, s);
+            s = fmaf(v[1], a.y, s);
+            s = fmaf(v[2], a.z, s);
+            s = fmaf(v[3], a.w, s);
+            s = fmaf(v[4], b.x, s);
+            s = fmaf(v[5], b.y, s);
+            s = fmaf(v[6], b.z, s);
+            s = fmaf(v[7], b.w, s);
+            acc[r] = s;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; r++) {
+        if (r >= n) break;
+        float v = acc[r];
+#pragma unroll
+        for (int st = 16; st >= 1; st >>= 1) v += __shfl_xor_sync(0xffffffffu, v, st, 32);
+        if (l == 0) out[(long long)r * m + row] = v;
+    }
+}
+
+// Prefill GEMMs of `fast` mode go through cuBLAS in f16 with f32 accumulation:
+// Weights (m, k) dequantized to f16 (round to nearest even) for a
+// tensor-core GEMM. One thread per element.
+extern "C" __global__ void dequant_f16(const u8* __restrict__ w, int m, int k,
+                                       long long row_bytes, int ty, u16* __restrict__ out) {
+    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (long long)m * k) return;
+    int r = (int)(t / k), e = (int)(t % k);
+    out[t] = q_to_f16(q_dequant(w + (long long)r * row_bytes, e, ty));
+}
+
+// f32 -> f16 bits, round to nearest even.
+extern "C" __global__ void to_f16(const float* __restrict__ x, long long len,
+                                  u16* __restrict__ out) {
+    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= len) return;
+    out[t] = q_to_f16(x[t]);
+}
