@@ -219,6 +219,11 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         }
         for &b in &a.batch {
             anyhow::ensure!(b > 0, "--batch sizes must be at least 1");
+            let need = b * (a.batch_prompt + a.gen_tokens);
+            anyhow::ensure!(
+                need <= r.kv.num_blocks().saturating_sub(1) * r.kv.block_size(),
+                "batched decode at B={b} needs {need} KV tokens; pass --kv-tokens {need} or more"
+            );
             prep(&mut r)?;
             time_batched(&mut r, b, a.batch_prompt, 4, a.ubatch, 11)?; // warm-up
             let v: Vec<f64> = (0..a.reps.max(1))

@@ -597,6 +597,8 @@ impl Ctx<'_> {
                 (2, 2048, false),
                 (7, 4097, false),
                 (9, 576, true),
+                // Past 48 KiB of shared memory: the cuda warp-per-row kernel.
+                (2, 12289, false),
             ] {
                 let mut x = randv(&mut self.rng, n * dim, 3.0);
                 if special {

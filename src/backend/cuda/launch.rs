@@ -412,6 +412,21 @@ impl CudaBackend {
             return Ok(());
         }
         let (ni, di) = (i32_of(n, "rows")?, i32_of(dim, "dim")?);
+        // Rows that fit the default 48 KiB of shared memory take the
+        // block-per-row kernel (same bits, far less latency-bound).
+        if dim * 4 <= 48 * 1024 {
+            let cfg = LaunchConfig {
+                grid_dim: (u32::try_from(n)?, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: (dim * 4) as u32,
+            };
+            let mut b = self.stream().launch_builder(self.func("rms_norm_block")?);
+            b.arg(x).arg(w).arg(&di).arg(&eps).arg(out);
+            // SAFETY: matches rms_norm_block; n*dim inputs/outputs, dim
+            // weights, dim floats of dynamic shared memory.
+            drv(unsafe { b.launch(cfg) }, "rms_norm: launch")?;
+            return Ok(());
+        }
         let mut b = self.stream().launch_builder(self.func("rms_norm")?);
         b.arg(x).arg(w).arg(&ni).arg(&di).arg(&eps).arg(out);
         // SAFETY: matches rms_norm; n*dim inputs/outputs, dim weights.

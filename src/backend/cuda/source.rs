@@ -35,7 +35,7 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     (
         "rms_norm",
         include_str!("kernels/rms_norm.cu"),
-        &["rms_norm"],
+        &["rms_norm", "rms_norm_block"],
     ),
     ("rope", include_str!("kernels/rope.cu"), &["rope"]),
     ("swiglu", include_str!("kernels/swiglu.cu"), &["swiglu"]),

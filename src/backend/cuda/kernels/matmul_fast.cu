@@ -147,33 +147,52 @@ __device__ __forceinline__ void decode_unit(const u8* __restrict__ row, int u, i
     }
 }
 
+// Adds unit u's dot products with activation rows 0..n-1 to acc.
+__device__ __forceinline__ void mv_q8_dot(const int* w, float a0, float a1, float b, int u,
+                                          const signed char* __restrict__ xq,
+                                          const float2* __restrict__ xds, int k, int n,
+                                          float* acc) {
+    int nb = k / 32;
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; r++) {
+        if (r >= n) break;
+        const int4* xa = (const int4*)(xq + (long long)r * k + 32 * u);
+        int4 x0 = xa[0], x1 = xa[1];
+        int i0 = __dp4a(w[0], x0.x, 0);
+        i0 = __dp4a(w[1], x0.y, i0);
+        i0 = __dp4a(w[2], x0.z, i0);
+        i0 = __dp4a(w[3], x0.w, i0);
+        int i1 = __dp4a(w[4], x1.x, 0);
+        i1 = __dp4a(w[5], x1.y, i1);
+        i1 = __dp4a(w[6], x1.z, i1);
+        i1 = __dp4a(w[7], x1.w, i1);
+        float2 ds = xds[(long long)r * nb + u];
+        float t = fmaf(a0, (float)i0, a1 * (float)i1);
+        acc[r] = fmaf(ds.x, t, fmaf(b, ds.y, acc[r]));
+    }
+}
+
+// Lane l's units l, l + 32, ..., two per iteration so the loads of both
+// are in flight together (decode is latency-bound on short rows).
 template <int TY>
 __device__ __forceinline__ void mv_q8_row(const u8* __restrict__ wr, int units,
                                           const signed char* __restrict__ xq,
                                           const float2* __restrict__ xds, int k, int n, int l,
                                           float* acc) {
-    int nb = k / 32;
-    for (int u = l; u < units; u += 32) {
-        int w[8];
-        float a0, a1, b;
-        decode_unit<TY>(wr, u, w, a0, a1, b);
-#pragma unroll
-        for (int r = 0; r < MV_ROWS; r++) {
-            if (r >= n) break;
-            const int4* xa = (const int4*)(xq + (long long)r * k + 32 * u);
-            int4 x0 = xa[0], x1 = xa[1];
-            int i0 = __dp4a(w[0], x0.x, 0);
-            i0 = __dp4a(w[1], x0.y, i0);
-            i0 = __dp4a(w[2], x0.z, i0);
-            i0 = __dp4a(w[3], x0.w, i0);
-            int i1 = __dp4a(w[4], x1.x, 0);
-            i1 = __dp4a(w[5], x1.y, i1);
-            i1 = __dp4a(w[6], x1.z, i1);
-            i1 = __dp4a(w[7], x1.w, i1);
-            float2 ds = xds[(long long)r * nb + u];
-            float t = fmaf(a0, (float)i0, a1 * (float)i1);
-            acc[r] = fmaf(ds.x, t, fmaf(b, ds.y, acc[r]));
-        }
+    int u = l;
+    for (; u + 32 < units; u += 64) {
+        int w0[8], w1[8];
+        float a00, a01, b0, a10, a11, b1;
+        decode_unit<TY>(wr, u, w0, a00, a01, b0);
+        decode_unit<TY>(wr, u + 32, w1, a10, a11, b1);
+        mv_q8_dot(w0, a00, a01, b0, u, xq, xds, k, n, acc);
+        mv_q8_dot(w1, a10, a11, b1, u + 32, xq, xds, k, n, acc);
+    }
+    if (u < units) {
+        int w0[8];
+        float a00, a01, b0;
+        decode_unit<TY>(wr, u, w0, a00, a01, b0);
+        mv_q8_dot(w0, a00, a01, b0, u, xq, xds, k, n, acc);
     }
 }
 

@@ -17,3 +17,35 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
     float* o = out + (long long)row * dim;
     for (int e = l; e < dim; e += 32) o[e] = q_mul(q_mul(xr[e], scale), w[e]);
 }
+
+// The same arithmetic with one block of 256 threads per row: all threads
+// stage x·x in shared memory (dynamic, dim floats) with many loads in
+// flight, warp 0 sums it in the canonical order (lane l adds e = l, l + 32,
+// ... sequentially, then the 32-lane tree), and all threads write the
+// output. Bitwise equal to rms_norm; a single-warp row is latency-bound.
+extern "C" __global__ void rms_norm_block(const float* __restrict__ x,
+                                          const float* __restrict__ w, int dim, float eps,
+                                          float* __restrict__ out) {
+    extern __shared__ float sq[];
+    __shared__ float scale_s;
+    const float* xr = x + (long long)blockIdx.x * dim;
+    for (int e = threadIdx.x; e < dim; e += blockDim.x) {
+        float v = xr[e];
+        sq[e] = q_mul(v, v);
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        int l = threadIdx.x;
+        float lane = 0.0f;
+        for (int e = l; e < dim; e += 32) lane = q_add(lane, sq[e]);
+        float ss = q_warp_tree32(lane);
+        if (l == 0) {
+            float mean = q_div(ss, __uint2float_rn((unsigned)dim));
+            scale_s = q_rsqrt(q_add(mean, eps));
+        }
+    }
+    __syncthreads();
+    float scale = scale_s;
+    float* o = out + (long long)blockIdx.x * dim;
+    for (int e = threadIdx.x; e < dim; e += blockDim.x) o[e] = q_mul(q_mul(xr[e], scale), w[e]);
+}
