@@ -190,8 +190,8 @@ pub struct CudaExec {
     counts: Mutex<BTreeMap<&'static str, (u64, f64)>>,
     profile: bool,
     pool: BufPool,
-    /// Decode graphs by batch size.
-    graphs: Mutex<HashMap<usize, DecodeGraph>>,
+    /// Decode graphs by (batch size, split-KV CTAs per row and head).
+    graphs: Mutex<HashMap<(usize, usize), DecodeGraph>>,
     /// Set while a graph is being captured: no allocation may happen then.
     capturing: AtomicBool,
     /// CUDA graphs for decode steps (QUIRE_NO_GRAPHS=1 turns them off).
@@ -298,9 +298,12 @@ impl CudaExec {
     }
 
     /// Whether a decode step of `b` rows can run as a CUDA graph in `mode`
-    /// (fast mode uses cuBLAS beyond 8 rows, which is not captured).
+    /// (fast mode uses cuBLAS beyond MV_BATCH rows, which is not captured).
     pub fn graphable(&self, b: usize) -> bool {
-        self.use_graphs && !self.profile && b > 0 && (self.mode != Mode::Fast || b <= 8)
+        self.use_graphs
+            && !self.profile
+            && b > 0
+            && (self.mode != Mode::Fast || b <= crate::backend::cuda::MV_BATCH)
     }
 
     /// Runs a decode step (one row per sequence, every row's logits) with
@@ -332,14 +335,26 @@ impl CudaExec {
             .graphs
             .lock()
             .map_err(|_| anyhow!("cuda: graph lock poisoned"))?;
-        if let std::collections::hash_map::Entry::Vacant(slot) = graphs.entry(b) {
+        // Split-KV CTAs are baked into a graph: one graph per power-of-two
+        // bucket of the longest row's partial count.
+        let max_pos = input.positions.iter().copied().max().unwrap_or(0) as usize;
+        let ctas = crate::backend::cuda::mem::att_parts(max_pos).next_power_of_two();
+        let key = (b, ctas);
+        if let std::collections::hash_map::Entry::Vacant(slot) = graphs.entry(key) {
             let rows: Vec<u32> = (0..b as u32).collect();
             slot.insert(DecodeGraph {
                 tokens: zeros::<u32>(&self.be, b, "decode tokens")?,
                 positions: zeros::<u32>(&self.be, b, "decode positions")?,
                 slots: zeros::<u32>(&self.be, b, "decode slots")?,
                 rows: self.be.up(&rows, "decode rows")?,
-                batch: DevAttnBatch::fixed(&self.be, b, kv.n_blocks, kv.block_size, kv.n_blocks)?,
+                batch: DevAttnBatch::fixed(
+                    &self.be,
+                    b,
+                    kv.n_blocks,
+                    kv.block_size,
+                    kv.n_blocks,
+                    ctas,
+                )?,
                 out: zeros::<f32>(&self.be, b * vocab, "decode logits")?,
                 graph: None,
                 warm: false,
@@ -348,7 +363,7 @@ impl CudaExec {
             });
         }
         let g = graphs
-            .get_mut(&b)
+            .get_mut(&key)
             .ok_or_else(|| anyhow!("cuda: decode graph missing"))?;
         let st = self.be.stream();
         drv(st.memcpy_htod(input.tokens, &mut g.tokens), "decode tokens")?;

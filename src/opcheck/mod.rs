@@ -1048,6 +1048,10 @@ impl Ctx<'_> {
             (128, 2, 8, 32, vec![(1000, 1), (0, 40), (300, 3)]),
             (64, 3, 3, 16, vec![(4000, 1)]),
             (96, 1, 3, 16, vec![(33, 33)]),
+            // head_dim not a multiple of 8: cuda's non-split fast kernel.
+            (36, 2, 2, 16, vec![(20, 5), (300, 1)]),
+            // Past ATT_PARTS chunks of 256 keys: split-KV partials wrap.
+            (64, 2, 2, 16, vec![(4500, 2)]),
         ];
         if !self.opts.quick {
             cases.push((128, 8, 4, 16, vec![(8000, 1); 4]));

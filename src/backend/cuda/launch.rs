@@ -19,7 +19,7 @@ const MV_ROWS: usize = 8;
 /// Up to this many rows `fast` mode keeps the warp-per-row kernels (weights
 /// streamed once from memory, the other groups hit L2); beyond, one cuBLAS
 /// GEMM (which pays a dequantization of the whole matrix per call).
-const MV_BATCH: usize = 64;
+pub(crate) const MV_BATCH: usize = 64;
 
 /// Bytes each arena region is aligned to (any kernel argument type).
 const ARENA_ALIGN: usize = 256;
@@ -670,6 +670,9 @@ impl CudaBackend {
             i32_of(hd, "head_dim")?,
             i32_of(bs, "block_size")?,
         );
+        if mode != Mode::Exact && hd.is_multiple_of(8) {
+            return self.attention_split(q, (nri, nhi, nkvi, hdi, bsi), scale, cache, batch, out);
+        }
         // exact: one warp per (row, head); otherwise ATT_WARPS (8) warps
         // per (row, head) splitting the keys (attention.cu).
         let (kernel, threads) = match mode {
@@ -702,5 +705,73 @@ impl CudaBackend {
         // head_dim <= 256 (shared q buffer).
         drv(unsafe { b.launch(cfg) }, "paged_attention: launch")?;
         Ok(())
+    }
+
+    /// Split-KV attention (fast and deterministic modes, head_dim a
+    /// multiple of 8): partials into the scratch arena, then the ordered
+    /// combine. Arguments validated by `d_attention`.
+    fn attention_split(
+        &self,
+        q: &CudaView<'_, f32>,
+        (nri, nhi, nkvi, hdi, bsi): (i32, i32, i32, i32, i32),
+        scale: f32,
+        cache: &DevKv<'_>,
+        batch: &DevAttnBatch,
+        out: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        let (_, _, hd) = cache.geometry();
+        let rh = batch.n_rows * nhi as usize;
+        let stride = batch.part_stride;
+        let plen = rh * stride * (2 + hd);
+        let si = i32_of(stride, "partial stride")?;
+        let s = self.stream();
+        let mut guard = self.arena(&[plen * 4, 0, 0])?;
+        arena3::<f32, u8, u8, ()>(&mut guard, (plen, 0, 0), |part, _, _| {
+            let cfg = LaunchConfig {
+                grid_dim: (u32::try_from(rh)?, u32::try_from(batch.part_ctas)?, 1),
+                block_dim: (32 * 4, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = s.launch_builder(self.func("paged_attention_split")?);
+            b.arg(q)
+                .arg(&nri)
+                .arg(&nhi)
+                .arg(&nkvi)
+                .arg(&hdi)
+                .arg(&bsi)
+                .arg(&scale)
+                .arg(&cache.k)
+                .arg(&cache.v)
+                .arg(&batch.tables)
+                .arg(&batch.table_off)
+                .arg(&batch.row_seq)
+                .arg(&batch.positions)
+                .arg(&si)
+                .arg(&mut *part);
+            // SAFETY: matches paged_attention_split; tables validated at
+            // upload for this cache; part holds rows*heads*stride*(2+hd)
+            // floats and stride covers every row's partials (att_parts of
+            // the largest position, or ATT_PARTS); head_dim <= 256 and a
+            // multiple of 8 (16-byte K loads).
+            drv(
+                unsafe { b.launch(cfg) },
+                "paged_attention: launching the split kernel",
+            )?;
+            let mut b = s.launch_builder(self.func("attention_combine")?);
+            b.arg(&mut *part)
+                .arg(&nri)
+                .arg(&nhi)
+                .arg(&hdi)
+                .arg(&batch.positions)
+                .arg(&si)
+                .arg(out);
+            // SAFETY: matches attention_combine; part as above, out holds
+            // rows*heads*head_dim floats.
+            drv(
+                unsafe { b.launch(grid_1d(rh * 32, 256)?) },
+                "paged_attention: launching the combine",
+            )?;
+            Ok(())
+        })
     }
 }

@@ -101,6 +101,22 @@ pub struct DevAttnBatch {
     pub(super) n_rows: usize,
     pub(super) block_size: usize,
     pub(super) n_blocks: usize,
+    /// Split-KV attention: partial slots per (row, head) in the scratch
+    /// buffer (at least the most partials any row can have) and CTAs per
+    /// (row, head) (`ATT_PARTS` bounds both; see attention.cu). Neither
+    /// changes the arithmetic.
+    pub(super) part_stride: usize,
+    pub(super) part_ctas: usize,
+}
+
+/// Keys per chunk and partials per row of the split-KV attention
+/// (ATT_CHUNK, ATT_PARTS in attention.cu).
+pub const ATT_CHUNK: usize = 256;
+pub const ATT_PARTS: usize = 16;
+
+/// Partials a row at `max_pos` has (the most the batch's rows need).
+pub fn att_parts(max_pos: usize) -> usize {
+    (max_pos / ATT_CHUNK + 1).min(ATT_PARTS)
 }
 
 impl DevAttnBatch {
@@ -113,6 +129,7 @@ impl DevAttnBatch {
     ) -> Result<Self> {
         anyhow::ensure!(block_size > 0, "paged_attention: block_size must be > 0");
         let need = validate::attention_batch(batch, block_size, n_blocks)?;
+        let max_pos = batch.positions.iter().copied().max().unwrap_or(0) as usize;
         let mut flat = Vec::new();
         let mut offs = Vec::with_capacity(need.len());
         for (s, &nb) in need.iter().enumerate() {
@@ -127,18 +144,23 @@ impl DevAttnBatch {
             n_rows: batch.positions.len(),
             block_size,
             n_blocks,
+            part_stride: att_parts(max_pos),
+            part_ctas: att_parts(max_pos),
         })
     }
 
     /// A batch of `n_rows` rows, one per sequence, whose block tables hold
     /// at most `stride` blocks: fixed buffers (a captured graph reads
     /// them) refilled by [`DevAttnBatch::refill`] before each replay.
+    /// Partial slots cover any position; `part_ctas` is baked into the
+    /// graph (rows past it only get fewer CTAs, the same result).
     pub fn fixed(
         be: &CudaBackend,
         n_rows: usize,
         stride: usize,
         block_size: usize,
         n_blocks: usize,
+        part_ctas: usize,
     ) -> Result<Self> {
         let offs: Vec<u32> = (0..n_rows)
             .map(|s| u32::try_from(s * stride).context("block tables too long"))
@@ -152,6 +174,8 @@ impl DevAttnBatch {
             n_rows,
             block_size,
             n_blocks,
+            part_stride: ATT_PARTS,
+            part_ctas: part_ctas.clamp(1, ATT_PARTS),
         })
     }
 

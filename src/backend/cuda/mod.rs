@@ -18,6 +18,7 @@
 
 mod host;
 mod launch;
+pub(crate) use launch::MV_BATCH;
 pub mod mem;
 pub mod source;
 

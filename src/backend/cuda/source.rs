@@ -58,7 +58,12 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     (
         "attention",
         include_str!("kernels/attention.cu"),
-        &["paged_attention", "paged_attention_fast"],
+        &[
+            "paged_attention",
+            "paged_attention_fast",
+            "paged_attention_split",
+            "attention_combine",
+        ],
     ),
 ];
 
