@@ -21,6 +21,19 @@ const MV_ROWS: usize = 8;
 /// GEMM (which pays a dequantization of the whole matrix per call).
 pub(crate) const MV_BATCH: usize = 64;
 
+/// Most activation rows `fast` mode gives the int8 tensor-core kernel
+/// (mm_q8_mma, 64 rows per CTA column) before cuBLAS takes over:
+/// QUIRE_MMA_MAX_ROWS, default MV_BATCH.
+fn mma_max_rows() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("QUIRE_MMA_MAX_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(MV_BATCH)
+    })
+}
+
 /// Bytes each arena region is aligned to (any kernel argument type).
 const ARENA_ALIGN: usize = 256;
 
@@ -103,6 +116,10 @@ impl CudaBackend {
     ) -> Result<()> {
         if mode != Mode::Exact && n > 0 && w.rows > 0 && w.cols > 0 && w.cols.is_multiple_of(32) {
             validate::mat_mul(w, w.data.len(), x.len(), n, out.len())?;
+            let float_w = matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+            if mode == Mode::Fast && n > MV_ROWS && !float_w && n <= mma_max_rows() {
+                return self.mat_vec_q8(w, x, n, out, true);
+            }
             if mode == Mode::Fast && n > MV_BATCH && self.blas.is_some() {
                 return self.gemm_f16(w, x, n, out);
             }
@@ -124,21 +141,20 @@ impl CudaBackend {
     ) -> Result<()> {
         let tc =
             ty_code(w.ty).ok_or_else(|| anyhow!("mat_mul: {:?} is not a weight type", w.ty))?;
-        let (m, k) = (w.rows, w.cols);
-        let rb = w.ty.row_bytes(k).map_err(|e| anyhow!("mat_mul: {e}"))? as i64;
-        let (mi, ki, ni) = (i32_of(m, "m")?, i32_of(k, "k")?, i32_of(n, "n")?);
-        i32_of(n * k, "n * k")?;
-        let cfg = LaunchConfig {
-            grid_dim: (
-                u32::try_from(n.div_ceil(MV_ROWS))?,
-                u32::try_from(m.div_ceil(8))?,
-                1,
-            ),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let s = self.stream();
         if matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+            let (m, k) = (w.rows, w.cols);
+            let (mi, ki, ni) = (i32_of(m, "m")?, i32_of(k, "k")?, i32_of(n, "n")?);
+            i32_of(n * k, "n * k")?;
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    u32::try_from(n.div_ceil(MV_ROWS))?,
+                    u32::try_from(m.div_ceil(8))?,
+                    1,
+                ),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let s = self.stream();
             let mut b = s.launch_builder(self.func("mv_float")?);
             b.arg(&w.data)
                 .arg(&mi)
@@ -152,6 +168,45 @@ impl CudaBackend {
             drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_float")?;
             return Ok(());
         }
+        self.mat_vec_q8(w, x, n, out, false)
+    }
+
+    /// Quantized weights: activations to int8 (quant_q8), then the
+    /// warp-per-row dp4a kernel or (`mma`) the int8 tensor-core kernel.
+    fn mat_vec_q8(
+        &self,
+        w: &DevMatrix<'_>,
+        x: &CudaView<'_, f32>,
+        n: usize,
+        out: &mut CudaViewMut<'_, f32>,
+        mma: bool,
+    ) -> Result<()> {
+        let tc =
+            ty_code(w.ty).ok_or_else(|| anyhow!("mat_mul: {:?} is not a weight type", w.ty))?;
+        let (m, k) = (w.rows, w.cols);
+        let rb = w.ty.row_bytes(k).map_err(|e| anyhow!("mat_mul: {e}"))? as i64;
+        let (mi, ki, ni) = (i32_of(m, "m")?, i32_of(k, "k")?, i32_of(n, "n")?);
+        i32_of(n * k, "n * k")?;
+        let (kernel, cfg) = if mma {
+            let cfg = LaunchConfig {
+                grid_dim: (u32::try_from(n.div_ceil(64))?, u32::try_from(m.div_ceil(16))?, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            ("mm_q8_mma", cfg)
+        } else {
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    u32::try_from(n.div_ceil(MV_ROWS))?,
+                    u32::try_from(m.div_ceil(8))?,
+                    1,
+                ),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            ("mv_q8", cfg)
+        };
+        let s = self.stream();
         let nblk = n * k / 32;
         let mut guard = self.arena(&[n * k, nblk * 8, 0])?;
         arena3::<i8, f32, u8, ()>(&mut guard, (n * k, nblk * 2, 0), |xq, xds, _| {
@@ -164,7 +219,7 @@ impl CudaBackend {
                 unsafe { b.launch(grid_1d(nblk * 32, 256)?) },
                 "mat_mul: launching quant_q8",
             )?;
-            let mut b = s.launch_builder(self.func("mv_q8")?);
+            let mut b = s.launch_builder(self.func(kernel)?);
             b.arg(&w.data)
                 .arg(&mi)
                 .arg(&ki)
@@ -174,9 +229,10 @@ impl CudaBackend {
                 .arg(&mut *xds)
                 .arg(&ni)
                 .arg(out);
-            // SAFETY: matches mv_q8; w holds m rows of rb bytes (256-byte
-            // aligned allocation), xq/xds as above, out n*m.
-            drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_q8")?;
+            // SAFETY: matches mv_q8 / mm_q8_mma (same arguments); w holds m
+            // rows of rb bytes (256-byte aligned allocation), xq/xds as
+            // above, out n*m.
+            drv(unsafe { b.launch(cfg) }, "mat_mul: launching the int8 kernel")?;
             Ok(())
         })
     }

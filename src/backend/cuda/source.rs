@@ -30,7 +30,14 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     (
         "matmul_fast",
         include_str!("kernels/matmul_fast.cu"),
-        &["quant_q8", "mv_q8", "mv_float", "dequant_f16", "to_f16"],
+        &[
+            "quant_q8",
+            "mv_q8",
+            "mv_float",
+            "mm_q8_mma",
+            "dequant_f16",
+            "to_f16",
+        ],
     ),
     (
         "rms_norm",
@@ -58,8 +65,12 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     (
         "attention",
         include_str!("kernels/attention.cu"),
+        &["paged_attention"],
+    ),
+    (
+        "attention_fast",
+        include_str!("kernels/attention_fast.cu"),
         &[
-            "paged_attention",
             "paged_attention_fast",
             "paged_attention_split",
             "attention_combine",

@@ -323,3 +323,183 @@ extern "C" __global__ void to_f16(const float* __restrict__ x, long long len,
     if (t >= len) return;
     out[t] = q_to_f16(x[t]);
 }
+
+// ---------------------------------------------------------------------------
+// Batched decode (fast mode, 8 < n): int8 tensor-core MMA on the same int8
+// activations. A CTA of 4 warps owns a tile of 16 weight rows and up to 64
+// activation rows (8 tiles of 8); warp w takes units w, w + 4, ... and
+// issues two m16n8k16 s8 MMAs per unit and activation tile (the unit's two
+// 16-value halves, so Q6_K's two scales apply exactly), then scales the
+// int32 results into f32 accumulators. The 4 warps' sums are added in warp
+// order through shared memory. Weights are read once per 64 activation rows.
+
+// Words t and t + 4 of unit u (values 4t..4t+3 and 16+4t..16+4t+3) and the
+// unit's scales.
+template <int TY>
+__device__ __forceinline__ void decode_pair(const u8* __restrict__ row, int u, int t, int& lo,
+                                            int& hi, float& a0, float& a1, float& b) {
+    b = 0.0f;
+    if (TY == TY_Q4_0 || TY == TY_Q4_1) {
+        const u8* blk = row + (long long)u * (TY == TY_Q4_0 ? 18 : 20);
+        a0 = a1 = f16_at2(blk);
+        int q;
+        if (TY == TY_Q4_0) {
+            q = ld_i2(blk + 2 + 4 * t);
+            lo = __vsub4(q & 0x0F0F0F0F, 0x08080808);
+            hi = __vsub4((q >> 4) & 0x0F0F0F0F, 0x08080808);
+        } else {
+            b = f16_at2(blk + 2);
+            q = ld_i4(blk + 4 + 4 * t);
+            lo = q & 0x0F0F0F0F;
+            hi = (q >> 4) & 0x0F0F0F0F;
+        }
+    } else if (TY == TY_Q5_0 || TY == TY_Q5_1) {
+        const u8* blk = row + (long long)u * (TY == TY_Q5_0 ? 22 : 24);
+        a0 = a1 = f16_at2(blk);
+        const u8* hb = blk + (TY == TY_Q5_0 ? 2 : 4);
+        if (TY == TY_Q5_1) b = f16_at2(blk + 2);
+        u32 qh = (u32)ld_i2(hb);
+        int q = TY == TY_Q5_0 ? ld_i2(hb + 4 + 4 * t) : ld_i4(hb + 4 + 4 * t);
+        lo = (q & 0x0F0F0F0F) | spread4(qh >> (4 * t));
+        hi = ((q >> 4) & 0x0F0F0F0F) | spread4(qh >> (16 + 4 * t));
+        if (TY == TY_Q5_0) {
+            lo = __vsub4(lo, 0x10101010);
+            hi = __vsub4(hi, 0x10101010);
+        }
+    } else if (TY == TY_Q8_0) {
+        const u8* blk = row + (long long)u * 34;
+        a0 = a1 = f16_at2(blk);
+        lo = ld_i2(blk + 2 + 4 * t);
+        hi = ld_i2(blk + 2 + 4 * (t + 4));
+    } else if (TY == TY_Q4_K || TY == TY_Q5_K) {
+        const int bs = TY == TY_Q4_K ? 144 : 176;
+        const u8* blk = row + (long long)(u >> 3) * bs;
+        int j = u & 7, c = j >> 1, h = j & 1;
+        int sc, mn;
+        k_scale_min(j, blk + 4, &sc, &mn);
+        float d = f16_at2(blk), dmin = f16_at2(blk + 2);
+        a0 = a1 = d * (float)sc;
+        b = -dmin * (float)mn;
+        const u8* qs = blk + (TY == TY_Q4_K ? 16 : 48) + 32 * c;
+        lo = (ld_i4(qs + 4 * t) >> (4 * h)) & 0x0F0F0F0F;
+        hi = (ld_i4(qs + 4 * (t + 4)) >> (4 * h)) & 0x0F0F0F0F;
+        if (TY == TY_Q5_K) {
+            lo |= ((ld_i4(blk + 16 + 4 * t) >> (2 * c + h)) & 0x01010101) << 4;
+            hi |= ((ld_i4(blk + 16 + 4 * (t + 4)) >> (2 * c + h)) & 0x01010101) << 4;
+        }
+    } else {  // Q6_K
+        const u8* blk = row + (long long)(u >> 3) * 210;
+        int s = u & 7, h = s >> 2, c = s & 3;
+        float d = f16_at2(blk + 208);
+        a0 = d * (float)(signed char)blk[192 + 2 * s];
+        a1 = d * (float)(signed char)blk[192 + 2 * s + 1];
+        const u8* ql = blk + 64 * h + (c & 1) * 32;
+        const u8* qh = blk + 128 + 32 * h;
+        int sh = 4 * (c >> 1);
+        lo = __vsub4(((ld_i2(ql + 4 * t) >> sh) & 0x0F0F0F0F) |
+                         (((ld_i2(qh + 4 * t) >> (2 * c)) & 0x03030303) << 4),
+                     0x20202020);
+        hi = __vsub4(((ld_i2(ql + 4 * (t + 4)) >> sh) & 0x0F0F0F0F) |
+                         (((ld_i2(qh + 4 * (t + 4)) >> (2 * c)) & 0x03030303) << 4),
+                     0x20202020);
+    }
+}
+
+__device__ __forceinline__ void mma_s8_16816(int a0, int a1, int b0, int* c) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%7,%7,%7,%7};"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0), "r"(0));
+}
+
+#define MMA_WARPS 4
+#define MMA_TOK 64
+
+template <int TY>
+__device__ __forceinline__ void mm_q8_mma_body(const u8* __restrict__ w, int m, int k,
+                                               long long row_bytes,
+                                               const signed char* __restrict__ xq,
+                                               const float2* __restrict__ xds, int n,
+                                               float (*acc)[4]) {
+    int wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int g = lane >> 2, t = lane & 3;
+    int r0 = blockIdx.y * 16 + g, r1 = r0 + 8;
+    const u8* w0 = w + (long long)min(r0, m - 1) * row_bytes;
+    const u8* w1 = w + (long long)min(r1, m - 1) * row_bytes;
+    int units = k / 32, nb = k / 32;
+    int ntiles = (n + 7) / 8;
+    for (int u = wid; u < units; u += MMA_WARPS) {
+        int lo0, hi0, lo1, hi1;
+        float a00, a01, b0, a10, a11, b1;
+        decode_pair<TY>(w0, u, t, lo0, hi0, a00, a01, b0);
+        decode_pair<TY>(w1, u, t, lo1, hi1, a10, a11, b1);
+#pragma unroll
+        for (int j = 0; j < MMA_TOK / 8; j++) {
+            if (j >= ntiles) break;
+            // B fragment: activation row 8j + g, values 4t.. and 16 + 4t...
+            int tok = 8 * j + g;
+            int xb0 = 0, xb1 = 0;
+            if (tok < n) {
+                const int* xr = (const int*)(xq + (long long)tok * k + 32 * u);
+                xb0 = xr[t];
+                xb1 = xr[t + 4];
+            }
+            int cl[4], ch[4];
+            mma_s8_16816(lo0, lo1, xb0, cl);
+            mma_s8_16816(hi0, hi1, xb1, ch);
+            // C: c[0], c[1] row g, tokens 8j + 2t, +1; c[2], c[3] row g + 8.
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int tk = 8 * j + 2 * t + (e & 1);
+                float2 ds = tk < n ? xds[(long long)tk * nb + u] : make_float2(0.0f, 0.0f);
+                float aa = e < 2 ? a00 : a10, ab = e < 2 ? a01 : a11, bb = e < 2 ? b0 : b1;
+                float v = fmaf(aa, (float)cl[e], ab * (float)ch[e]);
+                acc[j][e] = fmaf(ds.x, v, fmaf(bb, ds.y, acc[j][e]));
+            }
+        }
+    }
+}
+
+// Grid: (ceil(n / 64), ceil(m / 16)); block 128 threads. x rows 64*blockIdx.x...
+extern "C" __global__ void mm_q8_mma(const u8* __restrict__ w, int m, int k, long long row_bytes,
+                                     int ty, const signed char* __restrict__ xq,
+                                     const float2* __restrict__ xds, int n_all,
+                                     float* __restrict__ out) {
+    __shared__ float red[MMA_WARPS][16][MMA_TOK + 1];
+    int g0 = blockIdx.x * MMA_TOK;
+    int n = min(MMA_TOK, n_all - g0);
+    xq += (long long)g0 * k;
+    xds += (long long)g0 * (k / 32);
+    float acc[MMA_TOK / 8][4];
+#pragma unroll
+    for (int j = 0; j < MMA_TOK / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
+    switch (ty) {
+        case TY_Q4_0: mm_q8_mma_body<TY_Q4_0>(w, m, k, row_bytes, xq, xds, n, acc); break;
+        case TY_Q4_1: mm_q8_mma_body<TY_Q4_1>(w, m, k, row_bytes, xq, xds, n, acc); break;
+        case TY_Q5_0: mm_q8_mma_body<TY_Q5_0>(w, m, k, row_bytes, xq, xds, n, acc); break;
+        case TY_Q5_1: mm_q8_mma_body<TY_Q5_1>(w, m, k, row_bytes, xq, xds, n, acc); break;
+        case TY_Q8_0: mm_q8_mma_body<TY_Q8_0>(w, m, k, row_bytes, xq, xds, n, acc); break;
+        case TY_Q4_K: mm_q8_mma_body<TY_Q4_K>(w, m, k, row_bytes, xq, xds, n, acc); break;
+        case TY_Q5_K: mm_q8_mma_body<TY_Q5_K>(w, m, k, row_bytes, xq, xds, n, acc); break;
+        default: mm_q8_mma_body<TY_Q6_K>(w, m, k, row_bytes, xq, xds, n, acc); break;
+    }
+    int wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < MMA_TOK / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) red[wid][g + 8 * (e >> 1)][8 * j + 2 * t + (e & 1)] = acc[j][e];
+    __syncthreads();
+    for (int i = threadIdx.x; i < 16 * MMA_TOK; i += blockDim.x) {
+        int rr = i / MMA_TOK, tk = i % MMA_TOK;
+        int row = blockIdx.y * 16 + rr;
+        if (row >= m || tk >= n) continue;
+        float v = red[0][rr][tk];
+#pragma unroll
+        for (int q = 1; q < MMA_WARPS; q++) v += red[q][rr][tk];
+        out[(long long)(g0 + tk) * m + row] = v;
+    }
+}
