@@ -36,7 +36,11 @@ for s in "${steps[@]}"; do
   case $s in
     ops-exact) run_step ops-exact "$QUIRE" ops --backend cuda --mode exact ;;
     ops-det) run_step ops-det "$QUIRE" ops --backend cuda --mode deterministic ;;
-    ops-fast) run_step ops-fast "$QUIRE" ops --backend cuda --mode fast ;;
+    ops-fast)
+      run_step ops-fast "$QUIRE" ops --backend cuda --mode fast
+      # The int8 tensor-core matmul is opt-in (QUIRE_MMA_MAX_ROWS): cover it.
+      QUIRE_MMA_MAX_ROWS=100000 run_step ops-fast-mma "$QUIRE" ops --backend cuda --mode fast --op mat_mul
+      ;;
     perf) run_step ops-perf "$QUIRE" ops --backend cuda --mode exact --perf --op mat_mul ;;
     smollm)
       "$QUIRE" synth --shape SmolLM2-135M --type Q4_1 -o "$tmp/smollm2-q4_1.gguf" >"$OUT/synth-smollm.log" 2>&1

@@ -16,21 +16,27 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelA
 /// matmul_fast.cu).
 const MV_ROWS: usize = 8;
 
-/// Up to this many rows `fast` mode keeps the warp-per-row kernels (weights
-/// streamed once from memory, the other groups hit L2); beyond, one cuBLAS
-/// GEMM (which pays a dequantization of the whole matrix per call).
-pub(crate) const MV_BATCH: usize = 64;
+/// Up to this many rows `fast` mode keeps the warp-per-row kernels (one
+/// group of MV_ROWS: weights streamed once); beyond, one cuBLAS GEMM, which
+/// pays a dequantization of the whole matrix per call but runs on tensor
+/// cores. Measured on an H100 (8B Q4_0, 2026-11-22): the warp-per-row
+/// kernel over 4 and 8 groups (weights re-read from L2) gave only 835 and
+/// 853 tokens/s at batch 32 and 64.
+pub(crate) const MV_BATCH: usize = MV_ROWS;
 
 /// Most activation rows `fast` mode gives the int8 tensor-core kernel
-/// (mm_q8_mma, 64 rows per CTA column) before cuBLAS takes over:
-/// QUIRE_MMA_MAX_ROWS, default MV_BATCH.
+/// (mm_q8_mma) before cuBLAS takes over: QUIRE_MMA_MAX_ROWS, default 0
+/// (off). The kernel is correct (the parity harness covers it when the
+/// variable is set) but not yet fast: it reads activations and scales
+/// straight from global memory, without shared-memory tiles, and measured
+/// 544-629 tokens/s at batch 16-64 on the 8B Q4_0 shape.
 fn mma_max_rows() -> usize {
     static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *V.get_or_init(|| {
         std::env::var("QUIRE_MMA_MAX_ROWS")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(MV_BATCH)
+            .unwrap_or(0)
     })
 }
 
@@ -103,9 +109,10 @@ impl CudaBackend {
     /// out (n, m) = x (n, k) · wᵀ. `exact`: the canonical kernels;
     /// `deterministic`: the warp-per-row kernels (int8 activations and dp4a
     /// for quantized weights) for every n, in groups of MV_ROWS rows
-    /// (batch-invariant); `fast`: those up to MV_BATCH rows, where weights
-    /// are still read from L2 for each group, and cuBLAS f16 tensor-core GEMM
-    /// with f32 accumulation beyond (weights dequantized to f16 per call).
+    /// (batch-invariant); `fast`: those up to MV_BATCH rows, the int8 MMA
+    /// kernel if QUIRE_MMA_MAX_ROWS asks for it, and cuBLAS f16 tensor-core
+    /// GEMM with f32 accumulation beyond (weights dequantized to f16 per
+    /// call).
     pub(crate) fn d_mat_mul(
         &self,
         w: &DevMatrix<'_>,
@@ -434,6 +441,28 @@ impl CudaBackend {
                             unsafe { b.launch(grid_1d(n * nb, 128)?) },
                             "mat_mul: launching quant_act32",
                         )?;
+                        if n <= MV_ROWS {
+                            // Decode: the warp-per-row kernel (same bits).
+                            let cfg = LaunchConfig {
+                                grid_dim: (1, u32::try_from(m.div_ceil(8))?, 1),
+                                block_dim: (256, 1, 1),
+                                shared_mem_bytes: 0,
+                            };
+                            let mut b = s.launch_builder(self.func("mv_exact32")?);
+                            b.arg(&w.data)
+                                .arg(&mi)
+                                .arg(&ki)
+                                .arg(&tc)
+                                .arg(&mut *qs)
+                                .arg(&mut *ad)
+                                .arg(&mut *asum)
+                                .arg(&ni)
+                                .arg(out);
+                            // SAFETY: matches mv_exact32; buffers sized as
+                            // above; n <= MV_EXACT_ROWS (one row group).
+                            drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_exact32")?;
+                            return Ok(());
+                        }
                         let mut b = s.launch_builder(self.func("mm_q32")?);
                         b.arg(&w.data)
                             .arg(&mi)

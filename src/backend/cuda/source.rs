@@ -25,6 +25,7 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
             "mm_q32",
             "mm_qk",
             "mm_float",
+            "mv_exact32",
         ],
     ),
     (

@@ -106,3 +106,110 @@ __device__ float q_dequant(const u8* __restrict__ row, int e, int ty) {
     }
     return y;
 }
+
+// ---------------------------------------------------------------------------
+// Register decoding of one 32-value weight unit into packed int8 words
+// (shared by the int8 kernels of every mode; integer only).
+
+// Little-endian int from two 2-byte-aligned halves.
+__device__ __forceinline__ int ld_i2(const u8* p) {
+    const u16* h = (const u16*)p;
+    return (int)((u32)h[0] | ((u32)h[1] << 16));
+}
+__device__ __forceinline__ int ld_i4(const u8* p) { return *(const int*)p; }
+
+// Bit b of each byte's position: spreads 4 bits of `t` to bit 4 of bytes 0..3.
+__device__ __forceinline__ int spread4(u32 t) {
+    return (int)(((t & 1u) << 4) | ((t & 2u) << 11) | ((t & 4u) << 18) | ((t & 8u) << 25));
+}
+
+__device__ __forceinline__ float f16_at2(const u8* p) { return q_f16(*(const u16*)p); }
+
+// Decodes unit `u` of a weight row into w[8] (values 4i..4i+3 in word i, as
+// signed int8), the scales A0 (values 0..15), A1 (16..31) and the minimum B.
+template <int TY>
+__device__ __forceinline__ void decode_unit(const u8* __restrict__ row, int u, int* w, float& a0,
+                                            float& a1, float& b) {
+    b = 0.0f;
+    if (TY == TY_Q4_0) {
+        const u8* blk = row + (long long)u * 18;
+        a0 = a1 = f16_at2(blk);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int q = ld_i2(blk + 2 + 4 * i);
+            w[i] = __vsub4(q & 0x0F0F0F0F, 0x08080808);
+            w[i + 4] = __vsub4((q >> 4) & 0x0F0F0F0F, 0x08080808);
+        }
+    } else if (TY == TY_Q4_1) {
+        const u8* blk = row + (long long)u * 20;
+        a0 = a1 = f16_at2(blk);
+        b = f16_at2(blk + 2);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int q = ld_i4(blk + 4 + 4 * i);
+            w[i] = q & 0x0F0F0F0F;
+            w[i + 4] = (q >> 4) & 0x0F0F0F0F;
+        }
+    } else if (TY == TY_Q5_0 || TY == TY_Q5_1) {
+        const int bs = TY == TY_Q5_0 ? 22 : 24;
+        const u8* blk = row + (long long)u * bs;
+        a0 = a1 = f16_at2(blk);
+        const u8* hb = blk + (TY == TY_Q5_0 ? 2 : 4);
+        if (TY == TY_Q5_1) b = f16_at2(blk + 2);
+        u32 qh = (u32)ld_i2(hb);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int q = TY == TY_Q5_0 ? ld_i2(hb + 4 + 4 * i) : ld_i4(hb + 4 + 4 * i);
+            int lo = (q & 0x0F0F0F0F) | spread4(qh >> (4 * i));
+            int hi = ((q >> 4) & 0x0F0F0F0F) | spread4(qh >> (16 + 4 * i));
+            if (TY == TY_Q5_0) {
+                lo = __vsub4(lo, 0x10101010);
+                hi = __vsub4(hi, 0x10101010);
+            }
+            w[i] = lo;
+            w[i + 4] = hi;
+        }
+    } else if (TY == TY_Q8_0) {
+        const u8* blk = row + (long long)u * 34;
+        a0 = a1 = f16_at2(blk);
+#pragma unroll
+        for (int i = 0; i < 8; i++) w[i] = ld_i2(blk + 2 + 4 * i);
+    } else if (TY == TY_Q4_K || TY == TY_Q5_K) {
+        const int bs = TY == TY_Q4_K ? 144 : 176;
+        const u8* blk = row + (long long)(u >> 3) * bs;
+        int j = u & 7, c = j >> 1, hi = j & 1;
+        int sc, mn;
+        k_scale_min(j, blk + 4, &sc, &mn);
+        float d = f16_at2(blk), dmin = f16_at2(blk + 2);
+        a0 = a1 = d * (float)sc;
+        b = -dmin * (float)mn;
+        // Superblocks are 16-byte multiples and tensors 256-byte aligned.
+        const int4* qs = (const int4*)(blk + (TY == TY_Q4_K ? 16 : 48) + 32 * c);
+        int4 q0 = qs[0], q1 = qs[1];
+        int q[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+#pragma unroll
+        for (int i = 0; i < 8; i++) w[i] = (q[i] >> (4 * hi)) & 0x0F0F0F0F;
+        if (TY == TY_Q5_K) {
+            const int4* qh = (const int4*)(blk + 16);
+            int4 h0 = qh[0], h1 = qh[1];
+            int h[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+#pragma unroll
+            for (int i = 0; i < 8; i++) w[i] |= ((h[i] >> (2 * c + hi)) & 0x01010101) << 4;
+        }
+    } else {  // Q6_K: unit s = 4h + c covers values 128h + 32c + 0..31.
+        const u8* blk = row + (long long)(u >> 3) * 210;
+        int s = u & 7, h = s >> 2, c = s & 3;
+        float d = f16_at2(blk + 208);
+        a0 = d * (float)(signed char)blk[192 + 2 * s];
+        a1 = d * (float)(signed char)blk[192 + 2 * s + 1];
+        const u8* ql = blk + 64 * h + (c & 1) * 32;
+        const u8* qh = blk + 128 + 32 * h;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int lo = (ld_i2(ql + 4 * i) >> (4 * (c >> 1))) & 0x0F0F0F0F;
+            int hb = ((ld_i2(qh + 4 * i) >> (2 * c)) & 0x03030303) << 4;
+            w[i] = __vsub4(lo | hb, 0x20202020);
+        }
+    }
+}
+

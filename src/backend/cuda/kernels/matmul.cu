@@ -249,3 +249,97 @@ extern "C" __global__ void mm_float(const u8* __restrict__ w, int m, int k, int 
     float r = q_warp_tree32(lane);
     if (ok && l == 0) out[(long long)i * m + j] = r;
 }
+
+// Decode-shaped canonical matmul for 32-block weights (Q4_0, Q4_1, Q5_0,
+// Q5_1, Q8_0), bitwise equal to mm_q32: one warp per weight row and up to
+// MV_EXACT_ROWS activation rows. Lane l decodes blocks l, l + 32, ... in
+// registers (coalesced: the warp streams 32 consecutive blocks), takes the
+// exact integer dot with the 16-bit activations (__dp2a; integer sums do
+// not depend on order) and the block's canonical term. The terms are then
+// folded in the canonical order: canonical lane c = b % 8 adds its blocks'
+// terms in increasing b, so in each group of 32 blocks warp lane c < 8 adds
+// its own term and those of lanes c + 8, c + 16, c + 24 (shuffled to it),
+// skipping blocks past the row. The 8-lane tree of lanes 0..7 finishes.
+#define MV_EXACT_ROWS 8
+
+template <int TY>
+__device__ __forceinline__ void mv_exact_row(const u8* __restrict__ wr, int nb,
+                                             const short* __restrict__ qs,
+                                             const float* __restrict__ ad,
+                                             const float* __restrict__ as, int k, int n, int l,
+                                             float* acc) {
+    for (int i0 = 0; i0 < nb; i0 += 32) {
+        int b = i0 + l;
+        bool ok = b < nb;
+        int w[8];
+        float dw = 0.0f, a1, mw = 0.0f;
+        if (ok) decode_unit<TY>(wr, b, w, dw, a1, mw);
+#pragma unroll
+        for (int r = 0; r < MV_EXACT_ROWS; r++) {
+            if (r >= n) break;
+            float t = 0.0f;
+            if (ok) {
+                const int4* qa = (const int4*)(qs + (long long)r * k + 32 * b);
+                int isum = 0;
+#pragma unroll
+                for (int h = 0; h < 4; h++) {
+                    int4 v = qa[h];  // activations 8h .. 8h + 7 (words 2h, 2h + 1)
+                    isum = __dp2a_lo(v.x, w[2 * h], isum);
+                    isum = __dp2a_hi(v.y, w[2 * h], isum);
+                    isum = __dp2a_lo(v.z, w[2 * h + 1], isum);
+                    isum = __dp2a_hi(v.w, w[2 * h + 1], isum);
+                }
+                t = q_mul(q_mul(dw, ad[(long long)r * nb + b]), __int2float_rn(isum));
+                if (TY == TY_Q4_1 || TY == TY_Q5_1)
+                    t = q_add(t, q_mul(mw, as[(long long)r * nb + b]));
+            }
+            float t1 = __shfl_down_sync(0xffffffffu, t, 8);
+            float t2 = __shfl_down_sync(0xffffffffu, t, 16);
+            float t3 = __shfl_down_sync(0xffffffffu, t, 24);
+            if (l < 8) {
+                float a = acc[r];
+                if (i0 + l < nb) a = q_add(a, t);
+                if (i0 + l + 8 < nb) a = q_add(a, t1);
+                if (i0 + l + 16 < nb) a = q_add(a, t2);
+                if (i0 + l + 24 < nb) a = q_add(a, t3);
+                acc[r] = a;
+            }
+        }
+    }
+}
+
+// Grid: (ceil(n / MV_EXACT_ROWS), ceil(m / 8)); block 256 threads (8 rows).
+// qs, ad, as: quant_act32's outputs.
+extern "C" __global__ void mv_exact32(const u8* __restrict__ w, int m, int k, int ty,
+                                      const short* __restrict__ qs,
+                                      const float* __restrict__ ad,
+                                      const float* __restrict__ as, int n_all,
+                                      float* __restrict__ out) {
+    int row = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int l = threadIdx.x & 31;
+    if (row >= m) return;
+    int g0 = blockIdx.x * MV_EXACT_ROWS;
+    int n = min(MV_EXACT_ROWS, n_all - g0);
+    int nb = k / 32;
+    qs += (long long)g0 * k;
+    ad += (long long)g0 * nb;
+    as += (long long)g0 * nb;
+    out += (long long)g0 * m;
+    const u8* wr = w + (long long)row * nb * type_size(ty);
+    float acc[MV_EXACT_ROWS];
+#pragma unroll
+    for (int r = 0; r < MV_EXACT_ROWS; r++) acc[r] = 0.0f;
+    switch (ty) {
+        case TY_Q4_0: mv_exact_row<TY_Q4_0>(wr, nb, qs, ad, as, k, n, l, acc); break;
+        case TY_Q4_1: mv_exact_row<TY_Q4_1>(wr, nb, qs, ad, as, k, n, l, acc); break;
+        case TY_Q5_0: mv_exact_row<TY_Q5_0>(wr, nb, qs, ad, as, k, n, l, acc); break;
+        case TY_Q5_1: mv_exact_row<TY_Q5_1>(wr, nb, qs, ad, as, k, n, l, acc); break;
+        default: mv_exact_row<TY_Q8_0>(wr, nb, qs, ad, as, k, n, l, acc); break;
+    }
+#pragma unroll
+    for (int r = 0; r < MV_EXACT_ROWS; r++) {
+        if (r >= n) break;
+        float v = q_group_tree8(acc[r]);
+        if (l == 0) out[(long long)r * m + row] = v;
+    }
+}
