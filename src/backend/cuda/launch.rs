@@ -279,10 +279,14 @@ impl CudaBackend {
                     .arg(&rb)
                     .arg(&tc)
                     .arg(&mut *w16);
+                // Quantized types: one thread per 32-value unit (k is a
+                // multiple of 32 here); float types: one per element.
+                let threads = if tc >= 20 { m * k } else { m * k / 32 };
                 // SAFETY: matches dequant_f16; w holds m rows of rb bytes,
-                // w16 m*k elements.
+                // w16 m*k elements (arena: 256-byte aligned, rows of k
+                // halves are 64-byte multiples, for the 16-byte stores).
                 drv(
-                    unsafe { b.launch(grid_1d(m * k, 256)?) },
+                    unsafe { b.launch(grid_1d(threads, 256)?) },
                     "mat_mul: dequant_f16",
                 )?;
             }
@@ -436,9 +440,10 @@ impl CudaBackend {
                             .arg(&mut *qs)
                             .arg(&mut *ad)
                             .arg(&mut *asum);
-                        // SAFETY: matches quant_act32; n*k inputs, n*k q, n*nb d and s.
+                        // SAFETY: matches quant_act32 (one warp per block);
+                        // n*k inputs, n*k q, n*nb d and s.
                         drv(
-                            unsafe { b.launch(grid_1d(n * nb, 128)?) },
+                            unsafe { b.launch(grid_1d(n * nb * 32, 256)?) },
                             "mat_mul: launching quant_act32",
                         )?;
                         if n <= MV_ROWS {

@@ -28,21 +28,37 @@ __device__ __forceinline__ float quant_block(const float* x, int len, short* q) 
     return d;
 }
 
-// One thread per (row, 32-block). x: (n, k); qs: (n, k); d, s: (n, k/32).
+// One warp per (row, 32-block), lane i owning value i; the same bits as
+// quant_block (the maximum and the integer sum do not depend on order).
+// x: (n, k); qs: (n, k); d, s: (n, k/32).
 extern "C" __global__ void quant_act32(const float* __restrict__ x, int n, int k,
                                        short* __restrict__ qs, float* __restrict__ d,
                                        float* __restrict__ s) {
-    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long t = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int i = threadIdx.x & 31;
     int nb = k / 32;
-    if (t >= (long long)n * nb) return;
+    if (t >= (long long)n * nb) return;  // whole warps exit together
     int row = (int)(t / nb), b = (int)(t % nb);
-    const float* xb = x + (long long)row * k + 32 * b;
-    short* q = qs + (long long)row * k + 32 * b;
-    float db = quant_block(xb, 32, q);
-    int sum = 0;
-    for (int i = 0; i < 32; i++) sum += q[i];
-    d[t] = db;
-    s[t] = q_mul(db, __int2float_rn(sum));
+    float v = x[(long long)row * k + 32 * b + i];
+    float amax = q_max(0.0f, fabsf(v));  // a NaN counts as 0, as in quant_block
+    for (int o = 16; o >= 1; o >>= 1) amax = q_max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    float db = q_div(amax, QUIRE_ACT_QMAX);
+    float id = (db == 0.0f) ? 0.0f : q_div(1.0f, db);
+    float r = q_round_away(q_mul(v, id));
+    short q;
+    if (q_isnan(r)) {
+        q = 0;
+    } else {
+        r = fminf(fmaxf(r, -QUIRE_ACT_QMAX), QUIRE_ACT_QMAX);
+        q = (short)(int)r;
+    }
+    qs[(long long)row * k + 32 * b + i] = q;
+    int sum = q;
+    for (int o = 16; o >= 1; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (i == 0) {
+        d[t] = db;
+        s[t] = q_mul(db, __int2float_rn(sum));
+    }
 }
 
 // One thread per (row, 256-superblock). bsum: (n, k/256, 16).

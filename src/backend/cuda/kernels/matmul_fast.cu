@@ -204,14 +204,56 @@ extern "C" __global__ void mv_float(const u8* __restrict__ w, int m, int k, int 
 }
 
 // Prefill GEMMs of `fast` mode go through cuBLAS in f16 with f32 accumulation:
-// Weights (m, k) dequantized to f16 (round to nearest even) for a
-// tensor-core GEMM. One thread per element.
+// weights (m, k) dequantized to f16 (round to nearest even) for a
+// tensor-core GEMM. Quantized types: one thread per 32-value unit, decoded
+// in registers (decode_unit; value = A * q + B with the same roundings as
+// q_dequant, no FMA) and written as four 16-byte stores. Float types: one
+// thread per element.
+template <int TY>
+__device__ __forceinline__ void dequant_unit_f16(const u8* __restrict__ row, int u,
+                                                 uint4* __restrict__ dst) {
+    int w[8];
+    float a0, a1, b;
+    decode_unit<TY>(row, u, w, a0, a1, b);
+    u32 h[16];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        float a = i < 4 ? a0 : a1;
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+            float v0 = __fadd_rn(__fmul_rn(a, (float)(signed char)(w[i] >> (8 * e))), b);
+            float v1 = __fadd_rn(__fmul_rn(a, (float)(signed char)(w[i] >> (8 * e + 8))), b);
+            h[2 * i + e / 2] = (u32)q_to_f16(v0) | ((u32)q_to_f16(v1) << 16);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) dst[i] = make_uint4(h[4 * i], h[4 * i + 1], h[4 * i + 2], h[4 * i + 3]);
+}
+
 extern "C" __global__ void dequant_f16(const u8* __restrict__ w, int m, int k,
                                        long long row_bytes, int ty, u16* __restrict__ out) {
     long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= (long long)m * k) return;
-    int r = (int)(t / k), e = (int)(t % k);
-    out[t] = q_to_f16(q_dequant(w + (long long)r * row_bytes, e, ty));
+    if (ty >= TY_F32) {
+        if (t >= (long long)m * k) return;
+        int r = (int)(t / k), e = (int)(t % k);
+        out[t] = q_to_f16(q_dequant(w + (long long)r * row_bytes, e, ty));
+        return;
+    }
+    int units = k / 32;
+    if (t >= (long long)m * units) return;
+    int r = (int)(t / units), u = (int)(t % units);
+    const u8* row = w + (long long)r * row_bytes;
+    uint4* dst = (uint4*)(out + (long long)r * k + 32 * u);
+    switch (ty) {
+        case TY_Q4_0: dequant_unit_f16<TY_Q4_0>(row, u, dst); break;
+        case TY_Q4_1: dequant_unit_f16<TY_Q4_1>(row, u, dst); break;
+        case TY_Q5_0: dequant_unit_f16<TY_Q5_0>(row, u, dst); break;
+        case TY_Q5_1: dequant_unit_f16<TY_Q5_1>(row, u, dst); break;
+        case TY_Q8_0: dequant_unit_f16<TY_Q8_0>(row, u, dst); break;
+        case TY_Q4_K: dequant_unit_f16<TY_Q4_K>(row, u, dst); break;
+        case TY_Q5_K: dequant_unit_f16<TY_Q5_K>(row, u, dst); break;
+        default: dequant_unit_f16<TY_Q6_K>(row, u, dst); break;
+    }
 }
 
 // f32 -> f16 bits, round to nearest even.
