@@ -1055,6 +1055,11 @@ impl Ctx<'_> {
             (36, 2, 2, 16, vec![(20, 5), (300, 1)]),
             // Past ATT_PARTS chunks of 256 keys: split-KV partials wrap.
             (64, 2, 2, 16, vec![(4500, 2)]),
+            // >= 64 rows (cuda fast: tensor-core prefill tiles), mixed
+            // sequences, continued prefill, block sizes not 16.
+            (128, 2, 4, 16, vec![(100, 50), (0, 30), (5, 1)]),
+            (64, 1, 2, 7, vec![(0, 70)]),
+            (80, 1, 1, 32, vec![(17, 64)]),
         ];
         if !self.opts.quick {
             cases.push((128, 8, 4, 16, vec![(8000, 1); 4]));

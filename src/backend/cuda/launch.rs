@@ -760,6 +760,39 @@ impl CudaBackend {
             i32_of(hd, "head_dim")?,
             i32_of(bs, "block_size")?,
         );
+        if let (Mode::Fast, Some((tiles, n_tiles))) = (mode, &batch.tiles) {
+            if hd.is_multiple_of(16) && hd <= 128 {
+                let cfg = LaunchConfig {
+                    grid_dim: (u32::try_from(*n_tiles)?, u32::try_from(n_heads)?, 1),
+                    block_dim: (32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let mut b = self.stream().launch_builder(self.func("flash_attention_prefill")?);
+                b.arg(q)
+                    .arg(&nhi)
+                    .arg(&nkvi)
+                    .arg(&hdi)
+                    .arg(&bsi)
+                    .arg(&scale)
+                    .arg(&cache.k)
+                    .arg(&cache.v)
+                    .arg(&batch.tables)
+                    .arg(&batch.table_off)
+                    .arg(&batch.row_seq)
+                    .arg(&batch.positions)
+                    .arg(tiles)
+                    .arg(out);
+                // SAFETY: matches flash_attention_prefill; tables validated at
+                // upload for this cache; tiles cover rows < n_rows, each of
+                // one sequence; q/out hold n_rows*n_heads*head_dim floats;
+                // head_dim a multiple of 16, at most 128 (shared tiles).
+                drv(
+                    unsafe { b.launch(cfg) },
+                    "paged_attention: launching the tensor-core prefill kernel",
+                )?;
+                return Ok(());
+            }
+        }
         if mode != Mode::Exact && hd.is_multiple_of(8) {
             return self.attention_split(q, (nri, nhi, nkvi, hdi, bsi), scale, cache, batch, out);
         }

@@ -107,6 +107,31 @@ pub struct DevAttnBatch {
     /// changes the arithmetic.
     pub(super) part_stride: usize,
     pub(super) part_ctas: usize,
+    /// Prefill tiles of the tensor-core kernel, (n_tiles, 2) = {first row,
+    /// rows}: runs of at most 16 consecutive rows of one sequence. Only for
+    /// batches of at least FA_MIN_ROWS rows.
+    pub(super) tiles: Option<(CudaSlice<u32>, usize)>,
+}
+
+/// Batches of at least this many rows may take the tensor-core prefill
+/// attention in `fast` mode (fewer rows: decode-shaped, split-KV wins).
+pub const FA_MIN_ROWS: usize = 64;
+
+/// Cuts the batch's rows into runs of at most 16 consecutive rows of one
+/// sequence: flattened {first row, rows} pairs.
+pub fn fa_tiles(row_seq: &[u32]) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < row_seq.len() {
+        let mut n = 1;
+        while n < 16 && i + n < row_seq.len() && row_seq[i + n] == row_seq[i] {
+            n += 1;
+        }
+        out.push(i as u32);
+        out.push(n as u32);
+        i += n;
+    }
+    out
 }
 
 /// Keys per chunk and partials per row of the split-KV attention
@@ -146,6 +171,12 @@ impl DevAttnBatch {
             n_blocks,
             part_stride: att_parts(max_pos),
             part_ctas: att_parts(max_pos),
+            tiles: if batch.positions.len() >= FA_MIN_ROWS {
+                let t = fa_tiles(batch.row_seq);
+                Some((be.up(&t, "paged_attention: prefill tiles")?, t.len() / 2))
+            } else {
+                None
+            },
         })
     }
 
@@ -176,6 +207,7 @@ impl DevAttnBatch {
             n_blocks,
             part_stride: ATT_PARTS,
             part_ctas: part_ctas.clamp(1, ATT_PARTS),
+            tiles: None,
         })
     }
 
@@ -222,4 +254,25 @@ pub fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
     what: &str,
 ) -> Result<CudaSlice<T>> {
     drv(be.stream().alloc_zeros::<T>(len.max(1)), what)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fa_tiles_cut_runs_of_one_sequence_into_sixteen() {
+        let mut rows = vec![3u32; 20];
+        rows.extend([5, 5, 3]);
+        assert_eq!(fa_tiles(&rows), vec![0, 16, 16, 4, 20, 2, 22, 1]);
+        assert_eq!(fa_tiles(&[]), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn att_parts_is_capped() {
+        assert_eq!(att_parts(0), 1);
+        assert_eq!(att_parts(ATT_CHUNK - 1), 1);
+        assert_eq!(att_parts(ATT_CHUNK), 2);
+        assert_eq!(att_parts(100 * ATT_CHUNK), ATT_PARTS);
+    }
 }

@@ -75,6 +75,7 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
             "paged_attention_fast",
             "paged_attention_split",
             "attention_combine",
+            "flash_attention_prefill",
         ],
     ),
 ];

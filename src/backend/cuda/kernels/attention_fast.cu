@@ -311,3 +311,172 @@ extern "C" __global__ void attention_combine(const float* __restrict__ part, int
         if (d < hd) op[d] = o[u] / L;
     }
 }
+
+// ---------------------------------------------------------------------------
+// Prefill attention on tensor cores (fast mode only: its arithmetic differs
+// from the split kernel's, so a row's result depends on the kernel its batch
+// picked). One warp per (tile, head): a tile is up to 16 consecutive batch
+// rows of one sequence (listed by the host). Keys are visited 16 at a time
+// through the block table: the warp copies the 16 K and V rows into shared
+// memory (16-byte loads, any block size), S = Q·Kᵀ with two m16n8k16 f16
+// MMAs per 16 dims, a causal mask by absolute position, an online softmax in
+// base 2 on the accumulator fragments, then O += P·V with P reused in
+// registers as the A operand. head_dim a multiple of 16, at most 128.
+#define FA_MAXD 128
+#define FA_PAD 8
+
+__device__ __forceinline__ void mma_f16_16816(const u32* a, u32 b0, u32 b1, float* c) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
+    return (u32)q_to_f16(lo) | ((u32)q_to_f16(hi) << 16);
+}
+
+// tiles: (n_tiles, 2) = {first batch row, rows (1..16)}.
+extern "C" __global__ void flash_attention_prefill(
+    const float* __restrict__ q, int n_heads, int n_kv_heads, int head_dim, int block_size,
+    float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
+    const u32* __restrict__ tables, const u32* __restrict__ table_off,
+    const u32* __restrict__ row_seq, const u32* __restrict__ positions,
+    const u32* __restrict__ tiles, float* __restrict__ out) {
+    __shared__ u16 ks[16][FA_MAXD + FA_PAD];
+    __shared__ u16 vs[16][FA_MAXD + FA_PAD];
+    int tile = blockIdx.x, h = blockIdx.y;
+    int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
+    int hd = head_dim, cpr = hd / 8, nkc = hd / 16;
+    int kvh = h / (n_heads / n_kv_heads);
+    int r0 = (int)tiles[2 * tile], nr = (int)tiles[2 * tile + 1];
+    const u32* table = tables + table_off[row_seq[r0]];
+    // Rows g and g + 8 of the tile; -1 marks a row past the tile.
+    int pa = g < nr ? (int)positions[r0 + g] : -1;
+    int pb = g + 8 < nr ? (int)positions[r0 + g + 8] : -1;
+    int maxpos = max(pa, pb);
+#pragma unroll
+    for (int o = 4; o >= 1; o >>= 1) maxpos = max(maxpos, __shfl_xor_sync(0xffffffffu, maxpos, o * 4));
+    // Q fragments (scaled by scale * log2 e), f16.
+    const float qs = scale * 1.4426950408889634f;
+    u32 qa[FA_MAXD / 16][4];
+    const float* qra = q + ((long long)(r0 + min(g, nr - 1)) * n_heads + h) * hd;
+    const float* qrb = q + ((long long)(r0 + min(g + 8, nr - 1)) * n_heads + h) * hd;
+#pragma unroll
+    for (int kc = 0; kc < FA_MAXD / 16; kc++) {
+        if (kc >= nkc) break;
+        int d = 16 * kc + 2 * t;
+        qa[kc][0] = pack_f16x2(qra[d] * qs, qra[d + 1] * qs);
+        qa[kc][1] = pack_f16x2(qrb[d] * qs, qrb[d + 1] * qs);
+        qa[kc][2] = pack_f16x2(qra[d + 8] * qs, qra[d + 9] * qs);
+        qa[kc][3] = pack_f16x2(qrb[d + 8] * qs, qrb[d + 9] * qs);
+    }
+    float o[FA_MAXD / 8][4];
+#pragma unroll
+    for (int dn = 0; dn < FA_MAXD / 8; dn++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[dn][e] = 0.0f;
+    float ma = Q_NINF, mb = Q_NINF, la = 0.0f, lb = 0.0f;
+    for (int j0 = 0; j0 <= maxpos; j0 += 16) {
+        __syncwarp();
+        for (int idx = lane; idx < 16 * cpr; idx += 32) {
+            int kk = idx / cpr, c = idx - kk * cpr;
+            int j = j0 + kk;
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+            if (j <= maxpos) {
+                long long cell = (long long)table[j / block_size] * block_size + j % block_size;
+                long long off = (cell * n_kv_heads + kvh) * hd + 8 * c;
+                kv = *(const uint4*)(kc + off);
+                vv = *(const uint4*)(vc + off);
+            }
+            *(uint4*)&ks[kk][8 * c] = kv;
+            *(uint4*)&vs[kk][8 * c] = vv;
+        }
+        __syncwarp();
+        // S (16 rows x 16 keys) as two n-tiles of 8 keys.
+        float s[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[nt][e] = 0.0f;
+#pragma unroll
+            for (int kc = 0; kc < FA_MAXD / 16; kc++) {
+                if (kc >= nkc) break;
+                const u16* kr = &ks[8 * nt + g][16 * kc + 2 * t];
+                u32 b0 = *(const u32*)kr, b1 = *(const u32*)(kr + 8);
+                mma_f16_16816(qa[kc], b0, b1, s[nt]);
+            }
+        }
+        // Causal mask: key j0 + 8nt + 2t + (e & 1) against the row's position.
+        float mxa = ma, mxb = mb;
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int j = j0 + 8 * nt + 2 * t + (e & 1);
+                int p = e < 2 ? pa : pb;
+                if (j > p) s[nt][e] = Q_NINF;
+                if (e < 2) mxa = fmaxf(mxa, s[nt][e]);
+                else mxb = fmaxf(mxb, s[nt][e]);
+            }
+#pragma unroll
+        for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+            mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, o2));
+            mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, o2));
+        }
+        float aa = (mxa == Q_NINF) ? 1.0f : exp2f(ma - mxa);
+        float ab = (mxb == Q_NINF) ? 1.0f : exp2f(mb - mxb);
+        if (ma == Q_NINF) aa = 0.0f;
+        if (mb == Q_NINF) ab = 0.0f;
+        ma = mxa;
+        mb = mxb;
+        float suma = 0.0f, sumb = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float m = e < 2 ? ma : mb;
+                float pv = (s[nt][e] == Q_NINF) ? 0.0f : exp2f(s[nt][e] - m);
+                s[nt][e] = pv;
+                if (e < 2) suma += pv;
+                else sumb += pv;
+            }
+        la = la * aa + suma;
+        lb = lb * ab + sumb;
+        u32 pa16[4] = {pack_f16x2(s[0][0], s[0][1]), pack_f16x2(s[0][2], s[0][3]),
+                       pack_f16x2(s[1][0], s[1][1]), pack_f16x2(s[1][2], s[1][3])};
+#pragma unroll
+        for (int dn = 0; dn < FA_MAXD / 8; dn++) {
+            if (dn >= hd / 8) break;
+            o[dn][0] *= aa;
+            o[dn][1] *= aa;
+            o[dn][2] *= ab;
+            o[dn][3] *= ab;
+            int d = 8 * dn + g;
+            u32 b0 = (u32)vs[2 * t][d] | ((u32)vs[2 * t + 1][d] << 16);
+            u32 b1 = (u32)vs[2 * t + 8][d] | ((u32)vs[2 * t + 9][d] << 16);
+            mma_f16_16816(pa16, b0, b1, o[dn]);
+        }
+    }
+#pragma unroll
+    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+        la += __shfl_xor_sync(0xffffffffu, la, o2);
+        lb += __shfl_xor_sync(0xffffffffu, lb, o2);
+    }
+#pragma unroll
+    for (int dn = 0; dn < FA_MAXD / 8; dn++) {
+        if (dn >= hd / 8) break;
+        int d = 8 * dn + 2 * t;
+        if (g < nr) {
+            float* op = out + ((long long)(r0 + g) * n_heads + h) * hd + d;
+            op[0] = o[dn][0] / la;
+            op[1] = o[dn][1] / la;
+        }
+        if (g + 8 < nr) {
+            float* op = out + ((long long)(r0 + g + 8) * n_heads + h) * hd + d;
+            op[0] = o[dn][2] / lb;
+            op[1] = o[dn][3] / lb;
+        }
+    }
+}
