@@ -223,6 +223,7 @@ impl Runner {
     /// the runner's own manager first. Returns, per work item, its logits:
     /// (rows wanted, vocab) flattened.
     pub fn step(&mut self, work: &[SeqWork<'_>]) -> Result<Vec<Vec<f32>>> {
+        let t_alloc = std::time::Instant::now();
         let ctx = self.model.cfg.context_length;
         for w in work {
             let end = w.start_pos + w.tokens.len();
@@ -238,6 +239,11 @@ impl Runner {
                 .with_context(|| format!("allocating KV blocks for {end} tokens of {:?}", w.seq))?;
             for c in copies {
                 self.copy_block(c.src, c.dst)?;
+            }
+        }
+        if let Compute::Cuda { exec, .. } = &self.compute {
+            if exec.profiling() {
+                exec.note_host("host: kv allocate", t_alloc.elapsed().as_secs_f64());
             }
         }
         forward_batch(&self.model, &self.gguf, &mut self.compute, &self.kv, work)
@@ -318,6 +324,7 @@ fn forward_batch(
         block_tables: &tables,
         logit_rows: &logit_rows,
     };
+    let t_step = std::time::Instant::now();
     let logits = match compute {
         Compute::Host { dx, storage } => {
             model.forward_host(&HostExec { dx, gguf }, storage, &input)?
@@ -354,6 +361,11 @@ fn forward_batch(
     for n in wanted {
         out.push(logits[off * v..(off + n) * v].to_vec());
         off += n;
+    }
+    if let Compute::Cuda { exec, .. } = compute {
+        if exec.profiling() {
+            exec.note_host("host: step wall time", t_step.elapsed().as_secs_f64());
+        }
     }
     Ok(out)
 }

@@ -458,6 +458,21 @@ impl CudaExec {
         Ok(h)
     }
 
+    /// Whether QUIRE_PROFILE_OPS=1 (per-op device time, no graphs).
+    pub fn profiling(&self) -> bool {
+        self.profile
+    }
+
+    /// Adds host wall time under `kind` to the profile (QUIRE_PROFILE_OPS=1):
+    /// whole steps and their host-side parts, beside the per-op times.
+    pub fn note_host(&self, kind: &'static str, seconds: f64) {
+        if let Ok(mut c) = self.counts.lock() {
+            let e = c.entry(kind).or_insert((0, 0.0));
+            e.0 += 1;
+            e.1 += seconds;
+        }
+    }
+
     /// Per op kind: (kind, count, seconds), when QUIRE_PROFILE_OPS=1.
     pub fn profile(&self) -> Option<Vec<(String, u64, f64)>> {
         if !self.profile {
@@ -496,6 +511,8 @@ impl Exec for CudaExec {
     type Kv = DevKvCache;
 
     fn zeros(&self, len: usize) -> Result<DevBuf> {
+        // A reused buffer may be the input the arena holds quantized.
+        self.be.forget_activations();
         let reused = self
             .pool
             .bufs
@@ -632,9 +649,13 @@ impl Exec for CudaExec {
         Ok(())
     }
     fn download(&self, b: DevBuf) -> Result<Vec<f32>> {
+        let t0 = std::time::Instant::now();
         let mut h = vec![0f32; b.len];
         self.be.down(b.slice(), &mut h, "downloading logits")?;
         self.be.sync("step")?;
+        if self.profile {
+            self.note_host("host: logits download", t0.elapsed().as_secs_f64());
+        }
         Ok(h)
     }
 }

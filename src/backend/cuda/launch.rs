@@ -80,7 +80,58 @@ fn arena3<A, B, C, R>(
     }
 }
 
+/// Device address of a view (for identity checks only).
+fn dev_ptr<T>(v: &CudaView<'_, T>, s: &std::sync::Arc<cudarc::driver::CudaStream>) -> u64 {
+    use cudarc::driver::DevicePtr;
+    let (p, _guard) = v.device_ptr(s);
+    p
+}
+
+fn dev_ptr_mut<T>(v: &CudaViewMut<'_, T>, s: &std::sync::Arc<cudarc::driver::CudaStream>) -> u64 {
+    use cudarc::driver::DevicePtr;
+    let (p, _guard) = v.device_ptr(s);
+    p
+}
+
+/// Quantized activations held at the start of the arena: the input's device
+/// address, length and row length, and the layout (`ACT_Q8`: quant_q8's
+/// int8 rows and float2 scales; `ACT_CANON`: quant_act32's 16-bit rows,
+/// scales and sums).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct ActKey {
+    ptr: u64,
+    len: usize,
+    k: usize,
+    layout: u8,
+}
+const ACT_Q8: u8 = 1;
+const ACT_CANON: u8 = 2;
+
 impl CudaBackend {
+    /// Forgets which activations the arena holds (any op but a matmul, a
+    /// new activation buffer, or arena growth may change them).
+    pub(crate) fn forget_activations(&self) {
+        if let Ok(mut c) = self.act_cache.lock() {
+            *c = None;
+        }
+    }
+
+    /// Whether the arena holds `key`'s quantized activations.
+    fn act_cached(&self, key: ActKey) -> bool {
+        self.act_cache.lock().map(|c| *c == Some(key)).unwrap_or(false)
+    }
+
+    /// Records `key` as held, unless the matmul's output (`out`, `out_len`
+    /// f32) overlaps its input, which then no longer holds those values.
+    fn act_remember(&self, key: ActKey, out: u64, out_len: usize) {
+        let (a0, a1) = (key.ptr, key.ptr + 4 * key.len as u64);
+        let (b0, b1) = (out, out + 4 * out_len as u64);
+        let v = if a0 < b1 && b0 < a1 { None } else { Some(key) };
+        if let Ok(mut c) = self.act_cache.lock() {
+            *c = v;
+        }
+    }
+
     /// The scratch arena, grown to hold regions of `bytes` (each rounded up
     /// to ARENA_ALIGN). Ops on the one stream reuse it in order, so no two
     /// kernels that run concurrently share it; a replaced arena is freed
@@ -95,6 +146,7 @@ impl CudaBackend {
             .lock()
             .map_err(|_| anyhow!("cuda backend: arena lock poisoned"))?;
         if g.len() < need {
+            self.forget_activations();
             *g = self.scratch::<u8>(need.max(2 * g.len()), "growing the scratch arena")?;
         }
         Ok(g)
@@ -121,6 +173,10 @@ impl CudaBackend {
         out: &mut CudaViewMut<'_, f32>,
         mode: Mode,
     ) -> Result<()> {
+        if matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+            // Float kernels quantize nothing but may overwrite a cached input.
+            self.forget_activations();
+        }
         if mode != Mode::Exact && n > 0 && w.rows > 0 && w.cols > 0 && w.cols.is_multiple_of(32) {
             validate::mat_mul(w, w.data.len(), x.len(), n, out.len())?;
             let float_w = matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
@@ -216,16 +272,27 @@ impl CudaBackend {
         let s = self.stream();
         let nblk = n * k / 32;
         let mut guard = self.arena(&[n * k, nblk * 8, 0])?;
+        let key = ActKey {
+            ptr: dev_ptr(x, s),
+            len: x.len(),
+            k,
+            layout: ACT_Q8,
+        };
+        let cached = self.act_cached(key);
+        let out_ptr = dev_ptr_mut(out, s);
+        let out_len = out.len();
         arena3::<i8, f32, u8, ()>(&mut guard, (n * k, nblk * 2, 0), |xq, xds, _| {
-            let nb = nblk as i64;
-            let mut b = s.launch_builder(self.func("quant_q8")?);
-            b.arg(x).arg(&nb).arg(&mut *xq).arg(&mut *xds);
-            // SAFETY: matches quant_q8 (xds as float2 pairs); x holds nblk
-            // blocks of 32 values, xq n*k bytes, xds 2*nblk floats.
-            drv(
-                unsafe { b.launch(grid_1d(nblk * 32, 256)?) },
-                "mat_mul: launching quant_q8",
-            )?;
+            if !cached {
+                let nb = nblk as i64;
+                let mut b = s.launch_builder(self.func("quant_q8")?);
+                b.arg(x).arg(&nb).arg(&mut *xq).arg(&mut *xds);
+                // SAFETY: matches quant_q8 (xds as float2 pairs); x holds
+                // nblk blocks of 32 values, xq n*k bytes, xds 2*nblk floats.
+                drv(
+                    unsafe { b.launch(grid_1d(nblk * 32, 256)?) },
+                    "mat_mul: launching quant_q8",
+                )?;
+            }
             let mut b = s.launch_builder(self.func(kernel)?);
             b.arg(&w.data)
                 .arg(&mi)
@@ -241,7 +308,9 @@ impl CudaBackend {
             // above, out n*m.
             drv(unsafe { b.launch(cfg) }, "mat_mul: launching the int8 kernel")?;
             Ok(())
-        })
+        })?;
+        self.act_remember(key, out_ptr, out_len);
+        Ok(())
     }
 
     /// Weights to f16 (unless stored as f16), activations to f16, one cuBLAS
@@ -257,6 +326,7 @@ impl CudaBackend {
             cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType,
         };
         use cudarc::driver::{DevicePtr, DevicePtrMut};
+        self.forget_activations();
         let blas = self
             .blas
             .as_ref()
@@ -391,6 +461,7 @@ impl CudaBackend {
                 )?;
             }
             GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+                self.forget_activations();
                 let nb = k / 256;
                 let mut guard = self.arena(&[n * k * 2, n * nb * 4, n * nb * 16 * 4])?;
                 arena3::<i16, f32, i32, ()>(
@@ -429,23 +500,33 @@ impl CudaBackend {
             _ => {
                 let nb = k / 32;
                 let mut guard = self.arena(&[n * k * 2, n * nb * 4, n * nb * 4])?;
+                let key = ActKey {
+                    ptr: dev_ptr(x, s),
+                    len: x.len(),
+                    k,
+                    layout: ACT_CANON,
+                };
+                let cached = self.act_cached(key);
+                let (out_ptr, out_len) = (dev_ptr_mut(out, s), out.len());
                 arena3::<i16, f32, f32, ()>(
                     &mut guard,
                     (n * k, n * nb, n * nb),
                     |qs, ad, asum| {
-                        let mut b = s.launch_builder(self.func("quant_act32")?);
-                        b.arg(x)
-                            .arg(&ni)
-                            .arg(&ki)
-                            .arg(&mut *qs)
-                            .arg(&mut *ad)
-                            .arg(&mut *asum);
-                        // SAFETY: matches quant_act32 (one warp per block);
-                        // n*k inputs, n*k q, n*nb d and s.
-                        drv(
-                            unsafe { b.launch(grid_1d(n * nb * 32, 256)?) },
-                            "mat_mul: launching quant_act32",
-                        )?;
+                        if !cached {
+                            let mut b = s.launch_builder(self.func("quant_act32")?);
+                            b.arg(x)
+                                .arg(&ni)
+                                .arg(&ki)
+                                .arg(&mut *qs)
+                                .arg(&mut *ad)
+                                .arg(&mut *asum);
+                            // SAFETY: matches quant_act32 (one warp per
+                            // block); n*k inputs, n*k q, n*nb d and s.
+                            drv(
+                                unsafe { b.launch(grid_1d(n * nb * 32, 256)?) },
+                                "mat_mul: launching quant_act32",
+                            )?;
+                        }
                         if n <= MV_ROWS {
                             // Decode: the warp-per-row kernel (same bits).
                             let cfg = LaunchConfig {
@@ -484,6 +565,7 @@ impl CudaBackend {
                         Ok(())
                     },
                 )?;
+                self.act_remember(key, out_ptr, out_len);
             }
         }
         Ok(())

@@ -54,6 +54,11 @@ pub struct CudaBackend {
     /// Scratch memory of matmul (quantized activations), reused op after
     /// op; see `launch.rs`.
     arena: Mutex<CudaSlice<u8>>,
+    /// Which activation rows the arena holds quantized (see
+    /// `launch.rs::ActKey`): consecutive matmuls of one input (q, k, v;
+    /// gate, up) quantize it once. Cleared by every other op, every
+    /// activation allocation and arena growth.
+    act_cache: Mutex<Option<launch::ActKey>>,
     /// cuBLAS on the backend's stream (fast-mode GEMMs), when libcublas
     /// loads; without it fast mode uses the warp-per-row kernel.
     blas: Option<cudarc::cublas::CudaBlas>,
@@ -183,6 +188,7 @@ impl CudaBackend {
             gpu_mode,
             blas,
             arena: Mutex::new(arena),
+            act_cache: Mutex::new(None),
             dev: Device { ctx, stream, funcs },
             name,
             arch,
@@ -326,6 +332,7 @@ impl Backend for CudaBackend {
                 None => bail!("op {kind}: cuda backend disabled: {why}"),
             };
         }
+        self.forget_activations();
         let res = enter(self).and_then(|_g| self.run_host(&mut op, mode));
         match res {
             Ok(()) => Ok(()),
@@ -369,6 +376,9 @@ impl Backend<Dev> for CudaBackend {
             bail!("op {kind} cannot run on the cuda backend ({mode:?}): {why}");
         }
         let _g = enter(self)?;
+        if !matches!(op, OpT::MatMul { .. }) {
+            self.forget_activations();
+        }
         match op {
             OpT::MatMul { w, x, n, mut out } => self.d_mat_mul(&w, &x, n, &mut out, mode),
             OpT::RmsNorm {

@@ -210,8 +210,7 @@ extern "C" __global__ void mv_float(const u8* __restrict__ w, int m, int k, int 
 // q_dequant, no FMA) and written as four 16-byte stores. Float types: one
 // thread per element.
 template <int TY>
-__device__ __forceinline__ void dequant_unit_f16(const u8* __restrict__ row, int u,
-                                                 uint4* __restrict__ dst) {
+__device__ __forceinline__ void dequant_unit_f16(const u8* __restrict__ row, int u, uint4* dst) {
     int w[8];
     float a0, a1, b;
     decode_unit<TY>(row, u, w, a0, a1, b);
@@ -230,8 +229,12 @@ __device__ __forceinline__ void dequant_unit_f16(const u8* __restrict__ row, int
     for (int i = 0; i < 4; i++) dst[i] = make_uint4(h[4 * i], h[4 * i + 1], h[4 * i + 2], h[4 * i + 3]);
 }
 
+// Quantized types: block of 256 threads = 256 consecutive units, whose f16
+// output is one contiguous 16 KiB run: staged in shared memory, then
+// written with coalesced 16-byte stores.
 extern "C" __global__ void dequant_f16(const u8* __restrict__ w, int m, int k,
                                        long long row_bytes, int ty, u16* __restrict__ out) {
+    __shared__ uint4 st[256 * 4];
     long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (ty >= TY_F32) {
         if (t >= (long long)m * k) return;
@@ -240,20 +243,28 @@ extern "C" __global__ void dequant_f16(const u8* __restrict__ w, int m, int k,
         return;
     }
     int units = k / 32;
-    if (t >= (long long)m * units) return;
-    int r = (int)(t / units), u = (int)(t % units);
-    const u8* row = w + (long long)r * row_bytes;
-    uint4* dst = (uint4*)(out + (long long)r * k + 32 * u);
-    switch (ty) {
-        case TY_Q4_0: dequant_unit_f16<TY_Q4_0>(row, u, dst); break;
-        case TY_Q4_1: dequant_unit_f16<TY_Q4_1>(row, u, dst); break;
-        case TY_Q5_0: dequant_unit_f16<TY_Q5_0>(row, u, dst); break;
-        case TY_Q5_1: dequant_unit_f16<TY_Q5_1>(row, u, dst); break;
-        case TY_Q8_0: dequant_unit_f16<TY_Q8_0>(row, u, dst); break;
-        case TY_Q4_K: dequant_unit_f16<TY_Q4_K>(row, u, dst); break;
-        case TY_Q5_K: dequant_unit_f16<TY_Q5_K>(row, u, dst); break;
-        default: dequant_unit_f16<TY_Q6_K>(row, u, dst); break;
+    long long total = (long long)m * units;
+    if (t < total) {
+        int r = (int)(t / units), u = (int)(t % units);
+        const u8* row = w + (long long)r * row_bytes;
+        uint4* dst = st + 4 * threadIdx.x;
+        switch (ty) {
+            case TY_Q4_0: dequant_unit_f16<TY_Q4_0>(row, u, dst); break;
+            case TY_Q4_1: dequant_unit_f16<TY_Q4_1>(row, u, dst); break;
+            case TY_Q5_0: dequant_unit_f16<TY_Q5_0>(row, u, dst); break;
+            case TY_Q5_1: dequant_unit_f16<TY_Q5_1>(row, u, dst); break;
+            case TY_Q8_0: dequant_unit_f16<TY_Q8_0>(row, u, dst); break;
+            case TY_Q4_K: dequant_unit_f16<TY_Q4_K>(row, u, dst); break;
+            case TY_Q5_K: dequant_unit_f16<TY_Q5_K>(row, u, dst); break;
+            default: dequant_unit_f16<TY_Q6_K>(row, u, dst); break;
+        }
     }
+    __syncthreads();
+    // Unit t's output starts at 32 * t halves = 4 * t uint4.
+    long long base = (long long)blockIdx.x * blockDim.x;
+    long long n_here = min((long long)blockDim.x, total - base);
+    uint4* o4 = (uint4*)out + 4 * base;
+    for (int i = threadIdx.x; i < 4 * n_here; i += blockDim.x) o4[i] = st[i];
 }
 
 // f32 -> f16 bits, round to nearest even.
