@@ -364,7 +364,13 @@ fn forward_batch(
     }
     if let Compute::Cuda { exec, .. } = compute {
         if exec.profiling() {
-            exec.note_host("host: step wall time", t_step.elapsed().as_secs_f64());
+            let kind = match n_rows {
+                1 => "host: step wall time, 1 row",
+                2..=8 => "host: step wall time, 2..8 rows",
+                9..=64 => "host: step wall time, 9..64 rows",
+                _ => "host: step wall time, >64 rows",
+            };
+            exec.note_host(kind, t_step.elapsed().as_secs_f64());
         }
     }
     Ok(out)

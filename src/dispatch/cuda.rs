@@ -452,10 +452,7 @@ impl CudaExec {
                 c.entry("decode_graph").or_insert((0, 0.0)).0 += 1;
             }
         }
-        let mut h = vec![0f32; b * vocab];
-        self.be.down(&g.out, &mut h, "downloading logits")?;
-        self.be.sync("decode step")?;
-        Ok(h)
+        self.be.down_logits(&g.out, b * vocab, "decode step logits")
     }
 
     /// Whether QUIRE_PROFILE_OPS=1 (per-op device time, no graphs).
@@ -626,7 +623,16 @@ impl Exec for CudaExec {
     }
     fn run(&self, op: OpT<'_, Dev>) -> Result<()> {
         // Backend<Dev>::run checks capability and names the op and reason.
-        let kind = op.kind();
+        let kind = match (&op, self.profile) {
+            // The profile splits matmuls by batch shape (decode vs prefill).
+            (OpT::MatMul { n, .. }, true) => match n {
+                1 => "mat_mul n=1",
+                2..=8 => "mat_mul n=2..8",
+                9..=64 => "mat_mul n=9..64",
+                _ => "mat_mul n>64",
+            },
+            _ => op.kind(),
+        };
         let t0 = if self.profile {
             self.be.sync("profiling")?;
             Some(std::time::Instant::now())
@@ -650,9 +656,7 @@ impl Exec for CudaExec {
     }
     fn download(&self, b: DevBuf) -> Result<Vec<f32>> {
         let t0 = std::time::Instant::now();
-        let mut h = vec![0f32; b.len];
-        self.be.down(b.slice(), &mut h, "downloading logits")?;
-        self.be.sync("step")?;
+        let h = self.be.down_logits(b.slice(), b.len, "downloading logits")?;
         if self.profile {
             self.note_host("host: logits download", t0.elapsed().as_secs_f64());
         }

@@ -59,6 +59,9 @@ pub struct CudaBackend {
     /// gate, up) quantize it once. Cleared by every other op, every
     /// activation allocation and arena growth.
     act_cache: Mutex<Option<launch::ActKey>>,
+    /// Page-locked staging buffer for logits downloads (grown on demand):
+    /// a copy into fresh pageable memory pays a page fault per 4 KiB.
+    pinned: Mutex<Option<cudarc::driver::PinnedHostSlice<f32>>>,
     /// cuBLAS on the backend's stream (fast-mode GEMMs), when libcublas
     /// loads; without it fast mode uses the warp-per-row kernel.
     blas: Option<cudarc::cublas::CudaBlas>,
@@ -189,6 +192,7 @@ impl CudaBackend {
             blas,
             arena: Mutex::new(arena),
             act_cache: Mutex::new(None),
+            pinned: Mutex::new(None),
             dev: Device { ctx, stream, funcs },
             name,
             arch,
@@ -274,6 +278,34 @@ impl CudaBackend {
         }
         let v = d.slice(0..h.len());
         drv(self.dev.stream.memcpy_dtoh(&v, h), what)
+    }
+
+    /// Downloads the first `len` values of `d` through the pinned staging
+    /// buffer and synchronizes the stream (the step's end).
+    pub fn down_logits(&self, d: &CudaSlice<f32>, len: usize, what: &str) -> Result<Vec<f32>> {
+        if len == 0 {
+            self.sync(what)?;
+            return Ok(Vec::new());
+        }
+        let mut g = self
+            .pinned
+            .lock()
+            .map_err(|_| anyhow!("cuda backend: pinned buffer lock poisoned"))?;
+        if g.as_ref().is_none_or(|p| p.len() < len) {
+            // SAFETY: the buffer is only read after a copy into it has
+            // completed (the stream sync below); flags 0: plain page-locked
+            // memory (write-combined memory is slow for the cpu to read).
+            let p = unsafe { self.dev.ctx.alloc_pinned_with_flags::<f32>(len, 0) };
+            *g = Some(drv(p, "allocating the pinned logits buffer")?);
+        }
+        let p = g
+            .as_mut()
+            .ok_or_else(|| anyhow!("cuda backend: no pinned buffer"))?;
+        let v = d.slice(0..len);
+        drv(self.dev.stream.memcpy_dtoh(&v, p), what)?;
+        self.sync(what)?;
+        let host = drv(p.as_slice(), what)?;
+        Ok(host[..len].to_vec())
     }
 
     pub fn sync(&self, what: &str) -> Result<()> {
