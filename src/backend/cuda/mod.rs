@@ -302,9 +302,11 @@ impl CudaBackend {
             .as_mut()
             .ok_or_else(|| anyhow!("cuda backend: no pinned buffer"))?;
         let v = d.slice(0..len);
-        drv(self.dev.stream.memcpy_dtoh(&v, p), what)?;
+        // A plain slice of the page-locked memory: the copy moves exactly
+        // `len` values (cudarc copies the destination's whole length).
+        let host = drv(p.as_mut_slice(), what)?;
+        drv(self.dev.stream.memcpy_dtoh(&v, &mut host[..len]), what)?;
         self.sync(what)?;
-        let host = drv(p.as_slice(), what)?;
         Ok(host[..len].to_vec())
     }
 
