@@ -75,6 +75,7 @@ impl CudaBackend {
                     *dim,
                     *eps,
                     &mut od.slice_mut(0..out.len()),
+                    mode,
                 )?;
                 self.down(&od, out, "rms_norm: out")
             }

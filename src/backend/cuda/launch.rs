@@ -578,12 +578,25 @@ impl CudaBackend {
         dim: usize,
         eps: f32,
         out: &mut CudaViewMut<'_, f32>,
+        mode: Mode,
     ) -> Result<()> {
         let n = validate::rms_norm(x.len(), w.len(), dim, out.len())?;
         if n == 0 {
             return Ok(());
         }
         let (ni, di) = (i32_of(n, "rows")?, i32_of(dim, "dim")?);
+        if mode != Mode::Exact {
+            let cfg = LaunchConfig {
+                grid_dim: (u32::try_from(n)?, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = self.stream().launch_builder(self.func("rms_norm_fast")?);
+            b.arg(x).arg(w).arg(&di).arg(&eps).arg(out);
+            // SAFETY: matches rms_norm_fast; n*dim inputs/outputs, dim weights.
+            drv(unsafe { b.launch(cfg) }, "rms_norm: launch")?;
+            return Ok(());
+        }
         // Rows that fit the default 48 KiB of shared memory take the
         // block-per-row kernel (same bits, far less latency-bound).
         if dim * 4 <= 48 * 1024 {

@@ -421,7 +421,7 @@ impl Backend<Dev> for CudaBackend {
                 dim,
                 eps,
                 mut out,
-            } => self.d_rms_norm(&x, &w, dim, eps, &mut out),
+            } => self.d_rms_norm(&x, &w, dim, eps, &mut out, mode),
             OpT::Rope {
                 mut x,
                 n_heads,

@@ -45,6 +45,11 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
         include_str!("kernels/rms_norm.cu"),
         &["rms_norm", "rms_norm_block"],
     ),
+    (
+        "rms_norm_fast",
+        include_str!("kernels/rms_norm_fast.cu"),
+        &["rms_norm_fast"],
+    ),
     ("rope", include_str!("kernels/rope.cu"), &["rope"]),
     ("swiglu", include_str!("kernels/swiglu.cu"), &["swiglu"]),
     (

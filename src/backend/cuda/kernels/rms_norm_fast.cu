@@ -1,0 +1,29 @@
+// RMS norm for the fast and deterministic modes (not the canonical
+// arithmetic: FMA partial sums, a shuffle tree, rsqrtf). One block of 256
+// threads per row: thread t sums x² over e = t, t + 256, ...; warps reduce
+// by a fixed xor tree and thread 0 adds the 8 warp sums in order. Each row
+// depends only on itself in a fixed order: batch-invariant.
+extern "C" __global__ void rms_norm_fast(const float* __restrict__ x,
+                                         const float* __restrict__ w, int dim, float eps,
+                                         float* __restrict__ out) {
+    __shared__ float part[8];
+    __shared__ float scale_s;
+    const float* xr = x + (long long)blockIdx.x * dim;
+    float s = 0.0f;
+#pragma unroll 4
+    for (int e = threadIdx.x; e < dim; e += blockDim.x) s = fmaf(xr[e], xr[e], s);
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.0f;
+        for (int i = 0; i < (int)(blockDim.x >> 5); i++) t += part[i];
+        scale_s = rsqrtf(t / (float)dim + eps);
+    }
+    __syncthreads();
+    float scale = scale_s;
+    float* o = out + (long long)blockIdx.x * dim;
+#pragma unroll 4
+    for (int e = threadIdx.x; e < dim; e += blockDim.x) o[e] = xr[e] * scale * w[e];
+}
