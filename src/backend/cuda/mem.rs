@@ -117,6 +117,22 @@ pub struct DevAttnBatch {
 /// attention in `fast` mode (fewer rows: decode-shaped, split-KV wins).
 pub const FA_MIN_ROWS: usize = 64;
 
+/// The tensor-core prefill tiles of a batch, when it is prefill-shaped: at
+/// least FA_MIN_ROWS rows and on average at least 4 rows per tile (a
+/// decode batch of one row per sequence would fill 1/16 of each MMA tile;
+/// the split-KV kernel serves it better).
+fn fa_tiles_for(be: &CudaBackend, row_seq: &[u32]) -> Result<Option<(CudaSlice<u32>, usize)>> {
+    if row_seq.len() < FA_MIN_ROWS {
+        return Ok(None);
+    }
+    let t = fa_tiles(row_seq);
+    let n_tiles = t.len() / 2;
+    if 4 * n_tiles > row_seq.len() {
+        return Ok(None);
+    }
+    Ok(Some((be.up(&t, "paged_attention: prefill tiles")?, n_tiles)))
+}
+
 /// Cuts the batch's rows into runs of at most 16 consecutive rows of one
 /// sequence: flattened {first row, rows} pairs.
 pub fn fa_tiles(row_seq: &[u32]) -> Vec<u32> {
@@ -171,12 +187,7 @@ impl DevAttnBatch {
             n_blocks,
             part_stride: att_parts(max_pos),
             part_ctas: att_parts(max_pos),
-            tiles: if batch.positions.len() >= FA_MIN_ROWS {
-                let t = fa_tiles(batch.row_seq);
-                Some((be.up(&t, "paged_attention: prefill tiles")?, t.len() / 2))
-            } else {
-                None
-            },
+            tiles: fa_tiles_for(be, batch.row_seq)?,
         })
     }
 
