@@ -229,7 +229,14 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             let v: Vec<f64> = (0..a.reps.max(1))
                 .map(|i| {
                     prep(&mut r)?;
-                    time_batched(&mut r, b, a.batch_prompt, a.gen_tokens, a.ubatch, 100 * i as u64)
+                    time_batched(
+                        &mut r,
+                        b,
+                        a.batch_prompt,
+                        a.gen_tokens,
+                        a.ubatch,
+                        100 * i as u64,
+                    )
                 })
                 .collect::<Result<_>>()?;
             let ms = mean_std(&v);

@@ -656,7 +656,9 @@ impl Exec for CudaExec {
     }
     fn download(&self, b: DevBuf) -> Result<Vec<f32>> {
         let t0 = std::time::Instant::now();
-        let h = self.be.down_logits(b.slice(), b.len, "downloading logits")?;
+        let h = self
+            .be
+            .down_logits(b.slice(), b.len, "downloading logits")?;
         if self.profile {
             self.note_host("host: logits download", t0.elapsed().as_secs_f64());
         }

@@ -118,7 +118,10 @@ impl CudaBackend {
 
     /// Whether the arena holds `key`'s quantized activations.
     fn act_cached(&self, key: ActKey) -> bool {
-        self.act_cache.lock().map(|c| *c == Some(key)).unwrap_or(false)
+        self.act_cache
+            .lock()
+            .map(|c| *c == Some(key))
+            .unwrap_or(false)
     }
 
     /// Records `key` as held, unless the matmul's output (`out`, `out_len`
@@ -252,7 +255,11 @@ impl CudaBackend {
         i32_of(n * k, "n * k")?;
         let (kernel, cfg) = if mma {
             let cfg = LaunchConfig {
-                grid_dim: (u32::try_from(n.div_ceil(64))?, u32::try_from(m.div_ceil(16))?, 1),
+                grid_dim: (
+                    u32::try_from(n.div_ceil(64))?,
+                    u32::try_from(m.div_ceil(16))?,
+                    1,
+                ),
                 block_dim: (128, 1, 1),
                 shared_mem_bytes: 0,
             };
@@ -306,7 +313,10 @@ impl CudaBackend {
             // SAFETY: matches mv_q8 / mm_q8_mma (same arguments); w holds m
             // rows of rb bytes (256-byte aligned allocation), xq/xds as
             // above, out n*m.
-            drv(unsafe { b.launch(cfg) }, "mat_mul: launching the int8 kernel")?;
+            drv(
+                unsafe { b.launch(cfg) },
+                "mat_mul: launching the int8 kernel",
+            )?;
             Ok(())
         })?;
         self.act_remember(key, out_ptr, out_len);
@@ -862,7 +872,9 @@ impl CudaBackend {
                     block_dim: (32, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                let mut b = self.stream().launch_builder(self.func("flash_attention_prefill")?);
+                let mut b = self
+                    .stream()
+                    .launch_builder(self.func("flash_attention_prefill")?);
                 b.arg(q)
                     .arg(&nhi)
                     .arg(&nkvi)

@@ -130,7 +130,10 @@ fn fa_tiles_for(be: &CudaBackend, row_seq: &[u32]) -> Result<Option<(CudaSlice<u
     if 4 * n_tiles > row_seq.len() {
         return Ok(None);
     }
-    Ok(Some((be.up(&t, "paged_attention: prefill tiles")?, n_tiles)))
+    Ok(Some((
+        be.up(&t, "paged_attention: prefill tiles")?,
+        n_tiles,
+    )))
 }
 
 /// Cuts the batch's rows into runs of at most 16 consecutive rows of one
