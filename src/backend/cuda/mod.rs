@@ -8,7 +8,7 @@
 //! in `exact` mode its results are bitwise equal to the `cpu` backend's.
 //! `fast` and `deterministic` currently run the same kernels.
 //!
-//! Two memory spaces, one set of kernels (`launch.rs`):
+//! Two memory spaces, one set of kernels (`launch/`):
 //! * `Backend<Dev>` (`mem.rs`): ops over device buffers. A model step runs
 //!   entirely on the device through `dispatch::cuda::CudaExec`: weights
 //!   uploaded once, the paged KV cache and block tables resident, K/V read
@@ -52,10 +52,10 @@ pub struct CudaBackend {
     /// Serializes runs (one stream, one set of scratch buffers).
     lock: Mutex<()>,
     /// Scratch memory of matmul (quantized activations), reused op after
-    /// op; see `launch.rs`.
+    /// op; see `launch/`.
     arena: Mutex<CudaSlice<u8>>,
     /// Which activation rows the arena holds quantized (see
-    /// `launch.rs::ActKey`): consecutive matmuls of one input (q, k, v;
+    /// `launch::matmul::ActKey`): consecutive matmuls of one input (q, k, v;
     /// gate, up) quantize it once. Cleared by every other op, every
     /// activation allocation and arena growth.
     act_cache: Mutex<Option<launch::ActKey>>,
@@ -221,7 +221,7 @@ impl CudaBackend {
     /// Both memory spaces ask this; it depends only on what `OpInfo`
     /// carries (op kind, weight type, head_dim), never on where tensors live.
     pub fn capability(&self, op: &OpInfo, mode: Mode) -> std::result::Result<(), String> {
-        // Every op has a kernel in every mode (launch.rs picks it).
+        // Every op has a kernel in every mode (launch/ picks it).
         let _ = mode;
         if let Some(ty) = op.weight {
             if ty_code(ty).is_none() {

@@ -1,0 +1,193 @@
+//! Paged attention launches: the canonical kernel (`exact`), split-KV
+//! (`deterministic`, `fast` decode) and tensor-core prefill (`fast`).
+
+use super::arena3;
+use crate::backend::cuda::mem::{DevAttnBatch, DevKv};
+use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
+use crate::backend::{validate, KvInfo, Mode};
+use anyhow::{ensure, Result};
+use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+
+impl CudaBackend {
+    #[allow(clippy::too_many_arguments)] // the op's fields and the mode
+    pub(crate) fn d_attention(
+        &self,
+        q: &CudaView<'_, f32>,
+        n_heads: usize,
+        scale: f32,
+        cache: &DevKv<'_>,
+        batch: &DevAttnBatch,
+        out: &mut CudaViewMut<'_, f32>,
+        mode: Mode,
+    ) -> Result<()> {
+        let (bs, nkv, hd) = cache.geometry();
+        let n_blocks = validate::attention(
+            (bs, nkv, hd),
+            n_heads,
+            cache.k.len(),
+            cache.v.len(),
+            batch.n_rows,
+            q.len(),
+            out.len(),
+        )?;
+        ensure!(
+            hd <= 256,
+            "paged_attention: head_dim {hd} > 256 is not supported by the CUDA kernel"
+        );
+        // The batch's tables were validated against a cache of this shape.
+        ensure!(
+            batch.block_size == bs && batch.n_blocks == n_blocks,
+            "paged_attention: the batch was validated for {} blocks of {}, the cache has {n_blocks} of {bs}",
+            batch.n_blocks,
+            batch.block_size
+        );
+        if batch.n_rows == 0 {
+            return Ok(());
+        }
+        let (nri, nhi, nkvi, hdi, bsi) = (
+            i32_of(batch.n_rows, "n_rows")?,
+            i32_of(n_heads, "n_heads")?,
+            i32_of(nkv, "n_kv_heads")?,
+            i32_of(hd, "head_dim")?,
+            i32_of(bs, "block_size")?,
+        );
+        if let (Mode::Fast, Some((tiles, n_tiles))) = (mode, &batch.tiles) {
+            if hd.is_multiple_of(16) && hd <= 128 {
+                let cfg = LaunchConfig {
+                    grid_dim: (u32::try_from(*n_tiles)?, u32::try_from(n_heads)?, 1),
+                    block_dim: (32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let mut b = self
+                    .stream()
+                    .launch_builder(self.func("flash_attention_prefill")?);
+                b.arg(q)
+                    .arg(&nhi)
+                    .arg(&nkvi)
+                    .arg(&hdi)
+                    .arg(&bsi)
+                    .arg(&scale)
+                    .arg(&cache.k)
+                    .arg(&cache.v)
+                    .arg(&batch.tables)
+                    .arg(&batch.table_off)
+                    .arg(&batch.row_seq)
+                    .arg(&batch.positions)
+                    .arg(tiles)
+                    .arg(out);
+                // SAFETY: matches flash_attention_prefill; tables validated at
+                // upload for this cache; tiles cover rows < n_rows, each of
+                // one sequence; q/out hold n_rows*n_heads*head_dim floats;
+                // head_dim a multiple of 16, at most 128 (shared tiles).
+                drv(
+                    unsafe { b.launch(cfg) },
+                    "paged_attention: launching the tensor-core prefill kernel",
+                )?;
+                return Ok(());
+            }
+        }
+        if mode != Mode::Exact && hd.is_multiple_of(8) {
+            return self.attention_split(q, (nri, nhi, nkvi, hdi, bsi), scale, cache, batch, out);
+        }
+        // exact: one warp per (row, head); otherwise ATT_WARPS (8) warps
+        // per (row, head) splitting the keys (attention.cu).
+        let (kernel, threads) = match mode {
+            Mode::Exact => ("paged_attention", 32),
+            Mode::Fast | Mode::Deterministic => ("paged_attention_fast", 256),
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (u32::try_from(batch.n_rows * n_heads)?, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream().launch_builder(self.func(kernel)?);
+        b.arg(q)
+            .arg(&nri)
+            .arg(&nhi)
+            .arg(&nkvi)
+            .arg(&hdi)
+            .arg(&bsi)
+            .arg(&scale)
+            .arg(&cache.k)
+            .arg(&cache.v)
+            .arg(&batch.tables)
+            .arg(&batch.table_off)
+            .arg(&batch.row_seq)
+            .arg(&batch.positions)
+            .arg(out);
+        // SAFETY: matches paged_attention; every table entry a row reads was
+        // validated below n_blocks at upload (DevAttnBatch::upload) for this
+        // cache geometry (checked above); q/out hold n_rows*n_heads*head_dim;
+        // head_dim <= 256 (shared q buffer).
+        drv(unsafe { b.launch(cfg) }, "paged_attention: launch")?;
+        Ok(())
+    }
+
+    /// Split-KV attention (fast and deterministic modes, head_dim a
+    /// multiple of 8): partials into the scratch arena, then the ordered
+    /// combine. Arguments validated by `d_attention`.
+    fn attention_split(
+        &self,
+        q: &CudaView<'_, f32>,
+        (nri, nhi, nkvi, hdi, bsi): (i32, i32, i32, i32, i32),
+        scale: f32,
+        cache: &DevKv<'_>,
+        batch: &DevAttnBatch,
+        out: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        let (_, _, hd) = cache.geometry();
+        let rh = batch.n_rows * nhi as usize;
+        let stride = batch.part_stride;
+        let plen = rh * stride * (2 + hd);
+        let si = i32_of(stride, "partial stride")?;
+        let s = self.stream();
+        let mut guard = self.arena(&[plen * 4, 0, 0])?;
+        arena3::<f32, u8, u8, ()>(&mut guard, (plen, 0, 0), |part, _, _| {
+            let cfg = LaunchConfig {
+                grid_dim: (u32::try_from(rh)?, u32::try_from(batch.part_ctas)?, 1),
+                block_dim: (32 * 4, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = s.launch_builder(self.func("paged_attention_split")?);
+            b.arg(q)
+                .arg(&nri)
+                .arg(&nhi)
+                .arg(&nkvi)
+                .arg(&hdi)
+                .arg(&bsi)
+                .arg(&scale)
+                .arg(&cache.k)
+                .arg(&cache.v)
+                .arg(&batch.tables)
+                .arg(&batch.table_off)
+                .arg(&batch.row_seq)
+                .arg(&batch.positions)
+                .arg(&si)
+                .arg(&mut *part);
+            // SAFETY: matches paged_attention_split; tables validated at
+            // upload for this cache; part holds rows*heads*stride*(2+hd)
+            // floats and stride covers every row's partials (att_parts of
+            // the largest position, or ATT_PARTS); head_dim <= 256 and a
+            // multiple of 8 (16-byte K loads).
+            drv(
+                unsafe { b.launch(cfg) },
+                "paged_attention: launching the split kernel",
+            )?;
+            let mut b = s.launch_builder(self.func("attention_combine")?);
+            b.arg(&mut *part)
+                .arg(&nri)
+                .arg(&nhi)
+                .arg(&hdi)
+                .arg(&batch.positions)
+                .arg(&si)
+                .arg(out);
+            // SAFETY: matches attention_combine; part as above, out holds
+            // rows*heads*head_dim floats.
+            drv(
+                unsafe { b.launch(grid_1d(rh * 32, 256)?) },
+                "paged_attention: launching the combine",
+            )?;
+            Ok(())
+        })
+    }
+}

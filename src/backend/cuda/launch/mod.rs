@@ -1,0 +1,351 @@
+//! Kernel launches over device buffers: the one implementation of every op
+//! on the GPU. The device memory space (`Dev`) calls these directly; the
+//! host-slice path (`host.rs`) uploads, calls them and downloads.
+//!
+//! Each launcher checks shapes with `backend::validate` (the same checks
+//! the cpu backend runs) before it launches anything.
+//!
+//! `matmul.rs`: matmul in every mode (and the activation cache);
+//! `attention.rs`: paged attention in every mode; here: the scratch arena
+//! and the element-wise ops.
+
+mod attention;
+mod matmul;
+
+pub(crate) use matmul::ActKey;
+pub(crate) use matmul::MV_BATCH;
+
+use super::mem::{DevKvMut, DevMatrix};
+use super::{drv, grid_1d, i32_of, ty_code, CudaBackend};
+use crate::backend::{validate, KvInfo, Mode};
+use anyhow::{anyhow, bail, Result};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+
+/// Bytes each arena region is aligned to (any kernel argument type).
+const ARENA_ALIGN: usize = 256;
+
+/// Runs `f` on three typed, disjoint regions at the start of the arena,
+/// of `la`, `lb` and `lc` elements. The arena was sized by
+/// [`CudaBackend::arena`] for them.
+pub(super) fn arena3<A, B, C, R>(
+    arena: &mut CudaSlice<u8>,
+    (la, lb, lc): (usize, usize, usize),
+    f: impl FnOnce(
+        &mut CudaViewMut<'_, A>,
+        &mut CudaViewMut<'_, B>,
+        &mut CudaViewMut<'_, C>,
+    ) -> Result<R>,
+) -> Result<R> {
+    let ra = (la * std::mem::size_of::<A>()).next_multiple_of(ARENA_ALIGN);
+    let rb = (lb * std::mem::size_of::<B>()).next_multiple_of(ARENA_ALIGN);
+    let (mut va, mut rest) = arena
+        .try_split_at_mut(ra)
+        .ok_or_else(|| anyhow!("scratch arena too small"))?;
+    let (mut vb, mut vc) = rest
+        .try_split_at_mut(rb)
+        .ok_or_else(|| anyhow!("scratch arena too small"))?;
+    // SAFETY: the regions are disjoint, start at multiples of ARENA_ALIGN
+    // bytes (the allocation itself is at least 256-byte aligned), and are
+    // only used as i8 / i16 / i32 / f32 / u8, for which every bit pattern is valid.
+    // transmute_mut checks each region holds the requested length.
+    let views = unsafe {
+        (
+            va.transmute_mut::<A>(la),
+            vb.transmute_mut::<B>(lb),
+            vc.transmute_mut::<C>(lc),
+        )
+    };
+    match views {
+        (Some(mut a), Some(mut b), Some(mut c)) => f(&mut a, &mut b, &mut c),
+        _ => bail!("scratch arena too small"),
+    }
+}
+
+/// Device address of a view (for identity checks only).
+pub(super) fn dev_ptr<T>(
+    v: &CudaView<'_, T>,
+    s: &std::sync::Arc<cudarc::driver::CudaStream>,
+) -> u64 {
+    use cudarc::driver::DevicePtr;
+    let (p, _guard) = v.device_ptr(s);
+    p
+}
+
+pub(super) fn dev_ptr_mut<T>(
+    v: &CudaViewMut<'_, T>,
+    s: &std::sync::Arc<cudarc::driver::CudaStream>,
+) -> u64 {
+    use cudarc::driver::DevicePtr;
+    let (p, _guard) = v.device_ptr(s);
+    p
+}
+
+impl CudaBackend {
+    /// The scratch arena, grown to hold regions of `bytes` (each rounded up
+    /// to ARENA_ALIGN). Ops on the one stream reuse it in order, so no two
+    /// kernels that run concurrently share it; a replaced arena is freed
+    /// stream-ordered, after the kernels queued on it.
+    pub(crate) fn arena(
+        &self,
+        bytes: &[usize],
+    ) -> Result<std::sync::MutexGuard<'_, CudaSlice<u8>>> {
+        let need: usize = bytes.iter().map(|b| b.next_multiple_of(ARENA_ALIGN)).sum();
+        let mut g = self
+            .arena
+            .lock()
+            .map_err(|_| anyhow!("cuda backend: arena lock poisoned"))?;
+        if g.len() < need {
+            self.forget_activations();
+            *g = self.scratch::<u8>(need.max(2 * g.len()), "growing the scratch arena")?;
+        }
+        Ok(g)
+    }
+
+    /// Bytes of the scratch arena (it only grows; a new size is a new
+    /// allocation).
+    pub fn arena_len(&self) -> usize {
+        self.arena.lock().map(|a| a.len()).unwrap_or(0)
+    }
+
+    pub(crate) fn d_rms_norm(
+        &self,
+        x: &CudaView<'_, f32>,
+        w: &CudaView<'_, f32>,
+        dim: usize,
+        eps: f32,
+        out: &mut CudaViewMut<'_, f32>,
+        mode: Mode,
+    ) -> Result<()> {
+        let n = validate::rms_norm(x.len(), w.len(), dim, out.len())?;
+        if n == 0 {
+            return Ok(());
+        }
+        let (ni, di) = (i32_of(n, "rows")?, i32_of(dim, "dim")?);
+        if mode != Mode::Exact {
+            let cfg = LaunchConfig {
+                grid_dim: (u32::try_from(n)?, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = self.stream().launch_builder(self.func("rms_norm_fast")?);
+            b.arg(x).arg(w).arg(&di).arg(&eps).arg(out);
+            // SAFETY: matches rms_norm_fast; n*dim inputs/outputs, dim weights.
+            drv(unsafe { b.launch(cfg) }, "rms_norm: launch")?;
+            return Ok(());
+        }
+        // Rows that fit the default 48 KiB of shared memory take the
+        // block-per-row kernel (same bits, far less latency-bound).
+        if dim * 4 <= 48 * 1024 {
+            let cfg = LaunchConfig {
+                grid_dim: (u32::try_from(n)?, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: (dim * 4) as u32,
+            };
+            let mut b = self.stream().launch_builder(self.func("rms_norm_block")?);
+            b.arg(x).arg(w).arg(&di).arg(&eps).arg(out);
+            // SAFETY: matches rms_norm_block; n*dim inputs/outputs, dim
+            // weights, dim floats of dynamic shared memory.
+            drv(unsafe { b.launch(cfg) }, "rms_norm: launch")?;
+            return Ok(());
+        }
+        let mut b = self.stream().launch_builder(self.func("rms_norm")?);
+        b.arg(x).arg(w).arg(&ni).arg(&di).arg(&eps).arg(out);
+        // SAFETY: matches rms_norm; n*dim inputs/outputs, dim weights.
+        drv(
+            unsafe { b.launch(grid_1d(n * 32, 256)?) },
+            "rms_norm: launch",
+        )?;
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)] // the op's fields
+    pub(crate) fn d_rope(
+        &self,
+        x: &mut CudaViewMut<'_, f32>,
+        n_heads: usize,
+        head_dim: usize,
+        rope_dim: usize,
+        positions: &CudaView<'_, u32>,
+        inv_freq: &CudaView<'_, f32>,
+        neox: bool,
+    ) -> Result<()> {
+        let n = positions.len();
+        validate::rope(x.len(), n_heads, head_dim, rope_dim, n, inv_freq.len())?;
+        let total = n * n_heads * (rope_dim / 2);
+        if total == 0 {
+            return Ok(());
+        }
+        let (ni, hi, hdi, rdi) = (
+            i32_of(n, "n")?,
+            i32_of(n_heads, "n_heads")?,
+            i32_of(head_dim, "head_dim")?,
+            i32_of(rope_dim, "rope_dim")?,
+        );
+        let nx = neox as i32;
+        let mut b = self.stream().launch_builder(self.func("rope")?);
+        b.arg(x)
+            .arg(&ni)
+            .arg(&hi)
+            .arg(&hdi)
+            .arg(&rdi)
+            .arg(positions)
+            .arg(inv_freq)
+            .arg(&nx);
+        // SAFETY: matches rope; x holds n*n_heads*head_dim, positions n,
+        // inv_freq rope_dim/2 (validated).
+        drv(unsafe { b.launch(grid_1d(total, 256)?) }, "rope: launch")?;
+        Ok(())
+    }
+
+    pub(crate) fn d_swiglu(
+        &self,
+        gate: &CudaView<'_, f32>,
+        up: &CudaView<'_, f32>,
+        out: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        validate::same_len("swiglu", &[gate.len(), up.len(), out.len()])?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let len = out.len() as i64;
+        let cfg = grid_1d(out.len(), 256)?;
+        let mut b = self.stream().launch_builder(self.func("swiglu")?);
+        b.arg(gate).arg(up).arg(&len).arg(out);
+        // SAFETY: matches swiglu; all three buffers hold len elements.
+        drv(unsafe { b.launch(cfg) }, "swiglu: launch")?;
+        Ok(())
+    }
+
+    pub(crate) fn d_get_rows(
+        &self,
+        table: &DevMatrix<'_>,
+        ids: &CudaView<'_, u32>,
+        out: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        let tc = ty_code(table.ty)
+            .ok_or_else(|| anyhow!("get_rows: {:?} is not a weight type", table.ty))?;
+        let rb = validate::get_rows(table, table.data.len(), ids.len(), out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let (ri, ci, ni) = (
+            i32_of(table.rows, "rows")?,
+            i32_of(table.cols, "cols")?,
+            i32_of(ids.len(), "ids")?,
+        );
+        let rbl = rb as i64;
+        let cfg = grid_1d(out.len(), 256)?;
+        let mut b = self.stream().launch_builder(self.func("get_rows")?);
+        b.arg(&table.data)
+            .arg(&ri)
+            .arg(&ci)
+            .arg(&rbl)
+            .arg(&tc)
+            .arg(ids)
+            .arg(&ni)
+            .arg(out);
+        // SAFETY: matches get_rows; the kernel bounds-checks every id
+        // against table_rows; out holds n_ids*cols (validated).
+        drv(unsafe { b.launch(cfg) }, "get_rows: launch")?;
+        Ok(())
+    }
+
+    pub(crate) fn d_select_rows(
+        &self,
+        x: &CudaView<'_, f32>,
+        dim: usize,
+        rows: &CudaView<'_, u32>,
+        out: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        let n = validate::select_rows(x.len(), dim, rows.len(), out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let (ni, di, mi) = (
+            i32_of(n, "n")?,
+            i32_of(dim, "dim")?,
+            i32_of(rows.len(), "rows")?,
+        );
+        let cfg = grid_1d(out.len(), 256)?;
+        let mut b = self.stream().launch_builder(self.func("select_rows")?);
+        b.arg(x).arg(&ni).arg(&di).arg(rows).arg(&mi).arg(out);
+        // SAFETY: matches select_rows; the kernel bounds-checks every row
+        // against n; out holds m*dim (validated).
+        drv(unsafe { b.launch(cfg) }, "select_rows: launch")?;
+        Ok(())
+    }
+
+    pub(crate) fn d_add(&self, x: &mut CudaViewMut<'_, f32>, y: &CudaView<'_, f32>) -> Result<()> {
+        validate::same_len("add", &[x.len(), y.len()])?;
+        if x.is_empty() {
+            return Ok(());
+        }
+        let len = x.len() as i64;
+        let cfg = grid_1d(x.len(), 256)?;
+        let mut b = self.stream().launch_builder(self.func("add")?);
+        b.arg(x).arg(y).arg(&len);
+        // SAFETY: matches add; both buffers hold len elements.
+        drv(unsafe { b.launch(cfg) }, "add: launch")?;
+        Ok(())
+    }
+
+    pub(crate) fn d_add_bias(
+        &self,
+        x: &mut CudaViewMut<'_, f32>,
+        bias: &CudaView<'_, f32>,
+    ) -> Result<()> {
+        let dim = bias.len();
+        validate::add_bias(x.len(), dim)?;
+        if x.is_empty() {
+            return Ok(());
+        }
+        let len = x.len() as i64;
+        let di = i32_of(dim, "dim")?;
+        let cfg = grid_1d(x.len(), 256)?;
+        let mut b = self.stream().launch_builder(self.func("add_bias")?);
+        b.arg(x).arg(bias).arg(&len).arg(&di);
+        // SAFETY: matches add_bias; x holds len, bias dim elements.
+        drv(unsafe { b.launch(cfg) }, "add_bias: launch")?;
+        Ok(())
+    }
+
+    /// Stores k, v rows into cells `slots` of the cache. The slot values
+    /// must have been checked distinct and in range where they were
+    /// uploaded; the kernel skips any slot out of range regardless.
+    pub(crate) fn d_kv_write(
+        &self,
+        k: &CudaView<'_, f32>,
+        v: &CudaView<'_, f32>,
+        slots: &CudaView<'_, u32>,
+        cache: &mut DevKvMut<'_>,
+    ) -> Result<()> {
+        let n_cells = validate::kv_write(
+            cache.geometry(),
+            cache.k.len(),
+            cache.v.len(),
+            k.len(),
+            v.len(),
+            slots.len(),
+        )?;
+        if k.is_empty() {
+            return Ok(());
+        }
+        let row = cache.n_kv_heads * cache.head_dim;
+        let (ni, ri) = (i32_of(slots.len(), "n")?, i32_of(row, "row")?);
+        let nc = n_cells as i64;
+        let cfg = grid_1d(k.len(), 256)?;
+        let mut b = self.stream().launch_builder(self.func("kv_write")?);
+        b.arg(k)
+            .arg(v)
+            .arg(slots)
+            .arg(&ni)
+            .arg(&ri)
+            .arg(&nc)
+            .arg(&mut cache.k)
+            .arg(&mut cache.v);
+        // SAFETY: matches kv_write; k, v hold n*row; the kernel skips slots
+        // >= n_cells, so every write is inside the cache.
+        drv(unsafe { b.launch(cfg) }, "kv_write: launch")?;
+        Ok(())
+    }
+}
