@@ -72,9 +72,11 @@ impl CudaBackend {
     /// Records `key` as held, unless the matmul's output (`out`, `out_len`
     /// f32) overlaps its input, which then no longer holds those values.
     fn act_remember(&self, key: ActKey, out: u64, out_len: usize) {
-        let (a0, a1) = (key.ptr, key.ptr + 4 * key.len as u64);
-        let (b0, b1) = (out, out + 4 * out_len as u64);
-        let v = if a0 < b1 && b0 < a1 { None } else { Some(key) };
+        let v = if f32_ranges_overlap(key.ptr, key.len, out, out_len) {
+            None
+        } else {
+            Some(key)
+        };
         if let Ok(mut c) = self.act_cache.lock() {
             *c = v;
         }
@@ -498,5 +500,29 @@ impl CudaBackend {
             }
         }
         Ok(())
+    }
+}
+
+/// Whether `a_len` f32 values at device address `a` and `b_len` at `b`
+/// share a byte.
+fn f32_ranges_overlap(a: u64, a_len: usize, b: u64, b_len: usize) -> bool {
+    let (a1, b1) = (a + 4 * a_len as u64, b + 4 * b_len as u64);
+    a < b1 && b < a1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::f32_ranges_overlap;
+
+    #[test]
+    fn overlap_of_device_ranges() {
+        // Adjacent ranges do not overlap; one shared value does.
+        assert!(!f32_ranges_overlap(1000, 10, 1040, 10));
+        assert!(!f32_ranges_overlap(1040, 10, 1000, 10));
+        assert!(f32_ranges_overlap(1000, 11, 1040, 10));
+        assert!(f32_ranges_overlap(1040, 10, 1000, 11));
+        // Containment, and an empty range overlaps nothing.
+        assert!(f32_ranges_overlap(1000, 100, 1200, 4));
+        assert!(!f32_ranges_overlap(1000, 0, 1000, 4));
     }
 }
