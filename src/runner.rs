@@ -356,12 +356,19 @@ fn forward_batch(
             logit_rows.len()
         );
     }
-    let mut out = Vec::with_capacity(work.len());
-    let mut off = 0;
-    for n in wanted {
-        out.push(logits[off * v..(off + n) * v].to_vec());
-        off += n;
-    }
+    // One sequence (every single-stream decode step): its logits are the
+    // whole buffer, moved rather than copied.
+    let out = if wanted.len() == 1 {
+        vec![logits]
+    } else {
+        let mut out = Vec::with_capacity(work.len());
+        let mut off = 0;
+        for n in wanted {
+            out.push(logits[off * v..(off + n) * v].to_vec());
+            off += n;
+        }
+        out
+    };
     if let Compute::Cuda { exec, .. } = compute {
         if exec.profiling() {
             let kind = match n_rows {

@@ -15,6 +15,21 @@
 #define TY_F16 21
 #define TY_BF16 22
 
+// Runs CALL(T) with T the compile-time type code of the quantized type
+// code `ty` (any other code runs the Q6_K case: callers pass quantized
+// types only).
+#define QTYPE_DISPATCH(ty, CALL)            \
+    switch (ty) {                           \
+        case TY_Q4_0: CALL(TY_Q4_0); break; \
+        case TY_Q4_1: CALL(TY_Q4_1); break; \
+        case TY_Q5_0: CALL(TY_Q5_0); break; \
+        case TY_Q5_1: CALL(TY_Q5_1); break; \
+        case TY_Q8_0: CALL(TY_Q8_0); break; \
+        case TY_Q4_K: CALL(TY_Q4_K); break; \
+        case TY_Q5_K: CALL(TY_Q5_K); break; \
+        default: CALL(TY_Q6_K); break;      \
+    }
+
 // 6-bit scale and minimum of sub-block j of a Q4_K / Q5_K superblock.
 __device__ __forceinline__ void k_scale_min(int j, const u8* s, int* sc, int* mn) {
     if (j < 4) {

@@ -79,19 +79,6 @@ extern "C" __global__ void quant_actk(const float* __restrict__ x, int n, int k,
     }
 }
 
-__device__ __forceinline__ int type_size(int ty) {
-    switch (ty) {
-        case TY_Q4_0: return 18;
-        case TY_Q4_1: return 20;
-        case TY_Q5_0: return 22;
-        case TY_Q5_1: return 24;
-        case TY_Q8_0: return 34;
-        case TY_Q4_K: return 144;
-        case TY_Q5_K: return 176;
-        default: return 210;  // Q6_K
-    }
-}
-
 // Exact integer dot of one 32-block with quantized activations.
 __device__ __forceinline__ int block_isum(int ty, const u8* blk, const short* qa) {
     int isum = 0;
@@ -136,7 +123,7 @@ extern "C" __global__ void mm_q32(const u8* __restrict__ w, int m, int k, int ty
     int i = blockIdx.y * ra + g % ra;
     bool ok = j < m && i < n;
     int nb = k / 32;
-    int ts = type_size(ty);
+    int ts = gr_type_size(ty);
     float lane = 0.0f;
     if (ok) {
         const u8* wr = w + (long long)j * nb * ts;
@@ -223,7 +210,7 @@ extern "C" __global__ void mm_qk(const u8* __restrict__ w, int m, int k, int ty,
     int i = blockIdx.y * ra + g % ra;
     bool ok = j < m && i < n;
     int nb = k / 256;
-    int ts = type_size(ty);
+    int ts = gr_type_size(ty);
     float lane = 0.0f;
     if (ok) {
         const u8* wr = w + (long long)j * nb * ts;
@@ -341,7 +328,7 @@ extern "C" __global__ void mv_exact32(const u8* __restrict__ w, int m, int k, in
     ad += (long long)g0 * nb;
     as += (long long)g0 * nb;
     out += (long long)g0 * m;
-    const u8* wr = w + (long long)row * nb * type_size(ty);
+    const u8* wr = w + (long long)row * nb * gr_type_size(ty);
     float acc[MV_EXACT_ROWS];
 #pragma unroll
     for (int r = 0; r < MV_EXACT_ROWS; r++) acc[r] = 0.0f;

@@ -116,16 +116,9 @@ extern "C" __global__ void mv_q8(const u8* __restrict__ w, int m, int k, long lo
     for (int r = 0; r < MV_ROWS; r++) acc[r] = 0.0f;
     // (Staging each warp's run of weights in shared memory with 16-byte
     // loads measured slower on an H100: 0.83 vs 1.05 TB/s.)
-    switch (ty) {
-        case TY_Q4_0: mv_q8_row<TY_Q4_0>(wr, units, xq, xds, k, n, l, acc); break;
-        case TY_Q4_1: mv_q8_row<TY_Q4_1>(wr, units, xq, xds, k, n, l, acc); break;
-        case TY_Q5_0: mv_q8_row<TY_Q5_0>(wr, units, xq, xds, k, n, l, acc); break;
-        case TY_Q5_1: mv_q8_row<TY_Q5_1>(wr, units, xq, xds, k, n, l, acc); break;
-        case TY_Q8_0: mv_q8_row<TY_Q8_0>(wr, units, xq, xds, k, n, l, acc); break;
-        case TY_Q4_K: mv_q8_row<TY_Q4_K>(wr, units, xq, xds, k, n, l, acc); break;
-        case TY_Q5_K: mv_q8_row<TY_Q5_K>(wr, units, xq, xds, k, n, l, acc); break;
-        default: mv_q8_row<TY_Q6_K>(wr, units, xq, xds, k, n, l, acc); break;
-    }
+#define MV_Q8_ROW(T) mv_q8_row<T>(wr, units, xq, xds, k, n, l, acc)
+    QTYPE_DISPATCH(ty, MV_Q8_ROW)
+#undef MV_Q8_ROW
 #pragma unroll
     for (int r = 0; r < MV_ROWS; r++) {
         if (r >= n) break;
@@ -250,16 +243,9 @@ extern "C" __global__ void dequant_f16(const u8* __restrict__ w, int m, int k,
         int r = (int)(t / units), u = (int)(t % units);
         const u8* row = w + (long long)r * row_bytes;
         uint4* dst = st + 4 * threadIdx.x;
-        switch (ty) {
-            case TY_Q4_0: dequant_unit_f16<TY_Q4_0>(row, u, dst); break;
-            case TY_Q4_1: dequant_unit_f16<TY_Q4_1>(row, u, dst); break;
-            case TY_Q5_0: dequant_unit_f16<TY_Q5_0>(row, u, dst); break;
-            case TY_Q5_1: dequant_unit_f16<TY_Q5_1>(row, u, dst); break;
-            case TY_Q8_0: dequant_unit_f16<TY_Q8_0>(row, u, dst); break;
-            case TY_Q4_K: dequant_unit_f16<TY_Q4_K>(row, u, dst); break;
-            case TY_Q5_K: dequant_unit_f16<TY_Q5_K>(row, u, dst); break;
-            default: dequant_unit_f16<TY_Q6_K>(row, u, dst); break;
-        }
+#define DEQUANT_UNIT(T) dequant_unit_f16<T>(row, u, dst)
+        QTYPE_DISPATCH(ty, DEQUANT_UNIT)
+#undef DEQUANT_UNIT
     }
     __syncthreads();
     // Unit t's output starts at 32 * t halves = 4 * t uint4.
@@ -287,74 +273,23 @@ extern "C" __global__ void to_f16(const float* __restrict__ x, long long len,
 // order through shared memory. Weights are read once per 64 activation rows.
 
 // Words t and t + 4 of unit u (values 4t..4t+3 and 16+4t..16+4t+3) and the
-// unit's scales.
+// unit's scales: the whole unit is decoded by decode_unit (the one decoder
+// of every int8 kernel) and the two words are picked with static indices,
+// so they stay in registers. Four lanes decode the same unit; the
+// redundant ALU work is the price of not keeping a second decoder.
 template <int TY>
 __device__ __forceinline__ void decode_pair(const u8* __restrict__ row, int u, int t, int& lo,
                                             int& hi, float& a0, float& a1, float& b) {
-    b = 0.0f;
-    if (TY == TY_Q4_0 || TY == TY_Q4_1) {
-        const u8* blk = row + (long long)u * (TY == TY_Q4_0 ? 18 : 20);
-        a0 = a1 = f16_at2(blk);
-        int q;
-        if (TY == TY_Q4_0) {
-            q = ld_i2(blk + 2 + 4 * t);
-            lo = __vsub4(q & 0x0F0F0F0F, 0x08080808);
-            hi = __vsub4((q >> 4) & 0x0F0F0F0F, 0x08080808);
-        } else {
-            b = f16_at2(blk + 2);
-            q = ld_i4(blk + 4 + 4 * t);
-            lo = q & 0x0F0F0F0F;
-            hi = (q >> 4) & 0x0F0F0F0F;
+    int w[8];
+    decode_unit<TY>(row, u, w, a0, a1, b);
+    lo = w[0];
+    hi = w[4];
+#pragma unroll
+    for (int i = 1; i < 4; i++) {
+        if (i == t) {
+            lo = w[i];
+            hi = w[i + 4];
         }
-    } else if (TY == TY_Q5_0 || TY == TY_Q5_1) {
-        const u8* blk = row + (long long)u * (TY == TY_Q5_0 ? 22 : 24);
-        a0 = a1 = f16_at2(blk);
-        const u8* hb = blk + (TY == TY_Q5_0 ? 2 : 4);
-        if (TY == TY_Q5_1) b = f16_at2(blk + 2);
-        u32 qh = (u32)ld_i2(hb);
-        int q = TY == TY_Q5_0 ? ld_i2(hb + 4 + 4 * t) : ld_i4(hb + 4 + 4 * t);
-        lo = (q & 0x0F0F0F0F) | spread4(qh >> (4 * t));
-        hi = ((q >> 4) & 0x0F0F0F0F) | spread4(qh >> (16 + 4 * t));
-        if (TY == TY_Q5_0) {
-            lo = __vsub4(lo, 0x10101010);
-            hi = __vsub4(hi, 0x10101010);
-        }
-    } else if (TY == TY_Q8_0) {
-        const u8* blk = row + (long long)u * 34;
-        a0 = a1 = f16_at2(blk);
-        lo = ld_i2(blk + 2 + 4 * t);
-        hi = ld_i2(blk + 2 + 4 * (t + 4));
-    } else if (TY == TY_Q4_K || TY == TY_Q5_K) {
-        const int bs = TY == TY_Q4_K ? 144 : 176;
-        const u8* blk = row + (long long)(u >> 3) * bs;
-        int j = u & 7, c = j >> 1, h = j & 1;
-        int sc, mn;
-        k_scale_min(j, blk + 4, &sc, &mn);
-        float d = f16_at2(blk), dmin = f16_at2(blk + 2);
-        a0 = a1 = d * (float)sc;
-        b = -dmin * (float)mn;
-        const u8* qs = blk + (TY == TY_Q4_K ? 16 : 48) + 32 * c;
-        lo = (ld_i4(qs + 4 * t) >> (4 * h)) & 0x0F0F0F0F;
-        hi = (ld_i4(qs + 4 * (t + 4)) >> (4 * h)) & 0x0F0F0F0F;
-        if (TY == TY_Q5_K) {
-            lo |= ((ld_i4(blk + 16 + 4 * t) >> (2 * c + h)) & 0x01010101) << 4;
-            hi |= ((ld_i4(blk + 16 + 4 * (t + 4)) >> (2 * c + h)) & 0x01010101) << 4;
-        }
-    } else {  // Q6_K
-        const u8* blk = row + (long long)(u >> 3) * 210;
-        int s = u & 7, h = s >> 2, c = s & 3;
-        float d = f16_at2(blk + 208);
-        a0 = d * (float)(signed char)blk[192 + 2 * s];
-        a1 = d * (float)(signed char)blk[192 + 2 * s + 1];
-        const u8* ql = blk + 64 * h + (c & 1) * 32;
-        const u8* qh = blk + 128 + 32 * h;
-        int sh = 4 * (c >> 1);
-        lo = __vsub4(((ld_i2(ql + 4 * t) >> sh) & 0x0F0F0F0F) |
-                         (((ld_i2(qh + 4 * t) >> (2 * c)) & 0x03030303) << 4),
-                     0x20202020);
-        hi = __vsub4(((ld_i2(ql + 4 * (t + 4)) >> sh) & 0x0F0F0F0F) |
-                         (((ld_i2(qh + 4 * (t + 4)) >> (2 * c)) & 0x03030303) << 4),
-                     0x20202020);
     }
 }
 
@@ -429,16 +364,9 @@ extern "C" __global__ void mm_q8_mma(const u8* __restrict__ w, int m, int k, lon
     for (int j = 0; j < MMA_TOK / 8; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
-    switch (ty) {
-        case TY_Q4_0: mm_q8_mma_body<TY_Q4_0>(w, m, k, row_bytes, xq, xds, n, acc); break;
-        case TY_Q4_1: mm_q8_mma_body<TY_Q4_1>(w, m, k, row_bytes, xq, xds, n, acc); break;
-        case TY_Q5_0: mm_q8_mma_body<TY_Q5_0>(w, m, k, row_bytes, xq, xds, n, acc); break;
-        case TY_Q5_1: mm_q8_mma_body<TY_Q5_1>(w, m, k, row_bytes, xq, xds, n, acc); break;
-        case TY_Q8_0: mm_q8_mma_body<TY_Q8_0>(w, m, k, row_bytes, xq, xds, n, acc); break;
-        case TY_Q4_K: mm_q8_mma_body<TY_Q4_K>(w, m, k, row_bytes, xq, xds, n, acc); break;
-        case TY_Q5_K: mm_q8_mma_body<TY_Q5_K>(w, m, k, row_bytes, xq, xds, n, acc); break;
-        default: mm_q8_mma_body<TY_Q6_K>(w, m, k, row_bytes, xq, xds, n, acc); break;
-    }
+#define MMA_BODY(T) mm_q8_mma_body<T>(w, m, k, row_bytes, xq, xds, n, acc)
+    QTYPE_DISPATCH(ty, MMA_BODY)
+#undef MMA_BODY
     int wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 2, t = lane & 3;
 #pragma unroll

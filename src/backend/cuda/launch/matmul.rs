@@ -282,7 +282,8 @@ impl CudaBackend {
                     .arg(&mut *w16);
                 // Quantized types: one thread per 32-value unit (k is a
                 // multiple of 32 here); float types: one per element.
-                let threads = if tc >= 20 { m * k } else { m * k / 32 };
+                let float_w = matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+                let threads = if float_w { m * k } else { m * k / 32 };
                 // SAFETY: matches dequant_f16; w holds m rows of rb bytes,
                 // w16 m*k elements (arena: 256-byte aligned, rows of k
                 // halves are 64-byte multiples, for the 16-byte stores).
