@@ -38,8 +38,9 @@ for s in "${steps[@]}"; do
     ops-det) run_step ops-det "$QUIRE" ops --backend cuda --mode deterministic ;;
     ops-fast)
       run_step ops-fast "$QUIRE" ops --backend cuda --mode fast
-      # The int8 tensor-core matmul is opt-in (QUIRE_MMA_MAX_ROWS): cover it.
-      QUIRE_MMA_MAX_ROWS=100000 run_step ops-fast-mma "$QUIRE" ops --backend cuda --mode fast --op mat_mul
+      # The int8 tensor-core matmul serves 9..64 rows by default: cover it
+      # at every row count.
+      QUIRE_MMA_MIN_ROWS=0 QUIRE_MMA_MAX_ROWS=100000 run_step ops-fast-mma "$QUIRE" ops --backend cuda --mode fast --op mat_mul
       ;;
     perf) run_step ops-perf "$QUIRE" ops --backend cuda --mode exact --perf --op mat_mul ;;
     smollm)

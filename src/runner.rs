@@ -36,6 +36,44 @@ pub struct SeqWork<'a> {
     pub logits: LogitsWanted,
 }
 
+/// A step's logits in one flat buffer: item `i` of the step's work owns
+/// rows `spans[i]` of `(rows, vocab)`. One buffer instead of one vector per
+/// sequence: a batch of 64 decode rows of a 128k vocabulary is 32 MiB, and
+/// splitting it (or allocating it fresh) every step cost more host time
+/// than the step's kernels (H100, 8B, batch 64). Give it back with
+/// [`Runner::recycle`] so the next step reuses the allocation.
+#[derive(Debug, Default)]
+pub struct Logits {
+    data: Vec<f32>,
+    vocab: usize,
+    spans: Vec<std::ops::Range<usize>>,
+}
+
+impl Logits {
+    /// Work item `i`'s logits: (rows wanted, vocab) flattened (empty when
+    /// it wanted none).
+    pub fn seq(&self, i: usize) -> &[f32] {
+        let r = &self.spans[i];
+        &self.data[r.start * self.vocab..r.end * self.vocab]
+    }
+    /// Number of work items.
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+    /// One vector per work item (copies, except for a single item).
+    pub fn into_vecs(self) -> Vec<Vec<f32>> {
+        if self.spans.len() == 1 {
+            return vec![self.data];
+        }
+        (0..self.spans.len())
+            .map(|i| self.seq(i).to_vec())
+            .collect()
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct RunnerOptions {
     /// CPU threads (None: all cores).
@@ -223,6 +261,12 @@ impl Runner {
     /// the runner's own manager first. Returns, per work item, its logits:
     /// (rows wanted, vocab) flattened.
     pub fn step(&mut self, work: &[SeqWork<'_>]) -> Result<Vec<Vec<f32>>> {
+        Ok(self.step_flat(work)?.into_vecs())
+    }
+
+    /// Like [`Runner::step`], with the logits in one buffer (no copy per
+    /// sequence).
+    pub fn step_flat(&mut self, work: &[SeqWork<'_>]) -> Result<Logits> {
         let t_alloc = std::time::Instant::now();
         let ctx = self.model.cfg.context_length;
         for w in work {
@@ -252,8 +296,16 @@ impl Runner {
     /// Like [`Runner::step`], but with blocks already allocated (and any
     /// copy-on-write copies done) in `kv`, a manager owned by someone else
     /// (the serving scheduler). Allocates nothing.
-    pub fn step_with_kv(&mut self, kv: &KvManager, work: &[SeqWork<'_>]) -> Result<Vec<Vec<f32>>> {
+    pub fn step_with_kv(&mut self, kv: &KvManager, work: &[SeqWork<'_>]) -> Result<Logits> {
         forward_batch(&self.model, &self.gguf, &mut self.compute, kv, work)
+    }
+
+    /// Hands a step's logits buffer back for the next step to fill, so a
+    /// large batch does not allocate (and page-fault) 32 MiB every step.
+    pub fn recycle(&mut self, l: Logits) {
+        if let Compute::Cuda { exec, .. } = &self.compute {
+            exec.backend().recycle_logits(l.data);
+        }
     }
 
     /// Releases a sequence's KV blocks. Freeing a sequence that holds no
@@ -274,7 +326,7 @@ fn forward_batch(
     compute: &mut Compute,
     kv: &KvManager,
     work: &[SeqWork<'_>],
-) -> Result<Vec<Vec<f32>>> {
+) -> Result<Logits> {
     let ctx = model.cfg.context_length;
     let n_rows: usize = work.iter().map(|w| w.tokens.len()).sum();
     let mut tokens = Vec::with_capacity(n_rows);
@@ -356,18 +408,16 @@ fn forward_batch(
             logit_rows.len()
         );
     }
-    // One sequence (every single-stream decode step): its logits are the
-    // whole buffer, moved rather than copied.
-    let out = if wanted.len() == 1 {
-        vec![logits]
-    } else {
-        let mut out = Vec::with_capacity(work.len());
-        let mut off = 0;
-        for n in wanted {
-            out.push(logits[off * v..(off + n) * v].to_vec());
-            off += n;
-        }
-        out
+    let mut spans = Vec::with_capacity(wanted.len());
+    let mut off = 0;
+    for n in wanted {
+        spans.push(off..off + n);
+        off += n;
+    }
+    let out = Logits {
+        data: logits,
+        vocab: v,
+        spans,
     };
     if let Compute::Cuda { exec, .. } = compute {
         if exec.profiling() {

@@ -107,7 +107,8 @@ fn time_batched(
                     logits: LogitsWanted::Last,
                 })
                 .collect();
-            r.step(&work)?;
+            let l = r.step_flat(&work)?;
+            r.recycle(l);
         }
         Ok((b * gen) as f64 / t0.elapsed().as_secs_f64())
     })();

@@ -298,12 +298,13 @@ impl CudaExec {
     }
 
     /// Whether a decode step of `b` rows can run as a CUDA graph in `mode`
-    /// (fast mode uses cuBLAS beyond MV_BATCH rows, which is not captured).
+    /// (fast mode's cuBLAS GEMMs, for batches past the int8 kernels, are not
+    /// captured).
     pub fn graphable(&self, b: usize) -> bool {
         self.use_graphs
             && !self.profile
             && b > 0
-            && (self.mode != Mode::Fast || b <= crate::backend::cuda::MV_BATCH)
+            && (self.mode != Mode::Fast || !crate::backend::cuda::fast_uses_blas(b))
     }
 
     /// Runs a decode step (one row per sequence, every row's logits) with

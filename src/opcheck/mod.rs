@@ -402,6 +402,9 @@ impl Ctx<'_> {
                 (49, if bs == 256 { 768 } else { 576 }, 1),
                 (193, if bs == 256 { 1536 } else { 576 }, 8),
                 (64, 2048, 33),
+                // Batched-decode shape with a partial weight tile, a
+                // partial activation tile and (32-blocks) a partial k chunk.
+                (97, if bs == 256 { 768 } else { 576 }, 17),
                 (40, 512, 130),
             ];
             if bs == 1 {

@@ -424,7 +424,8 @@ impl Engine {
         let now = Instant::now();
         let mut sampled = Vec::new();
         let mut ended: Vec<(SeqId, EndKind, Event)> = Vec::new();
-        for (ss, logits) in plan.seqs.iter().zip(&outs) {
+        for (i, ss) in plan.seqs.iter().enumerate() {
+            let logits = outs.seq(i);
             if !ss.sample {
                 continue;
             }
@@ -453,6 +454,7 @@ impl Engine {
                 }
             }
         }
+        self.runner.recycle(outs);
         self.metrics.record_step(now, sampled.len() as u64);
         self.sched
             .on_step_done(&sampled)

@@ -3,14 +3,14 @@
 //! must, to preempt and to admit with prefix hits).
 
 use crate::kv::KvManager;
-use crate::runner::{LogitsWanted, Runner, SeqWork};
+use crate::runner::{Logits, LogitsWanted, Runner, SeqWork};
 use crate::scheduler::StepPlan;
 use anyhow::{Context, Result};
 
 /// Runs every planned sequence of `plan` in one forward pass. Returns, per
 /// planned sequence in plan order, the logits of its last row when it is
-/// due for sampling (`sample`), else an empty vector.
-pub fn run_plan(runner: &mut Runner, kv: &KvManager, plan: &StepPlan) -> Result<Vec<Vec<f32>>> {
+/// due for sampling (`sample`), else an empty slice.
+pub fn run_plan(runner: &mut Runner, kv: &KvManager, plan: &StepPlan) -> Result<Logits> {
     // Copy-on-write copies first: a later sequence may read a block that an
     // earlier one's copy fills.
     for s in &plan.seqs {

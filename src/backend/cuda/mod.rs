@@ -18,7 +18,7 @@
 
 mod host;
 mod launch;
-pub(crate) use launch::MV_BATCH;
+pub(crate) use launch::fast_uses_blas;
 pub mod mem;
 pub mod source;
 
@@ -48,6 +48,8 @@ pub struct CudaBackend {
     dev: Device,
     name: String,
     arch: String,
+    /// Streaming multiprocessors (sizes split-K grids).
+    sms: usize,
     weights: Mutex<HashMap<WeightKey, Arc<CudaSlice<u8>>>>,
     /// Serializes runs (one stream, one set of scratch buffers).
     lock: Mutex<()>,
@@ -62,6 +64,9 @@ pub struct CudaBackend {
     /// Page-locked staging buffer for logits downloads (grown on demand):
     /// a copy into fresh pageable memory pays a page fault per 4 KiB.
     pinned: Mutex<Option<cudarc::driver::PinnedHostSlice<f32>>>,
+    /// A logits vector handed back by its user (Runner::recycle), filled
+    /// by the next download instead of a fresh allocation.
+    spare_logits: Mutex<Vec<f32>>,
     /// cuBLAS on the backend's stream (fast-mode GEMMs), when libcublas
     /// loads; without it fast mode uses the warp-per-row kernel.
     blas: Option<cudarc::cublas::CudaBlas>,
@@ -146,6 +151,13 @@ impl CudaBackend {
         let (maj, min) = drv(ctx.compute_capability(), "compute capability")?;
         let arch = format!("sm_{maj}{min}");
         let name = drv(ctx.name(), "device name")?;
+        let sms = drv(
+            ctx.attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            ),
+            "multiprocessor count",
+        )?
+        .max(1) as usize;
         // One created stream for all work (the legacy default stream cannot
         // be captured into CUDA graphs).
         // SAFETY: every buffer of this backend is used on this one stream
@@ -193,9 +205,11 @@ impl CudaBackend {
             arena: Mutex::new(arena),
             act_cache: Mutex::new(None),
             pinned: Mutex::new(None),
+            spare_logits: Mutex::new(Vec::new()),
             dev: Device { ctx, stream, funcs },
             name,
             arch,
+            sms,
             weights: Mutex::new(HashMap::new()),
             lock: Mutex::new(()),
             disabled: Mutex::new(None),
@@ -245,6 +259,11 @@ impl CudaBackend {
     /// may move between threads; the driver binds contexts per thread).
     pub fn bind(&self) -> Result<()> {
         drv(self.dev.ctx.bind_to_thread(), "binding the CUDA context")
+    }
+
+    /// Streaming multiprocessors of the device.
+    pub(crate) fn sm_count(&self) -> usize {
+        self.sms
     }
 
     fn func(&self, name: &str) -> Result<&CudaFunction> {
@@ -307,7 +326,26 @@ impl CudaBackend {
         let host = drv(p.as_mut_slice(), what)?;
         drv(self.dev.stream.memcpy_dtoh(&v, &mut host[..len]), what)?;
         self.sync(what)?;
-        Ok(host[..len].to_vec())
+        // Fill a recycled vector when there is one (no fresh allocation
+        // to page-fault through).
+        let mut out = self
+            .spare_logits
+            .lock()
+            .map(|mut s| std::mem::take(&mut *s))
+            .unwrap_or_default();
+        out.clear();
+        out.extend_from_slice(&host[..len]);
+        Ok(out)
+    }
+
+    /// Keeps `v`'s allocation for the next logits download (the larger of
+    /// it and the one already kept).
+    pub fn recycle_logits(&self, v: Vec<f32>) {
+        if let Ok(mut s) = self.spare_logits.lock() {
+            if v.capacity() > s.capacity() {
+                *s = v;
+            }
+        }
     }
 
     pub fn sync(&self, what: &str) -> Result<()> {

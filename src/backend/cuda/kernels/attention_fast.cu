@@ -325,17 +325,6 @@ extern "C" __global__ void attention_combine(const float* __restrict__ part, int
 #define FA_MAXD 128
 #define FA_PAD 8
 
-__device__ __forceinline__ void mma_f16_16816(const u32* a, u32 b0, u32 b1, float* c) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
-    return (u32)q_to_f16(lo) | ((u32)q_to_f16(hi) << 16);
-}
 
 // tiles: (n_tiles, 2) = {first batch row, rows (1..16)}.
 extern "C" __global__ void flash_attention_prefill(

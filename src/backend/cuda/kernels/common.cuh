@@ -134,3 +134,31 @@ __device__ __forceinline__ float q_group_tree8(float v) {
     }
     return v;
 }
+
+// Tensor-core helpers of the fast-mode kernels (matmul_fast, attention_fast).
+// c (16x8 f32) += a (16x16 f16, row) * b (16x8 f16, col), fragments as in
+// the PTX ISA's m16n8k16 layout.
+__device__ __forceinline__ void mma_f16_16816(const u32* a, u32 b0, u32 b1, float* c) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two f32 to f16 (round to nearest even) in one instruction (sm_80+): lo
+// in the low half.
+__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// Four 8x8 b16 matrices from shared memory: lanes 8q..8q+7 give the row
+// addresses of matrix q, whose fragment lands in r[q].
+__device__ __forceinline__ void ldsm_x4(u32* r, const void* p) {
+    u32 a = (u32)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}

@@ -264,123 +264,241 @@ extern "C" __global__ void to_f16(const float* __restrict__ x, long long len,
 }
 
 // ---------------------------------------------------------------------------
-// Batched decode (fast mode, 8 < n): int8 tensor-core MMA on the same int8
-// activations. A CTA of 4 warps owns a tile of 16 weight rows and up to 64
-// activation rows (8 tiles of 8); warp w takes units w, w + 4, ... and
-// issues two m16n8k16 s8 MMAs per unit and activation tile (the unit's two
-// 16-value halves, so Q6_K's two scales apply exactly), then scales the
-// int32 results into f32 accumulators. The 4 warps' sums are added in warp
-// order through shared memory. Weights are read once per 64 activation rows.
+// Batched decode (fast mode, a few to 64 activation rows): quantized weights
+// dequantized tile by tile into shared memory as f16 and multiplied on
+// tensor cores with f16 activations, f32 accumulation (the arithmetic of
+// the cuBLAS path, without dequantizing the whole matrix to memory first).
+//
+// A CTA of 8 warps owns TT_ROWS = 128 weight rows (warp w: rows 16w..16w+15)
+// and TT_TOK = 64 activation rows (8 tiles of 8), and a range of k (split-K:
+// grid z; partial sums then added in split order by split_sum). The k range
+// runs in chunks of TT_KC values: each thread decodes one 32-value unit
+// (decode_unit) to f16, the activation chunk is copied with 16-byte loads,
+// and every warp runs m16n8k16 MMAs on ldmatrix fragments. Weights are read
+// from memory once per 64 activation rows; activations once per 128 weight
+// rows (from L2).
+//
+// Shared rows are TT_KC + 8 halves (144 bytes): the 8 row addresses of an
+// ldmatrix phase start 4 banks apart, so they never conflict.
 
-// Words t and t + 4 of unit u (values 4t..4t+3 and 16+4t..16+4t+3) and the
-// unit's scales: the whole unit is decoded by decode_unit (the one decoder
-// of every int8 kernel) and the two words are picked with static indices,
-// so they stay in registers. Four lanes decode the same unit; the
-// redundant ALU work is the price of not keeping a second decoder.
+#define TT_ROWS 128
+#define TT_TOK 64
+#define TT_KC 64
+#define TT_LD (TT_KC + 8)
+
+// Signed int8 byte e of word v as a float, exactly: the biased byte placed in
+// the mantissa of 2^23 (full-rate ALU instead of an int-to-float convert).
+__device__ __forceinline__ float s8_byte_f(u32 biased, int e) {
+    return __uint_as_float(__byte_perm(biased, 0x4B000000u, e | 0x7540)) - 8388736.0f;
+}
+
+// Unit u of weight row `row` (or zeros when `valid` is false) as 32 f16
+// values A * q + B into dst (16-byte aligned shared memory).
 template <int TY>
-__device__ __forceinline__ void decode_pair(const u8* __restrict__ row, int u, int t, int& lo,
-                                            int& hi, float& a0, float& a1, float& b) {
-    int w[8];
-    decode_unit<TY>(row, u, w, a0, a1, b);
-    lo = w[0];
-    hi = w[4];
+__device__ __forceinline__ void tile_unit_f16(const u8* __restrict__ row, int u, bool valid,
+                                              u16* dst) {
+    u32 h[16];
+    if (valid) {
+        int w[8];
+        float a0, a1, b;
+        decode_unit<TY>(row, u, w, a0, a1, b);
 #pragma unroll
-    for (int i = 1; i < 4; i++) {
-        if (i == t) {
-            lo = w[i];
-            hi = w[i + 4];
+        for (int i = 0; i < 8; i++) {
+            float a = i < 4 ? a0 : a1;
+            u32 x = (u32)w[i] ^ 0x80808080u;
+            h[2 * i] = pack_f16x2(fmaf(a, s8_byte_f(x, 0), b), fmaf(a, s8_byte_f(x, 1), b));
+            h[2 * i + 1] = pack_f16x2(fmaf(a, s8_byte_f(x, 2), b), fmaf(a, s8_byte_f(x, 3), b));
         }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 16; i++) h[i] = 0;
+    }
+    uint4* d = (uint4*)dst;
+#pragma unroll
+    for (int i = 0; i < 4; i++) d[i] = make_uint4(h[4 * i], h[4 * i + 1], h[4 * i + 2], h[4 * i + 3]);
+}
+
+// The chunk's activations (TT_TOK rows x TT_KC halves): thread tid takes
+// 16-byte pieces tid and tid + 256 (zeros past n rows or the split's end).
+__device__ __forceinline__ void tile_fetch_x(const u16* __restrict__ x16, int k, int n, int u0,
+                                             int ub, uint4* xv) {
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+        int i = threadIdx.x + 256 * s;
+        int tk = i >> 3, kk = 32 * u0 + 8 * (i & 7);
+        xv[s] = make_uint4(0, 0, 0, 0);
+        if (tk < n && kk < 32 * ub) xv[s] = *(const uint4*)(x16 + (long long)tk * k + kk);
     }
 }
 
-__device__ __forceinline__ void mma_s8_16816(int a0, int a1, int b0, int* c) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
-        "{%7,%7,%7,%7};"
-        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-        : "r"(a0), "r"(a1), "r"(b0), "r"(0));
+__device__ __forceinline__ void tile_store_x(u16 (*sx)[TT_LD], const uint4* xv) {
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+        int i = threadIdx.x + 256 * s;
+        *(uint4*)&sx[i >> 3][8 * (i & 7)] = xv[s];
+    }
 }
 
-#define MMA_WARPS 4
-#define MMA_TOK 64
-
-template <int TY>
-__device__ __forceinline__ void mm_q8_mma_body(const u8* __restrict__ w, int m, int k,
-                                               long long row_bytes,
-                                               const signed char* __restrict__ xq,
-                                               const float2* __restrict__ xds, int n,
-                                               float (*acc)[4]) {
+// acc += the chunk's products: warp w's 16 weight rows x the activation
+// tiles below n, four k16 steps of m16n8k16 on ldmatrix fragments.
+__device__ __forceinline__ void tile_mma(u16 (*sw)[TT_LD], u16 (*sx)[TT_LD], int n,
+                                         float (*acc)[4]) {
     int wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int g = lane >> 2, t = lane & 3;
-    int r0 = blockIdx.y * 16 + g, r1 = r0 + 8;
-    const u8* w0 = w + (long long)min(r0, m - 1) * row_bytes;
-    const u8* w1 = w + (long long)min(r1, m - 1) * row_bytes;
-    int units = k / 32, nb = k / 32;
     int ntiles = (n + 7) / 8;
-    for (int u = wid; u < units; u += MMA_WARPS) {
-        int lo0, hi0, lo1, hi1;
-        float a00, a01, b0, a10, a11, b1;
-        decode_pair<TY>(w0, u, t, lo0, hi0, a00, a01, b0);
-        decode_pair<TY>(w1, u, t, lo1, hi1, a10, a11, b1);
 #pragma unroll
-        for (int j = 0; j < MMA_TOK / 8; j++) {
-            if (j >= ntiles) break;
-            // B fragment: activation row 8j + g, values 4t.. and 16 + 4t...
-            int tok = 8 * j + g;
-            int xb0 = 0, xb1 = 0;
-            if (tok < n) {
-                const int* xr = (const int*)(xq + (long long)tok * k + 32 * u);
-                xb0 = xr[t];
-                xb1 = xr[t + 4];
-            }
-            int cl[4], ch[4];
-            mma_s8_16816(lo0, lo1, xb0, cl);
-            mma_s8_16816(hi0, hi1, xb1, ch);
-            // C: c[0], c[1] row g, tokens 8j + 2t, +1; c[2], c[3] row g + 8.
+    for (int ks = 0; ks < TT_KC / 16; ks++) {
+        u32 a[4];
+        ldsm_x4(a, &sw[16 * wid + (lane & 15)][16 * ks + 8 * (lane >> 4)]);
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int tk = 8 * j + 2 * t + (e & 1);
-                float2 ds = tk < n ? xds[(long long)tk * nb + u] : make_float2(0.0f, 0.0f);
-                float aa = e < 2 ? a00 : a10, ab = e < 2 ? a01 : a11, bb = e < 2 ? b0 : b1;
-                float v = fmaf(aa, (float)cl[e], ab * (float)ch[e]);
-                acc[j][e] = fmaf(ds.x, v, fmaf(bb, ds.y, acc[j][e]));
-            }
+        for (int jp = 0; jp < TT_TOK / 16; jp++) {
+            if (2 * jp >= ntiles) break;
+            u32 b[4];
+            int q = lane >> 3;
+            ldsm_x4(b, &sx[16 * jp + 8 * (q >> 1) + (lane & 7)][16 * ks + 8 * (q & 1)]);
+            mma_f16_16816(a, b[0], b[1], acc[2 * jp]);
+            if (2 * jp + 1 < ntiles) mma_f16_16816(a, b[2], b[3], acc[2 * jp + 1]);
         }
     }
 }
 
-// Grid: (ceil(n / 64), ceil(m / 16)); block 128 threads. x rows 64*blockIdx.x...
-extern "C" __global__ void mm_q8_mma(const u8* __restrict__ w, int m, int k, long long row_bytes,
-                                     int ty, const signed char* __restrict__ xq,
-                                     const float2* __restrict__ xds, int n_all,
-                                     float* __restrict__ out) {
-    __shared__ float red[MMA_WARPS][16][MMA_TOK + 1];
-    int g0 = blockIdx.x * MMA_TOK;
-    int n = min(MMA_TOK, n_all - g0);
-    xq += (long long)g0 * k;
-    xds += (long long)g0 * (k / 32);
-    float acc[MMA_TOK / 8][4];
+// Any quantized type: each thread decodes its unit straight from global
+// memory (the K-quant types' 256-value superblocks do not split into 64-value
+// chunks of whole blocks, and rows whose bytes are not 4-byte aligned).
+template <int TY>
+__device__ __forceinline__ void mm_tile_body(const u8* __restrict__ w, int m, int k,
+                                             long long row_bytes, const u16* __restrict__ x16,
+                                             int n, int ua, int ub, u16 (*sw)[TT_LD],
+                                             u16 (*sx)[TT_LD], float (*acc)[4]) {
+    int tid = threadIdx.x;
+    int row0 = blockIdx.y * TT_ROWS;
+    // This thread's staging unit: row tid / 2, unit tid % 2 of the chunk.
+    int sr = tid >> 1, su = tid & 1;
+    const u8* wrow = w + (long long)min(row0 + sr, m - 1) * row_bytes;
+    for (int u0 = ua; u0 < ub; u0 += TT_KC / 32) {
+        tile_unit_f16<TY>(wrow, u0 + su, row0 + sr < m && u0 + su < ub, &sw[sr][32 * su]);
+        uint4 xv[2];
+        tile_fetch_x(x16, k, n, u0, ub, xv);
+        tile_store_x(sx, xv);
+        __syncthreads();
+        tile_mma(sw, sx, n, acc);
+        __syncthreads();
+    }
+}
+
+// 32-value block types with 4-byte aligned rows: the chunk's raw weight
+// bytes (TT_ROWS rows x 2 blocks, contiguous per row) are copied with
+// coalesced 4-byte loads into shared memory and decoded from there; the
+// next chunk's loads are issued before this chunk's MMAs, so they are in
+// flight while the tensor cores work.
+#define TILE_BS(TY) \
+    ((TY) == TY_Q4_0 ? 18 : (TY) == TY_Q4_1 ? 20 : (TY) == TY_Q5_0 ? 22 : (TY) == TY_Q5_1 ? 24 : 34)
+
+template <int TY, int NPRE>
+__device__ __forceinline__ void tile_fetch_w32(const u8* __restrict__ w, int m, long long row_bytes,
+                                               int u0, int ub, u32* pre) {
+    const int BS = TILE_BS(TY), WPR = BS / 2;  // words per row per chunk
+    int row0 = blockIdx.y * TT_ROWS;
+    int valid = min(2, ub - u0) * BS;  // bytes of this chunk inside the split
 #pragma unroll
-    for (int j = 0; j < MMA_TOK / 8; j++)
+    for (int p = 0; p < NPRE; p++) {
+        int i = threadIdx.x + 256 * p;
+        int r = i / WPR, c = i % WPR;
+        u32 v = 0;
+        if (i < TT_ROWS * WPR && row0 + r < m) {
+            const u8* src = w + (long long)(row0 + r) * row_bytes + (long long)u0 * BS + 4 * c;
+            // A split ending after one block ends mid-word (BS is even):
+            // never read past the block.
+            if (4 * c + 4 <= valid) v = *(const u32*)src;
+            else if (4 * c + 2 <= valid) v = *(const u16*)src;
+        }
+        pre[p] = v;
+    }
+}
+
+template <int TY>
+__device__ __forceinline__ void mm_tile_body32(const u8* __restrict__ w, int m, int k,
+                                               long long row_bytes,
+                                               const u16* __restrict__ x16, int n, int ua,
+                                               int ub, u16 (*sw)[TT_LD], u16 (*sx)[TT_LD],
+                                               u32* raw, float (*acc)[4]) {
+    const int BS = TILE_BS(TY), WPR = BS / 2;
+    const int NPRE = (TT_ROWS * (TILE_BS(TY) / 2) + 255) / 256;
+    int tid = threadIdx.x;
+    int row0 = blockIdx.y * TT_ROWS;
+    int sr = tid >> 1, su = tid & 1;
+    u32 pre[NPRE];
+    uint4 xv[2];
+    tile_fetch_w32<TY, NPRE>(w, m, row_bytes, ua, ub, pre);
+    tile_fetch_x(x16, k, n, ua, ub, xv);
+    for (int u0 = ua; u0 < ub; u0 += TT_KC / 32) {
+#pragma unroll
+        for (int p = 0; p < NPRE; p++) {
+            int i = tid + 256 * p;
+            if (i < TT_ROWS * WPR) raw[i] = pre[p];
+        }
+        tile_store_x(sx, xv);
+        __syncthreads();
+        tile_unit_f16<TY>((const u8*)(raw + sr * WPR), su, row0 + sr < m && u0 + su < ub,
+                          &sw[sr][32 * su]);
+        __syncthreads();
+        if (u0 + TT_KC / 32 < ub) {
+            tile_fetch_w32<TY, NPRE>(w, m, row_bytes, u0 + TT_KC / 32, ub, pre);
+            tile_fetch_x(x16, k, n, u0 + TT_KC / 32, ub, xv);
+        }
+        tile_mma(sw, sx, n, acc);
+        __syncthreads();
+    }
+}
+
+// out (n, m) (+ blockIdx.z * part_stride: split z's partial sums) =
+// x16 (n, k) · wᵀ over units [z * upc, min((z + 1) * upc, k / 32)).
+// Grid: (ceil(n / TT_TOK), ceil(m / TT_ROWS), splits); block 256 threads;
+// upc a multiple of TT_KC / 32.
+extern "C" __global__ void __launch_bounds__(256, 2) mm_f16_tile(
+    const u8* __restrict__ w, int m, int k, long long row_bytes, int ty,
+    const u16* __restrict__ x16, int n_all, int upc, long long part_stride,
+    float* __restrict__ out) {
+    __shared__ __align__(16) u16 sw[TT_ROWS][TT_LD];
+    __shared__ __align__(16) u16 sx[TT_TOK][TT_LD];
+    __shared__ u32 raw[TT_ROWS * 17];  // 2 blocks of up to 34 bytes per row
+    int g0 = blockIdx.x * TT_TOK;
+    int n = min(TT_TOK, n_all - g0);
+    x16 += (long long)g0 * k;
+    out += blockIdx.z * part_stride + (long long)g0 * m;
+    int ua = blockIdx.z * upc, ub = min(ua + upc, k / 32);
+    float acc[TT_TOK / 8][4];
+#pragma unroll
+    for (int j = 0; j < TT_TOK / 8; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
-#define MMA_BODY(T) mm_q8_mma_body<T>(w, m, k, row_bytes, xq, xds, n, acc)
-    QTYPE_DISPATCH(ty, MMA_BODY)
-#undef MMA_BODY
+#define TT_BODY(T)                                                                  \
+    if (T <= TY_Q8_0 && row_bytes % 4 == 0)                                         \
+        mm_tile_body32<T <= TY_Q8_0 ? T : TY_Q8_0>(w, m, k, row_bytes, x16, n, ua, ub, sw, sx, \
+                                                    raw, acc);                      \
+    else                                                                            \
+        mm_tile_body<T>(w, m, k, row_bytes, x16, n, ua, ub, sw, sx, acc);
+    QTYPE_DISPATCH(ty, TT_BODY)
+#undef TT_BODY
     int wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 2, t = lane & 3;
+    int ra = blockIdx.y * TT_ROWS + 16 * wid + g, rb = ra + 8;
 #pragma unroll
-    for (int j = 0; j < MMA_TOK / 8; j++)
+    for (int j = 0; j < TT_TOK / 8; j++) {
 #pragma unroll
-        for (int e = 0; e < 4; e++) red[wid][g + 8 * (e >> 1)][8 * j + 2 * t + (e & 1)] = acc[j][e];
-    __syncthreads();
-    for (int i = threadIdx.x; i < 16 * MMA_TOK; i += blockDim.x) {
-        int rr = i / MMA_TOK, tk = i % MMA_TOK;
-        int row = blockIdx.y * 16 + rr;
-        if (row >= m || tk >= n) continue;
-        float v = red[0][rr][tk];
-#pragma unroll
-        for (int q = 1; q < MMA_WARPS; q++) v += red[q][rr][tk];
-        out[(long long)(g0 + tk) * m + row] = v;
+        for (int e = 0; e < 4; e++) {
+            int tk = 8 * j + 2 * t + (e & 1);
+            int row = e < 2 ? ra : rb;
+            if (tk < n && row < m) out[(long long)tk * m + row] = acc[j][e];
+        }
     }
+}
+
+// out[i] = sum over s = 0..splits-1, in that order, of part[s * len + i].
+extern "C" __global__ void split_sum(const float* __restrict__ part, int splits, long long len,
+                                     float* __restrict__ out) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= len) return;
+    float v = part[i];
+    for (int s = 1; s < splits; s++) v += part[s * len + i];
+    out[i] = v;
 }

@@ -22,20 +22,51 @@ const MV_ROWS: usize = 8;
 /// 853 tokens/s at batch 32 and 64.
 pub(crate) const MV_BATCH: usize = MV_ROWS;
 
-/// Most activation rows `fast` mode gives the int8 tensor-core kernel
-/// (mm_q8_mma) before cuBLAS takes over: QUIRE_MMA_MAX_ROWS, default 0
-/// (off). The kernel is correct (the parity harness covers it when the
-/// variable is set) but not yet fast: it reads activations and scales
-/// straight from global memory, without shared-memory tiles, and measured
-/// 544-629 tokens/s at batch 16-64 on the 8B Q4_0 shape.
-fn mma_max_rows() -> usize {
-    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+/// The activation rows for which `fast` mode uses the int8 tensor-core
+/// kernel (mm_q8_tile) on quantized weights: more than `lo`, at most `hi`
+/// (QUIRE_MMA_MIN_ROWS, default MV_BATCH; QUIRE_MMA_MAX_ROWS, default 64).
+/// Below, the warp-per-row kernel; above, cuBLAS (prefill: the f16
+/// dequantization per call is paid back by the GEMM's tensor-core rate).
+fn mma_rows() -> (usize, usize) {
+    static V: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
     *V.get_or_init(|| {
-        std::env::var("QUIRE_MMA_MAX_ROWS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+        let var = |name: &str, default: usize| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(default)
+        };
+        (
+            var("QUIRE_MMA_MIN_ROWS", MV_BATCH),
+            var("QUIRE_MMA_MAX_ROWS", 64),
+        )
     })
+}
+
+/// Whether `fast` mode runs an `n`-row matmul of quantized weights through
+/// cuBLAS (which a CUDA graph does not capture).
+pub(crate) fn fast_uses_blas(n: usize) -> bool {
+    let (lo, hi) = mma_rows();
+    n > MV_BATCH && !(n > lo && n <= hi)
+}
+
+/// Weight rows and activation rows of one mm_f16_tile CTA (TT_ROWS,
+/// TT_TOK in matmul_fast.cu), and its k chunk in 32-value units.
+const TILE_ROWS: usize = 128;
+const TILE_TOK: usize = 64;
+const TILE_KU: usize = 2;
+
+/// Split-K for mm_f16_tile: (splits, units per split) so that the grid
+/// fills the GPU in one wave of at most two CTAs per SM (a 4096-row matrix
+/// has only 32 row tiles), each split a whole number of k chunks and none
+/// empty. Depends only on the shapes and the device, never on the data.
+fn tile_splits(m: usize, n: usize, units: usize, sms: usize) -> (usize, usize) {
+    let tiles = m.div_ceil(TILE_ROWS) * n.div_ceil(TILE_TOK);
+    let chunks = units.div_ceil(TILE_KU);
+    let want = ((2 * sms) / tiles.max(1)).clamp(1, chunks.max(1));
+    let per = chunks.div_ceil(want);
+    let upc = per * TILE_KU;
+    (units.div_ceil(upc).max(1), upc)
 }
 
 /// Quantized activations held at the start of the arena: the input's device
@@ -86,9 +117,9 @@ impl CudaBackend {
     /// `deterministic`: the warp-per-row kernels (int8 activations and dp4a
     /// for quantized weights) for every n, in groups of MV_ROWS rows
     /// (batch-invariant); `fast`: those up to MV_BATCH rows, the int8 MMA
-    /// kernel if QUIRE_MMA_MAX_ROWS asks for it, and cuBLAS f16 tensor-core
-    /// GEMM with f32 accumulation beyond (weights dequantized to f16 per
-    /// call).
+    /// kernel for batched decode (see mma_rows), and cuBLAS f16
+    /// tensor-core GEMM with f32 accumulation beyond (weights dequantized to
+    /// f16 per call).
     pub(crate) fn d_mat_mul(
         &self,
         w: &DevMatrix<'_>,
@@ -104,8 +135,9 @@ impl CudaBackend {
         if mode != Mode::Exact && n > 0 && w.rows > 0 && w.cols > 0 && w.cols.is_multiple_of(32) {
             validate::mat_mul(w, w.data.len(), x.len(), n, out.len())?;
             let float_w = matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
-            if mode == Mode::Fast && n > MV_ROWS && !float_w && n <= mma_max_rows() {
-                return self.mat_vec_q8(w, x, n, out, true);
+            let (lo, hi) = mma_rows();
+            if mode == Mode::Fast && !float_w && n > lo && n <= hi {
+                return self.mm_tile(w, x, n, out);
             }
             if mode == Mode::Fast && n > MV_BATCH && self.blas.is_some() {
                 return self.gemm_f16(w, x, n, out);
@@ -155,18 +187,17 @@ impl CudaBackend {
             drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_float")?;
             return Ok(());
         }
-        self.mat_vec_q8(w, x, n, out, false)
+        self.mat_vec_q8(w, x, n, out)
     }
 
     /// Quantized weights: activations to int8 (quant_q8), then the
-    /// warp-per-row dp4a kernel or (`mma`) the int8 tensor-core kernel.
+    /// warp-per-row dp4a kernel.
     fn mat_vec_q8(
         &self,
         w: &DevMatrix<'_>,
         x: &CudaView<'_, f32>,
         n: usize,
         out: &mut CudaViewMut<'_, f32>,
-        mma: bool,
     ) -> Result<()> {
         let tc =
             ty_code(w.ty).ok_or_else(|| anyhow!("mat_mul: {:?} is not a weight type", w.ty))?;
@@ -174,28 +205,14 @@ impl CudaBackend {
         let rb = w.ty.row_bytes(k).map_err(|e| anyhow!("mat_mul: {e}"))? as i64;
         let (mi, ki, ni) = (i32_of(m, "m")?, i32_of(k, "k")?, i32_of(n, "n")?);
         i32_of(n * k, "n * k")?;
-        let (kernel, cfg) = if mma {
-            let cfg = LaunchConfig {
-                grid_dim: (
-                    u32::try_from(n.div_ceil(64))?,
-                    u32::try_from(m.div_ceil(16))?,
-                    1,
-                ),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            ("mm_q8_mma", cfg)
-        } else {
-            let cfg = LaunchConfig {
-                grid_dim: (
-                    u32::try_from(n.div_ceil(MV_ROWS))?,
-                    u32::try_from(m.div_ceil(8))?,
-                    1,
-                ),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            ("mv_q8", cfg)
+        let cfg = LaunchConfig {
+            grid_dim: (
+                u32::try_from(n.div_ceil(MV_ROWS))?,
+                u32::try_from(m.div_ceil(8))?,
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
         };
         let s = self.stream();
         let nblk = n * k / 32;
@@ -221,7 +238,7 @@ impl CudaBackend {
                     "mat_mul: launching quant_q8",
                 )?;
             }
-            let mut b = s.launch_builder(self.func(kernel)?);
+            let mut b = s.launch_builder(self.func("mv_q8")?);
             b.arg(&w.data)
                 .arg(&mi)
                 .arg(&ki)
@@ -231,16 +248,88 @@ impl CudaBackend {
                 .arg(&mut *xds)
                 .arg(&ni)
                 .arg(out);
-            // SAFETY: matches mv_q8 / mm_q8_mma (same arguments); w holds m
-            // rows of rb bytes (256-byte aligned allocation), xq/xds as
-            // above, out n*m.
-            drv(
-                unsafe { b.launch(cfg) },
-                "mat_mul: launching the int8 kernel",
-            )?;
+            // SAFETY: matches mv_q8; w holds m rows of rb bytes (256-byte
+            // aligned allocation), xq/xds as above, out n*m.
+            drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_q8")?;
             Ok(())
         })?;
         self.act_remember(key, out_ptr, out_len);
+        Ok(())
+    }
+
+    /// Batched decode on quantized weights: activations to f16, then
+    /// mm_f16_tile (weight tiles dequantized to f16 in shared memory,
+    /// tensor-core MMA), split over k so that the grid has about two CTAs
+    /// per SM, and the splits' partial sums added in order (split_sum).
+    fn mm_tile(
+        &self,
+        w: &DevMatrix<'_>,
+        x: &CudaView<'_, f32>,
+        n: usize,
+        out: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        // The f16 copy of the activations replaces the arena's quantized ones.
+        self.forget_activations();
+        let tc =
+            ty_code(w.ty).ok_or_else(|| anyhow!("mat_mul: {:?} is not a weight type", w.ty))?;
+        let (m, k) = (w.rows, w.cols);
+        let rb = w.ty.row_bytes(k).map_err(|e| anyhow!("mat_mul: {e}"))? as i64;
+        let (mi, ki, ni) = (i32_of(m, "m")?, i32_of(k, "k")?, i32_of(n, "n")?);
+        i32_of(n * k, "n * k")?;
+        let (splits, upc) = tile_splits(m, n, k / 32, self.sm_count());
+        let part_len = if splits > 1 { splits * n * m } else { 0 };
+        let s = self.stream();
+        let mut guard = self.arena(&[n * k * 2, part_len * 4, 0])?;
+        arena3::<u16, f32, u8, ()>(&mut guard, (n * k, part_len, 0), |x16, part, _| {
+            let len = (n * k) as i64;
+            let mut b = s.launch_builder(self.func("to_f16")?);
+            b.arg(x).arg(&len).arg(&mut *x16);
+            // SAFETY: matches to_f16; x and x16 hold n*k elements.
+            drv(unsafe { b.launch(grid_1d(n * k, 256)?) }, "mat_mul: to_f16")?;
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    u32::try_from(n.div_ceil(TILE_TOK))?,
+                    u32::try_from(m.div_ceil(TILE_ROWS))?,
+                    u32::try_from(splits)?,
+                ),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let upci = i32_of(upc, "units per split")?;
+            let stride = (n * m) as i64;
+            let mut b = s.launch_builder(self.func("mm_f16_tile")?);
+            b.arg(&w.data)
+                .arg(&mi)
+                .arg(&ki)
+                .arg(&rb)
+                .arg(&tc)
+                .arg(&mut *x16)
+                .arg(&ni)
+                .arg(&upci);
+            if splits > 1 {
+                b.arg(&stride).arg(&mut *part);
+                // SAFETY: matches mm_f16_tile; w holds m rows of rb bytes,
+                // x16 n*k halves (arena: 256-byte aligned, rows of k halves
+                // 64-byte multiples, for the 16-byte loads), part
+                // splits*n*m floats (split z writes its n*m at z*stride).
+                drv(unsafe { b.launch(cfg) }, "mat_mul: mm_f16_tile")?;
+                let sp = i32_of(splits, "splits")?;
+                let mut b = s.launch_builder(self.func("split_sum")?);
+                b.arg(&mut *part).arg(&sp).arg(&stride).arg(&mut *out);
+                // SAFETY: matches split_sum; part holds splits*n*m floats,
+                // out n*m.
+                drv(
+                    unsafe { b.launch(grid_1d(n * m, 256)?) },
+                    "mat_mul: split_sum",
+                )?;
+            } else {
+                let zero = 0i64;
+                b.arg(&zero).arg(&mut *out);
+                // SAFETY: as above, one split writing out (n*m floats).
+                drv(unsafe { b.launch(cfg) }, "mat_mul: mm_f16_tile")?;
+            }
+            Ok(())
+        })?;
         Ok(())
     }
 
@@ -513,7 +602,25 @@ fn f32_ranges_overlap(a: u64, a_len: usize, b: u64, b_len: usize) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::f32_ranges_overlap;
+    use super::{f32_ranges_overlap, tile_splits};
+
+    #[test]
+    fn split_k_grids() {
+        // 8B shapes on a 132-SM H100: (splits, units per split).
+        assert_eq!(tile_splits(4096, 64, 128, 132), (8, 16));
+        assert_eq!(tile_splits(1024, 64, 128, 132), (32, 4));
+        assert_eq!(tile_splits(14336, 64, 128, 132), (2, 64));
+        assert_eq!(tile_splits(4096, 64, 448, 132), (8, 56));
+        assert_eq!(tile_splits(128256, 64, 128, 132), (1, 128));
+        // Every split is non-empty and they cover the units exactly.
+        for units in [1, 2, 3, 17, 18, 128, 449] {
+            for m in [1, 97, 4096] {
+                let (s, upc) = tile_splits(m, 17, units, 132);
+                assert!(upc % 2 == 0 && s >= 1);
+                assert!((s - 1) * upc < units && s * upc >= units, "{m} {units}");
+            }
+        }
+    }
 
     #[test]
     fn overlap_of_device_ranges() {

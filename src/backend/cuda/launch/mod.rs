@@ -12,8 +12,8 @@
 mod attention;
 mod matmul;
 
+pub(crate) use matmul::fast_uses_blas;
 pub(crate) use matmul::ActKey;
-pub(crate) use matmul::MV_BATCH;
 
 use super::mem::{DevKvMut, DevMatrix};
 use super::{drv, grid_1d, i32_of, ty_code, CudaBackend};
