@@ -23,6 +23,12 @@ fn every_kernel_compiles_with_nvrtc() {
                 Err(e) => panic!("{stem}.cu for {arch}: {e:#}"),
             };
             let text = ptx.to_src();
+            // QUIRE_DUMP_PTX=dir writes the PTX for reading (e.g. with
+            // ptxas -v or nvdisasm when tuning a kernel).
+            if let Ok(dir) = std::env::var("QUIRE_DUMP_PTX") {
+                let path = std::path::Path::new(&dir).join(format!("{stem}.{arch}.ptx"));
+                std::fs::write(&path, &text).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+            }
             for e in entries.iter() {
                 assert!(
                     text.contains(&format!(".entry {e}")),

@@ -171,6 +171,16 @@ impl CudaBackend {
             let module = drv(ctx.load_module(ptx), &format!("loading module {stem}"))?;
             for &e in entries.iter() {
                 let f = drv(module.load_function(e), &format!("kernel {e} of {stem}.cu"))?;
+                if e == "mm_f16_tile" {
+                    // Past the default 48 KiB of shared memory (opt-in).
+                    drv(
+                        f.set_attribute(
+                            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                            launch::TILE_SMEM as i32,
+                        ),
+                        "mm_f16_tile: shared memory size",
+                    )?;
+                }
                 funcs.insert(e, f);
             }
         }

@@ -138,8 +138,10 @@ __device__ __forceinline__ float q_group_tree8(float v) {
 // Tensor-core helpers of the fast-mode kernels (matmul_fast, attention_fast).
 // c (16x8 f32) += a (16x16 f16, row) * b (16x8 f16, col), fragments as in
 // the PTX ISA's m16n8k16 layout.
+// Not volatile: a pure function of its registers, so the compiler may
+// schedule the fragment loads of the next MMA ahead of it.
 __device__ __forceinline__ void mma_f16_16816(const u32* a, u32 b0, u32 b1, float* c) {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])

@@ -284,34 +284,66 @@ extern "C" __global__ void to_f16(const float* __restrict__ x, long long len,
 #define TT_ROWS 128
 #define TT_TOK 64
 #define TT_KC 64
+#define TT_KU (TT_KC / 32)       // units per chunk
+#define TT_XP (TT_KC / 8)        // 16-byte activation pieces per row
 #define TT_LD (TT_KC + 8)
 
-// Signed int8 byte e of word v as a float, exactly: the biased byte placed in
-// the mantissa of 2^23 (full-rate ALU instead of an int-to-float convert).
-__device__ __forceinline__ float s8_byte_f(u32 biased, int e) {
-    return __uint_as_float(__byte_perm(biased, 0x4B000000u, e | 0x7540)) - 8388736.0f;
+// f16x2 arithmetic through PTX (no header).
+__device__ __forceinline__ u32 h2_sub(u32 a, u32 b) {
+    u32 r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ u32 h2_fma(u32 a, u32 b, u32 c) {
+    u32 r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
 }
 
+// Bytes 0, 1 (lo) or 2, 3 (hi) of x as the f16 pair 1024 + byte: the byte
+// placed in the mantissa of 1024 (one byte permute per two values; exact).
+__device__ __forceinline__ u32 h2_bytes01(u32 x) { return __byte_perm(x, 0x64646464u, 0x4140); }
+__device__ __forceinline__ u32 h2_bytes23(u32 x) { return __byte_perm(x, 0x64646464u, 0x4342); }
+
 // Unit u of weight row `row` (or zeros when `valid` is false) as 32 f16
-// values A * q + B into dst (16-byte aligned shared memory).
+// values A * q + B into dst (16-byte aligned shared memory). The integer q
+// is made exactly in f16 (1024 + biased byte, minus the bias), then one f16
+// FMA with A and B rounded to f16 (exact for the 32-block types' f16
+// scales; the K-quants' products d * sc round once more: fast mode only).
 template <int TY>
 __device__ __forceinline__ void tile_unit_f16(const u8* __restrict__ row, int u, bool valid,
                                               u16* dst) {
     u32 h[16];
-    if (valid) {
+    if (!valid) {
+#pragma unroll
+        for (int i = 0; i < 16; i++) h[i] = 0;
+    } else if (TY == TY_Q4_0) {
+        // Nibbles straight from the block: q - 8 = (1024 + q) - 1032.
+        const u8* blk = row + (long long)u * 18;
+        u32 d = pack_f16x2(f16_at2(blk), f16_at2(blk));
+        const u32 bias = 0x64086408u;  // 1032, 1032
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            u32 q = (u32)ld_i2(blk + 2 + 4 * i);
+            u32 lo = q & 0x0F0F0F0Fu, hi = (q >> 4) & 0x0F0F0F0Fu;
+            h[2 * i] = h2_fma(h2_sub(h2_bytes01(lo), bias), d, 0);
+            h[2 * i + 1] = h2_fma(h2_sub(h2_bytes23(lo), bias), d, 0);
+            h[8 + 2 * i] = h2_fma(h2_sub(h2_bytes01(hi), bias), d, 0);
+            h[8 + 2 * i + 1] = h2_fma(h2_sub(h2_bytes23(hi), bias), d, 0);
+        }
+    } else {
         int w[8];
         float a0, a1, b;
         decode_unit<TY>(row, u, w, a0, a1, b);
+        u32 ha0 = pack_f16x2(a0, a0), ha1 = pack_f16x2(a1, a1), hb = pack_f16x2(b, b);
+        const u32 bias = 0x64806480u;  // 1152 = 1024 + 128, the signed bytes' bias
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            float a = i < 4 ? a0 : a1;
             u32 x = (u32)w[i] ^ 0x80808080u;
-            h[2 * i] = pack_f16x2(fmaf(a, s8_byte_f(x, 0), b), fmaf(a, s8_byte_f(x, 1), b));
-            h[2 * i + 1] = pack_f16x2(fmaf(a, s8_byte_f(x, 2), b), fmaf(a, s8_byte_f(x, 3), b));
+            u32 ha = i < 4 ? ha0 : ha1;
+            h[2 * i] = h2_fma(h2_sub(h2_bytes01(x), bias), ha, hb);
+            h[2 * i + 1] = h2_fma(h2_sub(h2_bytes23(x), bias), ha, hb);
         }
-    } else {
-#pragma unroll
-        for (int i = 0; i < 16; i++) h[i] = 0;
     }
     uint4* d = (uint4*)dst;
 #pragma unroll
@@ -323,9 +355,9 @@ __device__ __forceinline__ void tile_unit_f16(const u8* __restrict__ row, int u,
 __device__ __forceinline__ void tile_fetch_x(const u16* __restrict__ x16, int k, int n, int u0,
                                              int ub, uint4* xv) {
 #pragma unroll
-    for (int s = 0; s < 2; s++) {
+    for (int s = 0; s < TT_TOK * TT_XP / 256; s++) {
         int i = threadIdx.x + 256 * s;
-        int tk = i >> 3, kk = 32 * u0 + 8 * (i & 7);
+        int tk = i / TT_XP, kk = 32 * u0 + 8 * (i % TT_XP);
         xv[s] = make_uint4(0, 0, 0, 0);
         if (tk < n && kk < 32 * ub) xv[s] = *(const uint4*)(x16 + (long long)tk * k + kk);
     }
@@ -333,9 +365,9 @@ __device__ __forceinline__ void tile_fetch_x(const u16* __restrict__ x16, int k,
 
 __device__ __forceinline__ void tile_store_x(u16 (*sx)[TT_LD], const uint4* xv) {
 #pragma unroll
-    for (int s = 0; s < 2; s++) {
+    for (int s = 0; s < TT_TOK * TT_XP / 256; s++) {
         int i = threadIdx.x + 256 * s;
-        *(uint4*)&sx[i >> 3][8 * (i & 7)] = xv[s];
+        *(uint4*)&sx[i / TT_XP][8 * (i % TT_XP)] = xv[s];
     }
 }
 
@@ -374,9 +406,11 @@ __device__ __forceinline__ void mm_tile_body(const u8* __restrict__ w, int m, in
     // This thread's staging unit: row tid / 2, unit tid % 2 of the chunk.
     int sr = tid >> 1, su = tid & 1;
     const u8* wrow = w + (long long)min(row0 + sr, m - 1) * row_bytes;
-    for (int u0 = ua; u0 < ub; u0 += TT_KC / 32) {
-        tile_unit_f16<TY>(wrow, u0 + su, row0 + sr < m && u0 + su < ub, &sw[sr][32 * su]);
-        uint4 xv[2];
+    for (int u0 = ua; u0 < ub; u0 += TT_KU) {
+#pragma unroll
+        for (int j = su; j < TT_KU; j += 2)
+            tile_unit_f16<TY>(wrow, u0 + j, row0 + sr < m && u0 + j < ub, &sw[sr][32 * j]);
+        uint4 xv[TT_TOK * TT_XP / 256];
         tile_fetch_x(x16, k, n, u0, ub, xv);
         tile_store_x(sx, xv);
         __syncthreads();
@@ -385,33 +419,59 @@ __device__ __forceinline__ void mm_tile_body(const u8* __restrict__ w, int m, in
     }
 }
 
-// 32-value block types with 4-byte aligned rows: the chunk's raw weight
-// bytes (TT_ROWS rows x 2 blocks, contiguous per row) are copied with
-// coalesced 4-byte loads into shared memory and decoded from there; the
-// next chunk's loads are issued before this chunk's MMAs, so they are in
-// flight while the tensor cores work.
+// 32-value block types with 4-byte aligned rows: a TT_STAGES-deep pipeline
+// of cp.async copies (no registers held): the raw weight bytes of a chunk
+// (TT_ROWS rows x 2 blocks, contiguous per row; 4-byte copies, coalesced
+// along the flattened rows) and its activations (16-byte copies) land in
+// stage c % TT_STAGES while earlier chunks are decoded and multiplied.
 #define TILE_BS(TY) \
     ((TY) == TY_Q4_0 ? 18 : (TY) == TY_Q4_1 ? 20 : (TY) == TY_Q5_0 ? 22 : (TY) == TY_Q5_1 ? 24 : 34)
+#define TT_STAGES 3
+#define TT_RAW_WORDS (TT_ROWS * 17)  // TT_KU blocks of up to 34 bytes per row
 
-template <int TY, int NPRE>
-__device__ __forceinline__ void tile_fetch_w32(const u8* __restrict__ w, int m, long long row_bytes,
-                                               int u0, int ub, u32* pre) {
-    const int BS = TILE_BS(TY), WPR = BS / 2;  // words per row per chunk
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_bytes) {
+    u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+    u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void cp_async_wait_stages() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(TT_STAGES - 2));
+}
+
+// Queues chunk u0's copies into (raw, sx); bytes past the row, the split or
+// n rows are zero-filled (source size 0, or 2 for a split that ends after
+// one block mid-word: BS is even).
+template <int TY>
+__device__ __forceinline__ void tile_issue32(const u8* __restrict__ w, int m, long long row_bytes,
+                                             const u16* __restrict__ x16, int k, int n, int u0,
+                                             int ub, u32* raw, u16 (*sx)[TT_LD]) {
+    const int BS = TILE_BS(TY), WPR = TT_KU * BS / 4;  // words per row per chunk
     int row0 = blockIdx.y * TT_ROWS;
-    int valid = min(2, ub - u0) * BS;  // bytes of this chunk inside the split
+    int valid = min(TT_KU, ub - u0) * BS;
 #pragma unroll
-    for (int p = 0; p < NPRE; p++) {
+    for (int p = 0; p < (TT_ROWS * WPR + 255) / 256; p++) {
         int i = threadIdx.x + 256 * p;
+        if (i >= TT_ROWS * WPR) break;
         int r = i / WPR, c = i % WPR;
-        u32 v = 0;
-        if (i < TT_ROWS * WPR && row0 + r < m) {
-            const u8* src = w + (long long)(row0 + r) * row_bytes + (long long)u0 * BS + 4 * c;
-            // A split ending after one block ends mid-word (BS is even):
-            // never read past the block.
-            if (4 * c + 4 <= valid) v = *(const u32*)src;
-            else if (4 * c + 2 <= valid) v = *(const u16*)src;
+        const u8* src = w;
+        int bytes = 0;
+        if (row0 + r < m && 4 * c < valid) {
+            src = w + (long long)(row0 + r) * row_bytes + (long long)u0 * BS + 4 * c;
+            bytes = min(4, valid - 4 * c);
         }
-        pre[p] = v;
+        cp_async4(raw + i, src, bytes);
+    }
+#pragma unroll
+    for (int s = 0; s < TT_TOK * TT_XP / 256; s++) {
+        int i = threadIdx.x + 256 * s;
+        int tk = i / TT_XP, kk = 32 * u0 + 8 * (i % TT_XP);
+        bool ok = tk < n && kk < 32 * ub;
+        cp_async16(&sx[tk][8 * (i % TT_XP)], ok ? (const void*)(x16 + (long long)tk * k + kk) : x16,
+                   ok ? 16 : 0);
     }
 }
 
@@ -419,48 +479,58 @@ template <int TY>
 __device__ __forceinline__ void mm_tile_body32(const u8* __restrict__ w, int m, int k,
                                                long long row_bytes,
                                                const u16* __restrict__ x16, int n, int ua,
-                                               int ub, u16 (*sw)[TT_LD], u16 (*sx)[TT_LD],
-                                               u32* raw, float (*acc)[4]) {
-    const int BS = TILE_BS(TY), WPR = BS / 2;
-    const int NPRE = (TT_ROWS * (TILE_BS(TY) / 2) + 255) / 256;
+                                               int ub, u16 (*sw)[TT_LD], u8* stages,
+                                               float (*acc)[4]) {
+    const int WPR = TT_KU * TILE_BS(TY) / 4;
+    const int STAGE = TT_RAW_WORDS * 4 + TT_TOK * TT_LD * 2;  // bytes per stage
     int tid = threadIdx.x;
     int row0 = blockIdx.y * TT_ROWS;
     int sr = tid >> 1, su = tid & 1;
-    u32 pre[NPRE];
-    uint4 xv[2];
-    tile_fetch_w32<TY, NPRE>(w, m, row_bytes, ua, ub, pre);
-    tile_fetch_x(x16, k, n, ua, ub, xv);
-    for (int u0 = ua; u0 < ub; u0 += TT_KC / 32) {
+    int nch = (ub - ua + TT_KU - 1) / TT_KU;
 #pragma unroll
-        for (int p = 0; p < NPRE; p++) {
-            int i = tid + 256 * p;
-            if (i < TT_ROWS * WPR) raw[i] = pre[p];
+    for (int c = 0; c < TT_STAGES - 1; c++) {
+        if (c < nch) {
+            u8* st = stages + c * STAGE;
+            tile_issue32<TY>(w, m, row_bytes, x16, k, n, ua + TT_KU * c, ub, (u32*)st,
+                             (u16 (*)[TT_LD])(st + TT_RAW_WORDS * 4));
         }
-        tile_store_x(sx, xv);
+        cp_async_commit();
+    }
+    for (int c = 0; c < nch; c++) {
+        int u0 = ua + TT_KU * c;
+        u8* st = stages + (c % TT_STAGES) * STAGE;
+        cp_async_wait_stages();
+        // Every thread's copies of chunk c landed, and the MMAs of chunk
+        // c - 1 are done with sw and with the stage the next issue reuses.
         __syncthreads();
-        tile_unit_f16<TY>((const u8*)(raw + sr * WPR), su, row0 + sr < m && u0 + su < ub,
-                          &sw[sr][32 * su]);
+#pragma unroll
+        for (int j = su; j < TT_KU; j += 2)
+            tile_unit_f16<TY>(st + 4 * sr * WPR, j, row0 + sr < m && u0 + j < ub, &sw[sr][32 * j]);
         __syncthreads();
-        if (u0 + TT_KC / 32 < ub) {
-            tile_fetch_w32<TY, NPRE>(w, m, row_bytes, u0 + TT_KC / 32, ub, pre);
-            tile_fetch_x(x16, k, n, u0 + TT_KC / 32, ub, xv);
+        if (c + TT_STAGES - 1 < nch) {
+            u8* nx = stages + ((c + TT_STAGES - 1) % TT_STAGES) * STAGE;
+            tile_issue32<TY>(w, m, row_bytes, x16, k, n, u0 + TT_KU * (TT_STAGES - 1), ub, (u32*)nx,
+                             (u16 (*)[TT_LD])(nx + TT_RAW_WORDS * 4));
         }
-        tile_mma(sw, sx, n, acc);
-        __syncthreads();
+        cp_async_commit();
+        tile_mma(sw, (u16 (*)[TT_LD])(st + TT_RAW_WORDS * 4), n, acc);
     }
 }
 
 // out (n, m) (+ blockIdx.z * part_stride: split z's partial sums) =
 // x16 (n, k) · wᵀ over units [z * upc, min((z + 1) * upc, k / 32)).
 // Grid: (ceil(n / TT_TOK), ceil(m / TT_ROWS), splits); block 256 threads;
-// upc a multiple of TT_KC / 32.
+// upc a multiple of TT_KC / 32. Dynamic shared memory: TT_SMEM bytes (sw,
+// then TT_STAGES stages of raw weights and activations).
+#define TT_SMEM (TT_ROWS * TT_LD * 2 + TT_STAGES * (TT_RAW_WORDS * 4 + TT_TOK * TT_LD * 2))
 extern "C" __global__ void __launch_bounds__(256, 2) mm_f16_tile(
     const u8* __restrict__ w, int m, int k, long long row_bytes, int ty,
     const u16* __restrict__ x16, int n_all, int upc, long long part_stride,
     float* __restrict__ out) {
-    __shared__ __align__(16) u16 sw[TT_ROWS][TT_LD];
-    __shared__ __align__(16) u16 sx[TT_TOK][TT_LD];
-    __shared__ u32 raw[TT_ROWS * 17];  // 2 blocks of up to 34 bytes per row
+    extern __shared__ __align__(16) u8 tt_smem[];
+    u16 (*sw)[TT_LD] = (u16 (*)[TT_LD])tt_smem;
+    u8* stages = tt_smem + TT_ROWS * TT_LD * 2;
+    u16 (*sx)[TT_LD] = (u16 (*)[TT_LD])(stages + TT_RAW_WORDS * 4);
     int g0 = blockIdx.x * TT_TOK;
     int n = min(TT_TOK, n_all - g0);
     x16 += (long long)g0 * k;
@@ -473,8 +543,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) mm_f16_tile(
         for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
 #define TT_BODY(T)                                                                  \
     if (T <= TY_Q8_0 && row_bytes % 4 == 0)                                         \
-        mm_tile_body32<T <= TY_Q8_0 ? T : TY_Q8_0>(w, m, k, row_bytes, x16, n, ua, ub, sw, sx, \
-                                                    raw, acc);                      \
+        mm_tile_body32<T <= TY_Q8_0 ? T : TY_Q8_0>(w, m, k, row_bytes, x16, n, ua, ub, sw, \
+                                                    stages, acc);                   \
     else                                                                            \
         mm_tile_body<T>(w, m, k, row_bytes, x16, n, ua, ub, sw, sx, acc);
     QTYPE_DISPATCH(ty, TT_BODY)

@@ -55,6 +55,10 @@ pub(crate) fn fast_uses_blas(n: usize) -> bool {
 const TILE_ROWS: usize = 128;
 const TILE_TOK: usize = 64;
 const TILE_KU: usize = 2;
+/// mm_f16_tile's dynamic shared memory (TT_SMEM): the f16 weight tile
+/// (128 rows of 72 halves), then 3 pipeline stages of raw weights (128 rows
+/// of 17 words) and activations (64 rows of 72 halves): 70.5 KiB.
+pub(crate) const TILE_SMEM: usize = 128 * 72 * 2 + 3 * (128 * 17 * 4 + 64 * 72 * 2);
 
 /// Split-K for mm_f16_tile: (splits, units per split) so that the grid
 /// fills the GPU in one wave of at most two CTAs per SM (a 4096-row matrix
@@ -293,7 +297,7 @@ impl CudaBackend {
                     u32::try_from(splits)?,
                 ),
                 block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
+                shared_mem_bytes: TILE_SMEM as u32,
             };
             let upci = i32_of(upc, "units per split")?;
             let stride = (n * m) as i64;

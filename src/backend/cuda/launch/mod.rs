@@ -12,7 +12,7 @@
 mod attention;
 mod matmul;
 
-pub(crate) use matmul::fast_uses_blas;
+pub(crate) use matmul::{fast_uses_blas, TILE_SMEM};
 pub(crate) use matmul::ActKey;
 
 use super::mem::{DevKvMut, DevMatrix};
