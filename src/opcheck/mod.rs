@@ -601,6 +601,7 @@ impl Ctx<'_> {
                 (3, 33, false),
                 (5, 576, false),
                 (2, 2048, false),
+                (3, 4096, false),
                 (7, 4097, false),
                 (9, 576, true),
                 // Past 48 KiB of shared memory: the cuda warp-per-row kernel.

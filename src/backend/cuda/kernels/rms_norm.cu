@@ -23,18 +23,30 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
 // flight, warp 0 sums it in the canonical order (lane l adds e = l, l + 32,
 // ... sequentially, then the 32-lane tree), and all threads write the
 // output. Bitwise equal to rms_norm; a single-warp row is latency-bound.
+// vec4: x, w, out 16-byte aligned and dim a multiple of 4: the same
+// values and order, moved with 16-byte loads and stores (one round of loads
+// for a 4096-wide row instead of several dependent ones).
 extern "C" __global__ void rms_norm_block(const float* __restrict__ x,
                                           const float* __restrict__ w, int dim, float eps,
-                                          float* __restrict__ out) {
-    extern __shared__ float sq[];
+                                          int vec4, float* __restrict__ out) {
+    extern __shared__ __align__(16) float sq[];
     __shared__ float scale_s;
     const float* xr = x + (long long)blockIdx.x * dim;
     // Unrolled so a thread's loads are in flight together (the loops are
     // latency-bound otherwise); the order of the sums below is unchanged.
+    if (vec4) {
+#pragma unroll 4
+        for (int e = threadIdx.x; e < dim / 4; e += blockDim.x) {
+            float4 v = ((const float4*)xr)[e];
+            ((float4*)sq)[e] = make_float4(q_mul(v.x, v.x), q_mul(v.y, v.y), q_mul(v.z, v.z),
+                                           q_mul(v.w, v.w));
+        }
+    } else {
 #pragma unroll 8
-    for (int e = threadIdx.x; e < dim; e += blockDim.x) {
-        float v = xr[e];
-        sq[e] = q_mul(v, v);
+        for (int e = threadIdx.x; e < dim; e += blockDim.x) {
+            float v = xr[e];
+            sq[e] = q_mul(v, v);
+        }
     }
     __syncthreads();
     if (threadIdx.x < 32) {
@@ -51,6 +63,15 @@ extern "C" __global__ void rms_norm_block(const float* __restrict__ x,
     __syncthreads();
     float scale = scale_s;
     float* o = out + (long long)blockIdx.x * dim;
+    if (vec4) {
+#pragma unroll 4
+        for (int e = threadIdx.x; e < dim / 4; e += blockDim.x) {
+            float4 v = ((const float4*)xr)[e], g = ((const float4*)w)[e];
+            ((float4*)o)[e] = make_float4(q_mul(q_mul(v.x, scale), g.x), q_mul(q_mul(v.y, scale), g.y),
+                                          q_mul(q_mul(v.z, scale), g.z), q_mul(q_mul(v.w, scale), g.w));
+        }
+        return;
+    }
 #pragma unroll 8
     for (int e = threadIdx.x; e < dim; e += blockDim.x) o[e] = q_mul(q_mul(xr[e], scale), w[e]);
 }

@@ -3,15 +3,29 @@
 // threads per row: thread t sums x² over e = t, t + 256, ...; warps reduce
 // by a fixed xor tree and thread 0 adds the 8 warp sums in order. Each row
 // depends only on itself in a fixed order: batch-invariant.
+// vec4 (x, w, out 16-byte aligned and dim a multiple of 4): thread t owns
+// the float4s t, t + 256, ..., so a 4096-wide row is one round of loads
+// (the scalar loop took four dependent rounds: ~16 us under ncu).
 extern "C" __global__ void rms_norm_fast(const float* __restrict__ x,
                                          const float* __restrict__ w, int dim, float eps,
-                                         float* __restrict__ out) {
+                                         int vec4, float* __restrict__ out) {
     __shared__ float part[8];
     __shared__ float scale_s;
     const float* xr = x + (long long)blockIdx.x * dim;
     float s = 0.0f;
+    if (vec4) {
 #pragma unroll 4
-    for (int e = threadIdx.x; e < dim; e += blockDim.x) s = fmaf(xr[e], xr[e], s);
+        for (int e = threadIdx.x; e < dim / 4; e += blockDim.x) {
+            float4 v = ((const float4*)xr)[e];
+            s = fmaf(v.x, v.x, s);
+            s = fmaf(v.y, v.y, s);
+            s = fmaf(v.z, v.z, s);
+            s = fmaf(v.w, v.w, s);
+        }
+    } else {
+#pragma unroll 4
+        for (int e = threadIdx.x; e < dim; e += blockDim.x) s = fmaf(xr[e], xr[e], s);
+    }
 #pragma unroll
     for (int o = 16; o >= 1; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
@@ -24,6 +38,15 @@ extern "C" __global__ void rms_norm_fast(const float* __restrict__ x,
     __syncthreads();
     float scale = scale_s;
     float* o = out + (long long)blockIdx.x * dim;
+    if (vec4) {
+#pragma unroll 4
+        for (int e = threadIdx.x; e < dim / 4; e += blockDim.x) {
+            float4 v = ((const float4*)xr)[e], g = ((const float4*)w)[e];
+            ((float4*)o)[e] = make_float4(v.x * scale * g.x, v.y * scale * g.y,
+                                          v.z * scale * g.z, v.w * scale * g.w);
+        }
+        return;
+    }
 #pragma unroll 4
     for (int e = threadIdx.x; e < dim; e += blockDim.x) o[e] = xr[e] * scale * w[e];
 }

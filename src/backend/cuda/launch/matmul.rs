@@ -38,10 +38,7 @@ fn mma_rows() -> (usize, usize) {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(default)
         };
-        (
-            var("QUIRE_MMA_MIN_ROWS", 7),
-            var("QUIRE_MMA_MAX_ROWS", 64),
-        )
+        (var("QUIRE_MMA_MIN_ROWS", 7), var("QUIRE_MMA_MAX_ROWS", 64))
     })
 }
 

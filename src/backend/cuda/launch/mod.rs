@@ -12,8 +12,8 @@
 mod attention;
 mod matmul;
 
-pub(crate) use matmul::{fast_uses_blas, TILE_SMEM};
 pub(crate) use matmul::ActKey;
+pub(crate) use matmul::{fast_uses_blas, TILE_SMEM};
 
 use super::mem::{DevKvMut, DevMatrix};
 use super::{drv, grid_1d, i32_of, ty_code, CudaBackend};
@@ -121,6 +121,14 @@ impl CudaBackend {
             return Ok(());
         }
         let (ni, di) = (i32_of(n, "rows")?, i32_of(dim, "dim")?);
+        // 16-byte loads when every row starts 16-byte aligned.
+        let st = self.stream();
+        let vec4 = i32::from(
+            dim.is_multiple_of(4)
+                && dev_ptr(x, st) % 16 == 0
+                && dev_ptr(w, st) % 16 == 0
+                && dev_ptr_mut(out, st) % 16 == 0,
+        );
         if mode != Mode::Exact {
             let cfg = LaunchConfig {
                 grid_dim: (u32::try_from(n)?, 1, 1),
@@ -128,8 +136,9 @@ impl CudaBackend {
                 shared_mem_bytes: 0,
             };
             let mut b = self.stream().launch_builder(self.func("rms_norm_fast")?);
-            b.arg(x).arg(w).arg(&di).arg(&eps).arg(out);
-            // SAFETY: matches rms_norm_fast; n*dim inputs/outputs, dim weights.
+            b.arg(x).arg(w).arg(&di).arg(&eps).arg(&vec4).arg(out);
+            // SAFETY: matches rms_norm_fast; n*dim inputs/outputs, dim
+            // weights; vec4 only with 16-byte aligned rows.
             drv(unsafe { b.launch(cfg) }, "rms_norm: launch")?;
             return Ok(());
         }
@@ -142,9 +151,10 @@ impl CudaBackend {
                 shared_mem_bytes: (dim * 4) as u32,
             };
             let mut b = self.stream().launch_builder(self.func("rms_norm_block")?);
-            b.arg(x).arg(w).arg(&di).arg(&eps).arg(out);
+            b.arg(x).arg(w).arg(&di).arg(&eps).arg(&vec4).arg(out);
             // SAFETY: matches rms_norm_block; n*dim inputs/outputs, dim
-            // weights, dim floats of dynamic shared memory.
+            // weights, dim floats of dynamic shared memory; vec4 only with
+            // 16-byte aligned rows.
             drv(unsafe { b.launch(cfg) }, "rms_norm: launch")?;
             return Ok(());
         }
