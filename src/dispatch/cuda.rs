@@ -267,7 +267,7 @@ impl CudaExec {
                 rows: w.rows,
                 cols: w.cols,
                 data: be
-                    .up(bytes, &format!("uploading {}", w.name))
+                    .up_weight(bytes, &format!("uploading {}", w.name))
                     .with_context(|| format!("{} ({} MiB)", w.name, bytes.len() >> 20))?,
                 len: bytes.len(),
             });

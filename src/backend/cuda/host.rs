@@ -29,7 +29,7 @@ impl CudaBackend {
         if let Some(s) = cache.get(&key) {
             return Ok(s.clone());
         }
-        let s = Arc::new(self.up(w.data, "uploading a weight matrix")?);
+        let s = Arc::new(self.up_weight(w.data, "uploading a weight matrix")?);
         cache.insert(key, s.clone());
         Ok(s)
     }

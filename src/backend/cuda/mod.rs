@@ -43,6 +43,9 @@ struct Device {
 type WeightKey = (usize, usize, u64);
 
 /// The `cuda` backend. See the module doc.
+/// Zero bytes after every weight tensor on the device (see up_weight).
+pub(crate) const WEIGHT_PAD: usize = 16;
+
 pub struct CudaBackend {
     gpu_mode: GpuMode,
     dev: Device,
@@ -292,6 +295,21 @@ impl CudaBackend {
             return drv(unsafe { self.dev.stream.alloc::<T>(1) }, what);
         }
         drv(self.dev.stream.clone_htod(h), what)
+    }
+
+    /// Uploads a weight tensor's bytes with WEIGHT_PAD zero bytes after
+    /// them: the int8 kernels read blocks with aligned 4-byte loads that may
+    /// reach 2 bytes past the last block (dequant.cuh, ld_words).
+    pub(crate) fn up_weight(&self, h: &[u8], what: &str) -> Result<CudaSlice<u8>> {
+        let mut d = drv(
+            self.dev.stream.alloc_zeros::<u8>(h.len() + WEIGHT_PAD),
+            what,
+        )?;
+        if !h.is_empty() {
+            let mut body = d.slice_mut(0..h.len());
+            drv(self.dev.stream.memcpy_htod(h, &mut body), what)?;
+        }
+        Ok(d)
     }
 
     pub(crate) fn scratch<T: DeviceRepr>(&self, len: usize, what: &str) -> Result<CudaSlice<T>> {

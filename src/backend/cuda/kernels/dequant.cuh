@@ -133,6 +133,22 @@ __device__ __forceinline__ int ld_i2(const u8* p) {
 }
 __device__ __forceinline__ int ld_i4(const u8* p) { return *(const int*)p; }
 
+// The N aligned words from p rounded down to 4 bytes (p is 2-byte aligned):
+// returns the bit offset of p in them (0 or 16). Byte b of the block is
+// then byte b of __funnelshift_rc(v[i], v[i + 1], sh + 8 * (b - 4 * i)).
+// Aligned 4-byte loads instead of 2-byte ones: a third of the load
+// instructions (the decode matvec is bound by them). When p is aligned the
+// last word reaches 2 bytes past a block of 4N - 2 bytes: weight buffers
+// carry WEIGHT_PAD bytes of padding (CudaBackend::up_weight).
+template <int N>
+__device__ __forceinline__ int ld_words(const u8* p, u32* v) {
+    int s = (int)((unsigned long long)p & 2);
+    const u32* a = (const u32*)(p - s);
+#pragma unroll
+    for (int i = 0; i < N; i++) v[i] = a[i];
+    return 8 * s;
+}
+
 // Bit b of each byte's position: spreads 4 bits of `t` to bit 4 of bytes 0..3.
 __device__ __forceinline__ int spread4(u32 t) {
     return (int)(((t & 1u) << 4) | ((t & 2u) << 11) | ((t & 4u) << 18) | ((t & 8u) << 25));
@@ -148,10 +164,12 @@ __device__ __forceinline__ void decode_unit(const u8* __restrict__ row, int u, i
     b = 0.0f;
     if (TY == TY_Q4_0) {
         const u8* blk = row + (long long)u * 18;
-        a0 = a1 = f16_at2(blk);
+        u32 v[5];
+        int sh = ld_words<5>(blk, v);
+        a0 = a1 = q_f16((u16)__funnelshift_rc(v[0], v[1], sh));
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            int q = ld_i2(blk + 2 + 4 * i);
+            int q = (int)__funnelshift_rc(v[i], v[i + 1], sh + 16);
             w[i] = __vsub4(q & 0x0F0F0F0F, 0x08080808);
             w[i + 4] = __vsub4((q >> 4) & 0x0F0F0F0F, 0x08080808);
         }
@@ -186,9 +204,11 @@ __device__ __forceinline__ void decode_unit(const u8* __restrict__ row, int u, i
         }
     } else if (TY == TY_Q8_0) {
         const u8* blk = row + (long long)u * 34;
-        a0 = a1 = f16_at2(blk);
+        u32 v[9];
+        int sh = ld_words<9>(blk, v);
+        a0 = a1 = q_f16((u16)__funnelshift_rc(v[0], v[1], sh));
 #pragma unroll
-        for (int i = 0; i < 8; i++) w[i] = ld_i2(blk + 2 + 4 * i);
+        for (int i = 0; i < 8; i++) w[i] = (int)__funnelshift_rc(v[i], v[i + 1], sh + 16);
     } else if (TY == TY_Q4_K || TY == TY_Q5_K) {
         const int bs = TY == TY_Q4_K ? 144 : 176;
         const u8* blk = row + (long long)(u >> 3) * bs;

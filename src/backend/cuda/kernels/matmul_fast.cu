@@ -320,11 +320,14 @@ __device__ __forceinline__ void tile_unit_f16(const u8* __restrict__ row, int u,
     } else if (TY == TY_Q4_0) {
         // Nibbles straight from the block: q - 8 = (1024 + q) - 1032.
         const u8* blk = row + (long long)u * 18;
-        u32 d = pack_f16x2(f16_at2(blk), f16_at2(blk));
+        u32 v[5];
+        int sh = ld_words<5>(blk, v);
+        u32 sc = __funnelshift_rc(v[0], v[1], sh) & 0xFFFFu;
+        u32 d = sc | (sc << 16);
         const u32 bias = 0x64086408u;  // 1032, 1032
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            u32 q = (u32)ld_i2(blk + 2 + 4 * i);
+            u32 q = __funnelshift_rc(v[i], v[i + 1], sh + 16);
             u32 lo = q & 0x0F0F0F0Fu, hi = (q >> 4) & 0x0F0F0F0Fu;
             h[2 * i] = h2_fma(h2_sub(h2_bytes01(lo), bias), d, 0);
             h[2 * i + 1] = h2_fma(h2_sub(h2_bytes23(lo), bias), d, 0);
