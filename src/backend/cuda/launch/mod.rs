@@ -125,9 +125,9 @@ impl CudaBackend {
         let st = self.stream();
         let vec4 = i32::from(
             dim.is_multiple_of(4)
-                && dev_ptr(x, st) % 16 == 0
-                && dev_ptr(w, st) % 16 == 0
-                && dev_ptr_mut(out, st) % 16 == 0,
+                && dev_ptr(x, st).is_multiple_of(16)
+                && dev_ptr(w, st).is_multiple_of(16)
+                && dev_ptr_mut(out, st).is_multiple_of(16),
         );
         if mode != Mode::Exact {
             let cfg = LaunchConfig {
