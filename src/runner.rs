@@ -525,3 +525,33 @@ fn prefault(g: &GgufFile, bar: &ProgressBar) -> Result<()> {
     std::hint::black_box(sink);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Logits;
+
+    #[test]
+    fn flat_logits_spans() {
+        // Three items of vocab 2: two rows, none, one row.
+        let l = Logits {
+            data: vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+            vocab: 2,
+            spans: vec![0..2, 2..2, 2..3],
+        };
+        assert_eq!(l.len(), 3);
+        assert_eq!(l.seq(0), &[1.0, 2.0, 3.0, 4.0]);
+        assert!(l.seq(1).is_empty());
+        assert_eq!(l.seq(2), &[5.0, 6.0]);
+        assert_eq!(
+            l.into_vecs(),
+            vec![vec![1.0, 2.0, 3.0, 4.0], vec![], vec![5.0, 6.0]]
+        );
+        // A single item keeps the buffer itself.
+        let one = Logits {
+            data: vec![7.0, 8.0],
+            vocab: 2,
+            spans: vec![0..1],
+        };
+        assert_eq!(one.into_vecs(), vec![vec![7.0, 8.0]]);
+    }
+}
