@@ -550,7 +550,7 @@ mod tests {
         let one = Logits {
             data: vec![7.0, 8.0],
             vocab: 2,
-            spans: vec![0..1],
+            spans: std::iter::once(0..1).collect(),
         };
         assert_eq!(one.into_vecs(), vec![vec![7.0, 8.0]]);
     }
