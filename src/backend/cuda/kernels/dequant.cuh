@@ -41,7 +41,8 @@ __device__ __forceinline__ void k_scale_min(int j, const u8* s, int* sc, int* mn
     }
 }
 
-__device__ __forceinline__ int gr_type_size(int ty) {
+// constexpr: also sizes compile-time arrays in the tile kernel.
+__device__ constexpr int gr_type_size(int ty) {
     switch (ty) {
         case 0: return 18;   // Q4_0
         case 1: return 20;   // Q4_1

@@ -353,27 +353,6 @@ __device__ __forceinline__ void tile_unit_f16(const u8* __restrict__ row, int u,
     for (int i = 0; i < 4; i++) d[i] = make_uint4(h[4 * i], h[4 * i + 1], h[4 * i + 2], h[4 * i + 3]);
 }
 
-// The chunk's activations (TT_TOK rows x TT_KC halves): thread tid takes
-// 16-byte pieces tid and tid + 256 (zeros past n rows or the split's end).
-__device__ __forceinline__ void tile_fetch_x(const u16* __restrict__ x16, int k, int n, int u0,
-                                             int ub, uint4* xv) {
-#pragma unroll
-    for (int s = 0; s < TT_TOK * TT_XP / 256; s++) {
-        int i = threadIdx.x + 256 * s;
-        int tk = i / TT_XP, kk = 32 * u0 + 8 * (i % TT_XP);
-        xv[s] = make_uint4(0, 0, 0, 0);
-        if (tk < n && kk < 32 * ub) xv[s] = *(const uint4*)(x16 + (long long)tk * k + kk);
-    }
-}
-
-__device__ __forceinline__ void tile_store_x(u16 (*sx)[TT_LD], const uint4* xv) {
-#pragma unroll
-    for (int s = 0; s < TT_TOK * TT_XP / 256; s++) {
-        int i = threadIdx.x + 256 * s;
-        *(uint4*)&sx[i / TT_XP][8 * (i % TT_XP)] = xv[s];
-    }
-}
-
 // acc += the chunk's products: warp w's 16 weight rows x the activation
 // tiles below n, four k16 steps of m16n8k16 on ldmatrix fragments.
 __device__ __forceinline__ void tile_mma(u16 (*sw)[TT_LD], u16 (*sx)[TT_LD], int n,
@@ -396,6 +375,41 @@ __device__ __forceinline__ void tile_mma(u16 (*sw)[TT_LD], u16 (*sx)[TT_LD], int
     }
 }
 
+// 32-value block types with 4-byte aligned rows: a TT_STAGES-deep pipeline
+// of cp.async copies (no registers held): the raw weight bytes of a chunk
+// (TT_ROWS rows x 2 blocks, contiguous per row; 4-byte copies, coalesced
+// along the flattened rows) and its activations (16-byte copies) land in
+// stage c % TT_STAGES while earlier chunks are decoded and multiplied.
+#define TT_STAGES 3
+#define TT_RAW_WORDS (TT_ROWS * 17)  // TT_KU blocks of up to 34 bytes per row
+
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_bytes) {
+    u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+    u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void cp_async_wait_stages() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(TT_STAGES - 2));
+}
+
+// Queues the chunk's activations (TT_TOK rows x TT_KC halves) into sx:
+// 16-byte copies, zeros past n rows or the split's end.
+__device__ __forceinline__ void tile_issue_x(const u16* __restrict__ x16, int k, int n, int u0,
+                                             int ub, u16 (*sx)[TT_LD]) {
+#pragma unroll
+    for (int s = 0; s < TT_TOK * TT_XP / 256; s++) {
+        int i = threadIdx.x + 256 * s;
+        int tk = i / TT_XP, kk = 32 * u0 + 8 * (i % TT_XP);
+        bool ok = tk < n && kk < 32 * ub;
+        cp_async16(&sx[tk][8 * (i % TT_XP)], ok ? (const void*)(x16 + (long long)tk * k + kk) : x16,
+                   ok ? 16 : 0);
+    }
+}
+
 // Any quantized type: each thread decodes its unit straight from global
 // memory (the K-quant types' 256-value superblocks do not split into 64-value
 // chunks of whole blocks, and rows whose bytes are not 4-byte aligned).
@@ -413,36 +427,13 @@ __device__ __forceinline__ void mm_tile_body(const u8* __restrict__ w, int m, in
 #pragma unroll
         for (int j = su; j < TT_KU; j += 2)
             tile_unit_f16<TY>(wrow, u0 + j, row0 + sr < m && u0 + j < ub, &sw[sr][32 * j]);
-        uint4 xv[TT_TOK * TT_XP / 256];
-        tile_fetch_x(x16, k, n, u0, ub, xv);
-        tile_store_x(sx, xv);
+        tile_issue_x(x16, k, n, u0, ub, sx);
+        cp_async_commit();
+        asm volatile("cp.async.wait_group 0;");
         __syncthreads();
         tile_mma(sw, sx, n, acc);
         __syncthreads();
     }
-}
-
-// 32-value block types with 4-byte aligned rows: a TT_STAGES-deep pipeline
-// of cp.async copies (no registers held): the raw weight bytes of a chunk
-// (TT_ROWS rows x 2 blocks, contiguous per row; 4-byte copies, coalesced
-// along the flattened rows) and its activations (16-byte copies) land in
-// stage c % TT_STAGES while earlier chunks are decoded and multiplied.
-#define TILE_BS(TY) \
-    ((TY) == TY_Q4_0 ? 18 : (TY) == TY_Q4_1 ? 20 : (TY) == TY_Q5_0 ? 22 : (TY) == TY_Q5_1 ? 24 : 34)
-#define TT_STAGES 3
-#define TT_RAW_WORDS (TT_ROWS * 17)  // TT_KU blocks of up to 34 bytes per row
-
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_bytes) {
-    u32 d = (u32)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-    u32 d = (u32)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-__device__ __forceinline__ void cp_async_wait_stages() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(TT_STAGES - 2));
 }
 
 // Queues chunk u0's copies into (raw, sx); bytes past the row, the split or
@@ -452,7 +443,7 @@ template <int TY>
 __device__ __forceinline__ void tile_issue32(const u8* __restrict__ w, int m, long long row_bytes,
                                              const u16* __restrict__ x16, int k, int n, int u0,
                                              int ub, u32* raw, u16 (*sx)[TT_LD]) {
-    const int BS = TILE_BS(TY), WPR = TT_KU * BS / 4;  // words per row per chunk
+    constexpr int BS = gr_type_size(TY), WPR = TT_KU * BS / 4;  // words per row per chunk
     int row0 = blockIdx.y * TT_ROWS;
     int valid = min(TT_KU, ub - u0) * BS;
 #pragma unroll
@@ -468,14 +459,7 @@ __device__ __forceinline__ void tile_issue32(const u8* __restrict__ w, int m, lo
         }
         cp_async4(raw + i, src, bytes);
     }
-#pragma unroll
-    for (int s = 0; s < TT_TOK * TT_XP / 256; s++) {
-        int i = threadIdx.x + 256 * s;
-        int tk = i / TT_XP, kk = 32 * u0 + 8 * (i % TT_XP);
-        bool ok = tk < n && kk < 32 * ub;
-        cp_async16(&sx[tk][8 * (i % TT_XP)], ok ? (const void*)(x16 + (long long)tk * k + kk) : x16,
-                   ok ? 16 : 0);
-    }
+    tile_issue_x(x16, k, n, u0, ub, sx);
 }
 
 template <int TY>
@@ -484,7 +468,7 @@ __device__ __forceinline__ void mm_tile_body32(const u8* __restrict__ w, int m, 
                                                const u16* __restrict__ x16, int n, int ua,
                                                int ub, u16 (*sw)[TT_LD], u8* stages,
                                                float (*acc)[4]) {
-    const int WPR = TT_KU * TILE_BS(TY) / 4;
+    constexpr int WPR = TT_KU * gr_type_size(TY) / 4;
     const int STAGE = TT_RAW_WORDS * 4 + TT_TOK * TT_LD * 2;  // bytes per stage
     int tid = threadIdx.x;
     int row0 = blockIdx.y * TT_ROWS;

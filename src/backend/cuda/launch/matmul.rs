@@ -72,10 +72,48 @@ fn tile_splits(m: usize, n: usize, units: usize, sms: usize) -> (usize, usize) {
     (units.div_ceil(upc).max(1), upc)
 }
 
+/// A matmul's kernel arguments: the weight type code, bytes per weight
+/// row, and m, k, n as the kernels' ints (n * k checked to fit too).
+struct MmDims {
+    tc: i32,
+    rb: i64,
+    mi: i32,
+    ki: i32,
+    ni: i32,
+}
+
+fn mm_dims(w: &DevMatrix<'_>, n: usize) -> Result<MmDims> {
+    let (m, k) = (w.rows, w.cols);
+    let tc = ty_code(w.ty).ok_or_else(|| anyhow!("mat_mul: {:?} is not a weight type", w.ty))?;
+    let rb = w.ty.row_bytes(k).map_err(|e| anyhow!("mat_mul: {e}"))? as i64;
+    i32_of(n * k, "n * k")?;
+    Ok(MmDims {
+        tc,
+        rb,
+        mi: i32_of(m, "m")?,
+        ki: i32_of(k, "k")?,
+        ni: i32_of(n, "n")?,
+    })
+}
+
+/// Grid of the warp-per-row kernels: activation-row groups fastest, 8
+/// weight rows (warps) per 256-thread block.
+fn mv_grid(n: usize, m: usize) -> Result<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid_dim: (
+            u32::try_from(n.div_ceil(MV_ROWS))?,
+            u32::try_from(m.div_ceil(8))?,
+            1,
+        ),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
 /// Quantized activations held at the start of the arena: the input's device
 /// address, length and row length, and the layout (`ACT_Q8`: quant_q8's
 /// int8 rows and float2 scales; `ACT_CANON`: quant_act32's 16-bit rows,
-/// scales and sums).
+/// scales and sums; `ACT_F16`: the tile kernel's f16 rows).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) struct ActKey {
     ptr: u64,
@@ -85,6 +123,7 @@ pub(crate) struct ActKey {
 }
 const ACT_Q8: u8 = 1;
 const ACT_CANON: u8 = 2;
+const ACT_F16: u8 = 3;
 
 impl CudaBackend {
     /// Forgets which activations the arena holds (any op but a matmul, a
@@ -161,33 +200,23 @@ impl CudaBackend {
         n: usize,
         out: &mut CudaViewMut<'_, f32>,
     ) -> Result<()> {
-        let tc =
-            ty_code(w.ty).ok_or_else(|| anyhow!("mat_mul: {:?} is not a weight type", w.ty))?;
         if matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
-            let (m, k) = (w.rows, w.cols);
-            let (mi, ki, ni) = (i32_of(m, "m")?, i32_of(k, "k")?, i32_of(n, "n")?);
-            i32_of(n * k, "n * k")?;
-            let cfg = LaunchConfig {
-                grid_dim: (
-                    u32::try_from(n.div_ceil(MV_ROWS))?,
-                    u32::try_from(m.div_ceil(8))?,
-                    1,
-                ),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let d = mm_dims(w, n)?;
             let s = self.stream();
             let mut b = s.launch_builder(self.func("mv_float")?);
             b.arg(&w.data)
-                .arg(&mi)
-                .arg(&ki)
-                .arg(&tc)
+                .arg(&d.mi)
+                .arg(&d.ki)
+                .arg(&d.tc)
                 .arg(x)
-                .arg(&ni)
+                .arg(&d.ni)
                 .arg(out);
             // SAFETY: matches mv_float; w holds m rows of k values, x n*k and
             // out n*m (validated by the caller); k is a multiple of 32.
-            drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_float")?;
+            drv(
+                unsafe { b.launch(mv_grid(n, w.rows)?) },
+                "mat_mul: launching mv_float",
+            )?;
             return Ok(());
         }
         self.mat_vec_q8(w, x, n, out)
@@ -202,21 +231,8 @@ impl CudaBackend {
         n: usize,
         out: &mut CudaViewMut<'_, f32>,
     ) -> Result<()> {
-        let tc =
-            ty_code(w.ty).ok_or_else(|| anyhow!("mat_mul: {:?} is not a weight type", w.ty))?;
-        let (m, k) = (w.rows, w.cols);
-        let rb = w.ty.row_bytes(k).map_err(|e| anyhow!("mat_mul: {e}"))? as i64;
-        let (mi, ki, ni) = (i32_of(m, "m")?, i32_of(k, "k")?, i32_of(n, "n")?);
-        i32_of(n * k, "n * k")?;
-        let cfg = LaunchConfig {
-            grid_dim: (
-                u32::try_from(n.div_ceil(MV_ROWS))?,
-                u32::try_from(m.div_ceil(8))?,
-                1,
-            ),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let d = mm_dims(w, n)?;
+        let k = w.cols;
         let s = self.stream();
         let nblk = n * k / 32;
         let mut guard = self.arena(&[n * k, nblk * 8, 0])?;
@@ -243,17 +259,20 @@ impl CudaBackend {
             }
             let mut b = s.launch_builder(self.func("mv_q8")?);
             b.arg(&w.data)
-                .arg(&mi)
-                .arg(&ki)
-                .arg(&rb)
-                .arg(&tc)
+                .arg(&d.mi)
+                .arg(&d.ki)
+                .arg(&d.rb)
+                .arg(&d.tc)
                 .arg(&mut *xq)
                 .arg(&mut *xds)
-                .arg(&ni)
+                .arg(&d.ni)
                 .arg(out);
             // SAFETY: matches mv_q8; w holds m rows of rb bytes (256-byte
             // aligned allocation), xq/xds as above, out n*m.
-            drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_q8")?;
+            drv(
+                unsafe { b.launch(mv_grid(n, w.rows)?) },
+                "mat_mul: launching mv_q8",
+            )?;
             Ok(())
         })?;
         self.act_remember(key, out_ptr, out_len);
@@ -271,24 +290,31 @@ impl CudaBackend {
         n: usize,
         out: &mut CudaViewMut<'_, f32>,
     ) -> Result<()> {
-        // The f16 copy of the activations replaces the arena's quantized ones.
-        self.forget_activations();
-        let tc =
-            ty_code(w.ty).ok_or_else(|| anyhow!("mat_mul: {:?} is not a weight type", w.ty))?;
+        let d = mm_dims(w, n)?;
         let (m, k) = (w.rows, w.cols);
-        let rb = w.ty.row_bytes(k).map_err(|e| anyhow!("mat_mul: {e}"))? as i64;
-        let (mi, ki, ni) = (i32_of(m, "m")?, i32_of(k, "k")?, i32_of(n, "n")?);
-        i32_of(n * k, "n * k")?;
         let (splits, upc) = tile_splits(m, n, k / 32, self.sm_count());
         let part_len = if splits > 1 { splits * n * m } else { 0 };
         let s = self.stream();
         let mut guard = self.arena(&[n * k * 2, part_len * 4, 0])?;
+        // The f16 activations at the start of the arena serve every matmul
+        // of the same input (q/k/v, gate/up), like quant_q8's.
+        let key = ActKey {
+            ptr: dev_ptr(x, s),
+            len: x.len(),
+            k,
+            layout: ACT_F16,
+        };
+        let cached = self.act_cached(key);
+        let out_ptr = dev_ptr_mut(out, s);
+        let out_len = out.len();
         arena3::<u16, f32, u8, ()>(&mut guard, (n * k, part_len, 0), |x16, part, _| {
-            let len = (n * k) as i64;
-            let mut b = s.launch_builder(self.func("to_f16")?);
-            b.arg(x).arg(&len).arg(&mut *x16);
-            // SAFETY: matches to_f16; x and x16 hold n*k elements.
-            drv(unsafe { b.launch(grid_1d(n * k, 256)?) }, "mat_mul: to_f16")?;
+            if !cached {
+                let len = (n * k) as i64;
+                let mut b = s.launch_builder(self.func("to_f16")?);
+                b.arg(x).arg(&len).arg(&mut *x16);
+                // SAFETY: matches to_f16; x and x16 hold n*k elements.
+                drv(unsafe { b.launch(grid_1d(n * k, 256)?) }, "mat_mul: to_f16")?;
+            }
             let cfg = LaunchConfig {
                 grid_dim: (
                     u32::try_from(n.div_ceil(TILE_TOK))?,
@@ -302,12 +328,12 @@ impl CudaBackend {
             let stride = (n * m) as i64;
             let mut b = s.launch_builder(self.func("mm_f16_tile")?);
             b.arg(&w.data)
-                .arg(&mi)
-                .arg(&ki)
-                .arg(&rb)
-                .arg(&tc)
+                .arg(&d.mi)
+                .arg(&d.ki)
+                .arg(&d.rb)
+                .arg(&d.tc)
                 .arg(&mut *x16)
-                .arg(&ni)
+                .arg(&d.ni)
                 .arg(&upci);
             if splits > 1 {
                 b.arg(&stride).arg(&mut *part);
@@ -333,6 +359,7 @@ impl CudaBackend {
             }
             Ok(())
         })?;
+        self.act_remember(key, out_ptr, out_len);
         Ok(())
     }
 
@@ -355,16 +382,13 @@ impl CudaBackend {
             .as_ref()
             .ok_or_else(|| anyhow!("mat_mul: no cuBLAS"))?;
         let (m, k) = (w.rows, w.cols);
-        let (mi, ki, ni) = (i32_of(m, "m")?, i32_of(k, "k")?, i32_of(n, "n")?);
+        let MmDims { tc, rb, mi, ki, ni } = mm_dims(w, n)?;
         let s = self.stream();
         let f16_weights = w.ty == GgmlType::F16;
         let wlen = if f16_weights { 0 } else { m * k };
         let mut guard = self.arena(&[wlen * 2, n * k * 2, 0])?;
         arena3::<u16, u16, u8, ()>(&mut guard, (wlen, n * k, 0), |w16, x16, _| {
             if !f16_weights {
-                let tc = ty_code(w.ty)
-                    .ok_or_else(|| anyhow!("mat_mul: {:?} is not a weight type", w.ty))?;
-                let rb = w.ty.row_bytes(k).map_err(|e| anyhow!("mat_mul: {e}"))? as i64;
                 let mut b = s.launch_builder(self.func("dequant_f16")?);
                 b.arg(&w.data)
                     .arg(&mi)
@@ -437,8 +461,6 @@ impl CudaBackend {
         out: &mut CudaViewMut<'_, f32>,
     ) -> Result<()> {
         let (m, k) = (w.rows, w.cols);
-        let tc =
-            ty_code(w.ty).ok_or_else(|| anyhow!("mat_mul: {:?} is not a weight type", w.ty))?;
         validate::mat_mul(w, w.data.len(), x.len(), n, out.len())?;
         if n == 0 || m == 0 {
             return Ok(());
@@ -447,8 +469,7 @@ impl CudaBackend {
             drv(self.stream().memset_zeros(out), "mat_mul: zero out")?;
             return Ok(());
         }
-        let (mi, ki, ni) = (i32_of(m, "m")?, i32_of(k, "k")?, i32_of(n, "n")?);
-        i32_of(n * k, "n * k")?;
+        let MmDims { tc, mi, ki, ni, .. } = mm_dims(w, n)?;
         let s = self.stream();
         // Rows of activations per thread group (outputs share weight loads).
         let ra: i32 = match n {
