@@ -47,6 +47,10 @@ pub struct BenchArgs {
     /// sequence's blocks are spread over random physical blocks).
     #[arg(long, value_enum, default_value_t = KvLayout::InOrder)]
     pub kv_layout: KvLayout,
+    /// Write a PNG plot of decode tokens/s against batch size and against
+    /// context length (from the tg, --batch and --depth tests).
+    #[arg(long)]
+    pub plot: Option<std::path::PathBuf>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -174,6 +178,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         .map(|f| f.to_string_lossy().into_owned())
         .unwrap_or_else(|| crate::fetch::DEFAULT_MODEL_FILE.to_string());
     let mut rows = Vec::new();
+    // (x, tokens/s) for the plot: batch size, context length.
+    let (mut batch_pts, mut ctx_pts) = (Vec::new(), Vec::new());
     let layout = a.kv_layout;
     let mut prep_seed = 0u64;
     let mut prep = |r: &mut Runner| -> Result<()> {
@@ -203,7 +209,10 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 time_tg(&mut r, &toks, SeqId(101 + i as u64))
             })
             .collect::<Result<_>>()?;
-        rows.push((format!("tg{}", a.gen_tokens), mean_std(&v)));
+        let ms = mean_std(&v);
+        batch_pts.push((1.0, ms.0));
+        ctx_pts.push((a.gen_tokens as f64, ms.0));
+        rows.push((format!("tg{}", a.gen_tokens), ms));
     }
     if a.gen_tokens > 0 {
         for &d in &a.depth {
@@ -216,6 +225,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 })
                 .collect::<Result<_>>()?;
             let ms = mean_std(&v);
+            ctx_pts.push(((d + a.gen_tokens) as f64, ms.0));
             rows.push((format!("tg{}@d{d}", a.gen_tokens), ms));
         }
         for &b in &a.batch {
@@ -241,6 +251,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 })
                 .collect::<Result<_>>()?;
             let ms = mean_std(&v);
+            batch_pts.push((b as f64, ms.0));
             rows.push((format!("tg{} B{b} p{}", a.gen_tokens, a.batch_prompt), ms));
         }
     }
@@ -267,5 +278,46 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         }
     }
     a.model.report_backends(&r);
+    if let Some(path) = &a.plot {
+        write_plot(path, &model_name, &a, batch_pts, ctx_pts)?;
+        println!("plot written to {}", path.display());
+    }
     Ok(())
+}
+
+fn write_plot(
+    path: &std::path::Path,
+    model_name: &str,
+    a: &BenchArgs,
+    mut batch_pts: Vec<(f64, f64)>,
+    mut ctx_pts: Vec<(f64, f64)>,
+) -> Result<()> {
+    use super::plot::{write_png, Panel, Series};
+    batch_pts.sort_by(|x, y| x.0.total_cmp(&y.0));
+    ctx_pts.sort_by(|x, y| x.0.total_cmp(&y.0));
+    let label = format!("quire {:?}", a.model.mode).to_lowercase();
+    write_png(
+        path,
+        &format!("quire bench: {model_name}"),
+        &[
+            Panel {
+                title: format!("decode, generated tok/s (tg{})", a.gen_tokens),
+                x_label: "sequences in the batch".into(),
+                y_label: "tokens/s".into(),
+                series: vec![Series {
+                    label: label.clone(),
+                    points: batch_pts,
+                }],
+            },
+            Panel {
+                title: "batch-1 decode".into(),
+                x_label: "context length at the last step".into(),
+                y_label: "tokens/s".into(),
+                series: vec![Series {
+                    label,
+                    points: ctx_pts,
+                }],
+            },
+        ],
+    )
 }

@@ -1,9 +1,11 @@
 //! The `quire` command line.
 
 pub mod bench;
+pub mod bench_attn;
 pub mod generate;
 pub mod inspect;
 pub mod ops; // h-cuda
+mod plot;
 pub mod serve;
 pub mod synth;
 
@@ -34,6 +36,9 @@ pub enum Command {
     Chat(generate::ChatArgs),
     /// Prefill and decode tokens/s (like llama-bench pp/tg).
     Bench(bench::BenchArgs),
+    /// The paged decode-attention kernel alone on the CUDA device: us/call
+    /// and GB/s over batch size x context length (checked against the cpu).
+    BenchAttn(bench_attn::BenchAttnArgs),
     /// Token ids of a text, as JSON.
     Tokenize(inspect::TokenizeArgs),
     /// Teacher-forced top-k logits for every position of a text, as JSON lines.
@@ -172,6 +177,7 @@ pub fn main_with(cli: Cli) -> Result<()> {
         Command::Run(a) => generate::run(a),
         Command::Chat(a) => generate::chat(a),
         Command::Bench(a) => bench::bench(a),
+        Command::BenchAttn(a) => bench_attn::bench_attn(a),
         Command::Tokenize(a) => inspect::tokenize(a),
         Command::Logits(a) => inspect::logits(a),
         Command::Perplexity(a) => inspect::perplexity(a),

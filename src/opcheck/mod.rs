@@ -154,19 +154,19 @@ impl GuardedF16 {
 }
 
 /// Comparison of a result with the reference.
-struct Cmp {
-    nmse: f64,
-    bitwise: bool,
+pub(crate) struct Cmp {
+    pub(crate) nmse: f64,
+    pub(crate) bitwise: bool,
     /// NaN, +Inf and -Inf at the same positions (exact mode).
-    nan_inf_ok: bool,
+    pub(crate) nan_inf_ok: bool,
     /// Non-finite at the same positions (fast and deterministic modes,
     /// whose faster math may turn an overflow into Inf where the canonical
     /// arithmetic gives NaN, or the reverse).
-    finite_ok: bool,
-    first_diff: Option<(usize, f32, f32)>,
+    pub(crate) finite_ok: bool,
+    pub(crate) first_diff: Option<(usize, f32, f32)>,
 }
 
-fn compare(y: &[f32], r: &[f32]) -> Cmp {
+pub(crate) fn compare(y: &[f32], r: &[f32]) -> Cmp {
     let (mut num, mut den) = (0f64, 0f64);
     let mut bitwise = y.len() == r.len();
     let mut nan_inf_ok = y.len() == r.len();
@@ -218,7 +218,7 @@ fn compare(y: &[f32], r: &[f32]) -> Cmp {
 /// rounds activations to int8 per block of 32 (step amax/127): its error
 /// variance is ~amax²/(12·127²) per value, an NMSE of 1e-5 to 3e-5 on
 /// random data, so it gets 1e-4.
-fn nmse_bound(op: &str) -> f64 {
+pub(crate) fn nmse_bound(op: &str) -> f64 {
     match op {
         "mat_mul" => 1e-4,
         "paged_attention" => 1e-5,
