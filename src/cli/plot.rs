@@ -133,7 +133,7 @@ mod tests {
         let path = dir.path().join("p.png");
         let s = |l: &str, k: f64| Series {
             label: l.into(),
-            points: [1.0, 8.0, 32.0, 64.0]
+            points: [1.0f64, 8.0, 32.0, 64.0]
                 .iter()
                 .map(|&x| (x, k * x.sqrt()))
                 .collect(),
