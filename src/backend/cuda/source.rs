@@ -144,15 +144,27 @@ pub fn driver_present() -> bool {
 
 /// NVRTC options of every kernel: no FMA contraction, IEEE division and
 /// square root, no flush-to-zero (exact mode depends on all four).
+/// `QUIRE_CUDA_DEFINES=NAME=VALUE,...` adds `-D` options: tuning macros
+/// for benchmark runs (e.g. `MV_UNITS=4`, the decode kernels' units in
+/// flight per lane), none of which changes any result.
 pub fn nvrtc_options(arch: &str) -> Vec<String> {
-    vec![
+    let mut o = vec![
         format!("--gpu-architecture={arch}"),
         "--fmad=false".into(),
         "--prec-div=true".into(),
         "--prec-sqrt=true".into(),
         "--ftz=false".into(),
         "--std=c++17".into(),
-    ]
+    ];
+    if let Ok(defs) = std::env::var("QUIRE_CUDA_DEFINES") {
+        o.extend(
+            defs.split(',')
+                .map(str::trim)
+                .filter(|d| !d.is_empty())
+                .map(|d| format!("-D{d}")),
+        );
+    }
+    o
 }
 
 /// Compiles one kernel file to PTX for `arch` (e.g. `sm_90`). Errors carry

@@ -265,48 +265,73 @@ extern "C" __global__ void mm_float(const u8* __restrict__ w, int m, int k, int 
 // skipping blocks past the row. The 8-lane tree of lanes 0..7 finishes.
 #define MV_EXACT_ROWS 8
 
+// One group of 32 blocks (i0 .. i0 + 31): lane l's block b = i0 + l is
+// already decoded (w, dw, mw; ok = b < nb).
+template <int TY>
+__device__ __forceinline__ void mv_exact_group(const int* w, float dw, float mw, bool ok, int b,
+                                               int i0, int nb, const short* __restrict__ qs,
+                                               const float* __restrict__ ad,
+                                               const float* __restrict__ as, int k, int n,
+                                               int l, float* acc) {
+#pragma unroll
+    for (int r = 0; r < MV_EXACT_ROWS; r++) {
+        if (r >= n) break;
+        float t = 0.0f;
+        if (ok) {
+            const int4* qa = (const int4*)(qs + (long long)r * k + 32 * b);
+            int isum = 0;
+#pragma unroll
+            for (int h = 0; h < 4; h++) {
+                int4 v = qa[h];  // activations 8h .. 8h + 7 (words 2h, 2h + 1)
+                isum = __dp2a_lo(v.x, w[2 * h], isum);
+                isum = __dp2a_hi(v.y, w[2 * h], isum);
+                isum = __dp2a_lo(v.z, w[2 * h + 1], isum);
+                isum = __dp2a_hi(v.w, w[2 * h + 1], isum);
+            }
+            t = q_mul(q_mul(dw, ad[(long long)r * nb + b]), __int2float_rn(isum));
+            if (TY == TY_Q4_1 || TY == TY_Q5_1) t = q_add(t, q_mul(mw, as[(long long)r * nb + b]));
+        }
+        float t1 = __shfl_down_sync(0xffffffffu, t, 8);
+        float t2 = __shfl_down_sync(0xffffffffu, t, 16);
+        float t3 = __shfl_down_sync(0xffffffffu, t, 24);
+        if (l < 8) {
+            float a = acc[r];
+            if (i0 + l < nb) a = q_add(a, t);
+            if (i0 + l + 8 < nb) a = q_add(a, t1);
+            if (i0 + l + 16 < nb) a = q_add(a, t2);
+            if (i0 + l + 24 < nb) a = q_add(a, t3);
+            acc[r] = a;
+        }
+    }
+}
+
+// MV_EXACT_UNITS groups per iteration: all their weight loads are issued
+// before any is folded (decode is latency-bound), and the folds still run
+// in group order, so the canonical order is unchanged.
+#ifndef MV_EXACT_UNITS
+#define MV_EXACT_UNITS 2
+#endif
 template <int TY>
 __device__ __forceinline__ void mv_exact_row(const u8* __restrict__ wr, int nb,
                                              const short* __restrict__ qs,
                                              const float* __restrict__ ad,
                                              const float* __restrict__ as, int k, int n, int l,
                                              float* acc) {
-    for (int i0 = 0; i0 < nb; i0 += 32) {
-        int b = i0 + l;
-        bool ok = b < nb;
-        int w[8];
-        float dw = 0.0f, a1, mw = 0.0f;
-        if (ok) decode_unit<TY>(wr, b, w, dw, a1, mw);
+    for (int i0 = 0; i0 < nb; i0 += 32 * MV_EXACT_UNITS) {
+        int w[MV_EXACT_UNITS][8];
+        float dw[MV_EXACT_UNITS], mw[MV_EXACT_UNITS], a1;
 #pragma unroll
-        for (int r = 0; r < MV_EXACT_ROWS; r++) {
-            if (r >= n) break;
-            float t = 0.0f;
-            if (ok) {
-                const int4* qa = (const int4*)(qs + (long long)r * k + 32 * b);
-                int isum = 0;
+        for (int g = 0; g < MV_EXACT_UNITS; g++) {
+            int b = i0 + 32 * g + l;
+            dw[g] = mw[g] = 0.0f;
+            if (b < nb) decode_unit<TY>(wr, b, w[g], dw[g], a1, mw[g]);
+        }
 #pragma unroll
-                for (int h = 0; h < 4; h++) {
-                    int4 v = qa[h];  // activations 8h .. 8h + 7 (words 2h, 2h + 1)
-                    isum = __dp2a_lo(v.x, w[2 * h], isum);
-                    isum = __dp2a_hi(v.y, w[2 * h], isum);
-                    isum = __dp2a_lo(v.z, w[2 * h + 1], isum);
-                    isum = __dp2a_hi(v.w, w[2 * h + 1], isum);
-                }
-                t = q_mul(q_mul(dw, ad[(long long)r * nb + b]), __int2float_rn(isum));
-                if (TY == TY_Q4_1 || TY == TY_Q5_1)
-                    t = q_add(t, q_mul(mw, as[(long long)r * nb + b]));
-            }
-            float t1 = __shfl_down_sync(0xffffffffu, t, 8);
-            float t2 = __shfl_down_sync(0xffffffffu, t, 16);
-            float t3 = __shfl_down_sync(0xffffffffu, t, 24);
-            if (l < 8) {
-                float a = acc[r];
-                if (i0 + l < nb) a = q_add(a, t);
-                if (i0 + l + 8 < nb) a = q_add(a, t1);
-                if (i0 + l + 16 < nb) a = q_add(a, t2);
-                if (i0 + l + 24 < nb) a = q_add(a, t3);
-                acc[r] = a;
-            }
+        for (int g = 0; g < MV_EXACT_UNITS; g++) {
+            int g0 = i0 + 32 * g;
+            if (g0 >= nb) break;  // uniform across the warp
+            mv_exact_group<TY>(w[g], dw[g], mw[g], g0 + l < nb, g0 + l, g0, nb, qs, ad, as, k, n,
+                               l, acc);
         }
     }
 }

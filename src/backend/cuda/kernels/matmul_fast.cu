@@ -70,23 +70,28 @@ __device__ __forceinline__ void mv_q8_dot(const int* w, float a0, float a1, floa
     }
 }
 
-// Lane l's units l, l + 32, ..., two per iteration so the loads of both
-// are in flight together (decode is latency-bound on short rows).
+// Lane l's units l, l + 32, ..., MV_UNITS per iteration so their loads
+// are in flight together (decode is latency-bound on short rows). Each
+// lane still adds its units in increasing order, whatever MV_UNITS is.
+#ifndef MV_UNITS
+#define MV_UNITS 2
+#endif
 template <int TY>
 __device__ __forceinline__ void mv_q8_row(const u8* __restrict__ wr, int units,
                                           const signed char* __restrict__ xq,
                                           const float2* __restrict__ xds, int k, int n, int l,
                                           float* acc) {
     int u = l;
-    for (; u + 32 < units; u += 64) {
-        int w0[8], w1[8];
-        float a00, a01, b0, a10, a11, b1;
-        decode_unit<TY>(wr, u, w0, a00, a01, b0);
-        decode_unit<TY>(wr, u + 32, w1, a10, a11, b1);
-        mv_q8_dot(w0, a00, a01, b0, u, xq, xds, k, n, acc);
-        mv_q8_dot(w1, a10, a11, b1, u + 32, xq, xds, k, n, acc);
+    for (; u + 32 * (MV_UNITS - 1) < units; u += 32 * MV_UNITS) {
+        int w[MV_UNITS][8];
+        float a0[MV_UNITS], a1[MV_UNITS], b[MV_UNITS];
+#pragma unroll
+        for (int i = 0; i < MV_UNITS; i++) decode_unit<TY>(wr, u + 32 * i, w[i], a0[i], a1[i], b[i]);
+#pragma unroll
+        for (int i = 0; i < MV_UNITS; i++)
+            mv_q8_dot(w[i], a0[i], a1[i], b[i], u + 32 * i, xq, xds, k, n, acc);
     }
-    if (u < units) {
+    for (; u < units; u += 32) {
         int w0[8];
         float a00, a01, b0;
         decode_unit<TY>(wr, u, w0, a00, a01, b0);
