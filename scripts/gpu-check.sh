@@ -6,7 +6,7 @@
 # Llama-3.2-1B Q4_K models. Writes logs and summary.txt to $OUT (or ./gpu-check-out).
 #
 #   QUIRE=./.devbin/quire scripts/gpu-check.sh [steps...]
-# steps: ops-exact ops-det ops-fast perf smollm llama bench (default: all)
+# steps: ops-exact ops-det ops-fast attn perf smollm llama bench (default: all)
 set -uo pipefail
 QUIRE="${QUIRE:-./target/release/quire}"
 OUT="${OUT:-./gpu-check-out}"
@@ -15,7 +15,7 @@ mkdir -p "$OUT"
 summary="$OUT/summary.txt"
 : >"$summary"
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(ops-exact ops-det ops-fast perf smollm llama bench)
+[ ${#steps[@]} -eq 0 ] && steps=(ops-exact ops-det ops-fast attn perf smollm llama bench)
 note() { echo "$*" | tee -a "$summary"; }
 note "gpu-check: $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 status=0
@@ -41,6 +41,14 @@ for s in "${steps[@]}"; do
       # The int8 tensor-core matmul serves 9..64 rows by default: cover it
       # at every row count.
       QUIRE_MMA_MIN_ROWS=0 QUIRE_MMA_MAX_ROWS=100000 run_step ops-fast-mma "$QUIRE" ops --backend cuda --mode fast --op mat_mul
+      ;;
+    attn)
+      # Paged decode attention over scattered blocks at long contexts
+      # (bench-attn fails unless every shape matches the cpu reference:
+      # bitwise in exact mode, within the NMSE bound otherwise).
+      for m in exact deterministic fast; do
+        run_step "attn-$m" "$QUIRE" bench-attn --mode "$m" --batch 1,5 --ctx 300,4100 --iters 3
+      done
       ;;
     perf) run_step ops-perf "$QUIRE" ops --backend cuda --mode exact --perf --op mat_mul ;;
     smollm)
