@@ -1057,8 +1057,13 @@ impl Ctx<'_> {
             (96, 1, 3, 16, vec![(33, 33)]),
             // head_dim not a multiple of 8: cuda's non-split fast kernel.
             (36, 2, 2, 16, vec![(20, 5), (300, 1)]),
-            // Past ATT_PARTS chunks of 256 keys: split-KV partials wrap.
+            // Past ATT_PARTS chunks of 128 keys: split-KV partials wrap.
             (64, 2, 2, 16, vec![(4500, 2)]),
+            // cuda split-KV: a group of 6 heads in the 8-head kernel,
+            // head_dim not a multiple of 32, and 12 heads per KV head (past
+            // the grouped kernels: the per-head one).
+            (72, 2, 6, 16, vec![(1500, 2), (3, 1)]),
+            (64, 1, 12, 16, vec![(700, 1)]),
             // >= 64 rows (cuda fast: tensor-core prefill tiles), mixed
             // sequences, continued prefill, block sizes not 16.
             (128, 2, 4, 16, vec![(100, 50), (0, 30), (5, 1)]),

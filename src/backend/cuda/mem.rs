@@ -155,8 +155,8 @@ pub fn fa_tiles(row_seq: &[u32]) -> Vec<u32> {
 
 /// Keys per chunk and partials per row of the split-KV attention
 /// (ATT_CHUNK, ATT_PARTS in attention.cu).
-pub const ATT_CHUNK: usize = 256;
-pub const ATT_PARTS: usize = 16;
+pub const ATT_CHUNK: usize = 128;
+pub const ATT_PARTS: usize = 32;
 
 /// Partials a row at `max_pos` has (the most the batch's rows need).
 pub fn att_parts(max_pos: usize) -> usize {

@@ -164,3 +164,21 @@ __device__ __forceinline__ void ldsm_x4(u32* r, const void* p) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a));
 }
+
+// Asynchronous global -> shared copies (sm_80+); src_bytes < size zero-fills
+// the rest (0: nothing is read).
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_bytes) {
+    u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+    u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// Two f16 (low half first) to f32.
+__device__ __forceinline__ float2 q_f16x2(u32 v) {
+    return make_float2(q_f16((u16)(v & 0xFFFF)), q_f16((u16)(v >> 16)));
+}

@@ -142,16 +142,24 @@ impl CudaBackend {
         let si = i32_of(stride, "partial stride")?;
         let s = self.stream();
         let mut guard = self.arena(&[plen * 4, 0, 0])?;
+        let gqa = gqa_split_kernel(nhi as usize / nkvi as usize, hd);
         arena3::<f32, u8, u8, ()>(&mut guard, (plen, 0, 0), |part, _, _| {
+            // GQA-grouped: one CTA per (row, KV head); else per (row, head).
+            let (name, ctas_x) = match gqa {
+                Some(name) => (name, batch.n_rows * nkvi as usize),
+                None => ("paged_attention_split", rh),
+            };
             let cfg = LaunchConfig {
-                grid_dim: (u32::try_from(rh)?, u32::try_from(batch.part_ctas)?, 1),
+                grid_dim: (u32::try_from(ctas_x)?, u32::try_from(batch.part_ctas)?, 1),
                 block_dim: (32 * 4, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let mut b = s.launch_builder(self.func("paged_attention_split")?);
-            b.arg(q)
-                .arg(&nri)
-                .arg(&nhi)
+            let mut b = s.launch_builder(self.func(name)?);
+            b.arg(q);
+            if gqa.is_none() {
+                b.arg(&nri);
+            }
+            b.arg(&nhi)
                 .arg(&nkvi)
                 .arg(&hdi)
                 .arg(&bsi)
@@ -164,11 +172,14 @@ impl CudaBackend {
                 .arg(&batch.positions)
                 .arg(&si)
                 .arg(&mut *part);
-            // SAFETY: matches paged_attention_split; tables validated at
-            // upload for this cache; part holds rows*heads*stride*(2+hd)
-            // floats and stride covers every row's partials (att_parts of
-            // the largest position, or ATT_PARTS); head_dim <= 256 and a
-            // multiple of 8 (16-byte K loads).
+            // SAFETY: matches paged_attention_split and att_split_d*_g*
+            // (the same arguments without n_rows, which the grid carries);
+            // tables validated at upload for this cache; part holds
+            // rows*heads*stride*(2+hd) floats and stride covers every row's
+            // partials (att_parts of the largest position, or ATT_PARTS);
+            // head_dim <= 256 and a multiple of 8 (16-byte K/V loads), and
+            // for the grouped kernels at most 32*D32 with at most GM query
+            // heads per KV head (gqa_split_kernel).
             drv(
                 unsafe { b.launch(cfg) },
                 "paged_attention: launching the split kernel",
@@ -189,5 +200,55 @@ impl CudaBackend {
             )?;
             Ok(())
         })
+    }
+}
+
+/// The GQA-grouped split kernel for `group` query heads per KV head and
+/// `head_dim` (a multiple of 8): `att_split_d{D32}_g{GM}` with head_dim <=
+/// 32 * D32 and group <= GM, the smallest instantiated (attention_fast.cu);
+/// None past 8 heads per group or head_dim 128 (the per-head kernel).
+fn gqa_split_kernel(group: usize, head_dim: usize) -> Option<&'static str> {
+    const NAMES: [[&str; 4]; 2] = [
+        ["att_split_d2_g1", "att_split_d2_g2", "att_split_d2_g4", "att_split_d2_g8"],
+        ["att_split_d4_g1", "att_split_d4_g2", "att_split_d4_g4", "att_split_d4_g8"],
+    ];
+    let d = match head_dim {
+        1..=64 => 0,
+        65..=128 => 1,
+        _ => return None,
+    };
+    let g = match group {
+        1 => 0,
+        2 => 1,
+        3..=4 => 2,
+        5..=8 => 3,
+        _ => return None,
+    };
+    Some(NAMES[d][g])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gqa_split_kernel;
+
+    #[test]
+    fn gqa_kernel_is_the_smallest_that_fits() {
+        assert_eq!(gqa_split_kernel(4, 128), Some("att_split_d4_g4"));
+        assert_eq!(gqa_split_kernel(3, 64), Some("att_split_d2_g4"));
+        assert_eq!(gqa_split_kernel(8, 80), Some("att_split_d4_g8"));
+        assert_eq!(gqa_split_kernel(1, 8), Some("att_split_d2_g1"));
+        assert_eq!(gqa_split_kernel(9, 128), None);
+        assert_eq!(gqa_split_kernel(4, 256), None);
+        // Every name is a kernel of attention_fast.cu.
+        let (_, _, entries) = crate::backend::cuda::source::KERNELS
+            .iter()
+            .find(|(n, _, _)| *n == "attention_fast")
+            .unwrap();
+        for g in 1..=8 {
+            for hd in (8..=128).step_by(8) {
+                let n = gqa_split_kernel(g, hd).unwrap();
+                assert!(entries.contains(&n), "{n} is not loaded");
+            }
+        }
     }
 }
