@@ -7,9 +7,10 @@
 //! numbers are of a kernel that computed the right thing.
 //!
 //! Bytes counted per call: K and V of every key read once (2 bytes each)
-//! plus q and out (f32). Time: CUDA events around `--iters` back-to-back
-//! calls (launch overhead shows for small shapes: a shape whose kernel runs
-//! shorter than the host's per-call work is launch-bound, not memory-bound).
+//! plus q and out (f32). Time: CUDA events around `--iters` calls, twice:
+//! replayed from a CUDA graph of 20 calls (device time, as in a decode step,
+//! which runs as a graph; GB/s uses this one) and launched one by one from
+//! the host (where small shapes are bound by the host's per-call work).
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::mem::{Dev, DevAttnBatch, DevKv};
@@ -57,11 +58,17 @@ pub struct BenchAttnArgs {
     pub plot: Option<PathBuf>,
 }
 
+/// Calls per captured graph.
+const GRAPH_CALLS: usize = 20;
+
 /// One timed shape.
 struct Row {
     batch: usize,
     ctx: usize,
+    /// Per call, replayed from a CUDA graph.
     us: f64,
+    /// Per call, launched one by one from the host.
+    us_launch: f64,
     gbps: f64,
     nmse: f64,
     bitwise: bool,
@@ -114,8 +121,8 @@ pub fn bench_attn(a: BenchAttnArgs) -> Result<()> {
     let mut rng = ChaCha8Rng::seed_from_u64(a.seed);
     let mut rows = Vec::new();
     if !a.json {
-        println!("| batch | ctx | us/call | GB/s | NMSE vs cpu |");
-        println!("|---|---|---|---|---|");
+        println!("| batch | ctx | us/call (graph) | us/call (launches) | GB/s (graph) | NMSE vs cpu |");
+        println!("|---|---|---|---|---|---|");
     }
     for &b in &a.batch {
         for &ctx in &a.ctx {
@@ -219,18 +226,44 @@ pub fn bench_attn(a: BenchAttnArgs) -> Result<()> {
                     .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
                     .with_context(|| format!("bench-attn: recording the {what} event"))
             };
+            let iters = a.iters.max(1);
             let t0 = ev("start")?;
-            for _ in 0..a.iters.max(1) {
+            for _ in 0..iters {
                 call(&be, &mut od)?;
             }
             let t1 = ev("end")?;
             let ms = t0.elapsed_ms(&t1).context("bench-attn: event timing")? as f64;
-            let us = 1e3 * ms / a.iters.max(1) as f64;
+            let us_launch = 1e3 * ms / iters as f64;
+            // The same calls captured into one CUDA graph (as a decode step
+            // runs them): device time without the host's per-call work.
+            let st = be.stream();
+            st.begin_capture(
+                cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+            .context("bench-attn: beginning graph capture")?;
+            let captured = (0..GRAPH_CALLS).try_for_each(|_| call(&be, &mut od));
+            let graph = st
+                .end_capture(
+                    cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
+                )
+                .context("bench-attn: ending graph capture");
+            captured?;
+            let graph = graph?.context("bench-attn: graph capture produced no graph")?;
+            graph.launch().context("bench-attn: graph warm-up")?;
+            let reps = iters.div_ceil(GRAPH_CALLS);
+            let t0 = ev("start")?;
+            for _ in 0..reps {
+                graph.launch().context("bench-attn: graph launch")?;
+            }
+            let t1 = ev("end")?;
+            let ms = t0.elapsed_ms(&t1).context("bench-attn: event timing")? as f64;
+            let us = 1e3 * ms / (reps * GRAPH_CALLS) as f64;
             let bytes = (b * ctx * cell * 2 * 2 + 2 * q.len() * 4) as f64;
             let row = Row {
                 batch: b,
                 ctx,
                 us,
+                us_launch,
                 gbps: bytes / (us * 1e-6) / 1e9,
                 nmse: cmp.nmse,
                 bitwise: cmp.bitwise,
@@ -243,14 +276,15 @@ pub fn bench_attn(a: BenchAttnArgs) -> Result<()> {
                         "mode": format!("{:?}", a.mode).to_lowercase(),
                         "batch": b, "ctx": ctx, "heads": nh, "kv_heads": nkv,
                         "head_dim": hd, "block_size": bs,
-                        "us": row.us, "gbps": row.gbps,
+                        "us": row.us, "us_launch": row.us_launch, "gbps": row.gbps,
                         "nmse": row.nmse, "bitwise": row.bitwise,
                     })
                 );
             } else {
                 println!(
-                    "| {b} | {ctx} | {:.2} | {:.0} | {:.2e}{} |",
+                    "| {b} | {ctx} | {:.2} | {:.2} | {:.0} | {:.2e}{} |",
                     row.us,
+                    row.us_launch,
                     row.gbps,
                     row.nmse,
                     if row.bitwise { " (bitwise)" } else { "" }
