@@ -6,6 +6,10 @@
 // 32-lane dot32 (registers); the chunk max is an exact warp reduction; the
 // sums over j are sequential in j (ls on thread 0; vs per d on the thread
 // owning d, d = l, l + 32, ...). head_dim <= 256 (8 values per thread).
+// With head_dim a multiple of 8 (16-byte rows), a chunk's V rows are
+// queued into shared memory (cp.async) before its K rows are read with
+// 16-byte loads, so both are in flight together; the arithmetic and its
+// order are the same as with scalar loads.
 
 #define ATT_MAXD 8
 
@@ -17,6 +21,7 @@ extern "C" __global__ void paged_attention(
     float* __restrict__ out) {
     __shared__ float qs[256];
     __shared__ float ps[32];
+    __shared__ __align__(16) u16 vsm[32 * 256];  // (32 keys, head_dim) of a chunk
     int rh = blockIdx.x;
     if (rh >= n_rows * n_heads) return;
     int r = rh / n_heads, h = rh % n_heads;
@@ -33,9 +38,19 @@ extern "C" __global__ void paged_attention(
     for (int u = 0; u < ATT_MAXD; u++) acc[u] = 0.0f;
     float m = Q_NINF, lsum = 0.0f;
     int full = hd / 32 * 32;
+    bool vec = hd % 8 == 0;
+    int cpr = hd / 8;
     for (int j0 = 0; j0 <= pos; j0 += 32) {
         int cnt = min(32, pos + 1 - j0);
         int j = j0 + l;
+        if (vec) {
+            for (int i = l; i < cnt * cpr; i += 32) {
+                int t = i / cpr, c = i - t * cpr, jt = j0 + t;
+                long long cell = (long long)table[jt / block_size] * block_size + jt % block_size;
+                cp_async16(&vsm[t * hd + 8 * c], vc + (cell * n_kv_heads + kvh) * hd + 8 * c, 16);
+            }
+            cp_async_commit();
+        }
         float s = Q_NINF;
         long long off = 0;
         if (l < cnt) {
@@ -45,14 +60,36 @@ extern "C" __global__ void paged_attention(
             float lane[32];
 #pragma unroll
             for (int t = 0; t < 32; t++) lane[t] = 0.0f;
-            for (int e = 0; e < full; e += 32) {
+            if (vec) {
+                // Element e + t still lands in lane[t], in increasing e.
+#pragma unroll 2
+                for (int e = 0; e < hd; e += 32) {
+#pragma unroll
+                    for (int c4 = 0; c4 < 4; c4++) {
+                        if (e + 8 * c4 < hd) {
+                            uint4 v = *(const uint4*)(kr + e + 8 * c4);
+                            u32 hv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                            for (int i = 0; i < 4; i++) {
+                                int t = 8 * c4 + 2 * i;
+                                lane[t] = q_add(lane[t], q_mul(qs[e + t], q_f16((u16)(hv[i] & 0xFFFF))));
+                                lane[t + 1] =
+                                    q_add(lane[t + 1], q_mul(qs[e + t + 1], q_f16((u16)(hv[i] >> 16))));
+                            }
+                        }
+                    }
+                }
+            } else {
+                for (int e = 0; e < full; e += 32) {
+#pragma unroll
+                    for (int t = 0; t < 32; t++)
+                        lane[t] = q_add(lane[t], q_mul(qs[e + t], q_f16(kr[e + t])));
+                }
 #pragma unroll
                 for (int t = 0; t < 32; t++)
-                    lane[t] = q_add(lane[t], q_mul(qs[e + t], q_f16(kr[e + t])));
+                    if (t < hd - full)
+                        lane[t] = q_add(lane[t], q_mul(qs[full + t], q_f16(kr[full + t])));
             }
-#pragma unroll
-            for (int t = 0; t < 32; t++)
-                if (t < hd - full) lane[t] = q_add(lane[t], q_mul(qs[full + t], q_f16(kr[full + t])));
 #pragma unroll
             for (int st = 16; st >= 1; st >>= 1) {
 #pragma unroll
@@ -76,10 +113,19 @@ extern "C" __global__ void paged_attention(
         float vs[ATT_MAXD];
 #pragma unroll
         for (int u = 0; u < ATT_MAXD; u++) vs[u] = 0.0f;
+        if (vec) {
+            cp_async_wait_all();
+            __syncwarp();
+        }
         int blk = j0 / block_size, within = j0 % block_size;
         for (int t = 0; t < cnt; t++) {
-            long long cell = (long long)table[blk] * block_size + within;
-            const u16* vr = vc + (cell * n_kv_heads + kvh) * hd;
+            const u16* vr;
+            if (vec) {
+                vr = &vsm[t * hd];
+            } else {
+                long long cell = (long long)table[blk] * block_size + within;
+                vr = vc + (cell * n_kv_heads + kvh) * hd;
+            }
             float pt = ps[t];
 #pragma unroll
             for (int u = 0; u < ATT_MAXD; u++) {
