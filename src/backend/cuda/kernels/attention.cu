@@ -90,11 +90,17 @@ extern "C" __global__ void paged_attention(
                     if (t < hd - full)
                         lane[t] = q_add(lane[t], q_mul(qs[full + t], q_f16(kr[full + t])));
             }
+            // The dot32 tree, written out so every lane[] index is a
+            // constant (a loop over st left lane[] in local memory).
 #pragma unroll
-            for (int st = 16; st >= 1; st >>= 1) {
+            for (int t = 0; t < 16; t++) lane[t] = q_add(lane[t], lane[t + 16]);
 #pragma unroll
-                for (int t = 0; t < st; t++) lane[t] = q_add(lane[t], lane[t + st]);
-            }
+            for (int t = 0; t < 8; t++) lane[t] = q_add(lane[t], lane[t + 8]);
+#pragma unroll
+            for (int t = 0; t < 4; t++) lane[t] = q_add(lane[t], lane[t + 4]);
+            lane[0] = q_add(lane[0], lane[2]);
+            lane[1] = q_add(lane[1], lane[3]);
+            lane[0] = q_add(lane[0], lane[1]);
             s = q_mul(lane[0], scale);
         }
         // Chunk max: NaN-ignoring, exact and order-free (starts at -inf).
