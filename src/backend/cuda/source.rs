@@ -126,8 +126,13 @@ pub fn prelude() -> String {
         "#define QUIRE_ACT_QMAX __int_as_float((int)0x{:08x}u)\n",
         ACT_QMAX.to_bits()
     ));
+    s.push_str(&format!("#define MV_EXACT_WR {MV_EXACT_WR}\n"));
     s
 }
+
+/// Weight rows per warp of the exact decode matvec (`mv_exact32`): the
+/// kernel's register arrays and the host's grid both follow this.
+pub const MV_EXACT_WR: usize = 2;
 
 /// The full translation unit of one kernel file.
 pub fn full_source(stem: &str) -> Result<String> {

@@ -254,99 +254,98 @@ extern "C" __global__ void mm_float(const u8* __restrict__ w, int m, int k, int 
 }
 
 // Decode-shaped canonical matmul for 32-block weights (Q4_0, Q4_1, Q5_0,
-// Q5_1, Q8_0), bitwise equal to mm_q32: one warp per weight row and up to
-// MV_EXACT_ROWS activation rows. Lane l decodes blocks l, l + 32, ... in
-// registers (coalesced: the warp streams 32 consecutive blocks), takes the
-// exact integer dot with the 16-bit activations (__dp2a; integer sums do
-// not depend on order) and the block's canonical term. The terms are then
-// folded in the canonical order: canonical lane c = b % 8 adds its blocks'
-// terms in increasing b, so in each group of 32 blocks warp lane c < 8 adds
-// its own term and those of lanes c + 8, c + 16, c + 24 (shuffled to it),
-// skipping blocks past the row. The 8-lane tree of lanes 0..7 finishes.
+// Q5_1, Q8_0), bitwise equal to mm_q32: one warp per MV_EXACT_WR weight
+// rows and up to MV_EXACT_ROWS activation rows. Lane l decodes blocks l,
+// l + 32, ... of each of its weight rows in registers (coalesced: the warp
+// streams 32 consecutive blocks), takes the exact integer dot with the
+// 16-bit activations (__dp2a; integer sums do not depend on order) and the
+// block's canonical term. The 16-bit activations are twice the int8 ones
+// of the fast kernel, so a warp serves MV_EXACT_WR weight rows with each
+// activation load. The terms are then folded in the canonical order, per
+// weight row: canonical lane c = b % 8 adds its blocks' terms in increasing
+// b, so in each group of 32 blocks warp lane c < 8 adds its own term and
+// those of lanes c + 8, c + 16, c + 24 (shuffled to it), skipping blocks
+// past the row. The 8-lane tree of lanes 0..7 finishes. MV_EXACT_WR comes
+// from the host (source.rs prelude), which sizes the grid by it.
 #define MV_EXACT_ROWS 8
 
-// One group of 32 blocks (i0 .. i0 + 31): lane l's block b = i0 + l is
-// already decoded (w, dw, mw; ok = b < nb).
+// Adds this group's term t (lane l's block i0 + l) to acc in the canonical
+// order (see above).
+__device__ __forceinline__ float mv_exact_fold(float a, float t, int i0, int nb, int l) {
+    float t1 = __shfl_down_sync(0xffffffffu, t, 8);
+    float t2 = __shfl_down_sync(0xffffffffu, t, 16);
+    float t3 = __shfl_down_sync(0xffffffffu, t, 24);
+    if (l < 8) {
+        if (i0 + l < nb) a = q_add(a, t);
+        if (i0 + l + 8 < nb) a = q_add(a, t1);
+        if (i0 + l + 16 < nb) a = q_add(a, t2);
+        if (i0 + l + 24 < nb) a = q_add(a, t3);
+    }
+    return a;
+}
+
+// wr: the warp's first weight row; row_bytes apart; nw (1..MV_EXACT_WR) of
+// them are inside the matrix.
 template <int TY>
-__device__ __forceinline__ void mv_exact_group(const int* w, float dw, float mw, bool ok, int b,
-                                               int i0, int nb, const short* __restrict__ qs,
-                                               const float* __restrict__ ad,
-                                               const float* __restrict__ as, int k, int n,
-                                               int l, float* acc) {
+__device__ __forceinline__ void mv_exact_rows(const u8* __restrict__ wr, long long row_bytes,
+                                              int nw, int nb, const short* __restrict__ qs,
+                                              const float* __restrict__ ad,
+                                              const float* __restrict__ as, int k, int n, int l,
+                                              float (*acc)[MV_EXACT_ROWS]) {
+    for (int i0 = 0; i0 < nb; i0 += 32) {
+        int b = i0 + l;
+        bool ok = b < nb;
+        int w[MV_EXACT_WR][8];
+        float dw[MV_EXACT_WR], mw[MV_EXACT_WR], a1;
 #pragma unroll
-    for (int r = 0; r < MV_EXACT_ROWS; r++) {
-        if (r >= n) break;
-        float t = 0.0f;
-        if (ok) {
-            const int4* qa = (const int4*)(qs + (long long)r * k + 32 * b);
-            int isum = 0;
+        for (int q = 0; q < MV_EXACT_WR; q++) {
+            dw[q] = mw[q] = 0.0f;
+            if (ok && q < nw) decode_unit<TY>(wr + q * row_bytes, b, w[q], dw[q], a1, mw[q]);
+        }
 #pragma unroll
-            for (int h = 0; h < 4; h++) {
-                int4 v = qa[h];  // activations 8h .. 8h + 7 (words 2h, 2h + 1)
-                isum = __dp2a_lo(v.x, w[2 * h], isum);
-                isum = __dp2a_hi(v.y, w[2 * h], isum);
-                isum = __dp2a_lo(v.z, w[2 * h + 1], isum);
-                isum = __dp2a_hi(v.w, w[2 * h + 1], isum);
+        for (int r = 0; r < MV_EXACT_ROWS; r++) {
+            if (r >= n) break;
+            int4 v[4];
+            float adr = 0.0f, asr = 0.0f;
+            if (ok) {
+                const int4* qa = (const int4*)(qs + (long long)r * k + 32 * b);
+#pragma unroll
+                for (int h = 0; h < 4; h++) v[h] = qa[h];  // activations 8h .. 8h + 7
+                adr = ad[(long long)r * nb + b];
+                if (TY == TY_Q4_1 || TY == TY_Q5_1) asr = as[(long long)r * nb + b];
             }
-            t = q_mul(q_mul(dw, ad[(long long)r * nb + b]), __int2float_rn(isum));
-            if (TY == TY_Q4_1 || TY == TY_Q5_1) t = q_add(t, q_mul(mw, as[(long long)r * nb + b]));
-        }
-        float t1 = __shfl_down_sync(0xffffffffu, t, 8);
-        float t2 = __shfl_down_sync(0xffffffffu, t, 16);
-        float t3 = __shfl_down_sync(0xffffffffu, t, 24);
-        if (l < 8) {
-            float a = acc[r];
-            if (i0 + l < nb) a = q_add(a, t);
-            if (i0 + l + 8 < nb) a = q_add(a, t1);
-            if (i0 + l + 16 < nb) a = q_add(a, t2);
-            if (i0 + l + 24 < nb) a = q_add(a, t3);
-            acc[r] = a;
+#pragma unroll
+            for (int q = 0; q < MV_EXACT_WR; q++) {
+                float t = 0.0f;
+                if (ok && q < nw) {
+                    int isum = 0;
+#pragma unroll
+                    for (int h = 0; h < 4; h++) {  // words 2h, 2h + 1 of the block
+                        isum = __dp2a_lo(v[h].x, w[q][2 * h], isum);
+                        isum = __dp2a_hi(v[h].y, w[q][2 * h], isum);
+                        isum = __dp2a_lo(v[h].z, w[q][2 * h + 1], isum);
+                        isum = __dp2a_hi(v[h].w, w[q][2 * h + 1], isum);
+                    }
+                    t = q_mul(q_mul(dw[q], adr), __int2float_rn(isum));
+                    if (TY == TY_Q4_1 || TY == TY_Q5_1) t = q_add(t, q_mul(mw[q], asr));
+                }
+                acc[q][r] = mv_exact_fold(acc[q][r], t, i0, nb, l);
+            }
         }
     }
 }
 
-// MV_EXACT_UNITS groups per iteration: all their weight loads are issued
-// before any is folded, and the folds still run in group order, so the
-// canonical order is unchanged. 1 to 4 measured the same within 5% on an
-// H100 (the kernel is bound by its dp2a and fold instructions, not loads).
-#ifndef MV_EXACT_UNITS
-#define MV_EXACT_UNITS 1
-#endif
-template <int TY>
-__device__ __forceinline__ void mv_exact_row(const u8* __restrict__ wr, int nb,
-                                             const short* __restrict__ qs,
-                                             const float* __restrict__ ad,
-                                             const float* __restrict__ as, int k, int n, int l,
-                                             float* acc) {
-    for (int i0 = 0; i0 < nb; i0 += 32 * MV_EXACT_UNITS) {
-        int w[MV_EXACT_UNITS][8];
-        float dw[MV_EXACT_UNITS], mw[MV_EXACT_UNITS], a1;
-#pragma unroll
-        for (int g = 0; g < MV_EXACT_UNITS; g++) {
-            int b = i0 + 32 * g + l;
-            dw[g] = mw[g] = 0.0f;
-            if (b < nb) decode_unit<TY>(wr, b, w[g], dw[g], a1, mw[g]);
-        }
-#pragma unroll
-        for (int g = 0; g < MV_EXACT_UNITS; g++) {
-            int g0 = i0 + 32 * g;
-            if (g0 >= nb) break;  // uniform across the warp
-            mv_exact_group<TY>(w[g], dw[g], mw[g], g0 + l < nb, g0 + l, g0, nb, qs, ad, as, k, n,
-                               l, acc);
-        }
-    }
-}
-
-// Grid: (ceil(n / MV_EXACT_ROWS), ceil(m / 8)); block 256 threads (8 rows).
-// qs, ad, as: quant_act32's outputs.
+// Grid: (ceil(n / MV_EXACT_ROWS), ceil(m / (8 * MV_EXACT_WR))); block 256
+// threads (8 warps). qs, ad, as: quant_act32's outputs.
 extern "C" __global__ void mv_exact32(const u8* __restrict__ w, int m, int k, int ty,
                                       const short* __restrict__ qs,
                                       const float* __restrict__ ad,
                                       const float* __restrict__ as, int n_all,
                                       float* __restrict__ out) {
-    int row = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int row0 = (blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5)) * MV_EXACT_WR;
     int l = threadIdx.x & 31;
-    if (row >= m) return;
+    if (row0 >= m) return;
+    int nw = min(MV_EXACT_WR, m - row0);
     int g0 = blockIdx.x * MV_EXACT_ROWS;
     int n = min(MV_EXACT_ROWS, n_all - g0);
     int nb = k / 32;
@@ -354,21 +353,28 @@ extern "C" __global__ void mv_exact32(const u8* __restrict__ w, int m, int k, in
     ad += (long long)g0 * nb;
     as += (long long)g0 * nb;
     out += (long long)g0 * m;
-    const u8* wr = w + (long long)row * nb * gr_type_size(ty);
-    float acc[MV_EXACT_ROWS];
+    long long row_bytes = (long long)nb * gr_type_size(ty);
+    const u8* wr = w + row0 * row_bytes;
+    float acc[MV_EXACT_WR][MV_EXACT_ROWS];
 #pragma unroll
-    for (int r = 0; r < MV_EXACT_ROWS; r++) acc[r] = 0.0f;
+    for (int q = 0; q < MV_EXACT_WR; q++)
+#pragma unroll
+        for (int r = 0; r < MV_EXACT_ROWS; r++) acc[q][r] = 0.0f;
     switch (ty) {
-        case TY_Q4_0: mv_exact_row<TY_Q4_0>(wr, nb, qs, ad, as, k, n, l, acc); break;
-        case TY_Q4_1: mv_exact_row<TY_Q4_1>(wr, nb, qs, ad, as, k, n, l, acc); break;
-        case TY_Q5_0: mv_exact_row<TY_Q5_0>(wr, nb, qs, ad, as, k, n, l, acc); break;
-        case TY_Q5_1: mv_exact_row<TY_Q5_1>(wr, nb, qs, ad, as, k, n, l, acc); break;
-        default: mv_exact_row<TY_Q8_0>(wr, nb, qs, ad, as, k, n, l, acc); break;
+        case TY_Q4_0: mv_exact_rows<TY_Q4_0>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, acc); break;
+        case TY_Q4_1: mv_exact_rows<TY_Q4_1>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, acc); break;
+        case TY_Q5_0: mv_exact_rows<TY_Q5_0>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, acc); break;
+        case TY_Q5_1: mv_exact_rows<TY_Q5_1>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, acc); break;
+        default: mv_exact_rows<TY_Q8_0>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, acc); break;
     }
 #pragma unroll
-    for (int r = 0; r < MV_EXACT_ROWS; r++) {
-        if (r >= n) break;
-        float v = q_group_tree8(acc[r]);
-        if (l == 0) out[(long long)r * m + row] = v;
+    for (int q = 0; q < MV_EXACT_WR; q++) {
+        if (q >= nw) break;
+#pragma unroll
+        for (int r = 0; r < MV_EXACT_ROWS; r++) {
+            if (r >= n) break;
+            float v = q_group_tree8(acc[q][r]);
+            if (l == 0) out[(long long)r * m + row0 + q] = v;
+        }
     }
 }

@@ -574,8 +574,9 @@ impl CudaBackend {
                         }
                         if n <= MV_ROWS {
                             // Decode: the warp-per-row kernel (same bits).
+                            let per_cta = 8 * crate::backend::cuda::source::MV_EXACT_WR;
                             let cfg = LaunchConfig {
-                                grid_dim: (1, u32::try_from(m.div_ceil(8))?, 1),
+                                grid_dim: (1, u32::try_from(m.div_ceil(per_cta))?, 1),
                                 block_dim: (256, 1, 1),
                                 shared_mem_bytes: 0,
                             };
