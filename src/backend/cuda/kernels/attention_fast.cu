@@ -493,11 +493,16 @@ ATT_SPLIT_GQA(4, 2)
 ATT_SPLIT_GQA(4, 4)
 ATT_SPLIT_GQA(4, 8)
 
-// One warp per (row, head): merges the row's partials in order.
+// One warp per (row, head): merges the row's partials in order p = 0, 1,
+// .... Lane p loads partial p's (m, l) (ATT_PARTS <= 32), the max is an
+// exact warp reduction, and the ordered sums take each partial's weight by
+// shuffle, with the accumulator loads of four partials in flight at once:
+// no chain of dependent loads, the same arithmetic in the same order.
 extern "C" __global__ void attention_combine(const float* __restrict__ part, int n_rows,
                                              int n_heads, int head_dim,
                                              const u32* __restrict__ positions, int stride,
                                              float* __restrict__ out) {
+    static_assert(ATT_PARTS <= 32, "one lane per partial");
     int rh = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int l = threadIdx.x & 31;
     if (rh >= n_rows * n_heads) return;
@@ -505,20 +510,36 @@ extern "C" __global__ void attention_combine(const float* __restrict__ part, int
     int pos = (int)positions[rh / n_heads];
     int np = min(pos / ATT_CHUNK + 1, ATT_PARTS);
     const float* pr = part + (long long)rh * stride * (2 + hd);
-    float mx = Q_NINF;
-    for (int p = 0; p < np; p++) mx = fmaxf(mx, pr[(long long)p * (2 + hd)]);
+    float mp = Q_NINF, lp = 0.0f;
+    if (l < np) {
+        mp = pr[(long long)l * (2 + hd)];
+        lp = pr[(long long)l * (2 + hd) + 1];
+    }
+    float mx = mp;
+#pragma unroll
+    for (int st = 16; st >= 1; st >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, st));
+    float fp = (l < np) ? __expf(mp - mx) : 0.0f;
     float L = 0.0f;
     float o[ATT_MAXD];
 #pragma unroll
     for (int u = 0; u < ATT_MAXD; u++) o[u] = 0.0f;
-    for (int p = 0; p < np; p++) {
-        const float* pp = pr + (long long)p * (2 + hd);
-        float f = __expf(pp[0] - mx);
-        L += pp[1] * f;
+    for (int p0 = 0; p0 < np; p0 += 4) {
+        float v[4][ATT_MAXD];
 #pragma unroll
-        for (int u = 0; u < ATT_MAXD; u++) {
-            int d = l + 32 * u;
-            if (d < hd) o[u] += pp[2 + d] * f;
+        for (int i = 0; i < 4; i++) {
+#pragma unroll
+            for (int u = 0; u < ATT_MAXD; u++) {
+                int d = l + 32 * u;
+                v[i][u] = (p0 + i < np && d < hd) ? pr[(long long)(p0 + i) * (2 + hd) + 2 + d] : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if (p0 + i >= np) break;  // warp-uniform
+            float f = __shfl_sync(0xffffffffu, fp, p0 + i);
+            L += __shfl_sync(0xffffffffu, lp, p0 + i) * f;
+#pragma unroll
+            for (int u = 0; u < ATT_MAXD; u++) o[u] += v[i][u] * f;
         }
     }
     float* op = out + (long long)rh * hd;
