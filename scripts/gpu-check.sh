@@ -47,7 +47,7 @@ for s in "${steps[@]}"; do
       # (bench-attn fails unless every shape matches the cpu reference:
       # bitwise in exact mode, within the NMSE bound otherwise).
       for m in exact deterministic fast; do
-        run_step "attn-$m" "$QUIRE" bench-attn --mode "$m" --batch 1,5 --ctx 300,4100 --iters 3
+        run_step "attn-$m" "$QUIRE" bench-attn --mode "$m" --batch 1,5,64 --ctx 300,4100 --iters 3
       done
       ;;
     perf) run_step ops-perf "$QUIRE" ops --backend cuda --mode exact --perf --op mat_mul ;;

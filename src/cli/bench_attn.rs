@@ -121,7 +121,9 @@ pub fn bench_attn(a: BenchAttnArgs) -> Result<()> {
     let mut rng = ChaCha8Rng::seed_from_u64(a.seed);
     let mut rows = Vec::new();
     if !a.json {
-        println!("| batch | ctx | us/call (graph) | us/call (launches) | GB/s (graph) | NMSE vs cpu |");
+        println!(
+            "| batch | ctx | us/call (graph) | us/call (launches) | GB/s (graph) | NMSE vs cpu |"
+        );
         println!("|---|---|---|---|---|---|");
     }
     for &b in &a.batch {

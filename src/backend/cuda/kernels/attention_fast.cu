@@ -123,12 +123,15 @@ extern "C" __global__ void paged_attention_fast(
 // ---------------------------------------------------------------------------
 // Split-KV attention (flash-decoding) for the fast and deterministic modes.
 // A row's keys 0..=pos are cut into chunks of ATT_CHUNK by absolute
-// position; chunk s belongs to partial p = s % ATT_PARTS, and a partial
+// position; chunk s belongs to partial p = s % n_parts, and a partial
 // folds its chunks in increasing order. paged_attention_split computes
 // partials (grid: (row, head) x G; CTA y computes partials y, y + G, ...),
 // attention_combine merges a row's partials in order p = 0, 1, .... The
-// arithmetic of a row depends only on its own keys and these constants,
-// never on G, the batch or the block layout: batch- and KV-cache invariant.
+// arithmetic of a row depends only on its own keys, the constants and
+// n_parts, never on G or the block layout. `deterministic` passes n_parts =
+// ATT_PARTS always: batch- and KV-cache invariant. `fast` passes fewer when
+// the batch alone fills the GPU (launch/attention.rs, fast_parts), so each
+// CTA folds more chunks and fewer partials are written and merged.
 //
 // Inside a chunk, warp w takes keys w*32 + 0..31 of each group of
 // 32*ATT_SPLIT_WARPS keys: lane j scores key j (a whole K row, 16-byte
@@ -148,7 +151,7 @@ extern "C" __global__ void paged_attention_split(
     int block_size, float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
     const u32* __restrict__ tables, const u32* __restrict__ table_off,
     const u32* __restrict__ row_seq, const u32* __restrict__ positions, int stride,
-    float* __restrict__ part) {
+    int n_parts, float* __restrict__ part) {
     __shared__ float qs[256];
     __shared__ float wm[ATT_SPLIT_WARPS], wl[ATT_SPLIT_WARPS];
     __shared__ float wacc[ATT_SPLIT_WARPS][256];
@@ -162,17 +165,17 @@ extern "C" __global__ void paged_attention_split(
     int kvh = h / (n_heads / n_kv_heads);
     int pos = (int)positions[r];
     int n_chunks = pos / ATT_CHUNK + 1;
-    if ((int)blockIdx.y >= min(n_chunks, ATT_PARTS)) return;
+    if ((int)blockIdx.y >= min(n_chunks, n_parts)) return;
     const float* qv = q + (long long)rh * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = qv[d] * scale;
     __syncthreads();
     const u32* table = tables + table_off[row_seq[r]];
-    for (int p = blockIdx.y; p < min(n_chunks, ATT_PARTS); p += gridDim.y) {
+    for (int p = blockIdx.y; p < min(n_chunks, n_parts); p += gridDim.y) {
         float m = Q_NINF, lsum = 0.0f;
         float acc[ATT_MAXD];
 #pragma unroll
         for (int u = 0; u < ATT_MAXD; u++) acc[u] = 0.0f;
-        for (int s = p; s < n_chunks; s += ATT_PARTS) {
+        for (int s = p; s < n_chunks; s += n_parts) {
             for (int g0 = s * ATT_CHUNK + 32 * w; g0 < (s + 1) * ATT_CHUNK && g0 <= pos;
                  g0 += 32 * ATT_SPLIT_WARPS) {
                 int j = g0 + l;
@@ -300,7 +303,7 @@ __device__ __forceinline__ void att_split_gqa(
     float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
     const u32* __restrict__ tables, const u32* __restrict__ table_off,
     const u32* __restrict__ row_seq, const u32* __restrict__ positions, int stride,
-    float* __restrict__ part) {
+    int n_parts, float* __restrict__ part) {
     constexpr int HD = 32 * D32;  // the largest head_dim served
     constexpr int W = ATT_SPLIT_WARPS;
     constexpr int VST_BYTES = W * 32 * HD * 2, ACC_BYTES = W * GM * HD * 4;
@@ -319,7 +322,7 @@ __device__ __forceinline__ void att_split_gqa(
     int cpr = hd / 8, d0 = D32 * l;
     int pos = (int)positions[r];
     int n_chunks = pos / ATT_CHUNK + 1;
-    int np = min(n_chunks, ATT_PARTS);
+    int np = min(n_chunks, n_parts);
     if ((int)blockIdx.y >= np) return;
     for (int i = threadIdx.x; i < GM * HD; i += blockDim.x) {
         int g = i / HD, d = i % HD;
@@ -337,7 +340,7 @@ __device__ __forceinline__ void att_split_gqa(
 #pragma unroll
             for (int u = 0; u < D32; u++) acc[g][u] = 0.0f;
         }
-        for (int s = p; s < n_chunks; s += ATT_PARTS) {
+        for (int s = p; s < n_chunks; s += n_parts) {
             int g0 = s * ATT_CHUNK + 32 * w;
             if (g0 > pos) continue;  // warp-uniform
             int j = g0 + l;
@@ -479,10 +482,10 @@ __device__ __forceinline__ void att_split_gqa(
                                  const u32* __restrict__ tables,                               \
                                  const u32* __restrict__ table_off,                            \
                                  const u32* __restrict__ row_seq,                              \
-                                 const u32* __restrict__ positions, int stride,                \
+                                 const u32* __restrict__ positions, int stride, int n_parts,   \
                                  float* __restrict__ part) {                                   \
         att_split_gqa<D32, GM>(q, n_heads, n_kv_heads, head_dim, block_size, scale, kc, vc,    \
-                               tables, table_off, row_seq, positions, stride, part);           \
+                               tables, table_off, row_seq, positions, stride, n_parts, part);  \
     }
 ATT_SPLIT_GQA(2, 1)
 ATT_SPLIT_GQA(2, 2)
@@ -501,14 +504,14 @@ ATT_SPLIT_GQA(4, 8)
 extern "C" __global__ void attention_combine(const float* __restrict__ part, int n_rows,
                                              int n_heads, int head_dim,
                                              const u32* __restrict__ positions, int stride,
-                                             float* __restrict__ out) {
-    static_assert(ATT_PARTS <= 32, "one lane per partial");
+                                             int n_parts, float* __restrict__ out) {
+    static_assert(ATT_PARTS <= 32, "one lane per partial (n_parts <= ATT_PARTS)");
     int rh = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int l = threadIdx.x & 31;
     if (rh >= n_rows * n_heads) return;
     int hd = head_dim;
     int pos = (int)positions[rh / n_heads];
-    int np = min(pos / ATT_CHUNK + 1, ATT_PARTS);
+    int np = min(pos / ATT_CHUNK + 1, n_parts);
     const float* pr = part + (long long)rh * stride * (2 + hd);
     float mp = Q_NINF, lp = 0.0f;
     if (l < np) {

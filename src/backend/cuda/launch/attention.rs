@@ -2,7 +2,7 @@
 //! (`deterministic`, `fast` decode) and tensor-core prefill (`fast`).
 
 use super::arena3;
-use crate::backend::cuda::mem::{DevAttnBatch, DevKv};
+use crate::backend::cuda::mem::{DevAttnBatch, DevKv, ATT_PARTS};
 use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
 use crate::backend::{validate, KvInfo, Mode};
 use anyhow::{ensure, Result};
@@ -87,7 +87,19 @@ impl CudaBackend {
             }
         }
         if mode != Mode::Exact && hd.is_multiple_of(8) {
-            return self.attention_split(q, (nri, nhi, nkvi, hdi, bsi), scale, cache, batch, out);
+            let parts = match mode {
+                Mode::Fast => fast_parts(batch.n_rows * nkv, self.sm_count()),
+                _ => ATT_PARTS,
+            };
+            return self.attention_split(
+                q,
+                (nri, nhi, nkvi, hdi, bsi),
+                scale,
+                cache,
+                batch,
+                parts,
+                out,
+            );
         }
         // exact: one warp per (row, head); otherwise ATT_WARPS (8) warps
         // per (row, head) splitting the keys (attention.cu).
@@ -133,9 +145,14 @@ impl CudaBackend {
         scale: f32,
         cache: &DevKv<'_>,
         batch: &DevAttnBatch,
+        parts: usize,
         out: &mut CudaViewMut<'_, f32>,
     ) -> Result<()> {
         let (_, _, hd) = cache.geometry();
+        // 1..=ATT_PARTS partials; no more CTAs per row than partials.
+        let parts = parts.clamp(1, ATT_PARTS);
+        let pi = i32_of(parts, "partials")?;
+        let ctas_y = batch.part_ctas.min(parts);
         let rh = batch.n_rows * nhi as usize;
         let stride = batch.part_stride;
         let plen = rh * stride * (2 + hd);
@@ -150,7 +167,7 @@ impl CudaBackend {
                 None => ("paged_attention_split", rh),
             };
             let cfg = LaunchConfig {
-                grid_dim: (u32::try_from(ctas_x)?, u32::try_from(batch.part_ctas)?, 1),
+                grid_dim: (u32::try_from(ctas_x)?, u32::try_from(ctas_y)?, 1),
                 block_dim: (32 * 4, 1, 1),
                 shared_mem_bytes: 0,
             };
@@ -171,6 +188,7 @@ impl CudaBackend {
                 .arg(&batch.row_seq)
                 .arg(&batch.positions)
                 .arg(&si)
+                .arg(&pi)
                 .arg(&mut *part);
             // SAFETY: matches paged_attention_split and att_split_d*_g*
             // (the same arguments without n_rows, which the grid carries);
@@ -191,6 +209,7 @@ impl CudaBackend {
                 .arg(&hdi)
                 .arg(&batch.positions)
                 .arg(&si)
+                .arg(&pi)
                 .arg(out);
             // SAFETY: matches attention_combine; part as above, out holds
             // rows*heads*head_dim floats.
@@ -203,14 +222,33 @@ impl CudaBackend {
     }
 }
 
+/// Partials per row in `fast` mode: all ATT_PARTS while the batch leaves
+/// the GPU idle, fewer once `units` (rows x KV heads, the grouped kernel's
+/// CTAs per partial) fill about eight CTAs per SM, so large batches write
+/// and merge fewer partials. A function of the batch shape only, so a
+/// captured graph keeps its value.
+fn fast_parts(units: usize, sms: usize) -> usize {
+    (8 * sms).div_ceil(units.max(1)).clamp(1, ATT_PARTS)
+}
+
 /// The GQA-grouped split kernel for `group` query heads per KV head and
 /// `head_dim` (a multiple of 8): `att_split_d{D32}_g{GM}` with head_dim <=
 /// 32 * D32 and group <= GM, the smallest instantiated (attention_fast.cu);
 /// None past 8 heads per group or head_dim 128 (the per-head kernel).
 fn gqa_split_kernel(group: usize, head_dim: usize) -> Option<&'static str> {
     const NAMES: [[&str; 4]; 2] = [
-        ["att_split_d2_g1", "att_split_d2_g2", "att_split_d2_g4", "att_split_d2_g8"],
-        ["att_split_d4_g1", "att_split_d4_g2", "att_split_d4_g4", "att_split_d4_g8"],
+        [
+            "att_split_d2_g1",
+            "att_split_d2_g2",
+            "att_split_d2_g4",
+            "att_split_d2_g8",
+        ],
+        [
+            "att_split_d4_g1",
+            "att_split_d4_g2",
+            "att_split_d4_g4",
+            "att_split_d4_g8",
+        ],
     ];
     let d = match head_dim {
         1..=64 => 0,
@@ -229,7 +267,18 @@ fn gqa_split_kernel(group: usize, head_dim: usize) -> Option<&'static str> {
 
 #[cfg(test)]
 mod tests {
-    use super::gqa_split_kernel;
+    use super::{fast_parts, gqa_split_kernel};
+
+    #[test]
+    fn fast_parts_fill_the_gpu_then_shrink() {
+        // Llama-3.1-8B (8 KV heads) on 132 SMs.
+        assert_eq!(fast_parts(8, 132), 32);
+        assert_eq!(fast_parts(8 * 8, 132), 17);
+        assert_eq!(fast_parts(32 * 8, 132), 5);
+        assert_eq!(fast_parts(64 * 8, 132), 3);
+        assert_eq!(fast_parts(10_000, 132), 1);
+        assert_eq!(fast_parts(0, 132), 32);
+    }
 
     #[test]
     fn gqa_kernel_is_the_smallest_that_fits() {
