@@ -474,8 +474,12 @@ __device__ __forceinline__ void att_split_gqa(
 }
 
 // Grid: (n_rows * n_kv_heads, CTAs per row); block 32 * ATT_SPLIT_WARPS.
+// ATT_SPLIT_MINB: the CTAs per SM the register allocation must allow.
+#ifndef ATT_SPLIT_MINB
+#define ATT_SPLIT_MINB 1
+#endif
 #define ATT_SPLIT_GQA(D32, GM)                                                                 \
-    extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS)                         \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS, ATT_SPLIT_MINB)         \
         att_split_d##D32##_g##GM(const float* __restrict__ q, int n_heads, int n_kv_heads,     \
                                  int head_dim, int block_size, float scale,                    \
                                  const u16* __restrict__ kc, const u16* __restrict__ vc,       \
