@@ -133,7 +133,7 @@ pub fn prelude() -> String {
 /// Weight rows per warp of the exact decode matvec (`mv_exact32`): the
 /// kernel's register arrays and the host's grid both follow this. Measured
 /// on an H100, 8B tg128 exact Q4_0 / Q8_0: 1 row 172 / 156 tok/s, 2 rows
-/// 198 / 174, 4 rows 160 / 149 (registers).
+/// 198 / 174, 3 rows 168 / 155, 4 rows 160 / 149 (registers).
 pub const MV_EXACT_WR: usize = 2;
 
 /// The full translation unit of one kernel file.
