@@ -20,6 +20,7 @@ use anyhow::{ensure, Context, Result};
 use clap::Args;
 use half::f16;
 use half::slice::HalfBitsSliceExt;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
@@ -131,9 +132,7 @@ pub fn bench_attn(a: BenchAttnArgs) -> Result<()> {
             let nb = ctx.div_ceil(bs);
             // A random permutation of the pool; each sequence takes nb.
             let mut perm: Vec<u32> = (0..n_blocks as u32).collect();
-            for i in (1..perm.len()).rev() {
-                perm.swap(i, rng.random_range(0..=i));
-            }
+            perm.shuffle(&mut rng);
             let tables: Vec<&[u32]> = (0..b).map(|s| &perm[s * nb..(s + 1) * nb]).collect();
             let row_seq: Vec<u32> = (0..b as u32).collect();
             let positions = vec![(ctx - 1) as u32; b];

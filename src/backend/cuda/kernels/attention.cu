@@ -72,9 +72,9 @@ extern "C" __global__ void paged_attention(
 #pragma unroll
                             for (int i = 0; i < 4; i++) {
                                 int t = 8 * c4 + 2 * i;
-                                lane[t] = q_add(lane[t], q_mul(qs[e + t], q_f16((u16)(hv[i] & 0xFFFF))));
-                                lane[t + 1] =
-                                    q_add(lane[t + 1], q_mul(qs[e + t + 1], q_f16((u16)(hv[i] >> 16))));
+                                float2 kv = q_f16x2(hv[i]);
+                                lane[t] = q_add(lane[t], q_mul(qs[e + t], kv.x));
+                                lane[t + 1] = q_add(lane[t + 1], q_mul(qs[e + t + 1], kv.y));
                             }
                         }
                     }

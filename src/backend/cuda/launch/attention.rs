@@ -163,8 +163,8 @@ impl CudaBackend {
         let gqa = gqa_split_kernel(nhi as usize / nkvi as usize, hd);
         arena3::<f32, u8, u8, ()>(&mut guard, (plen, 0, 0), |part, _, _| {
             // GQA-grouped: one CTA per (row, KV head); else per (row, head).
-            let (name, ctas_x) = match gqa {
-                Some(name) => (name, batch.n_rows * nkvi as usize),
+            let (name, ctas_x) = match &gqa {
+                Some(name) => (name.as_str(), batch.n_rows * nkvi as usize),
                 None => ("paged_attention_split", rh),
             };
             let cfg = LaunchConfig {
@@ -236,34 +236,21 @@ fn fast_parts(units: usize, sms: usize) -> usize {
 /// `head_dim` (a multiple of 8): `att_split_d{D32}_g{GM}` with head_dim <=
 /// 32 * D32 and group <= GM, the smallest instantiated (attention_fast.cu);
 /// None past 8 heads per group or head_dim 128 (the per-head kernel).
-fn gqa_split_kernel(group: usize, head_dim: usize) -> Option<&'static str> {
-    const NAMES: [[&str; 4]; 2] = [
-        [
-            "att_split_d2_g1",
-            "att_split_d2_g2",
-            "att_split_d2_g4",
-            "att_split_d2_g8",
-        ],
-        [
-            "att_split_d4_g1",
-            "att_split_d4_g2",
-            "att_split_d4_g4",
-            "att_split_d4_g8",
-        ],
-    ];
-    let d = match head_dim {
-        1..=64 => 0,
-        65..=128 => 1,
+fn gqa_split_kernel(group: usize, head_dim: usize) -> Option<String> {
+    let d32 = match head_dim {
+        1..=64 => 2,
+        65..=128 => 4,
         _ => return None,
     };
-    let g = match group {
-        1 => 0,
-        2 => 1,
-        3..=4 => 2,
-        5..=8 => 3,
+    let gm = match group {
+        1 => 1,
+        2 => 2,
+        3..=4 => 4,
+        5..=8 => 8,
         _ => return None,
     };
-    Some(NAMES[d][g])
+    // The names are listed once, in source.rs (KERNELS), which loads them.
+    Some(format!("att_split_d{d32}_g{gm}"))
 }
 
 #[cfg(test)]
@@ -283,10 +270,10 @@ mod tests {
 
     #[test]
     fn gqa_kernel_is_the_smallest_that_fits() {
-        assert_eq!(gqa_split_kernel(4, 128), Some("att_split_d4_g4"));
-        assert_eq!(gqa_split_kernel(3, 64), Some("att_split_d2_g4"));
-        assert_eq!(gqa_split_kernel(8, 80), Some("att_split_d4_g8"));
-        assert_eq!(gqa_split_kernel(1, 8), Some("att_split_d2_g1"));
+        assert_eq!(gqa_split_kernel(4, 128), Some("att_split_d4_g4".into()));
+        assert_eq!(gqa_split_kernel(3, 64), Some("att_split_d2_g4".into()));
+        assert_eq!(gqa_split_kernel(8, 80), Some("att_split_d4_g8".into()));
+        assert_eq!(gqa_split_kernel(1, 8), Some("att_split_d2_g1".into()));
         assert_eq!(gqa_split_kernel(9, 128), None);
         assert_eq!(gqa_split_kernel(4, 256), None);
         // Every name is a kernel of attention_fast.cu.
@@ -297,7 +284,7 @@ mod tests {
         for g in 1..=8 {
             for hd in (8..=128).step_by(8) {
                 let n = gqa_split_kernel(g, hd).unwrap();
-                assert!(entries.contains(&n), "{n} is not loaded");
+                assert!(entries.contains(&n.as_str()), "{n} is not loaded");
             }
         }
     }

@@ -8,7 +8,7 @@ use crate::backend::cuda::{drv, grid_1d, i32_of, ty_code, CudaBackend};
 use crate::backend::{validate, Mode};
 use crate::quant::GgmlType;
 use anyhow::{anyhow, Result};
-use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaStream, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
 /// Activation rows per group of the warp-per-row matmul (MV_ROWS in
 /// matmul_fast.cu).
@@ -121,6 +121,17 @@ pub(crate) struct ActKey {
     k: usize,
     layout: u8,
 }
+impl ActKey {
+    fn new(x: &CudaView<'_, f32>, k: usize, layout: u8, s: &std::sync::Arc<CudaStream>) -> Self {
+        ActKey {
+            ptr: dev_ptr(x, s),
+            len: x.len(),
+            k,
+            layout,
+        }
+    }
+}
+
 const ACT_Q8: u8 = 1;
 const ACT_CANON: u8 = 2;
 const ACT_F16: u8 = 3;
@@ -236,12 +247,7 @@ impl CudaBackend {
         let s = self.stream();
         let nblk = n * k / 32;
         let mut guard = self.arena(&[n * k, nblk * 8, 0])?;
-        let key = ActKey {
-            ptr: dev_ptr(x, s),
-            len: x.len(),
-            k,
-            layout: ACT_Q8,
-        };
+        let key = ActKey::new(x, k, ACT_Q8, s);
         let cached = self.act_cached(key);
         let out_ptr = dev_ptr_mut(out, s);
         let out_len = out.len();
@@ -298,12 +304,7 @@ impl CudaBackend {
         let mut guard = self.arena(&[n * k * 2, part_len * 4, 0])?;
         // The f16 activations at the start of the arena serve every matmul
         // of the same input (q/k/v, gate/up), like quant_q8's.
-        let key = ActKey {
-            ptr: dev_ptr(x, s),
-            len: x.len(),
-            k,
-            layout: ACT_F16,
-        };
+        let key = ActKey::new(x, k, ACT_F16, s);
         let cached = self.act_cached(key);
         let out_ptr = dev_ptr_mut(out, s);
         let out_len = out.len();
@@ -545,12 +546,7 @@ impl CudaBackend {
             _ => {
                 let nb = k / 32;
                 let mut guard = self.arena(&[n * k * 2, n * nb * 4, n * nb * 4])?;
-                let key = ActKey {
-                    ptr: dev_ptr(x, s),
-                    len: x.len(),
-                    k,
-                    layout: ACT_CANON,
-                };
+                let key = ActKey::new(x, k, ACT_CANON, s);
                 let cached = self.act_cached(key);
                 let (out_ptr, out_len) = (dev_ptr_mut(out, s), out.len());
                 arena3::<i16, f32, f32, ()>(
