@@ -6,7 +6,7 @@
 # Llama-3.2-1B Q4_K models. Writes logs and summary.txt to $OUT (or ./gpu-check-out).
 #
 #   QUIRE=./.devbin/quire scripts/gpu-check.sh [steps...]
-# steps: ops-exact ops-det ops-fast attn perf smollm llama bench (default: all)
+# steps: ops-exact ops-det ops-fast attn perf smollm fuse llama bench (default: all)
 set -uo pipefail
 QUIRE="${QUIRE:-./target/release/quire}"
 OUT="${OUT:-./gpu-check-out}"
@@ -15,7 +15,7 @@ mkdir -p "$OUT"
 summary="$OUT/summary.txt"
 : >"$summary"
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(ops-exact ops-det ops-fast attn perf smollm llama bench)
+[ ${#steps[@]} -eq 0 ] && steps=(ops-exact ops-det ops-fast attn perf smollm fuse llama bench)
 note() { echo "$*" | tee -a "$summary"; }
 note "gpu-check: $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 status=0
@@ -54,6 +54,15 @@ for s in "${steps[@]}"; do
     smollm)
       "$QUIRE" synth --shape SmolLM2-135M --type Q4_1 -o "$tmp/smollm2-q4_1.gguf" >"$OUT/synth-smollm.log" 2>&1
       run_step smollm-exact "$QUIRE" check-exact -m "$tmp/smollm2-q4_1.gguf" --tokens "$TOKENS"
+      ;;
+    fuse)
+      # Fast and deterministic decode with the device fusions (norm and
+      # swiglu quantizing for the next matmul) against the same mode
+      # without them: bitwise at every step.
+      [ -f "$tmp/smollm2-q4_1.gguf" ] || "$QUIRE" synth --shape SmolLM2-135M --type Q4_1 -o "$tmp/smollm2-q4_1.gguf" >"$OUT/synth-smollm.log" 2>&1
+      for m in fast deterministic; do
+        run_step "fuse-$m" "$QUIRE" check-exact --mode "$m" -m "$tmp/smollm2-q4_1.gguf" --tokens 64
+      done
       ;;
     llama)
       "$QUIRE" synth --shape Llama-3.2-1B --type Q4_K -o "$tmp/llama1b-q4_k.gguf" >"$OUT/synth-llama.log" 2>&1

@@ -86,6 +86,10 @@ pub struct RunnerOptions {
     pub progress: bool,
     /// GPU use (h-cuda): off (default), auto or required.
     pub gpu: GpuMode,
+    /// Let rms_norm and swiglu quantize their outputs for the next matmul
+    /// on the device (the same bits; false runs the separate quantize
+    /// kernels, the reference of `check-exact --mode fast`).
+    pub cuda_prequant: bool,
 }
 
 impl Default for RunnerOptions {
@@ -97,6 +101,7 @@ impl Default for RunnerOptions {
             mode: Mode::Exact,
             progress: false,
             gpu: GpuMode::Off,
+            cuda_prequant: true,
         }
     }
 }
@@ -459,7 +464,8 @@ fn load_cuda(
     n_blocks: usize,
     name: &str,
 ) -> Result<std::result::Result<Compute, (CudaBackend, String)>> {
-    let cuda = CudaBackend::new(opts.gpu)?;
+    let mut cuda = CudaBackend::new(opts.gpu)?;
+    cuda.prequant &= opts.cuda_prequant;
     for info in model.op_infos() {
         if let Err(why) = cuda.capability(&info, opts.mode) {
             let why = format!(

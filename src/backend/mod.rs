@@ -201,6 +201,17 @@ pub enum OpT<'a, M: Mem> {
         n: usize,
         out: M::Out<'a>,
     },
+    /// Several matmuls of one input x (n, k), as one op so that a backend
+    /// may run them in one launch (q/k/v, gate/up) and fold a residual add
+    /// into the output write. Job j: out_j (n, w_j.rows) = x · w_jᵀ, or with
+    /// `add`, out_j += x · w_jᵀ (the finished product added once: the bits
+    /// of MatMul then Add). Every job has the same weight type and k; at
+    /// most [`MAX_MAT_JOBS`] jobs.
+    MatMuls {
+        x: M::In<'a>,
+        n: usize,
+        jobs: Vec<MatJob<'a, M>>,
+    },
     /// Row-wise RMS norm. x, out: (n, dim); w: (dim,).
     RmsNorm {
         x: M::In<'a>,
@@ -266,6 +277,17 @@ pub enum OpT<'a, M: Mem> {
     },
 }
 
+/// Most jobs of one `MatMuls` op (the kernels' job table holds this many).
+pub const MAX_MAT_JOBS: usize = 4;
+
+/// One matmul of a [`OpT::MatMuls`]: weight, output, and whether the product
+/// is added into `out` instead of replacing it.
+pub struct MatJob<'a, M: Mem> {
+    pub w: M::W<'a>,
+    pub out: M::Out<'a>,
+    pub add: bool,
+}
+
 /// Host-memory ops (the `cpu` backend, the parity harness).
 pub type Op<'a> = OpT<'a, Host>;
 
@@ -287,6 +309,8 @@ impl<M: Mem> OpT<'_, M> {
     pub fn info(&self) -> OpInfo {
         let (kind, weight, head_dim) = match self {
             OpT::MatMul { w, .. } => ("mat_mul", Some(w.ty()), None),
+            // Every job has the same type (validate::mat_muls).
+            OpT::MatMuls { jobs, .. } => ("mat_muls", jobs.first().map(|j| j.w.ty()), None),
             OpT::RmsNorm { .. } => ("rms_norm", None, None),
             OpT::Rope { .. } => ("rope", None, None),
             OpT::SwiGlu { .. } => ("swiglu", None, None),

@@ -36,6 +36,29 @@ pub fn mat_mul(
     Ok(rb)
 }
 
+/// `MatMuls` shapes: 1..=MAX_MAT_JOBS jobs (weight, output length), all of
+/// one weight type and k, each a valid `MatMul` of x (n, k).
+pub fn mat_muls(x_len: usize, n: usize, jobs: &[(&dyn WeightInfo, usize)]) -> Result<()> {
+    ensure!(
+        !jobs.is_empty() && jobs.len() <= super::MAX_MAT_JOBS,
+        "mat_muls: {} jobs (1 to {} allowed)",
+        jobs.len(),
+        super::MAX_MAT_JOBS
+    );
+    let (ty, k) = (jobs[0].0.ty(), jobs[0].0.cols());
+    for (i, (w, out_len)) in jobs.iter().enumerate() {
+        ensure!(
+            w.ty() == ty && w.cols() == k,
+            "mat_muls: job {i} is {:?} ({} x {}), job 0 is {ty:?} (_ x {k}): one type and k per op",
+            w.ty(),
+            w.rows(),
+            w.cols()
+        );
+        mat_mul(*w, w.data_len(), x_len, n, *out_len).map_err(|e| anyhow!("job {i}: {e}"))?;
+    }
+    Ok(())
+}
+
 /// `GetRows` shapes: table (rows, cols) of `data_len` bytes; out (n_ids,
 /// cols). Returns the table's row bytes.
 pub fn get_rows(

@@ -52,7 +52,8 @@ pub enum Command {
     /// Op parity harness: every op x dtype x shape on a backend vs the cpu.
     Ops(ops::OpsArgs),
     /// Greedy run on the GPU (exact) and the CPU, logits compared bitwise
-    /// at every step.
+    /// at every step (--mode fast / deterministic: the GPU with its fusions
+    /// against the GPU without).
     CheckExact(ops::CheckExactArgs),
 }
 
@@ -97,6 +98,7 @@ impl ModelArgs {
             mode: self.mode,
             progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
             gpu: self.gpu,
+            ..Default::default()
         };
         let runner = Runner::load(&path, &opts)?;
         let tok = Tokenizer::from_gguf(&runner.gguf)

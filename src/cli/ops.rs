@@ -104,6 +104,11 @@ pub struct CheckExactArgs {
     /// CPU threads.
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
+    /// exact: the GPU against the CPU. deterministic / fast: the GPU with
+    /// its fusions (norm and swiglu quantizing for the next matmul) against
+    /// the GPU without them, same mode: the fusions must not change a bit.
+    #[arg(long, default_value = "exact", value_parser = ["exact", "deterministic", "fast"])]
+    pub mode: String,
 }
 
 fn argmax(v: &[f32]) -> u32 {
@@ -119,10 +124,15 @@ fn argmax(v: &[f32]) -> u32 {
 /// Loads the model twice (GPU required + exact, and CPU), prefills a random
 /// prompt and decodes greedily, comparing every step's logits bitwise.
 pub fn check_exact(a: CheckExactArgs) -> Result<()> {
+    let mode = match a.mode.as_str() {
+        "deterministic" => Mode::Deterministic,
+        "fast" => Mode::Fast,
+        _ => Mode::Exact,
+    };
     let base = RunnerOptions {
         threads: a.threads,
         kv_tokens: (a.prompt_tokens + a.tokens + 16).max(64),
-        mode: Mode::Exact,
+        mode,
         ..Default::default()
     };
     let mut gpu = Runner::load(
@@ -133,7 +143,22 @@ pub fn check_exact(a: CheckExactArgs) -> Result<()> {
         },
     )
     .context("loading the model with --gpu required")?;
-    let mut cpu = Runner::load(&a.model, &base).context("loading the model on the cpu")?;
+    // The reference: the cpu (exact), or the GPU without fusions.
+    let (ref_name, ref_opts) = if mode == Mode::Exact {
+        ("cpu", base.clone())
+    } else {
+        (
+            "gpu-unfused",
+            RunnerOptions {
+                gpu: GpuMode::Required,
+                cuda_prequant: false,
+                ..base.clone()
+            },
+        )
+    };
+    println!("check-exact: {mode:?} mode, gpu against {ref_name}");
+    let mut cpu = Runner::load(&a.model, &ref_opts)
+        .with_context(|| format!("loading the reference model ({ref_name})"))?;
     let vocab = cpu.config().vocab_size;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed);
     let prompt: Vec<u32> = (0..a.prompt_tokens.max(1))
@@ -198,7 +223,7 @@ pub fn check_exact(a: CheckExactArgs) -> Result<()> {
     }
     gpu.report_backends_to_stdout();
     println!(
-        "check-exact: {} steps ({} prompt tokens + {} greedy), {} bitwise equal, {} differ; gpu {:.2}s, cpu {:.2}s",
+        "check-exact: {} steps ({} prompt tokens + {} greedy), {} bitwise equal, {} differ; gpu {:.2}s, {ref_name} {:.2}s",
         a.tokens + 1,
         prompt.len(),
         a.tokens,
@@ -208,7 +233,7 @@ pub fn check_exact(a: CheckExactArgs) -> Result<()> {
         t_cpu
     );
     if let Some(s) = first_bad {
-        bail!("GPU logits are not bitwise equal to the CPU's (first at step {s})");
+        bail!("GPU logits are not bitwise equal to the {ref_name} reference's (first at step {s})");
     }
     println!("check-exact: PASS (every step's logits bitwise equal)");
     Ok(())

@@ -626,7 +626,7 @@ impl Exec for CudaExec {
         // Backend<Dev>::run checks capability and names the op and reason.
         let kind = match (&op, self.profile) {
             // The profile splits matmuls by batch shape (decode vs prefill).
-            (OpT::MatMul { n, .. }, true) => match n {
+            (OpT::MatMul { n, .. } | OpT::MatMuls { n, .. }, true) => match n {
                 1 => "mat_mul n=1",
                 2..=8 => "mat_mul n=2..8",
                 9..=64 => "mat_mul n=9..64",

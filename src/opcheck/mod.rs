@@ -10,6 +10,7 @@
 //! support (its `supports_op` says no) is reported UNSUPPORTED, never as a
 //! pass. Backend-agnostic: it only uses the `Backend` trait.
 
+mod mat_muls;
 mod rows;
 
 use crate::backend::{AttnBatch, Backend, KvLayer, KvLayerMut, Mode, Op, QMatrix};
@@ -220,7 +221,7 @@ pub(crate) fn compare(y: &[f32], r: &[f32]) -> Cmp {
 /// random data, so it gets 1e-4.
 pub(crate) fn nmse_bound(op: &str) -> f64 {
     match op {
-        "mat_mul" => 1e-4,
+        "mat_mul" | "mat_muls" => 1e-4,
         "paged_attention" => 1e-5,
         "rms_norm" | "rope" | "swiglu" => 1e-6,
         _ => 1e-7, // get_rows, add, add_bias, kv_write: pure conversions/adds
@@ -1211,6 +1212,7 @@ pub fn run(be: &dyn Backend, cpu: &dyn Backend, opts: &Options) -> Vec<CaseResul
         results: Vec::new(),
     };
     c.matmul();
+    c.mat_muls();
     c.get_rows();
     c.select_rows();
     c.elementwise();

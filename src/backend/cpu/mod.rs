@@ -75,6 +75,7 @@ impl Backend for CpuBackend {
         // Every op, every mode: the cpu backend is the reference.
         match op {
             Op::MatMul { .. }
+            | Op::MatMuls { .. }
             | Op::RmsNorm { .. }
             | Op::Rope { .. }
             | Op::SwiGlu { .. }
@@ -101,6 +102,7 @@ impl Backend for CpuBackend {
         let nt = self.n_threads;
         match op {
             Op::MatMul { w, x, n, out } => ops::matmul::run(par, isa, nt, w, x, n, out),
+            Op::MatMuls { x, n, jobs } => ops::matmul::run_jobs(par, isa, nt, x, n, jobs),
             Op::RmsNorm {
                 x,
                 w,
@@ -146,6 +148,10 @@ const PAR_MIN_WORK: usize = 1 << 16;
 fn work(op: &Op<'_>) -> usize {
     match op {
         Op::MatMul { w, n, .. } => w.rows.saturating_mul(w.cols).saturating_mul(*n),
+        Op::MatMuls { jobs, n, .. } => jobs
+            .iter()
+            .map(|j| j.w.rows.saturating_mul(j.w.cols).saturating_mul(*n))
+            .sum(),
         Op::RmsNorm { x, .. } => x.len() * 2,
         Op::Rope { x, .. } => x.len() * 4,
         Op::SwiGlu { out, .. } => out.len() * 16,

@@ -10,9 +10,9 @@
 //! fingerprint). KV ops upload only the blocks their slots or block tables
 //! touch, remapped onto a compact buffer.
 
-use super::mem::{DevAttnBatch, DevKv, DevKvMut, DevMatrix};
+use super::mem::{Dev, DevAttnBatch, DevKv, DevKvMut, DevMatrix};
 use super::{fingerprint, CudaBackend};
-use crate::backend::{validate, AttnBatch, KvLayer, KvLayerMut, Mode, Op, QMatrix};
+use crate::backend::{validate, AttnBatch, KvLayer, KvLayerMut, MatJob, Mode, Op, QMatrix};
 use anyhow::{anyhow, Result};
 use cudarc::driver::CudaSlice;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
@@ -59,6 +59,39 @@ impl CudaBackend {
                     mode,
                 )?;
                 self.down(&od, out, "mat_mul: out")
+            }
+            Op::MatMuls { x, n, jobs } => {
+                let shapes: Vec<(&dyn crate::backend::WeightInfo, usize)> = jobs
+                    .iter()
+                    .map(|j| (&j.w as &dyn crate::backend::WeightInfo, j.out.len()))
+                    .collect();
+                validate::mat_muls(x.len(), *n, &shapes)?;
+                let wds = jobs
+                    .iter()
+                    .map(|j| self.weight(&j.w))
+                    .collect::<Result<Vec<_>>>()?;
+                let xd = self.up(x, "mat_muls: x")?;
+                // Outputs go up too: an adding job reads them.
+                let mut ods = jobs
+                    .iter()
+                    .map(|j| self.up(j.out, "mat_muls: out"))
+                    .collect::<Result<Vec<_>>>()?;
+                let mut djobs: Vec<MatJob<'_, Dev>> = jobs
+                    .iter()
+                    .zip(&wds)
+                    .zip(ods.iter_mut())
+                    .map(|((j, wd), od)| MatJob {
+                        w: Self::dev_matrix(&j.w, wd),
+                        out: od.slice_mut(0..j.out.len()),
+                        add: j.add,
+                    })
+                    .collect();
+                self.d_mat_muls(&xd.slice(0..x.len()), *n, &mut djobs, mode)?;
+                drop(djobs);
+                for (j, od) in jobs.iter_mut().zip(&ods) {
+                    self.down(od, j.out, "mat_muls: out")?;
+                }
+                Ok(())
             }
             Op::RmsNorm {
                 x,
@@ -109,6 +142,9 @@ impl CudaBackend {
                     &gd.slice(0..gate.len()),
                     &ud.slice(0..up.len()),
                     &mut od.slice_mut(0..out.len()),
+                    // Rows 0: no quantized copy (no device matmul follows).
+                    Some(0),
+                    mode,
                 )?;
                 self.down(&od, out, "swiglu: out")
             }

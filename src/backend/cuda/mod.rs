@@ -64,6 +64,14 @@ pub struct CudaBackend {
     /// gate, up) quantize it once. Cleared by every other op, every
     /// activation allocation and arena growth.
     act_cache: Mutex<Option<launch::ActKey>>,
+    /// Whether rms_norm and swiglu quantize their output for the next
+    /// matmul themselves (launch::q8_out; QUIRE_PREQUANT=0 turns it off:
+    /// the same bits, one more kernel per norm and swiglu).
+    pub(crate) prequant: bool,
+    /// Whether the last matmul ran the warp-per-row quantized kernel (so the
+    /// next one of the same row count will): swiglu's row count is not
+    /// part of its op.
+    pub(crate) last_mv_q8: std::sync::atomic::AtomicBool,
     /// Page-locked staging buffer for logits downloads (grown on demand):
     /// a copy into fresh pageable memory pays a page fault per 4 KiB.
     pinned: Mutex<Option<cudarc::driver::PinnedHostSlice<f32>>>,
@@ -217,6 +225,8 @@ impl CudaBackend {
             blas,
             arena: Mutex::new(arena),
             act_cache: Mutex::new(None),
+            prequant: std::env::var("QUIRE_PREQUANT").map_or(true, |v| v != "0"),
+            last_mv_q8: std::sync::atomic::AtomicBool::new(false),
             pinned: Mutex::new(None),
             spare_logits: Mutex::new(Vec::new()),
             dev: Device { ctx, stream, funcs },
@@ -476,11 +486,12 @@ impl Backend<Dev> for CudaBackend {
             bail!("op {kind} cannot run on the cuda backend ({mode:?}): {why}");
         }
         let _g = enter(self)?;
-        if !matches!(op, OpT::MatMul { .. }) {
+        if !matches!(op, OpT::MatMul { .. } | OpT::MatMuls { .. }) {
             self.forget_activations();
         }
         match op {
             OpT::MatMul { w, x, n, mut out } => self.d_mat_mul(&w, &x, n, &mut out, mode),
+            OpT::MatMuls { x, n, mut jobs } => self.d_mat_muls(&x, n, &mut jobs, mode),
             OpT::RmsNorm {
                 x,
                 w,
@@ -499,7 +510,7 @@ impl Backend<Dev> for CudaBackend {
             } => self.d_rope(
                 &mut x, n_heads, head_dim, rope_dim, &positions, &inv_freq, neox,
             ),
-            OpT::SwiGlu { gate, up, mut out } => self.d_swiglu(&gate, &up, &mut out),
+            OpT::SwiGlu { gate, up, mut out } => self.d_swiglu(&gate, &up, &mut out, None, mode),
             OpT::GetRows {
                 table,
                 ids,

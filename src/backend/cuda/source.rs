@@ -52,7 +52,11 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
         &["rms_norm_fast"],
     ),
     ("rope", include_str!("kernels/rope.cu"), &["rope"]),
-    ("swiglu", include_str!("kernels/swiglu.cu"), &["swiglu"]),
+    (
+        "swiglu",
+        include_str!("kernels/swiglu.cu"),
+        &["swiglu", "swiglu_q8"],
+    ),
     (
         "get_rows",
         include_str!("kernels/get_rows.cu"),
@@ -63,7 +67,11 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
         include_str!("kernels/select_rows.cu"),
         &["select_rows"],
     ),
-    ("add", include_str!("kernels/add.cu"), &["add", "add_bias"]),
+    (
+        "add",
+        include_str!("kernels/add.cu"),
+        &["add", "add_bias", "add_zero"],
+    ),
     (
         "kv_write",
         include_str!("kernels/kv_write.cu"),

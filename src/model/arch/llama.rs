@@ -6,7 +6,7 @@
 //! (or per (row, head)), so a row's result never depends on the rest of the
 //! batch: batch invariance follows from the backend's per-row arithmetic.
 
-use crate::backend::{validate, AttnBatch, OpInfo, OpT};
+use crate::backend::{validate, AttnBatch, MatJob, OpInfo, OpT, WeightInfo as _};
 use crate::dispatch::{Exec, HostExec, StepBufs};
 use crate::gguf::GgufFile;
 use crate::model::config::{Arch, ModelConfig};
@@ -180,7 +180,6 @@ impl LlamaModel {
             "rope",
             "swiglu",
             "select_rows",
-            "add",
             "add_bias",
             "kv_write",
         ] {
@@ -193,7 +192,7 @@ impl LlamaModel {
         for l in &w.layers {
             for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
                 out.push(OpInfo {
-                    kind: "mat_mul",
+                    kind: "mat_muls",
                     weight: Some(m.ty),
                     head_dim: None,
                 });
@@ -267,6 +266,41 @@ pub fn forward<E: Exec>(
     }
 }
 
+/// The matmuls of one input x (n, k): one `MatMuls` op per weight type (in
+/// the order each type first appears), so a backend can run q/k/v or
+/// gate/up in one launch. Each job: (weight, output, whether it adds).
+fn mat_muls<E: Exec>(
+    e: &E,
+    x: &E::Buf,
+    n: usize,
+    jobs: Vec<(&<E::S as Store>::Mat, &mut E::Buf, bool)>,
+) -> Result<()> {
+    let mut groups: Vec<Vec<MatJob<'_, E::M>>> = Vec::new();
+    for (w, out, add) in jobs {
+        let job: MatJob<'_, E::M> = MatJob {
+            w: e.mat(w)?,
+            out: E::wr(out),
+            add,
+        };
+        let (ty, k) = (job.w.ty(), job.w.cols());
+        match groups
+            .iter_mut()
+            .find(|g| g[0].w.ty() == ty && g[0].w.cols() == k)
+        {
+            Some(g) => g.push(job),
+            None => groups.push(vec![job]),
+        }
+    }
+    for jobs in groups {
+        e.run(OpT::MatMuls {
+            x: E::rd(x),
+            n,
+            jobs,
+        })?;
+    }
+    Ok(())
+}
+
 /// Runs the step's ops on inputs already in `e`'s memory space (validated
 /// where they were uploaded) and returns the logits buffer (rows.len(),
 /// vocab), or None when no row wants logits. Issues no host
@@ -295,7 +329,6 @@ pub fn forward_bufs<E: Exec>(
     let mut q_raw = e.zeros(if c.arch == Arch::Qwen3 { n * qd } else { 0 })?;
     let mut k_raw = e.zeros(if c.arch == Arch::Qwen3 { n * kvd } else { 0 })?;
     let mut att = e.zeros(n * qd)?; // (n, n_heads, head_dim)
-    let mut o = e.zeros(n * d)?;
     let mut gate = e.zeros(n * c.ffn_dim)?; // (n, ffn)
     let mut up = e.zeros(n * c.ffn_dim)?;
     let mut act = e.zeros(n * c.ffn_dim)?;
@@ -318,17 +351,17 @@ pub fn forward_bufs<E: Exec>(
         } else {
             (&mut q, &mut k)
         };
-        for (wm, b, out) in [
-            (&l.wq, &l.bq, q_dst),
-            (&l.wk, &l.bk, k_dst),
-            (&l.wv, &l.bv, &mut v),
-        ] {
-            e.run(OpT::MatMul {
-                w: e.mat(wm)?,
-                x: E::rd(&h),
-                n,
-                out: E::wr(out),
-            })?;
+        mat_muls(
+            e,
+            &h,
+            n,
+            vec![
+                (&l.wq, &mut *q_dst, false),
+                (&l.wk, &mut *k_dst, false),
+                (&l.wv, &mut v, false),
+            ],
+        )?;
+        for (b, out) in [(&l.bq, q_dst), (&l.bk, k_dst), (&l.bv, &mut v)] {
             if let Some(b) = b {
                 e.run(OpT::AddBias {
                     x: E::wr(out),
@@ -375,16 +408,8 @@ pub fn forward_bufs<E: Exec>(
             out: E::wr(&mut att),
         })
         .with_context(|| format!("layer {li}"))?;
-        e.run(OpT::MatMul {
-            w: e.mat(&l.wo)?,
-            x: E::rd(&att),
-            n,
-            out: E::wr(&mut o),
-        })?;
-        e.run(OpT::Add {
-            x: E::wr(&mut x),
-            y: E::rd(&o),
-        })?;
+        // x += att · woᵀ (the residual add folded into the matmul).
+        mat_muls(e, &att, n, vec![(&l.wo, &mut x, true)])?;
         e.run(OpT::RmsNorm {
             x: E::rd(&x),
             w: E::param(&l.ffn_norm),
@@ -392,29 +417,18 @@ pub fn forward_bufs<E: Exec>(
             eps: c.rms_eps,
             out: E::wr(&mut h),
         })?;
-        for (wm, out) in [(&l.w_gate, &mut gate), (&l.w_up, &mut up)] {
-            e.run(OpT::MatMul {
-                w: e.mat(wm)?,
-                x: E::rd(&h),
-                n,
-                out: E::wr(out),
-            })?;
-        }
+        mat_muls(
+            e,
+            &h,
+            n,
+            vec![(&l.w_gate, &mut gate, false), (&l.w_up, &mut up, false)],
+        )?;
         e.run(OpT::SwiGlu {
             gate: E::rd(&gate),
             up: E::rd(&up),
             out: E::wr(&mut act),
         })?;
-        e.run(OpT::MatMul {
-            w: e.mat(&l.w_down)?,
-            x: E::rd(&act),
-            n,
-            out: E::wr(&mut o),
-        })?;
-        e.run(OpT::Add {
-            x: E::wr(&mut x),
-            y: E::rd(&o),
-        })?;
+        mat_muls(e, &act, n, vec![(&l.w_down, &mut x, true)])?;
     }
     // Only the rows that want logits go through the output head.
     if m == 0 {

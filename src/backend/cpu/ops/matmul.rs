@@ -124,3 +124,30 @@ pub fn run(
 
 /// Activation rows up to which threads split the weight rows statically.
 const SMALL_N: usize = 4;
+
+/// `MatMuls`: each job's product in turn, as the composition MatMul then
+/// Add (the product lands in a temporary and is added once, in order).
+pub fn run_jobs(
+    par: crate::backend::cpu::pool::Par<'_>,
+    isa: Isa,
+    n_threads: usize,
+    x: &[f32],
+    n: usize,
+    jobs: Vec<crate::backend::MatJob<'_, crate::backend::Host>>,
+) -> Result<()> {
+    let shapes: Vec<(&dyn crate::backend::WeightInfo, usize)> = jobs
+        .iter()
+        .map(|j| (&j.w as &dyn crate::backend::WeightInfo, j.out.len()))
+        .collect();
+    crate::backend::validate::mat_muls(x.len(), n, &shapes)?;
+    for j in jobs {
+        if j.add {
+            let mut tmp = vec![0f32; j.out.len()];
+            run(par, isa, n_threads, j.w, x, n, &mut tmp)?;
+            super::add::add(par, j.out, &tmp)?;
+        } else {
+            run(par, isa, n_threads, j.w, x, n, j.out)?;
+        }
+    }
+    Ok(())
+}

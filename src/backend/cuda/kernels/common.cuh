@@ -182,3 +182,94 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 __device__ __forceinline__ float2 q_f16x2(u32 v) {
     return make_float2(q_f16((u16)(v & 0xFFFF)), q_f16((u16)(v >> 16)));
 }
+
+// A MatMuls op's job table (launch/matmul.rs MmJobs, same layout): up to
+// MM_JOBS matrices of one type and k applied to one input in one launch.
+// Job j owns the CTAs blockIdx.y in [end[j - 1], end[j]) (end[-1] = 0) and
+// writes out[j] (n, m[j]); bit j of `add` makes it add into out[j] instead
+// (out += product: the finished product added once, as MatMul then Add).
+#define MM_JOBS 4
+struct MmJobs {
+    const u8* w[MM_JOBS];
+    float* out[MM_JOBS];
+    int m[MM_JOBS];
+    int end[MM_JOBS];
+    int add;
+    int count;
+};
+
+// The job of CTA row `by`: its weights, output, rows, whether it adds, and
+// the CTA's index within the job. Constant indices only (an indexed kernel
+// parameter would be copied to local memory).
+struct MmJob {
+    const u8* w;
+    float* out;
+    int m;
+    bool add;
+    int by;
+};
+__device__ __forceinline__ MmJob mm_job(const MmJobs& J, int by) {
+    MmJob r = {J.w[0], J.out[0], J.m[0], (J.add & 1) != 0, by};
+#pragma unroll
+    for (int j = 1; j < MM_JOBS; j++) {
+        if (j < J.count && by >= J.end[j - 1]) {
+            r.w = J.w[j];
+            r.out = J.out[j];
+            r.m = J.m[j];
+            r.add = ((J.add >> j) & 1) != 0;
+            r.by = by - J.end[j - 1];
+        }
+    }
+    return r;
+}
+
+// Stores a finished product: out = v, or out += v for an adding job.
+__device__ __forceinline__ void mm_store(float* p, float v, bool add) {
+    *p = add ? q_add(*p, v) : v;
+}
+
+// quant_q8's arithmetic (matmul_fast.cu) for one 32-block of activations
+// held by a group of 32 / V consecutive lanes with V values each (lane gl
+// of the group holds values V * gl ..): scale d = amax / 127, q = round to
+// nearest of v / d clamped to +-127, NaN anywhere makes d NaN and every q
+// zero; xq gets the block's 32 int8, *xds {d, d * sum(q)}. Whatever kernel
+// calls it (the quantizer, or an elementwise kernel that produced the
+// values), a block's bytes are the same: max and integer sums do not
+// depend on order. Every lane of the group must call it together.
+template <int V>
+__device__ __forceinline__ void q8_block(const float* v, int gl, signed char* __restrict__ xq,
+                                         float2* __restrict__ xds) {
+    constexpr int G = 32 / V;
+    int lane = threadIdx.x & 31;
+    unsigned mask = G == 32 ? 0xffffffffu : (((1u << G) - 1u) << (lane & ~(G - 1)));
+    float amax = fabsf(v[0]);
+    bool nan = v[0] != v[0];
+#pragma unroll
+    for (int i = 1; i < V; i++) {
+        amax = fmaxf(amax, fabsf(v[i]));
+        nan = nan || v[i] != v[i];
+    }
+#pragma unroll
+    for (int s = G / 2; s >= 1; s >>= 1) amax = fmaxf(amax, __shfl_xor_sync(mask, amax, s));
+    nan = __any_sync(mask, nan);
+    float d = amax / 127.0f;
+    int sum = 0;
+    u32 packed = 0;
+#pragma unroll
+    for (int i = 0; i < V; i++) {
+        int q = (d == 0.0f || nan) ? 0 : __float2int_rn(v[i] / d);
+        q = max(-127, min(127, q));
+        sum += q;
+        packed |= ((u32)(q & 0xFF)) << (8 * i);
+    }
+#pragma unroll
+    for (int s = G / 2; s >= 1; s >>= 1) sum += __shfl_xor_sync(mask, sum, s);
+    if (V == 4)
+        ((u32*)xq)[gl] = packed;
+    else
+        xq[gl] = (signed char)packed;
+    if (gl == 0) {
+        if (nan) d = __int_as_float(0x7fc00000);
+        *xds = make_float2(d, d * (float)sum);
+    }
+}

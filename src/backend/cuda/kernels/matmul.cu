@@ -115,7 +115,7 @@ __device__ __forceinline__ int block_isum(int ty, const u8* blk, const short* qa
 // groups; block = 256 threads = 32 groups of 8 with rw * ra == 32.
 extern "C" __global__ void mm_q32(const u8* __restrict__ w, int m, int k, int ty,
                                   const short* __restrict__ qs, const float* __restrict__ ad,
-                                  const float* __restrict__ as, int n, int ra,
+                                  const float* __restrict__ as, int n, int ra, int add,
                                   float* __restrict__ out) {
     int g = threadIdx.x >> 3, l = threadIdx.x & 7;
     int rw = 32 / ra;
@@ -140,7 +140,7 @@ extern "C" __global__ void mm_q32(const u8* __restrict__ w, int m, int k, int ty
         }
     }
     float r = q_group_tree8(lane);
-    if (ok && l == 0) out[(long long)i * m + j] = r;
+    if (ok && l == 0) mm_store(out + (long long)i * m + j, r, add != 0);
 }
 
 
@@ -202,7 +202,7 @@ __device__ float qk_term(int ty, const u8* blk, const short* qa, const int* bsum
 
 extern "C" __global__ void mm_qk(const u8* __restrict__ w, int m, int k, int ty,
                                  const short* __restrict__ qs, const float* __restrict__ ad,
-                                 const int* __restrict__ bsum, int n, int ra,
+                                 const int* __restrict__ bsum, int n, int ra, int add,
                                  float* __restrict__ out) {
     int g = threadIdx.x >> 3, l = threadIdx.x & 7;
     int rw = 32 / ra;
@@ -221,12 +221,12 @@ extern "C" __global__ void mm_qk(const u8* __restrict__ w, int m, int k, int ty,
         }
     }
     float r = q_group_tree8(lane);
-    if (ok && l == 0) out[(long long)i * m + j] = r;
+    if (ok && l == 0) mm_store(out + (long long)i * m + j, r, add != 0);
 }
 
 // Float weights: one warp per output (i, j); 8 warps per block.
 extern "C" __global__ void mm_float(const u8* __restrict__ w, int m, int k, int ty,
-                                    const float* __restrict__ x, int n,
+                                    const float* __restrict__ x, int n, int add,
                                     float* __restrict__ out) {
     long long o = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);
     int l = threadIdx.x & 31;
@@ -250,7 +250,7 @@ extern "C" __global__ void mm_float(const u8* __restrict__ w, int m, int k, int 
         }
     }
     float r = q_warp_tree32(lane);
-    if (ok && l == 0) out[(long long)i * m + j] = r;
+    if (ok && l == 0) mm_store(out + (long long)i * m + j, r, add != 0);
 }
 
 // Decode-shaped canonical matmul for 32-block weights (Q4_0, Q4_1, Q5_0,
@@ -337,12 +337,13 @@ __device__ __forceinline__ void mv_exact_rows(const u8* __restrict__ wr, long lo
 
 // Grid: (ceil(n / MV_EXACT_ROWS), ceil(m / (8 * MV_EXACT_WR))); block 256
 // threads (8 warps). qs, ad, as: quant_act32's outputs.
-extern "C" __global__ void mv_exact32(const u8* __restrict__ w, int m, int k, int ty,
-                                      const short* __restrict__ qs,
+extern "C" __global__ void mv_exact32(MmJobs jobs, int k, int ty, const short* __restrict__ qs,
                                       const float* __restrict__ ad,
-                                      const float* __restrict__ as, int n_all,
-                                      float* __restrict__ out) {
-    int row0 = (blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5)) * MV_EXACT_WR;
+                                      const float* __restrict__ as, int n_all) {
+    MmJob jb = mm_job(jobs, blockIdx.y);
+    int m = jb.m;
+    float* __restrict__ out = jb.out;
+    int row0 = (jb.by * (blockDim.x >> 5) + (threadIdx.x >> 5)) * MV_EXACT_WR;
     int l = threadIdx.x & 31;
     if (row0 >= m) return;
     int nw = min(MV_EXACT_WR, m - row0);
@@ -354,7 +355,7 @@ extern "C" __global__ void mv_exact32(const u8* __restrict__ w, int m, int k, in
     as += (long long)g0 * nb;
     out += (long long)g0 * m;
     long long row_bytes = (long long)nb * gr_type_size(ty);
-    const u8* wr = w + row0 * row_bytes;
+    const u8* wr = jb.w + row0 * row_bytes;
     float acc[MV_EXACT_WR][MV_EXACT_ROWS];
 #pragma unroll
     for (int q = 0; q < MV_EXACT_WR; q++)
@@ -374,7 +375,7 @@ extern "C" __global__ void mv_exact32(const u8* __restrict__ w, int m, int k, in
         for (int r = 0; r < MV_EXACT_ROWS; r++) {
             if (r >= n) break;
             float v = q_group_tree8(acc[q][r]);
-            if (l == 0) out[(long long)r * m + row0 + q] = v;
+            if (l == 0) mm_store(out + (long long)r * m + row0 + q, v, jb.add);
         }
     }
 }

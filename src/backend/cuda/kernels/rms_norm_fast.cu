@@ -6,9 +6,14 @@
 // vec4 (x, w, out 16-byte aligned and dim a multiple of 4): thread t owns
 // the float4s t, t + 256, ..., so a 4096-wide row is one round of loads
 // (the scalar loop took four dependent rounds: ~16 us under ncu).
+// With xq non-null (vec4, dim a multiple of 32): the output is also
+// quantized as quant_q8 would (q8_block; a 32-block is 8 consecutive
+// float4s, so 8 consecutive lanes), for the matmul that reads it next.
 extern "C" __global__ void rms_norm_fast(const float* __restrict__ x,
                                          const float* __restrict__ w, int dim, float eps,
-                                         int vec4, float* __restrict__ out) {
+                                         int vec4, float* __restrict__ out,
+                                         signed char* __restrict__ xq,
+                                         float2* __restrict__ xds) {
     __shared__ float part[8];
     __shared__ float scale_s;
     const float* xr = x + (long long)blockIdx.x * dim;
@@ -42,8 +47,16 @@ extern "C" __global__ void rms_norm_fast(const float* __restrict__ x,
 #pragma unroll 4
         for (int e = threadIdx.x; e < dim / 4; e += blockDim.x) {
             float4 v = ((const float4*)xr)[e], g = ((const float4*)w)[e];
-            ((float4*)o)[e] = make_float4(v.x * scale * g.x, v.y * scale * g.y,
-                                          v.z * scale * g.z, v.w * scale * g.w);
+            float4 r = make_float4(v.x * scale * g.x, v.y * scale * g.y, v.z * scale * g.z,
+                                   v.w * scale * g.w);
+            ((float4*)o)[e] = r;
+            if (xq) {
+                // dim / 4 is a multiple of 8: a group of 8 lanes is all in
+                // range or all out.
+                float q[4] = {r.x, r.y, r.z, r.w};
+                long long blk = ((long long)blockIdx.x * dim + 4 * e) / 32;
+                q8_block<4>(q, e & 7, xq + 32 * blk, xds + blk);
+            }
         }
         return;
     }

@@ -3,16 +3,16 @@
 //! many rows), plus the cache of quantized activations in the arena.
 
 use super::{arena3, dev_ptr, dev_ptr_mut};
-use crate::backend::cuda::mem::DevMatrix;
+use crate::backend::cuda::mem::{Dev, DevMatrix};
 use crate::backend::cuda::{drv, grid_1d, i32_of, ty_code, CudaBackend};
-use crate::backend::{validate, Mode};
+use crate::backend::{validate, MatJob, Mode, WeightInfo, MAX_MAT_JOBS};
 use crate::quant::GgmlType;
 use anyhow::{anyhow, Result};
 use cudarc::driver::{CudaStream, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
 /// Activation rows per group of the warp-per-row matmul (MV_ROWS in
 /// matmul_fast.cu).
-const MV_ROWS: usize = 8;
+pub(super) const MV_ROWS: usize = 8;
 
 /// Up to this many rows `fast` mode keeps the warp-per-row kernels (one
 /// group of MV_ROWS: weights streamed once); beyond, one cuBLAS GEMM, which
@@ -74,15 +74,15 @@ fn tile_splits(m: usize, n: usize, units: usize, sms: usize) -> (usize, usize) {
 
 /// A matmul's kernel arguments: the weight type code, bytes per weight
 /// row, and m, k, n as the kernels' ints (n * k checked to fit too).
-struct MmDims {
-    tc: i32,
-    rb: i64,
-    mi: i32,
-    ki: i32,
-    ni: i32,
+pub(super) struct MmDims {
+    pub tc: i32,
+    pub rb: i64,
+    pub mi: i32,
+    pub ki: i32,
+    pub ni: i32,
 }
 
-fn mm_dims(w: &DevMatrix<'_>, n: usize) -> Result<MmDims> {
+pub(super) fn mm_dims(w: &DevMatrix<'_>, n: usize) -> Result<MmDims> {
     let (m, k) = (w.rows, w.cols);
     let tc = ty_code(w.ty).ok_or_else(|| anyhow!("mat_mul: {:?} is not a weight type", w.ty))?;
     let rb = w.ty.row_bytes(k).map_err(|e| anyhow!("mat_mul: {e}"))? as i64;
@@ -96,15 +96,11 @@ fn mm_dims(w: &DevMatrix<'_>, n: usize) -> Result<MmDims> {
     })
 }
 
-/// Grid of the warp-per-row kernels: activation-row groups fastest, 8
-/// weight rows (warps) per 256-thread block.
-fn mv_grid(n: usize, m: usize) -> Result<LaunchConfig> {
+/// Grid of the warp-per-row kernels: activation-row groups fastest, then
+/// the job table's `ctas` CTAs of 8 weight rows (warps, 256 threads).
+fn mv_grid(n: usize, ctas: u32) -> Result<LaunchConfig> {
     Ok(LaunchConfig {
-        grid_dim: (
-            u32::try_from(n.div_ceil(MV_ROWS))?,
-            u32::try_from(m.div_ceil(8))?,
-            1,
-        ),
+        grid_dim: (u32::try_from(n.div_ceil(MV_ROWS))?, ctas, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     })
@@ -122,19 +118,66 @@ pub(crate) struct ActKey {
     layout: u8,
 }
 impl ActKey {
-    fn new(x: &CudaView<'_, f32>, k: usize, layout: u8, s: &std::sync::Arc<CudaStream>) -> Self {
+    pub(super) fn new(
+        x: &CudaView<'_, f32>,
+        k: usize,
+        layout: u8,
+        s: &std::sync::Arc<CudaStream>,
+    ) -> Self {
         ActKey {
             ptr: dev_ptr(x, s),
             len: x.len(),
-            k,
+            // quant_q8's blocks are 32 consecutive values of the buffer,
+            // whatever its row length (a multiple of 32).
+            k: if layout == ACT_Q8 { 0 } else { k },
             layout,
         }
     }
 }
 
 const ACT_Q8: u8 = 1;
-const ACT_CANON: u8 = 2;
+pub(super) const ACT_CANON: u8 = 2;
 const ACT_F16: u8 = 3;
+
+/// A MatMuls job table (MmJobs in common.cuh, same layout): job j's
+/// weights and output addresses, rows, and the end of its CTA range.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub(super) struct MmJobs {
+    w: [u64; MAX_MAT_JOBS],
+    out: [u64; MAX_MAT_JOBS],
+    m: [i32; MAX_MAT_JOBS],
+    end: [i32; MAX_MAT_JOBS],
+    add: i32,
+    count: i32,
+}
+// SAFETY: MmJobs is #[repr(C)] plain data (u64 addresses and i32s) laid out
+// like the kernels' struct MmJobs (8-byte fields first, no pointers into
+// host memory), so it may be copied into a kernel's parameters.
+unsafe impl cudarc::driver::DeviceRepr for MmJobs {}
+
+/// The job table of validated jobs for a kernel of `rows_per_cta` weight
+/// rows per CTA (grid y), and the total CTA count.
+pub(super) fn job_table(
+    jobs: &mut [MatJob<'_, Dev>],
+    rows_per_cta: usize,
+    s: &std::sync::Arc<CudaStream>,
+) -> Result<(MmJobs, u32)> {
+    let mut t = MmJobs {
+        count: i32_of(jobs.len(), "jobs")?,
+        ..Default::default()
+    };
+    let mut end = 0usize;
+    for (i, j) in jobs.iter_mut().enumerate() {
+        t.w[i] = dev_ptr(&j.w.data, s);
+        t.out[i] = dev_ptr_mut(&j.out, s);
+        t.m[i] = i32_of(j.w.rows, "m")?;
+        end += j.w.rows.div_ceil(rows_per_cta);
+        t.end[i] = i32_of(end, "CTAs of a matmul")?;
+        t.add |= (j.add as i32) << i;
+    }
+    Ok((t, u32::try_from(end)?))
+}
 
 impl CudaBackend {
     /// Forgets which activations the arena holds (any op but a matmul, a
@@ -146,33 +189,92 @@ impl CudaBackend {
     }
 
     /// Whether the arena holds `key`'s quantized activations.
-    fn act_cached(&self, key: ActKey) -> bool {
+    pub(super) fn act_cached(&self, key: ActKey) -> bool {
         self.act_cache
             .lock()
             .map(|c| *c == Some(key))
             .unwrap_or(false)
     }
 
-    /// Records `key` as held, unless the matmul's output (`out`, `out_len`
-    /// f32) overlaps its input, which then no longer holds those values.
-    fn act_remember(&self, key: ActKey, out: u64, out_len: usize) {
-        let v = if f32_ranges_overlap(key.ptr, key.len, out, out_len) {
-            None
-        } else {
-            Some(key)
-        };
+    /// Records `key` as held, unless one of the outputs written (device
+    /// address, f32 length) overlaps its input, which then no longer holds
+    /// those values.
+    pub(super) fn act_remember(&self, key: ActKey, outs: &[(u64, usize)]) {
+        let clobbered = outs
+            .iter()
+            .any(|&(p, len)| f32_ranges_overlap(key.ptr, key.len, p, len));
         if let Ok(mut c) = self.act_cache.lock() {
-            *c = v;
+            *c = if clobbered { None } else { Some(key) };
         }
     }
 
-    /// out (n, m) = x (n, k) · wᵀ. `exact`: the canonical kernels;
-    /// `deterministic`: the warp-per-row kernels (int8 activations and dp4a
-    /// for quantized weights) for every n, in groups of MV_ROWS rows
-    /// (batch-invariant); `fast`: those up to MV_BATCH rows, the int8 MMA
-    /// kernel for batched decode (see mma_rows), and cuBLAS f16
-    /// tensor-core GEMM with f32 accumulation beyond (weights dequantized to
-    /// f16 per call).
+    /// For an elementwise kernel about to write activations `out` (n rows
+    /// of k): where the next matmul of `out` would quantize it with
+    /// quant_q8 (the warp-per-row kernels: `deterministic`, or `fast` at
+    /// decode row counts), the cache key to record once the producer is
+    /// queued and the arena addresses (xq, xds) it fills instead, with the
+    /// same bits (q8_block). QUIRE_PREQUANT=0 turns this off.
+    /// `rows` None: the rows of the last matmul (`last_mv_q8`); `k` then
+    /// only needs to divide the length (the quantized bytes of a buffer do
+    /// not depend on its row length, a multiple of 32).
+    pub(crate) fn q8_out(
+        &self,
+        out: &CudaViewMut<'_, f32>,
+        rows: Option<usize>,
+        k: usize,
+        mode: Mode,
+    ) -> Result<Option<(ActKey, u64, u64)>> {
+        let (lo, hi) = mma_rows();
+        let mv_rows = match (mode, rows) {
+            (Mode::Exact, _) => false,
+            (Mode::Deterministic, _) => true,
+            (Mode::Fast, Some(n)) => n <= MV_BATCH && !(n > lo && n <= hi),
+            (Mode::Fast, None) => self.last_mv_q8.load(std::sync::atomic::Ordering::Relaxed),
+        };
+        let len = out.len();
+        if !self.prequant
+            || !mv_rows
+            || len == 0
+            || k == 0
+            || !k.is_multiple_of(32)
+            || !len.is_multiple_of(k)
+        {
+            return Ok(None);
+        }
+        let s = self.stream();
+        let n = len / k;
+        let nblk = n * k / 32;
+        let mut guard = self.arena(&[n * k, nblk * 8, 0])?;
+        let (xq, xds) =
+            arena3::<i8, f32, u8, _>(&mut guard, (n * k, nblk * 2, 0), |xq, xds, _| {
+                Ok((dev_ptr_mut(xq, s), dev_ptr_mut(xds, s)))
+            })?;
+        let key = ActKey {
+            ptr: dev_ptr_mut(out, s),
+            len,
+            k: 0,
+            layout: ACT_Q8,
+        };
+        Ok(Some((key, xq, xds)))
+    }
+
+    /// Records that the arena holds `key`'s quantized activations (written
+    /// by the elementwise kernel just queued; see q8_out).
+    pub(crate) fn q8_done(&self, key: ActKey) {
+        self.act_remember(key, &[]);
+    }
+
+    /// Device ranges (address, f32 length) of the jobs' outputs.
+    pub(super) fn out_ranges(
+        jobs: &[MatJob<'_, Dev>],
+        s: &std::sync::Arc<CudaStream>,
+    ) -> Vec<(u64, usize)> {
+        jobs.iter()
+            .map(|j| (dev_ptr_mut(&j.out, s), j.out.len()))
+            .collect()
+    }
+
+    /// out (n, m) = x (n, k) · wᵀ: a MatMuls of one job.
     pub(crate) fn d_mat_mul(
         &self,
         w: &DevMatrix<'_>,
@@ -181,76 +283,142 @@ impl CudaBackend {
         out: &mut CudaViewMut<'_, f32>,
         mode: Mode,
     ) -> Result<()> {
-        if matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+        validate::mat_mul(w, w.data.len(), x.len(), n, out.len())?;
+        if n == 0 || w.rows == 0 {
+            return Ok(());
+        }
+        if w.cols == 0 {
+            drv(self.stream().memset_zeros(out), "mat_mul: zero out")?;
+            return Ok(());
+        }
+        let len = out.len();
+        let mut jobs = [MatJob {
+            w: DevMatrix {
+                ty: w.ty,
+                rows: w.rows,
+                cols: w.cols,
+                data: w.data.slice(0..w.data.len()),
+            },
+            out: out.slice_mut(0..len),
+            add: false,
+        }];
+        self.d_mat_muls(x, n, &mut jobs, mode)
+    }
+
+    /// Each job: out (n, m) = x (n, k) · wᵀ, or += with `add`. `exact`: the
+    /// canonical kernels; `deterministic`: the warp-per-row kernels (int8
+    /// activations and dp4a for quantized weights) for every n, in groups of
+    /// MV_ROWS rows (batch-invariant); `fast`: those up to MV_BATCH rows,
+    /// the tensor-core tile kernel for batched decode (see mma_rows), and
+    /// cuBLAS f16 tensor-core GEMM with f32 accumulation beyond (weights
+    /// dequantized to f16 per call). The warp-per-row kernels (every mode)
+    /// run all jobs in one launch, with the add folded into the store.
+    pub(crate) fn d_mat_muls(
+        &self,
+        x: &CudaView<'_, f32>,
+        n: usize,
+        jobs: &mut [MatJob<'_, Dev>],
+        mode: Mode,
+    ) -> Result<()> {
+        let shapes: Vec<(&dyn WeightInfo, usize)> = jobs
+            .iter()
+            .map(|j| (&j.w as &dyn WeightInfo, j.out.len()))
+            .collect();
+        validate::mat_muls(x.len(), n, &shapes)?;
+        let (ty, k) = (jobs[0].w.ty, jobs[0].w.cols);
+        let float_w = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+        if float_w {
             // Float kernels quantize nothing but may overwrite a cached input.
             self.forget_activations();
         }
-        if mode != Mode::Exact && n > 0 && w.rows > 0 && w.cols > 0 && w.cols.is_multiple_of(32) {
-            validate::mat_mul(w, w.data.len(), x.len(), n, out.len())?;
-            let float_w = matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
-            let (lo, hi) = mma_rows();
-            if mode == Mode::Fast && !float_w && n > lo && n <= hi {
-                return self.mm_tile(w, x, n, out);
-            }
-            if mode == Mode::Fast && n > MV_BATCH && self.blas.is_some() {
-                return self.gemm_f16(w, x, n, out);
-            }
-            return self.mat_vec(w, x, n, out);
+        if n == 0 || jobs.iter().all(|j| j.w.rows == 0) {
+            return Ok(());
         }
-        self.mat_mul_exact(w, x, n, out)
+        if k == 0 {
+            // The product is zero: out = 0, or out += 0 (as MatMul then Add).
+            for j in jobs.iter_mut() {
+                if j.add {
+                    let mut b = self.stream().launch_builder(self.func("add_zero")?);
+                    let n_out = j.out.len();
+                    let len = n_out as i64;
+                    b.arg(&mut j.out).arg(&len);
+                    // SAFETY: matches add_zero; out holds len floats.
+                    drv(
+                        unsafe { b.launch(grid_1d(n_out, 256)?) },
+                        "mat_mul: add_zero",
+                    )?;
+                } else {
+                    drv(self.stream().memset_zeros(&mut j.out), "mat_mul: zero out")?;
+                }
+            }
+            return Ok(());
+        }
+        if mode == Mode::Exact || !k.is_multiple_of(32) {
+            self.last_mv_q8
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+            return self.mat_muls_exact(x, n, jobs);
+        }
+        let (lo, hi) = mma_rows();
+        let tile = mode == Mode::Fast && !float_w && n > lo && n <= hi;
+        let blas = mode == Mode::Fast && n > MV_BATCH && self.blas.is_some();
+        self.last_mv_q8.store(
+            !tile && !blas && !float_w,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        if tile || blas {
+            for j in jobs.iter_mut() {
+                if tile {
+                    self.mm_tile(&j.w, x, n, &mut j.out, j.add)?;
+                } else {
+                    self.gemm_f16(&j.w, x, n, &mut j.out, j.add)?;
+                }
+            }
+            return Ok(());
+        }
+        self.mat_vec(x, n, jobs)
     }
 
-    /// The warp-per-row kernels (validated arguments, k a multiple of 32).
-    /// The grid's x dimension walks activation-row groups fastest, so the
-    /// groups that read one tile of weight rows run together and all but the
-    /// first find it in L2.
-    fn mat_vec(
-        &self,
-        w: &DevMatrix<'_>,
-        x: &CudaView<'_, f32>,
-        n: usize,
-        out: &mut CudaViewMut<'_, f32>,
-    ) -> Result<()> {
-        if matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
-            let d = mm_dims(w, n)?;
-            let s = self.stream();
+    /// The warp-per-row kernels over every job in one launch (validated
+    /// arguments, k a multiple of 32). The grid's x dimension walks
+    /// activation-row groups fastest, so the groups that read one tile of
+    /// weight rows run together and all but the first find it in L2.
+    fn mat_vec(&self, x: &CudaView<'_, f32>, n: usize, jobs: &mut [MatJob<'_, Dev>]) -> Result<()> {
+        let w0 = &jobs[0].w;
+        let d = mm_dims(w0, n)?;
+        let s = self.stream();
+        if matches!(w0.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+            let (table, ctas) = job_table(jobs, 8, s)?;
             let mut b = s.launch_builder(self.func("mv_float")?);
-            b.arg(&w.data)
-                .arg(&d.mi)
-                .arg(&d.ki)
-                .arg(&d.tc)
-                .arg(x)
-                .arg(&d.ni)
-                .arg(out);
-            // SAFETY: matches mv_float; w holds m rows of k values, x n*k and
-            // out n*m (validated by the caller); k is a multiple of 32.
+            b.arg(&table).arg(&d.ki).arg(&d.tc).arg(x).arg(&d.ni);
+            // SAFETY: matches mv_float; each job's weights hold m rows of k
+            // values and its output n*m (validated), x n*k; k is a
+            // multiple of 32.
             drv(
-                unsafe { b.launch(mv_grid(n, w.rows)?) },
+                unsafe { b.launch(mv_grid(n, ctas)?) },
                 "mat_mul: launching mv_float",
             )?;
             return Ok(());
         }
-        self.mat_vec_q8(w, x, n, out)
+        self.mat_vec_q8(x, n, jobs)
     }
 
-    /// Quantized weights: activations to int8 (quant_q8), then the
-    /// warp-per-row dp4a kernel.
+    /// Quantized weights: activations to int8 (quant_q8, unless the arena
+    /// holds them), then the warp-per-row dp4a kernel over every job.
     fn mat_vec_q8(
         &self,
-        w: &DevMatrix<'_>,
         x: &CudaView<'_, f32>,
         n: usize,
-        out: &mut CudaViewMut<'_, f32>,
+        jobs: &mut [MatJob<'_, Dev>],
     ) -> Result<()> {
-        let d = mm_dims(w, n)?;
-        let k = w.cols;
+        let d = mm_dims(&jobs[0].w, n)?;
+        let k = jobs[0].w.cols;
         let s = self.stream();
         let nblk = n * k / 32;
         let mut guard = self.arena(&[n * k, nblk * 8, 0])?;
         let key = ActKey::new(x, k, ACT_Q8, s);
         let cached = self.act_cached(key);
-        let out_ptr = dev_ptr_mut(out, s);
-        let out_len = out.len();
+        let outs = Self::out_ranges(jobs, s);
+        let (table, ctas) = job_table(jobs, 8, s)?;
         arena3::<i8, f32, u8, ()>(&mut guard, (n * k, nblk * 2, 0), |xq, xds, _| {
             if !cached {
                 let nb = nblk as i64;
@@ -264,37 +432,38 @@ impl CudaBackend {
                 )?;
             }
             let mut b = s.launch_builder(self.func("mv_q8")?);
-            b.arg(&w.data)
-                .arg(&d.mi)
+            b.arg(&table)
                 .arg(&d.ki)
                 .arg(&d.rb)
                 .arg(&d.tc)
                 .arg(&mut *xq)
                 .arg(&mut *xds)
-                .arg(&d.ni)
-                .arg(out);
-            // SAFETY: matches mv_q8; w holds m rows of rb bytes (256-byte
-            // aligned allocation), xq/xds as above, out n*m.
+                .arg(&d.ni);
+            // SAFETY: matches mv_q8; each job's weights hold m rows of rb
+            // bytes (256-byte aligned allocation) and its output n*m; xq/xds
+            // as above.
             drv(
-                unsafe { b.launch(mv_grid(n, w.rows)?) },
+                unsafe { b.launch(mv_grid(n, ctas)?) },
                 "mat_mul: launching mv_q8",
             )?;
             Ok(())
         })?;
-        self.act_remember(key, out_ptr, out_len);
+        self.act_remember(key, &outs);
         Ok(())
     }
 
     /// Batched decode on quantized weights: activations to f16, then
     /// mm_f16_tile (weight tiles dequantized to f16 in shared memory,
     /// tensor-core MMA), split over k so that the grid has about two CTAs
-    /// per SM, and the splits' partial sums added in order (split_sum).
+    /// per SM, and the splits' partial sums added in order (split_sum),
+    /// which (or the one split's store) adds into `out` for `add`.
     fn mm_tile(
         &self,
         w: &DevMatrix<'_>,
         x: &CudaView<'_, f32>,
         n: usize,
         out: &mut CudaViewMut<'_, f32>,
+        add: bool,
     ) -> Result<()> {
         let d = mm_dims(w, n)?;
         let (m, k) = (w.rows, w.cols);
@@ -306,8 +475,8 @@ impl CudaBackend {
         // of the same input (q/k/v, gate/up), like quant_q8's.
         let key = ActKey::new(x, k, ACT_F16, s);
         let cached = self.act_cached(key);
-        let out_ptr = dev_ptr_mut(out, s);
-        let out_len = out.len();
+        let outs = [(dev_ptr_mut(out, s), out.len())];
+        let add = add as i32;
         arena3::<u16, f32, u8, ()>(&mut guard, (n * k, part_len, 0), |x16, part, _| {
             if !cached {
                 let len = (n * k) as i64;
@@ -337,7 +506,7 @@ impl CudaBackend {
                 .arg(&d.ni)
                 .arg(&upci);
             if splits > 1 {
-                b.arg(&stride).arg(&mut *part);
+                b.arg(&stride).arg(&add).arg(&mut *part);
                 // SAFETY: matches mm_f16_tile; w holds m rows of rb bytes,
                 // x16 n*k halves (arena: 256-byte aligned, rows of k halves
                 // 64-byte multiples, for the 16-byte loads), part
@@ -345,7 +514,11 @@ impl CudaBackend {
                 drv(unsafe { b.launch(cfg) }, "mat_mul: mm_f16_tile")?;
                 let sp = i32_of(splits, "splits")?;
                 let mut b = s.launch_builder(self.func("split_sum")?);
-                b.arg(&mut *part).arg(&sp).arg(&stride).arg(&mut *out);
+                b.arg(&mut *part)
+                    .arg(&sp)
+                    .arg(&stride)
+                    .arg(&add)
+                    .arg(&mut *out);
                 // SAFETY: matches split_sum; part holds splits*n*m floats,
                 // out n*m.
                 drv(
@@ -354,24 +527,26 @@ impl CudaBackend {
                 )?;
             } else {
                 let zero = 0i64;
-                b.arg(&zero).arg(&mut *out);
+                b.arg(&zero).arg(&add).arg(&mut *out);
                 // SAFETY: as above, one split writing out (n*m floats).
                 drv(unsafe { b.launch(cfg) }, "mat_mul: mm_f16_tile")?;
             }
             Ok(())
         })?;
-        self.act_remember(key, out_ptr, out_len);
+        self.act_remember(key, &outs);
         Ok(())
     }
 
     /// Weights to f16 (unless stored as f16), activations to f16, one cuBLAS
-    /// GEMM with f32 accumulation and output.
+    /// GEMM with f32 accumulation and output (beta = 1 adds the product into
+    /// `out` for `add`).
     fn gemm_f16(
         &self,
         w: &DevMatrix<'_>,
         x: &CudaView<'_, f32>,
         n: usize,
         out: &mut CudaViewMut<'_, f32>,
+        add: bool,
     ) -> Result<()> {
         use cudarc::cublas::sys::{
             cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType,
@@ -414,7 +589,7 @@ impl CudaBackend {
             b.arg(x).arg(&len).arg(&mut *x16);
             // SAFETY: matches to_f16; x and x16 hold n*k elements.
             drv(unsafe { b.launch(grid_1d(n * k, 256)?) }, "mat_mul: to_f16")?;
-            let (alpha, beta) = (1.0f32, 0.0f32);
+            let (alpha, beta) = (1.0f32, if add { 1.0f32 } else { 0.0 });
             let (wp, _g1) = if f16_weights {
                 w.data.device_ptr(s)
             } else {
@@ -451,166 +626,6 @@ impl CudaBackend {
             }
             .map_err(|e| anyhow!("mat_mul: cublasGemmEx ({m} x {k}, n {n}): {e:?}"))
         })
-    }
-
-    /// The canonical kernels (bitwise equal to the cpu).
-    fn mat_mul_exact(
-        &self,
-        w: &DevMatrix<'_>,
-        x: &CudaView<'_, f32>,
-        n: usize,
-        out: &mut CudaViewMut<'_, f32>,
-    ) -> Result<()> {
-        let (m, k) = (w.rows, w.cols);
-        validate::mat_mul(w, w.data.len(), x.len(), n, out.len())?;
-        if n == 0 || m == 0 {
-            return Ok(());
-        }
-        if k == 0 {
-            drv(self.stream().memset_zeros(out), "mat_mul: zero out")?;
-            return Ok(());
-        }
-        let MmDims { tc, mi, ki, ni, .. } = mm_dims(w, n)?;
-        let s = self.stream();
-        // Rows of activations per thread group (outputs share weight loads).
-        let ra: i32 = match n {
-            1 => 1,
-            2..=4 => 4,
-            5..=8 => 8,
-            _ => 32,
-        };
-        let rw = 32 / ra as u32;
-        let qcfg = LaunchConfig {
-            grid_dim: (
-                u32::try_from((m as u64).div_ceil(rw as u64))?,
-                u32::try_from((n as u64).div_ceil(ra as u64))?,
-                1,
-            ),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        match w.ty {
-            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
-                let mut b = s.launch_builder(self.func("mm_float")?);
-                b.arg(&w.data)
-                    .arg(&mi)
-                    .arg(&ki)
-                    .arg(&tc)
-                    .arg(x)
-                    .arg(&ni)
-                    .arg(out);
-                // SAFETY: argument types match mm_float's signature; buffers
-                // hold m*k weights, n*k inputs and n*m outputs (validated).
-                drv(
-                    unsafe { b.launch(grid_1d(n * m * 32, 256)?) },
-                    "mat_mul: launching mm_float",
-                )?;
-            }
-            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
-                self.forget_activations();
-                let nb = k / 256;
-                let mut guard = self.arena(&[n * k * 2, n * nb * 4, n * nb * 16 * 4])?;
-                arena3::<i16, f32, i32, ()>(
-                    &mut guard,
-                    (n * k, n * nb, n * nb * 16),
-                    |qs, ad, bs| {
-                        let mut b = s.launch_builder(self.func("quant_actk")?);
-                        b.arg(x)
-                            .arg(&ni)
-                            .arg(&ki)
-                            .arg(&mut *qs)
-                            .arg(&mut *ad)
-                            .arg(&mut *bs);
-                        // SAFETY: matches quant_actk; n*k inputs, n*k q, n*nb d, n*nb*16 sums.
-                        drv(
-                            unsafe { b.launch(grid_1d(n * nb, 128)?) },
-                            "mat_mul: launching quant_actk",
-                        )?;
-                        let mut b = s.launch_builder(self.func("mm_qk")?);
-                        b.arg(&w.data)
-                            .arg(&mi)
-                            .arg(&ki)
-                            .arg(&tc)
-                            .arg(&mut *qs)
-                            .arg(&mut *ad)
-                            .arg(&mut *bs)
-                            .arg(&ni)
-                            .arg(&ra)
-                            .arg(out);
-                        // SAFETY: matches mm_qk; buffers sized as above.
-                        drv(unsafe { b.launch(qcfg) }, "mat_mul: launching mm_qk")?;
-                        Ok(())
-                    },
-                )?;
-            }
-            _ => {
-                let nb = k / 32;
-                let mut guard = self.arena(&[n * k * 2, n * nb * 4, n * nb * 4])?;
-                let key = ActKey::new(x, k, ACT_CANON, s);
-                let cached = self.act_cached(key);
-                let (out_ptr, out_len) = (dev_ptr_mut(out, s), out.len());
-                arena3::<i16, f32, f32, ()>(
-                    &mut guard,
-                    (n * k, n * nb, n * nb),
-                    |qs, ad, asum| {
-                        if !cached {
-                            let mut b = s.launch_builder(self.func("quant_act32")?);
-                            b.arg(x)
-                                .arg(&ni)
-                                .arg(&ki)
-                                .arg(&mut *qs)
-                                .arg(&mut *ad)
-                                .arg(&mut *asum);
-                            // SAFETY: matches quant_act32 (one warp per
-                            // block); n*k inputs, n*k q, n*nb d and s.
-                            drv(
-                                unsafe { b.launch(grid_1d(n * nb * 32, 256)?) },
-                                "mat_mul: launching quant_act32",
-                            )?;
-                        }
-                        if n <= MV_ROWS {
-                            // Decode: the warp-per-row kernel (same bits).
-                            let per_cta = 8 * crate::backend::cuda::source::MV_EXACT_WR;
-                            let cfg = LaunchConfig {
-                                grid_dim: (1, u32::try_from(m.div_ceil(per_cta))?, 1),
-                                block_dim: (256, 1, 1),
-                                shared_mem_bytes: 0,
-                            };
-                            let mut b = s.launch_builder(self.func("mv_exact32")?);
-                            b.arg(&w.data)
-                                .arg(&mi)
-                                .arg(&ki)
-                                .arg(&tc)
-                                .arg(&mut *qs)
-                                .arg(&mut *ad)
-                                .arg(&mut *asum)
-                                .arg(&ni)
-                                .arg(out);
-                            // SAFETY: matches mv_exact32; buffers sized as
-                            // above; n <= MV_EXACT_ROWS (one row group).
-                            drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_exact32")?;
-                            return Ok(());
-                        }
-                        let mut b = s.launch_builder(self.func("mm_q32")?);
-                        b.arg(&w.data)
-                            .arg(&mi)
-                            .arg(&ki)
-                            .arg(&tc)
-                            .arg(&mut *qs)
-                            .arg(&mut *ad)
-                            .arg(&mut *asum)
-                            .arg(&ni)
-                            .arg(&ra)
-                            .arg(out);
-                        // SAFETY: matches mm_q32; buffers sized as above.
-                        drv(unsafe { b.launch(qcfg) }, "mat_mul: launching mm_q32")?;
-                        Ok(())
-                    },
-                )?;
-                self.act_remember(key, out_ptr, out_len);
-            }
-        }
-        Ok(())
     }
 }
 

@@ -11,6 +11,7 @@
 
 mod attention;
 mod matmul;
+mod matmul_exact;
 
 pub(crate) use matmul::ActKey;
 pub(crate) use matmul::{fast_uses_blas, TILE_SMEM};
@@ -135,11 +136,29 @@ impl CudaBackend {
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
+            let pre = if vec4 == 1 {
+                self.q8_out(out, Some(n), dim, mode)?
+            } else {
+                None
+            };
+            let (xq, xds) = pre.map_or((0u64, 0u64), |(_, q, d)| (q, d));
             let mut b = self.stream().launch_builder(self.func("rms_norm_fast")?);
-            b.arg(x).arg(w).arg(&di).arg(&eps).arg(&vec4).arg(out);
+            b.arg(x)
+                .arg(w)
+                .arg(&di)
+                .arg(&eps)
+                .arg(&vec4)
+                .arg(&mut *out)
+                .arg(&xq)
+                .arg(&xds);
             // SAFETY: matches rms_norm_fast; n*dim inputs/outputs, dim
-            // weights; vec4 only with 16-byte aligned rows.
+            // weights; vec4 only with 16-byte aligned rows; xq / xds null,
+            // or (vec4, dim a multiple of 32) arena regions of n*dim bytes
+            // and n*dim/32 float2 (q8_out).
             drv(unsafe { b.launch(cfg) }, "rms_norm: launch")?;
+            if let Some((key, _, _)) = pre {
+                self.q8_done(key);
+            }
             return Ok(());
         }
         // Rows that fit the default 48 KiB of shared memory take the
@@ -207,14 +226,43 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// swiglu. Where the next matmul would quantize the output (q8_out:
+    /// the rows are `rows` when known, else those of the last matmul, whose
+    /// output the gate is), swiglu_q8 does it in the same pass.
     pub(crate) fn d_swiglu(
         &self,
         gate: &CudaView<'_, f32>,
         up: &CudaView<'_, f32>,
         out: &mut CudaViewMut<'_, f32>,
+        rows: Option<usize>,
+        mode: Mode,
     ) -> Result<()> {
         validate::same_len("swiglu", &[gate.len(), up.len(), out.len()])?;
         if out.is_empty() {
+            return Ok(());
+        }
+        let pre = match rows {
+            Some(r) if r > 0 && out.len().is_multiple_of(r) => {
+                self.q8_out(out, Some(r), out.len() / r, mode)?
+            }
+            Some(_) => None,
+            None => self.q8_out(out, None, 32, mode)?,
+        };
+        if let Some((key, xq, xds)) = pre {
+            let len = out.len() as i64;
+            let cfg = grid_1d(out.len(), 256)?;
+            let mut b = self.stream().launch_builder(self.func("swiglu_q8")?);
+            b.arg(gate)
+                .arg(up)
+                .arg(&len)
+                .arg(&mut *out)
+                .arg(&xq)
+                .arg(&xds);
+            // SAFETY: matches swiglu_q8; the three buffers hold len elements
+            // (a multiple of 32: rows of k, k a multiple of 32); xq / xds
+            // arena regions of len bytes and len / 32 float2 (q8_out).
+            drv(unsafe { b.launch(cfg) }, "swiglu: launch")?;
+            self.q8_done(key);
             return Ok(());
         }
         let len = out.len() as i64;

@@ -1,0 +1,195 @@
+//! Matmul launches of `exact` mode: the canonical kernels (bitwise equal to
+//! the cpu), for every job of a `MatMuls` op.
+
+use super::arena3;
+use super::matmul::{job_table, mm_dims, MmDims, ACT_CANON, MV_ROWS};
+use crate::backend::cuda::mem::{Dev, DevMatrix};
+use crate::backend::cuda::{drv, grid_1d, CudaBackend};
+use crate::backend::MatJob;
+use crate::quant::GgmlType;
+use anyhow::Result;
+use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+
+impl CudaBackend {
+    /// The canonical kernels for validated jobs (n, m, k > 0): 32-block
+    /// weights quantize the activations once (cached across ops) and run
+    /// every job in one mv_exact32 launch for decode; other shapes and
+    /// types run job by job.
+    pub(super) fn mat_muls_exact(
+        &self,
+        x: &CudaView<'_, f32>,
+        n: usize,
+        jobs: &mut [MatJob<'_, Dev>],
+    ) -> Result<()> {
+        let ty = jobs[0].w.ty;
+        if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) || ty.block_size() == 256 {
+            for j in jobs.iter_mut() {
+                self.mat_mul_exact_one(&j.w, x, n, &mut j.out, j.add)?;
+            }
+            return Ok(());
+        }
+        let k = jobs[0].w.cols;
+        let s = self.stream();
+        let nb = k / 32;
+        let mut guard = self.arena(&[n * k * 2, n * nb * 4, n * nb * 4])?;
+        let key = super::ActKey::new(x, k, ACT_CANON, s);
+        let cached = self.act_cached(key);
+        let outs = Self::out_ranges(jobs, s);
+        let ni = crate::backend::cuda::i32_of(n, "n")?;
+        let ki = crate::backend::cuda::i32_of(k, "k")?;
+        arena3::<i16, f32, f32, ()>(&mut guard, (n * k, n * nb, n * nb), |qs, ad, asum| {
+            if !cached {
+                let mut b = s.launch_builder(self.func("quant_act32")?);
+                b.arg(x)
+                    .arg(&ni)
+                    .arg(&ki)
+                    .arg(&mut *qs)
+                    .arg(&mut *ad)
+                    .arg(&mut *asum);
+                // SAFETY: matches quant_act32 (one warp per block); n*k
+                // inputs, n*k q, n*nb d and s.
+                drv(
+                    unsafe { b.launch(grid_1d(n * nb * 32, 256)?) },
+                    "mat_mul: launching quant_act32",
+                )?;
+            }
+            if n <= MV_ROWS {
+                // Decode: the warp-per-row kernel (same bits), all jobs.
+                let per_cta = 8 * crate::backend::cuda::source::MV_EXACT_WR;
+                let (table, ctas) = job_table(jobs, per_cta, s)?;
+                let tc = crate::backend::cuda::ty_code(ty)
+                    .ok_or_else(|| anyhow::anyhow!("mat_mul: {ty:?} is not a weight type"))?;
+                let cfg = LaunchConfig {
+                    grid_dim: (1, ctas, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let mut b = s.launch_builder(self.func("mv_exact32")?);
+                b.arg(&table)
+                    .arg(&ki)
+                    .arg(&tc)
+                    .arg(&mut *qs)
+                    .arg(&mut *ad)
+                    .arg(&mut *asum)
+                    .arg(&ni);
+                // SAFETY: matches mv_exact32; the job table holds each
+                // job's weights (m rows) and output (n*m, validated) and
+                // its CTA ranges of per_cta rows; n <= MV_EXACT_ROWS.
+                drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_exact32")?;
+                return Ok(());
+            }
+            for j in jobs.iter_mut() {
+                let MmDims { tc, mi, .. } = mm_dims(&j.w, n)?;
+                let add = j.add as i32;
+                let (ra, cfg) = q_grid(j.w.rows, n)?;
+                let mut b = s.launch_builder(self.func("mm_q32")?);
+                b.arg(&j.w.data)
+                    .arg(&mi)
+                    .arg(&ki)
+                    .arg(&tc)
+                    .arg(&mut *qs)
+                    .arg(&mut *ad)
+                    .arg(&mut *asum)
+                    .arg(&ni)
+                    .arg(&ra)
+                    .arg(&add)
+                    .arg(&mut j.out);
+                // SAFETY: matches mm_q32; buffers sized as above, out n*m.
+                drv(unsafe { b.launch(cfg) }, "mat_mul: launching mm_q32")?;
+            }
+            Ok(())
+        })?;
+        self.act_remember(key, &outs);
+        Ok(())
+    }
+
+    /// One job of float or K-quant weights.
+    fn mat_mul_exact_one(
+        &self,
+        w: &DevMatrix<'_>,
+        x: &CudaView<'_, f32>,
+        n: usize,
+        out: &mut CudaViewMut<'_, f32>,
+        add: bool,
+    ) -> Result<()> {
+        let k = w.cols;
+        let MmDims { tc, mi, ki, ni, .. } = mm_dims(w, n)?;
+        let add = add as i32;
+        let s = self.stream();
+        if matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+            let mut b = s.launch_builder(self.func("mm_float")?);
+            b.arg(&w.data)
+                .arg(&mi)
+                .arg(&ki)
+                .arg(&tc)
+                .arg(x)
+                .arg(&ni)
+                .arg(&add)
+                .arg(out);
+            // SAFETY: argument types match mm_float's signature; buffers
+            // hold m*k weights, n*k inputs and n*m outputs (validated).
+            drv(
+                unsafe { b.launch(grid_1d(n * w.rows * 32, 256)?) },
+                "mat_mul: launching mm_float",
+            )?;
+            return Ok(());
+        }
+        self.forget_activations();
+        let nb = k / 256;
+        let (ra, qcfg) = q_grid(w.rows, n)?;
+        let mut guard = self.arena(&[n * k * 2, n * nb * 4, n * nb * 16 * 4])?;
+        arena3::<i16, f32, i32, ()>(&mut guard, (n * k, n * nb, n * nb * 16), |qs, ad, bs| {
+            let mut b = s.launch_builder(self.func("quant_actk")?);
+            b.arg(x)
+                .arg(&ni)
+                .arg(&ki)
+                .arg(&mut *qs)
+                .arg(&mut *ad)
+                .arg(&mut *bs);
+            // SAFETY: matches quant_actk; n*k inputs, n*k q, n*nb d, n*nb*16 sums.
+            drv(
+                unsafe { b.launch(grid_1d(n * nb, 128)?) },
+                "mat_mul: launching quant_actk",
+            )?;
+            let mut b = s.launch_builder(self.func("mm_qk")?);
+            b.arg(&w.data)
+                .arg(&mi)
+                .arg(&ki)
+                .arg(&tc)
+                .arg(&mut *qs)
+                .arg(&mut *ad)
+                .arg(&mut *bs)
+                .arg(&ni)
+                .arg(&ra)
+                .arg(&add)
+                .arg(out);
+            // SAFETY: matches mm_qk; buffers sized as above, out n*m.
+            drv(unsafe { b.launch(qcfg) }, "mat_mul: launching mm_qk")?;
+            Ok(())
+        })
+    }
+}
+
+/// Grid of mm_q32 / mm_qk: `ra` activation rows per thread group (outputs
+/// share weight loads), 32 / ra weight rows per CTA.
+fn q_grid(m: usize, n: usize) -> Result<(i32, LaunchConfig)> {
+    let ra: i32 = match n {
+        1 => 1,
+        2..=4 => 4,
+        5..=8 => 8,
+        _ => 32,
+    };
+    let rw = 32 / ra as u64;
+    Ok((
+        ra,
+        LaunchConfig {
+            grid_dim: (
+                u32::try_from((m as u64).div_ceil(rw))?,
+                u32::try_from((n as u64).div_ceil(ra as u64))?,
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        },
+    ))
+}

@@ -1,0 +1,188 @@
+//! Parity cases of `mat_muls` (several matmuls of one input, some adding
+//! into their outputs): against the cpu reference like every op, and on the
+//! backend under test against its own `MatMul` then `Add` (the fused op
+//! must give those bits in every mode).
+
+use super::{randv, CaseResult, Ctx, Guarded, Status};
+use crate::backend::{Host, MatJob, Op, QMatrix};
+use crate::quant::GgmlType;
+
+/// Splits `buf` into consecutive outputs of `lens` elements.
+fn split_outs<'b>(mut buf: &'b mut [f32], lens: &[usize]) -> Vec<&'b mut [f32]> {
+    let mut v = Vec::with_capacity(lens.len());
+    for &l in lens {
+        let (a, b) = buf.split_at_mut(l);
+        v.push(a);
+        buf = b;
+    }
+    v
+}
+
+fn jobs<'a>(ws: &[QMatrix<'a>], outs: Vec<&'a mut [f32]>, adds: &[bool]) -> Vec<MatJob<'a, Host>> {
+    ws.iter()
+        .zip(outs)
+        .zip(adds)
+        .map(|((&w, out), &add)| MatJob { w, out, add })
+        .collect()
+}
+
+impl Ctx<'_> {
+    pub(super) fn mat_muls(&mut self) {
+        if !self.want("mat_muls") {
+            return;
+        }
+        use GgmlType::*;
+        let mode = self.opts.mode;
+        let types: &[GgmlType] = if self.opts.quick {
+            &[F16, Q4_0, Q8_0, Q4_K, Q6_K]
+        } else {
+            &[
+                F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
+            ]
+        };
+        // (job rows, k, n, adds): q/k/v and gate/up decode, a residual
+        // projection, the batched-decode and prefill row counts, four jobs.
+        let mut shapes: Vec<(Vec<usize>, usize, usize, Vec<bool>)> = vec![
+            (vec![64, 16, 16], 512, 1, vec![false, false, false]),
+            (vec![40, 40], 512, 3, vec![false, true]),
+            (vec![72], 768, 1, vec![true]),
+            (vec![33, 97], 512, 17, vec![true, false]),
+            (vec![130, 7], 256, 70, vec![true, true]),
+            (vec![16, 8, 8, 24], 256, 5, vec![false, true, false, true]),
+        ];
+        for &ty in types {
+            let float_w = matches!(ty, F32 | F16 | BF16);
+            if float_w {
+                shapes.push((vec![5, 9], 33, 2, vec![true, false]));
+            }
+            for (ms, k, n, adds) in &shapes {
+                let (k, n) = (*k, *n);
+                let datas: Vec<Vec<u8>> = match ms
+                    .iter()
+                    .map(|&m| crate::quant::quantize(ty, &randv(&mut self.rng, m * k, 1.0)))
+                    .collect::<Result<Vec<_>, _>>()
+                {
+                    Ok(d) => d,
+                    Err(e) => {
+                        self.results.push(CaseResult {
+                            op: "mat_muls",
+                            desc: format!("{ty:?} k={k} n={n}"),
+                            status: Status::Fail(format!("quantizing the weights: {e}")),
+                            nmse: f64::NAN,
+                            bitwise: false,
+                            perf: None,
+                        });
+                        continue;
+                    }
+                };
+                let ws: Vec<QMatrix<'_>> = ms
+                    .iter()
+                    .zip(&datas)
+                    .map(|(&m, d)| QMatrix {
+                        ty,
+                        rows: m,
+                        cols: k,
+                        data: d,
+                    })
+                    .collect();
+                let x = randv(&mut self.rng, n * k, 2.0);
+                let lens: Vec<usize> = ms.iter().map(|m| n * m).collect();
+                let init = randv(&mut self.rng, lens.iter().sum(), 3.0);
+                let mut r = init.clone();
+                let mut y = Guarded::from(&init);
+                let desc = format!("{ty:?} m={ms:?} k={k} n={n} add={adds:?}");
+                let sup = self.be.supports_op(
+                    &Op::MatMuls {
+                        x: &x,
+                        n,
+                        jobs: jobs(&ws, split_outs(y.body_mut(), &lens), adds),
+                    },
+                    mode,
+                );
+                let mut err = None;
+                let mut unfused_diff = None;
+                if sup {
+                    if let Err(e) = self.cpu.run(
+                        Op::MatMuls {
+                            x: &x,
+                            n,
+                            jobs: jobs(&ws, split_outs(&mut r, &lens), adds),
+                        },
+                        mode,
+                    ) {
+                        err = Some(format!("cpu reference: {e:#}"));
+                    } else if let Err(e) = self.be.run(
+                        Op::MatMuls {
+                            x: &x,
+                            n,
+                            jobs: jobs(&ws, split_outs(y.body_mut(), &lens), adds),
+                        },
+                        mode,
+                    ) {
+                        err = Some(format!("{e:#}"));
+                    } else {
+                        match self.unfused(&ws, &x, n, adds, &init, &lens) {
+                            Ok(u) => {
+                                let diff = u
+                                    .iter()
+                                    .zip(y.body())
+                                    .position(|(a, b)| a.to_bits() != b.to_bits() && a == a);
+                                if let Some(i) = diff {
+                                    unfused_diff = Some(format!(
+                                        "differs from mat_mul then add on this backend at {i}: {:e} vs {:e}",
+                                        y.body()[i],
+                                        u[i]
+                                    ));
+                                }
+                            }
+                            Err(e) => err = Some(format!("unfused mat_mul / add: {e:#}")),
+                        }
+                    }
+                }
+                let g = y.guards_ok();
+                self.finish("mat_muls", desc, sup, err, y.body(), &r, g, None);
+                if let (Some(why), Some(last)) = (unfused_diff, self.results.last_mut()) {
+                    if last.status == Status::Pass {
+                        last.status = Status::Fail(why);
+                    }
+                }
+                self.keep.extend(datas);
+            }
+            if float_w {
+                shapes.pop();
+            }
+        }
+    }
+
+    /// The same jobs as `MatMul` then `Add` ops on the backend under test.
+    fn unfused(
+        &self,
+        ws: &[QMatrix<'_>],
+        x: &[f32],
+        n: usize,
+        adds: &[bool],
+        init: &[f32],
+        lens: &[usize],
+    ) -> anyhow::Result<Vec<f32>> {
+        let mode = self.opts.mode;
+        let mut out = init.to_vec();
+        for ((w, &add), o) in ws.iter().zip(adds).zip(split_outs(&mut out, lens)) {
+            let mut p = vec![0f32; o.len()];
+            self.be.run(
+                Op::MatMul {
+                    w: *w,
+                    x,
+                    n,
+                    out: &mut p,
+                },
+                mode,
+            )?;
+            if add {
+                self.be.run(Op::Add { x: o, y: &p }, mode)?;
+            } else {
+                o.copy_from_slice(&p);
+            }
+        }
+        Ok(out)
+    }
+}
