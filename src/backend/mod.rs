@@ -232,6 +232,23 @@ pub enum OpT<'a, M: Mem> {
         inv_freq: M::Param<'a>,
         neox: bool,
     },
+    /// Rope on q and on k in place (each as `Rope`), then k and v stored
+    /// into the cache cells `slots` (as `KvWrite`): one op so that a
+    /// backend can do it in one pass. q: (n, n_heads, head_dim); k, v:
+    /// (n, n_kv_heads, head_dim) with the cache's n_kv_heads and head_dim;
+    /// positions, slots: (n,).
+    RopeKvWrite {
+        q: M::Out<'a>,
+        k: M::Out<'a>,
+        v: M::In<'a>,
+        n_heads: usize,
+        rope_dim: usize,
+        positions: M::Idx<'a>,
+        inv_freq: M::Param<'a>,
+        neox: bool,
+        slots: M::Idx<'a>,
+        cache: M::KvMut<'a>,
+    },
     /// out = silu(gate) * up, elementwise.
     SwiGlu {
         gate: M::In<'a>,
@@ -313,6 +330,7 @@ impl<M: Mem> OpT<'_, M> {
             OpT::MatMuls { jobs, .. } => ("mat_muls", jobs.first().map(|j| j.w.ty()), None),
             OpT::RmsNorm { .. } => ("rms_norm", None, None),
             OpT::Rope { .. } => ("rope", None, None),
+            OpT::RopeKvWrite { .. } => ("rope_kv_write", None, None),
             OpT::SwiGlu { .. } => ("swiglu", None, None),
             OpT::GetRows { table, .. } => ("get_rows", Some(table.ty()), None),
             OpT::SelectRows { .. } => ("select_rows", None, None),

@@ -123,10 +123,9 @@ impl Ctx<'_> {
                     } else {
                         match self.unfused(&ws, &x, n, adds, &init, &lens) {
                             Ok(u) => {
-                                let diff = u
-                                    .iter()
-                                    .zip(y.body())
-                                    .position(|(a, b)| a.to_bits() != b.to_bits() && a == a);
+                                let diff = u.iter().zip(y.body()).position(|(a, b)| {
+                                    a.to_bits() != b.to_bits() && !(a.is_nan() && b.is_nan())
+                                });
                                 if let Some(i) = diff {
                                     unfused_diff = Some(format!(
                                         "differs from mat_mul then add on this backend at {i}: {:e} vs {:e}",

@@ -11,6 +11,7 @@
 //! pass. Backend-agnostic: it only uses the `Backend` trait.
 
 mod mat_muls;
+mod rope_kv;
 mod rows;
 
 use crate::backend::{AttnBatch, Backend, KvLayer, KvLayerMut, Mode, Op, QMatrix};
@@ -223,7 +224,7 @@ pub(crate) fn nmse_bound(op: &str) -> f64 {
     match op {
         "mat_mul" | "mat_muls" => 1e-4,
         "paged_attention" => 1e-5,
-        "rms_norm" | "rope" | "swiglu" => 1e-6,
+        "rms_norm" | "rope" | "swiglu" | "rope_kv_write" => 1e-6,
         _ => 1e-7, // get_rows, add, add_bias, kv_write: pure conversions/adds
     }
 }
@@ -1217,6 +1218,7 @@ pub fn run(be: &dyn Backend, cpu: &dyn Backend, opts: &Options) -> Vec<CaseResul
     c.select_rows();
     c.elementwise();
     c.kv_write();
+    c.rope_kv_write();
     c.attention();
     c.results
 }

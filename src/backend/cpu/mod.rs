@@ -78,6 +78,7 @@ impl Backend for CpuBackend {
             | Op::MatMuls { .. }
             | Op::RmsNorm { .. }
             | Op::Rope { .. }
+            | Op::RopeKvWrite { .. }
             | Op::SwiGlu { .. }
             | Op::GetRows { .. }
             | Op::SelectRows { .. }
@@ -121,6 +122,23 @@ impl Backend for CpuBackend {
             } => ops::rope::run(
                 par, x, n_heads, head_dim, rope_dim, positions, inv_freq, neox,
             ),
+            Op::RopeKvWrite {
+                q,
+                k,
+                v,
+                n_heads,
+                rope_dim,
+                positions,
+                inv_freq,
+                neox,
+                slots,
+                cache,
+            } => {
+                let (nkv, hd) = (cache.n_kv_heads, cache.head_dim);
+                ops::rope::run(par, q, n_heads, hd, rope_dim, positions, inv_freq, neox)?;
+                ops::rope::run(par, k, nkv, hd, rope_dim, positions, inv_freq, neox)?;
+                ops::kv_write::run(k, v, slots, cache)
+            }
             Op::SwiGlu { gate, up, out } => ops::swiglu::run(par, isa, gate, up, out),
             Op::GetRows { table, ids, out } => ops::get_rows::run(par, table, ids, out),
             Op::SelectRows { x, dim, rows, out } => ops::select_rows::run(x, dim, rows, out),
@@ -154,6 +172,7 @@ fn work(op: &Op<'_>) -> usize {
             .sum(),
         Op::RmsNorm { x, .. } => x.len() * 2,
         Op::Rope { x, .. } => x.len() * 4,
+        Op::RopeKvWrite { q, k, .. } => (q.len() + k.len()) * 4,
         Op::SwiGlu { out, .. } => out.len() * 16,
         Op::GetRows { out, .. } => out.len() * 2,
         Op::SelectRows { .. } => 0,

@@ -14,7 +14,7 @@ use super::mem::{Dev, DevAttnBatch, DevKv, DevKvMut, DevMatrix};
 use super::{fingerprint, CudaBackend};
 use crate::backend::{validate, AttnBatch, KvLayer, KvLayerMut, MatJob, Mode, Op, QMatrix};
 use anyhow::{anyhow, Result};
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaView};
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -186,6 +186,20 @@ impl CudaBackend {
                 self.down(&xd, x, "add_bias: x")
             }
             Op::KvWrite { k, v, slots, cache } => self.host_kv_write(k, v, slots, cache),
+            Op::RopeKvWrite {
+                q,
+                k,
+                v,
+                n_heads,
+                rope_dim,
+                positions,
+                inv_freq,
+                neox,
+                slots,
+                cache,
+            } => self.host_rope_kv_write(
+                q, k, v, *n_heads, *rope_dim, positions, inv_freq, *neox, slots, cache,
+            ),
             Op::PagedAttention {
                 q,
                 n_heads,
@@ -220,6 +234,77 @@ impl CudaBackend {
         if k.is_empty() {
             return Ok(());
         }
+        let (kx, vx) = (self.up(k, "kv_write: k")?, self.up(v, "kv_write: v")?);
+        self.with_kv_blocks(slots, cache, |sd, dc| {
+            self.d_kv_write(&kx.slice(0..k.len()), &vx.slice(0..v.len()), sd, dc)
+        })
+    }
+
+    /// RopeKvWrite on the host slices: q, k up and back, the cache blocks
+    /// holding `slots` as in host_kv_write.
+    #[allow(clippy::too_many_arguments)] // the op's fields
+    fn host_rope_kv_write(
+        &self,
+        q: &mut [f32],
+        k: &mut [f32],
+        v: &[f32],
+        n_heads: usize,
+        rope_dim: usize,
+        positions: &[u32],
+        inv_freq: &[f32],
+        neox: bool,
+        slots: &[u32],
+        cache: &mut KvLayerMut<'_>,
+    ) -> Result<()> {
+        let geo = (cache.block_size, cache.n_kv_heads, cache.head_dim);
+        let n_cells = validate::kv_write(
+            geo,
+            cache.k.len(),
+            cache.v.len(),
+            k.len(),
+            v.len(),
+            slots.len(),
+        )?;
+        validate::kv_slots(slots, n_cells)?;
+        let n = positions.len();
+        let (nkv, hd) = (cache.n_kv_heads, cache.head_dim);
+        validate::rope(q.len(), n_heads, hd, rope_dim, n, inv_freq.len())?;
+        validate::rope(k.len(), nkv, hd, rope_dim, n, inv_freq.len())?;
+        if n == 0 {
+            return Ok(());
+        }
+        let mut qd = self.up(q, "rope_kv_write: q")?;
+        let mut kd = self.up(k, "rope_kv_write: k")?;
+        let vd = self.up(v, "rope_kv_write: v")?;
+        let pd = self.up(positions, "rope_kv_write: positions")?;
+        let fd = self.up(inv_freq, "rope_kv_write: inv_freq")?;
+        self.with_kv_blocks(slots, cache, |sd, dc| {
+            self.d_rope_kv_write(
+                &mut qd.slice_mut(0..q.len()),
+                &mut kd.slice_mut(0..k.len()),
+                &vd.slice(0..v.len()),
+                n_heads,
+                rope_dim,
+                &pd.slice(0..n),
+                &fd.slice(0..inv_freq.len()),
+                neox,
+                sd,
+                dc,
+            )
+        })?;
+        self.down(&qd, q, "rope_kv_write: q")?;
+        self.down(&kd, k, "rope_kv_write: k")
+    }
+
+    /// Uploads the cache blocks holding `slots` onto a compact device
+    /// cache, runs `f` on it with the slots remapped, and copies the blocks
+    /// back (validated slots).
+    fn with_kv_blocks(
+        &self,
+        slots: &[u32],
+        cache: &mut KvLayerMut<'_>,
+        f: impl FnOnce(&CudaView<'_, u32>, &mut DevKvMut<'_>) -> Result<()>,
+    ) -> Result<()> {
         let bs = cache.block_size;
         let block_elems = bs * cache.n_kv_heads * cache.head_dim;
         let mut blocks = BlockRemap::default();
@@ -233,11 +318,8 @@ impl CudaBackend {
             self.up(&kb, "kv_write: k blocks")?,
             self.up(&vb, "kv_write: v blocks")?,
         );
-        let (kx, vx) = (self.up(k, "kv_write: k")?, self.up(v, "kv_write: v")?);
         let sd = self.up(&local, "kv_write: slots")?;
-        self.d_kv_write(
-            &kx.slice(0..k.len()),
-            &vx.slice(0..v.len()),
+        f(
             &sd.slice(0..local.len()),
             &mut DevKvMut {
                 k: kd.slice_mut(0..kb.len()),

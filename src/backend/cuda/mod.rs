@@ -510,6 +510,21 @@ impl Backend<Dev> for CudaBackend {
             } => self.d_rope(
                 &mut x, n_heads, head_dim, rope_dim, &positions, &inv_freq, neox,
             ),
+            OpT::RopeKvWrite {
+                mut q,
+                mut k,
+                v,
+                n_heads,
+                rope_dim,
+                positions,
+                inv_freq,
+                neox,
+                slots,
+                mut cache,
+            } => self.d_rope_kv_write(
+                &mut q, &mut k, &v, n_heads, rope_dim, &positions, &inv_freq, neox, &slots,
+                &mut cache,
+            ),
             OpT::SwiGlu { gate, up, mut out } => self.d_swiglu(&gate, &up, &mut out, None, mode),
             OpT::GetRows {
                 table,

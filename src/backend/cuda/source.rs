@@ -53,6 +53,11 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     ),
     ("rope", include_str!("kernels/rope.cu"), &["rope"]),
     (
+        "rope_kv_write",
+        include_str!("kernels/rope_kv_write.cu"),
+        &["rope_kv_write"],
+    ),
+    (
         "swiglu",
         include_str!("kernels/swiglu.cu"),
         &["swiglu", "swiglu_q8"],

@@ -177,11 +177,10 @@ impl LlamaModel {
         ];
         for kind in [
             "rms_norm",
-            "rope",
+            "rope_kv_write",
             "swiglu",
             "select_rows",
             "add_bias",
-            "kv_write",
         ] {
             out.push(OpInfo {
                 kind,
@@ -266,15 +265,17 @@ pub fn forward<E: Exec>(
     }
 }
 
+/// One matmul of [`mat_muls`]: weight, output, whether it adds.
+type MatSpec<'b, E> = (
+    &'b <<E as Exec>::S as Store>::Mat,
+    &'b mut <E as Exec>::Buf,
+    bool,
+);
+
 /// The matmuls of one input x (n, k): one `MatMuls` op per weight type (in
 /// the order each type first appears), so a backend can run q/k/v or
 /// gate/up in one launch. Each job: (weight, output, whether it adds).
-fn mat_muls<E: Exec>(
-    e: &E,
-    x: &E::Buf,
-    n: usize,
-    jobs: Vec<(&<E::S as Store>::Mat, &mut E::Buf, bool)>,
-) -> Result<()> {
+fn mat_muls<E: Exec>(e: &E, x: &E::Buf, n: usize, jobs: Vec<MatSpec<'_, E>>) -> Result<()> {
     let mut groups: Vec<Vec<MatJob<'_, E::M>>> = Vec::new();
     for (w, out, add) in jobs {
         let job: MatJob<'_, E::M> = MatJob {
@@ -381,20 +382,15 @@ pub fn forward_bufs<E: Exec>(
                 })?;
             }
         }
-        for (t, heads) in [(&mut q, c.n_heads), (&mut k, c.n_kv_heads)] {
-            e.run(OpT::Rope {
-                x: E::wr(t),
-                n_heads: heads,
-                head_dim: hd,
-                rope_dim: c.rope_dim,
-                positions: E::idx_view(positions),
-                inv_freq: E::param(&w.inv_freq),
-                neox: c.arch.neox_rope(),
-            })?;
-        }
-        e.run(OpT::KvWrite {
-            k: E::rd(&k),
+        e.run(OpT::RopeKvWrite {
+            q: E::wr(&mut q),
+            k: E::wr(&mut k),
             v: E::rd(&v),
+            n_heads: c.n_heads,
+            rope_dim: c.rope_dim,
+            positions: E::idx_view(positions),
+            inv_freq: E::param(&w.inv_freq),
+            neox: c.arch.neox_rope(),
             slots: E::idx_view(slots),
             cache: E::kv_layer_mut(kv, li)?,
         })

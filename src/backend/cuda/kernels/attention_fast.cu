@@ -116,7 +116,12 @@ extern "C" __global__ void paged_attention_fast(
 #pragma unroll
     for (int u = 0; u < ATT_MAXD; u++) {
         int d = l + 32 * u;
-        if (d < hd) op[d] = o[u] / L;
+        float r = o[u] / L;
+        if (d < hd) op[d] = r;
+        if (xq && 32 * u < hd) {  // warp-uniform
+            long long blk = (long long)rh * (hd / 32) + u;
+            q8_block<1>(&r, l, xq + 32 * blk, xds + blk);
+        }
     }
 }
 
@@ -505,10 +510,15 @@ ATT_SPLIT_GQA(4, 8)
 // exact warp reduction, and the ordered sums take each partial's weight by
 // shuffle, with the accumulator loads of four partials in flight at once:
 // no chain of dependent loads, the same arithmetic in the same order.
+// With xq non-null (head_dim a multiple of 32), the output is also
+// quantized as quant_q8 would (q8_block: index u of the 32 lanes is the
+// 32-block at d = 32u), for the matmul that reads it next.
 extern "C" __global__ void attention_combine(const float* __restrict__ part, int n_rows,
                                              int n_heads, int head_dim,
                                              const u32* __restrict__ positions, int stride,
-                                             int n_parts, float* __restrict__ out) {
+                                             int n_parts, float* __restrict__ out,
+                                             signed char* __restrict__ xq,
+                                             float2* __restrict__ xds) {
     static_assert(ATT_PARTS <= 32, "one lane per partial (n_parts <= ATT_PARTS)");
     int rh = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int l = threadIdx.x & 31;
@@ -553,7 +563,12 @@ extern "C" __global__ void attention_combine(const float* __restrict__ part, int
 #pragma unroll
     for (int u = 0; u < ATT_MAXD; u++) {
         int d = l + 32 * u;
-        if (d < hd) op[d] = o[u] / L;
+        float r = o[u] / L;
+        if (d < hd) op[d] = r;
+        if (xq && 32 * u < hd) {  // warp-uniform
+            long long blk = (long long)rh * (hd / 32) + u;
+            q8_block<1>(&r, l, xq + 32 * blk, xds + blk);
+        }
     }
 }
 

@@ -273,3 +273,12 @@ __device__ __forceinline__ void q8_block(const float* v, int gl, signed char* __
         *xds = make_float2(d, d * (float)sum);
     }
 }
+
+// f32 -> f16 bits for the KV cache, round to nearest even. NaN keeps its
+// sign and top payload bits, quieted (as the `half` crate).
+__device__ __forceinline__ u16 kv_f16(float x) {
+    u32 b = __float_as_uint(x);
+    if ((b & 0x7fffffffu) > 0x7f800000u)
+        return (u16)(((b >> 16) & 0x8000u) | 0x7C00u | 0x0200u | ((b & 0x7fffffu) >> 13));
+    return q_to_f16(x);
+}

@@ -1,15 +1,7 @@
 // Store K/V rows (f32) into their physical cells of the paged f16 cache,
-// round to nearest even. One thread per (row, element). Slots of one call
+// round to nearest even (kv_f16, common.cuh). One thread per (row, element). Slots of one call
 // are distinct (checked on the host), so no two threads write one cell.
 // slots are device values: a slot >= n_cells writes nothing.
-// NaN keeps its sign and top payload bits, quieted (as the `half` crate).
-__device__ __forceinline__ u16 kv_f16(float x) {
-    u32 b = __float_as_uint(x);
-    if ((b & 0x7fffffffu) > 0x7f800000u)
-        return (u16)(((b >> 16) & 0x8000u) | 0x7C00u | 0x0200u | ((b & 0x7fffffu) >> 13));
-    return q_to_f16(x);
-}
-
 // k, v: (n, row); slots: (n,); kc, vc: (n_cells, row) with
 // row = n_kv_heads * head_dim.
 extern "C" __global__ void kv_write(const float* __restrict__ k, const float* __restrict__ v,

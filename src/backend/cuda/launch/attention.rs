@@ -99,6 +99,7 @@ impl CudaBackend {
                 batch,
                 parts,
                 out,
+                mode,
             );
         }
         // exact: one warp per (row, head); otherwise ATT_WARPS (8) warps
@@ -148,6 +149,7 @@ impl CudaBackend {
         batch: &DevAttnBatch,
         parts: usize,
         out: &mut CudaViewMut<'_, f32>,
+        mode: Mode,
     ) -> Result<()> {
         let (_, _, hd) = cache.geometry();
         // 1..=ATT_PARTS partials; no more CTAs per row than partials.
@@ -159,9 +161,22 @@ impl CudaBackend {
         let plen = rh * stride * (2 + hd);
         let si = i32_of(stride, "partial stride")?;
         let s = self.stream();
-        let mut guard = self.arena(&[plen * 4, 0, 0])?;
+        // The arena: the quantized copy of the output for the next matmul
+        // (regions a, b, where the matmul looks: q8_out), then the partials.
+        let k_att = nhi as usize * hd;
+        let qlen = batch.n_rows * k_att;
+        let sizes = [qlen, qlen / 32 * 8, plen * 4];
+        drop(self.arena(&sizes)?);
+        let pre = if hd.is_multiple_of(32) {
+            self.q8_out(out, Some(batch.n_rows), k_att, mode)?
+        } else {
+            None
+        };
+        let (xq, xds) = pre.map_or((0u64, 0u64), |(_, q, d)| (q, d));
+        let mut guard = self.arena(&sizes)?;
         let gqa = gqa_split_kernel(nhi as usize / nkvi as usize, hd);
-        arena3::<f32, u8, u8, ()>(&mut guard, (plen, 0, 0), |part, _, _| {
+        let regions = (qlen, qlen / 32 * 8, plen);
+        let res = arena3::<u8, u8, f32, ()>(&mut guard, regions, |_, _, part| {
             // GQA-grouped: one CTA per (row, KV head); else per (row, head).
             let (name, ctas_x) = match &gqa {
                 Some(name) => (name.as_str(), batch.n_rows * nkvi as usize),
@@ -211,15 +226,24 @@ impl CudaBackend {
                 .arg(&batch.positions)
                 .arg(&si)
                 .arg(&pi)
-                .arg(out);
+                .arg(&mut *out)
+                .arg(&xq)
+                .arg(&xds);
             // SAFETY: matches attention_combine; part as above, out holds
-            // rows*heads*head_dim floats.
+            // rows*heads*head_dim floats; xq / xds null, or (head_dim a
+            // multiple of 32) arena regions of rows*heads*head_dim bytes and
+            // as many / 32 float2 (q8_out), disjoint from part.
             drv(
                 unsafe { b.launch(grid_1d(rh * 32, 256)?) },
                 "paged_attention: launching the combine",
             )?;
             Ok(())
-        })
+        });
+        res?;
+        if let Some((key, _, _)) = pre {
+            self.q8_done(key);
+        }
+        Ok(())
     }
 }
 
