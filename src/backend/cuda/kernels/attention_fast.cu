@@ -116,12 +116,7 @@ extern "C" __global__ void paged_attention_fast(
 #pragma unroll
     for (int u = 0; u < ATT_MAXD; u++) {
         int d = l + 32 * u;
-        float r = o[u] / L;
-        if (d < hd) op[d] = r;
-        if (xq && 32 * u < hd) {  // warp-uniform
-            long long blk = (long long)rh * (hd / 32) + u;
-            q8_block<1>(&r, l, xq + 32 * blk, xds + blk);
-        }
+        if (d < hd) op[d] = o[u] / L;
     }
 }
 
