@@ -33,7 +33,9 @@ impl Ctx<'_> {
         let mode = self.opts.mode;
         // (n, n_heads, n_kv_heads, head_dim, rope_dim, block, blocks, neox)
         for &(n, nh, nkv, hd, rd, bs, nblk, neox) in &[
-            (1usize, 9usize, 3usize, 64usize, 64usize, 16usize, 4usize, false),
+            (
+                1usize, 9usize, 3usize, 64usize, 64usize, 16usize, 4usize, false,
+            ),
             (7, 8, 2, 128, 128, 16, 8, true),
             (5, 4, 4, 80, 32, 7, 9, false),
             (33, 32, 8, 128, 128, 16, 16, false),
@@ -85,12 +87,7 @@ impl Ctx<'_> {
                 };
             }
             let sup = self.be.supports_op(
-                &op!(
-                    gq.body_mut(),
-                    gk.body_mut(),
-                    gck.body_mut(),
-                    gcv.body_mut()
-                ),
+                &op!(gq.body_mut(), gk.body_mut(), gck.body_mut(), gcv.body_mut()),
                 mode,
             );
             let mut err = None;
@@ -102,12 +99,7 @@ impl Ctx<'_> {
                 {
                     err = Some(format!("cpu reference: {e:#}"));
                 } else if let Err(e) = self.be.run(
-                    op!(
-                        gq.body_mut(),
-                        gk.body_mut(),
-                        gck.body_mut(),
-                        gcv.body_mut()
-                    ),
+                    op!(gq.body_mut(), gk.body_mut(), gck.body_mut(), gcv.body_mut()),
                     mode,
                 ) {
                     err = Some(format!("{e:#}"));
