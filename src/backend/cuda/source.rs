@@ -34,7 +34,9 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
         &[
             "quant_q8",
             "mv_q8",
+            "mv_q8_r1",
             "mv_float",
+            "mv_float_r1",
             "mm_f16_tile",
             "split_sum",
             "dequant_f16",

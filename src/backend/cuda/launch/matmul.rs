@@ -96,6 +96,17 @@ pub(super) fn mm_dims(w: &DevMatrix<'_>, n: usize) -> Result<MmDims> {
     })
 }
 
+/// The warp-per-row kernel for `n` activation rows: the one-row variant
+/// (`r1`) for batch-1 decode, whose per-row arithmetic is the same as the
+/// grouped kernel's, so batch invariance is kept.
+fn mv_name(n: usize, grouped: &'static str, r1: &'static str) -> &'static str {
+    if n == 1 {
+        r1
+    } else {
+        grouped
+    }
+}
+
 /// Grid of the warp-per-row kernels: activation-row groups fastest, then
 /// the job table's `ctas` CTAs of 8 weight rows (warps, 256 threads).
 fn mv_grid(n: usize, ctas: u32) -> Result<LaunchConfig> {
@@ -388,9 +399,9 @@ impl CudaBackend {
         let s = self.stream();
         if matches!(w0.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
             let (table, ctas) = job_table(jobs, 8, s)?;
-            let mut b = s.launch_builder(self.func("mv_float")?);
+            let mut b = s.launch_builder(self.func(mv_name(n, "mv_float", "mv_float_r1"))?);
             b.arg(&table).arg(&d.ki).arg(&d.tc).arg(x).arg(&d.ni);
-            // SAFETY: matches mv_float; each job's weights hold m rows of k
+            // SAFETY: matches mv_float and mv_float_r1; each job's weights hold m rows of k
             // values and its output n*m (validated), x n*k; k is a
             // multiple of 32.
             drv(
@@ -431,7 +442,7 @@ impl CudaBackend {
                     "mat_mul: launching quant_q8",
                 )?;
             }
-            let mut b = s.launch_builder(self.func("mv_q8")?);
+            let mut b = s.launch_builder(self.func(mv_name(n, "mv_q8", "mv_q8_r1"))?);
             b.arg(&table)
                 .arg(&d.ki)
                 .arg(&d.rb)
@@ -439,7 +450,7 @@ impl CudaBackend {
                 .arg(&mut *xq)
                 .arg(&mut *xds)
                 .arg(&d.ni);
-            // SAFETY: matches mv_q8; each job's weights hold m rows of rb
+            // SAFETY: matches mv_q8 and mv_q8_r1; each job's weights hold m rows of rb
             // bytes (256-byte aligned allocation) and its output n*m; xq/xds
             // as above.
             drv(
