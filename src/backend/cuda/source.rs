@@ -26,6 +26,7 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
             "mm_qk",
             "mm_float",
             "mv_exact32",
+            "mv_exact32_r1",
         ],
     ),
     (

@@ -285,13 +285,13 @@ __device__ __forceinline__ float mv_exact_fold(float a, float t, int i0, int nb,
 }
 
 // wr: the warp's first weight row; row_bytes apart; nw (1..MV_EXACT_WR) of
-// them are inside the matrix.
-template <int TY>
+// them are inside the matrix; n (<= NR) activation rows.
+template <int TY, int NR>
 __device__ __forceinline__ void mv_exact_rows(const u8* __restrict__ wr, long long row_bytes,
                                               int nw, int nb, const short* __restrict__ qs,
                                               const float* __restrict__ ad,
                                               const float* __restrict__ as, int k, int n, int l,
-                                              float (*acc)[MV_EXACT_ROWS]) {
+                                              float (*acc)[NR]) {
     for (int i0 = 0; i0 < nb; i0 += 32) {
         int b = i0 + l;
         bool ok = b < nb;
@@ -303,7 +303,7 @@ __device__ __forceinline__ void mv_exact_rows(const u8* __restrict__ wr, long lo
             if (ok && q < nw) decode_unit<TY>(wr + q * row_bytes, b, w[q], dw[q], a1, mw[q]);
         }
 #pragma unroll
-        for (int r = 0; r < MV_EXACT_ROWS; r++) {
+        for (int r = 0; r < NR; r++) {
             if (r >= n) break;
             int4 v[4];
             float adr = 0.0f, asr = 0.0f;
@@ -335,11 +335,15 @@ __device__ __forceinline__ void mv_exact_rows(const u8* __restrict__ wr, long lo
     }
 }
 
-// Grid: (ceil(n / MV_EXACT_ROWS), ceil(m / (8 * MV_EXACT_WR))); block 256
-// threads (8 warps). qs, ad, as: quant_act32's outputs.
-extern "C" __global__ void mv_exact32(MmJobs jobs, int k, int ty, const short* __restrict__ qs,
-                                      const float* __restrict__ ad,
-                                      const float* __restrict__ as, int n_all) {
+// Grid: (ceil(n / NR), ceil(m / (8 * MV_EXACT_WR))); block 256 threads (8
+// warps). qs, ad, as: quant_act32's outputs. NR = MV_EXACT_ROWS
+// (mv_exact32) or 1 (mv_exact32_r1, batch-1 decode: fewer registers); one
+// row's terms and their fold are the same in both, so are its bits.
+template <int NR>
+__device__ __forceinline__ void mv_exact32_body(MmJobs jobs, int k, int ty,
+                                                const short* __restrict__ qs,
+                                                const float* __restrict__ ad,
+                                                const float* __restrict__ as, int n_all) {
     MmJob jb = mm_job(jobs, blockIdx.y);
     int m = jb.m;
     float* __restrict__ out = jb.out;
@@ -347,8 +351,8 @@ extern "C" __global__ void mv_exact32(MmJobs jobs, int k, int ty, const short* _
     int l = threadIdx.x & 31;
     if (row0 >= m) return;
     int nw = min(MV_EXACT_WR, m - row0);
-    int g0 = blockIdx.x * MV_EXACT_ROWS;
-    int n = min(MV_EXACT_ROWS, n_all - g0);
+    int g0 = blockIdx.x * NR;
+    int n = min(NR, n_all - g0);
     int nb = k / 32;
     qs += (long long)g0 * k;
     ad += (long long)g0 * nb;
@@ -356,26 +360,37 @@ extern "C" __global__ void mv_exact32(MmJobs jobs, int k, int ty, const short* _
     out += (long long)g0 * m;
     long long row_bytes = (long long)nb * gr_type_size(ty);
     const u8* wr = jb.w + row0 * row_bytes;
-    float acc[MV_EXACT_WR][MV_EXACT_ROWS];
+    float acc[MV_EXACT_WR][NR];
 #pragma unroll
     for (int q = 0; q < MV_EXACT_WR; q++)
 #pragma unroll
-        for (int r = 0; r < MV_EXACT_ROWS; r++) acc[q][r] = 0.0f;
+        for (int r = 0; r < NR; r++) acc[q][r] = 0.0f;
     switch (ty) {
-        case TY_Q4_0: mv_exact_rows<TY_Q4_0>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, acc); break;
-        case TY_Q4_1: mv_exact_rows<TY_Q4_1>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, acc); break;
-        case TY_Q5_0: mv_exact_rows<TY_Q5_0>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, acc); break;
-        case TY_Q5_1: mv_exact_rows<TY_Q5_1>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, acc); break;
-        default: mv_exact_rows<TY_Q8_0>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, acc); break;
+        case TY_Q4_0: mv_exact_rows<TY_Q4_0, NR>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, acc); break;
+        case TY_Q4_1: mv_exact_rows<TY_Q4_1, NR>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, acc); break;
+        case TY_Q5_0: mv_exact_rows<TY_Q5_0, NR>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, acc); break;
+        case TY_Q5_1: mv_exact_rows<TY_Q5_1, NR>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, acc); break;
+        default: mv_exact_rows<TY_Q8_0, NR>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, acc); break;
     }
 #pragma unroll
     for (int q = 0; q < MV_EXACT_WR; q++) {
         if (q >= nw) break;
 #pragma unroll
-        for (int r = 0; r < MV_EXACT_ROWS; r++) {
+        for (int r = 0; r < NR; r++) {
             if (r >= n) break;
             float v = q_group_tree8(acc[q][r]);
             if (l == 0) mm_store(out + (long long)r * m + row0 + q, v, jb.add);
         }
     }
+}
+extern "C" __global__ void mv_exact32(MmJobs jobs, int k, int ty, const short* __restrict__ qs,
+                                      const float* __restrict__ ad,
+                                      const float* __restrict__ as, int n_all) {
+    mv_exact32_body<MV_EXACT_ROWS>(jobs, k, ty, qs, ad, as, n_all);
+}
+extern "C" __global__ void mv_exact32_r1(MmJobs jobs, int k, int ty,
+                                         const short* __restrict__ qs,
+                                         const float* __restrict__ ad,
+                                         const float* __restrict__ as, int n_all) {
+    mv_exact32_body<1>(jobs, k, ty, qs, ad, as, n_all);
 }

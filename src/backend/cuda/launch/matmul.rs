@@ -99,7 +99,7 @@ pub(super) fn mm_dims(w: &DevMatrix<'_>, n: usize) -> Result<MmDims> {
 /// The warp-per-row kernel for `n` activation rows: the one-row variant
 /// (`r1`) for batch-1 decode, whose per-row arithmetic is the same as the
 /// grouped kernel's, so batch invariance is kept.
-fn mv_name(n: usize, grouped: &'static str, r1: &'static str) -> &'static str {
+pub(super) fn mv_name(n: usize, grouped: &'static str, r1: &'static str) -> &'static str {
     if n == 1 {
         r1
     } else {

@@ -64,7 +64,11 @@ impl CudaBackend {
                     block_dim: (256, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                let mut b = s.launch_builder(self.func("mv_exact32")?);
+                let mut b = s.launch_builder(self.func(super::matmul::mv_name(
+                    n,
+                    "mv_exact32",
+                    "mv_exact32_r1",
+                ))?);
                 b.arg(&table)
                     .arg(&ki)
                     .arg(&tc)
@@ -72,7 +76,7 @@ impl CudaBackend {
                     .arg(&mut *ad)
                     .arg(&mut *asum)
                     .arg(&ni);
-                // SAFETY: matches mv_exact32; the job table holds each
+                // SAFETY: matches mv_exact32 and mv_exact32_r1; the job table holds each
                 // job's weights (m rows) and output (n*m, validated) and
                 // its CTA ranges of per_cta rows; n <= MV_EXACT_ROWS.
                 drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_exact32")?;
