@@ -35,6 +35,18 @@ fn every_kernel_compiles_with_nvrtc() {
                     "{stem}.cu ({arch}): no entry point {e} in the PTX"
                 );
             }
+            // Every kernel waits for the grid before it first thing
+            // (GRID_DEP, common.cuh): decode graphs on sm_90+ start a
+            // kernel's CTAs before its predecessor has finished.
+            if arch == "sm_90" {
+                for body in text.split(".entry ").skip(1) {
+                    let name = body.split('(').next().unwrap_or("?");
+                    assert!(
+                        body.contains("griddepcontrol.wait"),
+                        "{stem}.cu: kernel {name} does not start with GRID_DEP()"
+                    );
+                }
+            }
             // Exact mode forbids FMA contraction: no fused multiply-add in
             // the floating-point code (integer mad is fine). Files named
             // `*_fast` hold only non-exact kernels and may use fmaf.

@@ -6,7 +6,7 @@
 
 use super::{Exec, StepBufs};
 use crate::backend::cuda::mem::{zeros, Dev, DevAttnBatch, DevKv, DevKvMut, DevMatrix};
-use crate::backend::cuda::{drv, CudaBackend};
+use crate::backend::cuda::{drv, CudaBackend, PdlExec};
 use crate::backend::{AttnBatch, Backend, Mode, OpT};
 use crate::model::weights::{Store, WeightRef};
 use crate::quant::GgmlType;
@@ -198,8 +198,10 @@ pub struct CudaExec {
     use_graphs: bool,
 }
 
-/// A captured, instantiated graph.
-struct SendGraph(CudaGraph);
+/// A captured, instantiated graph, and on sm_90+ the same graph
+/// instantiated with programmatic kernel-to-kernel edges, which is the one
+/// launched (`backend::cuda::pdl`).
+struct SendGraph(CudaGraph, Option<PdlExec>);
 
 // SAFETY: CUDA graph handles are not tied to a thread; every use (launch,
 // destroy) binds the context first and is serialized by `CudaExec::graphs`.
@@ -425,10 +427,18 @@ impl CudaExec {
                 let captured = r.and_then(|()| {
                     graph?.ok_or_else(|| anyhow!("graph capture produced no graph"))
                 });
+                let captured = captured.and_then(|graph| {
+                    if !self.be.pdl_enabled() {
+                        return Ok(SendGraph(graph, None));
+                    }
+                    let (exec, edges) = self.be.instantiate_pdl(graph.cu_graph())?;
+                    tracing::debug!("decode graph for batch {b}: {edges} programmatic edges");
+                    Ok(SendGraph(graph, Some(exec)))
+                });
                 match captured {
                     Ok(graph) => {
                         g.arena_len = self.be.arena_len();
-                        g.graph = Some(SendGraph(graph));
+                        g.graph = Some(graph);
                     }
                     Err(e) => {
                         // Nothing ran during the failed capture: run this
@@ -447,8 +457,11 @@ impl CudaExec {
                 }
             }
         }
-        if let Some(SendGraph(graph)) = &g.graph {
-            drv(graph.launch(), "launching a decode graph")?;
+        if let Some(SendGraph(graph, pdl)) = &g.graph {
+            match pdl {
+                Some(exec) => self.be.launch_pdl(exec)?,
+                None => drv(graph.launch(), "launching a decode graph")?,
+            }
             if let Ok(mut c) = self.counts.lock() {
                 c.entry("decode_graph").or_insert((0, 0.0)).0 += 1;
             }

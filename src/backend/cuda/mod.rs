@@ -2,11 +2,12 @@
 //! time by NVRTC for the device's architecture, driven through `cudarc`
 //! with dynamic loading (the binary builds and starts without CUDA).
 //!
-//! Every kernel follows the canonical arithmetic of
+//! The `exact` kernels (`<op>.cu`) follow the canonical arithmetic of
 //! `src/backend/cpu/canon.rs` (explicitly rounded intrinsics, no FMA
 //! contraction, the project's own exp/sin/cos, the same lanes and trees), so
-//! in `exact` mode its results are bitwise equal to the `cpu` backend's.
-//! `fast` and `deterministic` currently run the same kernels.
+//! in `exact` mode results are bitwise equal to the `cpu` backend's;
+//! `deterministic` and `fast` run the kernels of `<op>_fast.cu` where they
+//! differ (docs/DETERMINISM.md).
 //!
 //! Two memory spaces, one set of kernels (`launch/`):
 //! * `Backend<Dev>` (`mem.rs`): ops over device buffers. A model step runs
@@ -20,6 +21,8 @@ mod host;
 mod launch;
 pub(crate) use launch::fast_uses_blas;
 pub mod mem;
+mod pdl;
+pub use pdl::PdlExec;
 pub mod source;
 
 use crate::backend::cpu::CpuBackend;

@@ -19,6 +19,7 @@ extern "C" __global__ void paged_attention(
     const u32* __restrict__ tables, const u32* __restrict__ table_off,
     const u32* __restrict__ row_seq, const u32* __restrict__ positions,
     float* __restrict__ out) {
+    GRID_DEP();
     __shared__ float qs[256];
     __shared__ float ps[32];
     __shared__ __align__(16) u16 vsm[32 * 256];  // (32 keys, head_dim) of a chunk

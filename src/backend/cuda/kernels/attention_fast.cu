@@ -24,6 +24,7 @@ extern "C" __global__ void paged_attention_fast(
     const u32* __restrict__ tables, const u32* __restrict__ table_off,
     const u32* __restrict__ row_seq, const u32* __restrict__ positions,
     float* __restrict__ out) {
+    GRID_DEP();
     __shared__ float part_m[ATT_WARPS], part_l[ATT_WARPS];
     __shared__ float part_acc[ATT_WARPS][256];
     int rh = blockIdx.x;
@@ -152,6 +153,7 @@ extern "C" __global__ void paged_attention_split(
     const u32* __restrict__ tables, const u32* __restrict__ table_off,
     const u32* __restrict__ row_seq, const u32* __restrict__ positions, int stride,
     int n_parts, float* __restrict__ part) {
+    GRID_DEP();
     __shared__ float qs[256];
     __shared__ float wm[ATT_SPLIT_WARPS], wl[ATT_SPLIT_WARPS];
     __shared__ float wacc[ATT_SPLIT_WARPS][256];
@@ -488,6 +490,7 @@ __device__ __forceinline__ void att_split_gqa(
                                  const u32* __restrict__ row_seq,                              \
                                  const u32* __restrict__ positions, int stride, int n_parts,   \
                                  float* __restrict__ part) {                                   \
+        GRID_DEP();                                                                            \
         att_split_gqa<D32, GM>(q, n_heads, n_kv_heads, head_dim, block_size, scale, kc, vc,    \
                                tables, table_off, row_seq, positions, stride, n_parts, part);  \
     }
@@ -514,6 +517,7 @@ extern "C" __global__ void attention_combine(const float* __restrict__ part, int
                                              int n_parts, float* __restrict__ out,
                                              signed char* __restrict__ xq,
                                              float2* __restrict__ xds) {
+    GRID_DEP();
     static_assert(ATT_PARTS <= 32, "one lane per partial (n_parts <= ATT_PARTS)");
     int rh = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int l = threadIdx.x & 31;
@@ -588,6 +592,7 @@ extern "C" __global__ void flash_attention_prefill(
     const u32* __restrict__ tables, const u32* __restrict__ table_off,
     const u32* __restrict__ row_seq, const u32* __restrict__ positions,
     const u32* __restrict__ tiles, float* __restrict__ out) {
+    GRID_DEP();
     __shared__ u16 ks[16][FA_MAXD + FA_PAD];
     __shared__ u16 vs[16][FA_MAXD + FA_PAD];
     int tile = blockIdx.x, h = blockIdx.y;

@@ -6,6 +6,7 @@
 extern "C" __global__ void get_rows(const u8* __restrict__ table, int table_rows, int cols,
                                     long long row_bytes, int ty, const u32* __restrict__ ids,
                                     int n_ids, float* __restrict__ out) {
+    GRID_DEP();
     long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (long long)n_ids * cols) return;
     int r = (int)(t / cols), e = (int)(t % cols);

@@ -8,6 +8,7 @@ extern "C" __global__ void kv_write(const float* __restrict__ k, const float* __
                                     const u32* __restrict__ slots, int n, int row,
                                     long long n_cells, u16* __restrict__ kc,
                                     u16* __restrict__ vc) {
+    GRID_DEP();
     long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (long long)n * row) return;
     int i = (int)(t / row), e = (int)(t % row);

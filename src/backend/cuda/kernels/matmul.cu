@@ -34,6 +34,7 @@ __device__ __forceinline__ float quant_block(const float* x, int len, short* q) 
 extern "C" __global__ void quant_act32(const float* __restrict__ x, int n, int k,
                                        short* __restrict__ qs, float* __restrict__ d,
                                        float* __restrict__ s) {
+    GRID_DEP();
     long long t = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int i = threadIdx.x & 31;
     int nb = k / 32;
@@ -65,6 +66,7 @@ extern "C" __global__ void quant_act32(const float* __restrict__ x, int n, int k
 extern "C" __global__ void quant_actk(const float* __restrict__ x, int n, int k,
                                       short* __restrict__ qs, float* __restrict__ d,
                                       int* __restrict__ bsum) {
+    GRID_DEP();
     long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     int nb = k / 256;
     if (t >= (long long)n * nb) return;
@@ -117,6 +119,7 @@ extern "C" __global__ void mm_q32(const u8* __restrict__ w, int m, int k, int ty
                                   const short* __restrict__ qs, const float* __restrict__ ad,
                                   const float* __restrict__ as, int n, int ra, int add,
                                   float* __restrict__ out) {
+    GRID_DEP();
     int g = threadIdx.x >> 3, l = threadIdx.x & 7;
     int rw = 32 / ra;
     int j = blockIdx.x * rw + g / ra;
@@ -204,6 +207,7 @@ extern "C" __global__ void mm_qk(const u8* __restrict__ w, int m, int k, int ty,
                                  const short* __restrict__ qs, const float* __restrict__ ad,
                                  const int* __restrict__ bsum, int n, int ra, int add,
                                  float* __restrict__ out) {
+    GRID_DEP();
     int g = threadIdx.x >> 3, l = threadIdx.x & 7;
     int rw = 32 / ra;
     int j = blockIdx.x * rw + g / ra;
@@ -228,6 +232,7 @@ extern "C" __global__ void mm_qk(const u8* __restrict__ w, int m, int k, int ty,
 extern "C" __global__ void mm_float(const u8* __restrict__ w, int m, int k, int ty,
                                     const float* __restrict__ x, int n, int add,
                                     float* __restrict__ out) {
+    GRID_DEP();
     long long o = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);
     int l = threadIdx.x & 31;
     bool ok = o < (long long)n * m;
@@ -386,11 +391,13 @@ __device__ __forceinline__ void mv_exact32_body(MmJobs jobs, int k, int ty,
 extern "C" __global__ void mv_exact32(MmJobs jobs, int k, int ty, const short* __restrict__ qs,
                                       const float* __restrict__ ad,
                                       const float* __restrict__ as, int n_all) {
+    GRID_DEP();
     mv_exact32_body<MV_EXACT_ROWS>(jobs, k, ty, qs, ad, as, n_all);
 }
 extern "C" __global__ void mv_exact32_r1(MmJobs jobs, int k, int ty,
                                          const short* __restrict__ qs,
                                          const float* __restrict__ ad,
                                          const float* __restrict__ as, int n_all) {
+    GRID_DEP();
     mv_exact32_body<1>(jobs, k, ty, qs, ad, as, n_all);
 }

@@ -14,6 +14,7 @@ extern "C" __global__ void rms_norm_fast(const float* __restrict__ x,
                                          int vec4, float* __restrict__ out,
                                          signed char* __restrict__ xq,
                                          float2* __restrict__ xds) {
+    GRID_DEP();
     __shared__ float part[8];
     __shared__ float scale_s;
     const float* xr = x + (long long)blockIdx.x * dim;

@@ -4,6 +4,7 @@
 extern "C" __global__ void rope(float* __restrict__ x, int n, int n_heads, int head_dim,
                                 int rope_dim, const u32* __restrict__ positions,
                                 const float* __restrict__ inv_freq, int neox) {
+    GRID_DEP();
     int half = rope_dim / 2;
     long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (long long)n * n_heads * half) return;

@@ -34,6 +34,7 @@ extern "C" __global__ void rope_kv_write(float* __restrict__ q, float* __restric
                                          const float* __restrict__ inv_freq, int neox,
                                          const u32* __restrict__ slots, long long n_cells,
                                          u16* __restrict__ kc, u16* __restrict__ vc) {
+    GRID_DEP();
     int half = rope_dim / 2, tail = head_dim - rope_dim;
     long long per_row = (long long)(n_heads + n_kv) * half + (long long)n_kv * tail +
                         (long long)n_kv * head_dim;

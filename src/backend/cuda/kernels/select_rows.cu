@@ -3,6 +3,7 @@
 extern "C" __global__ void select_rows(const float* __restrict__ x, int n, int dim,
                                        const u32* __restrict__ rows, int m,
                                        float* __restrict__ out) {
+    GRID_DEP();
     long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (long long)m * dim) return;
     int i = (int)(t / dim), e = (int)(t % dim);

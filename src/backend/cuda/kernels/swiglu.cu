@@ -1,6 +1,7 @@
 // out = silu(gate) * up with the canonical silu x / (1 + exp(-x)).
 extern "C" __global__ void swiglu(const float* __restrict__ gate, const float* __restrict__ up,
                                   long long len, float* __restrict__ out) {
+    GRID_DEP();
     long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= len) return;
     out[t] = q_mul(q_silu(gate[t]), up[t]);
@@ -12,6 +13,7 @@ extern "C" __global__ void swiglu(const float* __restrict__ gate, const float* _
 extern "C" __global__ void swiglu_q8(const float* __restrict__ gate, const float* __restrict__ up,
                                      long long len, float* __restrict__ out,
                                      signed char* __restrict__ xq, float2* __restrict__ xds) {
+    GRID_DEP();
     long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= len) return;
     float v = q_mul(q_silu(gate[t]), up[t]);
