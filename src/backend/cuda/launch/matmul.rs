@@ -107,6 +107,26 @@ pub(super) fn mv_name(n: usize, grouped: &'static str, r1: &'static str) -> &'st
     }
 }
 
+/// Warps per weight row of the one-row matvecs: `fast` mode only (the
+/// split changes a row's arithmetic, which `deterministic` must keep
+/// batch-invariant). `QUIRE_MV_WARPS=1|2|4` overrides the default, which
+/// is the measured best on an H100 (tg128, warps 1 / 2 / 4): float
+/// weights 2 (1B F16: 673 / 722 / 696 tok/s), quantized 1 (8B Q4_0: 346 /
+/// 336 / 304).
+fn mv_warps(mode: Mode, n: usize, float_w: bool) -> usize {
+    static V: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    if mode != Mode::Fast || n != 1 {
+        return 1;
+    }
+    let set = *V.get_or_init(|| match std::env::var("QUIRE_MV_WARPS").as_deref() {
+        Ok("1") => Some(1),
+        Ok("2") => Some(2),
+        Ok("4") => Some(4),
+        _ => None,
+    });
+    set.unwrap_or(if float_w { 2 } else { 1 })
+}
+
 /// Grid of the warp-per-row kernels: activation-row groups fastest, then
 /// the job table's `ctas` CTAs of 8 weight rows (warps, 256 threads).
 fn mv_grid(n: usize, ctas: u32) -> Result<LaunchConfig> {
@@ -386,31 +406,45 @@ impl CudaBackend {
             }
             return Ok(());
         }
-        self.mat_vec(x, n, jobs)
+        self.mat_vec(x, n, jobs, mv_warps(mode, n, float_w))
     }
 
     /// The warp-per-row kernels over every job in one launch (validated
     /// arguments, k a multiple of 32). The grid's x dimension walks
     /// activation-row groups fastest, so the groups that read one tile of
     /// weight rows run together and all but the first find it in L2.
-    fn mat_vec(&self, x: &CudaView<'_, f32>, n: usize, jobs: &mut [MatJob<'_, Dev>]) -> Result<()> {
+    /// `warps` (1, 2 or 4) per weight row: more than 1 only for one row in
+    /// `fast` mode (`mv_warps`).
+    fn mat_vec(
+        &self,
+        x: &CudaView<'_, f32>,
+        n: usize,
+        jobs: &mut [MatJob<'_, Dev>],
+        warps: usize,
+    ) -> Result<()> {
         let w0 = &jobs[0].w;
         let d = mm_dims(w0, n)?;
         let s = self.stream();
         if matches!(w0.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
-            let (table, ctas) = job_table(jobs, 8, s)?;
-            let mut b = s.launch_builder(self.func(mv_name(n, "mv_float", "mv_float_r1"))?);
+            let (table, ctas) = job_table(jobs, 8 / warps, s)?;
+            let name = match warps {
+                2 => "mv_float_r1_w2",
+                4 => "mv_float_r1_w4",
+                _ => mv_name(n, "mv_float", "mv_float_r1"),
+            };
+            let mut b = s.launch_builder(self.func(name)?);
             b.arg(&table).arg(&d.ki).arg(&d.tc).arg(x).arg(&d.ni);
-            // SAFETY: matches mv_float and mv_float_r1; each job's weights hold m rows of k
-            // values and its output n*m (validated), x n*k; k is a
-            // multiple of 32.
+            // SAFETY: matches mv_float and its one-row variants (8 /
+            // warps rows per CTA, as the job table); each job's weights
+            // hold m rows of k values and its output n*m (validated), x
+            // n*k; k is a multiple of 32.
             drv(
                 unsafe { b.launch(mv_grid(n, ctas)?) },
                 "mat_mul: launching mv_float",
             )?;
             return Ok(());
         }
-        self.mat_vec_q8(x, n, jobs)
+        self.mat_vec_q8(x, n, jobs, warps)
     }
 
     /// Quantized weights: activations to int8 (quant_q8, unless the arena
@@ -420,6 +454,7 @@ impl CudaBackend {
         x: &CudaView<'_, f32>,
         n: usize,
         jobs: &mut [MatJob<'_, Dev>],
+        warps: usize,
     ) -> Result<()> {
         let d = mm_dims(&jobs[0].w, n)?;
         let k = jobs[0].w.cols;
@@ -429,7 +464,12 @@ impl CudaBackend {
         let key = ActKey::new(x, k, ACT_Q8, s);
         let cached = self.act_cached(key);
         let outs = Self::out_ranges(jobs, s);
-        let (table, ctas) = job_table(jobs, 8, s)?;
+        let (table, ctas) = job_table(jobs, 8 / warps, s)?;
+        let name = match warps {
+            2 => "mv_q8_r1_w2",
+            4 => "mv_q8_r1_w4",
+            _ => mv_name(n, "mv_q8", "mv_q8_r1"),
+        };
         arena3::<i8, f32, u8, ()>(&mut guard, (n * k, nblk * 2, 0), |xq, xds, _| {
             if !cached {
                 let nb = nblk as i64;
@@ -442,7 +482,7 @@ impl CudaBackend {
                     "mat_mul: launching quant_q8",
                 )?;
             }
-            let mut b = s.launch_builder(self.func(mv_name(n, "mv_q8", "mv_q8_r1"))?);
+            let mut b = s.launch_builder(self.func(name)?);
             b.arg(&table)
                 .arg(&d.ki)
                 .arg(&d.rb)
@@ -450,9 +490,10 @@ impl CudaBackend {
                 .arg(&mut *xq)
                 .arg(&mut *xds)
                 .arg(&d.ni);
-            // SAFETY: matches mv_q8 and mv_q8_r1; each job's weights hold m rows of rb
-            // bytes (256-byte aligned allocation) and its output n*m; xq/xds
-            // as above.
+            // SAFETY: matches mv_q8 and its one-row variants (8 / warps
+            // rows per CTA, as the job table); each job's weights hold m
+            // rows of rb bytes (256-byte aligned allocation) and its
+            // output n*m; xq/xds as above.
             drv(
                 unsafe { b.launch(mv_grid(n, ctas)?) },
                 "mat_mul: launching mv_q8",
