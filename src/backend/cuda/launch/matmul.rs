@@ -96,14 +96,26 @@ pub(super) fn mm_dims(w: &DevMatrix<'_>, n: usize) -> Result<MmDims> {
     })
 }
 
-/// The warp-per-row kernel for `n` activation rows: the one-row variant
-/// (`r1`) for batch-1 decode, whose per-row arithmetic is the same as the
-/// grouped kernel's, so batch invariance is kept.
-pub(super) fn mv_name(n: usize, grouped: &'static str, r1: &'static str) -> &'static str {
-    if n == 1 {
-        r1
-    } else {
-        grouped
+/// The warp-per-row kernel families (see `mv_name`).
+const MV_FLOAT: [&str; 4] = [
+    "mv_float",
+    "mv_float_r1",
+    "mv_float_r1_w2",
+    "mv_float_r1_w4",
+];
+const MV_Q8: [&str; 4] = ["mv_q8", "mv_q8_r1", "mv_q8_r1_w2", "mv_q8_r1_w4"];
+
+/// The warp-per-row kernel of a family (`[grouped, r1, r1_w2, r1_w4]`)
+/// for `n` activation rows and `warps` per weight row: the grouped kernel
+/// for several rows; for one row the `r1` variant, whose per-row
+/// arithmetic is the grouped kernel's (batch invariance is kept), or with
+/// `warps` 2 or 4 the split-row variants (`fast` mode only, `mv_warps`).
+pub(super) fn mv_name(n: usize, warps: usize, family: [&'static str; 4]) -> &'static str {
+    match (n, warps) {
+        (1, 2) => family[2],
+        (1, 4) => family[3],
+        (1, _) => family[1],
+        _ => family[0],
     }
 }
 
@@ -427,11 +439,7 @@ impl CudaBackend {
         let s = self.stream();
         if matches!(w0.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
             let (table, ctas) = job_table(jobs, 8 / warps, s)?;
-            let name = match warps {
-                2 => "mv_float_r1_w2",
-                4 => "mv_float_r1_w4",
-                _ => mv_name(n, "mv_float", "mv_float_r1"),
-            };
+            let name = mv_name(n, warps, MV_FLOAT);
             let mut b = s.launch_builder(self.func(name)?);
             b.arg(&table).arg(&d.ki).arg(&d.tc).arg(x).arg(&d.ni);
             // SAFETY: matches mv_float and its one-row variants (8 /
@@ -465,11 +473,7 @@ impl CudaBackend {
         let cached = self.act_cached(key);
         let outs = Self::out_ranges(jobs, s);
         let (table, ctas) = job_table(jobs, 8 / warps, s)?;
-        let name = match warps {
-            2 => "mv_q8_r1_w2",
-            4 => "mv_q8_r1_w4",
-            _ => mv_name(n, "mv_q8", "mv_q8_r1"),
-        };
+        let name = mv_name(n, warps, MV_Q8);
         arena3::<i8, f32, u8, ()>(&mut guard, (n * k, nblk * 2, 0), |xq, xds, _| {
             if !cached {
                 let nb = nblk as i64;

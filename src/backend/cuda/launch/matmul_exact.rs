@@ -64,11 +64,9 @@ impl CudaBackend {
                     block_dim: (256, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                let mut b = s.launch_builder(self.func(super::matmul::mv_name(
-                    n,
-                    "mv_exact32",
-                    "mv_exact32_r1",
-                ))?);
+                let r1 = "mv_exact32_r1";
+                let name = super::matmul::mv_name(n, 1, ["mv_exact32", r1, r1, r1]);
+                let mut b = s.launch_builder(self.func(name)?);
                 b.arg(&table)
                     .arg(&ki)
                     .arg(&tc)
