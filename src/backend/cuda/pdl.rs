@@ -38,6 +38,15 @@ impl Drop for PdlExec {
     }
 }
 
+/// The compute capability's major number of an `sm_XY` / `sm_XYZ` name
+/// (the last digit is the minor); 0 for anything else.
+fn arch_major(arch: &str) -> u32 {
+    arch.strip_prefix("sm_")
+        .and_then(|s| s.get(..s.len().saturating_sub(1)))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
 fn cu(r: sys::CUresult, what: &str) -> Result<()> {
     r.result()
         .map_err(|e| anyhow!("CUDA driver error: {what}: {e:?}"))
@@ -48,13 +57,7 @@ impl CudaBackend {
     /// or newer (the kernels' `griddepcontrol` is compiled in only there)
     /// and `QUIRE_PDL` is not `0`.
     pub(crate) fn pdl_enabled(&self) -> bool {
-        let major: u32 = self
-            .arch
-            .strip_prefix("sm_")
-            .and_then(|s| s.get(..s.len().saturating_sub(1)))
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        major >= 9 && std::env::var("QUIRE_PDL").map_or(true, |v| v != "0")
+        arch_major(&self.arch) >= 9 && std::env::var("QUIRE_PDL").map_or(true, |v| v != "0")
     }
 
     /// Makes every edge of `graph` from one of this backend's kernels to
@@ -174,5 +177,21 @@ impl CudaBackend {
             unsafe { sys::cuGraphLaunch(exec.0, self.dev.stream.cu_stream()) },
             "launching a decode graph",
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::arch_major;
+
+    #[test]
+    fn compute_capability_major() {
+        assert_eq!(arch_major("sm_80"), 8);
+        assert_eq!(arch_major("sm_89"), 8);
+        assert_eq!(arch_major("sm_90"), 9);
+        assert_eq!(arch_major("sm_100"), 10);
+        assert_eq!(arch_major("sm_120"), 12);
+        assert_eq!(arch_major("compute_90"), 0);
+        assert_eq!(arch_major("sm_"), 0);
     }
 }

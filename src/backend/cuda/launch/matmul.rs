@@ -694,7 +694,8 @@ fn f32_ranges_overlap(a: u64, a_len: usize, b: u64, b_len: usize) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{f32_ranges_overlap, tile_splits};
+    use super::{f32_ranges_overlap, mv_name, mv_warps, tile_splits, MV_FLOAT, MV_Q8};
+    use crate::backend::Mode;
 
     #[test]
     fn split_k_grids() {
@@ -711,6 +712,36 @@ mod tests {
                 assert!(upc % 2 == 0 && s >= 1);
                 assert!((s - 1) * upc < units && s * upc >= units, "{m} {units}");
             }
+        }
+    }
+
+    #[test]
+    fn matvec_kernel_choice() {
+        // One row: the r1 variant, or the split-row ones; more rows: grouped.
+        assert_eq!(mv_name(1, 1, MV_Q8), "mv_q8_r1");
+        assert_eq!(mv_name(1, 2, MV_FLOAT), "mv_float_r1_w2");
+        assert_eq!(mv_name(1, 4, MV_Q8), "mv_q8_r1_w4");
+        assert_eq!(mv_name(2, 1, MV_Q8), "mv_q8");
+        assert_eq!(mv_name(7, 2, MV_FLOAT), "mv_float");
+        // Splitting a row changes its arithmetic: never outside `fast`, and
+        // never for several rows (whatever QUIRE_MV_WARPS says).
+        for float_w in [false, true] {
+            assert_eq!(mv_warps(Mode::Deterministic, 1, float_w), 1);
+            assert_eq!(mv_warps(Mode::Exact, 1, float_w), 1);
+            assert_eq!(mv_warps(Mode::Fast, 3, float_w), 1);
+            assert!([1, 2, 4].contains(&mv_warps(Mode::Fast, 1, float_w)));
+        }
+        // Every name the launches use is a kernel the backend loads.
+        let loaded: Vec<&str> = crate::backend::cuda::source::KERNELS
+            .iter()
+            .flat_map(|(_, _, e)| e.iter().copied())
+            .collect();
+        for name in MV_Q8
+            .iter()
+            .chain(MV_FLOAT.iter())
+            .chain(["mv_exact32_r1"].iter())
+        {
+            assert!(loaded.contains(name), "{name} is not in KERNELS");
         }
     }
 
