@@ -436,9 +436,11 @@ impl CudaBackend {
     ) -> Result<()> {
         let w0 = &jobs[0].w;
         let d = mm_dims(w0, n)?;
+        let float_w = matches!(w0.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
         let s = self.stream();
-        if matches!(w0.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
-            let (table, ctas) = job_table(jobs, 8 / warps, s)?;
+        let (table, ctas) = job_table(jobs, 8 / warps, s)?;
+        let cfg = mv_grid(n, ctas)?;
+        if float_w {
             let name = mv_name(n, warps, MV_FLOAT);
             let mut b = s.launch_builder(self.func(name)?);
             b.arg(&table).arg(&d.ki).arg(&d.tc).arg(x).arg(&d.ni);
@@ -446,25 +448,23 @@ impl CudaBackend {
             // warps rows per CTA, as the job table); each job's weights
             // hold m rows of k values and its output n*m (validated), x
             // n*k; k is a multiple of 32.
-            drv(
-                unsafe { b.launch(mv_grid(n, ctas)?) },
-                "mat_mul: launching mv_float",
-            )?;
+            drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_float")?;
             return Ok(());
         }
-        self.mat_vec_q8(x, n, jobs, warps)
+        let name = mv_name(n, warps, MV_Q8);
+        self.mat_vec_q8(x, n, jobs, (&d, &table, cfg, name))
     }
 
     /// Quantized weights: activations to int8 (quant_q8, unless the arena
-    /// holds them), then the warp-per-row dp4a kernel over every job.
+    /// holds them), then the warp-per-row dp4a kernel `name` over every
+    /// job, with `mat_vec`'s dimensions, job table and grid.
     fn mat_vec_q8(
         &self,
         x: &CudaView<'_, f32>,
         n: usize,
-        jobs: &mut [MatJob<'_, Dev>],
-        warps: usize,
+        jobs: &[MatJob<'_, Dev>],
+        (d, table, cfg, name): (&MmDims, &MmJobs, LaunchConfig, &str),
     ) -> Result<()> {
-        let d = mm_dims(&jobs[0].w, n)?;
         let k = jobs[0].w.cols;
         let s = self.stream();
         let nblk = n * k / 32;
@@ -472,8 +472,6 @@ impl CudaBackend {
         let key = ActKey::new(x, k, ACT_Q8, s);
         let cached = self.act_cached(key);
         let outs = Self::out_ranges(jobs, s);
-        let (table, ctas) = job_table(jobs, 8 / warps, s)?;
-        let name = mv_name(n, warps, MV_Q8);
         arena3::<i8, f32, u8, ()>(&mut guard, (n * k, nblk * 2, 0), |xq, xds, _| {
             if !cached {
                 let nb = nblk as i64;
@@ -487,7 +485,7 @@ impl CudaBackend {
                 )?;
             }
             let mut b = s.launch_builder(self.func(name)?);
-            b.arg(&table)
+            b.arg(table)
                 .arg(&d.ki)
                 .arg(&d.rb)
                 .arg(&d.tc)
@@ -498,10 +496,7 @@ impl CudaBackend {
             // rows per CTA, as the job table); each job's weights hold m
             // rows of rb bytes (256-byte aligned allocation) and its
             // output n*m; xq/xds as above.
-            drv(
-                unsafe { b.launch(mv_grid(n, ctas)?) },
-                "mat_mul: launching mv_q8",
-            )?;
+            drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_q8")?;
             Ok(())
         })?;
         self.act_remember(key, &outs);
