@@ -99,8 +99,16 @@ fn time_batched(
         for (s, t) in seqs.iter().zip(&toks) {
             crate::engine::prefill(r, *s, &t[..prompt], 0, ubatch)?;
         }
+        // QUIRE_NCU_STEP=i: the profiler collects decode step i only
+        // (`ncu --profile-from-start off`).
+        let ncu_step: Option<usize> = std::env::var("QUIRE_NCU_STEP")
+            .ok()
+            .and_then(|v| v.parse().ok());
         let t0 = Instant::now();
         for step in 0..gen {
+            if ncu_step == Some(step) {
+                crate::backend::cuda::profiler_range(true);
+            }
             let work: Vec<SeqWork<'_>> = seqs
                 .iter()
                 .zip(&toks)
@@ -113,6 +121,9 @@ fn time_batched(
                 .collect();
             let l = r.step_flat(&work)?;
             r.recycle(l);
+            if ncu_step == Some(step) {
+                crate::backend::cuda::profiler_range(false);
+            }
         }
         Ok((b * gen) as f64 / t0.elapsed().as_secs_f64())
     })();

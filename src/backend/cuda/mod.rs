@@ -49,6 +49,24 @@ type WeightKey = (usize, usize, u64);
 /// Zero bytes after every weight tensor on the device (see up_weight).
 pub(crate) const WEIGHT_PAD: usize = 16;
 
+/// Starts (`on`) or stops the CUDA profiler's collection, for
+/// `ncu --profile-from-start off` around chosen work (`quire bench` with
+/// QUIRE_NCU_STEP). No effect without a CUDA driver.
+pub fn profiler_range(on: bool) {
+    if !source::driver_present() {
+        return;
+    }
+    // SAFETY: plain driver calls without arguments; they only fail (and
+    // are ignored: profiling is optional) when no context is current.
+    let _ = unsafe {
+        if on {
+            cudarc::driver::sys::cuProfilerStart()
+        } else {
+            cudarc::driver::sys::cuProfilerStop()
+        }
+    };
+}
+
 pub struct CudaBackend {
     gpu_mode: GpuMode,
     dev: Device,

@@ -223,6 +223,7 @@ struct MmJobs {
     int end[MM_JOBS];
     int add;
     int count;
+    int prefetch;  // 1: prefetch the weight rows before griddepcontrol.wait
 };
 
 // The job of CTA row `by`: its weights, output, rows, whether it adds, and

@@ -193,11 +193,33 @@ pub(super) struct MmJobs {
     end: [i32; MAX_MAT_JOBS],
     add: i32,
     count: i32,
+    /// 1: the kernel prefetches its weight rows before waiting for its
+    /// predecessor (see mv_prefetch).
+    prefetch: i32,
 }
 // SAFETY: MmJobs is #[repr(C)] plain data (u64 addresses and i32s) laid out
 // like the kernels' struct MmJobs (8-byte fields first, no pointers into
 // host memory), so it may be copied into a kernel's parameters.
 unsafe impl cudarc::driver::DeviceRepr for MmJobs {}
+
+/// Whether a matvec launch prefetches its weights before waiting for the
+/// previous kernel (MV_PREFETCH in matmul_fast.cu): quantized weights of at
+/// most QUIRE_MV_PREFETCH_MB (default 4) MiB in all. Measured on an H100
+/// (2026-11-22, tg128): prefetching every matrix: SmolLM2 Q4_0 +5%, 1B
+/// Q4_0 +1.6%, but 8B Q4_0 -3.7% and 1B F16 -1.5% (there the early reads
+/// compete with the previous kernel's); up to 16 MiB: SmolLM2 1,305 ->
+/// 1,367, 8B 365.5 -> 361.4 (its q/k/v and o matrices are 14 and 9 MiB).
+fn mv_prefetch(jobs: &[MatJob<'_, Dev>]) -> bool {
+    static MB: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let mb = *MB.get_or_init(|| {
+        std::env::var("QUIRE_MV_PREFETCH_MB")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(4)
+    });
+    let bytes: usize = jobs.iter().map(|j| j.w.data.len()).sum();
+    jobs.iter().all(|j| j.w.ty.block_size() > 1) && bytes <= mb << 20
+}
 
 /// The job table of validated jobs for a kernel of `rows_per_cta` weight
 /// rows per CTA (grid y), and the total CTA count.
@@ -219,6 +241,7 @@ pub(super) fn job_table(
         t.end[i] = i32_of(end, "CTAs of a matmul")?;
         t.add |= (j.add as i32) << i;
     }
+    t.prefetch = mv_prefetch(jobs) as i32;
     Ok((t, u32::try_from(end)?))
 }
 
