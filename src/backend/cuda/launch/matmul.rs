@@ -124,19 +124,33 @@ pub(super) fn mv_name(n: usize, warps: usize, family: [&'static str; 4]) -> &'st
 /// batch-invariant). `QUIRE_MV_WARPS=1|2|4` overrides the default, which
 /// is the measured best on an H100 (tg128, warps 1 / 2 / 4): float
 /// weights 2 (1B F16: 673 / 722 / 696 tok/s), quantized 1 (8B Q4_0: 346 /
-/// 336 / 304).
-fn mv_warps(mode: Mode, n: usize, float_w: bool) -> usize {
-    static V: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+/// 336 / 304). Quantized matrices with long rows (`long_rows`: k at least
+/// 3 m, the FFN down projection: few rows, too few warps in flight) take
+/// QUIRE_MV_WARPS_LONG (default 2; measured 1 / 2 / 4, 2026-11-22: 1B Q4_0
+/// 1,293 / 1,348 / 1,307, 8B Q8_0 254.0 / 259.4 / 255.5, 8B Q4_0 371.0 /
+/// 369.6 / 356.1, SmolLM2 1,361 / 1,389 / 1,370).
+fn mv_warps(mode: Mode, n: usize, float_w: bool, long_rows: bool) -> usize {
+    static V: std::sync::OnceLock<(Option<usize>, usize)> = std::sync::OnceLock::new();
     if mode != Mode::Fast || n != 1 {
         return 1;
     }
-    let set = *V.get_or_init(|| match std::env::var("QUIRE_MV_WARPS").as_deref() {
+    let parse = |name: &str| match std::env::var(name).as_deref() {
         Ok("1") => Some(1),
         Ok("2") => Some(2),
         Ok("4") => Some(4),
         _ => None,
+    };
+    let (set, long) = *V.get_or_init(|| {
+        (
+            parse("QUIRE_MV_WARPS"),
+            parse("QUIRE_MV_WARPS_LONG").unwrap_or(2),
+        )
     });
-    set.unwrap_or(if float_w { 2 } else { 1 })
+    set.unwrap_or(match (float_w, long_rows) {
+        (true, _) => 2,
+        (false, true) => long,
+        (false, false) => 1,
+    })
 }
 
 /// Grid of the warp-per-row kernels: activation-row groups fastest, then
@@ -441,7 +455,9 @@ impl CudaBackend {
             }
             return Ok(());
         }
-        self.mat_vec(x, n, jobs, mv_warps(mode, n, float_w))
+        let m: usize = jobs.iter().map(|j| j.w.rows).sum();
+        let long_rows = jobs.first().is_some_and(|j| j.w.cols >= 3 * m);
+        self.mat_vec(x, n, jobs, mv_warps(mode, n, float_w, long_rows))
     }
 
     /// The warp-per-row kernels over every job in one launch (validated
@@ -744,10 +760,12 @@ mod tests {
         // Splitting a row changes its arithmetic: never outside `fast`, and
         // never for several rows (whatever QUIRE_MV_WARPS says).
         for float_w in [false, true] {
-            assert_eq!(mv_warps(Mode::Deterministic, 1, float_w), 1);
-            assert_eq!(mv_warps(Mode::Exact, 1, float_w), 1);
-            assert_eq!(mv_warps(Mode::Fast, 3, float_w), 1);
-            assert!([1, 2, 4].contains(&mv_warps(Mode::Fast, 1, float_w)));
+            for long in [false, true] {
+                assert_eq!(mv_warps(Mode::Deterministic, 1, float_w, long), 1);
+                assert_eq!(mv_warps(Mode::Exact, 1, float_w, long), 1);
+                assert_eq!(mv_warps(Mode::Fast, 3, float_w, long), 1);
+                assert!([1, 2, 4].contains(&mv_warps(Mode::Fast, 1, float_w, long)));
+            }
         }
         // Every name the launches use is a kernel the backend loads.
         let loaded: Vec<&str> = crate::backend::cuda::source::KERNELS
