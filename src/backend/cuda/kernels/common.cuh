@@ -37,6 +37,20 @@ typedef long long i64;
     } while (0)
 #endif
 
+// Data no kernel ever writes (weights) may be read before GRID_DEP()'s
+// wait, while the previous kernel drains. Thread t of the block prefetches
+// 128-byte line t of [p, p + bytes) into L1 (RMS_PREFETCH=0: never). Data
+// that a predecessor writes must not be touched before the wait (L1 is not
+// coherent with its stores).
+#ifndef RMS_PREFETCH
+#define RMS_PREFETCH 1
+#endif
+__device__ __forceinline__ void prefetch_block_l1(const void* p, long long bytes) {
+    long long off = 128LL * threadIdx.x;
+    if (RMS_PREFETCH && off < bytes)
+        asm volatile("prefetch.global.L1 [%0];" ::"l"((const char*)p + off));
+}
+
 #define QF(bits) __int_as_float((int)(bits))
 #define Q_INF __int_as_float(0x7f800000)
 #define Q_NINF __int_as_float((int)0xff800000u)

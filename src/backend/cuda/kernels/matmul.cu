@@ -394,7 +394,19 @@ extern "C" __global__ void mv_exact32(MmJobs jobs, int k, int ty, const short* _
     GRID_DEP();
     mv_exact32_body<MV_EXACT_ROWS>(jobs, k, ty, qs, ad, as, n_all);
 }
-extern "C" __global__ void mv_exact32_r1(MmJobs jobs, int k, int ty,
+// MV_EXACT_R1_MINB (tuning knob): CTAs per SM to fit (registers capped);
+// 0 leaves the compiler's choice. Measured on an H100 (2026-11-22, exact
+// tg128, 8B Q4_0 / Q8_0): 0: 250.2 / 210.6, 4: 253.5 / 210.8, 6: 200.5 /
+// 169.3 (spills), 8: 155.3 / 112.2 tok/s. The arithmetic is the same.
+#ifndef MV_EXACT_R1_MINB
+#define MV_EXACT_R1_MINB 4
+#endif
+#if MV_EXACT_R1_MINB > 0
+#define MV_EXACT_R1_BOUNDS __launch_bounds__(256, MV_EXACT_R1_MINB)
+#else
+#define MV_EXACT_R1_BOUNDS
+#endif
+extern "C" __global__ void MV_EXACT_R1_BOUNDS mv_exact32_r1(MmJobs jobs, int k, int ty,
                                          const short* __restrict__ qs,
                                          const float* __restrict__ ad,
                                          const float* __restrict__ as, int n_all) {

@@ -9,24 +9,12 @@
 // With xq non-null (vec4, dim a multiple of 32): the output is also
 // quantized as quant_q8 would (q8_block; a 32-block is 8 consecutive
 // float4s, so 8 consecutive lanes), for the matmul that reads it next.
-#ifndef RMS_PREFETCH
-#define RMS_PREFETCH 1
-#endif
 extern "C" __global__ void rms_norm_fast(const float* __restrict__ x,
                                          const float* __restrict__ w, int dim, float eps,
                                          int vec4, float* __restrict__ out,
                                          signed char* __restrict__ xq,
                                          float2* __restrict__ xds) {
-    // The norm weights are never written on the device: fetched into L1
-    // before waiting for the kernel that writes x (see prefetch_row in
-    // matmul_fast.cu).
-    if (RMS_PREFETCH && 128 * (int)threadIdx.x < 4 * dim) {
-        const char* p = (const char*)w + 128 * threadIdx.x;
-        if (RMS_PREFETCH == 2)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-        else
-            asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-    }
+    prefetch_block_l1(w, 4LL * dim);  // norm weights: before the wait
     GRID_DEP();
     __shared__ float part[8];
     __shared__ float scale_s;
