@@ -38,17 +38,21 @@ typedef long long i64;
 #endif
 
 // Data no kernel ever writes (weights) may be read before GRID_DEP()'s
-// wait, while the previous kernel drains. Thread t of the block prefetches
-// 128-byte line t of [p, p + bytes) into L1 (RMS_PREFETCH=0: never). Data
-// that a predecessor writes must not be touched before the wait (L1 is not
-// coherent with its stores).
+// wait, while the previous kernel drains: prefetch_line fetches 128-byte
+// line `line` of [p, p + bytes) into L2 (l2) or L1. Data that a
+// predecessor writes must not be touched before the wait (L1 is not
+// coherent with its stores). The rms_norm kernels prefetch their norm
+// weights into L1 (thread t: line t; RMS_PREFETCH=0 turns it off).
 #ifndef RMS_PREFETCH
 #define RMS_PREFETCH 1
 #endif
-__device__ __forceinline__ void prefetch_block_l1(const void* p, long long bytes) {
-    long long off = 128LL * threadIdx.x;
-    if (RMS_PREFETCH && off < bytes)
-        asm volatile("prefetch.global.L1 [%0];" ::"l"((const char*)p + off));
+__device__ __forceinline__ void prefetch_line(const void* p, long long bytes, int line, bool l2) {
+    unsigned long long a = ((unsigned long long)p & ~127ull) + 128ull * line;
+    if (a >= (unsigned long long)p + bytes) return;
+    if (l2)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+    else
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(a));
 }
 
 #define QF(bits) __int_as_float((int)(bits))

@@ -2,7 +2,7 @@
 // out = (x * scale) * w. One warp per row; thread l owns lane l of dot32.
 extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w,
                                     int n, int dim, float eps, float* __restrict__ out) {
-    prefetch_block_l1(w, 4LL * dim);  // norm weights: before the wait
+    if (RMS_PREFETCH) prefetch_line(w, 4LL * dim, threadIdx.x, false);  // see common.cuh
     GRID_DEP();
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int l = threadIdx.x & 31;
@@ -31,7 +31,7 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
 extern "C" __global__ void rms_norm_block(const float* __restrict__ x,
                                           const float* __restrict__ w, int dim, float eps,
                                           int vec4, float* __restrict__ out) {
-    prefetch_block_l1(w, 4LL * dim);  // norm weights: before the wait
+    if (RMS_PREFETCH) prefetch_line(w, 4LL * dim, threadIdx.x, false);  // see common.cuh
     GRID_DEP();
     extern __shared__ __align__(16) float sq[];
     __shared__ float scale_s;

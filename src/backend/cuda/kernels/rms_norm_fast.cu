@@ -14,7 +14,7 @@ extern "C" __global__ void rms_norm_fast(const float* __restrict__ x,
                                          int vec4, float* __restrict__ out,
                                          signed char* __restrict__ xq,
                                          float2* __restrict__ xds) {
-    prefetch_block_l1(w, 4LL * dim);  // norm weights: before the wait
+    if (RMS_PREFETCH) prefetch_line(w, 4LL * dim, threadIdx.x, false);  // see common.cuh
     GRID_DEP();
     __shared__ float part[8];
     __shared__ float scale_s;

@@ -247,7 +247,14 @@ fn mv_prefetch(jobs: &[MatJob<'_, Dev>]) -> bool {
             .unwrap_or(4)
     });
     let bytes: usize = jobs.iter().map(|j| j.w.data.len()).sum();
-    jobs.iter().all(|j| j.w.ty.block_size() > 1) && bytes <= mb << 20
+    let quantized = jobs.iter().all(|j| j.w.ty.block_size() > 1);
+    prefetch_wanted(bytes, quantized, mb << 20)
+}
+
+/// mv_prefetch's rule: quantized weights (the float matvecs never
+/// prefetch) of at most `limit` bytes.
+fn prefetch_wanted(bytes: usize, quantized: bool, limit: usize) -> bool {
+    quantized && bytes <= limit
 }
 
 /// The job table of validated jobs for a kernel of `rows_per_cta` weight
@@ -743,7 +750,9 @@ fn f32_ranges_overlap(a: u64, a_len: usize, b: u64, b_len: usize) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{f32_ranges_overlap, mv_name, mv_warps, tile_splits, MV_FLOAT, MV_Q8};
+    use super::{
+        f32_ranges_overlap, mv_name, mv_warps, prefetch_wanted, tile_splits, MV_FLOAT, MV_Q8,
+    };
     use crate::backend::Mode;
 
     #[test]
@@ -762,6 +771,15 @@ mod tests {
                 assert!((s - 1) * upc < units && s * upc >= units, "{m} {units}");
             }
         }
+    }
+
+    #[test]
+    fn matvec_prefetch_rule() {
+        let mib = 1 << 20;
+        assert!(prefetch_wanted(4 * mib, true, 4 * mib));
+        assert!(!prefetch_wanted(4 * mib + 1, true, 4 * mib));
+        assert!(!prefetch_wanted(1, false, 4 * mib));
+        assert!(!prefetch_wanted(1, true, 0));
     }
 
     #[test]
