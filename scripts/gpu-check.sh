@@ -38,9 +38,11 @@ for s in "${steps[@]}"; do
     ops-det) run_step ops-det "$QUIRE" ops --backend cuda --mode deterministic ;;
     ops-fast)
       run_step ops-fast "$QUIRE" ops --backend cuda --mode fast
-      # The int8 tensor-core matmul serves 9..64 rows by default: cover it
-      # at every row count.
+      # The int8 tensor-core matmul (Q4_0/Q4_1/Q8_0, k % 256 == 0) serves
+      # every row count past 7, the f16 tile kernel the other types up to
+      # 64: cover both at every row count.
       QUIRE_MMA_MIN_ROWS=0 QUIRE_MMA_MAX_ROWS=100000 run_step ops-fast-mma "$QUIRE" ops --backend cuda --mode fast --op mat_mul
+      QUIRE_MQ=0 QUIRE_MMA_MIN_ROWS=0 QUIRE_MMA_MAX_ROWS=100000 run_step ops-fast-tile "$QUIRE" ops --backend cuda --mode fast --op mat_mul
       ;;
     attn)
       # Paged decode attention over scattered blocks at long contexts

@@ -408,6 +408,9 @@ impl Ctx<'_> {
                 // partial activation tile and (32-blocks) a partial k chunk.
                 (97, if bs == 256 { 768 } else { 576 }, 17),
                 (40, 512, 130),
+                // Many k splits over one row tile (fast mode's int8 MMA
+                // kernel: k a multiple of 256), a partial activation tile.
+                (300, 1024, 9),
             ];
             if bs == 1 {
                 shapes.push((5, 33, 2));

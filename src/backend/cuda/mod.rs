@@ -213,6 +213,15 @@ impl CudaBackend {
                         "mm_f16_tile: shared memory size",
                     )?;
                 }
+                if e == "mm_q8_mma" {
+                    drv(
+                        f.set_attribute(
+                            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                            launch::mq_smem_max() as i32,
+                        ),
+                        "mm_q8_mma: shared memory size",
+                    )?;
+                }
                 funcs.insert(e, f);
             }
         }

@@ -49,6 +49,11 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
         ],
     ),
     (
+        "matmul_mma_fast",
+        include_str!("kernels/matmul_mma_fast.cu"),
+        &["mm_q8_mma"],
+    ),
+    (
         "rms_norm",
         include_str!("kernels/rms_norm.cu"),
         &["rms_norm", "rms_norm_block"],

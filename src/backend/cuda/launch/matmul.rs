@@ -207,7 +207,7 @@ impl ActKey {
     }
 }
 
-const ACT_Q8: u8 = 1;
+pub(super) const ACT_Q8: u8 = 1;
 pub(super) const ACT_CANON: u8 = 2;
 const ACT_F16: u8 = 3;
 
@@ -330,7 +330,12 @@ impl CudaBackend {
         let mv_rows = match (mode, rows) {
             (Mode::Exact, _) => false,
             (Mode::Deterministic, _) => true,
-            (Mode::Fast, Some(n)) => n <= MV_BATCH && !(n > lo && n <= hi),
+            // Past the warp-per-row rows, mm_q8_mma reads the same int8
+            // rows for the weight types it takes: like the last matmul.
+            (Mode::Fast, Some(n)) => {
+                (n <= MV_BATCH && !(n > lo && n <= hi))
+                    || (n > lo && self.last_mv_q8.load(std::sync::atomic::Ordering::Relaxed))
+            }
             (Mode::Fast, None) => self.last_mv_q8.load(std::sync::atomic::Ordering::Relaxed),
         };
         let len = out.len();
@@ -461,6 +466,11 @@ impl CudaBackend {
             return self.mat_muls_exact(x, n, jobs);
         }
         let (lo, hi) = mma_rows();
+        if mode == Mode::Fast && n > lo && super::matmul_mma::mq_takes(ty, k) {
+            self.last_mv_q8
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            return self.mm_q8_mma(x, n, jobs);
+        }
         let tile = mode == Mode::Fast && !float_w && n > lo && n <= hi;
         let blas = mode == Mode::Fast && n > MV_BATCH && self.blas.is_some();
         self.last_mv_q8.store(

@@ -12,9 +12,11 @@
 mod attention;
 mod matmul;
 mod matmul_exact;
+mod matmul_mma;
 
 pub(crate) use matmul::ActKey;
 pub(crate) use matmul::{fast_uses_blas, TILE_SMEM};
+pub(crate) use matmul_mma::mq_smem_max;
 
 use super::mem::{DevKvMut, DevMatrix};
 use super::{drv, grid_1d, i32_of, ty_code, CudaBackend};

@@ -1,0 +1,262 @@
+// Batched decode and prefill on 32-block quantized weights (Q4_0, Q4_1,
+// Q8_0), `fast` mode: int8 tensor-core MMA on the weights' own integers and
+// quant_q8's int8 activations (the layout the warp-per-row kernels read and
+// rms_norm_fast / swiglu_q8 write).
+//
+// One 32-block is one k32 step of mma.m16n8k32 (s8 x s8 -> s32): the block's
+// integer dot products come out of the tensor cores exact (as floats, see
+// mma_s8_16832), and the epilogue
+// applies both block scales in f32:
+//   Q8_0: acc += A * (d_x * I)                  (w = A q, q in -127..127)
+//   Q4_0: acc += A * (d_x * I - 8 s_x)          (w = A (q - 8), q in 0..15)
+//   Q4_1: acc += A * (d_x * I) + B * s_x        (w = A q + B)
+// with d_x, s_x = d_x * sum(q_x) the activation block's scale and sum
+// (quant_q8's float2). The nibbles go into the MMA unshifted (0..15).
+//
+// A CTA of 8 warps owns MQ_ROWS = 128 weight rows and MQ_TOK = 64
+// activation rows; warp w computes rows 32 (w % 4) .. + 31 (two m16 tiles)
+// for activation rows 32 (w / 4) .. + 31 (four n8 tiles). k runs in chunks
+// of MQ_KB = 8 blocks (256 values): the chunk's raw weight blocks (16-byte
+// pieces: 8 blocks of 18, 20 or 34 bytes are 144, 160 or 272 bytes), int8
+// activations and their float2 scales land in shared memory by cp.async,
+// MQ_STAGES chunks in flight. The weight fragments are read straight from
+// the raw blocks: block b's integers begin at byte BS b + 2 (Q4_1: + 4),
+// so for Q4_0 / Q8_0 every other block is only 2-byte aligned and its words
+// are assembled from two halves.
+//
+// Fragments (PTX mma.m16n8k32, .s8; g = lane / 4, t = lane % 4): a0 / a1 are
+// rows g / g + 8 at k 4t..4t+3, a2 / a3 the same rows at k 16 + 4t..; b0 / b1
+// activation row g at k 4t.. / 16 + 4t..; c0, c1 row g, activation rows 2t,
+// 2t + 1, c2, c3 the same for row g + 8. A Q4_0 / Q4_1 block's byte j holds
+// k = j (low nibble) and k = j + 16 (high nibble): bytes 4t..4t+3 of the
+// block give both a0 (low nibbles) and a2 (high nibbles).
+//
+// Requirements (launch/matmul_mma.rs checks them): k a multiple of 256 and
+// rows 16-byte aligned (row bytes a multiple of 16: true for k % 256 == 0),
+// split ranges whole chunks.
+
+#define MQ_ROWS 128
+#define MQ_TOK 64
+#define MQ_KB 8
+#define MQ_XLD (32 * MQ_KB + 16)  // activation row stride in shared memory
+#ifndef MQ_STAGES
+#define MQ_STAGES 2
+#endif
+
+// Shared row stride of a chunk's raw weights: 8 blocks, padded so that the
+// eight rows g = 0..7 of a fragment load start in banks 4 g apart (mod 32)
+// or a permutation of them (Q4_1's 160 bytes would put rows 0 and 4 in one
+// bank).
+__device__ constexpr int mq_wld(int ty) { return ty == TY_Q4_1 ? 176 : 8 * gr_type_size(ty); }
+__device__ constexpr int mq_stage_bytes(int ty) {
+    return MQ_ROWS * mq_wld(ty) + MQ_TOK * MQ_XLD + MQ_KB * MQ_TOK * 8;
+}
+
+__device__ __forceinline__ void cp_async8(void* dst, const void* src, int src_bytes) {
+    u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(d), "l"(src), "r"(src_bytes));
+}
+
+// c = a . b + MQ_MAGIC (one k32 step). The integer dot I of a block is at
+// most 32 * 127 * 127 < 2^22 in magnitude, so I + 0x4B400000 is the bit
+// pattern of the float 1.5 * 2^23 + I, exactly: subtracting MQ_MAGIC_F (one
+// full-rate FADD) gives float(I) without an int-to-float conversion, which
+// runs at a quarter of the FMA rate and would bound the epilogue.
+#define MQ_MAGIC 0x4B400000
+#define MQ_MAGIC_F 12582912.0f
+__device__ __forceinline__ void mma_s8_16832(const u32* a, u32 b0, u32 b1, int* c) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%10,%10,%10,%10};"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(MQ_MAGIC));
+}
+
+// A shared-memory word at p, which is 4-byte aligned when ALIGNED, else
+// 2-byte aligned (two halves).
+template <bool ALIGNED>
+__device__ __forceinline__ u32 lds_word(const u8* p) {
+    if (ALIGNED) return *(const u32*)p;
+    const u16* h = (const u16*)p;
+    return (u32)h[0] | ((u32)h[1] << 16);
+}
+
+// Queues chunk `b0` (its first block) into stage st: MQ_ROWS rows of raw
+// weights, MQ_TOK rows of activations, their scales as [block][row]. Rows
+// past m or n are zero-filled (their products are never stored).
+template <int TY>
+__device__ __forceinline__ void mq_issue(const u8* __restrict__ w, int m, long long rb,
+                                         const signed char* __restrict__ xq,
+                                         const float2* __restrict__ xds, int k, int n, int b0,
+                                         u8* st) {
+    constexpr int BS = gr_type_size(TY), WLD = mq_wld(TY), WP = 8 * BS / 16;
+    int row0 = blockIdx.y * MQ_ROWS;
+    for (int i = threadIdx.x; i < MQ_ROWS * WP; i += 256) {
+        int r = i / WP, p = i % WP;
+        bool ok = row0 + r < m;
+        const u8* src = ok ? w + (long long)(row0 + r) * rb + (long long)b0 * BS + 16 * p : w;
+        cp_async16(st + r * WLD + 16 * p, src, ok ? 16 : 0);
+    }
+    u8* sx = st + MQ_ROWS * WLD;
+#pragma unroll
+    for (int s = 0; s < MQ_TOK * 16 / 256; s++) {
+        int i = threadIdx.x + 256 * s;
+        int r = i >> 4, p = i & 15;
+        bool ok = r < n;
+        const void* src = ok ? (const void*)(xq + (long long)r * k + 32 * b0 + 16 * p) : xq;
+        cp_async16(sx + r * MQ_XLD + 16 * p, src, ok ? 16 : 0);
+    }
+    float2* ss = (float2*)(sx + MQ_TOK * MQ_XLD);
+    int nb = k / 32;
+#pragma unroll
+    for (int s = 0; s < MQ_TOK * MQ_KB / 256; s++) {
+        int i = threadIdx.x + 256 * s;
+        int r = i / MQ_KB, b = i % MQ_KB;
+        bool ok = r < n;
+        cp_async8(&ss[b * MQ_TOK + r], ok ? (const void*)(xds + (long long)r * nb + b0 + b) : xds,
+                  ok ? 8 : 0);
+    }
+}
+
+// acc += the chunk in stage st: this warp's 32 weight rows x its activation
+// tiles below n (nt_live of four), block by block.
+template <int TY>
+__device__ __forceinline__ void mq_chunk(const u8* st, int nt_live, float (*acc)[4][4]) {
+    constexpr int BS = gr_type_size(TY), WLD = mq_wld(TY);
+    constexpr int QOFF = TY == TY_Q4_1 ? 4 : 2;
+    int wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int g = lane >> 2, t = lane & 3;
+    int wm = wid & 3, wn = wid >> 2;
+    const u8* sw = st + (32 * wm + g) * WLD;
+    const u8* sx = st + MQ_ROWS * WLD + (32 * wn + g) * MQ_XLD;
+    const float2* ss = (const float2*)(st + MQ_ROWS * WLD + MQ_TOK * MQ_XLD) + 32 * wn + 2 * t;
+#pragma unroll
+    for (int b = 0; b < MQ_KB; b++) {
+        // Block b's integers are 4-byte aligned for odd b (Q4_0, Q8_0: BS b
+        // + 2 = 2 mod 4 for even b), always for Q4_1.
+        u32 a[2][4];
+        float A[2][2], B[2][2];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const u8* blk = sw + (16 * mt + 8 * h) * WLD + b * BS;
+                A[mt][h] = q_f16(*(const u16*)blk);
+                B[mt][h] = TY == TY_Q4_1 ? q_f16(*(const u16*)(blk + 2)) : 0.0f;
+                const u8* q = blk + QOFF + 4 * t;
+                bool al = TY == TY_Q4_1 || (b & 1);
+                if (TY == TY_Q8_0) {
+                    a[mt][h] = al ? lds_word<true>(q) : lds_word<false>(q);
+                    a[mt][2 + h] = al ? lds_word<true>(q + 16) : lds_word<false>(q + 16);
+                } else {
+                    u32 v = al ? lds_word<true>(q) : lds_word<false>(q);
+                    a[mt][h] = v & 0x0F0F0F0Fu;
+                    a[mt][2 + h] = (v >> 4) & 0x0F0F0F0Fu;
+                }
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            if (nt >= nt_live) break;
+            const u8* xr = sx + 8 * nt * MQ_XLD + 32 * b + 4 * t;
+            u32 b0 = *(const u32*)xr, b1 = *(const u32*)(xr + 16);
+            // (d, s) of activation rows 2t and 2t + 1 of this tile.
+            float4 s = *(const float4*)(ss + b * MQ_TOK + 8 * nt);
+            float m0 = TY == TY_Q4_0 ? -8.0f * s.y : 0.0f;
+            float m1 = TY == TY_Q4_0 ? -8.0f * s.w : 0.0f;
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                int c[4];
+                mma_s8_16832(a[mt], b0, b1, c);
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float dx = (e & 1) ? s.z : s.x;
+                    float sx_ = (e & 1) ? s.w : s.y;
+                    float Aw = A[mt][e >> 1];
+                    float& r = acc[mt][nt][e];
+                    float I = __int_as_float(c[e]) - MQ_MAGIC_F;
+                    if (TY == TY_Q4_0) {
+                        r = fmaf(Aw, fmaf(dx, I, (e & 1) ? m1 : m0), r);
+                    } else if (TY == TY_Q8_0) {
+                        r = fmaf(Aw, dx * I, r);
+                    } else {
+                        r = fmaf(Aw, dx * I, fmaf(B[mt][e >> 1], sx_, r));
+                    }
+                }
+            }
+        }
+    }
+}
+
+template <int TY>
+__device__ __forceinline__ void mq_body(const u8* __restrict__ w, int m, long long rb,
+                                        const signed char* __restrict__ xq,
+                                        const float2* __restrict__ xds, int k, int n, int ba,
+                                        int bb, u8* smem, float (*acc)[4][4]) {
+    constexpr int STAGE = mq_stage_bytes(TY);
+    int wn = (threadIdx.x >> 5) >> 2;
+    int nt_live = min(4, max(0, (n - 32 * wn + 7) / 8));
+    int nch = (bb - ba) / MQ_KB;
+#pragma unroll
+    for (int c = 0; c < MQ_STAGES - 1; c++) {
+        if (c < nch) mq_issue<TY>(w, m, rb, xq, xds, k, n, ba + MQ_KB * c, smem + c * STAGE);
+        cp_async_commit();
+    }
+    for (int c = 0; c < nch; c++) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(MQ_STAGES - 2));
+        // Chunk c landed for every thread, and every warp is done with the
+        // stage the next issue overwrites (chunk c - 1's).
+        __syncthreads();
+        int nx = c + MQ_STAGES - 1;
+        if (nx < nch)
+            mq_issue<TY>(w, m, rb, xq, xds, k, n, ba + MQ_KB * nx, smem + (nx % MQ_STAGES) * STAGE);
+        cp_async_commit();
+        if (nt_live > 0) mq_chunk<TY>(smem + (c % MQ_STAGES) * STAGE, nt_live, acc);
+    }
+}
+
+// out (n, m) (+ blockIdx.z * part_stride: split z's partial sums) =
+// x (n, k) · wᵀ over blocks [z * bpc, min((z + 1) * bpc, k / 32)), x given
+// as quant_q8's xq (n, k) int8 and xds (n, k / 32) float2. Grid:
+// (ceil(n / MQ_TOK), ceil(m / MQ_ROWS), splits); 256 threads; bpc a
+// multiple of MQ_KB. Dynamic shared memory: MQ_STAGES * mq_stage_bytes(ty).
+extern "C" __global__ void __launch_bounds__(256, 2) mm_q8_mma(
+    const u8* __restrict__ w, int m, int k, long long rb, int ty,
+    const signed char* __restrict__ xq, const float2* __restrict__ xds, int n_all, int bpc,
+    long long part_stride, int add, float* __restrict__ out) {
+    GRID_DEP();
+    extern __shared__ __align__(16) u8 mq_smem[];
+    int g0 = blockIdx.x * MQ_TOK;
+    int n = min(MQ_TOK, n_all - g0);
+    xq += (long long)g0 * k;
+    xds += (long long)g0 * (k / 32);
+    out += blockIdx.z * part_stride + (long long)g0 * m;
+    int ba = blockIdx.z * bpc, bb = min(ba + bpc, k / 32);
+    float acc[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+    if (ty == TY_Q4_0)
+        mq_body<TY_Q4_0>(w, m, rb, xq, xds, k, n, ba, bb, mq_smem, acc);
+    else if (ty == TY_Q4_1)
+        mq_body<TY_Q4_1>(w, m, rb, xq, xds, k, n, ba, bb, mq_smem, acc);
+    else
+        mq_body<TY_Q8_0>(w, m, rb, xq, xds, k, n, ba, bb, mq_smem, acc);
+    int wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int g = lane >> 2, t = lane & 3;
+    int r0 = blockIdx.y * MQ_ROWS + 32 * (wid & 3) + g;
+    int k0 = 32 * (wid >> 2) + 2 * t;
+    bool add_here = add && part_stride == 0;
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int row = r0 + 16 * mt + 8 * (e >> 1), tk = k0 + 8 * nt + (e & 1);
+                if (tk < n && row < m) mm_store(out + (long long)tk * m + row, acc[mt][nt][e], add_here);
+            }
+}

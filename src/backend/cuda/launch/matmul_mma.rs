@@ -1,0 +1,224 @@
+//! `fast` mode's int8 tensor-core matmul for batched decode and prefill on
+//! 32-block weights (mm_q8_mma in kernels/matmul_mma_fast.cu): quant_q8's int8
+//! activations (quantized once per input, or already written by the
+//! elementwise kernel before: `q8_out`) times the weights' own integers,
+//! both block scales applied per 32-block in f32.
+
+use super::matmul::{mm_dims, ActKey, ACT_Q8};
+use super::arena3;
+use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
+use crate::backend::cuda::mem::Dev;
+use crate::backend::MatJob;
+use crate::quant::GgmlType;
+use anyhow::Result;
+use cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
+
+/// Weight rows and activation rows of one mm_q8_mma CTA (MQ_ROWS, MQ_TOK),
+/// its k chunk in 32-blocks (MQ_KB), the chunks in flight (MQ_STAGES) and
+/// the activation row stride in shared memory (MQ_XLD).
+const MQ_ROWS: usize = 128;
+const MQ_TOK: usize = 64;
+const MQ_KB: usize = 8;
+const MQ_STAGES: usize = 2;
+const MQ_XLD: usize = 32 * MQ_KB + 16;
+
+/// Shared memory of one mm_q8_mma CTA for weights of type `ty` (mq_wld and
+/// mq_stage_bytes in the kernel), or None for a type it does not take.
+pub(crate) fn mq_smem(ty: GgmlType) -> Option<usize> {
+    let wld = match ty {
+        GgmlType::Q4_0 => 8 * 18,
+        GgmlType::Q4_1 => 176,
+        GgmlType::Q8_0 => 8 * 34,
+        _ => return None,
+    };
+    Some(MQ_STAGES * (MQ_ROWS * wld + MQ_TOK * MQ_XLD + MQ_KB * MQ_TOK * 8))
+}
+
+/// The most shared memory any mm_q8_mma launch asks for (set on the
+/// function once, at load).
+pub(crate) fn mq_smem_max() -> usize {
+    [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0]
+        .into_iter()
+        .filter_map(mq_smem)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Whether `fast` mode runs a matmul of `ty` weights with rows of `k`
+/// values through mm_q8_mma (from more than QUIRE_MMA_MIN_ROWS activation
+/// rows): Q4_0, Q4_1 and Q8_0 with k a multiple of 256 (whole chunks; row
+/// bytes then multiples of 16 for the 16-byte copies). QUIRE_MQ=0 turns the
+/// kernel off (the f16 tile kernel and cuBLAS then take these shapes).
+pub(crate) fn mq_takes(ty: GgmlType, k: usize) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("QUIRE_MQ").as_deref() != Ok("0"));
+    on && mq_smem(ty).is_some() && k > 0 && k.is_multiple_of(32 * MQ_KB)
+}
+
+/// CTAs per SM that mq_splits aims for: QUIRE_MQ_CTAS_PER_SM (tuning knob),
+/// default 2 (two CTAs fit per SM).
+fn mq_ctas_per_sm() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("QUIRE_MQ_CTAS_PER_SM")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&v| v > 0)
+            .unwrap_or(2)
+    })
+}
+
+/// Split-K for mm_q8_mma: (splits, blocks per split) so that the grid
+/// fills about `ctas_per_sm * sms` CTAs, each split whole chunks of MQ_KB
+/// blocks and none empty. Depends only on the shapes and the device.
+pub(crate) fn mq_splits(
+    m: usize,
+    n: usize,
+    blocks: usize,
+    sms: usize,
+    ctas_per_sm: usize,
+) -> (usize, usize) {
+    let tiles = m.div_ceil(MQ_ROWS) * n.div_ceil(MQ_TOK);
+    let chunks = blocks.div_ceil(MQ_KB);
+    let want = ((ctas_per_sm * sms) / tiles.max(1)).clamp(1, chunks.max(1));
+    let per = chunks.div_ceil(want) * MQ_KB;
+    (blocks.div_ceil(per).max(1), per)
+}
+
+impl CudaBackend {
+    /// Every job through mm_q8_mma (validated jobs of one type and k, which
+    /// `mq_takes`): activations to int8 (quant_q8, unless the arena holds
+    /// them), then per job the kernel, split over k when the row tiles
+    /// alone would leave SMs idle, and the splits' partial sums added in
+    /// split order (split_sum), which adds into the output for `add`.
+    pub(super) fn mm_q8_mma(
+        &self,
+        x: &CudaView<'_, f32>,
+        n: usize,
+        jobs: &mut [MatJob<'_, Dev>],
+    ) -> Result<()> {
+        let (ty, k) = (jobs[0].w.ty, jobs[0].w.cols);
+        let smem = mq_smem(ty).ok_or_else(|| {
+            anyhow::anyhow!("mat_mul: mm_q8_mma does not take {ty:?} weights")
+        })?;
+        let s = self.stream();
+        let nblk = n * k / 32;
+        let plans: Vec<(usize, usize)> = jobs
+            .iter()
+            .map(|j| mq_splits(j.w.rows, n, k / 32, self.sm_count(), mq_ctas_per_sm()))
+            .collect();
+        let part_len = jobs
+            .iter()
+            .zip(&plans)
+            .map(|(j, &(sp, _))| if sp > 1 { sp * n * j.w.rows } else { 0 })
+            .max()
+            .unwrap_or(0);
+        let mut guard = self.arena(&[n * k, nblk * 8, part_len * 4])?;
+        let key = ActKey::new(x, k, ACT_Q8, s);
+        let cached = self.act_cached(key);
+        let outs = Self::out_ranges(jobs, s);
+        arena3::<i8, f32, f32, ()>(&mut guard, (n * k, nblk * 2, part_len), |xq, xds, part| {
+            if !cached {
+                let nb = nblk as i64;
+                let mut b = s.launch_builder(self.func("quant_q8")?);
+                b.arg(x).arg(&nb).arg(&mut *xq).arg(&mut *xds);
+                // SAFETY: matches quant_q8 (xds as float2 pairs); x holds
+                // nblk blocks of 32 values, xq n*k bytes, xds 2*nblk floats.
+                drv(
+                    unsafe { b.launch(grid_1d(nblk * 32, 256)?) },
+                    "mat_mul: launching quant_q8",
+                )?;
+            }
+            for (j, &(splits, bpc)) in jobs.iter_mut().zip(&plans) {
+                let d = mm_dims(&j.w, n)?;
+                let m = j.w.rows;
+                let cfg = LaunchConfig {
+                    grid_dim: (
+                        u32::try_from(n.div_ceil(MQ_TOK))?,
+                        u32::try_from(m.div_ceil(MQ_ROWS))?,
+                        u32::try_from(splits)?,
+                    ),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: u32::try_from(smem)?,
+                };
+                let bpci = i32_of(bpc, "blocks per split")?;
+                let stride = (n * m) as i64;
+                let add = j.add as i32;
+                let mut b = s.launch_builder(self.func("mm_q8_mma")?);
+                b.arg(&j.w.data)
+                    .arg(&d.mi)
+                    .arg(&d.ki)
+                    .arg(&d.rb)
+                    .arg(&d.tc)
+                    .arg(&mut *xq)
+                    .arg(&mut *xds)
+                    .arg(&d.ni)
+                    .arg(&bpci);
+                if splits > 1 {
+                    b.arg(&stride).arg(&add).arg(&mut *part);
+                    // SAFETY: matches mm_q8_mma; w holds m rows of rb bytes
+                    // (rb a multiple of 16: k % 256 == 0, mq_takes; the
+                    // allocation 256-byte aligned), xq n*k bytes and xds
+                    // n*k/32 float2 (arena, 256-byte aligned), part
+                    // splits*n*m floats (split z writes its n*m at z*stride).
+                    drv(unsafe { b.launch(cfg) }, "mat_mul: mm_q8_mma")?;
+                    let sp = i32_of(splits, "splits")?;
+                    let mut b = s.launch_builder(self.func("split_sum")?);
+                    b.arg(&mut *part).arg(&sp).arg(&stride).arg(&add).arg(&mut j.out);
+                    // SAFETY: matches split_sum; part holds splits*n*m
+                    // floats, out n*m.
+                    drv(
+                        unsafe { b.launch(grid_1d(n * m, 256)?) },
+                        "mat_mul: split_sum",
+                    )?;
+                } else {
+                    let zero = 0i64;
+                    b.arg(&zero).arg(&add).arg(&mut j.out);
+                    // SAFETY: as above, one split writing out (n*m floats).
+                    drv(unsafe { b.launch(cfg) }, "mat_mul: mm_q8_mma")?;
+                }
+            }
+            Ok(())
+        })?;
+        // A later matmul of the same input (q/k/v, gate/up) finds its int8
+        // rows in the arena, unless an output overwrote the input.
+        self.act_remember(key, &outs);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{mq_smem, mq_smem_max, mq_splits, MQ_KB};
+    use crate::quant::GgmlType;
+
+    #[test]
+    fn mq_split_k_grids() {
+        // 8B shapes, 64 rows on a 132-SM H100 at two CTAs per SM: (splits,
+        // blocks per split).
+        assert_eq!(mq_splits(4096, 64, 128, 132, 2), (8, 16));
+        assert_eq!(mq_splits(14336, 64, 128, 132, 2), (2, 64));
+        assert_eq!(mq_splits(4096, 64, 448, 132, 2), (8, 56));
+        assert_eq!(mq_splits(4096, 512, 128, 132, 2), (1, 128));
+        assert_eq!(mq_splits(128256, 64, 128, 132, 2), (1, 128));
+        // Whole chunks, none empty, covering every block exactly once.
+        for blocks in [8, 16, 24, 128, 448] {
+            for m in [1, 97, 4096, 14336] {
+                for n in [1, 9, 64, 513] {
+                    let (s, per) = mq_splits(m, n, blocks, 132, 2);
+                    assert!(per % MQ_KB == 0 && s >= 1);
+                    assert!((s - 1) * per < blocks && s * per >= blocks, "{m} {n} {blocks}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn mq_shared_memory_fits_two_ctas() {
+        // Two CTAs per SM (the kernel's launch bounds) on 228 KiB SMs (1 KiB
+        // reserved per CTA).
+        assert!(2 * (mq_smem_max() + 1024) <= 228 * 1024);
+        assert_eq!(mq_smem(GgmlType::Q8_0), Some(mq_smem_max()));
+        assert_eq!(mq_smem(GgmlType::Q4_K), None);
+    }
+}
