@@ -13,11 +13,11 @@
 // with d_x, s_x = d_x * sum(q_x) the activation block's scale and sum
 // (quant_q8's float2). The nibbles go into the MMA unshifted (0..15).
 //
-// A CTA of 8 warps owns MQ_ROWS = 128 weight rows and MQ_TOK = 64
-// activation rows; warp w computes rows 32 (w % 4) .. + 31 (two m16 tiles)
-// for activation rows 32 (w / 4) .. + 31 (four n8 tiles). k runs in chunks
-// of MQ_KB = 8 blocks (256 values): the chunk's raw weight blocks (16-byte
-// pieces: 8 blocks of 18, 20 or 34 bytes are 144, 160 or 272 bytes), int8
+// A CTA of 4 warps owns MQ_ROWS = 128 weight rows and MQ_TOK = 64
+// activation rows; warp w computes rows 32 w .. + 31 (two m16 tiles) for
+// every activation row (up to eight n8 tiles). k runs in chunks of MQ_KB =
+// 8 blocks (256 values): the chunk's raw weight blocks (16-byte pieces: 8
+// blocks of 18, 20 or 34 bytes are 144, 160 or 272 bytes), int8
 // activations and their float2 scales land in shared memory by cp.async,
 // MQ_STAGES chunks in flight. The weight fragments are read straight from
 // the raw blocks: block b's integers begin at byte BS b + 2 (Q4_1: + 4),
@@ -35,6 +35,7 @@
 // rows 16-byte aligned (row bytes a multiple of 16: true for k % 256 == 0),
 // split ranges whole chunks.
 
+#define MQ_THREADS 128
 #define MQ_ROWS 128
 #define MQ_TOK 64
 #define MQ_KB 8
@@ -59,9 +60,9 @@ __device__ __forceinline__ void cp_async8(void* dst, const void* src, int src_by
 
 // c = a . b + MQ_MAGIC (one k32 step). The integer dot I of a block is at
 // most 32 * 127 * 127 < 2^22 in magnitude, so I + 0x4B400000 is the bit
-// pattern of the float 1.5 * 2^23 + I, exactly: subtracting MQ_MAGIC_F (one
-// full-rate FADD) gives float(I) without an int-to-float conversion, which
-// runs at a quarter of the FMA rate and would bound the epilogue.
+// pattern of the float MQ_MAGIC_F + I = 1.5 * 2^23 + I, exactly: the
+// epilogue (mq_chunk) takes the integer as a float without a conversion
+// instruction and folds the subtraction of MQ_MAGIC_F into its first FMA.
 #define MQ_MAGIC 0x4B400000
 #define MQ_MAGIC_F 12582912.0f
 __device__ __forceinline__ void mma_s8_16832(const u32* a, u32 b0, u32 b1, int* c) {
@@ -83,53 +84,98 @@ __device__ __forceinline__ u32 lds_word(const u8* p) {
 
 // Queues chunk `b0` (its first block) into stage st: MQ_ROWS rows of raw
 // weights, MQ_TOK rows of activations, their scales as [block][row]. Rows
-// past m or n are zero-filled (their products are never stored).
+// past m or n are zero-filled (their products are never stored). Thread
+// tid copies weight pieces tid + MQ_THREADS j (row r, piece p of the
+// flattened rows: consecutive lanes read consecutive 16-byte pieces),
+// walked incrementally (no division per copy).
 template <int TY>
 __device__ __forceinline__ void mq_issue(const u8* __restrict__ w, int m, long long rb,
                                          const signed char* __restrict__ xq,
                                          const float2* __restrict__ xds, int k, int n, int b0,
                                          u8* st) {
     constexpr int BS = gr_type_size(TY), WLD = mq_wld(TY), WP = 8 * BS / 16;
-    int row0 = blockIdx.y * MQ_ROWS;
-    for (int i = threadIdx.x; i < MQ_ROWS * WP; i += 256) {
-        int r = i / WP, p = i % WP;
-        bool ok = row0 + r < m;
-        const u8* src = ok ? w + (long long)(row0 + r) * rb + (long long)b0 * BS + 16 * p : w;
-        cp_async16(st + r * WLD + 16 * p, src, ok ? 16 : 0);
+    constexpr int DR = MQ_THREADS / WP, DP = MQ_THREADS % WP;
+    int tid = threadIdx.x;
+    int rows = min(MQ_ROWS, m - (int)blockIdx.y * MQ_ROWS);
+    const u8* wb = w + (long long)blockIdx.y * MQ_ROWS * rb + (long long)b0 * BS;
+    int r = tid / WP, p = tid % WP;
+#pragma unroll
+    for (int j = 0; j < WP; j++) {
+        bool ok = r < rows;
+        cp_async16(st + r * WLD + 16 * p, ok ? (const void*)(wb + r * rb + 16 * p) : w, ok ? 16 : 0);
+        r += DR;
+        p += DP;
+        if (p >= WP) {
+            p -= WP;
+            r++;
+        }
     }
     u8* sx = st + MQ_ROWS * WLD;
+    {
+        int r0 = tid >> 4, pp = tid & 15;
+        const signed char* xb = xq + (long long)r0 * k + 32 * b0 + 16 * pp;
 #pragma unroll
-    for (int s = 0; s < MQ_TOK * 16 / 256; s++) {
-        int i = threadIdx.x + 256 * s;
-        int r = i >> 4, p = i & 15;
-        bool ok = r < n;
-        const void* src = ok ? (const void*)(xq + (long long)r * k + 32 * b0 + 16 * p) : xq;
-        cp_async16(sx + r * MQ_XLD + 16 * p, src, ok ? 16 : 0);
+        for (int j = 0; j < MQ_TOK * 16 / MQ_THREADS; j++) {
+            int rr = r0 + j * (MQ_THREADS / 16);
+            bool ok = rr < n;
+            cp_async16(sx + rr * MQ_XLD + 16 * pp,
+                       ok ? (const void*)(xb + (long long)j * (MQ_THREADS / 16) * k) : xq,
+                       ok ? 16 : 0);
+        }
     }
     float2* ss = (float2*)(sx + MQ_TOK * MQ_XLD);
-    int nb = k / 32;
+    {
+        int nb = k / 32;
+        int r0 = tid / MQ_KB, b = tid % MQ_KB;
+        const float2* sb = xds + (long long)r0 * nb + b0 + b;
 #pragma unroll
-    for (int s = 0; s < MQ_TOK * MQ_KB / 256; s++) {
-        int i = threadIdx.x + 256 * s;
-        int r = i / MQ_KB, b = i % MQ_KB;
-        bool ok = r < n;
-        cp_async8(&ss[b * MQ_TOK + r], ok ? (const void*)(xds + (long long)r * nb + b0 + b) : xds,
-                  ok ? 8 : 0);
+        for (int j = 0; j < MQ_TOK * MQ_KB / MQ_THREADS; j++) {
+            int rr = r0 + j * (MQ_THREADS / MQ_KB);
+            bool ok = rr < n;
+            cp_async8(&ss[b * MQ_TOK + rr],
+                      ok ? (const void*)(sb + (long long)j * (MQ_THREADS / MQ_KB) * nb) : xds,
+                      ok ? 8 : 0);
+        }
     }
 }
 
-// acc += the chunk in stage st: this warp's 32 weight rows x its activation
-// tiles below n (nt_live of four), block by block.
+// Q4_0 / Q8_0: the landed chunk's activation scales (d, s) become (d, c),
+// the epilogue's per-row constant (mq_chunk), once per CTA instead of once
+// per warp.
 template <int TY>
-__device__ __forceinline__ void mq_chunk(const u8* st, int nt_live, float (*acc)[4][4]) {
+__device__ __forceinline__ void mq_prepass(u8* st) {
+    if (TY == TY_Q4_1) return;
+    float2* ss = (float2*)(st + MQ_ROWS * mq_wld(TY) + MQ_TOK * MQ_XLD);
+#pragma unroll
+    for (int j = 0; j < MQ_TOK * MQ_KB / MQ_THREADS; j++) {
+        float2 v = ss[threadIdx.x + MQ_THREADS * j];
+        float c = -MQ_MAGIC_F * v.x;
+        if (TY == TY_Q4_0) c = fmaf(-8.0f, v.y, c);
+        ss[threadIdx.x + MQ_THREADS * j].y = c;
+    }
+}
+
+// acc += the chunk in stage st: this warp's 32 weight rows x the first NT
+// activation tiles (the rest are past n), block by block. NT is a template
+// argument so that no branch separates a block's MMAs: they issue back to
+// back (in groups of four tiles, bounding the registers they hold) and
+// their latency overlaps the epilogue.
+//
+// Epilogue per output (two FMAs): the MMA's float D = MQ_MAGIC_F + I (see
+// mma_s8_16832), t = d_x D + c with c = -(d_x MQ_MAGIC_F) (Q4_0: - 8 s_x)
+// rounded once per activation row and block (mq_prepass), acc += A t (Q4_1:
+// + B s_x). The rounding of c is at most 0.375 d_x: an error under half a
+// unit of the block's integer dot product, far below the int8 rounding of
+// the activations.
+template <int TY, int NT>
+__device__ __forceinline__ void mq_chunk(const u8* st, float (*acc)[8][4]) {
     constexpr int BS = gr_type_size(TY), WLD = mq_wld(TY);
     constexpr int QOFF = TY == TY_Q4_1 ? 4 : 2;
     int wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 2, t = lane & 3;
-    int wm = wid & 3, wn = wid >> 2;
-    const u8* sw = st + (32 * wm + g) * WLD;
-    const u8* sx = st + MQ_ROWS * WLD + (32 * wn + g) * MQ_XLD;
-    const float2* ss = (const float2*)(st + MQ_ROWS * WLD + MQ_TOK * MQ_XLD) + 32 * wn + 2 * t;
+    const u8* sw = st + (32 * wid + g) * WLD;
+    const u8* sx = st + MQ_ROWS * WLD + g * MQ_XLD;
+    const float2* ss = (const float2*)(st + MQ_ROWS * WLD + MQ_TOK * MQ_XLD) + 2 * t;
 #pragma unroll
     for (int b = 0; b < MQ_KB; b++) {
         // Block b's integers are 4-byte aligned for odd b (Q4_0, Q8_0: BS b
@@ -156,31 +202,35 @@ __device__ __forceinline__ void mq_chunk(const u8* st, int nt_live, float (*acc)
             }
         }
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++) {
-            if (nt >= nt_live) break;
-            const u8* xr = sx + 8 * nt * MQ_XLD + 32 * b + 4 * t;
-            u32 b0 = *(const u32*)xr, b1 = *(const u32*)(xr + 16);
-            // (d, s) of activation rows 2t and 2t + 1 of this tile.
-            float4 s = *(const float4*)(ss + b * MQ_TOK + 8 * nt);
-            float m0 = TY == TY_Q4_0 ? -8.0f * s.y : 0.0f;
-            float m1 = TY == TY_Q4_0 ? -8.0f * s.w : 0.0f;
+        for (int n0 = 0; n0 < NT; n0 += 4) {
+            constexpr int G = NT < 4 ? NT : 4;
+            int c[G][2][4];
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++) {
-                int c[4];
-                mma_s8_16832(a[mt], b0, b1, c);
+            for (int i = 0; i < G; i++) {
+                const u8* xr = sx + 8 * (n0 + i) * MQ_XLD + 32 * b + 4 * t;
+                u32 b0 = *(const u32*)xr, b1 = *(const u32*)(xr + 16);
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float dx = (e & 1) ? s.z : s.x;
-                    float sx_ = (e & 1) ? s.w : s.y;
-                    float Aw = A[mt][e >> 1];
-                    float& r = acc[mt][nt][e];
-                    float I = __int_as_float(c[e]) - MQ_MAGIC_F;
-                    if (TY == TY_Q4_0) {
-                        r = fmaf(Aw, fmaf(dx, I, (e & 1) ? m1 : m0), r);
-                    } else if (TY == TY_Q8_0) {
-                        r = fmaf(Aw, dx * I, r);
-                    } else {
-                        r = fmaf(Aw, dx * I, fmaf(B[mt][e >> 1], sx_, r));
+                for (int mt = 0; mt < 2; mt++) mma_s8_16832(a[mt], b0, b1, c[i][mt]);
+            }
+#pragma unroll
+            for (int i = 0; i < G; i++) {
+                // (d, c) of activation rows 2t and 2t + 1 of this tile (Q4_1:
+                // (d, s), and c made here).
+                float4 s = *(const float4*)(ss + b * MQ_TOK + 8 * (n0 + i));
+                float k0 = s.y, k1 = s.w;
+                if (TY == TY_Q4_1) {
+                    k0 = -MQ_MAGIC_F * s.x;
+                    k1 = -MQ_MAGIC_F * s.z;
+                }
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float dx = (e & 1) ? s.z : s.x;
+                        float tt = fmaf(dx, __int_as_float(c[i][mt][e]), (e & 1) ? k1 : k0);
+                        float& r = acc[mt][n0 + i][e];
+                        if (TY == TY_Q4_1) r = fmaf(B[mt][e >> 1], (e & 1) ? s.w : s.y, r);
+                        r = fmaf(A[mt][e >> 1], tt, r);
                     }
                 }
             }
@@ -192,10 +242,8 @@ template <int TY>
 __device__ __forceinline__ void mq_body(const u8* __restrict__ w, int m, long long rb,
                                         const signed char* __restrict__ xq,
                                         const float2* __restrict__ xds, int k, int n, int ba,
-                                        int bb, u8* smem, float (*acc)[4][4]) {
+                                        int bb, u8* smem, float (*acc)[8][4]) {
     constexpr int STAGE = mq_stage_bytes(TY);
-    int wn = (threadIdx.x >> 5) >> 2;
-    int nt_live = min(4, max(0, (n - 32 * wn + 7) / 8));
     int nch = (bb - ba) / MQ_KB;
 #pragma unroll
     for (int c = 0; c < MQ_STAGES - 1; c++) {
@@ -203,24 +251,38 @@ __device__ __forceinline__ void mq_body(const u8* __restrict__ w, int m, long lo
         cp_async_commit();
     }
     for (int c = 0; c < nch; c++) {
+        u8* st = smem + (c % MQ_STAGES) * STAGE;
         asm volatile("cp.async.wait_group %0;" ::"n"(MQ_STAGES - 2));
         // Chunk c landed for every thread, and every warp is done with the
         // stage the next issue overwrites (chunk c - 1's).
         __syncthreads();
+        if (TY != TY_Q4_1) {
+            mq_prepass<TY>(st);
+            __syncthreads();
+        }
         int nx = c + MQ_STAGES - 1;
         if (nx < nch)
             mq_issue<TY>(w, m, rb, xq, xds, k, n, ba + MQ_KB * nx, smem + (nx % MQ_STAGES) * STAGE);
         cp_async_commit();
-        if (nt_live > 0) mq_chunk<TY>(smem + (c % MQ_STAGES) * STAGE, nt_live, acc);
+        // Tiles of 8 activation rows: 1, 2, 4 or 8 (past n: zeros, never
+        // stored).
+        if (n <= 8)
+            mq_chunk<TY, 1>(st, acc);
+        else if (n <= 16)
+            mq_chunk<TY, 2>(st, acc);
+        else if (n <= 32)
+            mq_chunk<TY, 4>(st, acc);
+        else
+            mq_chunk<TY, 8>(st, acc);
     }
 }
 
 // out (n, m) (+ blockIdx.z * part_stride: split z's partial sums) =
 // x (n, k) · wᵀ over blocks [z * bpc, min((z + 1) * bpc, k / 32)), x given
 // as quant_q8's xq (n, k) int8 and xds (n, k / 32) float2. Grid:
-// (ceil(n / MQ_TOK), ceil(m / MQ_ROWS), splits); 256 threads; bpc a
+// (ceil(n / MQ_TOK), ceil(m / MQ_ROWS), splits); MQ_THREADS threads; bpc a
 // multiple of MQ_KB. Dynamic shared memory: MQ_STAGES * mq_stage_bytes(ty).
-extern "C" __global__ void __launch_bounds__(256, 2) mm_q8_mma(
+extern "C" __global__ void __launch_bounds__(MQ_THREADS, 2) mm_q8_mma(
     const u8* __restrict__ w, int m, int k, long long rb, int ty,
     const signed char* __restrict__ xq, const float2* __restrict__ xds, int n_all, int bpc,
     long long part_stride, int add, float* __restrict__ out) {
@@ -232,11 +294,11 @@ extern "C" __global__ void __launch_bounds__(256, 2) mm_q8_mma(
     xds += (long long)g0 * (k / 32);
     out += blockIdx.z * part_stride + (long long)g0 * m;
     int ba = blockIdx.z * bpc, bb = min(ba + bpc, k / 32);
-    float acc[2][4][4];
+    float acc[2][8][4];
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int j = 0; j < 4; j++)
+        for (int j = 0; j < 8; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
     if (ty == TY_Q4_0)
@@ -247,16 +309,15 @@ extern "C" __global__ void __launch_bounds__(256, 2) mm_q8_mma(
         mq_body<TY_Q8_0>(w, m, rb, xq, xds, k, n, ba, bb, mq_smem, acc);
     int wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 2, t = lane & 3;
-    int r0 = blockIdx.y * MQ_ROWS + 32 * (wid & 3) + g;
-    int k0 = 32 * (wid >> 2) + 2 * t;
+    int r0 = blockIdx.y * MQ_ROWS + 32 * wid + g;
     bool add_here = add && part_stride == 0;
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++)
+        for (int nt = 0; nt < 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                int row = r0 + 16 * mt + 8 * (e >> 1), tk = k0 + 8 * nt + (e & 1);
+                int row = r0 + 16 * mt + 8 * (e >> 1), tk = 8 * nt + 2 * t + (e & 1);
                 if (tk < n && row < m) mm_store(out + (long long)tk * m + row, acc[mt][nt][e], add_here);
             }
 }

@@ -13,9 +13,11 @@ use crate::quant::GgmlType;
 use anyhow::Result;
 use cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
 
-/// Weight rows and activation rows of one mm_q8_mma CTA (MQ_ROWS, MQ_TOK),
+/// Threads, weight rows and activation rows of one mm_q8_mma CTA
+/// (MQ_THREADS, MQ_ROWS, MQ_TOK),
 /// its k chunk in 32-blocks (MQ_KB), the chunks in flight (MQ_STAGES) and
 /// the activation row stride in shared memory (MQ_XLD).
+const MQ_THREADS: u32 = 128;
 const MQ_ROWS: usize = 128;
 const MQ_TOK: usize = 64;
 const MQ_KB: usize = 8;
@@ -138,7 +140,7 @@ impl CudaBackend {
                         u32::try_from(m.div_ceil(MQ_ROWS))?,
                         u32::try_from(splits)?,
                     ),
-                    block_dim: (256, 1, 1),
+                    block_dim: (MQ_THREADS, 1, 1),
                     shared_mem_bytes: u32::try_from(smem)?,
                 };
                 let bpci = i32_of(bpc, "blocks per split")?;
