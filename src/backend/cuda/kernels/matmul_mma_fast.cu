@@ -84,7 +84,9 @@ __device__ __forceinline__ u32 lds_word(const u8* p) {
 
 // Queues chunk `b0` (its first block) into stage st: MQ_ROWS rows of raw
 // weights, MQ_TOK rows of activations, their scales as [block][row]. Rows
-// past m or n are zero-filled (their products are never stored). Thread
+// past m or n are not copied: whatever the stage holds there only reaches
+// products that are never stored (a few activation rows then cost a few
+// copies, not a whole tile of zeros). Thread
 // tid copies weight pieces tid + MQ_THREADS j (row r, piece p of the
 // flattened rows: consecutive lanes read consecutive 16-byte pieces),
 // walked incrementally (no division per copy).
@@ -101,8 +103,7 @@ __device__ __forceinline__ void mq_issue(const u8* __restrict__ w, int m, long l
     int r = tid / WP, p = tid % WP;
 #pragma unroll
     for (int j = 0; j < WP; j++) {
-        bool ok = r < rows;
-        cp_async16(st + r * WLD + 16 * p, ok ? (const void*)(wb + r * rb + 16 * p) : w, ok ? 16 : 0);
+        if (r < rows) cp_async16(st + r * WLD + 16 * p, wb + r * rb + 16 * p, 16);
         r += DR;
         p += DP;
         if (p >= WP) {
@@ -117,10 +118,8 @@ __device__ __forceinline__ void mq_issue(const u8* __restrict__ w, int m, long l
 #pragma unroll
         for (int j = 0; j < MQ_TOK * 16 / MQ_THREADS; j++) {
             int rr = r0 + j * (MQ_THREADS / 16);
-            bool ok = rr < n;
-            cp_async16(sx + rr * MQ_XLD + 16 * pp,
-                       ok ? (const void*)(xb + (long long)j * (MQ_THREADS / 16) * k) : xq,
-                       ok ? 16 : 0);
+            if (rr < n)
+                cp_async16(sx + rr * MQ_XLD + 16 * pp, xb + (long long)j * (MQ_THREADS / 16) * k, 16);
         }
     }
     float2* ss = (float2*)(sx + MQ_TOK * MQ_XLD);
@@ -131,10 +130,7 @@ __device__ __forceinline__ void mq_issue(const u8* __restrict__ w, int m, long l
 #pragma unroll
         for (int j = 0; j < MQ_TOK * MQ_KB / MQ_THREADS; j++) {
             int rr = r0 + j * (MQ_THREADS / MQ_KB);
-            bool ok = rr < n;
-            cp_async8(&ss[b * MQ_TOK + rr],
-                      ok ? (const void*)(sb + (long long)j * (MQ_THREADS / MQ_KB) * nb) : xds,
-                      ok ? 8 : 0);
+            if (rr < n) cp_async8(&ss[b * MQ_TOK + rr], sb + (long long)j * (MQ_THREADS / MQ_KB) * nb, 8);
         }
     }
 }
@@ -264,7 +260,7 @@ __device__ __forceinline__ void mq_body(const u8* __restrict__ w, int m, long lo
         if (nx < nch)
             mq_issue<TY>(w, m, rb, xq, xds, k, n, ba + MQ_KB * nx, smem + (nx % MQ_STAGES) * STAGE);
         cp_async_commit();
-        // Tiles of 8 activation rows: 1, 2, 4 or 8 (past n: zeros, never
+        // Tiles of 8 activation rows: 1, 2, 4 or 8 (past n: never
         // stored).
         if (n <= 8)
             mq_chunk<TY, 1>(st, acc);

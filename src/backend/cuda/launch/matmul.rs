@@ -22,13 +22,15 @@ pub(super) const MV_ROWS: usize = 8;
 /// 853 tokens/s at batch 32 and 64.
 pub(crate) const MV_BATCH: usize = MV_ROWS;
 
-/// The activation rows for which `fast` mode uses the tensor-core tile
-/// kernel (mm_f16_tile) on quantized weights: more than `lo`, at most `hi`
+/// The activation rows for which `fast` mode uses the tensor-core kernels
+/// on quantized weights (mm_q8_mma for the types it takes, else the f16
+/// tile kernel mm_f16_tile): more than `lo`, at most `hi`
 /// (QUIRE_MMA_MIN_ROWS, default 7; QUIRE_MMA_MAX_ROWS, default 64). Below,
 /// the warp-per-row kernel; above, cuBLAS (prefill: the f16 dequantization
 /// per call is paid back by the GEMM's tensor-core rate). Measured on an
 /// H100, 8B Q4_0 (2026-11-22), batches of 2/4/6/8 decode rows: warp-per-row
-/// 356/557/670/743 tokens/s, tile kernel 220/430/630/821-908.
+/// 356/557/670/743 tokens/s, tile kernel 220/430/630/821-908; pp512
+/// (2026-11-23): mm_q8_mma 11,482, dequantization + cuBLAS 17,333.
 fn mma_rows() -> (usize, usize) {
     static V: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
     *V.get_or_init(|| {
@@ -334,7 +336,9 @@ impl CudaBackend {
             // rows for the weight types it takes: like the last matmul.
             (Mode::Fast, Some(n)) => {
                 (n <= MV_BATCH && !(n > lo && n <= hi))
-                    || (n > lo && self.last_mv_q8.load(std::sync::atomic::Ordering::Relaxed))
+                    || (n > lo
+                        && n <= hi
+                        && self.last_mv_q8.load(std::sync::atomic::Ordering::Relaxed))
             }
             (Mode::Fast, None) => self.last_mv_q8.load(std::sync::atomic::Ordering::Relaxed),
         };
@@ -466,7 +470,7 @@ impl CudaBackend {
             return self.mat_muls_exact(x, n, jobs);
         }
         let (lo, hi) = mma_rows();
-        if mode == Mode::Fast && n > lo && super::matmul_mma::mq_takes(ty, k) {
+        if mode == Mode::Fast && n > lo && n <= hi && super::matmul_mma::mq_takes(ty, k) {
             self.last_mv_q8
                 .store(true, std::sync::atomic::Ordering::Relaxed);
             return self.mm_q8_mma(x, n, jobs);
