@@ -41,7 +41,9 @@ for s in "${steps[@]}"; do
       # The int8 tensor-core matmul (Q4_0/Q4_1/Q8_0, k % 256 == 0) serves
       # every row count past 7, the f16 tile kernel the other types up to
       # 64: cover both at every row count.
-      QUIRE_MMA_MIN_ROWS=0 QUIRE_MMA_MAX_ROWS=100000 run_step ops-fast-mma "$QUIRE" ops --backend cuda --mode fast --op mat_mul
+      for wn in 1 2; do
+        QUIRE_MQ_WN=$wn QUIRE_MMA_MIN_ROWS=0 QUIRE_MMA_MAX_ROWS=100000 run_step "ops-fast-mma-w$wn" "$QUIRE" ops --backend cuda --mode fast --op mat_mul
+      done
       QUIRE_MQ=0 QUIRE_MMA_MIN_ROWS=0 QUIRE_MMA_MAX_ROWS=100000 run_step ops-fast-tile "$QUIRE" ops --backend cuda --mode fast --op mat_mul
       ;;
     attn)

@@ -213,7 +213,7 @@ impl CudaBackend {
                         "mm_f16_tile: shared memory size",
                     )?;
                 }
-                if e == "mm_q8_mma" {
+                if e.starts_with("mm_q8_mma") {
                     drv(
                         f.set_attribute(
                             cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

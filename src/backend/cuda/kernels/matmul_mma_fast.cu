@@ -35,7 +35,11 @@
 // rows 16-byte aligned (row bytes a multiple of 16: true for k % 256 == 0),
 // split ranges whole chunks.
 
-#define MQ_THREADS 128
+// WN (template argument; the kernel mm_q8_mma is WN = 1, mm_q8_mma_w2 WN =
+// 2): warps along the activation rows. 4 WN warps (MQ_THREADS(WN)
+// threads), each with MQ_NTW(WN) = 8 / WN tiles of 8 activation rows.
+#define MQ_THREADS(WN) (128 * (WN))
+#define MQ_NTW(WN) (8 / (WN))
 #define MQ_ROWS 128
 #define MQ_TOK 64
 #define MQ_KB 8
@@ -87,22 +91,24 @@ __device__ __forceinline__ u32 lds_word(const u8* p) {
 // past m or n are not copied: whatever the stage holds there only reaches
 // products that are never stored (a few activation rows then cost a few
 // copies, not a whole tile of zeros). Thread
-// tid copies weight pieces tid + MQ_THREADS j (row r, piece p of the
+// tid copies weight pieces tid + MQ_THREADS(WN) j (row r, piece p of the
 // flattened rows: consecutive lanes read consecutive 16-byte pieces),
 // walked incrementally (no division per copy).
-template <int TY>
+template <int TY, int WN>
 __device__ __forceinline__ void mq_issue(const u8* __restrict__ w, int m, long long rb,
                                          const signed char* __restrict__ xq,
                                          const float2* __restrict__ xds, int k, int n, int b0,
                                          u8* st) {
     constexpr int BS = gr_type_size(TY), WLD = mq_wld(TY), WP = 8 * BS / 16;
-    constexpr int DR = MQ_THREADS / WP, DP = MQ_THREADS % WP;
+    constexpr int DR = MQ_THREADS(WN) / WP, DP = MQ_THREADS(WN) % WP;
+    constexpr int JW = (MQ_ROWS * WP + MQ_THREADS(WN) - 1) / MQ_THREADS(WN);
     int tid = threadIdx.x;
     int rows = min(MQ_ROWS, m - (int)blockIdx.y * MQ_ROWS);
     const u8* wb = w + (long long)blockIdx.y * MQ_ROWS * rb + (long long)b0 * BS;
     int r = tid / WP, p = tid % WP;
 #pragma unroll
-    for (int j = 0; j < WP; j++) {
+    for (int j = 0; j < JW; j++) {
+        // r passes MQ_ROWS (>= rows) once the pieces run out.
         if (r < rows) cp_async16(st + r * WLD + 16 * p, wb + r * rb + 16 * p, 16);
         r += DR;
         p += DP;
@@ -116,10 +122,10 @@ __device__ __forceinline__ void mq_issue(const u8* __restrict__ w, int m, long l
         int r0 = tid >> 4, pp = tid & 15;
         const signed char* xb = xq + (long long)r0 * k + 32 * b0 + 16 * pp;
 #pragma unroll
-        for (int j = 0; j < MQ_TOK * 16 / MQ_THREADS; j++) {
-            int rr = r0 + j * (MQ_THREADS / 16);
+        for (int j = 0; j < MQ_TOK * 16 / MQ_THREADS(WN); j++) {
+            int rr = r0 + j * (MQ_THREADS(WN) / 16);
             if (rr < n)
-                cp_async16(sx + rr * MQ_XLD + 16 * pp, xb + (long long)j * (MQ_THREADS / 16) * k, 16);
+                cp_async16(sx + rr * MQ_XLD + 16 * pp, xb + (long long)j * (MQ_THREADS(WN) / 16) * k, 16);
         }
     }
     float2* ss = (float2*)(sx + MQ_TOK * MQ_XLD);
@@ -128,9 +134,9 @@ __device__ __forceinline__ void mq_issue(const u8* __restrict__ w, int m, long l
         int r0 = tid / MQ_KB, b = tid % MQ_KB;
         const float2* sb = xds + (long long)r0 * nb + b0 + b;
 #pragma unroll
-        for (int j = 0; j < MQ_TOK * MQ_KB / MQ_THREADS; j++) {
-            int rr = r0 + j * (MQ_THREADS / MQ_KB);
-            if (rr < n) cp_async8(&ss[b * MQ_TOK + rr], sb + (long long)j * (MQ_THREADS / MQ_KB) * nb, 8);
+        for (int j = 0; j < MQ_TOK * MQ_KB / MQ_THREADS(WN); j++) {
+            int rr = r0 + j * (MQ_THREADS(WN) / MQ_KB);
+            if (rr < n) cp_async8(&ss[b * MQ_TOK + rr], sb + (long long)j * (MQ_THREADS(WN) / MQ_KB) * nb, 8);
         }
     }
 }
@@ -138,16 +144,16 @@ __device__ __forceinline__ void mq_issue(const u8* __restrict__ w, int m, long l
 // Q4_0 / Q8_0: the landed chunk's activation scales (d, s) become (d, c),
 // the epilogue's per-row constant (mq_chunk), once per CTA instead of once
 // per warp.
-template <int TY>
+template <int TY, int WN>
 __device__ __forceinline__ void mq_prepass(u8* st) {
     if (TY == TY_Q4_1) return;
     float2* ss = (float2*)(st + MQ_ROWS * mq_wld(TY) + MQ_TOK * MQ_XLD);
 #pragma unroll
-    for (int j = 0; j < MQ_TOK * MQ_KB / MQ_THREADS; j++) {
-        float2 v = ss[threadIdx.x + MQ_THREADS * j];
+    for (int j = 0; j < MQ_TOK * MQ_KB / MQ_THREADS(WN); j++) {
+        float2 v = ss[threadIdx.x + MQ_THREADS(WN) * j];
         float c = -MQ_MAGIC_F * v.x;
         if (TY == TY_Q4_0) c = fmaf(-8.0f, v.y, c);
-        ss[threadIdx.x + MQ_THREADS * j].y = c;
+        ss[threadIdx.x + MQ_THREADS(WN) * j].y = c;
     }
 }
 
@@ -163,15 +169,16 @@ __device__ __forceinline__ void mq_prepass(u8* st) {
 // + B s_x). The rounding of c is at most 0.375 d_x: an error under half a
 // unit of the block's integer dot product, far below the int8 rounding of
 // the activations.
-template <int TY, int NT>
-__device__ __forceinline__ void mq_chunk(const u8* st, float (*acc)[8][4]) {
+template <int TY, int WN, int NT>
+__device__ __forceinline__ void mq_chunk(const u8* st, float (*acc)[MQ_NTW(WN)][4]) {
     constexpr int BS = gr_type_size(TY), WLD = mq_wld(TY);
     constexpr int QOFF = TY == TY_Q4_1 ? 4 : 2;
     int wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 2, t = lane & 3;
-    const u8* sw = st + (32 * wid + g) * WLD;
-    const u8* sx = st + MQ_ROWS * WLD + g * MQ_XLD;
-    const float2* ss = (const float2*)(st + MQ_ROWS * WLD + MQ_TOK * MQ_XLD) + 2 * t;
+    int wm = wid & 3, tk0 = 8 * MQ_NTW(WN) * (wid >> 2);
+    const u8* sw = st + (32 * wm + g) * WLD;
+    const u8* sx = st + MQ_ROWS * WLD + (tk0 + g) * MQ_XLD;
+    const float2* ss = (const float2*)(st + MQ_ROWS * WLD + MQ_TOK * MQ_XLD) + tk0 + 2 * t;
 #pragma unroll
     for (int b = 0; b < MQ_KB; b++) {
         // Block b's integers are 4-byte aligned for odd b (Q4_0, Q8_0: BS b
@@ -234,16 +241,18 @@ __device__ __forceinline__ void mq_chunk(const u8* st, float (*acc)[8][4]) {
     }
 }
 
-template <int TY>
+template <int TY, int WN>
 __device__ __forceinline__ void mq_body(const u8* __restrict__ w, int m, long long rb,
                                         const signed char* __restrict__ xq,
                                         const float2* __restrict__ xds, int k, int n, int ba,
-                                        int bb, u8* smem, float (*acc)[8][4]) {
+                                        int bb, u8* smem, float (*acc)[MQ_NTW(WN)][4]) {
     constexpr int STAGE = mq_stage_bytes(TY);
+    // This warp's live tiles of 8 activation rows.
+    int nl = min(MQ_NTW(WN), max(0, (n - 8 * MQ_NTW(WN) * ((threadIdx.x >> 5) >> 2) + 7) / 8));
     int nch = (bb - ba) / MQ_KB;
 #pragma unroll
     for (int c = 0; c < MQ_STAGES - 1; c++) {
-        if (c < nch) mq_issue<TY>(w, m, rb, xq, xds, k, n, ba + MQ_KB * c, smem + c * STAGE);
+        if (c < nch) mq_issue<TY, WN>(w, m, rb, xq, xds, k, n, ba + MQ_KB * c, smem + c * STAGE);
         cp_async_commit();
     }
     for (int c = 0; c < nch; c++) {
@@ -253,35 +262,39 @@ __device__ __forceinline__ void mq_body(const u8* __restrict__ w, int m, long lo
         // stage the next issue overwrites (chunk c - 1's).
         __syncthreads();
         if (TY != TY_Q4_1) {
-            mq_prepass<TY>(st);
+            mq_prepass<TY, WN>(st);
             __syncthreads();
         }
         int nx = c + MQ_STAGES - 1;
         if (nx < nch)
-            mq_issue<TY>(w, m, rb, xq, xds, k, n, ba + MQ_KB * nx, smem + (nx % MQ_STAGES) * STAGE);
+            mq_issue<TY, WN>(w, m, rb, xq, xds, k, n, ba + MQ_KB * nx, smem + (nx % MQ_STAGES) * STAGE);
         cp_async_commit();
-        // Tiles of 8 activation rows: 1, 2, 4 or 8 (past n: never
+        // Tiles of 8 activation rows: 1, 2, 4 or MQ_NTW(WN) (past n: never
         // stored).
-        if (n <= 8)
-            mq_chunk<TY, 1>(st, acc);
-        else if (n <= 16)
-            mq_chunk<TY, 2>(st, acc);
-        else if (n <= 32)
-            mq_chunk<TY, 4>(st, acc);
-        else
-            mq_chunk<TY, 8>(st, acc);
+        if (nl == 0) {
+        } else if (nl <= 1) {
+            mq_chunk<TY, WN, 1>(st, acc);
+        } else if (nl <= 2) {
+            mq_chunk<TY, WN, 2>(st, acc);
+        } else if (nl <= 4) {
+            mq_chunk<TY, WN, 4>(st, acc);
+        } else {
+            mq_chunk<TY, WN, MQ_NTW(WN)>(st, acc);
+        }
     }
 }
 
 // out (n, m) (+ blockIdx.z * part_stride: split z's partial sums) =
 // x (n, k) · wᵀ over blocks [z * bpc, min((z + 1) * bpc, k / 32)), x given
 // as quant_q8's xq (n, k) int8 and xds (n, k / 32) float2. Grid:
-// (ceil(n / MQ_TOK), ceil(m / MQ_ROWS), splits); MQ_THREADS threads; bpc a
+// (ceil(n / MQ_TOK), ceil(m / MQ_ROWS), splits); MQ_THREADS(WN) threads; bpc a
 // multiple of MQ_KB. Dynamic shared memory: MQ_STAGES * mq_stage_bytes(ty).
-extern "C" __global__ void __launch_bounds__(MQ_THREADS, 2) mm_q8_mma(
-    const u8* __restrict__ w, int m, int k, long long rb, int ty,
-    const signed char* __restrict__ xq, const float2* __restrict__ xds, int n_all, int bpc,
-    long long part_stride, int add, float* __restrict__ out) {
+template <int WN>
+__device__ __forceinline__ void mq_kernel(const u8* __restrict__ w, int m, int k, long long rb,
+                                          int ty, const signed char* __restrict__ xq,
+                                          const float2* __restrict__ xds, int n_all, int bpc,
+                                          long long part_stride, int add,
+                                          float* __restrict__ out) {
     GRID_DEP();
     extern __shared__ __align__(16) u8 mq_smem[];
     int g0 = blockIdx.x * MQ_TOK;
@@ -290,30 +303,43 @@ extern "C" __global__ void __launch_bounds__(MQ_THREADS, 2) mm_q8_mma(
     xds += (long long)g0 * (k / 32);
     out += blockIdx.z * part_stride + (long long)g0 * m;
     int ba = blockIdx.z * bpc, bb = min(ba + bpc, k / 32);
-    float acc[2][8][4];
+    float acc[2][MQ_NTW(WN)][4];
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+        for (int j = 0; j < MQ_NTW(WN); j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
     if (ty == TY_Q4_0)
-        mq_body<TY_Q4_0>(w, m, rb, xq, xds, k, n, ba, bb, mq_smem, acc);
+        mq_body<TY_Q4_0, WN>(w, m, rb, xq, xds, k, n, ba, bb, mq_smem, acc);
     else if (ty == TY_Q4_1)
-        mq_body<TY_Q4_1>(w, m, rb, xq, xds, k, n, ba, bb, mq_smem, acc);
+        mq_body<TY_Q4_1, WN>(w, m, rb, xq, xds, k, n, ba, bb, mq_smem, acc);
     else
-        mq_body<TY_Q8_0>(w, m, rb, xq, xds, k, n, ba, bb, mq_smem, acc);
+        mq_body<TY_Q8_0, WN>(w, m, rb, xq, xds, k, n, ba, bb, mq_smem, acc);
     int wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 2, t = lane & 3;
-    int r0 = blockIdx.y * MQ_ROWS + 32 * wid + g;
+    int r0 = blockIdx.y * MQ_ROWS + 32 * (wid & 3) + g;
+    int tk0 = 8 * MQ_NTW(WN) * (wid >> 2) + 2 * t;
     bool add_here = add && part_stride == 0;
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++)
+        for (int nt = 0; nt < MQ_NTW(WN); nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                int row = r0 + 16 * mt + 8 * (e >> 1), tk = 8 * nt + 2 * t + (e & 1);
+                int row = r0 + 16 * mt + 8 * (e >> 1), tk = tk0 + 8 * nt + (e & 1);
                 if (tk < n && row < m) mm_store(out + (long long)tk * m + row, acc[mt][nt][e], add_here);
             }
+}
+
+#define MQ_ARGS                                                                             \
+    const u8 *__restrict__ w, int m, int k, long long rb, int ty,                           \
+        const signed char *__restrict__ xq, const float2 *__restrict__ xds, int n_all, int bpc, \
+        long long part_stride, int add, float *__restrict__ out
+#define MQ_PASS w, m, k, rb, ty, xq, xds, n_all, bpc, part_stride, add, out
+extern "C" __global__ void __launch_bounds__(MQ_THREADS(1), 2) mm_q8_mma(MQ_ARGS) {
+    mq_kernel<1>(MQ_PASS);
+}
+extern "C" __global__ void __launch_bounds__(MQ_THREADS(2), 2) mm_q8_mma_w2(MQ_ARGS) {
+    mq_kernel<2>(MQ_PASS);
 }

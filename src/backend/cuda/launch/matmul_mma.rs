@@ -17,7 +17,23 @@ use cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
 /// (MQ_THREADS, MQ_ROWS, MQ_TOK),
 /// its k chunk in 32-blocks (MQ_KB), the chunks in flight (MQ_STAGES) and
 /// the activation row stride in shared memory (MQ_XLD).
-const MQ_THREADS: u32 = 128;
+/// Warps of mm_q8_mma along the activation rows for `n` of them: 1 (the
+/// kernel mm_q8_mma: 4 warps of 32 weight rows x 64 activation rows, up to
+/// 255 registers) or 2 (mm_q8_mma_w2: 8 warps of 32 x 32, 128 registers,
+/// twice the warps in flight). QUIRE_MQ_WN=1|2 forces one (tuning knob;
+/// no result changes); by default 2 from more than 16 rows. Measured on an
+/// H100 (8B Q4_0, 2026-11-23, tokens/s at B8 / B16 / B32 / B64): WN 1
+/// 1,487 / 2,444 / 3,461 / 4,290; WN 2 1,217-1,310 / 2,131-2,262 /
+/// 3,715-4,105 / 4,390-4,677.
+pub(crate) fn mq_wn(n: usize) -> usize {
+    static V: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let forced = *V.get_or_init(|| match std::env::var("QUIRE_MQ_WN").as_deref() {
+        Ok("1") => Some(1),
+        Ok("2") => Some(2),
+        _ => None,
+    });
+    forced.unwrap_or(if n > 16 { 2 } else { 1 })
+}
 const MQ_ROWS: usize = 128;
 const MQ_TOK: usize = 64;
 const MQ_KB: usize = 8;
@@ -134,19 +150,21 @@ impl CudaBackend {
             for (j, &(splits, bpc)) in jobs.iter_mut().zip(&plans) {
                 let d = mm_dims(&j.w, n)?;
                 let m = j.w.rows;
+                let wn = mq_wn(n);
+                let name = if wn == 2 { "mm_q8_mma_w2" } else { "mm_q8_mma" };
                 let cfg = LaunchConfig {
                     grid_dim: (
                         u32::try_from(n.div_ceil(MQ_TOK))?,
                         u32::try_from(m.div_ceil(MQ_ROWS))?,
                         u32::try_from(splits)?,
                     ),
-                    block_dim: (MQ_THREADS, 1, 1),
+                    block_dim: (128 * wn as u32, 1, 1),
                     shared_mem_bytes: u32::try_from(smem)?,
                 };
                 let bpci = i32_of(bpc, "blocks per split")?;
                 let stride = (n * m) as i64;
                 let add = j.add as i32;
-                let mut b = s.launch_builder(self.func("mm_q8_mma")?);
+                let mut b = s.launch_builder(self.func(name)?);
                 b.arg(&j.w.data)
                     .arg(&d.mi)
                     .arg(&d.ki)
