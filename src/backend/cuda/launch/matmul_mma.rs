@@ -4,10 +4,10 @@
 //! elementwise kernel before: `q8_out`) times the weights' own integers,
 //! both block scales applied per 32-block in f32.
 
-use super::matmul::{mm_dims, ActKey, ACT_Q8};
 use super::arena3;
-use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
+use super::matmul::{mm_dims, ActKey, ACT_Q8};
 use crate::backend::cuda::mem::Dev;
+use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
 use crate::backend::MatJob;
 use crate::quant::GgmlType;
 use anyhow::Result;
@@ -116,9 +116,8 @@ impl CudaBackend {
         jobs: &mut [MatJob<'_, Dev>],
     ) -> Result<()> {
         let (ty, k) = (jobs[0].w.ty, jobs[0].w.cols);
-        let smem = mq_smem(ty).ok_or_else(|| {
-            anyhow::anyhow!("mat_mul: mm_q8_mma does not take {ty:?} weights")
-        })?;
+        let smem = mq_smem(ty)
+            .ok_or_else(|| anyhow::anyhow!("mat_mul: mm_q8_mma does not take {ty:?} weights"))?;
         let s = self.stream();
         let nblk = n * k / 32;
         let plans: Vec<(usize, usize)> = jobs
@@ -184,7 +183,11 @@ impl CudaBackend {
                     drv(unsafe { b.launch(cfg) }, "mat_mul: mm_q8_mma")?;
                     let sp = i32_of(splits, "splits")?;
                     let mut b = s.launch_builder(self.func("split_sum")?);
-                    b.arg(&mut *part).arg(&sp).arg(&stride).arg(&add).arg(&mut j.out);
+                    b.arg(&mut *part)
+                        .arg(&sp)
+                        .arg(&stride)
+                        .arg(&add)
+                        .arg(&mut j.out);
                     // SAFETY: matches split_sum; part holds splits*n*m
                     // floats, out n*m.
                     drv(
@@ -227,7 +230,10 @@ mod tests {
                 for n in [1, 9, 64, 513] {
                     let (s, per) = mq_splits(m, n, blocks, 132, 2);
                     assert!(per % MQ_KB == 0 && s >= 1);
-                    assert!((s - 1) * per < blocks && s * per >= blocks, "{m} {n} {blocks}");
+                    assert!(
+                        (s - 1) * per < blocks && s * per >= blocks,
+                        "{m} {n} {blocks}"
+                    );
                 }
             }
         }
