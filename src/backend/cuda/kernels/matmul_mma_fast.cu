@@ -98,13 +98,13 @@ template <int TY, int WN>
 __device__ __forceinline__ void mq_issue(const u8* __restrict__ w, int m, long long rb,
                                          const signed char* __restrict__ xq,
                                          const float2* __restrict__ xds, int k, int n, int b0,
-                                         u8* st) {
+                                         int by, u8* st) {
     constexpr int BS = gr_type_size(TY), WLD = mq_wld(TY), WP = 8 * BS / 16;
     constexpr int DR = MQ_THREADS(WN) / WP, DP = MQ_THREADS(WN) % WP;
     constexpr int JW = (MQ_ROWS * WP + MQ_THREADS(WN) - 1) / MQ_THREADS(WN);
     int tid = threadIdx.x;
-    int rows = min(MQ_ROWS, m - (int)blockIdx.y * MQ_ROWS);
-    const u8* wb = w + (long long)blockIdx.y * MQ_ROWS * rb + (long long)b0 * BS;
+    int rows = min(MQ_ROWS, m - by * MQ_ROWS);
+    const u8* wb = w + (long long)by * MQ_ROWS * rb + (long long)b0 * BS;
     int r = tid / WP, p = tid % WP;
 #pragma unroll
     for (int j = 0; j < JW; j++) {
@@ -245,14 +245,14 @@ template <int TY, int WN>
 __device__ __forceinline__ void mq_body(const u8* __restrict__ w, int m, long long rb,
                                         const signed char* __restrict__ xq,
                                         const float2* __restrict__ xds, int k, int n, int ba,
-                                        int bb, u8* smem, float (*acc)[MQ_NTW(WN)][4]) {
+                                        int bb, int by, u8* smem, float (*acc)[MQ_NTW(WN)][4]) {
     constexpr int STAGE = mq_stage_bytes(TY);
     // This warp's live tiles of 8 activation rows.
     int nl = min(MQ_NTW(WN), max(0, (n - 8 * MQ_NTW(WN) * ((threadIdx.x >> 5) >> 2) + 7) / 8));
     int nch = (bb - ba) / MQ_KB;
 #pragma unroll
     for (int c = 0; c < MQ_STAGES - 1; c++) {
-        if (c < nch) mq_issue<TY, WN>(w, m, rb, xq, xds, k, n, ba + MQ_KB * c, smem + c * STAGE);
+        if (c < nch) mq_issue<TY, WN>(w, m, rb, xq, xds, k, n, ba + MQ_KB * c, by, smem + c * STAGE);
         cp_async_commit();
     }
     for (int c = 0; c < nch; c++) {
@@ -267,7 +267,8 @@ __device__ __forceinline__ void mq_body(const u8* __restrict__ w, int m, long lo
         }
         int nx = c + MQ_STAGES - 1;
         if (nx < nch)
-            mq_issue<TY, WN>(w, m, rb, xq, xds, k, n, ba + MQ_KB * nx, smem + (nx % MQ_STAGES) * STAGE);
+            mq_issue<TY, WN>(w, m, rb, xq, xds, k, n, ba + MQ_KB * nx, by,
+                             smem + (nx % MQ_STAGES) * STAGE);
         cp_async_commit();
         // Tiles of 8 activation rows: 1, 2, 4 or MQ_NTW(WN) (past n: never
         // stored).
@@ -284,24 +285,35 @@ __device__ __forceinline__ void mq_body(const u8* __restrict__ w, int m, long lo
     }
 }
 
-// out (n, m) (+ blockIdx.z * part_stride: split z's partial sums) =
-// x (n, k) · wᵀ over blocks [z * bpc, min((z + 1) * bpc, k / 32)), x given
-// as quant_q8's xq (n, k) int8 and xds (n, k / 32) float2. Grid:
-// (ceil(n / MQ_TOK), ceil(m / MQ_ROWS), splits); MQ_THREADS(WN) threads; bpc a
-// multiple of MQ_KB. Dynamic shared memory: MQ_STAGES * mq_stage_bytes(ty).
+// Each job j of the table (one type and k; CTA rows blockIdx.y in its range
+// of ceil(m_j / MQ_ROWS) tiles): out_j (n, m_j) (=, or += for an adding job)
+// x (n, k) · w_jᵀ over blocks [z * bpc, min((z + 1) * bpc, k / 32)), x given
+// as quant_q8's xq (n, k) int8 and xds (n, k / 32) float2. One split
+// (part_stride 0) writes out_j; with several, split z writes its partial
+// sums of job j at part + z * part_stride + n * (m_0 + .. + m_{j-1}) as an
+// (n, m_j) block, for split_sum. Grid: (ceil(n / MQ_TOK), the table's
+// CTAs, splits); MQ_THREADS(WN) threads; bpc a multiple of MQ_KB. Dynamic
+// shared memory: MQ_STAGES * mq_stage_bytes(ty).
 template <int WN>
-__device__ __forceinline__ void mq_kernel(const u8* __restrict__ w, int m, int k, long long rb,
-                                          int ty, const signed char* __restrict__ xq,
+__device__ __forceinline__ void mq_kernel(const MmJobs& J, int k, long long rb, int ty,
+                                          const signed char* __restrict__ xq,
                                           const float2* __restrict__ xds, int n_all, int bpc,
-                                          long long part_stride, int add,
-                                          float* __restrict__ out) {
+                                          long long part_stride, float* __restrict__ part) {
     GRID_DEP();
     extern __shared__ __align__(16) u8 mq_smem[];
+    MmJob jb = mm_job(J, blockIdx.y);
+    int roff = 0;  // rows of the jobs before this one
+#pragma unroll
+    for (int j = 1; j < MM_JOBS; j++)
+        if (j < J.count && (int)blockIdx.y >= J.end[j - 1]) roff += J.m[j - 1];
+    int m = jb.m;
     int g0 = blockIdx.x * MQ_TOK;
     int n = min(MQ_TOK, n_all - g0);
     xq += (long long)g0 * k;
     xds += (long long)g0 * (k / 32);
-    out += blockIdx.z * part_stride + (long long)g0 * m;
+    float* out = part_stride == 0
+                     ? jb.out + (long long)g0 * m
+                     : part + blockIdx.z * part_stride + (long long)n_all * roff + (long long)g0 * m;
     int ba = blockIdx.z * bpc, bb = min(ba + bpc, k / 32);
     float acc[2][MQ_NTW(WN)][4];
 #pragma unroll
@@ -311,16 +323,16 @@ __device__ __forceinline__ void mq_kernel(const u8* __restrict__ w, int m, int k
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
     if (ty == TY_Q4_0)
-        mq_body<TY_Q4_0, WN>(w, m, rb, xq, xds, k, n, ba, bb, mq_smem, acc);
+        mq_body<TY_Q4_0, WN>(jb.w, m, rb, xq, xds, k, n, ba, bb, jb.by, mq_smem, acc);
     else if (ty == TY_Q4_1)
-        mq_body<TY_Q4_1, WN>(w, m, rb, xq, xds, k, n, ba, bb, mq_smem, acc);
+        mq_body<TY_Q4_1, WN>(jb.w, m, rb, xq, xds, k, n, ba, bb, jb.by, mq_smem, acc);
     else
-        mq_body<TY_Q8_0, WN>(w, m, rb, xq, xds, k, n, ba, bb, mq_smem, acc);
+        mq_body<TY_Q8_0, WN>(jb.w, m, rb, xq, xds, k, n, ba, bb, jb.by, mq_smem, acc);
     int wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 2, t = lane & 3;
-    int r0 = blockIdx.y * MQ_ROWS + 32 * (wid & 3) + g;
+    int r0 = jb.by * MQ_ROWS + 32 * (wid & 3) + g;
     int tk0 = 8 * MQ_NTW(WN) * (wid >> 2) + 2 * t;
-    bool add_here = add && part_stride == 0;
+    bool add_here = jb.add && part_stride == 0;
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
@@ -332,11 +344,11 @@ __device__ __forceinline__ void mq_kernel(const u8* __restrict__ w, int m, int k
             }
 }
 
-#define MQ_ARGS                                                                             \
-    const u8 *__restrict__ w, int m, int k, long long rb, int ty,                           \
-        const signed char *__restrict__ xq, const float2 *__restrict__ xds, int n_all, int bpc, \
-        long long part_stride, int add, float *__restrict__ out
-#define MQ_PASS w, m, k, rb, ty, xq, xds, n_all, bpc, part_stride, add, out
+#define MQ_ARGS                                                                              \
+    MmJobs J, int k, long long rb, int ty, const signed char *__restrict__ xq,               \
+        const float2 *__restrict__ xds, int n_all, int bpc, long long part_stride,           \
+        float *__restrict__ part
+#define MQ_PASS J, k, rb, ty, xq, xds, n_all, bpc, part_stride, part
 extern "C" __global__ void __launch_bounds__(MQ_THREADS(1), 2) mm_q8_mma(MQ_ARGS) {
     mq_kernel<1>(MQ_PASS);
 }

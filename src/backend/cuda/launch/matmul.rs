@@ -643,6 +643,7 @@ impl CudaBackend {
                 b.arg(&mut *part)
                     .arg(&sp)
                     .arg(&stride)
+                    .arg(&stride)
                     .arg(&add)
                     .arg(&mut *out);
                 // SAFETY: matches split_sum; part holds splits*n*m floats,

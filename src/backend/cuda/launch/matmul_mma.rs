@@ -5,7 +5,7 @@
 //! both block scales applied per 32-block in f32.
 
 use super::arena3;
-use super::matmul::{mm_dims, ActKey, ACT_Q8};
+use super::matmul::{job_table, mm_dims, ActKey, ACT_Q8};
 use crate::backend::cuda::mem::Dev;
 use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
 use crate::backend::MatJob;
@@ -104,11 +104,13 @@ pub(crate) fn mq_splits(
 }
 
 impl CudaBackend {
-    /// Every job through mm_q8_mma (validated jobs of one type and k, which
-    /// `mq_takes`): activations to int8 (quant_q8, unless the arena holds
-    /// them), then per job the kernel, split over k when the row tiles
-    /// alone would leave SMs idle, and the splits' partial sums added in
-    /// split order (split_sum), which adds into the output for `add`.
+    /// Every job in one mm_q8_mma launch (validated jobs of one type and
+    /// k, which `mq_takes`; the job table's CTA rows cover each job's row
+    /// tiles): activations to int8 (quant_q8, unless the arena holds them),
+    /// then the kernel, split over k when the row tiles of all jobs
+    /// together would leave SMs idle, and per job the splits' partial sums
+    /// added in split order (split_sum), which adds into the output for
+    /// `add`.
     pub(super) fn mm_q8_mma(
         &self,
         x: &CudaView<'_, f32>,
@@ -120,16 +122,18 @@ impl CudaBackend {
             .ok_or_else(|| anyhow::anyhow!("mat_mul: mm_q8_mma does not take {ty:?} weights"))?;
         let s = self.stream();
         let nblk = n * k / 32;
-        let plans: Vec<(usize, usize)> = jobs
-            .iter()
-            .map(|j| mq_splits(j.w.rows, n, k / 32, self.sm_count(), mq_ctas_per_sm()))
-            .collect();
-        let part_len = jobs
-            .iter()
-            .zip(&plans)
-            .map(|(j, &(sp, _))| if sp > 1 { sp * n * j.w.rows } else { 0 })
-            .max()
-            .unwrap_or(0);
+        let d = mm_dims(&jobs[0].w, n)?;
+        let rows: Vec<usize> = jobs.iter().map(|j| j.w.rows).collect();
+        let m_all: usize = rows.iter().sum();
+        let (table, ctas) = job_table(jobs, MQ_ROWS, s)?;
+        let (splits, bpc) = mq_splits(
+            ctas as usize * MQ_ROWS,
+            n,
+            k / 32,
+            self.sm_count(),
+            mq_ctas_per_sm(),
+        );
+        let part_len = if splits > 1 { splits * n * m_all } else { 0 };
         let mut guard = self.arena(&[n * k, nblk * 8, part_len * 4])?;
         let key = ActKey::new(x, k, ACT_Q8, s);
         let cached = self.act_cached(key);
@@ -146,65 +150,66 @@ impl CudaBackend {
                     "mat_mul: launching quant_q8",
                 )?;
             }
-            for (j, &(splits, bpc)) in jobs.iter_mut().zip(&plans) {
-                let d = mm_dims(&j.w, n)?;
-                let m = j.w.rows;
-                let wn = mq_wn(n);
-                let name = if wn == 2 { "mm_q8_mma_w2" } else { "mm_q8_mma" };
-                let cfg = LaunchConfig {
-                    grid_dim: (
-                        u32::try_from(n.div_ceil(MQ_TOK))?,
-                        u32::try_from(m.div_ceil(MQ_ROWS))?,
-                        u32::try_from(splits)?,
-                    ),
-                    block_dim: (128 * wn as u32, 1, 1),
-                    shared_mem_bytes: u32::try_from(smem)?,
-                };
-                let bpci = i32_of(bpc, "blocks per split")?;
-                let stride = (n * m) as i64;
-                let add = j.add as i32;
-                let mut b = s.launch_builder(self.func(name)?);
-                b.arg(&j.w.data)
-                    .arg(&d.mi)
-                    .arg(&d.ki)
-                    .arg(&d.rb)
-                    .arg(&d.tc)
-                    .arg(&mut *xq)
-                    .arg(&mut *xds)
-                    .arg(&d.ni)
-                    .arg(&bpci);
-                if splits > 1 {
-                    b.arg(&stride).arg(&add).arg(&mut *part);
-                    // SAFETY: matches mm_q8_mma; w holds m rows of rb bytes
-                    // (rb a multiple of 16: k % 256 == 0, mq_takes; the
-                    // allocation 256-byte aligned), xq n*k bytes and xds
-                    // n*k/32 float2 (arena, 256-byte aligned), part
-                    // splits*n*m floats (split z writes its n*m at z*stride).
-                    drv(unsafe { b.launch(cfg) }, "mat_mul: mm_q8_mma")?;
-                    let sp = i32_of(splits, "splits")?;
+            let wn = mq_wn(n);
+            let name = if wn == 2 { "mm_q8_mma_w2" } else { "mm_q8_mma" };
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    u32::try_from(n.div_ceil(MQ_TOK))?,
+                    ctas,
+                    u32::try_from(splits)?,
+                ),
+                block_dim: (128 * wn as u32, 1, 1),
+                shared_mem_bytes: u32::try_from(smem)?,
+            };
+            let bpci = i32_of(bpc, "blocks per split")?;
+            let stride = if splits > 1 { (n * m_all) as i64 } else { 0 };
+            let mut b = s.launch_builder(self.func(name)?);
+            b.arg(&table)
+                .arg(&d.ki)
+                .arg(&d.rb)
+                .arg(&d.tc)
+                .arg(&mut *xq)
+                .arg(&mut *xds)
+                .arg(&d.ni)
+                .arg(&bpci)
+                .arg(&stride)
+                .arg(&mut *part);
+            // SAFETY: matches mm_q8_mma / mm_q8_mma_w2 (MQ_ROWS weight rows
+            // per CTA row, as the job table); each job's weights hold m rows
+            // of rb bytes (rb a multiple of 16: k % 256 == 0, mq_takes; the
+            // allocation 256-byte aligned) and its output n*m floats; xq
+            // n*k bytes and xds n*k/32 float2 (arena, 256-byte aligned);
+            // part splits*n*m_all floats when split (split z writes at
+            // z*stride), unused otherwise.
+            drv(unsafe { b.launch(cfg) }, "mat_mul: mm_q8_mma")?;
+            if splits > 1 {
+                let sp = i32_of(splits, "splits")?;
+                let mut off = 0;
+                for (j, &m) in jobs.iter_mut().zip(&rows) {
+                    let len = (n * m) as i64;
+                    let add = j.add as i32;
+                    let pj = part.slice(n * off..);
                     let mut b = s.launch_builder(self.func("split_sum")?);
-                    b.arg(&mut *part)
+                    b.arg(&pj)
                         .arg(&sp)
+                        .arg(&len)
                         .arg(&stride)
                         .arg(&add)
                         .arg(&mut j.out);
-                    // SAFETY: matches split_sum; part holds splits*n*m
-                    // floats, out n*m.
+                    // SAFETY: matches split_sum; pj starts at this job's
+                    // n*m partials of split 0, split s at s*stride (within
+                    // part's splits*n*m_all floats); out n*m floats.
                     drv(
                         unsafe { b.launch(grid_1d(n * m, 256)?) },
                         "mat_mul: split_sum",
                     )?;
-                } else {
-                    let zero = 0i64;
-                    b.arg(&zero).arg(&add).arg(&mut j.out);
-                    // SAFETY: as above, one split writing out (n*m floats).
-                    drv(unsafe { b.launch(cfg) }, "mat_mul: mm_q8_mma")?;
+                    off += m;
                 }
             }
             Ok(())
         })?;
-        // A later matmul of the same input (q/k/v, gate/up) finds its int8
-        // rows in the arena, unless an output overwrote the input.
+        // A later matmul of the same input finds its int8 rows in the
+        // arena, unless an output overwrote the input.
         self.act_remember(key, &outs);
         Ok(())
     }
