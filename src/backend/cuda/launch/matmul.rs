@@ -369,6 +369,27 @@ impl CudaBackend {
         Ok(Some((key, xq, xds)))
     }
 
+    /// quant_q8: `nblk` blocks of 32 activations of x to int8 rows xq and
+    /// their float2 (scale, scaled sum) xds, as f32 pairs.
+    pub(super) fn quant_q8(
+        &self,
+        x: &CudaView<'_, f32>,
+        nblk: usize,
+        xq: &mut CudaViewMut<'_, i8>,
+        xds: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        let nb = nblk as i64;
+        let mut b = self.stream().launch_builder(self.func("quant_q8")?);
+        b.arg(x).arg(&nb).arg(xq).arg(xds);
+        // SAFETY: matches quant_q8 (xds as float2 pairs); the callers' x
+        // holds nblk blocks of 32 values, xq nblk*32 bytes, xds 2*nblk floats.
+        drv(
+            unsafe { b.launch(grid_1d(nblk * 32, 256)?) },
+            "mat_mul: launching quant_q8",
+        )?;
+        Ok(())
+    }
+
     /// Records that the arena holds `key`'s quantized activations (written
     /// by the elementwise kernel just queued; see q8_out).
     pub(crate) fn q8_done(&self, key: ActKey) {
@@ -549,15 +570,7 @@ impl CudaBackend {
         let outs = Self::out_ranges(jobs, s);
         arena3::<i8, f32, u8, ()>(&mut guard, (n * k, nblk * 2, 0), |xq, xds, _| {
             if !cached {
-                let nb = nblk as i64;
-                let mut b = s.launch_builder(self.func("quant_q8")?);
-                b.arg(x).arg(&nb).arg(&mut *xq).arg(&mut *xds);
-                // SAFETY: matches quant_q8 (xds as float2 pairs); x holds
-                // nblk blocks of 32 values, xq n*k bytes, xds 2*nblk floats.
-                drv(
-                    unsafe { b.launch(grid_1d(nblk * 32, 256)?) },
-                    "mat_mul: launching quant_q8",
-                )?;
+                self.quant_q8(x, nblk, xq, xds)?;
             }
             let mut b = s.launch_builder(self.func(name)?);
             b.arg(table)

@@ -140,15 +140,7 @@ impl CudaBackend {
         let outs = Self::out_ranges(jobs, s);
         arena3::<i8, f32, f32, ()>(&mut guard, (n * k, nblk * 2, part_len), |xq, xds, part| {
             if !cached {
-                let nb = nblk as i64;
-                let mut b = s.launch_builder(self.func("quant_q8")?);
-                b.arg(x).arg(&nb).arg(&mut *xq).arg(&mut *xds);
-                // SAFETY: matches quant_q8 (xds as float2 pairs); x holds
-                // nblk blocks of 32 values, xq n*k bytes, xds 2*nblk floats.
-                drv(
-                    unsafe { b.launch(grid_1d(nblk * 32, 256)?) },
-                    "mat_mul: launching quant_q8",
-                )?;
+                self.quant_q8(x, nblk, xq, xds)?;
             }
             let wn = mq_wn(n);
             let name = if wn == 2 { "mm_q8_mma_w2" } else { "mm_q8_mma" };
