@@ -1,21 +1,22 @@
-// Batched decode and prefill on 32-block quantized weights (Q4_0, Q4_1,
-// Q8_0), `fast` mode: int8 tensor-core MMA on the weights' own integers and
+// Batched decode on 32-block quantized weights (Q4_0, Q4_1, Q8_0), `fast`
+// mode (8..64 activation rows by default; any count when QUIRE_MMA_MAX_ROWS
+// sends prefill here too): int8 tensor-core MMA on the weights' own integers and
 // quant_q8's int8 activations (the layout the warp-per-row kernels read and
 // rms_norm_fast / swiglu_q8 write).
 //
 // One 32-block is one k32 step of mma.m16n8k32 (s8 x s8 -> s32): the block's
 // integer dot products come out of the tensor cores exact (as floats, see
-// mma_s8_16832), and the epilogue
-// applies both block scales in f32:
+// mma_s8_16832), and the epilogue applies both block scales in f32:
 //   Q8_0: acc += A * (d_x * I)                  (w = A q, q in -127..127)
 //   Q4_0: acc += A * (d_x * I - 8 s_x)          (w = A (q - 8), q in 0..15)
 //   Q4_1: acc += A * (d_x * I) + B * s_x        (w = A q + B)
 // with d_x, s_x = d_x * sum(q_x) the activation block's scale and sum
 // (quant_q8's float2). The nibbles go into the MMA unshifted (0..15).
 //
-// A CTA of 4 warps owns MQ_ROWS = 128 weight rows and MQ_TOK = 64
-// activation rows; warp w computes rows 32 w .. + 31 (two m16 tiles) for
-// every activation row (up to eight n8 tiles). k runs in chunks of MQ_KB =
+// A CTA of 4 WN warps owns MQ_ROWS = 128 weight rows and MQ_TOK = 64
+// activation rows; warp w computes weight rows 32 (w % 4) .. + 31 (two m16
+// tiles) for activation rows 64 / WN * (w / 4) .. (up to 8 / WN n8 tiles).
+// Each job of a MatMuls table has its own range of CTA rows. k runs in chunks of MQ_KB =
 // 8 blocks (256 values): the chunk's raw weight blocks (16-byte pieces: 8
 // blocks of 18, 20 or 34 bytes are 144, 160 or 272 bytes), int8
 // activations and their float2 scales land in shared memory by cp.async,
@@ -44,9 +45,9 @@
 #define MQ_TOK 64
 #define MQ_KB 8
 #define MQ_XLD (32 * MQ_KB + 16)  // activation row stride in shared memory
-#ifndef MQ_STAGES
+// Chunks in flight; launch/matmul_mma.rs sizes the shared memory for the
+// same count (MQ_STAGES there).
 #define MQ_STAGES 2
-#endif
 
 // Shared row stride of a chunk's raw weights: 8 blocks, padded so that the
 // eight rows g = 0..7 of a fragment load start in banks 4 g apart (mod 32)
