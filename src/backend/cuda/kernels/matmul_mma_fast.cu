@@ -142,12 +142,12 @@ __device__ __forceinline__ void mq_issue(const u8* __restrict__ w, int m, long l
     }
 }
 
-// Q4_0 / Q8_0: the landed chunk's activation scales (d, s) become (d, c),
-// the epilogue's per-row constant (mq_chunk), once per CTA instead of once
-// per warp.
+// Q4_0 / Q8_0 only (Q4_1's epilogue needs s; mq_body skips this for it):
+// the landed chunk's activation scales (d, s) become (d, c), the
+// epilogue's per-row constant (mq_chunk), once per CTA instead of once per
+// warp.
 template <int TY, int WN>
 __device__ __forceinline__ void mq_prepass(u8* st) {
-    if (TY == TY_Q4_1) return;
     float2* ss = (float2*)(st + MQ_ROWS * mq_wld(TY) + MQ_TOK * MQ_XLD);
 #pragma unroll
     for (int j = 0; j < MQ_TOK * MQ_KB / MQ_THREADS(WN); j++) {

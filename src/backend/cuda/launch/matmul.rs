@@ -61,32 +61,42 @@ const TILE_KU: usize = 2;
 /// of 17 words) and activations (64 rows of 72 halves): 70.5 KiB.
 pub(crate) const TILE_SMEM: usize = 128 * 72 * 2 + 3 * (128 * 17 * 4 + 64 * 72 * 2);
 
-/// CTAs per SM that tile_splits aims for: QUIRE_TILE_CTAS_PER_SM (tuning
-/// knob), default 2 (mm_f16_tile fits two per SM). Measured on an H100
-/// (2026-11-22, 8B Q4_0, batched decode B16 / B64): 1: 1,343 / 3,275, 2:
-/// 1,936 / 3,991, 3: 1,709 / 3,369, 4: 1,786 / 3,720 tokens/s.
-fn tile_ctas_per_sm() -> usize {
-    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        std::env::var("QUIRE_TILE_CTAS_PER_SM")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|&v| v > 0)
-            .unwrap_or(2)
-    })
+/// A split-K target read once from the environment: `var` parsed as a
+/// positive count of CTAs per SM, else 2 (the tile kernels fit two per SM).
+pub(super) fn ctas_per_sm_knob(var: &str) -> usize {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&v| v > 0)
+        .unwrap_or(2)
 }
 
-/// Split-K for mm_f16_tile: (splits, units per split) so that the grid
-/// fills the GPU in one wave of at most two CTAs per SM (a 4096-row matrix
-/// has only 32 row tiles), each split a whole number of k chunks and none
-/// empty. Depends only on the shapes and the device, never on the data.
+/// CTAs per SM that tile_splits aims for: QUIRE_TILE_CTAS_PER_SM (tuning
+/// knob), default 2. Measured on an H100 (2026-11-22, 8B Q4_0, batched
+/// decode B16 / B64): 1: 1,343 / 3,275, 2: 1,936 / 3,991, 3: 1,709 /
+/// 3,369, 4: 1,786 / 3,720 tokens/s.
+fn tile_ctas_per_sm() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| ctas_per_sm_knob("QUIRE_TILE_CTAS_PER_SM"))
+}
+
+/// Split-K of a tile kernel: (splits, k units per split) so that `tiles`
+/// output tiles times the splits make about `target` CTAs (one wave; a
+/// 4096-row matrix has only 32 row tiles), each split a whole number of
+/// `chunk`-unit k chunks and none empty. Depends only on the shapes and
+/// the device, never on the data.
+pub(super) fn split_k(tiles: usize, units: usize, chunk: usize, target: usize) -> (usize, usize) {
+    let chunks = units.div_ceil(chunk);
+    let want = (target / tiles.max(1)).clamp(1, chunks.max(1));
+    let upc = chunks.div_ceil(want) * chunk;
+    (units.div_ceil(upc).max(1), upc)
+}
+
+/// Split-K for mm_f16_tile (`split_k` over its 128 x 64 tiles and
+/// TILE_KU-unit chunks).
 fn tile_splits(m: usize, n: usize, units: usize, sms: usize) -> (usize, usize) {
     let tiles = m.div_ceil(TILE_ROWS) * n.div_ceil(TILE_TOK);
-    let chunks = units.div_ceil(TILE_KU);
-    let want = ((tile_ctas_per_sm() * sms) / tiles.max(1)).clamp(1, chunks.max(1));
-    let per = chunks.div_ceil(want);
-    let upc = per * TILE_KU;
-    (units.div_ceil(upc).max(1), upc)
+    split_k(tiles, units, TILE_KU, tile_ctas_per_sm() * sms)
 }
 
 /// A matmul's kernel arguments: the weight type code, bytes per weight

@@ -5,7 +5,7 @@
 //! both block scales applied per 32-block in f32.
 
 use super::arena3;
-use super::matmul::{job_table, mm_dims, ActKey, ACT_Q8};
+use super::matmul::{ctas_per_sm_knob, job_table, mm_dims, split_k, ActKey, ACT_Q8};
 use crate::backend::cuda::mem::Dev;
 use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
 use crate::backend::MatJob;
@@ -13,10 +13,6 @@ use crate::quant::GgmlType;
 use anyhow::Result;
 use cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
 
-/// Threads, weight rows and activation rows of one mm_q8_mma CTA
-/// (MQ_THREADS, MQ_ROWS, MQ_TOK),
-/// its k chunk in 32-blocks (MQ_KB), the chunks in flight (MQ_STAGES) and
-/// the activation row stride in shared memory (MQ_XLD).
 /// Warps of mm_q8_mma along the activation rows for `n` of them: 1 (the
 /// kernel mm_q8_mma: 4 warps of 32 weight rows x 64 activation rows, up to
 /// 255 registers) or 2 (mm_q8_mma_w2: 8 warps of 32 x 32, 128 registers,
@@ -34,6 +30,10 @@ pub(crate) fn mq_wn(n: usize) -> usize {
     });
     forced.unwrap_or(if n > 16 { 2 } else { 1 })
 }
+/// Weight rows and activation rows of one mm_q8_mma CTA (MQ_ROWS,
+/// MQ_TOK), its k chunk in 32-blocks (MQ_KB), the chunks in flight
+/// (MQ_STAGES) and the activation row stride in shared memory (MQ_XLD), as
+/// in the kernel.
 const MQ_ROWS: usize = 128;
 const MQ_TOK: usize = 64;
 const MQ_KB: usize = 8;
@@ -77,18 +77,12 @@ pub(crate) fn mq_takes(ty: GgmlType, k: usize) -> bool {
 /// default 2 (two CTAs fit per SM).
 fn mq_ctas_per_sm() -> usize {
     static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        std::env::var("QUIRE_MQ_CTAS_PER_SM")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|&v| v > 0)
-            .unwrap_or(2)
-    })
+    *V.get_or_init(|| ctas_per_sm_knob("QUIRE_MQ_CTAS_PER_SM"))
 }
 
-/// Split-K for mm_q8_mma: (splits, blocks per split) so that the grid
-/// fills about `ctas_per_sm * sms` CTAs, each split whole chunks of MQ_KB
-/// blocks and none empty. Depends only on the shapes and the device.
+/// Split-K for mm_q8_mma: (splits, blocks per split), `split_k` over its
+/// MQ_ROWS x MQ_TOK tiles (`m` rows in all: the job table's row tiles) and
+/// MQ_KB-block chunks, aiming at `ctas_per_sm * sms` CTAs.
 pub(crate) fn mq_splits(
     m: usize,
     n: usize,
@@ -97,10 +91,7 @@ pub(crate) fn mq_splits(
     ctas_per_sm: usize,
 ) -> (usize, usize) {
     let tiles = m.div_ceil(MQ_ROWS) * n.div_ceil(MQ_TOK);
-    let chunks = blocks.div_ceil(MQ_KB);
-    let want = ((ctas_per_sm * sms) / tiles.max(1)).clamp(1, chunks.max(1));
-    let per = chunks.div_ceil(want) * MQ_KB;
-    (blocks.div_ceil(per).max(1), per)
+    split_k(tiles, blocks, MQ_KB, ctas_per_sm * sms)
 }
 
 impl CudaBackend {
