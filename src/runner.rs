@@ -6,7 +6,7 @@ use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::{Backend, GpuMode, Mode};
 use crate::dispatch::cuda::{CudaExec, DevKvCache, DevStore};
-use crate::dispatch::{Dispatcher, HostExec};
+use crate::dispatch::{Dispatcher, HostExec, HostLogits};
 use crate::gguf::GgufFile;
 use crate::kv::{KvManager, SeqId};
 use crate::model::arch::llama::LlamaWeights;
@@ -44,7 +44,7 @@ pub struct SeqWork<'a> {
 /// [`Runner::recycle`] so the next step reuses the allocation.
 #[derive(Debug, Default)]
 pub struct Logits {
-    data: Vec<f32>,
+    data: HostLogits,
     vocab: usize,
     spans: Vec<std::ops::Range<usize>>,
 }
@@ -54,7 +54,7 @@ impl Logits {
     /// it wanted none).
     pub fn seq(&self, i: usize) -> &[f32] {
         let r = &self.spans[i];
-        &self.data[r.start * self.vocab..r.end * self.vocab]
+        &self.data.as_slice()[r.start * self.vocab..r.end * self.vocab]
     }
     /// Number of work items.
     pub fn len(&self) -> usize {
@@ -66,7 +66,7 @@ impl Logits {
     /// One vector per work item (copies, except for a single item).
     pub fn into_vecs(self) -> Vec<Vec<f32>> {
         if self.spans.len() == 1 {
-            return vec![self.data];
+            return vec![self.data.into_vec()];
         }
         (0..self.spans.len())
             .map(|i| self.seq(i).to_vec())
@@ -305,12 +305,11 @@ impl Runner {
         forward_batch(&self.model, &self.gguf, &mut self.compute, kv, work)
     }
 
-    /// Hands a step's logits buffer back for the next step to fill, so a
-    /// large batch does not allocate (and page-fault) 32 MiB every step.
+    /// Hands a step's logits back. Device logits live in page-locked
+    /// buffers that return to the backend's pool when dropped (so a large
+    /// batch does not allocate 32 MiB every step); this drops them now.
     pub fn recycle(&mut self, l: Logits) {
-        if let Compute::Cuda { exec, .. } = &self.compute {
-            exec.backend().recycle_logits(l.data);
-        }
+        drop(l);
     }
 
     /// Releases a sequence's KV blocks. Freeing a sequence that holds no
@@ -535,12 +534,13 @@ fn prefault(g: &GgufFile, bar: &ProgressBar) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::Logits;
+    use crate::dispatch::HostLogits;
 
     #[test]
     fn flat_logits_spans() {
         // Three items of vocab 2: two rows, none, one row.
         let l = Logits {
-            data: vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+            data: HostLogits::Vec(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
             vocab: 2,
             spans: vec![0..2, 2..2, 2..3],
         };
@@ -554,7 +554,7 @@ mod tests {
         );
         // A single item keeps the buffer itself.
         let one = Logits {
-            data: vec![7.0, 8.0],
+            data: HostLogits::Vec(vec![7.0, 8.0]),
             vocab: 2,
             spans: std::iter::once(0..1).collect(),
         };

@@ -324,7 +324,7 @@ impl CudaExec {
             &mut DevKvCache,
             &StepBufs<DevIdx<'_>, DevBatch<'_>>,
         ) -> Result<Option<DevBuf>>,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<super::HostLogits> {
         let b = input.tokens.len();
         input.validate(vocab)?;
         crate::backend::validate::kv_slots(input.slots, Self::kv_cells(kv))?;
@@ -668,7 +668,7 @@ impl Exec for CudaExec {
         }
         Ok(())
     }
-    fn download(&self, b: DevBuf) -> Result<Vec<f32>> {
+    fn download(&self, b: DevBuf) -> Result<super::HostLogits> {
         let t0 = std::time::Instant::now();
         let h = self
             .be

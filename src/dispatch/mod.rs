@@ -118,7 +118,7 @@ pub trait Exec {
     /// Runs one op (on whichever backend the executor picks).
     fn run(&self, op: OpT<'_, Self::M>) -> Result<()>;
     /// Moves an activation to the host (waits for every queued op).
-    fn download(&self, b: Self::Buf) -> Result<Vec<f32>>;
+    fn download(&self, b: Self::Buf) -> Result<HostLogits>;
 }
 
 /// Host-memory execution: every op goes through the [`Dispatcher`], which
@@ -176,7 +176,44 @@ impl Exec for HostExec<'_> {
     fn run(&self, op: Op<'_>) -> Result<()> {
         self.dx.run(op)
     }
-    fn download(&self, b: Vec<f32>) -> Result<Vec<f32>> {
-        Ok(b)
+    fn download(&self, b: Vec<f32>) -> Result<HostLogits> {
+        Ok(HostLogits::Vec(b))
+    }
+}
+
+/// A step's logits on the host: a vector (host execution) or the
+/// page-locked memory a device copied them into (read in place, no second
+/// copy; it returns to the backend's pool when dropped).
+#[derive(Debug)]
+pub enum HostLogits {
+    Vec(Vec<f32>),
+    Pinned(crate::backend::cuda::PinnedLogits),
+}
+
+impl Default for HostLogits {
+    fn default() -> Self {
+        HostLogits::Vec(Vec::new())
+    }
+}
+
+impl HostLogits {
+    pub fn as_slice(&self) -> &[f32] {
+        match self {
+            HostLogits::Vec(v) => v,
+            HostLogits::Pinned(p) => p.as_slice(),
+        }
+    }
+    pub fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The values as a vector (a copy for pinned memory).
+    pub fn into_vec(self) -> Vec<f32> {
+        match self {
+            HostLogits::Vec(v) => v,
+            HostLogits::Pinned(p) => p.as_slice().to_vec(),
+        }
     }
 }

@@ -19,6 +19,13 @@
 
 mod host;
 mod launch;
+mod logits;
+pub use logits::PinnedLogits;
+
+/// Capacity of `CudaBackend::split_counters`: output tiles of one split-K
+/// launch that reduces in the kernel (batched decode has at most a few
+/// hundred; a launch with more adds its splits with split_sum).
+pub(crate) const SPLIT_COUNTERS: usize = 16384;
 pub(crate) use launch::fast_uses_blas;
 pub mod mem;
 mod pdl;
@@ -93,12 +100,15 @@ pub struct CudaBackend {
     /// next one of the same row count will): swiglu's row count is not
     /// part of its op.
     pub(crate) last_mv_q8: std::sync::atomic::AtomicBool,
-    /// Page-locked staging buffer for logits downloads (grown on demand):
-    /// a copy into fresh pageable memory pays a page fault per 4 KiB.
-    pinned: Mutex<Option<cudarc::driver::PinnedHostSlice<f32>>>,
-    /// A logits vector handed back by its user (Runner::recycle), filled
-    /// by the next download instead of a fresh allocation.
-    spare_logits: Mutex<Vec<f32>>,
+    /// Page-locked buffers the logits downloads land in (a copy into
+    /// pageable memory pays a page fault per 4 KiB, and a second host copy
+    /// costs as much as the transfer).
+    pinned: logits::PinnedPool,
+    /// One arrival counter per output tile of a split-K mm_q8_mma launch
+    /// (the last split to finish a tile adds the partial sums): all zero
+    /// between kernels, and never reallocated (captured graphs hold its
+    /// address).
+    pub(crate) split_counters: CudaSlice<i32>,
     /// cuBLAS on the backend's stream (fast-mode GEMMs), when libcublas
     /// loads; without it fast mode uses the warp-per-row kernel.
     blas: Option<cudarc::cublas::CudaBlas>,
@@ -237,6 +247,11 @@ impl CudaBackend {
             unsafe { stream.alloc::<u8>(256) },
             "allocating the scratch arena",
         )?;
+        // Zeroed once; every kernel that counts in it leaves it zeroed.
+        let split_counters = drv(
+            stream.alloc_zeros::<i32>(SPLIT_COUNTERS),
+            "allocating the split-K counters",
+        )?;
         // SAFETY: only tries to dlopen libcublas by its candidate names
         // (cudarc panics on first use of a missing library otherwise).
         let blas = if unsafe { cudarc::cublas::sys::is_culib_present() } {
@@ -257,8 +272,8 @@ impl CudaBackend {
             act_cache: Mutex::new(None),
             prequant: std::env::var("QUIRE_PREQUANT").map_or(true, |v| v != "0"),
             last_mv_q8: std::sync::atomic::AtomicBool::new(false),
-            pinned: Mutex::new(None),
-            spare_logits: Mutex::new(Vec::new()),
+            pinned: logits::PinnedPool::default(),
+            split_counters,
             dev: Device { ctx, stream, funcs },
             name,
             arch,
@@ -367,53 +382,44 @@ impl CudaBackend {
         drv(self.dev.stream.memcpy_dtoh(&v, h), what)
     }
 
-    /// Downloads the first `len` values of `d` through the pinned staging
-    /// buffer and synchronizes the stream (the step's end).
-    pub fn down_logits(&self, d: &CudaSlice<f32>, len: usize, what: &str) -> Result<Vec<f32>> {
+    /// Downloads the first `len` values of `d` into page-locked memory
+    /// (a pooled buffer when one is large enough) and synchronizes the
+    /// stream (the step's end). The caller reads that memory directly; it
+    /// returns to the pool when dropped.
+    pub fn down_logits(
+        &self,
+        d: &CudaSlice<f32>,
+        len: usize,
+        what: &str,
+    ) -> Result<crate::dispatch::HostLogits> {
         if len == 0 {
             self.sync(what)?;
-            return Ok(Vec::new());
+            return Ok(crate::dispatch::HostLogits::Vec(Vec::new()));
         }
-        let mut g = self
-            .pinned
-            .lock()
-            .map_err(|_| anyhow!("cuda backend: pinned buffer lock poisoned"))?;
-        if g.as_ref().is_none_or(|p| p.len() < len) {
-            // SAFETY: the buffer is only read after a copy into it has
-            // completed (the stream sync below); flags 0: plain page-locked
-            // memory (write-combined memory is slow for the cpu to read).
-            let p = unsafe { self.dev.ctx.alloc_pinned_with_flags::<f32>(len, 0) };
-            *g = Some(drv(p, "allocating the pinned logits buffer")?);
-        }
-        let p = g
-            .as_mut()
-            .ok_or_else(|| anyhow!("cuda backend: no pinned buffer"))?;
-        let v = d.slice(0..len);
-        // A plain slice of the page-locked memory: the copy moves exactly
-        // `len` values (cudarc copies the destination's whole length).
-        let host = drv(p.as_mut_slice(), what)?;
-        drv(self.dev.stream.memcpy_dtoh(&v, &mut host[..len]), what)?;
-        self.sync(what)?;
-        // Fill a recycled vector when there is one (no fresh allocation
-        // to page-fault through).
-        let mut out = self
-            .spare_logits
-            .lock()
-            .map(|mut s| std::mem::take(&mut *s))
-            .unwrap_or_default();
-        out.clear();
-        out.extend_from_slice(&host[..len]);
-        Ok(out)
-    }
-
-    /// Keeps `v`'s allocation for the next logits download (the larger of
-    /// it and the one already kept).
-    pub fn recycle_logits(&self, v: Vec<f32>) {
-        if let Ok(mut s) = self.spare_logits.lock() {
-            if v.capacity() > s.capacity() {
-                *s = v;
+        let mut p = match self.pinned.take(len) {
+            Some(p) => p,
+            None => {
+                // SAFETY: the buffer is only read after a copy into it has
+                // completed (the stream sync below); flags 0: plain
+                // page-locked memory (write-combined memory is slow for
+                // the cpu to read).
+                let p = unsafe { self.dev.ctx.alloc_pinned_with_flags::<f32>(len, 0) };
+                drv(p, "allocating a pinned logits buffer")?
             }
+        };
+        let v = d.slice(0..len);
+        {
+            // A plain slice of the page-locked memory: the copy moves
+            // exactly `len` values (cudarc copies the destination's whole
+            // length).
+            let host = drv(p.as_mut_slice(), what)?;
+            drv(self.dev.stream.memcpy_dtoh(&v, &mut host[..len]), what)?;
         }
+        self.sync(what)?;
+        // SAFETY: the copy into p[..len] completed (stream synchronized
+        // above) and p moves into the PinnedLogits, which nothing writes.
+        let l = unsafe { PinnedLogits::new(p, len, self.pinned.clone()) };
+        Ok(crate::dispatch::HostLogits::Pinned(drv(l, what)?))
     }
 
     pub fn sync(&self, what: &str) -> Result<()> {

@@ -7,7 +7,7 @@
 //! batch: batch invariance follows from the backend's per-row arithmetic.
 
 use crate::backend::{validate, AttnBatch, MatJob, OpInfo, OpT, WeightInfo as _};
-use crate::dispatch::{Exec, HostExec, StepBufs};
+use crate::dispatch::{Exec, HostExec, HostLogits, StepBufs};
 use crate::gguf::GgufFile;
 use crate::model::config::{Arch, ModelConfig};
 use crate::model::kv_storage::KvStorage;
@@ -212,7 +212,7 @@ impl LlamaModel {
         exec: &HostExec<'_>,
         kv: &mut KvStorage,
         input: &StepInput<'_>,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<HostLogits> {
         forward(&self.cfg, &self.weights, exec, kv, input)
     }
 }
@@ -226,7 +226,7 @@ pub fn forward<E: Exec>(
     e: &E,
     kv: &mut E::Kv,
     input: &StepInput<'_>,
-) -> Result<Vec<f32>> {
+) -> Result<HostLogits> {
     let n = input.tokens.len();
     input.validate(c.vocab_size)?;
     validate::kv_slots(input.slots, E::kv_cells(kv))?;
@@ -241,7 +241,7 @@ pub fn forward<E: Exec>(
         })
         .collect::<Result<_>>()?;
     if n == 0 {
-        return Ok(Vec::new());
+        return Ok(HostLogits::default());
     }
     let bufs = StepBufs {
         n,
@@ -261,7 +261,7 @@ pub fn forward<E: Exec>(
     };
     match forward_bufs(c, w, e, kv, &bufs)? {
         Some(logits) => e.download(logits),
-        None => Ok(Vec::new()),
+        None => Ok(HostLogits::default()),
     }
 }
 
