@@ -44,9 +44,6 @@ for s in "${steps[@]}"; do
       for wn in 1 2; do
         QUIRE_MQ_WN=$wn QUIRE_MMA_MIN_ROWS=0 QUIRE_MMA_MAX_ROWS=100000 run_step "ops-fast-mma-w$wn" "$QUIRE" ops --backend cuda --mode fast --op mat_mul
       done
-      # Split-K partials added by split_sum launches instead of the
-      # kernel's last split (the in-kernel fix-up is the default above).
-      QUIRE_MQ_FIXUP=0 QUIRE_MQ_WN=2 QUIRE_MMA_MIN_ROWS=0 QUIRE_MMA_MAX_ROWS=100000 run_step ops-fast-mma-splitsum "$QUIRE" ops --backend cuda --mode fast --op mat_mul
       QUIRE_MQ=0 QUIRE_MMA_MIN_ROWS=0 QUIRE_MMA_MAX_ROWS=100000 run_step ops-fast-tile "$QUIRE" ops --backend cuda --mode fast --op mat_mul
       ;;
     attn)

@@ -22,10 +22,6 @@ mod launch;
 mod logits;
 pub use logits::PinnedLogits;
 
-/// Capacity of `CudaBackend::split_counters`: output tiles of one split-K
-/// launch that reduces in the kernel (batched decode has at most a few
-/// hundred; a launch with more adds its splits with split_sum).
-pub(crate) const SPLIT_COUNTERS: usize = 16384;
 pub(crate) use launch::fast_uses_blas;
 pub mod mem;
 mod pdl;
@@ -104,11 +100,6 @@ pub struct CudaBackend {
     /// pageable memory pays a page fault per 4 KiB, and a second host copy
     /// costs as much as the transfer).
     pinned: logits::PinnedPool,
-    /// One arrival counter per output tile of a split-K mm_q8_mma launch
-    /// (the last split to finish a tile adds the partial sums): all zero
-    /// between kernels, and never reallocated (captured graphs hold its
-    /// address).
-    pub(crate) split_counters: CudaSlice<i32>,
     /// cuBLAS on the backend's stream (fast-mode GEMMs), when libcublas
     /// loads; without it fast mode uses the warp-per-row kernel.
     blas: Option<cudarc::cublas::CudaBlas>,
@@ -247,11 +238,7 @@ impl CudaBackend {
             unsafe { stream.alloc::<u8>(256) },
             "allocating the scratch arena",
         )?;
-        // Zeroed once; every kernel that counts in it leaves it zeroed.
-        let split_counters = drv(
-            stream.alloc_zeros::<i32>(SPLIT_COUNTERS),
-            "allocating the split-K counters",
-        )?;
+
         // SAFETY: only tries to dlopen libcublas by its candidate names
         // (cudarc panics on first use of a missing library otherwise).
         let blas = if unsafe { cudarc::cublas::sys::is_culib_present() } {
@@ -273,7 +260,6 @@ impl CudaBackend {
             prequant: std::env::var("QUIRE_PREQUANT").map_or(true, |v| v != "0"),
             last_mv_q8: std::sync::atomic::AtomicBool::new(false),
             pinned: logits::PinnedPool::default(),
-            split_counters,
             dev: Device { ctx, stream, funcs },
             name,
             arch,

@@ -292,65 +292,14 @@ __device__ __forceinline__ void mq_body(const u8* __restrict__ w, int m, long lo
 // as quant_q8's xq (n, k) int8 and xds (n, k / 32) float2. One split
 // (part_stride 0) writes out_j; with several, split z writes its partial
 // sums of job j at part + z * part_stride + n * (m_0 + .. + m_{j-1}) as an
-// (n, m_j) block. Then, with `cnt` (one zeroed counter per CTA of the grid's
-// x-y plane), the last split of a tile to arrive adds the tile's partials
-// in split order 0, 1, .. (the same sums as split_sum, whichever split is
-// last) into out_j and zeroes the counter again; without (nullptr),
-// split_sum adds them afterwards. Grid: (ceil(n / MQ_TOK), the table's
+// (n, m_j) block, for split_sum. Grid: (ceil(n / MQ_TOK), the table's
 // CTAs, splits); MQ_THREADS(WN) threads; bpc a multiple of MQ_KB. Dynamic
 // shared memory: MQ_STAGES * mq_stage_bytes(ty).
-// A float from L2 (ld.global.cg), never from a possibly stale L1 line.
-__device__ __forceinline__ float ld_cg(const float* p) {
-    float v;
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
-    return v;
-}
-
-// Split-K fix-up of one CTA (mq_kernel, after it stored its partials at
-// part0 + blockIdx.z * part_stride): the last split of the tile to arrive
-// adds all of them, in split order, into outj (n, m) for rows row0 ..
-// row0 + MQ_ROWS - 1. The pattern of CUDA's threadFenceReduction sample:
-// every thread's partials are visible device-wide before thread 0 counts
-// this split in; the split that brings the count to gridDim.z saw every
-// other split's fence, so the partials it reads from L2 (ld.global.cg:
-// never a stale L1 line) are complete. The tile is walked thread-linearly
-// (consecutive threads, consecutive rows): few registers, coalesced.
-template <int WN>
-__device__ __forceinline__ void mq_fixup(const float* __restrict__ part0,
-                                         float* __restrict__ outj, int m, int n, int row0,
-                                         long long part_stride, int* __restrict__ cnt, bool add) {
-    __shared__ int mq_last;
-    asm volatile("membar.gl;" ::: "memory");
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int* c = cnt + blockIdx.y * gridDim.x + blockIdx.x;
-        int old;
-        asm volatile("atom.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(c) : "memory");
-        int last = old == (int)gridDim.z - 1;
-        if (last) *c = 0;  // for the next launch (kernel boundaries order it)
-        mq_last = last;
-    }
-    __syncthreads();
-    if (!mq_last) return;
-    asm volatile("membar.gl;" ::: "memory");
-    int rows = min(MQ_ROWS, m - row0);
-    for (int i = threadIdx.x; i < n * MQ_ROWS; i += MQ_THREADS(WN)) {
-        int tk = i / MQ_ROWS, r = i % MQ_ROWS;
-        if (r < rows) {
-            long long o = (long long)tk * m + row0 + r;
-            float v = ld_cg(part0 + o);
-            for (int z = 1; z < (int)gridDim.z; z++) v += ld_cg(part0 + z * part_stride + o);
-            mm_store(outj + o, v, add);
-        }
-    }
-}
-
 template <int WN>
 __device__ __forceinline__ void mq_kernel(const MmJobs& J, int k, long long rb, int ty,
                                           const signed char* __restrict__ xq,
                                           const float2* __restrict__ xds, int n_all, int bpc,
-                                          long long part_stride, float* __restrict__ part,
-                                          int* __restrict__ cnt) {
+                                          long long part_stride, float* __restrict__ part) {
     GRID_DEP();
     extern __shared__ __align__(16) u8 mq_smem[];
     MmJob jb = mm_job(J, blockIdx.y);
@@ -394,20 +343,13 @@ __device__ __forceinline__ void mq_kernel(const MmJobs& J, int k, long long rb, 
                 int row = r0 + 16 * mt + 8 * (e >> 1), tk = tk0 + 8 * nt + (e & 1);
                 if (tk < n && row < m) mm_store(out + (long long)tk * m + row, acc[mt][nt][e], add_here);
             }
-    if (part_stride != 0 && cnt != nullptr) {
-        // The job's entry again (parameter memory), not held through the
-        // loop.
-        MmJob j2 = mm_job(J, blockIdx.y);
-        mq_fixup<WN>(out - blockIdx.z * part_stride, j2.out + (long long)g0 * m, m, n,
-                     j2.by * MQ_ROWS, part_stride, cnt, j2.add);
-    }
 }
 
 #define MQ_ARGS                                                                              \
     MmJobs J, int k, long long rb, int ty, const signed char *__restrict__ xq,               \
         const float2 *__restrict__ xds, int n_all, int bpc, long long part_stride,           \
-        float *__restrict__ part, int *__restrict__ cnt
-#define MQ_PASS J, k, rb, ty, xq, xds, n_all, bpc, part_stride, part, cnt
+        float *__restrict__ part
+#define MQ_PASS J, k, rb, ty, xq, xds, n_all, bpc, part_stride, part
 extern "C" __global__ void __launch_bounds__(MQ_THREADS(1), 2) mm_q8_mma(MQ_ARGS) {
     mq_kernel<1>(MQ_PASS);
 }

@@ -7,7 +7,7 @@
 use super::arena3;
 use super::matmul::{ctas_per_sm_knob, job_table, mm_dims, split_k, ActKey, ACT_Q8};
 use crate::backend::cuda::mem::Dev;
-use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend, SPLIT_COUNTERS};
+use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
 use crate::backend::MatJob;
 use crate::quant::GgmlType;
 use anyhow::Result;
@@ -80,15 +80,6 @@ fn mq_ctas_per_sm() -> usize {
     *V.get_or_init(|| ctas_per_sm_knob("QUIRE_MQ_CTAS_PER_SM"))
 }
 
-/// Whether split-K launches add their partials in the kernel (the last
-/// split of a tile to finish) rather than in split_sum launches:
-/// QUIRE_MQ_FIXUP=0 turns it off (for comparison). The sums are the same
-/// either way (split order).
-fn mq_fixup() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("QUIRE_MQ_FIXUP").map_or(true, |v| v != "0"))
-}
-
 /// Split-K for mm_q8_mma: (splits, blocks per split), `split_k` over its
 /// MQ_ROWS x MQ_TOK tiles (`m` rows in all: the job table's row tiles) and
 /// MQ_KB-block chunks, aiming at `ctas_per_sm * sms` CTAs.
@@ -108,9 +99,9 @@ impl CudaBackend {
     /// k, which `mq_takes`; the job table's CTA rows cover each job's row
     /// tiles): activations to int8 (quant_q8, unless the arena holds them),
     /// then the kernel, split over k when the row tiles of all jobs
-    /// together would leave SMs idle, the splits' partial sums added in
-    /// split order (by the last split of each tile, or split_sum per job),
-    /// into the output for `add`.
+    /// together would leave SMs idle, and per job the splits' partial sums
+    /// added in split order (split_sum), which adds into the output for
+    /// `add`.
     pub(super) fn mm_q8_mma(
         &self,
         x: &CudaView<'_, f32>,
@@ -155,11 +146,6 @@ impl CudaBackend {
             };
             let bpci = i32_of(bpc, "blocks per split")?;
             let stride = if splits > 1 { (n * m_all) as i64 } else { 0 };
-            // The last split of each tile adds the partials in the kernel
-            // when the grid's tiles fit the counters (else split_sum).
-            let fixup = splits > 1
-                && mq_fixup()
-                && cfg.grid_dim.0 as usize * cfg.grid_dim.1 as usize <= SPLIT_COUNTERS;
             let mut b = s.launch_builder(self.func(name)?);
             b.arg(&table)
                 .arg(&d.ki)
@@ -171,23 +157,15 @@ impl CudaBackend {
                 .arg(&bpci)
                 .arg(&stride)
                 .arg(&mut *part);
-            let null = 0u64;
-            if fixup {
-                b.arg(&self.split_counters);
-            } else {
-                b.arg(&null);
-            }
             // SAFETY: matches mm_q8_mma / mm_q8_mma_w2 (MQ_ROWS weight rows
             // per CTA row, as the job table); each job's weights hold m rows
             // of rb bytes (rb a multiple of 16: k % 256 == 0, mq_takes; the
             // allocation 256-byte aligned) and its output n*m floats; xq
             // n*k bytes and xds n*k/32 float2 (arena, 256-byte aligned);
             // part splits*n*m_all floats when split (split z writes at
-            // z*stride), unused otherwise; the counters (when passed) hold
-            // SPLIT_COUNTERS >= grid x * grid y zeros, and this stream
-            // runs one kernel at a time.
+            // z*stride), unused otherwise.
             drv(unsafe { b.launch(cfg) }, "mat_mul: mm_q8_mma")?;
-            if splits > 1 && !fixup {
+            if splits > 1 {
                 let sp = i32_of(splits, "splits")?;
                 let mut off = 0;
                 for (j, &m) in jobs.iter_mut().zip(&rows) {
