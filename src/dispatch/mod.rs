@@ -217,3 +217,22 @@ impl HostLogits {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::HostLogits;
+
+    #[test]
+    fn host_logits_vec_reads_in_place() {
+        let v = vec![0.5f32, -1.25, 3.0];
+        let ptr = v.as_ptr();
+        let l = HostLogits::Vec(v);
+        assert_eq!(l.len(), 3);
+        assert!(!l.is_empty());
+        assert_eq!(l.as_slice(), &[0.5, -1.25, 3.0]);
+        // The host vector moves out without a copy.
+        let back = l.into_vec();
+        assert_eq!(back.as_ptr(), ptr);
+        assert!(HostLogits::default().is_empty());
+    }
+}
