@@ -23,21 +23,34 @@ pub(crate) struct PinnedPool(Arc<Mutex<Vec<PinnedHostSlice<f32>>>>);
 impl PinnedPool {
     /// A spare buffer of at least `len` values, if the pool has one.
     pub(crate) fn take(&self, len: usize) -> Option<PinnedHostSlice<f32>> {
-        let mut p = self.0.lock().ok()?;
-        let i = p.iter().position(|b| b.len() >= len)?;
-        Some(p.swap_remove(i))
+        take_fit(&mut *self.0.lock().ok()?, len, PinnedHostSlice::len)
     }
 
     fn give(&self, b: PinnedHostSlice<f32>) {
         if let Ok(mut p) = self.0.lock() {
-            if p.len() < POOL_MAX {
-                p.push(b);
-            } else if let Some(i) = (0..p.len()).min_by_key(|&i| p[i].len()) {
-                // Keep the larger buffers (the batch size grows and shrinks).
-                if p[i].len() < b.len() {
-                    p[i] = b;
-                }
-            }
+            keep_largest(&mut p, b, PinnedHostSlice::len);
+        }
+    }
+}
+
+/// Removes and returns the smallest buffer of `pool` holding at least
+/// `len` (the larger ones stay for larger steps).
+fn take_fit<B>(pool: &mut Vec<B>, len: usize, len_of: impl Fn(&B) -> usize) -> Option<B> {
+    let i = (0..pool.len())
+        .filter(|&i| len_of(&pool[i]) >= len)
+        .min_by_key(|&i| len_of(&pool[i]))?;
+    Some(pool.swap_remove(i))
+}
+
+/// Puts `b` back into `pool`, which keeps at most POOL_MAX buffers: past
+/// that, the largest (the batch size grows and shrinks; a large buffer
+/// serves a small step, not the reverse).
+fn keep_largest<B>(pool: &mut Vec<B>, b: B, len_of: impl Fn(&B) -> usize) {
+    if pool.len() < POOL_MAX {
+        pool.push(b);
+    } else if let Some(i) = (0..pool.len()).min_by_key(|&i| len_of(&pool[i])) {
+        if len_of(&pool[i]) < len_of(&b) {
+            pool[i] = b;
         }
     }
 }
@@ -104,5 +117,29 @@ impl Drop for PinnedLogits {
 impl std::fmt::Debug for PinnedLogits {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "PinnedLogits({} values)", self.len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{keep_largest, take_fit, POOL_MAX};
+
+    #[test]
+    fn pool_keeps_the_largest_buffers_and_hands_out_a_fit() {
+        let mut pool: Vec<Vec<u8>> = Vec::new();
+        for n in [10, 40, 20, 5, 30] {
+            keep_largest(&mut pool, vec![0; n], Vec::len);
+        }
+        let mut lens: Vec<usize> = pool.iter().map(Vec::len).collect();
+        lens.sort();
+        assert_eq!(POOL_MAX, 3);
+        assert_eq!(lens, vec![20, 30, 40]);
+        // The smallest buffer that is large enough, removed from the pool.
+        assert_eq!(take_fit(&mut pool, 25, Vec::len).map(|b| b.len()), Some(30));
+        assert_eq!(pool.len(), 2);
+        assert!(take_fit(&mut pool, 41, Vec::len).is_none());
+        assert_eq!(take_fit(&mut pool, 0, Vec::len).map(|b| b.len()), Some(20));
+        assert_eq!(take_fit(&mut pool, 31, Vec::len).map(|b| b.len()), Some(40));
+        assert!(pool.is_empty());
     }
 }
