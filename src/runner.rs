@@ -40,8 +40,9 @@ pub struct SeqWork<'a> {
 /// rows `spans[i]` of `(rows, vocab)`. One buffer instead of one vector per
 /// sequence: a batch of 64 decode rows of a 128k vocabulary is 32 MiB, and
 /// splitting it (or allocating it fresh) every step cost more host time
-/// than the step's kernels (H100, 8B, batch 64). Give it back with
-/// [`Runner::recycle`] so the next step reuses the allocation.
+/// than the step's kernels (H100, 8B, batch 64). Device logits stay in the
+/// page-locked buffer they were copied into, which goes back to the
+/// backend's pool when this is dropped: drop it before the next step.
 #[derive(Debug, Default)]
 pub struct Logits {
     data: HostLogits,
@@ -303,13 +304,6 @@ impl Runner {
     /// (the serving scheduler). Allocates nothing.
     pub fn step_with_kv(&mut self, kv: &KvManager, work: &[SeqWork<'_>]) -> Result<Logits> {
         forward_batch(&self.model, &self.gguf, &mut self.compute, kv, work)
-    }
-
-    /// Hands a step's logits back. Device logits live in page-locked
-    /// buffers that return to the backend's pool when dropped (so a large
-    /// batch does not allocate 32 MiB every step); this drops them now.
-    pub fn recycle(&mut self, l: Logits) {
-        drop(l);
     }
 
     /// Releases a sequence's KV blocks. Freeing a sequence that holds no

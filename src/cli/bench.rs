@@ -119,8 +119,8 @@ fn time_batched(
                     logits: LogitsWanted::Last,
                 })
                 .collect();
-            let l = r.step_flat(&work)?;
-            r.recycle(l);
+            // Dropped at once: its buffer serves the next step.
+            drop(r.step_flat(&work)?);
             if ncu_step == Some(step) {
                 crate::backend::cuda::profiler_range(false);
             }

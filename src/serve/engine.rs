@@ -454,7 +454,8 @@ impl Engine {
                 }
             }
         }
-        self.runner.recycle(outs);
+        // The logits' page-locked buffer back to the pool for the next step.
+        drop(outs);
         self.metrics.record_step(now, sampled.len() as u64);
         self.sched
             .on_step_done(&sampled)

@@ -238,7 +238,6 @@ impl CudaBackend {
             unsafe { stream.alloc::<u8>(256) },
             "allocating the scratch arena",
         )?;
-
         // SAFETY: only tries to dlopen libcublas by its candidate names
         // (cudarc panics on first use of a missing library otherwise).
         let blas = if unsafe { cudarc::cublas::sys::is_culib_present() } {
