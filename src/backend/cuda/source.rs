@@ -44,6 +44,7 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
             "mv_float_r1_w4",
             "mm_f16_tile",
             "split_sum",
+            "split_sum_jobs",
             "dequant_f16",
             "to_f16",
         ],

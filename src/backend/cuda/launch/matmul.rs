@@ -243,6 +243,18 @@ pub(super) struct MmJobs {
 // host memory), so it may be copied into a kernel's parameters.
 unsafe impl cudarc::driver::DeviceRepr for MmJobs {}
 
+impl MmJobs {
+    /// Whether split_sum_jobs can add this table's partials of `n`
+    /// activation rows four floats at a time: every job's n * m a multiple
+    /// of 4 and every output 16-byte aligned.
+    pub(super) fn vec4_ok(&self, n: usize) -> bool {
+        let count = self.count.max(0) as usize;
+        (0..count.min(MAX_MAT_JOBS)).all(|j| {
+            (n * self.m[j].max(0) as usize).is_multiple_of(4) && self.out[j].is_multiple_of(16)
+        })
+    }
+}
+
 /// Whether a matvec launch prefetches its weights before waiting for the
 /// previous kernel (MV_PREFETCH in matmul_fast.cu): quantized weights of at
 /// most QUIRE_MV_PREFETCH_MB (default 4) MiB in all. Measured on an H100

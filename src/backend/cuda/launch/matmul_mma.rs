@@ -30,6 +30,14 @@ pub(crate) fn mq_wn(n: usize) -> usize {
     });
     forced.unwrap_or(if n > 16 { 2 } else { 1 })
 }
+/// Whether the splits of all jobs are added by one split_sum_jobs launch
+/// (four floats per thread) where the shapes allow; QUIRE_SPLIT_SUM_JOBS=0
+/// keeps one scalar split_sum per job (same bits; A/B knob).
+fn split_sum_jobs_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("QUIRE_SPLIT_SUM_JOBS").as_deref() != Ok("0"))
+}
+
 /// Weight rows and activation rows of one mm_q8_mma CTA (MQ_ROWS,
 /// MQ_TOK), its k chunk in 32-blocks (MQ_KB), the chunks in flight
 /// (MQ_STAGES) and the activation row stride in shared memory (MQ_XLD), as
@@ -165,7 +173,22 @@ impl CudaBackend {
             // part splits*n*m_all floats when split (split z writes at
             // z*stride), unused otherwise.
             drv(unsafe { b.launch(cfg) }, "mat_mul: mm_q8_mma")?;
-            if splits > 1 {
+            if splits > 1 && table.vec4_ok(n) && split_sum_jobs_on() {
+                // One launch for every job, four floats per thread (the
+                // partials of all jobs lie back to back; part is 256-byte
+                // aligned and stride a multiple of 4: every n * m is).
+                let sp = i32_of(splits, "splits")?;
+                let mut b = s.launch_builder(self.func("split_sum_jobs")?);
+                let pv = part.slice(0..);
+                b.arg(&pv).arg(&sp).arg(&stride).arg(&d.ni).arg(&table);
+                // SAFETY: matches split_sum_jobs; part holds splits*n*m_all
+                // floats (split s at s*stride, stride = n*m_all), the table's
+                // outputs n*m_j floats each, 16-byte aligned (vec4_ok).
+                drv(
+                    unsafe { b.launch(grid_1d(n * m_all / 4, 256)?) },
+                    "mat_mul: split_sum_jobs",
+                )?;
+            } else if splits > 1 {
                 let sp = i32_of(splits, "splits")?;
                 let mut off = 0;
                 for (j, &m) in jobs.iter_mut().zip(&rows) {
