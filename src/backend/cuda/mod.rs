@@ -218,7 +218,7 @@ impl CudaBackend {
                     drv(
                         f.set_attribute(
                             cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                            launch::mq_smem_max() as i32,
+                            launch::mq_smem_max(e) as i32,
                         ),
                         "mm_q8_mma: shared memory size",
                     )?;

@@ -52,7 +52,7 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     (
         "matmul_mma_fast",
         include_str!("kernels/matmul_mma_fast.cu"),
-        &["mm_q8_mma", "mm_q8_mma_w2"],
+        &["mm_q8_mma", "mm_q8_mma_w2", "mm_q8_mma_t16"],
     ),
     (
         "rms_norm",

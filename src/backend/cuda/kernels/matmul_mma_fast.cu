@@ -13,14 +13,15 @@
 // with d_x, s_x = d_x * sum(q_x) the activation block's scale and sum
 // (quant_q8's float2). The nibbles go into the MMA unshifted (0..15).
 //
-// A CTA of 4 WN warps owns MQ_ROWS = 128 weight rows and MQ_TOK = 64
-// activation rows; warp w computes weight rows 32 (w % 4) .. + 31 (two m16
-// tiles) for activation rows 64 / WN * (w / 4) .. (up to 8 / WN n8 tiles).
+// A CTA of 4 WN warps owns MQ_ROWS = 128 weight rows and TOK activation
+// rows (64, or 16 for small batches: mm_q8_mma_t16); warp w computes weight
+// rows 32 (w % 4) .. + 31 (two m16 tiles) for activation rows TOK / WN *
+// (w / 4) .. (up to TOK / 8 / WN n8 tiles).
 // Each job of a MatMuls table has its own range of CTA rows. k runs in chunks of MQ_KB =
 // 8 blocks (256 values): the chunk's raw weight blocks (16-byte pieces: 8
 // blocks of 18, 20 or 34 bytes are 144, 160 or 272 bytes), int8
 // activations and their float2 scales land in shared memory by cp.async,
-// MQ_STAGES chunks in flight. The weight fragments are read straight from
+// STAGES - 1 chunks in flight while one is computed. The weight fragments are read straight from
 // the raw blocks: block b's integers begin at byte BS b + 2 (Q4_1: + 4),
 // so for Q4_0 / Q8_0 every other block is only 2-byte aligned and its words
 // are assembled from two halves.
@@ -36,26 +37,29 @@
 // rows 16-byte aligned (row bytes a multiple of 16: true for k % 256 == 0),
 // split ranges whole chunks.
 
-// WN (template argument; the kernel mm_q8_mma is WN = 1, mm_q8_mma_w2 WN =
-// 2): warps along the activation rows. 4 WN warps (MQ_THREADS(WN)
-// threads), each with MQ_NTW(WN) = 8 / WN tiles of 8 activation rows.
+// Template arguments (launch/matmul_mma.rs MqKernel lists the same):
+// WN warps along the activation rows (4 WN warps, MQ_THREADS(WN) threads),
+// TOK activation rows per CTA (each warp then has mq_ntw(WN, TOK) = TOK / 8
+// / WN tiles of 8 rows) and STAGES chunk buffers in shared memory:
+//   mm_q8_mma      WN 1, TOK 64, STAGES 2 (up to 255 registers)
+//   mm_q8_mma_w2   WN 2, TOK 64, STAGES 2 (128 registers)
+//   mm_q8_mma_t16  WN 1, TOK 16, STAGES 4 (up to 16 rows, 4-bit weights: the
+//                  small activation tile leaves room for three chunks of
+//                  weights in flight per CTA, where TOK 64 keeps one)
 #define MQ_THREADS(WN) (128 * (WN))
-#define MQ_NTW(WN) (8 / (WN))
 #define MQ_ROWS 128
-#define MQ_TOK 64
 #define MQ_KB 8
 #define MQ_XLD (32 * MQ_KB + 16)  // activation row stride in shared memory
-// Chunks in flight; launch/matmul_mma.rs sizes the shared memory for the
-// same count (MQ_STAGES there).
-#define MQ_STAGES 2
+__device__ constexpr int mq_ntw(int wn, int tok) { return tok / 8 / wn; }
+__device__ constexpr int mq_min(int a, int b) { return a < b ? a : b; }
 
 // Shared row stride of a chunk's raw weights: 8 blocks, padded so that the
 // eight rows g = 0..7 of a fragment load start in banks 4 g apart (mod 32)
 // or a permutation of them (Q4_1's 160 bytes would put rows 0 and 4 in one
 // bank).
 __device__ constexpr int mq_wld(int ty) { return ty == TY_Q4_1 ? 176 : 8 * gr_type_size(ty); }
-__device__ constexpr int mq_stage_bytes(int ty) {
-    return MQ_ROWS * mq_wld(ty) + MQ_TOK * MQ_XLD + MQ_KB * MQ_TOK * 8;
+__device__ constexpr int mq_stage_bytes(int ty, int tok) {
+    return MQ_ROWS * mq_wld(ty) + tok * MQ_XLD + MQ_KB * tok * 8;
 }
 
 __device__ __forceinline__ void cp_async8(void* dst, const void* src, int src_bytes) {
@@ -88,14 +92,14 @@ __device__ __forceinline__ u32 lds_word(const u8* p) {
 }
 
 // Queues chunk `b0` (its first block) into stage st: MQ_ROWS rows of raw
-// weights, MQ_TOK rows of activations, their scales as [block][row]. Rows
+// weights, TOK rows of activations, their scales as [block][row]. Rows
 // past m or n are not copied: whatever the stage holds there only reaches
 // products that are never stored (a few activation rows then cost a few
 // copies, not a whole tile of zeros). Thread
 // tid copies weight pieces tid + MQ_THREADS(WN) j (row r, piece p of the
 // flattened rows: consecutive lanes read consecutive 16-byte pieces),
 // walked incrementally (no division per copy).
-template <int TY, int WN>
+template <int TY, int WN, int TOK>
 __device__ __forceinline__ void mq_issue(const u8* __restrict__ w, int m, long long rb,
                                          const signed char* __restrict__ xq,
                                          const float2* __restrict__ xds, int k, int n, int b0,
@@ -123,21 +127,21 @@ __device__ __forceinline__ void mq_issue(const u8* __restrict__ w, int m, long l
         int r0 = tid >> 4, pp = tid & 15;
         const signed char* xb = xq + (long long)r0 * k + 32 * b0 + 16 * pp;
 #pragma unroll
-        for (int j = 0; j < MQ_TOK * 16 / MQ_THREADS(WN); j++) {
+        for (int j = 0; j < TOK * 16 / MQ_THREADS(WN); j++) {
             int rr = r0 + j * (MQ_THREADS(WN) / 16);
             if (rr < n)
                 cp_async16(sx + rr * MQ_XLD + 16 * pp, xb + (long long)j * (MQ_THREADS(WN) / 16) * k, 16);
         }
     }
-    float2* ss = (float2*)(sx + MQ_TOK * MQ_XLD);
+    float2* ss = (float2*)(sx + TOK * MQ_XLD);
     {
         int nb = k / 32;
         int r0 = tid / MQ_KB, b = tid % MQ_KB;
         const float2* sb = xds + (long long)r0 * nb + b0 + b;
 #pragma unroll
-        for (int j = 0; j < MQ_TOK * MQ_KB / MQ_THREADS(WN); j++) {
+        for (int j = 0; j < TOK * MQ_KB / MQ_THREADS(WN); j++) {
             int rr = r0 + j * (MQ_THREADS(WN) / MQ_KB);
-            if (rr < n) cp_async8(&ss[b * MQ_TOK + rr], sb + (long long)j * (MQ_THREADS(WN) / MQ_KB) * nb, 8);
+            if (rr < n) cp_async8(&ss[b * TOK + rr], sb + (long long)j * (MQ_THREADS(WN) / MQ_KB) * nb, 8);
         }
     }
 }
@@ -146,11 +150,11 @@ __device__ __forceinline__ void mq_issue(const u8* __restrict__ w, int m, long l
 // the landed chunk's activation scales (d, s) become (d, c), the
 // epilogue's per-row constant (mq_chunk), once per CTA instead of once per
 // warp.
-template <int TY, int WN>
+template <int TY, int WN, int TOK>
 __device__ __forceinline__ void mq_prepass(u8* st) {
-    float2* ss = (float2*)(st + MQ_ROWS * mq_wld(TY) + MQ_TOK * MQ_XLD);
+    float2* ss = (float2*)(st + MQ_ROWS * mq_wld(TY) + TOK * MQ_XLD);
 #pragma unroll
-    for (int j = 0; j < MQ_TOK * MQ_KB / MQ_THREADS(WN); j++) {
+    for (int j = 0; j < TOK * MQ_KB / MQ_THREADS(WN); j++) {
         float2 v = ss[threadIdx.x + MQ_THREADS(WN) * j];
         float c = -MQ_MAGIC_F * v.x;
         if (TY == TY_Q4_0) c = fmaf(-8.0f, v.y, c);
@@ -170,16 +174,16 @@ __device__ __forceinline__ void mq_prepass(u8* st) {
 // + B s_x). The rounding of c is at most 0.375 d_x: an error under half a
 // unit of the block's integer dot product, far below the int8 rounding of
 // the activations.
-template <int TY, int WN, int NT>
-__device__ __forceinline__ void mq_chunk(const u8* st, float (*acc)[MQ_NTW(WN)][4]) {
+template <int TY, int WN, int TOK, int NT>
+__device__ __forceinline__ void mq_chunk(const u8* st, float (*acc)[mq_ntw(WN, TOK)][4]) {
     constexpr int BS = gr_type_size(TY), WLD = mq_wld(TY);
     constexpr int QOFF = TY == TY_Q4_1 ? 4 : 2;
     int wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 2, t = lane & 3;
-    int wm = wid & 3, tk0 = 8 * MQ_NTW(WN) * (wid >> 2);
+    int wm = wid & 3, tk0 = 8 * mq_ntw(WN, TOK) * (wid >> 2);
     const u8* sw = st + (32 * wm + g) * WLD;
     const u8* sx = st + MQ_ROWS * WLD + (tk0 + g) * MQ_XLD;
-    const float2* ss = (const float2*)(st + MQ_ROWS * WLD + MQ_TOK * MQ_XLD) + tk0 + 2 * t;
+    const float2* ss = (const float2*)(st + MQ_ROWS * WLD + TOK * MQ_XLD) + tk0 + 2 * t;
 #pragma unroll
     for (int b = 0; b < MQ_KB; b++) {
         // Block b's integers are 4-byte aligned for odd b (Q4_0, Q8_0: BS b
@@ -220,7 +224,7 @@ __device__ __forceinline__ void mq_chunk(const u8* st, float (*acc)[MQ_NTW(WN)][
             for (int i = 0; i < G; i++) {
                 // (d, c) of activation rows 2t and 2t + 1 of this tile (Q4_1:
                 // (d, s), and c made here).
-                float4 s = *(const float4*)(ss + b * MQ_TOK + 8 * (n0 + i));
+                float4 s = *(const float4*)(ss + b * TOK + 8 * (n0 + i));
                 float k0 = s.y, k1 = s.w;
                 if (TY == TY_Q4_1) {
                     k0 = -MQ_MAGIC_F * s.x;
@@ -242,46 +246,49 @@ __device__ __forceinline__ void mq_chunk(const u8* st, float (*acc)[MQ_NTW(WN)][
     }
 }
 
-template <int TY, int WN>
+template <int TY, int WN, int TOK, int STAGES>
 __device__ __forceinline__ void mq_body(const u8* __restrict__ w, int m, long long rb,
                                         const signed char* __restrict__ xq,
                                         const float2* __restrict__ xds, int k, int n, int ba,
-                                        int bb, int by, u8* smem, float (*acc)[MQ_NTW(WN)][4]) {
-    constexpr int STAGE = mq_stage_bytes(TY);
+                                        int bb, int by, u8* smem,
+                                        float (*acc)[mq_ntw(WN, TOK)][4]) {
+    constexpr int STAGE = mq_stage_bytes(TY, TOK), NTW = mq_ntw(WN, TOK);
     // This warp's live tiles of 8 activation rows.
-    int nl = min(MQ_NTW(WN), max(0, (n - 8 * MQ_NTW(WN) * ((threadIdx.x >> 5) >> 2) + 7) / 8));
+    int nl = min(NTW, max(0, (n - 8 * NTW * ((threadIdx.x >> 5) >> 2) + 7) / 8));
     int nch = (bb - ba) / MQ_KB;
 #pragma unroll
-    for (int c = 0; c < MQ_STAGES - 1; c++) {
-        if (c < nch) mq_issue<TY, WN>(w, m, rb, xq, xds, k, n, ba + MQ_KB * c, by, smem + c * STAGE);
+    for (int c = 0; c < STAGES - 1; c++) {
+        if (c < nch)
+            mq_issue<TY, WN, TOK>(w, m, rb, xq, xds, k, n, ba + MQ_KB * c, by, smem + c * STAGE);
         cp_async_commit();
     }
     for (int c = 0; c < nch; c++) {
-        u8* st = smem + (c % MQ_STAGES) * STAGE;
-        asm volatile("cp.async.wait_group %0;" ::"n"(MQ_STAGES - 2));
+        u8* st = smem + (c % STAGES) * STAGE;
+        // Every group but the newest STAGES - 2 is complete: chunk c.
+        asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 2));
         // Chunk c landed for every thread, and every warp is done with the
         // stage the next issue overwrites (chunk c - 1's).
         __syncthreads();
         if (TY != TY_Q4_1) {
-            mq_prepass<TY, WN>(st);
+            mq_prepass<TY, WN, TOK>(st);
             __syncthreads();
         }
-        int nx = c + MQ_STAGES - 1;
+        int nx = c + STAGES - 1;
         if (nx < nch)
-            mq_issue<TY, WN>(w, m, rb, xq, xds, k, n, ba + MQ_KB * nx, by,
-                             smem + (nx % MQ_STAGES) * STAGE);
+            mq_issue<TY, WN, TOK>(w, m, rb, xq, xds, k, n, ba + MQ_KB * nx, by,
+                                  smem + (nx % STAGES) * STAGE);
         cp_async_commit();
-        // Tiles of 8 activation rows: 1, 2, 4 or MQ_NTW(WN) (past n: never
+        // Tiles of 8 activation rows: 1, 2, 4 or NTW (past n: never
         // stored).
         if (nl == 0) {
         } else if (nl <= 1) {
-            mq_chunk<TY, WN, 1>(st, acc);
+            mq_chunk<TY, WN, TOK, 1>(st, acc);
         } else if (nl <= 2) {
-            mq_chunk<TY, WN, 2>(st, acc);
+            mq_chunk<TY, WN, TOK, mq_min(2, NTW)>(st, acc);
         } else if (nl <= 4) {
-            mq_chunk<TY, WN, 4>(st, acc);
+            mq_chunk<TY, WN, TOK, mq_min(4, NTW)>(st, acc);
         } else {
-            mq_chunk<TY, WN, MQ_NTW(WN)>(st, acc);
+            mq_chunk<TY, WN, TOK, NTW>(st, acc);
         }
     }
 }
@@ -292,10 +299,10 @@ __device__ __forceinline__ void mq_body(const u8* __restrict__ w, int m, long lo
 // as quant_q8's xq (n, k) int8 and xds (n, k / 32) float2. One split
 // (part_stride 0) writes out_j; with several, split z writes its partial
 // sums of job j at part + z * part_stride + n * (m_0 + .. + m_{j-1}) as an
-// (n, m_j) block, for split_sum. Grid: (ceil(n / MQ_TOK), the table's
+// (n, m_j) block, for split_sum. Grid: (ceil(n / TOK), the table's
 // CTAs, splits); MQ_THREADS(WN) threads; bpc a multiple of MQ_KB. Dynamic
-// shared memory: MQ_STAGES * mq_stage_bytes(ty).
-template <int WN>
+// shared memory: STAGES * mq_stage_bytes(ty, TOK).
+template <int WN, int TOK, int STAGES>
 __device__ __forceinline__ void mq_kernel(const MmJobs& J, int k, long long rb, int ty,
                                           const signed char* __restrict__ xq,
                                           const float2* __restrict__ xds, int n_all, int bpc,
@@ -308,36 +315,37 @@ __device__ __forceinline__ void mq_kernel(const MmJobs& J, int k, long long rb, 
     for (int j = 1; j < MM_JOBS; j++)
         if (j < J.count && (int)blockIdx.y >= J.end[j - 1]) roff += J.m[j - 1];
     int m = jb.m;
-    int g0 = blockIdx.x * MQ_TOK;
-    int n = min(MQ_TOK, n_all - g0);
+    constexpr int NTW = mq_ntw(WN, TOK);
+    int g0 = blockIdx.x * TOK;
+    int n = min(TOK, n_all - g0);
     xq += (long long)g0 * k;
     xds += (long long)g0 * (k / 32);
     float* out = part_stride == 0
                      ? jb.out + (long long)g0 * m
                      : part + blockIdx.z * part_stride + (long long)n_all * roff + (long long)g0 * m;
     int ba = blockIdx.z * bpc, bb = min(ba + bpc, k / 32);
-    float acc[2][MQ_NTW(WN)][4];
+    float acc[2][NTW][4];
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int j = 0; j < MQ_NTW(WN); j++)
+        for (int j = 0; j < NTW; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
     if (ty == TY_Q4_0)
-        mq_body<TY_Q4_0, WN>(jb.w, m, rb, xq, xds, k, n, ba, bb, jb.by, mq_smem, acc);
+        mq_body<TY_Q4_0, WN, TOK, STAGES>(jb.w, m, rb, xq, xds, k, n, ba, bb, jb.by, mq_smem, acc);
     else if (ty == TY_Q4_1)
-        mq_body<TY_Q4_1, WN>(jb.w, m, rb, xq, xds, k, n, ba, bb, jb.by, mq_smem, acc);
+        mq_body<TY_Q4_1, WN, TOK, STAGES>(jb.w, m, rb, xq, xds, k, n, ba, bb, jb.by, mq_smem, acc);
     else
-        mq_body<TY_Q8_0, WN>(jb.w, m, rb, xq, xds, k, n, ba, bb, jb.by, mq_smem, acc);
+        mq_body<TY_Q8_0, WN, TOK, STAGES>(jb.w, m, rb, xq, xds, k, n, ba, bb, jb.by, mq_smem, acc);
     int wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 2, t = lane & 3;
     int r0 = jb.by * MQ_ROWS + 32 * (wid & 3) + g;
-    int tk0 = 8 * MQ_NTW(WN) * (wid >> 2) + 2 * t;
+    int tk0 = 8 * NTW * (wid >> 2) + 2 * t;
     bool add_here = jb.add && part_stride == 0;
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-        for (int nt = 0; nt < MQ_NTW(WN); nt++)
+        for (int nt = 0; nt < NTW; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int row = r0 + 16 * mt + 8 * (e >> 1), tk = tk0 + 8 * nt + (e & 1);
@@ -351,8 +359,11 @@ __device__ __forceinline__ void mq_kernel(const MmJobs& J, int k, long long rb, 
         float *__restrict__ part
 #define MQ_PASS J, k, rb, ty, xq, xds, n_all, bpc, part_stride, part
 extern "C" __global__ void __launch_bounds__(MQ_THREADS(1), 2) mm_q8_mma(MQ_ARGS) {
-    mq_kernel<1>(MQ_PASS);
+    mq_kernel<1, 64, 2>(MQ_PASS);
 }
 extern "C" __global__ void __launch_bounds__(MQ_THREADS(2), 2) mm_q8_mma_w2(MQ_ARGS) {
-    mq_kernel<2>(MQ_PASS);
+    mq_kernel<2, 64, 2>(MQ_PASS);
+}
+extern "C" __global__ void __launch_bounds__(MQ_THREADS(1), 2) mm_q8_mma_t16(MQ_ARGS) {
+    mq_kernel<1, 16, 4>(MQ_PASS);
 }

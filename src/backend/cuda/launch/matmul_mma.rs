@@ -13,15 +13,72 @@ use crate::quant::GgmlType;
 use anyhow::Result;
 use cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
 
-/// Warps of mm_q8_mma along the activation rows for `n` of them: 1 (the
-/// kernel mm_q8_mma: 4 warps of 32 weight rows x 64 activation rows, up to
-/// 255 registers) or 2 (mm_q8_mma_w2: 8 warps of 32 x 32, 128 registers,
-/// twice the warps in flight). QUIRE_MQ_WN=1|2 forces one (tuning knob;
-/// no result changes); by default 2 from more than 16 rows. Measured on an
-/// H100 (8B Q4_0, 2026-11-23, tokens/s at B8 / B16 / B32 / B64): WN 1
-/// 1,487 / 2,444 / 3,461 / 4,290; WN 2 1,217-1,310 / 2,131-2,262 /
+/// One instantiation of mq_kernel (matmul_mma_fast.cu): its name, warps
+/// along the activation rows (4 wn warps), activation rows per CTA and
+/// chunk buffers in shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MqKernel {
+    pub name: &'static str,
+    pub wn: usize,
+    pub tok: usize,
+    pub stages: usize,
+}
+
+/// 4 warps of 32 weight rows x 64 activation rows, up to 255 registers.
+const MQ_BASE: MqKernel = MqKernel {
+    name: "mm_q8_mma",
+    wn: 1,
+    tok: 64,
+    stages: 2,
+};
+/// 8 warps of 32 x 32, 128 registers: twice the warps in flight.
+const MQ_W2: MqKernel = MqKernel {
+    name: "mm_q8_mma_w2",
+    wn: 2,
+    tok: 64,
+    stages: 2,
+};
+/// 4 warps of 32 x 16 and four chunk buffers: three chunks of weights in
+/// flight per CTA while one is computed (TOK 64 keeps one), for up to 16
+/// rows of 4-bit weights (Q8_0's four buffers would not leave room for a
+/// second CTA per SM).
+const MQ_T16: MqKernel = MqKernel {
+    name: "mm_q8_mma_t16",
+    wn: 1,
+    tok: 16,
+    stages: 4,
+};
+/// Every instantiation (source.rs loads these names).
+pub(crate) const MQ_KERNELS: [MqKernel; 3] = [MQ_BASE, MQ_W2, MQ_T16];
+
+/// The mq kernel for `n` activation rows of `ty` weights: mm_q8_mma_t16
+/// for up to 16 rows where two of its CTAs fit an SM (4-bit types;
+/// QUIRE_MQ_T16=0 turns it off), else by `mq_wn`.
+fn mq_kernel(ty: GgmlType, n: usize) -> MqKernel {
+    static T16: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let t16 = *T16.get_or_init(|| std::env::var("QUIRE_MQ_T16").as_deref() != Ok("0"));
+    if t16 && n <= MQ_T16.tok && mq_smem(ty, MQ_T16).is_some_and(two_ctas_fit) {
+        MQ_T16
+    } else if mq_wn(n) == 2 {
+        MQ_W2
+    } else {
+        MQ_BASE
+    }
+}
+
+/// Whether two CTAs of `smem` bytes fit one SM (228 KiB on sm_80 / sm_90,
+/// 1 KiB of it reserved per CTA), as the kernels' launch bounds assume.
+fn two_ctas_fit(smem: usize) -> bool {
+    2 * (smem + 1024) <= 228 * 1024
+}
+
+/// Warps of mm_q8_mma along the activation rows for `n` of them: 1
+/// (mm_q8_mma) or 2 (mm_q8_mma_w2). QUIRE_MQ_WN=1|2 forces one (tuning
+/// knob; no result changes); by default 2 from more than 16 rows. Measured
+/// on an H100 (8B Q4_0, 2026-11-23, tokens/s at B8 / B16 / B32 / B64): WN
+/// 1 1,487 / 2,444 / 3,461 / 4,290; WN 2 1,217-1,310 / 2,131-2,262 /
 /// 3,715-4,105 / 4,390-4,677.
-pub(crate) fn mq_wn(n: usize) -> usize {
+fn mq_wn(n: usize) -> usize {
     static V: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     let forced = *V.get_or_init(|| match std::env::var("QUIRE_MQ_WN").as_deref() {
         Ok("1") => Some(1),
@@ -38,34 +95,36 @@ fn split_sum_jobs_on() -> bool {
     *ON.get_or_init(|| std::env::var("QUIRE_SPLIT_SUM_JOBS").as_deref() != Ok("0"))
 }
 
-/// Weight rows and activation rows of one mm_q8_mma CTA (MQ_ROWS,
-/// MQ_TOK), its k chunk in 32-blocks (MQ_KB), the chunks in flight
-/// (MQ_STAGES) and the activation row stride in shared memory (MQ_XLD), as
-/// in the kernel.
+/// Weight rows of one mq CTA (MQ_ROWS), its k chunk in 32-blocks (MQ_KB)
+/// and the activation row stride in shared memory (MQ_XLD), as in the
+/// kernel.
 const MQ_ROWS: usize = 128;
-const MQ_TOK: usize = 64;
 const MQ_KB: usize = 8;
-const MQ_STAGES: usize = 2;
 const MQ_XLD: usize = 32 * MQ_KB + 16;
 
-/// Shared memory of one mm_q8_mma CTA for weights of type `ty` (mq_wld and
-/// mq_stage_bytes in the kernel), or None for a type it does not take.
-pub(crate) fn mq_smem(ty: GgmlType) -> Option<usize> {
+/// Shared memory of one CTA of kernel `kern` for weights of type `ty`
+/// (mq_wld and mq_stage_bytes in the kernel), or None for a type it does
+/// not take.
+pub(crate) fn mq_smem(ty: GgmlType, kern: MqKernel) -> Option<usize> {
     let wld = match ty {
         GgmlType::Q4_0 => 8 * 18,
         GgmlType::Q4_1 => 176,
         GgmlType::Q8_0 => 8 * 34,
         _ => return None,
     };
-    Some(MQ_STAGES * (MQ_ROWS * wld + MQ_TOK * MQ_XLD + MQ_KB * MQ_TOK * 8))
+    Some(kern.stages * (MQ_ROWS * wld + kern.tok * MQ_XLD + MQ_KB * kern.tok * 8))
 }
 
-/// The most shared memory any mm_q8_mma launch asks for (set on the
-/// function once, at load).
-pub(crate) fn mq_smem_max() -> usize {
+/// The most shared memory a launch of the kernel called `name` asks for
+/// (set on the function once, at load): over the types it runs.
+pub(crate) fn mq_smem_max(name: &str) -> usize {
+    let Some(&kern) = MQ_KERNELS.iter().find(|k| k.name == name) else {
+        return 0;
+    };
     [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0]
         .into_iter()
-        .filter_map(mq_smem)
+        .filter_map(|ty| mq_smem(ty, kern))
+        .filter(|&b| kern != MQ_T16 || two_ctas_fit(b))
         .max()
         .unwrap_or(0)
 }
@@ -78,7 +137,7 @@ pub(crate) fn mq_smem_max() -> usize {
 pub(crate) fn mq_takes(ty: GgmlType, k: usize) -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let on = *ON.get_or_init(|| std::env::var("QUIRE_MQ").as_deref() != Ok("0"));
-    on && mq_smem(ty).is_some() && k > 0 && k.is_multiple_of(32 * MQ_KB)
+    on && mq_smem(ty, MQ_BASE).is_some() && k > 0 && k.is_multiple_of(32 * MQ_KB)
 }
 
 /// CTAs per SM that mq_splits aims for: QUIRE_MQ_CTAS_PER_SM (tuning knob),
@@ -88,17 +147,19 @@ fn mq_ctas_per_sm() -> usize {
     *V.get_or_init(|| ctas_per_sm_knob("QUIRE_MQ_CTAS_PER_SM"))
 }
 
-/// Split-K for mm_q8_mma: (splits, blocks per split), `split_k` over its
-/// MQ_ROWS x MQ_TOK tiles (`m` rows in all: the job table's row tiles) and
-/// MQ_KB-block chunks, aiming at `ctas_per_sm * sms` CTAs.
+/// Split-K for an mq kernel with `tok` activation rows per CTA: (splits,
+/// blocks per split), `split_k` over its MQ_ROWS x tok tiles (`m` rows in
+/// all: the job table's row tiles) and MQ_KB-block chunks, aiming at
+/// `ctas_per_sm * sms` CTAs.
 pub(crate) fn mq_splits(
     m: usize,
     n: usize,
+    tok: usize,
     blocks: usize,
     sms: usize,
     ctas_per_sm: usize,
 ) -> (usize, usize) {
-    let tiles = m.div_ceil(MQ_ROWS) * n.div_ceil(MQ_TOK);
+    let tiles = m.div_ceil(MQ_ROWS) * n.div_ceil(tok);
     split_k(tiles, blocks, MQ_KB, ctas_per_sm * sms)
 }
 
@@ -117,8 +178,10 @@ impl CudaBackend {
         jobs: &mut [MatJob<'_, Dev>],
     ) -> Result<()> {
         let (ty, k) = (jobs[0].w.ty, jobs[0].w.cols);
-        let smem = mq_smem(ty)
-            .ok_or_else(|| anyhow::anyhow!("mat_mul: mm_q8_mma does not take {ty:?} weights"))?;
+        let kern = mq_kernel(ty, n);
+        let smem = mq_smem(ty, kern).ok_or_else(|| {
+            anyhow::anyhow!("mat_mul: {} does not take {ty:?} weights", kern.name)
+        })?;
         let s = self.stream();
         let nblk = n * k / 32;
         let d = mm_dims(&jobs[0].w, n)?;
@@ -128,6 +191,7 @@ impl CudaBackend {
         let (splits, bpc) = mq_splits(
             ctas as usize * MQ_ROWS,
             n,
+            kern.tok,
             k / 32,
             self.sm_count(),
             mq_ctas_per_sm(),
@@ -141,20 +205,18 @@ impl CudaBackend {
             if !cached {
                 self.quant_q8(x, nblk, xq, xds)?;
             }
-            let wn = mq_wn(n);
-            let name = if wn == 2 { "mm_q8_mma_w2" } else { "mm_q8_mma" };
             let cfg = LaunchConfig {
                 grid_dim: (
-                    u32::try_from(n.div_ceil(MQ_TOK))?,
+                    u32::try_from(n.div_ceil(kern.tok))?,
                     ctas,
                     u32::try_from(splits)?,
                 ),
-                block_dim: (128 * wn as u32, 1, 1),
+                block_dim: (128 * kern.wn as u32, 1, 1),
                 shared_mem_bytes: u32::try_from(smem)?,
             };
             let bpci = i32_of(bpc, "blocks per split")?;
             let stride = if splits > 1 { (n * m_all) as i64 } else { 0 };
-            let mut b = s.launch_builder(self.func(name)?);
+            let mut b = s.launch_builder(self.func(kern.name)?);
             b.arg(&table)
                 .arg(&d.ki)
                 .arg(&d.rb)
@@ -165,7 +227,7 @@ impl CudaBackend {
                 .arg(&bpci)
                 .arg(&stride)
                 .arg(&mut *part);
-            // SAFETY: matches mm_q8_mma / mm_q8_mma_w2 (MQ_ROWS weight rows
+            // SAFETY: matches mm_q8_mma / _w2 / _t16 (MQ_ROWS weight rows
             // per CTA row, as the job table); each job's weights hold m rows
             // of rb bytes (rb a multiple of 16: k % 256 == 0, mq_takes; the
             // allocation 256-byte aligned) and its output n*m floats; xq
@@ -223,23 +285,28 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{mq_smem, mq_smem_max, mq_splits, MQ_KB};
+    use super::{
+        mq_kernel, mq_smem, mq_smem_max, mq_splits, two_ctas_fit, MQ_BASE, MQ_KB, MQ_KERNELS,
+        MQ_T16, MQ_W2,
+    };
     use crate::quant::GgmlType;
 
     #[test]
     fn mq_split_k_grids() {
         // 8B shapes, 64 rows on a 132-SM H100 at two CTAs per SM: (splits,
         // blocks per split).
-        assert_eq!(mq_splits(4096, 64, 128, 132, 2), (8, 16));
-        assert_eq!(mq_splits(14336, 64, 128, 132, 2), (2, 64));
-        assert_eq!(mq_splits(4096, 64, 448, 132, 2), (8, 56));
-        assert_eq!(mq_splits(4096, 512, 128, 132, 2), (1, 128));
-        assert_eq!(mq_splits(128256, 64, 128, 132, 2), (1, 128));
+        assert_eq!(mq_splits(4096, 64, 64, 128, 132, 2), (8, 16));
+        assert_eq!(mq_splits(14336, 64, 64, 128, 132, 2), (2, 64));
+        assert_eq!(mq_splits(4096, 64, 64, 448, 132, 2), (8, 56));
+        assert_eq!(mq_splits(4096, 512, 64, 128, 132, 2), (1, 128));
+        assert_eq!(mq_splits(128256, 64, 64, 128, 132, 2), (1, 128));
+        // 16 rows on the t16 kernel: one column of tiles, as TOK 64's.
+        assert_eq!(mq_splits(4096, 16, 16, 128, 132, 2), (8, 16));
         // Whole chunks, none empty, covering every block exactly once.
         for blocks in [8, 16, 24, 128, 448] {
             for m in [1, 97, 4096, 14336] {
                 for n in [1, 9, 64, 513] {
-                    let (s, per) = mq_splits(m, n, blocks, 132, 2);
+                    let (s, per) = mq_splits(m, n, 64, blocks, 132, 2);
                     assert!(per % MQ_KB == 0 && s >= 1);
                     assert!(
                         (s - 1) * per < blocks && s * per >= blocks,
@@ -252,10 +319,31 @@ mod tests {
 
     #[test]
     fn mq_shared_memory_fits_two_ctas() {
-        // Two CTAs per SM (the kernel's launch bounds) on 228 KiB SMs (1 KiB
-        // reserved per CTA).
-        assert!(2 * (mq_smem_max() + 1024) <= 228 * 1024);
-        assert_eq!(mq_smem(GgmlType::Q8_0), Some(mq_smem_max()));
-        assert_eq!(mq_smem(GgmlType::Q4_K), None);
+        // Two CTAs per SM (every kernel's launch bounds) on 228 KiB SMs (1
+        // KiB reserved per CTA), for every kernel and the types it runs.
+        for k in MQ_KERNELS {
+            assert!(two_ctas_fit(mq_smem_max(k.name)), "{}", k.name);
+        }
+        assert_eq!(mq_smem(GgmlType::Q8_0, MQ_W2), Some(mq_smem_max("mm_q8_mma_w2")));
+        assert_eq!(mq_smem(GgmlType::Q4_K, MQ_BASE), None);
+        assert_eq!(mq_smem_max("mm_f16_tile"), 0);
+        // t16: four buffers of Q4_0 (95 KiB) and Q4_1 fit twice, Q8_0's not.
+        assert_eq!(mq_smem(GgmlType::Q4_0, MQ_T16), Some(4 * (128 * 144 + 16 * 272 + 1024)));
+        assert!(!two_ctas_fit(mq_smem(GgmlType::Q8_0, MQ_T16).unwrap()));
+        assert_eq!(mq_smem(GgmlType::Q4_1, MQ_T16), Some(mq_smem_max("mm_q8_mma_t16")));
+    }
+
+    #[test]
+    fn mq_kernel_choice() {
+        // (QUIRE_MQ_T16 and QUIRE_MQ_WN unset in tests.)
+        assert_eq!(mq_kernel(GgmlType::Q4_0, 8), MQ_T16);
+        assert_eq!(mq_kernel(GgmlType::Q4_1, 16), MQ_T16);
+        assert_eq!(mq_kernel(GgmlType::Q8_0, 8), MQ_BASE);
+        assert_eq!(mq_kernel(GgmlType::Q4_0, 17), MQ_W2);
+        assert_eq!(mq_kernel(GgmlType::Q8_0, 64), MQ_W2);
+        // The kernel's per-warp tiles: TOK / 8 / WN of 8 rows, at least one.
+        for k in MQ_KERNELS {
+            assert!(k.tok / 8 / k.wn >= 1 && (k.tok * 8).is_multiple_of(128 * k.wn));
+        }
     }
 }
