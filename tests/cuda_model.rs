@@ -296,7 +296,14 @@ fn device_fast_and_deterministic_modes() {
             bits_of(&script(&mut fast, 45, true)),
             "{ty:?}: fast must be run-to-run deterministic"
         );
-        for (name, got) in [("deterministic", &alone), ("fast", &f1)] {
+        // Chunks of 7 with a second sequence: 14-row prefill steps and
+        // 2-row decode steps (the batched int8 tensor-core kernels).
+        let f7 = script(&mut fast, 7, true);
+        for (name, got) in [
+            ("deterministic", &alone),
+            ("fast", &f1),
+            ("fast, chunks of 7", &f7),
+        ] {
             for (g, w) in got.iter().zip(&want) {
                 let (mut num, mut den) = (0f64, 0f64);
                 for (a, b) in g.iter().zip(w) {

@@ -52,7 +52,12 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     (
         "matmul_mma_fast",
         include_str!("kernels/matmul_mma_fast.cu"),
-        &["mm_q8_mma", "mm_q8_mma_w2", "mm_q8_mma_t16"],
+        &[
+            "mm_q8_mma",
+            "mm_q8_mma_w2",
+            "mm_q8_mma_t16",
+            "mm_q8_mma_t16_1",
+        ],
     ),
     (
         "rms_norm",

@@ -46,6 +46,7 @@
 //   mm_q8_mma_t16  WN 1, TOK 16, STAGES 4 (up to 16 rows, 4-bit weights: the
 //                  small activation tile leaves room for three chunks of
 //                  weights in flight per CTA, where TOK 64 keeps one)
+//   mm_q8_mma_t16_1  the same at one CTA per SM (Q8_0: 161 KiB)
 #define MQ_THREADS(WN) (128 * (WN))
 #define MQ_ROWS 128
 #define MQ_KB 8
@@ -365,5 +366,9 @@ extern "C" __global__ void __launch_bounds__(MQ_THREADS(2), 2) mm_q8_mma_w2(MQ_A
     mq_kernel<2, 64, 2>(MQ_PASS);
 }
 extern "C" __global__ void __launch_bounds__(MQ_THREADS(1), 2) mm_q8_mma_t16(MQ_ARGS) {
+    mq_kernel<1, 16, 4>(MQ_PASS);
+}
+// The same for Q8_0 (161 KiB of shared memory: one CTA per SM).
+extern "C" __global__ void __launch_bounds__(MQ_THREADS(1), 1) mm_q8_mma_t16_1(MQ_ARGS) {
     mq_kernel<1, 16, 4>(MQ_PASS);
 }

@@ -44,6 +44,23 @@ fn mma_rows() -> (usize, usize) {
     })
 }
 
+/// Above how many activation rows `fast` mode runs the weight types that
+/// mm_q8_mma takes through it (at most `hi` of mma_rows): QUIRE_MQ_MIN_ROWS,
+/// by default 1 (or QUIRE_MMA_MIN_ROWS where that is lower), so only a
+/// single row keeps the warp-per-row kernel. The f16 tile kernel keeps
+/// mma_rows' `lo` (it loses to warp-per-row below 8 rows). Measured on an
+/// H100 (8B Q4_0, 2026-11-23, tokens/s at B2 / B4): warp-per-row 561 / 794,
+/// mm_q8_mma_t16 570 / 1,114 (llama-batched-bench: 558 / 909).
+fn mq_min_rows() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("QUIRE_MQ_MIN_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1.min(mma_rows().0))
+    })
+}
+
 /// Whether `fast` mode runs an `n`-row matmul of quantized weights through
 /// cuBLAS (which a CUDA graph does not capture).
 pub(crate) fn fast_uses_blas(n: usize) -> bool {
@@ -513,7 +530,8 @@ impl CudaBackend {
             return self.mat_muls_exact(x, n, jobs);
         }
         let (lo, hi) = mma_rows();
-        if mode == Mode::Fast && n > lo && n <= hi && super::matmul_mma::mq_takes(ty, k) {
+        if mode == Mode::Fast && n > mq_min_rows() && n <= hi && super::matmul_mma::mq_takes(ty, k)
+        {
             self.last_mv_q8
                 .store(true, std::sync::atomic::Ordering::Relaxed);
             return self.mm_q8_mma(x, n, jobs);

@@ -22,6 +22,9 @@ pub(crate) struct MqKernel {
     pub wn: usize,
     pub tok: usize,
     pub stages: usize,
+    /// CTAs per SM its launch bounds promise registers for (its shared
+    /// memory must allow as many).
+    pub ctas: usize,
 }
 
 /// 4 warps of 32 weight rows x 64 activation rows, up to 255 registers.
@@ -30,6 +33,7 @@ const MQ_BASE: MqKernel = MqKernel {
     wn: 1,
     tok: 64,
     stages: 2,
+    ctas: 2,
 };
 /// 8 warps of 32 x 32, 128 registers: twice the warps in flight.
 const MQ_W2: MqKernel = MqKernel {
@@ -37,6 +41,7 @@ const MQ_W2: MqKernel = MqKernel {
     wn: 2,
     tok: 64,
     stages: 2,
+    ctas: 2,
 };
 /// 4 warps of 32 x 16 and four chunk buffers: three chunks of weights in
 /// flight per CTA while one is computed (TOK 64 keeps one), for up to 16
@@ -47,18 +52,34 @@ const MQ_T16: MqKernel = MqKernel {
     wn: 1,
     tok: 16,
     stages: 4,
+    ctas: 2,
+};
+/// The same at one CTA per SM, for Q8_0 (whose four buffers take 161 KiB).
+const MQ_T16_1: MqKernel = MqKernel {
+    name: "mm_q8_mma_t16_1",
+    ctas: 1,
+    ..MQ_T16
 };
 /// Every instantiation (source.rs loads these names).
-pub(crate) const MQ_KERNELS: [MqKernel; 3] = [MQ_BASE, MQ_W2, MQ_T16];
+pub(crate) const MQ_KERNELS: [MqKernel; 4] = [MQ_BASE, MQ_W2, MQ_T16, MQ_T16_1];
 
-/// The mq kernel for `n` activation rows of `ty` weights: mm_q8_mma_t16
-/// for up to 16 rows where two of its CTAs fit an SM (4-bit types;
-/// QUIRE_MQ_T16=0 turns it off), else by `mq_wn`.
+/// The mq kernel for `n` activation rows of `ty` weights: up to 16 rows
+/// mm_q8_mma_t16 where two of its CTAs fit an SM (4-bit types;
+/// QUIRE_MQ_T16=0 turns it off) and mm_q8_mma_t16_1 for the others with
+/// QUIRE_MQ_T16_1=1; else by `mq_wn`.
 fn mq_kernel(ty: GgmlType, n: usize) -> MqKernel {
-    static T16: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let t16 = *T16.get_or_init(|| std::env::var("QUIRE_MQ_T16").as_deref() != Ok("0"));
-    if t16 && n <= MQ_T16.tok && mq_smem(ty, MQ_T16).is_some_and(two_ctas_fit) {
+    static T16: std::sync::OnceLock<(bool, bool)> = std::sync::OnceLock::new();
+    let (t16, t16_1) = *T16.get_or_init(|| {
+        (
+            std::env::var("QUIRE_MQ_T16").as_deref() != Ok("0"),
+            std::env::var("QUIRE_MQ_T16_1").as_deref() == Ok("1"),
+        )
+    });
+    let fits = |k: MqKernel| mq_smem(ty, k).is_some_and(|b| ctas_fit(b, k.ctas));
+    if t16 && n <= MQ_T16.tok && fits(MQ_T16) {
         MQ_T16
+    } else if t16_1 && n <= MQ_T16_1.tok && fits(MQ_T16_1) {
+        MQ_T16_1
     } else if mq_wn(n) == 2 {
         MQ_W2
     } else {
@@ -66,10 +87,11 @@ fn mq_kernel(ty: GgmlType, n: usize) -> MqKernel {
     }
 }
 
-/// Whether two CTAs of `smem` bytes fit one SM (228 KiB on sm_80 / sm_90,
-/// 1 KiB of it reserved per CTA), as the kernels' launch bounds assume.
-fn two_ctas_fit(smem: usize) -> bool {
-    2 * (smem + 1024) <= 228 * 1024
+/// Whether `ctas` CTAs of `smem` bytes fit one SM (228 KiB on sm_80 /
+/// sm_90, 1 KiB of it reserved per CTA), as a kernel's launch bounds
+/// assume; one CTA may take at most 227 KiB.
+fn ctas_fit(smem: usize, ctas: usize) -> bool {
+    smem <= 227 * 1024 && ctas * (smem + 1024) <= 228 * 1024
 }
 
 /// Warps of mm_q8_mma along the activation rows for `n` of them: 1
@@ -124,7 +146,7 @@ pub(crate) fn mq_smem_max(name: &str) -> usize {
     [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0]
         .into_iter()
         .filter_map(|ty| mq_smem(ty, kern))
-        .filter(|&b| kern != MQ_T16 || two_ctas_fit(b))
+        .filter(|&b| ctas_fit(b, kern.ctas))
         .max()
         .unwrap_or(0)
 }
@@ -286,8 +308,8 @@ impl CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::{
-        mq_kernel, mq_smem, mq_smem_max, mq_splits, two_ctas_fit, MQ_BASE, MQ_KB, MQ_KERNELS,
-        MQ_T16, MQ_W2,
+        ctas_fit, mq_kernel, mq_smem, mq_smem_max, mq_splits, MQ_BASE, MQ_KB, MQ_KERNELS, MQ_T16,
+        MQ_T16_1, MQ_W2,
     };
     use crate::quant::GgmlType;
 
@@ -319,23 +341,36 @@ mod tests {
 
     #[test]
     fn mq_shared_memory_fits_two_ctas() {
-        // Two CTAs per SM (every kernel's launch bounds) on 228 KiB SMs (1
+        // The CTAs per SM of each kernel's launch bounds on 228 KiB SMs (1
         // KiB reserved per CTA), for every kernel and the types it runs.
         for k in MQ_KERNELS {
-            assert!(two_ctas_fit(mq_smem_max(k.name)), "{}", k.name);
+            assert!(ctas_fit(mq_smem_max(k.name), k.ctas), "{}", k.name);
         }
-        assert_eq!(mq_smem(GgmlType::Q8_0, MQ_W2), Some(mq_smem_max("mm_q8_mma_w2")));
+        assert_eq!(
+            mq_smem(GgmlType::Q8_0, MQ_W2),
+            Some(mq_smem_max("mm_q8_mma_w2"))
+        );
         assert_eq!(mq_smem(GgmlType::Q4_K, MQ_BASE), None);
         assert_eq!(mq_smem_max("mm_f16_tile"), 0);
         // t16: four buffers of Q4_0 (95 KiB) and Q4_1 fit twice, Q8_0's not.
-        assert_eq!(mq_smem(GgmlType::Q4_0, MQ_T16), Some(4 * (128 * 144 + 16 * 272 + 1024)));
-        assert!(!two_ctas_fit(mq_smem(GgmlType::Q8_0, MQ_T16).unwrap()));
-        assert_eq!(mq_smem(GgmlType::Q4_1, MQ_T16), Some(mq_smem_max("mm_q8_mma_t16")));
+        assert_eq!(
+            mq_smem(GgmlType::Q4_0, MQ_T16),
+            Some(4 * (128 * 144 + 16 * 272 + 1024))
+        );
+        assert!(!ctas_fit(mq_smem(GgmlType::Q8_0, MQ_T16).unwrap(), 2));
+        assert_eq!(
+            mq_smem(GgmlType::Q4_1, MQ_T16),
+            Some(mq_smem_max("mm_q8_mma_t16"))
+        );
+        assert_eq!(
+            mq_smem(GgmlType::Q8_0, MQ_T16_1),
+            Some(mq_smem_max("mm_q8_mma_t16_1"))
+        );
     }
 
     #[test]
     fn mq_kernel_choice() {
-        // (QUIRE_MQ_T16 and QUIRE_MQ_WN unset in tests.)
+        // (QUIRE_MQ_T16, QUIRE_MQ_T16_1 and QUIRE_MQ_WN unset in tests.)
         assert_eq!(mq_kernel(GgmlType::Q4_0, 8), MQ_T16);
         assert_eq!(mq_kernel(GgmlType::Q4_1, 16), MQ_T16);
         assert_eq!(mq_kernel(GgmlType::Q8_0, 8), MQ_BASE);
