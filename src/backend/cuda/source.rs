@@ -57,6 +57,7 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
             "mm_q8_mma_w2",
             "mm_q8_mma_t16",
             "mm_q8_mma_t16_1",
+            "mm_q8_mma_t16_k2",
         ],
     ),
     (

@@ -47,6 +47,9 @@
 //                  small activation tile leaves room for three chunks of
 //                  weights in flight per CTA, where TOK 64 keeps one)
 //   mm_q8_mma_t16_1  the same at one CTA per SM (Q8_0: 161 KiB)
+//   mm_q8_mma_t16_k2 t16_1 with KS = 2 k groups of warps: 8 warps, each
+//                  k group takes half of every chunk's blocks; group 0
+//                  adds the other's sums (fixed order) before the store
 #define MQ_THREADS(WN) (128 * (WN))
 #define MQ_ROWS 128
 #define MQ_KB 8
@@ -100,14 +103,15 @@ __device__ __forceinline__ u32 lds_word(const u8* p) {
 // tid copies weight pieces tid + MQ_THREADS(WN) j (row r, piece p of the
 // flattened rows: consecutive lanes read consecutive 16-byte pieces),
 // walked incrementally (no division per copy).
-template <int TY, int WN, int TOK>
+template <int TY, int WN, int TOK, int KS>
 __device__ __forceinline__ void mq_issue(const u8* __restrict__ w, int m, long long rb,
                                          const signed char* __restrict__ xq,
                                          const float2* __restrict__ xds, int k, int n, int b0,
                                          int by, u8* st) {
     constexpr int BS = gr_type_size(TY), WLD = mq_wld(TY), WP = 8 * BS / 16;
-    constexpr int DR = MQ_THREADS(WN) / WP, DP = MQ_THREADS(WN) % WP;
-    constexpr int JW = (MQ_ROWS * WP + MQ_THREADS(WN) - 1) / MQ_THREADS(WN);
+    constexpr int T = MQ_THREADS(WN) * KS;
+    constexpr int DR = T / WP, DP = T % WP;
+    constexpr int JW = (MQ_ROWS * WP + T - 1) / T;
     int tid = threadIdx.x;
     int rows = min(MQ_ROWS, m - by * MQ_ROWS);
     const u8* wb = w + (long long)by * MQ_ROWS * rb + (long long)b0 * BS;
@@ -128,10 +132,11 @@ __device__ __forceinline__ void mq_issue(const u8* __restrict__ w, int m, long l
         int r0 = tid >> 4, pp = tid & 15;
         const signed char* xb = xq + (long long)r0 * k + 32 * b0 + 16 * pp;
 #pragma unroll
-        for (int j = 0; j < TOK * 16 / MQ_THREADS(WN); j++) {
-            int rr = r0 + j * (MQ_THREADS(WN) / 16);
+        // (rr < n <= TOK also drops the rows past TOK of a ceil'd loop.)
+        for (int j = 0; j < (TOK * 16 + T - 1) / T; j++) {
+            int rr = r0 + j * (T / 16);
             if (rr < n)
-                cp_async16(sx + rr * MQ_XLD + 16 * pp, xb + (long long)j * (MQ_THREADS(WN) / 16) * k, 16);
+                cp_async16(sx + rr * MQ_XLD + 16 * pp, xb + (long long)j * (T / 16) * k, 16);
         }
     }
     float2* ss = (float2*)(sx + TOK * MQ_XLD);
@@ -140,9 +145,9 @@ __device__ __forceinline__ void mq_issue(const u8* __restrict__ w, int m, long l
         int r0 = tid / MQ_KB, b = tid % MQ_KB;
         const float2* sb = xds + (long long)r0 * nb + b0 + b;
 #pragma unroll
-        for (int j = 0; j < TOK * MQ_KB / MQ_THREADS(WN); j++) {
-            int rr = r0 + j * (MQ_THREADS(WN) / MQ_KB);
-            if (rr < n) cp_async8(&ss[b * TOK + rr], sb + (long long)j * (MQ_THREADS(WN) / MQ_KB) * nb, 8);
+        for (int j = 0; j < (TOK * MQ_KB + T - 1) / T; j++) {
+            int rr = r0 + j * (T / MQ_KB);
+            if (rr < n) cp_async8(&ss[b * TOK + rr], sb + (long long)j * (T / MQ_KB) * nb, 8);
         }
     }
 }
@@ -151,15 +156,18 @@ __device__ __forceinline__ void mq_issue(const u8* __restrict__ w, int m, long l
 // the landed chunk's activation scales (d, s) become (d, c), the
 // epilogue's per-row constant (mq_chunk), once per CTA instead of once per
 // warp.
-template <int TY, int WN, int TOK>
+template <int TY, int WN, int TOK, int KS>
 __device__ __forceinline__ void mq_prepass(u8* st) {
+    constexpr int T = MQ_THREADS(WN) * KS;
     float2* ss = (float2*)(st + MQ_ROWS * mq_wld(TY) + TOK * MQ_XLD);
 #pragma unroll
-    for (int j = 0; j < TOK * MQ_KB / MQ_THREADS(WN); j++) {
-        float2 v = ss[threadIdx.x + MQ_THREADS(WN) * j];
+    for (int j = 0; j < (TOK * MQ_KB + T - 1) / T; j++) {
+        int i = threadIdx.x + T * j;
+        if (TOK * MQ_KB % T != 0 && i >= TOK * MQ_KB) break;
+        float2 v = ss[i];
         float c = -MQ_MAGIC_F * v.x;
         if (TY == TY_Q4_0) c = fmaf(-8.0f, v.y, c);
-        ss[threadIdx.x + MQ_THREADS(WN) * j].y = c;
+        ss[i].y = c;
     }
 }
 
@@ -175,18 +183,22 @@ __device__ __forceinline__ void mq_prepass(u8* st) {
 // + B s_x). The rounding of c is at most 0.375 d_x: an error under half a
 // unit of the block's integer dot product, far below the int8 rounding of
 // the activations.
-template <int TY, int WN, int TOK, int NT>
+template <int TY, int WN, int TOK, int KS, int NT>
 __device__ __forceinline__ void mq_chunk(const u8* st, float (*acc)[mq_ntw(WN, TOK)][4]) {
     constexpr int BS = gr_type_size(TY), WLD = mq_wld(TY);
     constexpr int QOFF = TY == TY_Q4_1 ? 4 : 2;
     int wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 2, t = lane & 3;
-    int wm = wid & 3, tk0 = 8 * mq_ntw(WN, TOK) * (wid >> 2);
+    // Warp wid: weight rows 32 (wid % 4) .., activation tile group
+    // (wid / 4) % WN, k group (wid / 4) / WN (blocks kg * MQ_KB / KS ..).
+    int wm = wid & 3, wg = (wid >> 2) % WN, kg = (wid >> 2) / WN;
+    int tk0 = 8 * mq_ntw(WN, TOK) * wg;
     const u8* sw = st + (32 * wm + g) * WLD;
     const u8* sx = st + MQ_ROWS * WLD + (tk0 + g) * MQ_XLD;
     const float2* ss = (const float2*)(st + MQ_ROWS * WLD + TOK * MQ_XLD) + tk0 + 2 * t;
 #pragma unroll
-    for (int b = 0; b < MQ_KB; b++) {
+    for (int bi = 0; bi < MQ_KB / KS; bi++) {
+        int b = kg * (MQ_KB / KS) + bi;  // b % 2 == bi % 2 (MQ_KB / KS even)
         // Block b's integers are 4-byte aligned for odd b (Q4_0, Q8_0: BS b
         // + 2 = 2 mod 4 for even b), always for Q4_1.
         u32 a[2][4];
@@ -199,7 +211,7 @@ __device__ __forceinline__ void mq_chunk(const u8* st, float (*acc)[mq_ntw(WN, T
                 A[mt][h] = q_f16(*(const u16*)blk);
                 B[mt][h] = TY == TY_Q4_1 ? q_f16(*(const u16*)(blk + 2)) : 0.0f;
                 const u8* q = blk + QOFF + 4 * t;
-                bool al = TY == TY_Q4_1 || (b & 1);
+                bool al = TY == TY_Q4_1 || (bi & 1);
                 if (TY == TY_Q8_0) {
                     a[mt][h] = al ? lds_word<true>(q) : lds_word<false>(q);
                     a[mt][2 + h] = al ? lds_word<true>(q + 16) : lds_word<false>(q + 16);
@@ -247,7 +259,7 @@ __device__ __forceinline__ void mq_chunk(const u8* st, float (*acc)[mq_ntw(WN, T
     }
 }
 
-template <int TY, int WN, int TOK, int STAGES>
+template <int TY, int WN, int TOK, int STAGES, int KS>
 __device__ __forceinline__ void mq_body(const u8* __restrict__ w, int m, long long rb,
                                         const signed char* __restrict__ xq,
                                         const float2* __restrict__ xds, int k, int n, int ba,
@@ -255,12 +267,13 @@ __device__ __forceinline__ void mq_body(const u8* __restrict__ w, int m, long lo
                                         float (*acc)[mq_ntw(WN, TOK)][4]) {
     constexpr int STAGE = mq_stage_bytes(TY, TOK), NTW = mq_ntw(WN, TOK);
     // This warp's live tiles of 8 activation rows.
-    int nl = min(NTW, max(0, (n - 8 * NTW * ((threadIdx.x >> 5) >> 2) + 7) / 8));
+    int nl = min(NTW, max(0, (n - 8 * NTW * (((threadIdx.x >> 5) >> 2) % WN) + 7) / 8));
     int nch = (bb - ba) / MQ_KB;
 #pragma unroll
     for (int c = 0; c < STAGES - 1; c++) {
         if (c < nch)
-            mq_issue<TY, WN, TOK>(w, m, rb, xq, xds, k, n, ba + MQ_KB * c, by, smem + c * STAGE);
+            mq_issue<TY, WN, TOK, KS>(w, m, rb, xq, xds, k, n, ba + MQ_KB * c, by,
+                                      smem + c * STAGE);
         cp_async_commit();
     }
     for (int c = 0; c < nch; c++) {
@@ -271,25 +284,25 @@ __device__ __forceinline__ void mq_body(const u8* __restrict__ w, int m, long lo
         // stage the next issue overwrites (chunk c - 1's).
         __syncthreads();
         if (TY != TY_Q4_1) {
-            mq_prepass<TY, WN, TOK>(st);
+            mq_prepass<TY, WN, TOK, KS>(st);
             __syncthreads();
         }
         int nx = c + STAGES - 1;
         if (nx < nch)
-            mq_issue<TY, WN, TOK>(w, m, rb, xq, xds, k, n, ba + MQ_KB * nx, by,
-                                  smem + (nx % STAGES) * STAGE);
+            mq_issue<TY, WN, TOK, KS>(w, m, rb, xq, xds, k, n, ba + MQ_KB * nx, by,
+                                      smem + (nx % STAGES) * STAGE);
         cp_async_commit();
         // Tiles of 8 activation rows: 1, 2, 4 or NTW (past n: never
         // stored).
         if (nl == 0) {
         } else if (nl <= 1) {
-            mq_chunk<TY, WN, TOK, 1>(st, acc);
+            mq_chunk<TY, WN, TOK, KS, 1>(st, acc);
         } else if (nl <= 2) {
-            mq_chunk<TY, WN, TOK, mq_min(2, NTW)>(st, acc);
+            mq_chunk<TY, WN, TOK, KS, mq_min(2, NTW)>(st, acc);
         } else if (nl <= 4) {
-            mq_chunk<TY, WN, TOK, mq_min(4, NTW)>(st, acc);
+            mq_chunk<TY, WN, TOK, KS, mq_min(4, NTW)>(st, acc);
         } else {
-            mq_chunk<TY, WN, TOK, NTW>(st, acc);
+            mq_chunk<TY, WN, TOK, KS, NTW>(st, acc);
         }
     }
 }
@@ -303,7 +316,7 @@ __device__ __forceinline__ void mq_body(const u8* __restrict__ w, int m, long lo
 // (n, m_j) block, for split_sum. Grid: (ceil(n / TOK), the table's
 // CTAs, splits); MQ_THREADS(WN) threads; bpc a multiple of MQ_KB. Dynamic
 // shared memory: STAGES * mq_stage_bytes(ty, TOK).
-template <int WN, int TOK, int STAGES>
+template <int WN, int TOK, int STAGES, int KS>
 __device__ __forceinline__ void mq_kernel(const MmJobs& J, int k, long long rb, int ty,
                                           const signed char* __restrict__ xq,
                                           const float2* __restrict__ xds, int n_all, int bpc,
@@ -333,15 +346,45 @@ __device__ __forceinline__ void mq_kernel(const MmJobs& J, int k, long long rb, 
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
     if (ty == TY_Q4_0)
-        mq_body<TY_Q4_0, WN, TOK, STAGES>(jb.w, m, rb, xq, xds, k, n, ba, bb, jb.by, mq_smem, acc);
+        mq_body<TY_Q4_0, WN, TOK, STAGES, KS>(jb.w, m, rb, xq, xds, k, n, ba, bb, jb.by, mq_smem, acc);
     else if (ty == TY_Q4_1)
-        mq_body<TY_Q4_1, WN, TOK, STAGES>(jb.w, m, rb, xq, xds, k, n, ba, bb, jb.by, mq_smem, acc);
+        mq_body<TY_Q4_1, WN, TOK, STAGES, KS>(jb.w, m, rb, xq, xds, k, n, ba, bb, jb.by, mq_smem, acc);
     else
-        mq_body<TY_Q8_0, WN, TOK, STAGES>(jb.w, m, rb, xq, xds, k, n, ba, bb, jb.by, mq_smem, acc);
+        mq_body<TY_Q8_0, WN, TOK, STAGES, KS>(jb.w, m, rb, xq, xds, k, n, ba, bb, jb.by, mq_smem, acc);
     int wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 2, t = lane & 3;
+    if (KS > 1) {
+        // k groups 1.. hand their sums to group 0 through shared memory
+        // (the stages are free once every warp is past the last chunk),
+        // which adds them in group order: (KS - 1, 8 NTW, MQ_THREADS(WN)).
+        constexpr int TG = MQ_THREADS(WN);
+        int kg = (wid >> 2) / WN, lt = threadIdx.x % TG;
+        float* red = (float*)mq_smem;
+        cp_async_wait_all();
+        __syncthreads();
+        if (kg > 0) {
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < NTW; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        red[((kg - 1) * 8 * NTW + (i * NTW + j) * 4 + e) * TG + lt] = acc[i][j][e];
+        }
+        __syncthreads();
+        if (kg > 0) return;  // no barrier follows
+#pragma unroll
+        for (int q = 1; q < KS; q++)
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < NTW; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        acc[i][j][e] += red[((q - 1) * 8 * NTW + (i * NTW + j) * 4 + e) * TG + lt];
+    }
     int r0 = jb.by * MQ_ROWS + 32 * (wid & 3) + g;
-    int tk0 = 8 * NTW * (wid >> 2) + 2 * t;
+    int tk0 = 8 * NTW * ((wid >> 2) % WN) + 2 * t;
     bool add_here = jb.add && part_stride == 0;
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
@@ -360,15 +403,20 @@ __device__ __forceinline__ void mq_kernel(const MmJobs& J, int k, long long rb, 
         float *__restrict__ part
 #define MQ_PASS J, k, rb, ty, xq, xds, n_all, bpc, part_stride, part
 extern "C" __global__ void __launch_bounds__(MQ_THREADS(1), 2) mm_q8_mma(MQ_ARGS) {
-    mq_kernel<1, 64, 2>(MQ_PASS);
+    mq_kernel<1, 64, 2, 1>(MQ_PASS);
 }
 extern "C" __global__ void __launch_bounds__(MQ_THREADS(2), 2) mm_q8_mma_w2(MQ_ARGS) {
-    mq_kernel<2, 64, 2>(MQ_PASS);
+    mq_kernel<2, 64, 2, 1>(MQ_PASS);
 }
 extern "C" __global__ void __launch_bounds__(MQ_THREADS(1), 2) mm_q8_mma_t16(MQ_ARGS) {
-    mq_kernel<1, 16, 4>(MQ_PASS);
+    mq_kernel<1, 16, 4, 1>(MQ_PASS);
 }
 // The same for Q8_0 (161 KiB of shared memory: one CTA per SM).
 extern "C" __global__ void __launch_bounds__(MQ_THREADS(1), 1) mm_q8_mma_t16_1(MQ_ARGS) {
-    mq_kernel<1, 16, 4>(MQ_PASS);
+    mq_kernel<1, 16, 4, 1>(MQ_PASS);
+}
+// The same with two k groups of 4 warps (8 warps; each takes half of every
+// chunk's blocks, and group 0 adds group 1's sums at the end).
+extern "C" __global__ void __launch_bounds__(2 * MQ_THREADS(1), 1) mm_q8_mma_t16_k2(MQ_ARGS) {
+    mq_kernel<1, 16, 4, 2>(MQ_PASS);
 }

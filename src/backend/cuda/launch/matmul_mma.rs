@@ -25,6 +25,8 @@ pub(crate) struct MqKernel {
     /// CTAs per SM its launch bounds promise registers for (its shared
     /// memory must allow as many).
     pub ctas: usize,
+    /// Groups of 4 wn warps that split each chunk's blocks (KS).
+    pub ks: usize,
 }
 
 /// 4 warps of 32 weight rows x 64 activation rows, up to 255 registers.
@@ -34,6 +36,7 @@ const MQ_BASE: MqKernel = MqKernel {
     tok: 64,
     stages: 2,
     ctas: 2,
+    ks: 1,
 };
 /// 8 warps of 32 x 32, 128 registers: twice the warps in flight.
 const MQ_W2: MqKernel = MqKernel {
@@ -42,6 +45,7 @@ const MQ_W2: MqKernel = MqKernel {
     tok: 64,
     stages: 2,
     ctas: 2,
+    ks: 1,
 };
 /// 4 warps of 32 x 16 and four chunk buffers: three chunks of weights in
 /// flight per CTA while one is computed (TOK 64 keeps one), for up to 16
@@ -53,6 +57,7 @@ const MQ_T16: MqKernel = MqKernel {
     tok: 16,
     stages: 4,
     ctas: 2,
+    ks: 1,
 };
 /// The same at one CTA per SM, for Q8_0 (whose four buffers take 161 KiB).
 const MQ_T16_1: MqKernel = MqKernel {
@@ -60,26 +65,37 @@ const MQ_T16_1: MqKernel = MqKernel {
     ctas: 1,
     ..MQ_T16
 };
+/// t16_1 with two k groups of 4 warps (8 warps per SM instead of 4).
+const MQ_T16_K2: MqKernel = MqKernel {
+    name: "mm_q8_mma_t16_k2",
+    ks: 2,
+    ..MQ_T16_1
+};
 /// Every instantiation (source.rs loads these names).
-pub(crate) const MQ_KERNELS: [MqKernel; 4] = [MQ_BASE, MQ_W2, MQ_T16, MQ_T16_1];
+pub(crate) const MQ_KERNELS: [MqKernel; 5] = [MQ_BASE, MQ_W2, MQ_T16, MQ_T16_1, MQ_T16_K2];
 
 /// The mq kernel for `n` activation rows of `ty` weights: up to 16 rows
 /// mm_q8_mma_t16 where two of its CTAs fit an SM (4-bit types;
-/// QUIRE_MQ_T16=0 turns it off) and mm_q8_mma_t16_1 for the others with
-/// QUIRE_MQ_T16_1=1; else by `mq_wn`.
+/// QUIRE_MQ_T16=0 turns it off), for the others (Q8_0) the one-CTA
+/// variant QUIRE_MQ_T16_1 picks (0: none, 1: mm_q8_mma_t16_1, 2, the
+/// default: mm_q8_mma_t16_k2); else by `mq_wn`.
 fn mq_kernel(ty: GgmlType, n: usize) -> MqKernel {
-    static T16: std::sync::OnceLock<(bool, bool)> = std::sync::OnceLock::new();
-    let (t16, t16_1) = *T16.get_or_init(|| {
+    static T16: std::sync::OnceLock<(bool, Option<MqKernel>)> = std::sync::OnceLock::new();
+    let (t16, one) = *T16.get_or_init(|| {
         (
             std::env::var("QUIRE_MQ_T16").as_deref() != Ok("0"),
-            std::env::var("QUIRE_MQ_T16_1").as_deref() == Ok("1"),
+            match std::env::var("QUIRE_MQ_T16_1").as_deref() {
+                Ok("0") => None,
+                Ok("1") => Some(MQ_T16_1),
+                _ => Some(MQ_T16_K2),
+            },
         )
     });
     let fits = |k: MqKernel| mq_smem(ty, k).is_some_and(|b| ctas_fit(b, k.ctas));
     if t16 && n <= MQ_T16.tok && fits(MQ_T16) {
         MQ_T16
-    } else if t16_1 && n <= MQ_T16_1.tok && fits(MQ_T16_1) {
-        MQ_T16_1
+    } else if let Some(k) = one.filter(|&k| n <= k.tok && fits(k)) {
+        k
     } else if mq_wn(n) == 2 {
         MQ_W2
     } else {
@@ -233,7 +249,7 @@ impl CudaBackend {
                     ctas,
                     u32::try_from(splits)?,
                 ),
-                block_dim: (128 * kern.wn as u32, 1, 1),
+                block_dim: (128 * (kern.wn * kern.ks) as u32, 1, 1),
                 shared_mem_bytes: u32::try_from(smem)?,
             };
             let bpci = i32_of(bpc, "blocks per split")?;
@@ -309,7 +325,7 @@ impl CudaBackend {
 mod tests {
     use super::{
         ctas_fit, mq_kernel, mq_smem, mq_smem_max, mq_splits, MQ_BASE, MQ_KB, MQ_KERNELS, MQ_T16,
-        MQ_T16_1, MQ_W2,
+        MQ_T16_1, MQ_T16_K2, MQ_W2,
     };
     use crate::quant::GgmlType;
 
@@ -373,12 +389,19 @@ mod tests {
         // (QUIRE_MQ_T16, QUIRE_MQ_T16_1 and QUIRE_MQ_WN unset in tests.)
         assert_eq!(mq_kernel(GgmlType::Q4_0, 8), MQ_T16);
         assert_eq!(mq_kernel(GgmlType::Q4_1, 16), MQ_T16);
-        assert_eq!(mq_kernel(GgmlType::Q8_0, 8), MQ_BASE);
+        assert_eq!(mq_kernel(GgmlType::Q8_0, 8), MQ_T16_K2);
+        assert_eq!(mq_kernel(GgmlType::Q8_0, 16), MQ_T16_K2);
+        assert_eq!(mq_kernel(GgmlType::Q8_0, 17), MQ_W2);
         assert_eq!(mq_kernel(GgmlType::Q4_0, 17), MQ_W2);
         assert_eq!(mq_kernel(GgmlType::Q8_0, 64), MQ_W2);
-        // The kernel's per-warp tiles: TOK / 8 / WN of 8 rows, at least one.
+        // The kernel's per-warp tiles: TOK / 8 / WN of 8 rows, at least
+        // one; its k groups split a chunk's 8 blocks into even halves.
         for k in MQ_KERNELS {
-            assert!(k.tok / 8 / k.wn >= 1 && (k.tok * 8).is_multiple_of(128 * k.wn));
+            assert!(
+                k.tok / 8 / k.wn >= 1 && (8 / k.ks).is_multiple_of(2),
+                "{}",
+                k.name
+            );
         }
     }
 }
