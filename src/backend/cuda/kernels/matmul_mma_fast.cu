@@ -50,6 +50,8 @@
 //   mm_q8_mma_t16_k2 t16_1 with KS = 2 k groups of warps: 8 warps, each
 //                  k group takes half of every chunk's blocks; group 0
 //                  adds the other's sums (fixed order) before the store
+//   mm_q8_mma_t16_k4 the same with KS = 4 (16 warps, 128 registers)
+//   mm_q8_mma_t16_k2b t16 with KS = 2 (two CTAs of 8 warps, 128 registers)
 #define MQ_THREADS(WN) (128 * (WN))
 #define MQ_ROWS 128
 #define MQ_KB 8
@@ -418,5 +420,11 @@ extern "C" __global__ void __launch_bounds__(MQ_THREADS(1), 1) mm_q8_mma_t16_1(M
 // The same with two k groups of 4 warps (8 warps; each takes half of every
 // chunk's blocks, and group 0 adds group 1's sums at the end).
 extern "C" __global__ void __launch_bounds__(2 * MQ_THREADS(1), 1) mm_q8_mma_t16_k2(MQ_ARGS) {
+    mq_kernel<1, 16, 4, 2>(MQ_PASS);
+}
+extern "C" __global__ void __launch_bounds__(4 * MQ_THREADS(1), 1) mm_q8_mma_t16_k4(MQ_ARGS) {
+    mq_kernel<1, 16, 4, 4>(MQ_PASS);
+}
+extern "C" __global__ void __launch_bounds__(2 * MQ_THREADS(1), 2) mm_q8_mma_t16_k2b(MQ_ARGS) {
     mq_kernel<1, 16, 4, 2>(MQ_PASS);
 }

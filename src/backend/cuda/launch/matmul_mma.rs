@@ -71,30 +71,51 @@ const MQ_T16_K2: MqKernel = MqKernel {
     ks: 2,
     ..MQ_T16_1
 };
+/// t16_1 with four k groups (16 warps, 128 registers).
+const MQ_T16_K4: MqKernel = MqKernel {
+    name: "mm_q8_mma_t16_k4",
+    ks: 4,
+    ..MQ_T16_1
+};
+/// t16 (two CTAs per SM) with two k groups (8 warps, 128 registers).
+const MQ_T16_K2B: MqKernel = MqKernel {
+    name: "mm_q8_mma_t16_k2b",
+    ks: 2,
+    ..MQ_T16
+};
 /// Every instantiation (source.rs loads these names).
-pub(crate) const MQ_KERNELS: [MqKernel; 5] = [MQ_BASE, MQ_W2, MQ_T16, MQ_T16_1, MQ_T16_K2];
+pub(crate) const MQ_KERNELS: [MqKernel; 7] = [
+    MQ_BASE, MQ_W2, MQ_T16, MQ_T16_1, MQ_T16_K2, MQ_T16_K4, MQ_T16_K2B,
+];
 
 /// The mq kernel for `n` activation rows of `ty` weights: up to 16 rows
-/// mm_q8_mma_t16 where two of its CTAs fit an SM (4-bit types;
-/// QUIRE_MQ_T16=0 turns it off), for the others (Q8_0) the one-CTA
-/// variant QUIRE_MQ_T16_1 picks (0: none, 1: mm_q8_mma_t16_1, 2, the
-/// default: mm_q8_mma_t16_k2); else by `mq_wn`.
+/// the two-CTA 16-row variant QUIRE_MQ_T16 picks where its shared memory
+/// allows (4-bit types; 0: none, 1, the default: mm_q8_mma_t16, 2:
+/// mm_q8_mma_t16_k2b), for the others (Q8_0) the one-CTA variant
+/// QUIRE_MQ_T16_1 picks (0: none, 1: mm_q8_mma_t16_1, 2, the default:
+/// mm_q8_mma_t16_k2, 4: mm_q8_mma_t16_k4); else by `mq_wn`.
 fn mq_kernel(ty: GgmlType, n: usize) -> MqKernel {
-    static T16: std::sync::OnceLock<(bool, Option<MqKernel>)> = std::sync::OnceLock::new();
-    let (t16, one) = *T16.get_or_init(|| {
+    type Pick = (Option<MqKernel>, Option<MqKernel>);
+    static T16: std::sync::OnceLock<Pick> = std::sync::OnceLock::new();
+    let (two, one) = *T16.get_or_init(|| {
         (
-            std::env::var("QUIRE_MQ_T16").as_deref() != Ok("0"),
+            match std::env::var("QUIRE_MQ_T16").as_deref() {
+                Ok("0") => None,
+                Ok("2") => Some(MQ_T16_K2B),
+                _ => Some(MQ_T16),
+            },
             match std::env::var("QUIRE_MQ_T16_1").as_deref() {
                 Ok("0") => None,
                 Ok("1") => Some(MQ_T16_1),
+                Ok("4") => Some(MQ_T16_K4),
                 _ => Some(MQ_T16_K2),
             },
         )
     });
-    let fits = |k: MqKernel| mq_smem(ty, k).is_some_and(|b| ctas_fit(b, k.ctas));
-    if t16 && n <= MQ_T16.tok && fits(MQ_T16) {
-        MQ_T16
-    } else if let Some(k) = one.filter(|&k| n <= k.tok && fits(k)) {
+    let fits = |k: &MqKernel| n <= k.tok && mq_smem(ty, *k).is_some_and(|b| ctas_fit(b, k.ctas));
+    if let Some(k) = two.filter(fits) {
+        k
+    } else if let Some(k) = one.filter(fits) {
         k
     } else if mq_wn(n) == 2 {
         MQ_W2
