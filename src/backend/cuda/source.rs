@@ -58,7 +58,6 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
             "mm_q8_mma_t16",
             "mm_q8_mma_t16_1",
             "mm_q8_mma_t16_k2",
-            "mm_q8_mma_t16_k4",
             "mm_q8_mma_t16_k2b",
         ],
     ),

@@ -37,7 +37,8 @@
 // rows 16-byte aligned (row bytes a multiple of 16: true for k % 256 == 0),
 // split ranges whole chunks.
 
-// Template arguments (launch/matmul_mma.rs MqKernel lists the same):
+// Template arguments (launch/matmul_mma.rs MqKernel lists the same; KS k
+// groups of 4 WN warps split every chunk's blocks, see mq_kernel):
 // WN warps along the activation rows (4 WN warps, MQ_THREADS(WN) threads),
 // TOK activation rows per CTA (each warp then has mq_ntw(WN, TOK) = TOK / 8
 // / WN tiles of 8 rows) and STAGES chunk buffers in shared memory:
@@ -50,7 +51,6 @@
 //   mm_q8_mma_t16_k2 t16_1 with KS = 2 k groups of warps: 8 warps, each
 //                  k group takes half of every chunk's blocks; group 0
 //                  adds the other's sums (fixed order) before the store
-//   mm_q8_mma_t16_k4 the same with KS = 4 (16 warps, 128 registers)
 //   mm_q8_mma_t16_k2b t16 with KS = 2 (two CTAs of 8 warps, 128 registers)
 #define MQ_THREADS(WN) (128 * (WN))
 #define MQ_ROWS 128
@@ -421,9 +421,6 @@ extern "C" __global__ void __launch_bounds__(MQ_THREADS(1), 1) mm_q8_mma_t16_1(M
 // chunk's blocks, and group 0 adds group 1's sums at the end).
 extern "C" __global__ void __launch_bounds__(2 * MQ_THREADS(1), 1) mm_q8_mma_t16_k2(MQ_ARGS) {
     mq_kernel<1, 16, 4, 2>(MQ_PASS);
-}
-extern "C" __global__ void __launch_bounds__(4 * MQ_THREADS(1), 1) mm_q8_mma_t16_k4(MQ_ARGS) {
-    mq_kernel<1, 16, 4, 4>(MQ_PASS);
 }
 extern "C" __global__ void __launch_bounds__(2 * MQ_THREADS(1), 2) mm_q8_mma_t16_k2b(MQ_ARGS) {
     mq_kernel<1, 16, 4, 2>(MQ_PASS);

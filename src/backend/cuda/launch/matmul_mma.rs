@@ -71,12 +71,6 @@ const MQ_T16_K2: MqKernel = MqKernel {
     ks: 2,
     ..MQ_T16_1
 };
-/// t16_1 with four k groups (16 warps, 128 registers).
-const MQ_T16_K4: MqKernel = MqKernel {
-    name: "mm_q8_mma_t16_k4",
-    ks: 4,
-    ..MQ_T16_1
-};
 /// t16 (two CTAs per SM) with two k groups (8 warps, 128 registers).
 const MQ_T16_K2B: MqKernel = MqKernel {
     name: "mm_q8_mma_t16_k2b",
@@ -84,16 +78,20 @@ const MQ_T16_K2B: MqKernel = MqKernel {
     ..MQ_T16
 };
 /// Every instantiation (source.rs loads these names).
-pub(crate) const MQ_KERNELS: [MqKernel; 7] = [
-    MQ_BASE, MQ_W2, MQ_T16, MQ_T16_1, MQ_T16_K2, MQ_T16_K4, MQ_T16_K2B,
-];
+pub(crate) const MQ_KERNELS: [MqKernel; 6] =
+    [MQ_BASE, MQ_W2, MQ_T16, MQ_T16_1, MQ_T16_K2, MQ_T16_K2B];
 
 /// The mq kernel for `n` activation rows of `ty` weights: up to 16 rows
 /// the two-CTA 16-row variant QUIRE_MQ_T16 picks where its shared memory
-/// allows (4-bit types; 0: none, 1, the default: mm_q8_mma_t16, 2:
+/// allows (4-bit types; 0: none, 1: mm_q8_mma_t16, 2, the default:
 /// mm_q8_mma_t16_k2b), for the others (Q8_0) the one-CTA variant
 /// QUIRE_MQ_T16_1 picks (0: none, 1: mm_q8_mma_t16_1, 2, the default:
-/// mm_q8_mma_t16_k2, 4: mm_q8_mma_t16_k4); else by `mq_wn`.
+/// mm_q8_mma_t16_k2); else by `mq_wn`. Measured on an H100 (2026-11-23,
+/// 8B, tokens/s at B2 / B4 / B8 / B16): Q4_0 t16 556 / 1,090 / 2,063 /
+/// 3,604, t16_k2b 589 / 1,142 / 2,107 / 3,703 (mm_q8_mma 1,974 at B8);
+/// Q8_0 mm_q8_mma 379 / 742 / 1,406 / 2,481, t16_1 394 / 772 / 1,467 /
+/// 2,689, t16_k2 412 / 810 / 1,547 / 2,882 (four k groups: 403 / 790 /
+/// 1,514 / 2,794).
 fn mq_kernel(ty: GgmlType, n: usize) -> MqKernel {
     type Pick = (Option<MqKernel>, Option<MqKernel>);
     static T16: std::sync::OnceLock<Pick> = std::sync::OnceLock::new();
@@ -101,13 +99,12 @@ fn mq_kernel(ty: GgmlType, n: usize) -> MqKernel {
         (
             match std::env::var("QUIRE_MQ_T16").as_deref() {
                 Ok("0") => None,
-                Ok("2") => Some(MQ_T16_K2B),
-                _ => Some(MQ_T16),
+                Ok("1") => Some(MQ_T16),
+                _ => Some(MQ_T16_K2B),
             },
             match std::env::var("QUIRE_MQ_T16_1").as_deref() {
                 Ok("0") => None,
                 Ok("1") => Some(MQ_T16_1),
-                Ok("4") => Some(MQ_T16_K4),
                 _ => Some(MQ_T16_K2),
             },
         )
@@ -346,7 +343,7 @@ impl CudaBackend {
 mod tests {
     use super::{
         ctas_fit, mq_kernel, mq_smem, mq_smem_max, mq_splits, MQ_BASE, MQ_KB, MQ_KERNELS, MQ_T16,
-        MQ_T16_1, MQ_T16_K2, MQ_W2,
+        MQ_T16_1, MQ_T16_K2, MQ_T16_K2B, MQ_W2,
     };
     use crate::quant::GgmlType;
 
@@ -408,8 +405,8 @@ mod tests {
     #[test]
     fn mq_kernel_choice() {
         // (QUIRE_MQ_T16, QUIRE_MQ_T16_1 and QUIRE_MQ_WN unset in tests.)
-        assert_eq!(mq_kernel(GgmlType::Q4_0, 8), MQ_T16);
-        assert_eq!(mq_kernel(GgmlType::Q4_1, 16), MQ_T16);
+        assert_eq!(mq_kernel(GgmlType::Q4_0, 8), MQ_T16_K2B);
+        assert_eq!(mq_kernel(GgmlType::Q4_1, 16), MQ_T16_K2B);
         assert_eq!(mq_kernel(GgmlType::Q8_0, 8), MQ_T16_K2);
         assert_eq!(mq_kernel(GgmlType::Q8_0, 16), MQ_T16_K2);
         assert_eq!(mq_kernel(GgmlType::Q8_0, 17), MQ_W2);
