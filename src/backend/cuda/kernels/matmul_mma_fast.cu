@@ -52,6 +52,7 @@
 //                  k group takes half of every chunk's blocks; group 0
 //                  adds the other's sums (fixed order) before the store
 //   mm_q8_mma_t16_k2b t16 with KS = 2 (two CTAs of 8 warps, 128 registers)
+//   mm_q8_mma_t8_k2b TOK 8, STAGES 3, KS = 2, two CTAs (Q8_0 up to 8 rows)
 #define MQ_THREADS(WN) (128 * (WN))
 #define MQ_ROWS 128
 #define MQ_KB 8
@@ -424,4 +425,9 @@ extern "C" __global__ void __launch_bounds__(2 * MQ_THREADS(1), 1) mm_q8_mma_t16
 }
 extern "C" __global__ void __launch_bounds__(2 * MQ_THREADS(1), 2) mm_q8_mma_t16_k2b(MQ_ARGS) {
     mq_kernel<1, 16, 4, 2>(MQ_PASS);
+}
+// Up to 8 rows of Q8_0: 8-row tiles, so three chunk buffers fit twice per
+// SM (two CTAs of 8 warps in two k groups).
+extern "C" __global__ void __launch_bounds__(2 * MQ_THREADS(1), 2) mm_q8_mma_t8_k2b(MQ_ARGS) {
+    mq_kernel<1, 8, 3, 2>(MQ_PASS);
 }

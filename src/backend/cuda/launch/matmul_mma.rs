@@ -77,9 +77,20 @@ const MQ_T16_K2B: MqKernel = MqKernel {
     ks: 2,
     ..MQ_T16
 };
+/// Up to 8 rows: 8-row tiles and three chunk buffers, so that even Q8_0's
+/// fit twice per SM; two k groups.
+const MQ_T8_K2B: MqKernel = MqKernel {
+    name: "mm_q8_mma_t8_k2b",
+    wn: 1,
+    tok: 8,
+    stages: 3,
+    ctas: 2,
+    ks: 2,
+};
 /// Every instantiation (source.rs loads these names).
-pub(crate) const MQ_KERNELS: [MqKernel; 6] =
-    [MQ_BASE, MQ_W2, MQ_T16, MQ_T16_1, MQ_T16_K2, MQ_T16_K2B];
+pub(crate) const MQ_KERNELS: [MqKernel; 7] = [
+    MQ_BASE, MQ_W2, MQ_T16, MQ_T16_1, MQ_T16_K2, MQ_T16_K2B, MQ_T8_K2B,
+];
 
 /// The mq kernel for `n` activation rows of `ty` weights: up to 16 rows
 /// the two-CTA 16-row variant QUIRE_MQ_T16 picks where its shared memory
@@ -93,10 +104,14 @@ pub(crate) const MQ_KERNELS: [MqKernel; 6] =
 /// 2,689, t16_k2 412 / 810 / 1,547 / 2,882 (four k groups: 403 / 790 /
 /// 1,514 / 2,794).
 fn mq_kernel(ty: GgmlType, n: usize) -> MqKernel {
-    type Pick = (Option<MqKernel>, Option<MqKernel>);
+    type Pick = (Option<MqKernel>, Option<MqKernel>, Option<MqKernel>);
     static T16: std::sync::OnceLock<Pick> = std::sync::OnceLock::new();
-    let (two, one) = *T16.get_or_init(|| {
+    let (t8, two, one) = *T16.get_or_init(|| {
         (
+            match std::env::var("QUIRE_MQ_T8").as_deref() {
+                Ok("1") => Some(MQ_T8_K2B),
+                _ => None,
+            },
             match std::env::var("QUIRE_MQ_T16").as_deref() {
                 Ok("0") => None,
                 Ok("1") => Some(MQ_T16),
@@ -110,7 +125,9 @@ fn mq_kernel(ty: GgmlType, n: usize) -> MqKernel {
         )
     });
     let fits = |k: &MqKernel| n <= k.tok && mq_smem(ty, *k).is_some_and(|b| ctas_fit(b, k.ctas));
-    if let Some(k) = two.filter(fits) {
+    if let Some(k) = t8.filter(|k| ty == GgmlType::Q8_0 && fits(k)) {
+        k
+    } else if let Some(k) = two.filter(fits) {
         k
     } else if let Some(k) = one.filter(fits) {
         k
@@ -343,7 +360,7 @@ impl CudaBackend {
 mod tests {
     use super::{
         ctas_fit, mq_kernel, mq_smem, mq_smem_max, mq_splits, MQ_BASE, MQ_KB, MQ_KERNELS, MQ_T16,
-        MQ_T16_1, MQ_T16_K2, MQ_T16_K2B, MQ_W2,
+        MQ_T16_1, MQ_T16_K2, MQ_T16_K2B, MQ_T8_K2B, MQ_W2,
     };
     use crate::quant::GgmlType;
 
@@ -410,6 +427,7 @@ mod tests {
         assert_eq!(mq_kernel(GgmlType::Q8_0, 8), MQ_T16_K2);
         assert_eq!(mq_kernel(GgmlType::Q8_0, 16), MQ_T16_K2);
         assert_eq!(mq_kernel(GgmlType::Q8_0, 17), MQ_W2);
+        assert!(ctas_fit(mq_smem(GgmlType::Q8_0, MQ_T8_K2B).unwrap(), 2));
         assert_eq!(mq_kernel(GgmlType::Q4_0, 17), MQ_W2);
         assert_eq!(mq_kernel(GgmlType::Q8_0, 64), MQ_W2);
         // The kernel's per-warp tiles: TOK / 8 / WN of 8 rows, at least
