@@ -92,7 +92,8 @@ pub(crate) const MQ_KERNELS: [MqKernel; 7] = [
     MQ_BASE, MQ_W2, MQ_T16, MQ_T16_1, MQ_T16_K2, MQ_T16_K2B, MQ_T8_K2B,
 ];
 
-/// The mq kernel for `n` activation rows of `ty` weights: up to 16 rows
+/// The mq kernel for `n` activation rows of `ty` weights: Q8_0 up to 8
+/// rows mm_q8_mma_t8_k2b (QUIRE_MQ_T8=0 turns it off); up to 16 rows
 /// the two-CTA 16-row variant QUIRE_MQ_T16 picks where its shared memory
 /// allows (4-bit types; 0: none, 1: mm_q8_mma_t16, 2, the default:
 /// mm_q8_mma_t16_k2b), for the others (Q8_0) the one-CTA variant
@@ -102,15 +103,16 @@ pub(crate) const MQ_KERNELS: [MqKernel; 7] = [
 /// 3,604, t16_k2b 589 / 1,142 / 2,107 / 3,703 (mm_q8_mma 1,974 at B8);
 /// Q8_0 mm_q8_mma 379 / 742 / 1,406 / 2,481, t16_1 394 / 772 / 1,467 /
 /// 2,689, t16_k2 412 / 810 / 1,547 / 2,882 (four k groups: 403 / 790 /
-/// 1,514 / 2,794).
+/// 1,514 / 2,794), t8_k2b 424 / 830 / 1,578 against t16_k2's 412 / 810 /
+/// 1,536 in the same call.
 fn mq_kernel(ty: GgmlType, n: usize) -> MqKernel {
     type Pick = (Option<MqKernel>, Option<MqKernel>, Option<MqKernel>);
     static T16: std::sync::OnceLock<Pick> = std::sync::OnceLock::new();
     let (t8, two, one) = *T16.get_or_init(|| {
         (
             match std::env::var("QUIRE_MQ_T8").as_deref() {
-                Ok("1") => Some(MQ_T8_K2B),
-                _ => None,
+                Ok("0") => None,
+                _ => Some(MQ_T8_K2B),
             },
             match std::env::var("QUIRE_MQ_T16").as_deref() {
                 Ok("0") => None,
@@ -421,10 +423,12 @@ mod tests {
 
     #[test]
     fn mq_kernel_choice() {
-        // (QUIRE_MQ_T16, QUIRE_MQ_T16_1 and QUIRE_MQ_WN unset in tests.)
+        // (QUIRE_MQ_T8, QUIRE_MQ_T16, QUIRE_MQ_T16_1 and QUIRE_MQ_WN unset
+        // in tests.)
         assert_eq!(mq_kernel(GgmlType::Q4_0, 8), MQ_T16_K2B);
         assert_eq!(mq_kernel(GgmlType::Q4_1, 16), MQ_T16_K2B);
-        assert_eq!(mq_kernel(GgmlType::Q8_0, 8), MQ_T16_K2);
+        assert_eq!(mq_kernel(GgmlType::Q8_0, 8), MQ_T8_K2B);
+        assert_eq!(mq_kernel(GgmlType::Q8_0, 9), MQ_T16_K2);
         assert_eq!(mq_kernel(GgmlType::Q8_0, 16), MQ_T16_K2);
         assert_eq!(mq_kernel(GgmlType::Q8_0, 17), MQ_W2);
         assert!(ctas_fit(mq_smem(GgmlType::Q8_0, MQ_T8_K2B).unwrap(), 2));
