@@ -359,32 +359,24 @@ __device__ __forceinline__ void mq_kernel(const MmJobs& J, int k, long long rb, 
     if (KS > 1) {
         // k groups 1.. hand their sums to group 0 through shared memory
         // (the stages are free once every warp is past the last chunk),
-        // which adds them in group order: (KS - 1, 8 NTW, MQ_THREADS(WN)).
-        constexpr int TG = MQ_THREADS(WN);
+        // which adds them in group order: (KS - 1, NA, MQ_THREADS(WN)), acc
+        // taken flat (NA values, constant indices once unrolled).
+        constexpr int TG = MQ_THREADS(WN), NA = 2 * NTW * 4;
         int kg = (wid >> 2) / WN, lt = threadIdx.x % TG;
         float* red = (float*)mq_smem;
+        float* af = &acc[0][0][0];
         cp_async_wait_all();
         __syncthreads();
         if (kg > 0) {
 #pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < NTW; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        red[((kg - 1) * 8 * NTW + (i * NTW + j) * 4 + e) * TG + lt] = acc[i][j][e];
+            for (int x = 0; x < NA; x++) red[((kg - 1) * NA + x) * TG + lt] = af[x];
         }
         __syncthreads();
         if (kg > 0) return;  // no barrier follows
 #pragma unroll
         for (int q = 1; q < KS; q++)
 #pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < NTW; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        acc[i][j][e] += red[((q - 1) * 8 * NTW + (i * NTW + j) * 4 + e) * TG + lt];
+            for (int x = 0; x < NA; x++) af[x] += red[((q - 1) * NA + x) * TG + lt];
     }
     int r0 = jb.by * MQ_ROWS + 32 * (wid & 3) + g;
     int tk0 = 8 * NTW * ((wid >> 2) % WN) + 2 * t;
