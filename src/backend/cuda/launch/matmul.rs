@@ -819,9 +819,32 @@ fn f32_ranges_overlap(a: u64, a_len: usize, b: u64, b_len: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::{
-        f32_ranges_overlap, mv_name, mv_warps, prefetch_wanted, tile_splits, MV_FLOAT, MV_Q8,
+        f32_ranges_overlap, mv_name, mv_warps, prefetch_wanted, tile_splits, MmJobs, MV_FLOAT,
+        MV_Q8,
     };
     use crate::backend::Mode;
+
+    #[test]
+    fn split_sum_jobs_needs_whole_float4s() {
+        // q/k/v of the 8B at 64 rows: three jobs, 16-byte aligned outputs.
+        let mut t = MmJobs {
+            count: 3,
+            ..Default::default()
+        };
+        t.m[..3].copy_from_slice(&[4096, 1024, 1024]);
+        t.out[..3].copy_from_slice(&[0x7000_0000, 0x7100_0000, 0x7200_0100]);
+        assert!(t.vec4_ok(64));
+        // An odd row count with an odd m: n * m not a multiple of 4.
+        t.m[1] = 1023;
+        assert!(!t.vec4_ok(3));
+        assert!(t.vec4_ok(4));
+        // An output only 4-byte aligned (a view into a larger buffer).
+        t.out[2] += 4;
+        assert!(!t.vec4_ok(4));
+        // Jobs past `count` are not looked at.
+        t.count = 2;
+        assert!(t.vec4_ok(4));
+    }
 
     #[test]
     fn split_k_grids() {
