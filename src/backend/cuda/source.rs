@@ -55,8 +55,6 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
         &[
             "mm_q8_mma",
             "mm_q8_mma_w2",
-            "mm_q8_mma_t16",
-            "mm_q8_mma_t16_1",
             "mm_q8_mma_t16_k2",
             "mm_q8_mma_t16_k2b",
             "mm_q8_mma_t8_k2b",

@@ -13,10 +13,11 @@
 // with d_x, s_x = d_x * sum(q_x) the activation block's scale and sum
 // (quant_q8's float2). The nibbles go into the MMA unshifted (0..15).
 //
-// A CTA of 4 WN warps owns MQ_ROWS = 128 weight rows and TOK activation
-// rows (64, or 16 for small batches: mm_q8_mma_t16); warp w computes weight
-// rows 32 (w % 4) .. + 31 (two m16 tiles) for activation rows TOK / WN *
-// (w / 4) .. (up to TOK / 8 / WN n8 tiles).
+// A CTA of 4 WN KS warps owns MQ_ROWS = 128 weight rows and TOK activation
+// rows (64, or 16 / 8 for small batches); warp w computes weight rows
+// 32 (w % 4) .. + 31 (two m16 tiles) for activation rows TOK / WN *
+// ((w / 4) % WN) .. (up to TOK / 8 / WN n8 tiles), over k group
+// (w / 4) / WN's half of each chunk when KS = 2.
 // Each job of a MatMuls table has its own range of CTA rows. k runs in chunks of MQ_KB =
 // 8 blocks (256 values): the chunk's raw weight blocks (16-byte pieces: 8
 // blocks of 18, 20 or 34 bytes are 144, 160 or 272 bytes), int8
@@ -44,15 +45,14 @@
 // / WN tiles of 8 rows) and STAGES chunk buffers in shared memory:
 //   mm_q8_mma      WN 1, TOK 64, STAGES 2 (up to 255 registers)
 //   mm_q8_mma_w2   WN 2, TOK 64, STAGES 2 (128 registers)
-//   mm_q8_mma_t16  WN 1, TOK 16, STAGES 4 (up to 16 rows, 4-bit weights: the
-//                  small activation tile leaves room for three chunks of
-//                  weights in flight per CTA, where TOK 64 keeps one)
-//   mm_q8_mma_t16_1  the same at one CTA per SM (Q8_0: 161 KiB)
-//   mm_q8_mma_t16_k2 t16_1 with KS = 2 k groups of warps: 8 warps, each
-//                  k group takes half of every chunk's blocks; group 0
-//                  adds the other's sums (fixed order) before the store
-//   mm_q8_mma_t16_k2b t16 with KS = 2 (two CTAs of 8 warps, 128 registers)
-//   mm_q8_mma_t8_k2b TOK 8, STAGES 3, KS = 2, two CTAs (Q8_0 up to 8 rows)
+//   mm_q8_mma_t16_k2b WN 1, TOK 16, STAGES 4, KS 2 (up to 16 rows of 4-bit
+//                  weights: the small activation tile leaves room for three
+//                  chunks of weights in flight per CTA, where TOK 64 keeps
+//                  one; two CTAs of 8 warps, 128 registers; each k group
+//                  takes half of every chunk's blocks, group 0 adds the
+//                  other's sums in a fixed order before the store)
+//   mm_q8_mma_t16_k2 the same at one CTA per SM (Q8_0: 161 KiB)
+//   mm_q8_mma_t8_k2b TOK 8, STAGES 3, KS 2, two CTAs (Q8_0 up to 8 rows)
 #define MQ_THREADS(WN) (128 * (WN))
 #define MQ_ROWS 128
 #define MQ_KB 8
@@ -403,15 +403,7 @@ extern "C" __global__ void __launch_bounds__(MQ_THREADS(1), 2) mm_q8_mma(MQ_ARGS
 extern "C" __global__ void __launch_bounds__(MQ_THREADS(2), 2) mm_q8_mma_w2(MQ_ARGS) {
     mq_kernel<2, 64, 2, 1>(MQ_PASS);
 }
-extern "C" __global__ void __launch_bounds__(MQ_THREADS(1), 2) mm_q8_mma_t16(MQ_ARGS) {
-    mq_kernel<1, 16, 4, 1>(MQ_PASS);
-}
-// The same for Q8_0 (161 KiB of shared memory: one CTA per SM).
-extern "C" __global__ void __launch_bounds__(MQ_THREADS(1), 1) mm_q8_mma_t16_1(MQ_ARGS) {
-    mq_kernel<1, 16, 4, 1>(MQ_PASS);
-}
-// The same with two k groups of 4 warps (8 warps; each takes half of every
-// chunk's blocks, and group 0 adds group 1's sums at the end).
+// Up to 16 rows, two k groups of 4 warps: one CTA per SM (Q8_0) and two.
 extern "C" __global__ void __launch_bounds__(2 * MQ_THREADS(1), 1) mm_q8_mma_t16_k2(MQ_ARGS) {
     mq_kernel<1, 16, 4, 2>(MQ_PASS);
 }

@@ -50,7 +50,8 @@ fn mma_rows() -> (usize, usize) {
 /// single row keeps the warp-per-row kernel. The f16 tile kernel keeps
 /// mma_rows' `lo` (it loses to warp-per-row below 8 rows). Measured on an
 /// H100 (8B Q4_0, 2026-11-23, tokens/s at B2 / B4): warp-per-row 561 / 794,
-/// mm_q8_mma_t16 570 / 1,114 (llama-batched-bench: 558 / 909).
+/// mm_q8_mma_t16 570 / 1,114 (llama-batched-bench: 558 / 909; t16_k2b,
+/// which replaced t16, 589 / 1,142).
 fn mq_min_rows() -> usize {
     static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *V.get_or_init(|| {

@@ -47,91 +47,52 @@ const MQ_W2: MqKernel = MqKernel {
     ctas: 2,
     ks: 1,
 };
-/// 4 warps of 32 x 16 and four chunk buffers: three chunks of weights in
-/// flight per CTA while one is computed (TOK 64 keeps one), for up to 16
-/// rows of 4-bit weights (Q8_0's four buffers would not leave room for a
-/// second CTA per SM).
-const MQ_T16: MqKernel = MqKernel {
-    name: "mm_q8_mma_t16",
+/// Up to 16 rows: 16-row tiles and four chunk buffers (three chunks of
+/// weights in flight while one is computed; TOK 64 keeps one), 8 warps in
+/// two k groups, two CTAs per SM (128 registers): the 4-bit types.
+const MQ_T16_K2B: MqKernel = MqKernel {
+    name: "mm_q8_mma_t16_k2b",
     wn: 1,
     tok: 16,
     stages: 4,
     ctas: 2,
-    ks: 1,
+    ks: 2,
 };
 /// The same at one CTA per SM, for Q8_0 (whose four buffers take 161 KiB).
-const MQ_T16_1: MqKernel = MqKernel {
-    name: "mm_q8_mma_t16_1",
-    ctas: 1,
-    ..MQ_T16
-};
-/// t16_1 with two k groups of 4 warps (8 warps per SM instead of 4).
 const MQ_T16_K2: MqKernel = MqKernel {
     name: "mm_q8_mma_t16_k2",
-    ks: 2,
-    ..MQ_T16_1
-};
-/// t16 (two CTAs per SM) with two k groups (8 warps, 128 registers).
-const MQ_T16_K2B: MqKernel = MqKernel {
-    name: "mm_q8_mma_t16_k2b",
-    ks: 2,
-    ..MQ_T16
+    ctas: 1,
+    ..MQ_T16_K2B
 };
 /// Up to 8 rows: 8-row tiles and three chunk buffers, so that even Q8_0's
 /// fit twice per SM; two k groups.
 const MQ_T8_K2B: MqKernel = MqKernel {
     name: "mm_q8_mma_t8_k2b",
-    wn: 1,
     tok: 8,
     stages: 3,
-    ctas: 2,
-    ks: 2,
+    ..MQ_T16_K2B
 };
 /// Every instantiation (source.rs loads these names).
-pub(crate) const MQ_KERNELS: [MqKernel; 7] = [
-    MQ_BASE, MQ_W2, MQ_T16, MQ_T16_1, MQ_T16_K2, MQ_T16_K2B, MQ_T8_K2B,
-];
+pub(crate) const MQ_KERNELS: [MqKernel; 5] = [MQ_BASE, MQ_W2, MQ_T16_K2B, MQ_T16_K2, MQ_T8_K2B];
 
-/// The mq kernel for `n` activation rows of `ty` weights: Q8_0 up to 8
-/// rows mm_q8_mma_t8_k2b (QUIRE_MQ_T8=0 turns it off); up to 16 rows
-/// the two-CTA 16-row variant QUIRE_MQ_T16 picks where its shared memory
-/// allows (4-bit types; 0: none, 1: mm_q8_mma_t16, 2, the default:
-/// mm_q8_mma_t16_k2b), for the others (Q8_0) the one-CTA variant
-/// QUIRE_MQ_T16_1 picks (0: none, 1: mm_q8_mma_t16_1, 2, the default:
-/// mm_q8_mma_t16_k2); else by `mq_wn`. Measured on an H100 (2026-11-23,
-/// 8B, tokens/s at B2 / B4 / B8 / B16): Q4_0 t16 556 / 1,090 / 2,063 /
-/// 3,604, t16_k2b 589 / 1,142 / 2,107 / 3,703 (mm_q8_mma 1,974 at B8);
-/// Q8_0 mm_q8_mma 379 / 742 / 1,406 / 2,481, t16_1 394 / 772 / 1,467 /
-/// 2,689, t16_k2 412 / 810 / 1,547 / 2,882 (four k groups: 403 / 790 /
-/// 1,514 / 2,794), t8_k2b 424 / 830 / 1,578 against t16_k2's 412 / 810 /
-/// 1,536 in the same call.
+/// The mq kernel for `n` activation rows of `ty` weights: the first of the
+/// small-batch kernels (MQ_SMALL, in order of preference) whose tile holds
+/// `n` rows and whose shared memory for `ty` allows its CTAs per SM (so
+/// the 4-bit types take t16_k2b up to 16 rows, Q8_0 t8_k2b up to 8 and
+/// t16_k2 up to 16; QUIRE_MQ_SMALL=0 turns them off), else by `mq_wn`.
+/// Measured on an H100 (2026-11-23, 8B, tokens/s at B2 / B4 / B8 / B16;
+/// the variants without k groups, t16 and t16_1, are no longer built):
+/// Q4_0 t16 556 / 1,090 / 2,063 / 3,604, t16_k2b 589 / 1,142 / 2,107 /
+/// 3,703 (mm_q8_mma 1,974 at B8); Q8_0 mm_q8_mma 379 / 742 / 1,406 /
+/// 2,481, t16_1 394 / 772 / 1,467 / 2,689, t16_k2 412 / 810 / 1,547 /
+/// 2,882 (four k groups: 403 / 790 / 1,514 / 2,794), t8_k2b 424 / 830 /
+/// 1,578 against t16_k2's 412 / 810 / 1,536 in the same call.
 fn mq_kernel(ty: GgmlType, n: usize) -> MqKernel {
-    type Pick = (Option<MqKernel>, Option<MqKernel>, Option<MqKernel>);
-    static T16: std::sync::OnceLock<Pick> = std::sync::OnceLock::new();
-    let (t8, two, one) = *T16.get_or_init(|| {
-        (
-            match std::env::var("QUIRE_MQ_T8").as_deref() {
-                Ok("0") => None,
-                _ => Some(MQ_T8_K2B),
-            },
-            match std::env::var("QUIRE_MQ_T16").as_deref() {
-                Ok("0") => None,
-                Ok("1") => Some(MQ_T16),
-                _ => Some(MQ_T16_K2B),
-            },
-            match std::env::var("QUIRE_MQ_T16_1").as_deref() {
-                Ok("0") => None,
-                Ok("1") => Some(MQ_T16_1),
-                _ => Some(MQ_T16_K2),
-            },
-        )
-    });
-    let fits = |k: &MqKernel| n <= k.tok && mq_smem(ty, *k).is_some_and(|b| ctas_fit(b, k.ctas));
-    if let Some(k) = t8.filter(|k| ty == GgmlType::Q8_0 && fits(k)) {
-        k
-    } else if let Some(k) = two.filter(fits) {
-        k
-    } else if let Some(k) = one.filter(fits) {
+    const MQ_SMALL: [MqKernel; 3] = [MQ_T16_K2B, MQ_T8_K2B, MQ_T16_K2];
+    static SMALL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let small = *SMALL.get_or_init(|| std::env::var("QUIRE_MQ_SMALL").as_deref() != Ok("0"));
+    let fits = |k: &&MqKernel| n <= k.tok && mq_smem(ty, **k).is_some_and(|b| ctas_fit(b, k.ctas));
+    if let Some(&k) = MQ_SMALL.iter().find(fits).filter(|_| small) {
         k
     } else if mq_wn(n) == 2 {
         MQ_W2
@@ -361,8 +322,8 @@ impl CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::{
-        ctas_fit, mq_kernel, mq_smem, mq_smem_max, mq_splits, MQ_BASE, MQ_KB, MQ_KERNELS, MQ_T16,
-        MQ_T16_1, MQ_T16_K2, MQ_T16_K2B, MQ_T8_K2B, MQ_W2,
+        ctas_fit, mq_kernel, mq_smem, mq_smem_max, mq_splits, MQ_BASE, MQ_KB, MQ_KERNELS,
+        MQ_T16_K2, MQ_T16_K2B, MQ_T8_K2B, MQ_W2,
     };
     use crate::quant::GgmlType;
 
@@ -405,33 +366,34 @@ mod tests {
         );
         assert_eq!(mq_smem(GgmlType::Q4_K, MQ_BASE), None);
         assert_eq!(mq_smem_max("mm_f16_tile"), 0);
-        // t16: four buffers of Q4_0 (95 KiB) and Q4_1 fit twice, Q8_0's not.
+        // t16_k2b: four buffers of Q4_0 (95 KiB) and Q4_1 fit twice, Q8_0's
+        // only once (t16_k2); three Q8_0 buffers of 8 rows fit twice.
         assert_eq!(
-            mq_smem(GgmlType::Q4_0, MQ_T16),
+            mq_smem(GgmlType::Q4_0, MQ_T16_K2B),
             Some(4 * (128 * 144 + 16 * 272 + 1024))
         );
-        assert!(!ctas_fit(mq_smem(GgmlType::Q8_0, MQ_T16).unwrap(), 2));
+        assert!(!ctas_fit(mq_smem(GgmlType::Q8_0, MQ_T16_K2B).unwrap(), 2));
         assert_eq!(
-            mq_smem(GgmlType::Q4_1, MQ_T16),
-            Some(mq_smem_max("mm_q8_mma_t16"))
+            mq_smem(GgmlType::Q4_1, MQ_T16_K2B),
+            Some(mq_smem_max("mm_q8_mma_t16_k2b"))
         );
         assert_eq!(
-            mq_smem(GgmlType::Q8_0, MQ_T16_1),
-            Some(mq_smem_max("mm_q8_mma_t16_1"))
+            mq_smem(GgmlType::Q8_0, MQ_T16_K2),
+            Some(mq_smem_max("mm_q8_mma_t16_k2"))
         );
+        assert!(ctas_fit(mq_smem(GgmlType::Q8_0, MQ_T8_K2B).unwrap(), 2));
     }
 
     #[test]
     fn mq_kernel_choice() {
-        // (QUIRE_MQ_T8, QUIRE_MQ_T16, QUIRE_MQ_T16_1 and QUIRE_MQ_WN unset
-        // in tests.)
+        // (QUIRE_MQ_SMALL and QUIRE_MQ_WN unset in tests.) No type is
+        // named in the rule: shared memory alone sends Q8_0 elsewhere.
         assert_eq!(mq_kernel(GgmlType::Q4_0, 8), MQ_T16_K2B);
         assert_eq!(mq_kernel(GgmlType::Q4_1, 16), MQ_T16_K2B);
         assert_eq!(mq_kernel(GgmlType::Q8_0, 8), MQ_T8_K2B);
         assert_eq!(mq_kernel(GgmlType::Q8_0, 9), MQ_T16_K2);
         assert_eq!(mq_kernel(GgmlType::Q8_0, 16), MQ_T16_K2);
         assert_eq!(mq_kernel(GgmlType::Q8_0, 17), MQ_W2);
-        assert!(ctas_fit(mq_smem(GgmlType::Q8_0, MQ_T8_K2B).unwrap(), 2));
         assert_eq!(mq_kernel(GgmlType::Q4_0, 17), MQ_W2);
         assert_eq!(mq_kernel(GgmlType::Q8_0, 64), MQ_W2);
         // The kernel's per-warp tiles: TOK / 8 / WN of 8 rows, at least
