@@ -55,6 +55,34 @@ __device__ __forceinline__ void prefetch_line(const void* p, long long bytes, in
         asm volatile("prefetch.global.L1 [%0];" ::"l"(a));
 }
 
+// Float weight loads of the decode matvecs (FW_LOAD, tuning knob): weights
+// are read once per step and never written on the device, so they may take
+// the non-coherent path and skip L1 (keeping L1 for the activations every
+// warp re-reads). 0: plain loads; 1: ld.global.nc.L1::no_allocate; 2: the
+// same with an L2::256B prefetch hint (rows are streamed front to back).
+// Measured on an H100 (2026-11-23, 8B F16 tg128): 0 / 1 / 2: 156.6 / 158.8
+// / 159.3 tok/s. The same loads for the quantized kernels' 4-byte words
+// (decode_unit) were far slower (8B Q4_0 366 -> 243), so those stay plain.
+// Loads only: no result depends on the knob.
+#ifndef FW_LOAD
+#define FW_LOAD 2
+#endif
+__device__ __forceinline__ uint4 ldw_u4(const void* p) {
+    uint4 v;
+#if FW_LOAD == 2
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+#elif FW_LOAD == 1
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+#else
+    v = *(const uint4*)p;
+#endif
+    return v;
+}
+
 #define QF(bits) __int_as_float((int)(bits))
 #define Q_INF __int_as_float(0x7f800000)
 #define Q_NINF __int_as_float((int)0xff800000u)
@@ -327,4 +355,50 @@ __device__ __forceinline__ u16 kv_f16(float x) {
     if ((b & 0x7fffffffu) > 0x7f800000u)
         return (u16)(((b >> 16) & 0x8000u) | 0x7C00u | 0x0200u | ((b & 0x7fffffu) >> 13));
     return q_to_f16(x);
+}
+
+// The canonical activation quantizer (quant_block's bits, as quant_act32
+// writes them) for a group of 32 / V lanes that hold V consecutive values
+// each of one 32-block; gl is the lane's place in the group. Writes the
+// block's 32 shorts (qs), its scale (*d) and d times its integer sum (*s).
+// The maximum and the integer sum do not depend on order, so every caller
+// (quant_act32, or the exact elementwise kernel that produced the values)
+// writes the same bits. Every lane of the group must call it together.
+template <int V>
+__device__ __forceinline__ void q32_block(const float* v, int gl, short* __restrict__ qs,
+                                          float* __restrict__ d, float* __restrict__ s) {
+    constexpr int G = 32 / V;
+    int lane = threadIdx.x & 31;
+    unsigned mask = G == 32 ? 0xffffffffu : (((1u << G) - 1u) << (lane & ~(G - 1)));
+    float amax = 0.0f;  // a NaN counts as 0, as in quant_block
+#pragma unroll
+    for (int i = 0; i < V; i++) amax = q_max(amax, fabsf(v[i]));
+#pragma unroll
+    for (int o = G / 2; o >= 1; o >>= 1) amax = q_max(amax, __shfl_xor_sync(mask, amax, o));
+    float db = q_div(amax, QUIRE_ACT_QMAX);
+    float id = (db == 0.0f) ? 0.0f : q_div(1.0f, db);
+    int sum = 0;
+    short q[V];
+#pragma unroll
+    for (int i = 0; i < V; i++) {
+        float r = q_round_away(q_mul(v[i], id));
+        if (q_isnan(r)) {
+            q[i] = 0;
+        } else {
+            r = fminf(fmaxf(r, -QUIRE_ACT_QMAX), QUIRE_ACT_QMAX);
+            q[i] = (short)(int)r;
+        }
+        sum += q[i];
+    }
+#pragma unroll
+    for (int o = G / 2; o >= 1; o >>= 1) sum += __shfl_xor_sync(mask, sum, o);
+    if (V == 4)
+        ((uint2*)qs)[gl] = make_uint2((u32)(u16)q[0] | ((u32)(u16)q[1] << 16),
+                                      (u32)(u16)q[2] | ((u32)(u16)q[3] << 16));
+    else
+        qs[gl] = q[0];
+    if (gl == 0) {
+        *d = db;
+        *s = q_mul(db, __int2float_rn(sum));
+    }
 }
