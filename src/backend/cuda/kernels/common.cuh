@@ -70,7 +70,7 @@ __device__ __forceinline__ void prefetch_line(const void* p, long long bytes, in
 __device__ __forceinline__ uint4 ldw_u4(const void* p) {
     uint4 v;
 #if FW_LOAD == 2
-    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
         : "l"(p));
 #elif FW_LOAD == 1
