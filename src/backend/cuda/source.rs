@@ -79,7 +79,7 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     (
         "swiglu",
         include_str!("kernels/swiglu.cu"),
-        &["swiglu", "swiglu_q8", "swiglu_q32"],
+        &["swiglu", "swiglu_q8"],
     ),
     (
         "get_rows",

@@ -20,19 +20,3 @@ extern "C" __global__ void swiglu_q8(const float* __restrict__ gate, const float
     out[t] = v;
     q8_block<1>(&v, (int)(t & 31), xq + (t & ~31LL), xds + (t >> 5));
 }
-
-// swiglu (the canonical arithmetic), and the output quantized as
-// quant_act32 would (q32_block: one warp per 32-block) for the exact
-// matmul that reads it next. len is a multiple of 32 and blockDim of 32,
-// so whole warps return together. qs: len shorts; ad, as: len / 32.
-extern "C" __global__ void swiglu_q32(const float* __restrict__ gate,
-                                      const float* __restrict__ up, long long len,
-                                      float* __restrict__ out, short* __restrict__ qs,
-                                      float* __restrict__ ad, float* __restrict__ as) {
-    GRID_DEP();
-    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= len) return;
-    float v = q_mul(q_silu(gate[t]), up[t]);
-    out[t] = v;
-    q32_block<1>(&v, (int)(t & 31), qs + (t & ~31LL), ad + (t >> 5), as + (t >> 5));
-}

@@ -231,28 +231,10 @@ impl ActKey {
         ActKey {
             ptr: dev_ptr(x, s),
             len: x.len(),
-            // quant_q8's and quant_act32's blocks are 32 consecutive
-            // values of the buffer, whatever its row length (a multiple of
-            // 32).
-            k: if layout == ACT_Q8 || layout == ACT_CANON {
-                0
-            } else {
-                k
-            },
+            // quant_q8's blocks are 32 consecutive values of the buffer,
+            // whatever its row length (a multiple of 32).
+            k: if layout == ACT_Q8 { 0 } else { k },
             layout,
-        }
-    }
-}
-
-impl ActKey {
-    /// The key of canonical activations (ACT_CANON) written for the device
-    /// buffer at `ptr` of `len` floats (see canon_out).
-    pub(super) fn canon(ptr: u64, len: usize) -> Self {
-        ActKey {
-            ptr,
-            len,
-            k: 0,
-            layout: ACT_CANON,
         }
     }
 }

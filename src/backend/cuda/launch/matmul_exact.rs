@@ -2,7 +2,6 @@
 //! the cpu), for every job of a `MatMuls` op.
 
 use super::arena3;
-use super::dev_ptr_mut;
 use super::matmul::{job_table, mm_dims, MmDims, ACT_CANON, MV_ROWS};
 use crate::backend::cuda::mem::{Dev, DevMatrix};
 use crate::backend::cuda::{drv, grid_1d, CudaBackend};
@@ -23,11 +22,7 @@ impl CudaBackend {
         jobs: &mut [MatJob<'_, Dev>],
     ) -> Result<()> {
         let ty = jobs[0].w.ty;
-        let canon = !(matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
-            || ty.block_size() == 256);
-        self.last_canon
-            .store(canon, std::sync::atomic::Ordering::Relaxed);
-        if !canon {
+        if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) || ty.block_size() == 256 {
             for j in jobs.iter_mut() {
                 self.mat_mul_exact_one(&j.w, x, n, &mut j.out, j.add)?;
             }
@@ -36,7 +31,6 @@ impl CudaBackend {
         let k = jobs[0].w.cols;
         let s = self.stream();
         let nb = k / 32;
-        // The layout canon_out hands to the exact elementwise kernels.
         let mut guard = self.arena(&[n * k * 2, n * nb * 4, n * nb * 4])?;
         let key = super::ActKey::new(x, k, ACT_CANON, s);
         let cached = self.act_cached(key);
@@ -109,39 +103,6 @@ impl CudaBackend {
         })?;
         self.act_remember(key, &outs);
         Ok(())
-    }
-
-    /// For an `exact` elementwise kernel about to write activations `out`
-    /// (rows of `k`, a multiple of 32): where the next matmul would
-    /// quantize them with quant_act32 (the last matmul read canonical
-    /// activations, see `last_canon`), the cache key to record once the
-    /// producer is queued (`q8_done`) and the arena addresses (qs, d, s)
-    /// it fills instead, with the same bits (q32_block). A wrong guess
-    /// costs only the extra stores: the next matmul finds the key or not.
-    /// QUIRE_PREQUANT=0 turns this off.
-    pub(crate) fn canon_out(
-        &self,
-        out: &CudaViewMut<'_, f32>,
-        k: usize,
-    ) -> Result<Option<(super::ActKey, [u64; 3])>> {
-        let len = out.len();
-        if !self.prequant
-            || !self.last_canon.load(std::sync::atomic::Ordering::Relaxed)
-            || len == 0
-            || k == 0
-            || !k.is_multiple_of(32)
-            || !len.is_multiple_of(k)
-        {
-            return Ok(None);
-        }
-        let s = self.stream();
-        let nblk = len / 32;
-        // mat_muls_exact's arena layout for n * k = len values.
-        let mut guard = self.arena(&[len * 2, nblk * 4, nblk * 4])?;
-        let ptrs = arena3::<i16, f32, f32, _>(&mut guard, (len, nblk, nblk), |qs, ad, asum| {
-            Ok([dev_ptr_mut(qs, s), dev_ptr_mut(ad, s), dev_ptr_mut(asum, s)])
-        })?;
-        Ok(Some((super::ActKey::canon(dev_ptr_mut(out, s), len), ptrs)))
     }
 
     /// One job of float or K-quant weights.

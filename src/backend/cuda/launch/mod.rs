@@ -171,31 +171,12 @@ impl CudaBackend {
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: (dim * 4) as u32,
             };
-            let pre = if vec4 == 1 {
-                self.canon_out(out, dim)?
-            } else {
-                None
-            };
-            let [qs, ad, asum] = pre.map_or([0u64; 3], |(_, p)| p);
             let mut b = self.stream().launch_builder(self.func("rms_norm_block")?);
-            b.arg(x)
-                .arg(w)
-                .arg(&di)
-                .arg(&eps)
-                .arg(&vec4)
-                .arg(&mut *out)
-                .arg(&qs)
-                .arg(&ad)
-                .arg(&asum);
+            b.arg(x).arg(w).arg(&di).arg(&eps).arg(&vec4).arg(out);
             // SAFETY: matches rms_norm_block; n*dim inputs/outputs, dim
             // weights, dim floats of dynamic shared memory; vec4 only with
-            // 16-byte aligned rows; qs / ad / asum null, or (vec4, dim a
-            // multiple of 32) arena regions of n*dim shorts and n*dim/32
-            // floats each (canon_out).
+            // 16-byte aligned rows.
             drv(unsafe { b.launch(cfg) }, "rms_norm: launch")?;
-            if let Some((key, _)) = pre {
-                self.q8_done(key);
-            }
             return Ok(());
         }
         let mut b = self.stream().launch_builder(self.func("rms_norm")?);
@@ -261,28 +242,6 @@ impl CudaBackend {
         validate::same_len("swiglu", &[gate.len(), up.len(), out.len()])?;
         if out.is_empty() {
             return Ok(());
-        }
-        if mode == Mode::Exact {
-            // Rows of 32 at least: canonical blocks are 32 consecutive
-            // values of the buffer, whatever its row length.
-            if let Some((key, [qs, ad, asum])) = self.canon_out(out, 32)? {
-                let len = out.len() as i64;
-                let cfg = grid_1d(out.len(), 256)?;
-                let mut b = self.stream().launch_builder(self.func("swiglu_q32")?);
-                b.arg(gate)
-                    .arg(up)
-                    .arg(&len)
-                    .arg(&mut *out)
-                    .arg(&qs)
-                    .arg(&ad)
-                    .arg(&asum);
-                // SAFETY: matches swiglu_q32; the three buffers hold len
-                // elements (a multiple of 32, canon_out); qs / ad / asum
-                // arena regions of len shorts and len / 32 floats each.
-                drv(unsafe { b.launch(cfg) }, "swiglu: launch")?;
-                self.q8_done(key);
-                return Ok(());
-            }
         }
         let pre = match rows {
             Some(r) if r > 0 && out.len().is_multiple_of(r) => {
