@@ -168,14 +168,14 @@ pub(super) fn mv_name(n: usize, warps: usize, family: [&'static str; 4]) -> &'st
 /// split changes a row's arithmetic, which `deterministic` must keep
 /// batch-invariant). `QUIRE_MV_WARPS=1|2|4` overrides the default, which
 /// is the measured best on an H100 (tg128, warps 1 / 2 / 4): float
-/// weights with rows shorter than 4096 (`k`) 2 (1B F16: 673 / 722 / 696
-/// tok/s), from 4096 on 4 (8B F16, 2026-11-23: 159.6 / 158.8 / 162.8);
-/// quantized 1 (8B Q4_0: 346 / 336 / 304). Quantized matrices with long rows (`long_rows`: k at least
+/// weights 2 (1B F16: 673 / 722 / 696 tok/s; 8B F16 with the
+/// type-specialized kernel, 2026-11-23: 2 / 4: 166.7 / 165.7), quantized
+/// 1 (8B Q4_0: 346 / 336 / 304). Quantized matrices with long rows (`long_rows`: k at least
 /// 3 m, the FFN down projection: few rows, too few warps in flight) take
 /// QUIRE_MV_WARPS_LONG (default 2; measured 1 / 2 / 4, 2026-11-22: 1B Q4_0
 /// 1,293 / 1,348 / 1,307, 8B Q8_0 254.0 / 259.4 / 255.5, 8B Q4_0 371.0 /
 /// 369.6 / 356.1, SmolLM2 1,361 / 1,389 / 1,370).
-fn mv_warps(mode: Mode, n: usize, float_w: bool, k: usize, long_rows: bool) -> usize {
+fn mv_warps(mode: Mode, n: usize, float_w: bool, long_rows: bool) -> usize {
     static V: std::sync::OnceLock<(Option<usize>, usize)> = std::sync::OnceLock::new();
     if mode != Mode::Fast || n != 1 {
         return 1;
@@ -193,7 +193,6 @@ fn mv_warps(mode: Mode, n: usize, float_w: bool, k: usize, long_rows: bool) -> u
         )
     });
     set.unwrap_or(match (float_w, long_rows) {
-        (true, _) if k >= 4096 => 4,
         (true, _) => 2,
         (false, true) => long,
         (false, false) => 1,
@@ -557,7 +556,7 @@ impl CudaBackend {
         }
         let m: usize = jobs.iter().map(|j| j.w.rows).sum();
         let long_rows = jobs.first().is_some_and(|j| j.w.cols >= 3 * m);
-        self.mat_vec(x, n, jobs, mv_warps(mode, n, float_w, k, long_rows))
+        self.mat_vec(x, n, jobs, mv_warps(mode, n, float_w, long_rows))
     }
 
     /// The warp-per-row kernels over every job in one launch (validated
@@ -888,10 +887,10 @@ mod tests {
         // never for several rows (whatever QUIRE_MV_WARPS says).
         for float_w in [false, true] {
             for long in [false, true] {
-                assert_eq!(mv_warps(Mode::Deterministic, 1, float_w, 4096, long), 1);
-                assert_eq!(mv_warps(Mode::Exact, 1, float_w, 4096, long), 1);
-                assert_eq!(mv_warps(Mode::Fast, 3, float_w, 4096, long), 1);
-                assert!([1, 2, 4].contains(&mv_warps(Mode::Fast, 1, float_w, 4096, long)));
+                assert_eq!(mv_warps(Mode::Deterministic, 1, float_w, long), 1);
+                assert_eq!(mv_warps(Mode::Exact, 1, float_w, long), 1);
+                assert_eq!(mv_warps(Mode::Fast, 3, float_w, long), 1);
+                assert!([1, 2, 4].contains(&mv_warps(Mode::Fast, 1, float_w, long)));
             }
         }
         // Every name the launches use is a kernel the backend loads.
