@@ -45,8 +45,11 @@ pub fn ops(a: OpsArgs) -> Result<()> {
     let cpu = CpuBackend::new(a.threads)?;
     let be: Box<dyn Backend> = match a.backend.as_str() {
         "cuda" => {
+            // Capabilities decide UNSUPPORTED; a device error fails the
+            // case (no cpu fallback: that would compare the cpu with itself).
             let c = crate::backend::cuda::CudaBackend::new(GpuMode::Auto)
-                .context("quire ops --backend cuda")?;
+                .context("quire ops --backend cuda")?
+                .without_fallback();
             println!("device: {}", c.device_description());
             Box::new(c)
         }

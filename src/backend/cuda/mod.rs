@@ -160,6 +160,17 @@ fn fingerprint(d: &[u8]) -> u64 {
 }
 
 impl CudaBackend {
+    /// For the parity harness: no cpu fallback after a device error, which
+    /// then fails the op that hit it (and stays visible in every later
+    /// case) instead of running it on the cpu, where the comparison would
+    /// be the reference against itself. `supports_op` still answers from
+    /// the backend's capabilities (`auto`), so an op it cannot run stays
+    /// UNSUPPORTED.
+    pub fn without_fallback(mut self) -> Self {
+        self.fallback = None;
+        self
+    }
+
     /// Opens device 0 and compiles every kernel for its architecture.
     /// `gpu_mode` decides what an op the backend cannot run does: `required`
     /// makes it an error; `auto` lets dispatch fall back. `GpuMode::Off` is
