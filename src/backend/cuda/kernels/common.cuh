@@ -62,8 +62,10 @@ __device__ __forceinline__ void prefetch_line(const void* p, long long bytes, in
 // same with an L2::256B prefetch hint (rows are streamed front to back).
 // Measured on an H100 (2026-11-23, 8B F16 tg128): 0 / 1 / 2: 156.6 / 158.8
 // / 159.3 tok/s. The same loads for the quantized kernels' 4-byte words
-// (decode_unit) were far slower (8B Q4_0 366 -> 243), so those stay plain.
-// Loads only: no result depends on the knob.
+// (decode_unit) were far slower (8B Q4_0 366 -> 243), and decode_unit also
+// reads weights staged in shared memory, which ld.global must not touch:
+// those stay plain. ldw_u4 takes global addresses only. Loads only: no
+// result depends on the knob.
 #ifndef FW_LOAD
 #define FW_LOAD 2
 #endif
