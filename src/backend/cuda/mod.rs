@@ -84,7 +84,7 @@ pub struct CudaBackend {
     /// op; see `launch/`.
     arena: Mutex<CudaSlice<u8>>,
     /// Which activation rows the arena holds quantized (see
-    /// `launch::matmul::ActKey`): consecutive matmuls of one input (q, k, v;
+    /// `launch::act_cache::ActKey`): consecutive matmuls of one input (q, k, v;
     /// gate, up) quantize it once. Cleared by every other op, every
     /// activation allocation and arena growth.
     act_cache: Mutex<Option<launch::ActKey>>,

@@ -1,8 +1,9 @@
 //! Matmul launches of `exact` mode: the canonical kernels (bitwise equal to
 //! the cpu), for every job of a `MatMuls` op.
 
+use super::act_cache::ACT_CANON;
 use super::arena3;
-use super::matmul::{job_table, mm_dims, MmDims, ACT_CANON, MV_ROWS};
+use super::matmul::{job_table, mm_dims, MmDims, MV_ROWS};
 use crate::backend::cuda::mem::{Dev, DevMatrix};
 use crate::backend::cuda::{drv, grid_1d, CudaBackend};
 use crate::backend::MatJob;

@@ -4,8 +4,9 @@
 //! elementwise kernel before: `q8_out`) times the weights' own integers,
 //! both block scales applied per 32-block in f32.
 
+use super::act_cache::{ActKey, ACT_Q8};
 use super::arena3;
-use super::matmul::{ctas_per_sm_knob, job_table, mm_dims, split_k, ActKey, ACT_Q8};
+use super::matmul::{ctas_per_sm_knob, job_table, mm_dims, split_k};
 use crate::backend::cuda::mem::Dev;
 use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
 use crate::backend::MatJob;

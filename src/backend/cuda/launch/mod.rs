@@ -9,12 +9,13 @@
 //! `attention.rs`: paged attention in every mode; here: the scratch arena
 //! and the element-wise ops.
 
+mod act_cache;
 mod attention;
 mod matmul;
 mod matmul_exact;
 mod matmul_mma;
 
-pub(crate) use matmul::ActKey;
+pub(crate) use act_cache::ActKey;
 pub(crate) use matmul::{fast_uses_blas, TILE_SMEM};
 pub(crate) use matmul_mma::mq_smem_max;
 

@@ -1,0 +1,194 @@
+//! Quantized activations held in the scratch arena between ops: the cache
+//! key (which buffer, in which layout), and the producers that fill it for
+//! the next matmul (quant_q8, or an elementwise kernel told where by
+//! `q8_out`), so consecutive matmuls of one input quantize it once.
+
+use super::arena3;
+use super::matmul::{mma_rows, MV_BATCH};
+use crate::backend::cuda::launch::{dev_ptr, dev_ptr_mut};
+use crate::backend::cuda::mem::Dev;
+use crate::backend::cuda::{drv, grid_1d, CudaBackend};
+use crate::backend::{MatJob, Mode};
+use anyhow::Result;
+use cudarc::driver::{CudaStream, CudaView, CudaViewMut, PushKernelArg};
+
+/// Quantized activations held at the start of the arena: the input's device
+/// address, length and row length, and the layout (`ACT_Q8`: quant_q8's
+/// int8 rows and float2 scales; `ACT_CANON`: quant_act32's 16-bit rows,
+/// scales and sums; `ACT_F16`: the tile kernel's f16 rows).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct ActKey {
+    ptr: u64,
+    len: usize,
+    k: usize,
+    layout: u8,
+}
+impl ActKey {
+    pub(super) fn new(
+        x: &CudaView<'_, f32>,
+        k: usize,
+        layout: u8,
+        s: &std::sync::Arc<CudaStream>,
+    ) -> Self {
+        ActKey {
+            ptr: dev_ptr(x, s),
+            len: x.len(),
+            // quant_q8's blocks are 32 consecutive values of the buffer,
+            // whatever its row length (a multiple of 32).
+            k: if layout == ACT_Q8 { 0 } else { k },
+            layout,
+        }
+    }
+}
+
+pub(super) const ACT_Q8: u8 = 1;
+pub(super) const ACT_CANON: u8 = 2;
+pub(super) const ACT_F16: u8 = 3;
+
+impl CudaBackend {
+    /// Forgets which activations the arena holds (any op but a matmul, a
+    /// new activation buffer, or arena growth may change them).
+    pub(crate) fn forget_activations(&self) {
+        if let Ok(mut c) = self.act_cache.lock() {
+            *c = None;
+        }
+    }
+
+    /// Whether the arena holds `key`'s quantized activations.
+    pub(super) fn act_cached(&self, key: ActKey) -> bool {
+        self.act_cache
+            .lock()
+            .map(|c| *c == Some(key))
+            .unwrap_or(false)
+    }
+
+    /// Records `key` as held, unless one of the outputs written (device
+    /// address, f32 length) overlaps its input, which then no longer holds
+    /// those values.
+    pub(super) fn act_remember(&self, key: ActKey, outs: &[(u64, usize)]) {
+        let clobbered = outs
+            .iter()
+            .any(|&(p, len)| f32_ranges_overlap(key.ptr, key.len, p, len));
+        if let Ok(mut c) = self.act_cache.lock() {
+            *c = if clobbered { None } else { Some(key) };
+        }
+    }
+
+    /// For an elementwise kernel about to write activations `out` (n rows
+    /// of k): where the next matmul of `out` would quantize it with
+    /// quant_q8 (the warp-per-row kernels: `deterministic`, or `fast` at
+    /// decode row counts), the cache key to record once the producer is
+    /// queued and the arena addresses (xq, xds) it fills instead, with the
+    /// same bits (q8_block). QUIRE_PREQUANT=0 turns this off.
+    /// `rows` None: the rows of the last matmul (`last_mv_q8`); `k` then
+    /// only needs to divide the length (the quantized bytes of a buffer do
+    /// not depend on its row length, a multiple of 32).
+    pub(crate) fn q8_out(
+        &self,
+        out: &CudaViewMut<'_, f32>,
+        rows: Option<usize>,
+        k: usize,
+        mode: Mode,
+    ) -> Result<Option<(ActKey, u64, u64)>> {
+        let (lo, hi) = mma_rows();
+        let mv_rows = match (mode, rows) {
+            (Mode::Exact, _) => false,
+            (Mode::Deterministic, _) => true,
+            // Past the warp-per-row rows, mm_q8_mma reads the same int8
+            // rows for the weight types it takes: like the last matmul.
+            (Mode::Fast, Some(n)) => {
+                (n <= MV_BATCH && !(n > lo && n <= hi))
+                    || (n > lo
+                        && n <= hi
+                        && self.last_mv_q8.load(std::sync::atomic::Ordering::Relaxed))
+            }
+            (Mode::Fast, None) => self.last_mv_q8.load(std::sync::atomic::Ordering::Relaxed),
+        };
+        let len = out.len();
+        if !self.prequant
+            || !mv_rows
+            || len == 0
+            || k == 0
+            || !k.is_multiple_of(32)
+            || !len.is_multiple_of(k)
+        {
+            return Ok(None);
+        }
+        let s = self.stream();
+        let n = len / k;
+        let nblk = n * k / 32;
+        let mut guard = self.arena(&[n * k, nblk * 8, 0])?;
+        let (xq, xds) =
+            arena3::<i8, f32, u8, _>(&mut guard, (n * k, nblk * 2, 0), |xq, xds, _| {
+                Ok((dev_ptr_mut(xq, s), dev_ptr_mut(xds, s)))
+            })?;
+        let key = ActKey {
+            ptr: dev_ptr_mut(out, s),
+            len,
+            k: 0,
+            layout: ACT_Q8,
+        };
+        Ok(Some((key, xq, xds)))
+    }
+
+    /// quant_q8: `nblk` blocks of 32 activations of x to int8 rows xq and
+    /// their float2 (scale, scaled sum) xds, as f32 pairs.
+    pub(super) fn quant_q8(
+        &self,
+        x: &CudaView<'_, f32>,
+        nblk: usize,
+        xq: &mut CudaViewMut<'_, i8>,
+        xds: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        let nb = nblk as i64;
+        let mut b = self.stream().launch_builder(self.func("quant_q8")?);
+        b.arg(x).arg(&nb).arg(xq).arg(xds);
+        // SAFETY: matches quant_q8 (xds as float2 pairs); the callers' x
+        // holds nblk blocks of 32 values, xq nblk*32 bytes, xds 2*nblk floats.
+        drv(
+            unsafe { b.launch(grid_1d(nblk * 32, 256)?) },
+            "mat_mul: launching quant_q8",
+        )?;
+        Ok(())
+    }
+
+    /// Records that the arena holds `key`'s quantized activations (written
+    /// by the elementwise kernel just queued; see q8_out).
+    pub(crate) fn q8_done(&self, key: ActKey) {
+        self.act_remember(key, &[]);
+    }
+
+    /// Device ranges (address, f32 length) of the jobs' outputs.
+    pub(super) fn out_ranges(
+        jobs: &[MatJob<'_, Dev>],
+        s: &std::sync::Arc<CudaStream>,
+    ) -> Vec<(u64, usize)> {
+        jobs.iter()
+            .map(|j| (dev_ptr_mut(&j.out, s), j.out.len()))
+            .collect()
+    }
+}
+
+/// Whether `a_len` f32 values at device address `a` and `b_len` at `b`
+/// share a byte.
+fn f32_ranges_overlap(a: u64, a_len: usize, b: u64, b_len: usize) -> bool {
+    let (a1, b1) = (a + 4 * a_len as u64, b + 4 * b_len as u64);
+    a < b1 && b < a1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::f32_ranges_overlap;
+
+    #[test]
+    fn overlap_of_device_ranges() {
+        // Adjacent ranges do not overlap; one shared value does.
+        assert!(!f32_ranges_overlap(1000, 10, 1040, 10));
+        assert!(!f32_ranges_overlap(1040, 10, 1000, 10));
+        assert!(f32_ranges_overlap(1000, 11, 1040, 10));
+        assert!(f32_ranges_overlap(1040, 10, 1000, 11));
+        // Containment, and an empty range overlaps nothing.
+        assert!(f32_ranges_overlap(1000, 100, 1200, 4));
+        assert!(!f32_ranges_overlap(1000, 0, 1000, 4));
+    }
+}

@@ -1,0 +1,261 @@
+//! Parity cases of the KV cache writes and paged attention: random K/V in
+//! randomly ordered physical blocks, against the cpu reference.
+
+use super::*;
+
+impl Ctx<'_> {
+    pub(super) fn kv_write(&mut self) {
+        if !self.want("kv_write") {
+            return;
+        }
+        let mode = self.opts.mode;
+        for &(n, nkv, hd, bs, nblk) in &[
+            (1usize, 1usize, 64usize, 16usize, 4usize),
+            (7, 3, 80, 16, 8),
+            (64, 8, 128, 16, 16),
+            (5, 2, 256, 7, 9),
+        ] {
+            let row = nkv * hd;
+            let cells = bs * nblk;
+            let k = randv(&mut self.rng, n * row, 3.0);
+            let v = randv(&mut self.rng, n * row, 3.0);
+            let mut all: Vec<u32> = (0..cells as u32).collect();
+            all.shuffle(&mut self.rng);
+            let slots: Vec<u32> = all[..n].to_vec();
+            let init: Vec<f16> = (0..cells * row)
+                .map(|_| f16::from_f32(self.rng.random_range(-1.0f32..1.0)))
+                .collect();
+            let (mut rk, mut rv) = (init.clone(), init.clone());
+            let (mut gk, mut gv) = (GuardedF16::from(&init), GuardedF16::from(&init));
+            let sup = self.be.supports_op(
+                &Op::KvWrite {
+                    k: &k,
+                    v: &v,
+                    slots: &slots,
+                    cache: KvLayerMut {
+                        k: gk.body_mut(),
+                        v: gv.body_mut(),
+                        block_size: bs,
+                        n_kv_heads: nkv,
+                        head_dim: hd,
+                    },
+                },
+                mode,
+            );
+            let err = if !sup {
+                None
+            } else {
+                self.cpu
+                    .run(
+                        Op::KvWrite {
+                            k: &k,
+                            v: &v,
+                            slots: &slots,
+                            cache: KvLayerMut {
+                                k: &mut rk,
+                                v: &mut rv,
+                                block_size: bs,
+                                n_kv_heads: nkv,
+                                head_dim: hd,
+                            },
+                        },
+                        mode,
+                    )
+                    .and_then(|_| {
+                        self.be.run(
+                            Op::KvWrite {
+                                k: &k,
+                                v: &v,
+                                slots: &slots,
+                                cache: KvLayerMut {
+                                    k: gk.body_mut(),
+                                    v: gv.body_mut(),
+                                    block_size: bs,
+                                    n_kv_heads: nkv,
+                                    head_dim: hd,
+                                },
+                            },
+                            mode,
+                        )
+                    })
+                    .err()
+                    .map(|e| format!("{e:#}"))
+            };
+            // Compare the whole cache (untouched cells must stay) as f32.
+            let to32 = |a: &[f16], b: &[f16]| -> Vec<f32> {
+                a.iter().chain(b).map(|h| h.to_f32()).collect()
+            };
+            let y = to32(gk.body(), gv.body());
+            let r = to32(&rk, &rv);
+            let g = gk.guards_ok() && gv.guards_ok();
+            self.finish(
+                "kv_write",
+                format!("n={n} kv_heads={nkv} hd={hd} block={bs} blocks={nblk}"),
+                sup,
+                err,
+                &y,
+                &r,
+                g,
+                None,
+            );
+        }
+    }
+
+    pub(super) fn attention(&mut self) {
+        if !self.want("paged_attention") {
+            return;
+        }
+        let mode = self.opts.mode;
+        let mut cases: Vec<AttnCase> = vec![
+            (64, 3, 3, 16, vec![(0, 1)]),
+            (64, 1, 8, 16, vec![(31, 1), (32, 1), (100, 1)]),
+            (80, 2, 1, 16, vec![(0, 17)]),
+            (128, 8, 3, 16, vec![(40, 9), (7, 1)]),
+            (256, 1, 8, 7, vec![(63, 2), (5, 5)]),
+            (128, 2, 8, 32, vec![(1000, 1), (0, 40), (300, 3)]),
+            (64, 3, 3, 16, vec![(4000, 1)]),
+            (96, 1, 3, 16, vec![(33, 33)]),
+            // head_dim not a multiple of 8: cuda's non-split fast kernel.
+            (36, 2, 2, 16, vec![(20, 5), (300, 1)]),
+            // Past ATT_PARTS chunks of 128 keys: split-KV partials wrap.
+            (64, 2, 2, 16, vec![(4500, 2)]),
+            // cuda split-KV: a group of 6 heads in the 8-head kernel,
+            // head_dim not a multiple of 32, and 12 heads per KV head (past
+            // the grouped kernels: the per-head one).
+            (72, 2, 6, 16, vec![(1500, 2), (3, 1)]),
+            (64, 1, 12, 16, vec![(700, 1)]),
+            // >= 64 rows (cuda fast: tensor-core prefill tiles), mixed
+            // sequences, continued prefill, block sizes not 16.
+            (128, 2, 4, 16, vec![(100, 50), (0, 30), (5, 1)]),
+            (64, 1, 2, 7, vec![(0, 70)]),
+            (80, 1, 1, 32, vec![(17, 64)]),
+        ];
+        if !self.opts.quick {
+            cases.push((128, 8, 4, 16, vec![(8000, 1); 4]));
+            cases.push((64, 3, 3, 16, vec![(0, 256)]));
+        }
+        for (hd, nkv, ratio, bs, seqs) in cases {
+            let nh = nkv * ratio;
+            // Blocks per sequence; physical ids scattered over a shuffled pool
+            // (plus spare unused blocks).
+            let per: Vec<usize> = seqs.iter().map(|&(s, c)| (s + c) / bs + 1).collect();
+            let total: usize = per.iter().sum::<usize>() + 5;
+            let mut pool: Vec<u32> = (0..total as u32).collect();
+            pool.shuffle(&mut self.rng);
+            let mut tables: Vec<Vec<u32>> = Vec::new();
+            let mut at = 0;
+            for &p in &per {
+                tables.push(pool[at..at + p].to_vec());
+                at += p;
+            }
+            let mut row_seq = Vec::new();
+            let mut positions = Vec::new();
+            for (si, &(s, c)) in seqs.iter().enumerate() {
+                for p in s..s + c {
+                    row_seq.push(si as u32);
+                    positions.push(p as u32);
+                }
+            }
+            let n_rows = positions.len();
+            let cell = nkv * hd;
+            let kc: Vec<f16> = (0..total * bs * cell)
+                .map(|_| f16::from_f32(self.rng.random_range(-2.0f32..2.0)))
+                .collect();
+            let vc: Vec<f16> = (0..total * bs * cell)
+                .map(|_| f16::from_f32(self.rng.random_range(-2.0f32..2.0)))
+                .collect();
+            let q = randv(&mut self.rng, n_rows * nh * hd, 2.0);
+            let trefs: Vec<&[u32]> = tables.iter().map(|t| &t[..]).collect();
+            let batch = AttnBatch {
+                block_tables: &trefs,
+                row_seq: &row_seq,
+                positions: &positions,
+            };
+            let cache = KvLayer {
+                k: &kc,
+                v: &vc,
+                block_size: bs,
+                n_kv_heads: nkv,
+                head_dim: hd,
+            };
+            let scale = 1.0 / (hd as f32).sqrt();
+            let mut r = vec![0f32; q.len()];
+            let mut y = Guarded::new(q.len());
+            let sup = self.be.supports_op(
+                &Op::PagedAttention {
+                    q: &q,
+                    n_heads: nh,
+                    scale,
+                    cache,
+                    batch,
+                    out: y.body_mut(),
+                },
+                mode,
+            );
+            let err = if !sup {
+                None
+            } else {
+                self.cpu
+                    .run(
+                        Op::PagedAttention {
+                            q: &q,
+                            n_heads: nh,
+                            scale,
+                            cache,
+                            batch,
+                            out: &mut r,
+                        },
+                        mode,
+                    )
+                    .and_then(|_| {
+                        self.be.run(
+                            Op::PagedAttention {
+                                q: &q,
+                                n_heads: nh,
+                                scale,
+                                cache,
+                                batch,
+                                out: y.body_mut(),
+                            },
+                            mode,
+                        )
+                    })
+                    .err()
+                    .map(|e| format!("{e:#}"))
+            };
+            let mut tmp = vec![0f32; q.len()];
+            let be = self.be;
+            let t = if sup && err.is_none() {
+                self.time(|| {
+                    be.run(
+                        Op::PagedAttention {
+                            q: &q,
+                            n_heads: nh,
+                            scale,
+                            cache,
+                            batch,
+                            out: &mut tmp,
+                        },
+                        mode,
+                    )
+                })
+            } else {
+                None
+            };
+            let ctx: usize = positions.iter().map(|&p| p as usize + 1).sum();
+            let perf = t.map(|t| {
+                (
+                    t,
+                    (ctx * nkv * hd * 4 + 8 * q.len()) as f64,
+                    (4 * ctx * nh * hd) as f64,
+                )
+            });
+            let g = y.guards_ok();
+            let desc = format!(
+                "hd={hd} kv={nkv} gqa={ratio} B={bs} rows={n_rows} seqs={:?}",
+                seqs
+            );
+            self.finish("paged_attention", desc, sup, err, y.body(), &r, g, perf);
+        }
+    }
+}
