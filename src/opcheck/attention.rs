@@ -181,67 +181,15 @@ impl Ctx<'_> {
             let scale = 1.0 / (hd as f32).sqrt();
             let mut r = vec![0f32; q.len()];
             let mut y = Guarded::new(q.len());
-            let sup = self.be.supports_op(
-                &Op::PagedAttention {
-                    q: &q,
-                    n_heads: nh,
-                    scale,
-                    cache,
-                    batch,
-                    out: y.body_mut(),
-                },
-                mode,
-            );
-            let err = if !sup {
-                None
-            } else {
-                self.cpu
-                    .run(
-                        Op::PagedAttention {
-                            q: &q,
-                            n_heads: nh,
-                            scale,
-                            cache,
-                            batch,
-                            out: &mut r,
-                        },
-                        mode,
-                    )
-                    .and_then(|_| {
-                        self.be.run(
-                            Op::PagedAttention {
-                                q: &q,
-                                n_heads: nh,
-                                scale,
-                                cache,
-                                batch,
-                                out: y.body_mut(),
-                            },
-                            mode,
-                        )
-                    })
-                    .err()
-                    .map(|e| format!("{e:#}"))
-            };
             let mut tmp = vec![0f32; q.len()];
-            let be = self.be;
-            let t = if sup && err.is_none() {
-                self.time(|| {
-                    be.run(
-                        Op::PagedAttention {
-                            q: &q,
-                            n_heads: nh,
-                            scale,
-                            cache,
-                            batch,
-                            out: &mut tmp,
-                        },
-                        mode,
-                    )
-                })
-            } else {
-                None
-            };
+            let (sup, err, t) = run_case!(self, mode, y, r, time tmp, |out| Op::PagedAttention {
+                q: &q,
+                n_heads: nh,
+                scale,
+                cache,
+                batch,
+                out,
+            });
             let ctx: usize = positions.iter().map(|&p| p as usize + 1).sum();
             let perf = t.map(|t| {
                 (

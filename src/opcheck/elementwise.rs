@@ -30,63 +30,14 @@ impl Ctx<'_> {
                 let w = randv(&mut self.rng, dim, 1.5);
                 let mut r = vec![0f32; n * dim];
                 let mut y = Guarded::new(n * dim);
-                let sup = self.be.supports_op(
-                    &Op::RmsNorm {
-                        x: &x,
-                        w: &w,
-                        dim,
-                        eps: 1e-5,
-                        out: y.body_mut(),
-                    },
-                    mode,
-                );
-                let err = if !sup {
-                    None
-                } else {
-                    self.cpu
-                        .run(
-                            Op::RmsNorm {
-                                x: &x,
-                                w: &w,
-                                dim,
-                                eps: 1e-5,
-                                out: &mut r,
-                            },
-                            mode,
-                        )
-                        .and_then(|_| {
-                            self.be.run(
-                                Op::RmsNorm {
-                                    x: &x,
-                                    w: &w,
-                                    dim,
-                                    eps: 1e-5,
-                                    out: y.body_mut(),
-                                },
-                                mode,
-                            )
-                        })
-                        .err()
-                        .map(|e| format!("{e:#}"))
-                };
                 let mut tmp = vec![0f32; n * dim];
-                let be = self.be;
-                let t = if sup && err.is_none() {
-                    self.time(|| {
-                        be.run(
-                            Op::RmsNorm {
-                                x: &x,
-                                w: &w,
-                                dim,
-                                eps: 1e-5,
-                                out: &mut tmp,
-                            },
-                            mode,
-                        )
-                    })
-                } else {
-                    None
-                };
+                let (sup, err, t) = run_case!(self, mode, y, r, time tmp, |out| Op::RmsNorm {
+                    x: &x,
+                    w: &w,
+                    dim,
+                    eps: 1e-5,
+                    out,
+                });
                 let perf = t.map(|t| (t, (8 * n * dim + 4 * dim) as f64, (3 * n * dim) as f64));
                 let g = y.guards_ok();
                 self.finish(
@@ -122,55 +73,12 @@ impl Ctx<'_> {
                 }
                 let mut r = vec![0f32; len];
                 let mut y = Guarded::new(len);
-                let sup = self.be.supports_op(
-                    &Op::SwiGlu {
-                        gate: &gate,
-                        up: &up,
-                        out: y.body_mut(),
-                    },
-                    mode,
-                );
-                let err = if !sup {
-                    None
-                } else {
-                    self.cpu
-                        .run(
-                            Op::SwiGlu {
-                                gate: &gate,
-                                up: &up,
-                                out: &mut r,
-                            },
-                            mode,
-                        )
-                        .and_then(|_| {
-                            self.be.run(
-                                Op::SwiGlu {
-                                    gate: &gate,
-                                    up: &up,
-                                    out: y.body_mut(),
-                                },
-                                mode,
-                            )
-                        })
-                        .err()
-                        .map(|e| format!("{e:#}"))
-                };
                 let mut tmp = vec![0f32; len];
-                let be = self.be;
-                let t = if sup && err.is_none() {
-                    self.time(|| {
-                        be.run(
-                            Op::SwiGlu {
-                                gate: &gate,
-                                up: &up,
-                                out: &mut tmp,
-                            },
-                            mode,
-                        )
-                    })
-                } else {
-                    None
-                };
+                let (sup, err, t) = run_case!(self, mode, y, r, time tmp, |out| Op::SwiGlu {
+                    gate: &gate,
+                    up: &up,
+                    out,
+                });
                 let perf = t.map(|t| (t, (12 * len) as f64, (20 * len) as f64));
                 let g = y.guards_ok();
                 self.finish(
@@ -191,45 +99,9 @@ impl Ctx<'_> {
                 let yv = randv(&mut self.rng, len, 10.0);
                 let mut r = x0.clone();
                 let mut y = Guarded::from(&x0);
-                let sup = self.be.supports_op(
-                    &Op::Add {
-                        x: y.body_mut(),
-                        y: &yv,
-                    },
-                    mode,
-                );
-                let err = if !sup {
-                    None
-                } else {
-                    self.cpu
-                        .run(Op::Add { x: &mut r, y: &yv }, mode)
-                        .and_then(|_| {
-                            self.be.run(
-                                Op::Add {
-                                    x: y.body_mut(),
-                                    y: &yv,
-                                },
-                                mode,
-                            )
-                        })
-                        .err()
-                        .map(|e| format!("{e:#}"))
-                };
                 let mut tmp = x0.clone();
-                let be = self.be;
-                let t = if sup && err.is_none() {
-                    self.time(|| {
-                        be.run(
-                            Op::Add {
-                                x: &mut tmp,
-                                y: &yv,
-                            },
-                            mode,
-                        )
-                    })
-                } else {
-                    None
-                };
+                let (sup, err, t) =
+                    run_case!(self, mode, y, r, time tmp, |x| Op::Add { x, y: &yv });
                 let perf = t.map(|t| (t, (12 * len) as f64, len as f64));
                 let g = y.guards_ok();
                 self.finish("add", format!("len={len}"), sup, err, y.body(), &r, g, perf);
@@ -239,36 +111,7 @@ impl Ctx<'_> {
                 let bias = randv(&mut self.rng, dim, 10.0);
                 let mut r = x0.clone();
                 let mut y = Guarded::from(&x0);
-                let sup = self.be.supports_op(
-                    &Op::AddBias {
-                        x: y.body_mut(),
-                        bias: &bias,
-                    },
-                    mode,
-                );
-                let err = if !sup {
-                    None
-                } else {
-                    self.cpu
-                        .run(
-                            Op::AddBias {
-                                x: &mut r,
-                                bias: &bias,
-                            },
-                            mode,
-                        )
-                        .and_then(|_| {
-                            self.be.run(
-                                Op::AddBias {
-                                    x: y.body_mut(),
-                                    bias: &bias,
-                                },
-                                mode,
-                            )
-                        })
-                        .err()
-                        .map(|e| format!("{e:#}"))
-                };
+                let (sup, err, _) = run_case!(self, mode, y, r, |x| Op::AddBias { x, bias: &bias });
                 let g = y.guards_ok();
                 self.finish(
                     "add_bias",
@@ -300,51 +143,15 @@ impl Ctx<'_> {
                     .collect();
                 let mut r = x0.clone();
                 let mut y = Guarded::from(&x0);
-                let sup = self.be.supports_op(
-                    &Op::Rope {
-                        x: y.body_mut(),
-                        n_heads: nh,
-                        head_dim: hd,
-                        rope_dim: rd,
-                        positions: &positions,
-                        inv_freq: &inv_freq,
-                        neox,
-                    },
-                    mode,
-                );
-                let err = if !sup {
-                    None
-                } else {
-                    self.cpu
-                        .run(
-                            Op::Rope {
-                                x: &mut r,
-                                n_heads: nh,
-                                head_dim: hd,
-                                rope_dim: rd,
-                                positions: &positions,
-                                inv_freq: &inv_freq,
-                                neox,
-                            },
-                            mode,
-                        )
-                        .and_then(|_| {
-                            self.be.run(
-                                Op::Rope {
-                                    x: y.body_mut(),
-                                    n_heads: nh,
-                                    head_dim: hd,
-                                    rope_dim: rd,
-                                    positions: &positions,
-                                    inv_freq: &inv_freq,
-                                    neox,
-                                },
-                                mode,
-                            )
-                        })
-                        .err()
-                        .map(|e| format!("{e:#}"))
-                };
+                let (sup, err, _) = run_case!(self, mode, y, r, |x| Op::Rope {
+                    x,
+                    n_heads: nh,
+                    head_dim: hd,
+                    rope_dim: rd,
+                    positions: &positions,
+                    inv_freq: &inv_freq,
+                    neox,
+                });
                 let g = y.guards_ok();
                 self.finish(
                     "rope",

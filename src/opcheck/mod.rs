@@ -10,6 +10,52 @@
 //! support (its `supports_op` says no) is reported UNSUPPORTED, never as a
 //! pass. Backend-agnostic: it only uses the `Backend` trait.
 
+/// The runs of one case whose op writes a single output buffer: built by
+/// `|$out| $op` around whichever buffer that run writes. `supports_op`,
+/// then the cpu reference on `$r` and the backend on the guarded `$y`
+/// (`$y.body_mut()`), and with `time $tmp` the timed backend runs (perf
+/// mode) on `$tmp`. Evaluates to (supported, error text, seconds).
+macro_rules! run_case {
+    ($ctx:expr, $mode:expr, $y:expr, $r:expr, |$out:ident| $op:expr) => {{
+        let (sup, err) = run_case!(@check $ctx, $mode, $y, $r, |$out| $op);
+        (sup, err, None::<f64>)
+    }};
+    ($ctx:expr, $mode:expr, $y:expr, $r:expr, time $tmp:expr, |$out:ident| $op:expr) => {{
+        let (sup, err) = run_case!(@check $ctx, $mode, $y, $r, |$out| $op);
+        let be = $ctx.be;
+        let t = if sup && err.is_none() {
+            $ctx.time(|| {
+                let $out = &mut $tmp[..];
+                be.run($op, $mode)
+            })
+        } else {
+            None
+        };
+        (sup, err, t)
+    }};
+    (@check $ctx:expr, $mode:expr, $y:expr, $r:expr, |$out:ident| $op:expr) => {{
+        let sup = {
+            let $out = $y.body_mut();
+            $ctx.be.supports_op(&$op, $mode)
+        };
+        let err = if !sup {
+            None
+        } else {
+            {
+                let $out = &mut $r[..];
+                $ctx.cpu.run($op, $mode)
+            }
+            .and_then(|_| {
+                let $out = $y.body_mut();
+                $ctx.be.run($op, $mode)
+            })
+            .err()
+            .map(|e| format!("{e:#}"))
+        };
+        (sup, err)
+    }};
+}
+
 mod attention;
 mod elementwise;
 mod mat_muls;
