@@ -19,65 +19,35 @@ impl Ctx<'_> {
             let cells = bs * nblk;
             let k = randv(&mut self.rng, n * row, 3.0);
             let v = randv(&mut self.rng, n * row, 3.0);
-            let mut all: Vec<u32> = (0..cells as u32).collect();
-            all.shuffle(&mut self.rng);
-            let slots: Vec<u32> = all[..n].to_vec();
-            let init: Vec<f16> = (0..cells * row)
-                .map(|_| f16::from_f32(self.rng.random_range(-1.0f32..1.0)))
-                .collect();
+            let (slots, init) = kv_cells(&mut self.rng, cells, row, n);
             let (mut rk, mut rv) = (init.clone(), init.clone());
             let (mut gk, mut gv) = (GuardedF16::from(&init), GuardedF16::from(&init));
-            let sup = self.be.supports_op(
-                &Op::KvWrite {
-                    k: &k,
-                    v: &v,
-                    slots: &slots,
-                    cache: KvLayerMut {
-                        k: gk.body_mut(),
-                        v: gv.body_mut(),
-                        block_size: bs,
-                        n_kv_heads: nkv,
-                        head_dim: hd,
-                    },
-                },
-                mode,
-            );
+            // The op around one pair of cache buffers.
+            macro_rules! kv_write {
+                ($kb:expr, $vb:expr) => {
+                    Op::KvWrite {
+                        k: &k,
+                        v: &v,
+                        slots: &slots,
+                        cache: KvLayerMut {
+                            k: $kb,
+                            v: $vb,
+                            block_size: bs,
+                            n_kv_heads: nkv,
+                            head_dim: hd,
+                        },
+                    }
+                };
+            }
+            let sup = self
+                .be
+                .supports_op(&kv_write!(gk.body_mut(), gv.body_mut()), mode);
             let err = if !sup {
                 None
             } else {
                 self.cpu
-                    .run(
-                        Op::KvWrite {
-                            k: &k,
-                            v: &v,
-                            slots: &slots,
-                            cache: KvLayerMut {
-                                k: &mut rk,
-                                v: &mut rv,
-                                block_size: bs,
-                                n_kv_heads: nkv,
-                                head_dim: hd,
-                            },
-                        },
-                        mode,
-                    )
-                    .and_then(|_| {
-                        self.be.run(
-                            Op::KvWrite {
-                                k: &k,
-                                v: &v,
-                                slots: &slots,
-                                cache: KvLayerMut {
-                                    k: gk.body_mut(),
-                                    v: gv.body_mut(),
-                                    block_size: bs,
-                                    n_kv_heads: nkv,
-                                    head_dim: hd,
-                                },
-                            },
-                            mode,
-                        )
-                    })
+                    .run(kv_write!(&mut rk, &mut rv), mode)
+                    .and_then(|_| self.be.run(kv_write!(gk.body_mut(), gv.body_mut()), mode))
                     .err()
                     .map(|e| format!("{e:#}"))
             };

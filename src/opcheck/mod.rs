@@ -324,6 +324,18 @@ fn specials(rng: &mut ChaCha8Rng, v: &mut [f32], huge: bool, nan: bool) {
     }
 }
 
+/// A KV cache layer of `cells` token cells of `row` f16 values, random in
+/// [-1, 1), and `n` distinct random cells (slots) for a write into it.
+fn kv_cells(rng: &mut ChaCha8Rng, cells: usize, row: usize, n: usize) -> (Vec<u32>, Vec<f16>) {
+    let mut all: Vec<u32> = (0..cells as u32).collect();
+    all.shuffle(rng);
+    let slots: Vec<u32> = all[..n].to_vec();
+    let init: Vec<f16> = (0..cells * row)
+        .map(|_| f16::from_f32(rng.random_range(-1.0f32..1.0)))
+        .collect();
+    (slots, init)
+}
+
 fn randv(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
     (0..n)
         .map(|_| rng.random_range(-1.0f32..1.0) * scale)

@@ -3,10 +3,9 @@
 //! backend under test against its own `Rope`, `Rope`, `KvWrite` (the fused
 //! op must give those bits in every mode).
 
-use super::{randv, Ctx, Guarded, GuardedF16, Status};
+use super::{kv_cells, randv, Ctx, Guarded, GuardedF16, Status};
 use crate::backend::{KvLayerMut, Op};
 use half::f16;
-use rand::seq::SliceRandom;
 use rand::Rng;
 
 /// One case's tensors: q, k (rotated in place) and the cache k, v.
@@ -50,12 +49,7 @@ impl Ctx<'_> {
             let inv_freq: Vec<f32> = (0..rd / 2)
                 .map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / rd as f32))
                 .collect();
-            let mut all: Vec<u32> = (0..cells as u32).collect();
-            all.shuffle(&mut self.rng);
-            let slots: Vec<u32> = all[..n].to_vec();
-            let init: Vec<f16> = (0..cells * row)
-                .map(|_| f16::from_f32(self.rng.random_range(-1.0f32..1.0)))
-                .collect();
+            let (slots, init) = kv_cells(&mut self.rng, cells, row, n);
             let mut r = State {
                 q: q0.clone(),
                 k: k0.clone(),
