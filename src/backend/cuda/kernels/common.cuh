@@ -65,7 +65,9 @@ __device__ __forceinline__ void prefetch_line(const void* p, long long bytes, in
 // (decode_unit) were far slower (8B Q4_0 366 -> 243), and decode_unit also
 // reads weights staged in shared memory, which ld.global must not touch:
 // those stay plain. ldw_u4 takes global addresses only. Loads only: no
-// result depends on the knob.
+// result depends on the knob. The default's asm is volatile, which keeps a
+// lane's weight loads in program order: the schedule measured above (the
+// non-volatile form compiles the float matvecs differently, unmeasured).
 #ifndef FW_LOAD
 #define FW_LOAD 2
 #endif

@@ -264,8 +264,9 @@ impl CudaBackend {
                 .arg(&bpci)
                 .arg(&stride)
                 .arg(&mut *part);
-            // SAFETY: matches mm_q8_mma / _w2 / _t16 (MQ_ROWS weight rows
-            // per CTA row, as the job table); each job's weights hold m rows
+            // SAFETY: matches every mq_kernel instantiation (MQ_KERNELS;
+            // kern's block size and shared memory; MQ_ROWS weight rows per
+            // CTA row, as the job table); each job's weights hold m rows
             // of rb bytes (rb a multiple of 16: k % 256 == 0, mq_takes; the
             // allocation 256-byte aligned) and its output n*m floats; xq
             // n*k bytes and xds n*k/32 float2 (arena, 256-byte aligned);
