@@ -27,6 +27,8 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
             "mm_float",
             "mv_exact32",
             "mv_exact32_r1",
+            "mv_exact32_s2",
+            "mv_exact32_r1_s2",
         ],
     ),
     (

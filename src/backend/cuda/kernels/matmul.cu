@@ -289,16 +289,32 @@ __device__ __forceinline__ float mv_exact_fold(float a, float t, int i0, int nb,
     return a;
 }
 
+// The same fold when a warp pair shares its weight rows (mv_exact32_s2):
+// warp h of the pair takes chains 4h .. 4h + 3, so in a group of 64 blocks
+// from i0 its lane l decodes block i0 + 8 (l >> 2) + 4h + (l & 3) (runs of
+// four consecutive blocks) and lane c < 4 keeps chain 4h + c, adding the
+// terms of lanes c, c + 4, ..., c + 28 (its blocks in increasing order).
+// i0h = i0 + 4h.
+__device__ __forceinline__ float mv_exact_fold_s2(float a, float t, int i0h, int nb, int l) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        float tj = j == 0 ? t : __shfl_down_sync(0xffffffffu, t, 4 * j);
+        if (l < 4 && i0h + 8 * j + l < nb) a = q_add(a, tj);
+    }
+    return a;
+}
+
 // wr: the warp's first weight row; row_bytes apart; nw (1..MV_EXACT_WR) of
-// them are inside the matrix; n (<= NR) activation rows.
-template <int TY, int NR>
+// them are inside the matrix; n (<= NR) activation rows. S: warps per
+// weight row (1, or 2: this warp is half h of a pair, mv_exact_fold_s2).
+template <int TY, int NR, int S>
 __device__ __forceinline__ void mv_exact_rows(const u8* __restrict__ wr, long long row_bytes,
                                               int nw, int nb, const short* __restrict__ qs,
                                               const float* __restrict__ ad,
                                               const float* __restrict__ as, int k, int n, int l,
-                                              float (*acc)[NR]) {
-    for (int i0 = 0; i0 < nb; i0 += 32) {
-        int b = i0 + l;
+                                              int h, float (*acc)[NR]) {
+    for (int i0 = 0; i0 < nb; i0 += 32 * S) {
+        int b = S == 1 ? i0 + l : i0 + 8 * (l >> 2) + 4 * h + (l & 3);
         bool ok = b < nb;
         int w[MV_EXACT_WR][8];
         float dw[MV_EXACT_WR], mw[MV_EXACT_WR], a1;
@@ -334,26 +350,37 @@ __device__ __forceinline__ void mv_exact_rows(const u8* __restrict__ wr, long lo
                     t = q_mul(q_mul(dw[q], adr), __int2float_rn(isum));
                     if (TY == TY_Q4_1 || TY == TY_Q5_1) t = q_add(t, q_mul(mw[q], asr));
                 }
-                acc[q][r] = mv_exact_fold(acc[q][r], t, i0, nb, l);
+                acc[q][r] = S == 1 ? mv_exact_fold(acc[q][r], t, i0, nb, l)
+                                   : mv_exact_fold_s2(acc[q][r], t, i0 + 4 * h, nb, l);
             }
         }
     }
 }
 
-// Grid: (ceil(n / NR), ceil(m / (8 * MV_EXACT_WR))); block 256 threads (8
-// warps). qs, ad, as: quant_act32's outputs. NR = MV_EXACT_ROWS
-// (mv_exact32) or 1 (mv_exact32_r1, batch-1 decode: fewer registers); one
-// row's terms and their fold are the same in both, so are its bits.
-template <int NR>
+// Grid: (ceil(n / NR), job CTAs of 8 / S * MV_EXACT_WR weight rows); block
+// 256 threads (8 warps). qs, ad, as: quant_act32's outputs. NR =
+// MV_EXACT_ROWS (mv_exact32) or 1 (mv_exact32_r1, batch-1 decode: fewer
+// registers); one row's terms and their fold are the same in both, so are
+// its bits. S = 2 (the _s2 kernels, for launches of too few rows to fill
+// the GPU with one warp per MV_EXACT_WR rows): warps 2p and 2p + 1 share
+// weight rows, each holding four of the eight chains; the pair meets at
+// named barrier 1 + p, and warp 2p finishes the canonical tree with the
+// other warp's chains in its lanes 4..7 (q_group_tree8's order). Same bits.
+template <int NR, int S>
 __device__ __forceinline__ void mv_exact32_body(MmJobs jobs, int k, int ty,
                                                 const short* __restrict__ qs,
                                                 const float* __restrict__ ad,
                                                 const float* __restrict__ as, int n_all) {
+    // Warp 2p + 1's chains 4..7 per (weight row, activation row) of pair p.
+    __shared__ float xch[S == 2 ? 4 : 1][MV_EXACT_WR][NR][4];
     MmJob jb = mm_job(jobs, blockIdx.y);
     int m = jb.m;
     float* __restrict__ out = jb.out;
-    int row0 = (jb.by * (blockDim.x >> 5) + (threadIdx.x >> 5)) * MV_EXACT_WR;
+    int warp = threadIdx.x >> 5;
+    int h = warp % S;
+    int row0 = (jb.by * (blockDim.x >> 5) / S + warp / S) * MV_EXACT_WR;
     int l = threadIdx.x & 31;
+    // Both warps of a pair have the same row0: they return together.
     if (row0 >= m) return;
     int nw = min(MV_EXACT_WR, m - row0);
     int g0 = blockIdx.x * NR;
@@ -371,11 +398,29 @@ __device__ __forceinline__ void mv_exact32_body(MmJobs jobs, int k, int ty,
 #pragma unroll
         for (int r = 0; r < NR; r++) acc[q][r] = 0.0f;
     switch (ty) {
-        case TY_Q4_0: mv_exact_rows<TY_Q4_0, NR>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, acc); break;
-        case TY_Q4_1: mv_exact_rows<TY_Q4_1, NR>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, acc); break;
-        case TY_Q5_0: mv_exact_rows<TY_Q5_0, NR>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, acc); break;
-        case TY_Q5_1: mv_exact_rows<TY_Q5_1, NR>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, acc); break;
-        default: mv_exact_rows<TY_Q8_0, NR>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, acc); break;
+        case TY_Q4_0: mv_exact_rows<TY_Q4_0, NR, S>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, h, acc); break;
+        case TY_Q4_1: mv_exact_rows<TY_Q4_1, NR, S>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, h, acc); break;
+        case TY_Q5_0: mv_exact_rows<TY_Q5_0, NR, S>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, h, acc); break;
+        case TY_Q5_1: mv_exact_rows<TY_Q5_1, NR, S>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, h, acc); break;
+        default: mv_exact_rows<TY_Q8_0, NR, S>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, h, acc); break;
+    }
+    if (S == 2) {
+        int p = warp >> 1;
+        if (h == 1 && l < 4) {
+#pragma unroll
+            for (int q = 0; q < MV_EXACT_WR; q++)
+#pragma unroll
+                for (int r = 0; r < NR; r++) xch[p][q][r][l] = acc[q][r];
+        }
+        // Named barrier of the pair (64 threads; 0 is __syncthreads).
+        asm volatile("bar.sync %0, 64;" ::"r"(1 + p) : "memory");
+        if (h == 1) return;
+        if (l >= 4 && l < 8) {
+#pragma unroll
+            for (int q = 0; q < MV_EXACT_WR; q++)
+#pragma unroll
+                for (int r = 0; r < NR; r++) acc[q][r] = xch[p][q][r][l - 4];
+        }
     }
 #pragma unroll
     for (int q = 0; q < MV_EXACT_WR; q++) {
@@ -392,7 +437,14 @@ extern "C" __global__ void mv_exact32(MmJobs jobs, int k, int ty, const short* _
                                       const float* __restrict__ ad,
                                       const float* __restrict__ as, int n_all) {
     GRID_DEP();
-    mv_exact32_body<MV_EXACT_ROWS>(jobs, k, ty, qs, ad, as, n_all);
+    mv_exact32_body<MV_EXACT_ROWS, 1>(jobs, k, ty, qs, ad, as, n_all);
+}
+extern "C" __global__ void mv_exact32_s2(MmJobs jobs, int k, int ty,
+                                         const short* __restrict__ qs,
+                                         const float* __restrict__ ad,
+                                         const float* __restrict__ as, int n_all) {
+    GRID_DEP();
+    mv_exact32_body<MV_EXACT_ROWS, 2>(jobs, k, ty, qs, ad, as, n_all);
 }
 // MV_EXACT_R1_MINB (tuning knob): CTAs per SM to fit (registers capped);
 // 0 leaves the compiler's choice. Measured on an H100 (2026-11-22, exact
@@ -411,5 +463,12 @@ extern "C" __global__ void MV_EXACT_R1_BOUNDS mv_exact32_r1(MmJobs jobs, int k, 
                                          const float* __restrict__ ad,
                                          const float* __restrict__ as, int n_all) {
     GRID_DEP();
-    mv_exact32_body<1>(jobs, k, ty, qs, ad, as, n_all);
+    mv_exact32_body<1, 1>(jobs, k, ty, qs, ad, as, n_all);
+}
+extern "C" __global__ void MV_EXACT_R1_BOUNDS mv_exact32_r1_s2(MmJobs jobs, int k, int ty,
+                                            const short* __restrict__ qs,
+                                            const float* __restrict__ ad,
+                                            const float* __restrict__ as, int n_all) {
+    GRID_DEP();
+    mv_exact32_body<1, 2>(jobs, k, ty, qs, ad, as, n_all);
 }

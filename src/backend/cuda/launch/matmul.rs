@@ -734,11 +734,11 @@ mod tests {
             .iter()
             .flat_map(|(_, _, e)| e.iter().copied())
             .collect();
-        for name in MV_Q8
-            .iter()
-            .chain(MV_FLOAT.iter())
-            .chain(["mv_exact32_r1"].iter())
-        {
+        for name in MV_Q8.iter().chain(MV_FLOAT.iter()) {
+            assert!(loaded.contains(name), "{name} is not in KERNELS");
+        }
+        for (n, split) in [(1, false), (1, true), (3, false), (8, true)] {
+            let name = &super::super::matmul_exact::mv_exact_name(n, split);
             assert!(loaded.contains(name), "{name} is not in KERNELS");
         }
     }

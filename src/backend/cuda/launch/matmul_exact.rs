@@ -11,6 +11,41 @@ use crate::quant::GgmlType;
 use anyhow::Result;
 use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
+/// The exact decode matvec for `n` activation rows: `_r1` for one row,
+/// `_s2` for two warps per weight row.
+pub(super) fn mv_exact_name(n: usize, split: bool) -> &'static str {
+    match (n, split) {
+        (1, false) => "mv_exact32_r1",
+        (1, true) => "mv_exact32_r1_s2",
+        (_, false) => "mv_exact32",
+        (_, true) => "mv_exact32_s2",
+    }
+}
+
+/// Whether an exact decode launch of `ctas` one-warp CTAs (8 warps of
+/// MV_EXACT_WR weight rows each) of `ty` weights runs with a warp pair per
+/// row instead: when it is under QUIRE_MV_EXACT_SPLIT_WAVES waves of 4
+/// CTAs per SM. Both forms give the same bits; the split trades a pair
+/// barrier and longer folds for twice the warps in flight (the 8B's QKV, o
+/// and down projections are 384, 256 and 256 CTAs for 528 slots on an
+/// H100). Default 2 waves for the 4-bit types, 0 (never) for the others.
+/// Measured on an H100 (2026-11-23, exact tg128, waves 0 / 1 / 2 / always):
+/// 8B Q4_0 251.2 / 258.9 / 261.7 / 245.9 tok/s; 8B Q8_0 (34-byte blocks:
+/// a lane's loads keep more bytes in flight) 207.6 / - / 203.0 / 193.5.
+fn exact_split(ctas: usize, sms: usize, ty: GgmlType) -> bool {
+    static V: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let set = *V.get_or_init(|| {
+        std::env::var("QUIRE_MV_EXACT_SPLIT_WAVES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    });
+    let waves = set.unwrap_or(match ty {
+        GgmlType::Q4_0 | GgmlType::Q4_1 => 2,
+        _ => 0,
+    });
+    ctas < waves * 4 * sms
+}
+
 impl CudaBackend {
     /// The canonical kernels for validated jobs (n, m, k > 0): 32-block
     /// weights quantize the activations once (cached across ops) and run
@@ -55,8 +90,13 @@ impl CudaBackend {
                 )?;
             }
             if n <= MV_ROWS {
-                // Decode: the warp-per-row kernel (same bits), all jobs.
-                let per_cta = 8 * crate::backend::cuda::source::MV_EXACT_WR;
+                // Decode: the warp-per-row kernel (same bits), all jobs;
+                // a warp pair per MV_EXACT_WR rows when one warp each
+                // leaves the GPU short of warps (exact_split).
+                let wr = crate::backend::cuda::source::MV_EXACT_WR;
+                let rows: usize = jobs.iter().map(|j| j.w.rows.div_ceil(8 * wr)).sum();
+                let split = exact_split(rows, self.sm_count(), ty);
+                let per_cta = if split { 4 * wr } else { 8 * wr };
                 let (table, ctas) = job_table(jobs, per_cta, s)?;
                 let tc = crate::backend::cuda::ty_code(ty)
                     .ok_or_else(|| anyhow::anyhow!("mat_mul: {ty:?} is not a weight type"))?;
@@ -65,8 +105,7 @@ impl CudaBackend {
                     block_dim: (256, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                let r1 = "mv_exact32_r1";
-                let name = super::matmul::mv_name(n, 1, ["mv_exact32", r1, r1, r1]);
+                let name = mv_exact_name(n, split);
                 let mut b = s.launch_builder(self.func(name)?);
                 b.arg(&table)
                     .arg(&ki)
@@ -75,9 +114,11 @@ impl CudaBackend {
                     .arg(&mut *ad)
                     .arg(&mut *asum)
                     .arg(&ni);
-                // SAFETY: matches mv_exact32 and mv_exact32_r1; the job table holds each
-                // job's weights (m rows) and output (n*m, validated) and
-                // its CTA ranges of per_cta rows; n <= MV_EXACT_ROWS.
+                // SAFETY: matches mv_exact32, mv_exact32_r1 and their _s2
+                // forms; the job table holds each job's weights (m rows)
+                // and output (n*m, validated) and its CTA ranges of per_cta
+                // rows (8 / S warps of MV_EXACT_WR rows, the kernel's S);
+                // n <= MV_EXACT_ROWS; static shared memory only.
                 drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_exact32")?;
                 return Ok(());
             }
