@@ -225,6 +225,15 @@ impl CudaBackend {
                         "mm_f16_tile: shared memory size",
                     )?;
                 }
+                if let Some(bytes) = launch::att_pipe_smem(e) {
+                    drv(
+                        f.set_attribute(
+                            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                            bytes as i32,
+                        ),
+                        "att_pipe: shared memory size",
+                    )?;
+                }
                 if e.starts_with("mm_q8_mma") {
                     drv(
                         f.set_attribute(

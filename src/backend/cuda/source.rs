@@ -122,6 +122,14 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
             "att_split_d4_g2",
             "att_split_d4_g4",
             "att_split_d4_g8",
+            "att_pipe_d2_g1",
+            "att_pipe_d2_g2",
+            "att_pipe_d2_g4",
+            "att_pipe_d2_g8",
+            "att_pipe_d4_g1",
+            "att_pipe_d4_g2",
+            "att_pipe_d4_g4",
+            "att_pipe_d4_g8",
             "attention_combine",
             "flash_attention_prefill",
         ],
@@ -161,6 +169,10 @@ pub fn prelude() -> String {
         ACT_QMAX.to_bits()
     ));
     s.push_str(&format!("#define MV_EXACT_WR {MV_EXACT_WR}\n"));
+    s.push_str(&format!(
+        "#define ATT_STAGES {}\n",
+        crate::backend::cuda::launch::att_stages()
+    ));
     s
 }
 

@@ -503,6 +503,241 @@ ATT_SPLIT_GQA(4, 2)
 ATT_SPLIT_GQA(4, 4)
 ATT_SPLIT_GQA(4, 8)
 
+// Pipelined form of att_split_gqa (same partition, partials and merge):
+// each warp walks its keys of the partial's chunks as tiles of 16 (keys
+// s * ATT_CHUNK + 32w + 16hf + 0..15, hf = 0, 1), and copies tile t + 1 ..
+// t + ATT_STAGES - 1's K and V rows into shared memory (cp.async, 16-byte
+// copies coalesced along each row) while it computes tile t, so a warp
+// always has loads in flight instead of waiting for one group at a time.
+// Scores: lane l takes key l & 15 and half l >> 4 of its dimensions (the
+// 16-byte pieces c = 2i + half), one shuffle adds the halves; K rows are
+// stored with piece c of row kk at slot c ^ (kk & 7), so the eight lanes of
+// a quarter warp read eight different bank groups. One online-softmax step
+// per head per tile; p·V as att_split_gqa (lane l owns dimensions D32 l ..
+// D32 l + D32 - 1). ATT_STAGES (host prelude, att_stages()) sets the depth;
+// the shared memory is dynamic, laid out as att_pipe_smem computes.
+template <int D32, int GM>
+__device__ __forceinline__ void att_pipe_gqa(
+    const float* __restrict__ q, int n_heads, int n_kv_heads, int hd, int block_size,
+    float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
+    const u32* __restrict__ tables, const u32* __restrict__ table_off,
+    const u32* __restrict__ row_seq, const u32* __restrict__ positions, int stride,
+    int n_parts, float* __restrict__ part) {
+    constexpr int HD = 32 * D32;  // the largest head_dim served; the smem row stride
+    constexpr int W = ATT_SPLIT_WARPS, ST = ATT_STAGES, KT = 16;
+    extern __shared__ __align__(16) unsigned char att_smem[];
+    // Layout (bytes): kst, vst: (W, ST, KT, HD) u16 each; qs: (GM, HD) f32;
+    // wp: (W, GM, KT) f32; wm, wl: (W, GM) f32. wacc (W, GM, HD) f32
+    // aliases kst after the key loop.
+    u16(*kst)[ST][KT][HD] = (u16(*)[ST][KT][HD])att_smem;
+    u16(*vst)[ST][KT][HD] = (u16(*)[ST][KT][HD])(att_smem + W * ST * KT * HD * 2);
+    float(*qs)[HD] = (float(*)[HD])(att_smem + 2 * W * ST * KT * HD * 2);
+    float(*wp)[GM][KT] = (float(*)[GM][KT])(att_smem + 2 * W * ST * KT * HD * 2 + GM * HD * 4);
+    float(*wm)[GM] = (float(*)[GM])((unsigned char*)wp + W * GM * KT * 4);
+    float(*wl)[GM] = (float(*)[GM])((unsigned char*)wm + W * GM * 4);
+    float(*wacc)[GM][HD] = (float(*)[GM][HD])att_smem;
+    static_assert(W * GM * HD * 4 <= W * ST * KT * HD * 2, "wacc fits in kst");
+    int group = n_heads / n_kv_heads;
+    int r = blockIdx.x / n_kv_heads, kvh = blockIdx.x % n_kv_heads;
+    int h0 = kvh * group;
+    int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    int kk = l & 15, hv = l >> 4;
+    int cpr = hd / 8, d0 = D32 * l;
+    int pos = (int)positions[r];
+    int n_chunks = pos / ATT_CHUNK + 1;
+    int np = min(n_chunks, n_parts);
+    if ((int)blockIdx.y >= np) return;
+    for (int i = threadIdx.x; i < GM * HD; i += blockDim.x) {
+        int g = i / HD, d = i % HD;
+        qs[g][d] = (g < group && d < hd) ? q[((long long)r * n_heads + h0 + g) * hd + d] * scale
+                                         : 0.0f;
+    }
+    __syncthreads();
+    const u32* table = tables + table_off[row_seq[r]];
+    for (int p = blockIdx.y; p < np; p += gridDim.y) {
+        // Tile t of this warp starts at key tile_k0(t); tiles are in
+        // increasing key order, so the first past pos ends the walk.
+        auto tile_k0 = [&](int t) {
+            return (p + (t >> 1) * n_parts) * ATT_CHUNK + 32 * w + KT * (t & 1);
+        };
+        int n_tiles = 0;
+        while (tile_k0(n_tiles) <= pos) n_tiles++;
+        // Copies tile t into stage t % ST (one commit group, empty past the end).
+        auto issue = [&](int t) {
+            if (t < n_tiles) {
+                int k0 = tile_k0(t), st = t % ST;
+                long long off = 0;
+                int j = k0 + kk;
+                if (j <= pos) {
+                    long long cell = (long long)table[j / block_size] * block_size + j % block_size;
+                    off = (cell * n_kv_heads + kvh) * hd;
+                }
+                for (int base = 0; base < KT * cpr; base += 32) {
+                    int idx = base + l;
+                    int row = min(idx / cpr, KT - 1), c = idx - row * cpr;
+                    long long ro = __shfl_sync(0xffffffffu, off, row);
+                    if (idx < KT * cpr && k0 + row <= pos) {
+                        cp_async16(&kst[w][st][row][8 * (c ^ (row & 7))], kc + ro + 8 * c, 16);
+                        cp_async16(&vst[w][st][row][8 * c], vc + ro + 8 * c, 16);
+                    }
+                }
+            }
+            cp_async_commit();
+        };
+        float m[GM], ls[GM], acc[GM][D32];
+#pragma unroll
+        for (int g = 0; g < GM; g++) {
+            m[g] = Q_NINF;
+            ls[g] = 0.0f;
+#pragma unroll
+            for (int u = 0; u < D32; u++) acc[g][u] = 0.0f;
+        }
+#pragma unroll
+        for (int t = 0; t < ST - 1; t++) issue(t);
+        for (int t = 0; t < n_tiles; t++) {
+            issue(t + ST - 1);
+            cp_async_wait_group<ST - 1>();  // tile t's copies are done
+            __syncwarp();
+            int st = t % ST, k0 = tile_k0(t);
+            bool ok = k0 + kk <= pos;
+            int nk = min(KT, pos - k0 + 1);
+            float sc[GM];
+#pragma unroll
+            for (int g = 0; g < GM; g++) sc[g] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < HD / 16; i++) {
+                int c = 2 * i + hv;
+                if (c < cpr) {
+                    uint4 kv = *(const uint4*)&kst[w][st][kk][8 * (c ^ (kk & 7))];
+                    float2 k0f = q_f16x2(kv.x), k1f = q_f16x2(kv.y);
+                    float2 k2f = q_f16x2(kv.z), k3f = q_f16x2(kv.w);
+#pragma unroll
+                    for (int g = 0; g < GM; g++) {
+                        float4 qa = *(const float4*)&qs[g][8 * c];
+                        float4 qb = *(const float4*)&qs[g][8 * c + 4];
+                        float a = fmaf(qa.x, k0f.x, sc[g]);
+                        a = fmaf(qa.y, k0f.y, a);
+                        a = fmaf(qa.z, k1f.x, a);
+                        a = fmaf(qa.w, k1f.y, a);
+                        a = fmaf(qb.x, k2f.x, a);
+                        a = fmaf(qb.y, k2f.y, a);
+                        a = fmaf(qb.z, k3f.x, a);
+                        sc[g] = fmaf(qb.w, k3f.y, a);
+                    }
+                }
+            }
+#pragma unroll
+            for (int g = 0; g < GM; g++) {
+                float sj = sc[g] + __shfl_xor_sync(0xffffffffu, sc[g], 16);
+                sj = ok ? sj : Q_NINF;
+                float mr = sj;
+#pragma unroll
+                for (int o = 8; o >= 1; o >>= 1) mr = fmaxf(mr, __shfl_xor_sync(0xffffffffu, mr, o));
+                float m_new = fmaxf(m[g], mr);
+                float alpha = (m[g] == Q_NINF) ? 0.0f : __expf(m[g] - m_new);
+                float pj = ok ? __expf(sj - m_new) : 0.0f;
+                // Both halves hold key kk's weight; half 0 counts it.
+                ls[g] = fmaf(ls[g], alpha, hv == 0 ? pj : 0.0f);
+#pragma unroll
+                for (int u = 0; u < D32; u++) acc[g][u] *= alpha;
+                if (hv == 0) wp[w][g][kk] = pj;
+                m[g] = m_new;
+            }
+            __syncwarp();
+            if (d0 < hd) {
+                for (int tt = 0; tt < nk; tt++) {
+                    float v[D32];
+                    if constexpr (D32 == 4) {
+                        uint2 x = *(const uint2*)&vst[w][st][tt][d0];
+                        float2 a = q_f16x2(x.x), b = q_f16x2(x.y);
+                        v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
+                    } else {
+                        static_assert(D32 == 2, "D32 is 2 or 4");
+                        float2 a = q_f16x2(*(const u32*)&vst[w][st][tt][d0]);
+                        v[0] = a.x, v[1] = a.y;
+                    }
+#pragma unroll
+                    for (int g = 0; g < GM; g++) {
+                        float pt = wp[w][g][tt];
+#pragma unroll
+                        for (int u = 0; u < D32; u++) acc[g][u] = fmaf(pt, v[u], acc[g][u]);
+                    }
+                }
+            }
+            __syncwarp();  // the next issue rewrites this stage and wp
+        }
+        cp_async_wait_all();
+#pragma unroll
+        for (int g = 0; g < GM; g++) {
+#pragma unroll
+            for (int o = 16; o >= 1; o >>= 1) ls[g] += __shfl_xor_sync(0xffffffffu, ls[g], o);
+            if (l == 0) {
+                wm[w][g] = m[g];
+                wl[w][g] = ls[g];
+            }
+        }
+        __syncthreads();  // every warp is done with kst (aliased by wacc)
+        if (d0 < hd) {
+#pragma unroll
+            for (int g = 0; g < GM; g++) {
+#pragma unroll
+                for (int u = 0; u < D32; u++) wacc[w][g][d0 + u] = acc[g][u];
+            }
+        }
+        __syncthreads();
+        for (int g = w; g < GM && g < group; g += W) {
+            float mx = Q_NINF;
+            for (int i = 0; i < W; i++)
+                if (wl[i][g] != 0.0f) mx = fmaxf(mx, wm[i][g]);
+            float L = 0.0f, o[D32];
+#pragma unroll
+            for (int u = 0; u < D32; u++) o[u] = 0.0f;
+            for (int i = 0; i < W; i++) {
+                if (wl[i][g] == 0.0f) continue;  // a warp that saw no key
+                float f = __expf(wm[i][g] - mx);
+                L = fmaf(wl[i][g], f, L);
+                if (d0 < hd) {
+#pragma unroll
+                    for (int u = 0; u < D32; u++) o[u] = fmaf(wacc[i][g][d0 + u], f, o[u]);
+                }
+            }
+            float* pp = part + (((long long)r * n_heads + h0 + g) * stride + p) * (2 + hd);
+            if (l == 0) {
+                pp[0] = mx;
+                pp[1] = L;
+            }
+            if (d0 < hd) {
+#pragma unroll
+                for (int u = 0; u < D32; u++) pp[2 + d0 + u] = o[u];
+            }
+        }
+        __syncthreads();  // before the next partial reuses the shared state
+    }
+}
+
+#define ATT_PIPE_GQA(D32, GM)                                                                  \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS)                         \
+        att_pipe_d##D32##_g##GM(const float* __restrict__ q, int n_heads, int n_kv_heads,      \
+                                int head_dim, int block_size, float scale,                     \
+                                const u16* __restrict__ kc, const u16* __restrict__ vc,        \
+                                const u32* __restrict__ tables,                                \
+                                const u32* __restrict__ table_off,                             \
+                                const u32* __restrict__ row_seq,                               \
+                                const u32* __restrict__ positions, int stride, int n_parts,    \
+                                float* __restrict__ part) {                                    \
+        GRID_DEP();                                                                            \
+        att_pipe_gqa<D32, GM>(q, n_heads, n_kv_heads, head_dim, block_size, scale, kc, vc,     \
+                              tables, table_off, row_seq, positions, stride, n_parts, part);   \
+    }
+ATT_PIPE_GQA(2, 1)
+ATT_PIPE_GQA(2, 2)
+ATT_PIPE_GQA(2, 4)
+ATT_PIPE_GQA(2, 8)
+ATT_PIPE_GQA(4, 1)
+ATT_PIPE_GQA(4, 2)
+ATT_PIPE_GQA(4, 4)
+ATT_PIPE_GQA(4, 8)
+
 // One warp per (row, head): merges the row's partials in order p = 0, 1,
 // .... Lane p loads partial p's (m, l) (ATT_PARTS <= 32), the max is an
 // exact warp reduction, and the ordered sums take each partial's weight by

@@ -175,6 +175,7 @@ impl CudaBackend {
         let (xq, xds) = pre.map_or((0u64, 0u64), |(_, q, d)| (q, d));
         let mut guard = self.arena(&sizes)?;
         let gqa = gqa_split_kernel(nhi as usize / nkvi as usize, hd);
+        let smem = gqa.as_deref().and_then(att_pipe_smem).unwrap_or(0);
         let regions = (qlen, qlen / 32 * 8, plen);
         let res = arena3::<u8, u8, f32, ()>(&mut guard, regions, |_, _, part| {
             // GQA-grouped: one CTA per (row, KV head); else per (row, head).
@@ -185,7 +186,7 @@ impl CudaBackend {
             let cfg = LaunchConfig {
                 grid_dim: (u32::try_from(ctas_x)?, u32::try_from(ctas_y)?, 1),
                 block_dim: (32 * 4, 1, 1),
-                shared_mem_bytes: 0,
+                shared_mem_bytes: u32::try_from(smem)?,
             };
             let mut b = s.launch_builder(self.func(name)?);
             b.arg(q);
@@ -206,8 +207,10 @@ impl CudaBackend {
                 .arg(&si)
                 .arg(&pi)
                 .arg(&mut *part);
-            // SAFETY: matches paged_attention_split and att_split_d*_g*
-            // (the same arguments without n_rows, which the grid carries);
+            // SAFETY: matches paged_attention_split, att_split_d*_g* and
+            // att_pipe_d*_g* (the same arguments without n_rows, which the
+            // grid carries; att_pipe's dynamic shared memory is
+            // att_pipe_smem's size, the attribute set at load);
             // tables validated at upload for this cache; part holds
             // rows*heads*stride*(2+hd) floats and stride covers every row's
             // partials (att_parts of the largest position, or ATT_PARTS);
@@ -249,18 +252,61 @@ impl CudaBackend {
 
 /// Partials per row in `fast` mode: all ATT_PARTS while the batch leaves
 /// the GPU idle, fewer once `units` (rows x KV heads, the grouped kernel's
-/// CTAs per partial) fill about eight CTAs per SM, so large batches write
-/// and merge fewer partials. A function of the batch shape only, so a
-/// captured graph keeps its value.
+/// CTAs per partial) fill about QUIRE_ATT_CTAS_PER_SM (default 8) CTAs per
+/// SM, so large batches write and merge fewer partials. A function of the
+/// batch shape only, so a captured graph keeps its value.
 fn fast_parts(units: usize, sms: usize) -> usize {
-    (8 * sms).div_ceil(units.max(1)).clamp(1, ATT_PARTS)
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let per_sm = *V.get_or_init(|| env_usize("QUIRE_ATT_CTAS_PER_SM").unwrap_or(8));
+    fast_parts_for(units, sms, per_sm)
+}
+
+fn fast_parts_for(units: usize, sms: usize, per_sm: usize) -> usize {
+    (per_sm * sms).div_ceil(units.max(1)).clamp(1, ATT_PARTS)
+}
+
+fn env_usize(name: &str) -> Option<usize> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+/// Pipeline depth of the att_pipe kernels (ATT_STAGES in the prelude):
+/// QUIRE_ATT_STAGES, 2..=4, default 2.
+pub(crate) fn att_stages() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| env_usize("QUIRE_ATT_STAGES").unwrap_or(2).clamp(2, 4))
+}
+
+/// Whether the grouped split attention runs the pipelined kernels
+/// (att_pipe_d*_g*) instead of att_split_d*_g*: QUIRE_ATT_PIPE=0 turns
+/// them off.
+fn att_pipe_on() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("QUIRE_ATT_PIPE").as_deref() != Ok("0"))
+}
+
+/// Dynamic shared memory of the pipelined kernel `name`
+/// (att_pipe_d{D32}_g{GM}; the layout of att_pipe_gqa): K and V stages
+/// (4 warps, ATT_STAGES stages of 16 rows of 32*D32 f16 each), the
+/// queries (GM x 32*D32 f32), the tile weights (4 x GM x 16) and the
+/// warps' (m, l). None for any other kernel.
+pub(crate) fn att_pipe_smem(name: &str) -> Option<usize> {
+    let rest = name.strip_prefix("att_pipe_d")?;
+    let (d32, gm) = rest.split_once("_g")?;
+    let (d32, gm): (usize, usize) = (d32.parse().ok()?, gm.parse().ok()?);
+    let (w, hd, kt) = (4, 32 * d32, 16);
+    Some(2 * w * att_stages() * kt * hd * 2 + gm * hd * 4 + w * gm * kt * 4 + 2 * w * gm * 4)
 }
 
 /// The GQA-grouped split kernel for `group` query heads per KV head and
-/// `head_dim` (a multiple of 8): `att_split_d{D32}_g{GM}` with head_dim <=
-/// 32 * D32 and group <= GM, the smallest instantiated (attention_fast.cu);
-/// None past 8 heads per group or head_dim 128 (the per-head kernel).
+/// `head_dim` (a multiple of 8): `att_pipe_d{D32}_g{GM}` (or, with
+/// QUIRE_ATT_PIPE=0, `att_split_d{D32}_g{GM}`) with head_dim <= 32 * D32
+/// and group <= GM, the smallest instantiated (attention_fast.cu); None
+/// past 8 heads per group or head_dim 128 (the per-head kernel).
 fn gqa_split_kernel(group: usize, head_dim: usize) -> Option<String> {
+    gqa_kernel(group, head_dim, att_pipe_on())
+}
+
+fn gqa_kernel(group: usize, head_dim: usize, pipe: bool) -> Option<String> {
     let d32 = match head_dim {
         1..=64 => 2,
         65..=128 => 4,
@@ -274,42 +320,60 @@ fn gqa_split_kernel(group: usize, head_dim: usize) -> Option<String> {
         _ => return None,
     };
     // The names are listed once, in source.rs (KERNELS), which loads them.
-    Some(format!("att_split_d{d32}_g{gm}"))
+    let family = if pipe { "att_pipe" } else { "att_split" };
+    Some(format!("{family}_d{d32}_g{gm}"))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{fast_parts, gqa_split_kernel};
+    use super::{att_pipe_smem, fast_parts_for, gqa_kernel};
 
     #[test]
     fn fast_parts_fill_the_gpu_then_shrink() {
         // Llama-3.1-8B (8 KV heads) on 132 SMs.
-        assert_eq!(fast_parts(8, 132), 32);
-        assert_eq!(fast_parts(8 * 8, 132), 17);
-        assert_eq!(fast_parts(32 * 8, 132), 5);
-        assert_eq!(fast_parts(64 * 8, 132), 3);
-        assert_eq!(fast_parts(10_000, 132), 1);
-        assert_eq!(fast_parts(0, 132), 32);
+        let fast_parts = |units| fast_parts_for(units, 132, 8);
+        assert_eq!(fast_parts(8), 32);
+        assert_eq!(fast_parts(8 * 8), 17);
+        assert_eq!(fast_parts(32 * 8), 5);
+        assert_eq!(fast_parts(64 * 8), 3);
+        assert_eq!(fast_parts(10_000), 1);
+        assert_eq!(fast_parts(0), 32);
     }
 
     #[test]
     fn gqa_kernel_is_the_smallest_that_fits() {
+        let gqa_split_kernel = |g, hd| gqa_kernel(g, hd, false);
         assert_eq!(gqa_split_kernel(4, 128), Some("att_split_d4_g4".into()));
         assert_eq!(gqa_split_kernel(3, 64), Some("att_split_d2_g4".into()));
         assert_eq!(gqa_split_kernel(8, 80), Some("att_split_d4_g8".into()));
         assert_eq!(gqa_split_kernel(1, 8), Some("att_split_d2_g1".into()));
         assert_eq!(gqa_split_kernel(9, 128), None);
         assert_eq!(gqa_split_kernel(4, 256), None);
-        // Every name is a kernel of attention_fast.cu.
+        assert_eq!(gqa_kernel(4, 128, true), Some("att_pipe_d4_g4".into()));
+        // Every name is a kernel of attention_fast.cu; the pipelined ones
+        // have their shared memory size, within an H100's 227 KiB per CTA.
         let (_, _, entries) = crate::backend::cuda::source::KERNELS
             .iter()
             .find(|(n, _, _)| *n == "attention_fast")
             .unwrap();
-        for g in 1..=8 {
-            for hd in (8..=128).step_by(8) {
-                let n = gqa_split_kernel(g, hd).unwrap();
-                assert!(entries.contains(&n.as_str()), "{n} is not loaded");
+        for pipe in [false, true] {
+            for g in 1..=8 {
+                for hd in (8..=128).step_by(8) {
+                    let n = gqa_kernel(g, hd, pipe).unwrap();
+                    assert!(entries.contains(&n.as_str()), "{n} is not loaded");
+                    let smem = att_pipe_smem(&n);
+                    assert_eq!(smem.is_some(), pipe, "{n}");
+                    assert!(smem.unwrap_or(0) <= 227 * 1024, "{n}");
+                }
             }
+        }
+        // d4_g8 at 2 stages: 64 KiB of K/V stages + 4 KiB of queries +
+        // 2 KiB of weights + 256 bytes of (m, l).
+        if super::att_stages() == 2 {
+            assert_eq!(
+                att_pipe_smem("att_pipe_d4_g8"),
+                Some(65_536 + 4_096 + 2_048 + 256)
+            );
         }
     }
 }
