@@ -547,12 +547,6 @@ __device__ __forceinline__ void att_pipe_gqa(
     int n_chunks = pos / ATT_CHUNK + 1;
     int np = min(n_chunks, n_parts);
     if ((int)blockIdx.y >= np) return;
-    for (int i = threadIdx.x; i < GM * HD; i += blockDim.x) {
-        int g = i / HD, d = i % HD;
-        qs[g][d] = (g < group && d < hd) ? q[((long long)r * n_heads + h0 + g) * hd + d] * scale
-                                         : 0.0f;
-    }
-    __syncthreads();
     const u32* table = tables + table_off[row_seq[r]];
     for (int p = blockIdx.y; p < np; p += gridDim.y) {
         // Tile t of this warp starts at key tile_k0(t); tiles are in
@@ -562,16 +556,21 @@ __device__ __forceinline__ void att_pipe_gqa(
         };
         int n_tiles = 0;
         while (tile_k0(n_tiles) <= pos) n_tiles++;
-        // Copies tile t into stage t % ST (one commit group, empty past the end).
-        auto issue = [&](int t) {
+        // Lane kk's key of tile t: its K/V offset (0 past pos or the last tile).
+        auto tile_off = [&](int t) {
+            long long off = 0;
+            int j = tile_k0(t) + kk;
+            if (t < n_tiles && j <= pos) {
+                long long cell = (long long)table[j / block_size] * block_size + j % block_size;
+                off = (cell * n_kv_heads + kvh) * hd;
+            }
+            return off;
+        };
+        // Copies tile t (lane kk's key at off) into stage t % ST: one commit
+        // group, empty past the last tile.
+        auto issue = [&](int t, long long off) {
             if (t < n_tiles) {
                 int k0 = tile_k0(t), st = t % ST;
-                long long off = 0;
-                int j = k0 + kk;
-                if (j <= pos) {
-                    long long cell = (long long)table[j / block_size] * block_size + j % block_size;
-                    off = (cell * n_kv_heads + kvh) * hd;
-                }
                 for (int base = 0; base < KT * cpr; base += 32) {
                     int idx = base + l;
                     int row = min(idx / cpr, KT - 1), c = idx - row * cpr;
@@ -592,10 +591,29 @@ __device__ __forceinline__ void att_pipe_gqa(
 #pragma unroll
             for (int u = 0; u < D32; u++) acc[g][u] = 0.0f;
         }
+        // The block table is read one tile ahead of the copies that use it,
+        // so its latency hides behind a tile's compute (off_next: tile t +
+        // ST - 1's offset at the top of iteration t).
+        long long off_next = tile_off(0);
 #pragma unroll
-        for (int t = 0; t < ST - 1; t++) issue(t);
+        for (int t = 0; t < ST - 1; t++) {
+            long long o = off_next;
+            off_next = tile_off(t + 1);
+            issue(t, o);
+        }
+        if (p == (int)blockIdx.y) {  // the queries, once, while the first tiles load
+            for (int i = threadIdx.x; i < GM * HD; i += blockDim.x) {
+                int g = i / HD, d = i % HD;
+                qs[g][d] = (g < group && d < hd)
+                               ? q[((long long)r * n_heads + h0 + g) * hd + d] * scale
+                               : 0.0f;
+            }
+            __syncthreads();
+        }
         for (int t = 0; t < n_tiles; t++) {
-            issue(t + ST - 1);
+            long long o = off_next;
+            off_next = tile_off(t + ST);
+            issue(t + ST - 1, o);
             cp_async_wait_group<ST - 1>();  // tile t's copies are done
             __syncwarp();
             int st = t % ST, k0 = tile_k0(t);
