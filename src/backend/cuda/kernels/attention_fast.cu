@@ -543,11 +543,14 @@ __device__ __forceinline__ void att_pipe_gqa(
     int w = threadIdx.x >> 5, l = threadIdx.x & 31;
     int kk = l & 15, hv = l >> 4;
     int cpr = hd / 8, d0 = D32 * l;
+    // Both loads issued before either is used (a chain of dependent loads
+    // is the start-up latency of every CTA).
     int pos = (int)positions[r];
+    u32 seq = row_seq[r];
     int n_chunks = pos / ATT_CHUNK + 1;
     int np = min(n_chunks, n_parts);
     if ((int)blockIdx.y >= np) return;
-    const u32* table = tables + table_off[row_seq[r]];
+    const u32* table = tables + table_off[seq];
     for (int p = blockIdx.y; p < np; p += gridDim.y) {
         // Tile t of this warp starts at key tile_k0(t); tiles are in
         // increasing key order, so the first past pos ends the walk.
@@ -759,8 +762,12 @@ ATT_PIPE_GQA(4, 8)
 // One warp per (row, head): merges the row's partials in order p = 0, 1,
 // .... Lane p loads partial p's (m, l) (ATT_PARTS <= 32), the max is an
 // exact warp reduction, and the ordered sums take each partial's weight by
-// shuffle, with the accumulator loads of four partials in flight at once:
-// no chain of dependent loads, the same arithmetic in the same order.
+// shuffle, with the accumulator loads of ATT_COMBINE_LOADS partials in
+// flight at once (tuning knob, default 4; any value gives the same
+// arithmetic in the same order).
+#ifndef ATT_COMBINE_LOADS
+#define ATT_COMBINE_LOADS 4
+#endif
 // With xq non-null (head_dim a multiple of 32), the output is also
 // quantized as quant_q8 would (q8_block: index u of the 32 lanes is the
 // 32-block at d = 32u), for the matmul that reads it next.
@@ -792,10 +799,10 @@ extern "C" __global__ void attention_combine(const float* __restrict__ part, int
     float o[ATT_MAXD];
 #pragma unroll
     for (int u = 0; u < ATT_MAXD; u++) o[u] = 0.0f;
-    for (int p0 = 0; p0 < np; p0 += 4) {
-        float v[4][ATT_MAXD];
+    for (int p0 = 0; p0 < np; p0 += ATT_COMBINE_LOADS) {
+        float v[ATT_COMBINE_LOADS][ATT_MAXD];
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < ATT_COMBINE_LOADS; i++) {
 #pragma unroll
             for (int u = 0; u < ATT_MAXD; u++) {
                 int d = l + 32 * u;
@@ -803,7 +810,7 @@ extern "C" __global__ void attention_combine(const float* __restrict__ part, int
             }
         }
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < ATT_COMBINE_LOADS; i++) {
             if (p0 + i >= np) break;  // warp-uniform
             float f = __shfl_sync(0xffffffffu, fp, p0 + i);
             L += __shfl_sync(0xffffffffu, lp, p0 + i) * f;

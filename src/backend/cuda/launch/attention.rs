@@ -88,7 +88,7 @@ impl CudaBackend {
         }
         if mode != Mode::Exact && hd.is_multiple_of(8) {
             let parts = match mode {
-                Mode::Fast => fast_parts(batch.n_rows * nkv, self.sm_count()),
+                Mode::Fast => fast_parts(batch.n_rows * nkv, self.att_slots(n_heads / nkv, hd)?),
                 _ => ATT_PARTS,
             };
             return self.attention_split(
@@ -134,6 +134,20 @@ impl CudaBackend {
         // head_dim <= 256 (shared q buffer).
         drv(unsafe { b.launch(cfg) }, "paged_attention: launch")?;
         Ok(())
+    }
+
+    /// CTAs of the split-attention kernel for `group` query heads per KV
+    /// head and `head_dim` that the whole GPU holds at once (the driver's
+    /// occupancy for its block and shared memory, times the SMs).
+    fn att_slots(&self, group: usize, hd: usize) -> Result<usize> {
+        let name = gqa_split_kernel(group, hd).unwrap_or_else(|| "paged_attention_split".into());
+        let smem = att_pipe_smem(&name).unwrap_or(0);
+        let per_sm = drv(
+            self.func(&name)?
+                .occupancy_max_active_blocks_per_multiprocessor(128, smem, None),
+            "paged_attention: occupancy of the split kernel",
+        )?;
+        Ok(per_sm.max(1) as usize * self.sm_count())
     }
 
     /// Split-KV attention (fast and deterministic modes, head_dim a
@@ -250,19 +264,43 @@ impl CudaBackend {
     }
 }
 
-/// Partials per row in `fast` mode: all ATT_PARTS while the batch leaves
-/// the GPU idle, fewer once `units` (rows x KV heads, the grouped kernel's
-/// CTAs per partial) fill about QUIRE_ATT_CTAS_PER_SM (default 8) CTAs per
-/// SM, so large batches write and merge fewer partials. A function of the
-/// batch shape only, so a captured graph keeps its value.
-fn fast_parts(units: usize, sms: usize) -> usize {
-    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let per_sm = *V.get_or_init(|| env_usize("QUIRE_ATT_CTAS_PER_SM").unwrap_or(8));
-    fast_parts_for(units, sms, per_sm)
+/// Partials per row in `fast` mode, from `units` (rows x KV heads: the
+/// split kernel's CTAs per partial) and `slots` (its CTAs resident on the
+/// whole GPU at once, from the occupancy): all ATT_PARTS while they fit in
+/// one wave; else the fewest partials whose CTAs fill their last wave to
+/// at least 95% (or make 8 waves), so no wave runs mostly empty and each
+/// CTA walks as many tiles as the GPU allows. QUIRE_ATT_PARTS fixes the
+/// count (for sweeps). A function of the batch shape only, so a captured
+/// graph keeps its value. Measured on an H100 (2026-11-23, bench-attn
+/// fast, 8B heads, att_pipe_d4_g4 at 3 CTAs per SM: 396 slots), us per
+/// call at ctx 512 / 2048 / 8192 for the partials this picks vs the
+/// former rule (about 8 CTAs per SM): B=8 (6 vs 17 partials) 12.3 / 34.6
+/// / 101.9 vs 12.3 / 42.9 / 116.9; B=32 (3 vs 5) 37.1 / 105.7 / 377.8 vs
+/// 41.5 / 116.5 / 403.2; B=64 (3, the same); B=1: 32.
+fn fast_parts(units: usize, slots: usize) -> usize {
+    static V: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    match *V.get_or_init(|| env_usize("QUIRE_ATT_PARTS")) {
+        Some(p) => p.clamp(1, ATT_PARTS),
+        None => parts_for_slots(units, slots),
+    }
 }
 
-fn fast_parts_for(units: usize, sms: usize, per_sm: usize) -> usize {
-    (per_sm * sms).div_ceil(units.max(1)).clamp(1, ATT_PARTS)
+fn parts_for_slots(units: usize, slots: usize) -> usize {
+    let (units, slots) = (units.max(1), slots.max(1));
+    if units * ATT_PARTS <= slots {
+        return ATT_PARTS;
+    }
+    // Share of the last wave's slots in use (1.0: whole waves).
+    let fill = |p: usize| {
+        let ctas = units * p;
+        ctas as f64 / (ctas.div_ceil(slots) * slots) as f64
+    };
+    (1..=ATT_PARTS)
+        .find(|&p| fill(p) >= 0.95 || units * p >= 8 * slots)
+        .unwrap_or_else(|| {
+            // No count fills its waves: the best fill (the fewest on a tie).
+            (1..=ATT_PARTS).fold(1, |b, p| if fill(p) > fill(b) { p } else { b })
+        })
 }
 
 fn env_usize(name: &str) -> Option<usize> {
@@ -326,18 +364,25 @@ fn gqa_kernel(group: usize, head_dim: usize, pipe: bool) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{att_pipe_smem, fast_parts_for, gqa_kernel};
+    use super::{att_pipe_smem, gqa_kernel, parts_for_slots};
 
     #[test]
-    fn fast_parts_fill_the_gpu_then_shrink() {
-        // Llama-3.1-8B (8 KV heads) on 132 SMs.
-        let fast_parts = |units| fast_parts_for(units, 132, 8);
-        assert_eq!(fast_parts(8), 32);
-        assert_eq!(fast_parts(8 * 8), 17);
-        assert_eq!(fast_parts(32 * 8), 5);
-        assert_eq!(fast_parts(64 * 8), 3);
-        assert_eq!(fast_parts(10_000), 1);
-        assert_eq!(fast_parts(0), 32);
+    fn fast_parts_fill_the_last_wave() {
+        // Llama-3.1-8B (8 KV heads) on 132 SMs at 3 CTAs per SM.
+        let parts = |units| parts_for_slots(units, 396);
+        // B=1: 8 x 32 CTAs fit in one wave.
+        assert_eq!(parts(8), 32);
+        // B=8: 6 x 64 = 384 of 396 slots; 1..5 leave the wave emptier.
+        assert_eq!(parts(8 * 8), 6);
+        // B=32: 3 x 256 = 768 of 792 (two waves); 1 and 2 fill 65%.
+        assert_eq!(parts(32 * 8), 3);
+        // B=64: 1 fills 65% of 2 waves, 2 86% of 3, 3 97% of 4.
+        assert_eq!(parts(64 * 8), 3);
+        // 8 waves or more with one partial.
+        assert_eq!(parts(10_000), 1);
+        assert_eq!(parts(0), 32);
+        // One slot: any count fills it.
+        assert_eq!(parts_for_slots(5, 1), 1);
     }
 
     #[test]
