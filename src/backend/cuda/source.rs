@@ -131,6 +131,7 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
             "att_pipe_d4_g4",
             "att_pipe_d4_g8",
             "attention_combine",
+            "attention_combine_d128",
             "flash_attention_prefill",
         ],
     ),

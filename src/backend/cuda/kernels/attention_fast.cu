@@ -762,65 +762,83 @@ ATT_PIPE_GQA(4, 8)
 // One warp per (row, head): merges the row's partials in order p = 0, 1,
 // .... Lane p loads partial p's (m, l) (ATT_PARTS <= 32), the max is an
 // exact warp reduction, and the ordered sums take each partial's weight by
-// shuffle, with the accumulator loads of ATT_COMBINE_LOADS partials in
-// flight at once (tuning knob, default 4; any value gives the same
-// arithmetic in the same order).
-#ifndef ATT_COMBINE_LOADS
-#define ATT_COMBINE_LOADS 4
-#endif
+// shuffle. Every load of the first LOADS partials is issued at once, before
+// the row's partial count is known (slots below `stride` exist for every
+// row; those past its count are loaded but never used), so the kernel waits
+// for one round trip instead of a chain of them; later partials LOADS at a
+// time. The arithmetic and its order do not depend on LOADS. MAXU: the
+// 32-value slices of head_dim a lane holds (attention_combine: 8, head_dim
+// <= 256; attention_combine_d128: 4, head_dim <= 128, twice the loads in
+// flight for the same registers).
 // With xq non-null (head_dim a multiple of 32), the output is also
 // quantized as quant_q8 would (q8_block: index u of the 32 lanes is the
 // 32-block at d = 32u), for the matmul that reads it next.
-extern "C" __global__ void attention_combine(const float* __restrict__ part, int n_rows,
-                                             int n_heads, int head_dim,
-                                             const u32* __restrict__ positions, int stride,
-                                             int n_parts, float* __restrict__ out,
-                                             signed char* __restrict__ xq,
-                                             float2* __restrict__ xds) {
-    GRID_DEP();
+template <int MAXU, int LOADS>
+__device__ __forceinline__ void att_combine(const float* __restrict__ part, int n_rows,
+                                            int n_heads, int head_dim,
+                                            const u32* __restrict__ positions, int stride,
+                                            int n_parts, float* __restrict__ out,
+                                            signed char* __restrict__ xq,
+                                            float2* __restrict__ xds) {
     static_assert(ATT_PARTS <= 32, "one lane per partial (n_parts <= ATT_PARTS)");
     int rh = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int l = threadIdx.x & 31;
     if (rh >= n_rows * n_heads) return;
     int hd = head_dim;
     int pos = (int)positions[rh / n_heads];
-    int np = min(pos / ATT_CHUNK + 1, n_parts);
     const float* pr = part + (long long)rh * stride * (2 + hd);
     float mp = Q_NINF, lp = 0.0f;
-    if (l < np) {
+    if (l < stride) {
         mp = pr[(long long)l * (2 + hd)];
         lp = pr[(long long)l * (2 + hd) + 1];
+    }
+    float v[LOADS][MAXU];
+#pragma unroll
+    for (int i = 0; i < LOADS; i++) {
+#pragma unroll
+        for (int u = 0; u < MAXU; u++) {
+            int d = l + 32 * u;
+            v[i][u] = (i < stride && d < hd) ? pr[(long long)i * (2 + hd) + 2 + d] : 0.0f;
+        }
+    }
+    int np = min(pos / ATT_CHUNK + 1, n_parts);
+    if (l >= np) {
+        mp = Q_NINF;
+        lp = 0.0f;
     }
     float mx = mp;
 #pragma unroll
     for (int st = 16; st >= 1; st >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, st));
     float fp = (l < np) ? __expf(mp - mx) : 0.0f;
     float L = 0.0f;
-    float o[ATT_MAXD];
+    float o[MAXU];
 #pragma unroll
-    for (int u = 0; u < ATT_MAXD; u++) o[u] = 0.0f;
-    for (int p0 = 0; p0 < np; p0 += ATT_COMBINE_LOADS) {
-        float v[ATT_COMBINE_LOADS][ATT_MAXD];
+    for (int u = 0; u < MAXU; u++) o[u] = 0.0f;
+    for (int p0 = 0; p0 < np; p0 += LOADS) {
+        if (p0 > 0) {
 #pragma unroll
-        for (int i = 0; i < ATT_COMBINE_LOADS; i++) {
+            for (int i = 0; i < LOADS; i++) {
 #pragma unroll
-            for (int u = 0; u < ATT_MAXD; u++) {
-                int d = l + 32 * u;
-                v[i][u] = (p0 + i < np && d < hd) ? pr[(long long)(p0 + i) * (2 + hd) + 2 + d] : 0.0f;
+                for (int u = 0; u < MAXU; u++) {
+                    int d = l + 32 * u;
+                    v[i][u] = (p0 + i < np && d < hd)
+                                  ? pr[(long long)(p0 + i) * (2 + hd) + 2 + d]
+                                  : 0.0f;
+                }
             }
         }
 #pragma unroll
-        for (int i = 0; i < ATT_COMBINE_LOADS; i++) {
+        for (int i = 0; i < LOADS; i++) {
             if (p0 + i >= np) break;  // warp-uniform
             float f = __shfl_sync(0xffffffffu, fp, p0 + i);
             L += __shfl_sync(0xffffffffu, lp, p0 + i) * f;
 #pragma unroll
-            for (int u = 0; u < ATT_MAXD; u++) o[u] += v[i][u] * f;
+            for (int u = 0; u < MAXU; u++) o[u] += v[i][u] * f;
         }
     }
     float* op = out + (long long)rh * hd;
 #pragma unroll
-    for (int u = 0; u < ATT_MAXD; u++) {
+    for (int u = 0; u < MAXU; u++) {
         int d = l + 32 * u;
         float r = o[u] / L;
         if (d < hd) op[d] = r;
@@ -830,6 +848,18 @@ extern "C" __global__ void attention_combine(const float* __restrict__ part, int
         }
     }
 }
+
+#define ATT_COMBINE(NAME, MAXU, LOADS)                                                        \
+    extern "C" __global__ void NAME(const float* __restrict__ part, int n_rows, int n_heads,  \
+                                    int head_dim, const u32* __restrict__ positions,          \
+                                    int stride, int n_parts, float* __restrict__ out,         \
+                                    signed char* __restrict__ xq, float2* __restrict__ xds) { \
+        GRID_DEP();                                                                           \
+        att_combine<MAXU, LOADS>(part, n_rows, n_heads, head_dim, positions, stride, n_parts, \
+                                 out, xq, xds);                                               \
+    }
+ATT_COMBINE(attention_combine, 8, 8)
+ATT_COMBINE(attention_combine_d128, 4, 16)
 
 // ---------------------------------------------------------------------------
 // Prefill attention on tensor cores (fast mode only: its arithmetic differs

@@ -235,7 +235,13 @@ impl CudaBackend {
                 unsafe { b.launch(cfg) },
                 "paged_attention: launching the split kernel",
             )?;
-            let mut b = s.launch_builder(self.func("attention_combine")?);
+            // head_dim <= 128: the form with twice the partials in flight.
+            let combine = if hd <= 128 {
+                "attention_combine_d128"
+            } else {
+                "attention_combine"
+            };
+            let mut b = s.launch_builder(self.func(combine)?);
             b.arg(&mut *part)
                 .arg(&nri)
                 .arg(&nhi)
@@ -246,7 +252,9 @@ impl CudaBackend {
                 .arg(&mut *out)
                 .arg(&xq)
                 .arg(&xds);
-            // SAFETY: matches attention_combine; part as above, out holds
+            // SAFETY: matches attention_combine and attention_combine_d128
+            // (head_dim <= 128); part as above (every (row, head) has stride
+            // slots, all of which the kernel may read), out holds
             // rows*heads*head_dim floats; xq / xds null, or (head_dim a
             // multiple of 32) arena regions of rows*heads*head_dim bytes and
             // as many / 32 float2 (q8_out), disjoint from part.
