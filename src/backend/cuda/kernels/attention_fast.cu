@@ -285,237 +285,26 @@ extern "C" __global__ void paged_attention_split(
 // paged_attention_split (so attention_combine merges them), but one CTA per
 // (row, KV head) and partial serves all the query heads sharing that KV
 // head (up to GM; head_dim <= 32 * D32 <= 128, a multiple of 8), so every
-// K/V row is read once instead of once per query head. Warp w takes keys
-// s * ATT_CHUNK + 32w + 0..31 of each chunk s of its partial:
-//  - the warp queues the group's V rows into shared memory (cp.async,
-//    16-byte copies, coalesced along each row) before anything else,
-//  - lane j loads key j's whole K row into registers (16-byte loads, all in
-//    flight at once) and scores it against the GM queries (fp32, q in
-//    shared memory),
-//  - one online-softmax step per head per 32 keys (warp max; each lane
-//    keeps its own running sum, reduced once at the end),
+// K/V row is read once instead of once per query head. Each warp walks its
+// keys of the partial's chunks as tiles of 16 (keys s * ATT_CHUNK + 32w +
+// 16hf + 0..15, hf = 0, 1) and copies tiles t + 1 .. t + ATT_STAGES - 1's K
+// and V rows into shared memory (cp.async, 16-byte copies coalesced along
+// each row) while it computes tile t, so a warp always has loads in flight;
+// the block table is read a tile ahead of the copies that use it.
+//  - scores: lane l takes key l & 15 and half l >> 4 of its dimensions (the
+//    16-byte pieces c = 2i + half; fp32, q in shared memory), one shuffle
+//    adds the halves; K rows are stored with piece c of row kk at slot
+//    c ^ (kk & 7), so the eight lanes of a quarter warp read eight
+//    different bank groups;
+//  - one online-softmax step per head per tile (max over the 16 keys; each
+//    lane keeps its own running sum, reduced once at the end);
 //  - lane l owns dimensions D32*l .. D32*l + D32 - 1 and accumulates p·V
 //    from the staged rows.
 // The warps' states are merged in warp order (warp w merges head slots w,
 // w + 4, ...). A head's arithmetic depends only on its row's keys and these
-// constants: batch- and KV-cache invariant.
-template <int D32, int GM>
-__device__ __forceinline__ void att_split_gqa(
-    const float* __restrict__ q, int n_heads, int n_kv_heads, int hd, int block_size,
-    float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
-    const u32* __restrict__ tables, const u32* __restrict__ table_off,
-    const u32* __restrict__ row_seq, const u32* __restrict__ positions, int stride,
-    int n_parts, float* __restrict__ part) {
-    constexpr int HD = 32 * D32;  // the largest head_dim served
-    constexpr int W = ATT_SPLIT_WARPS;
-    constexpr int VST_BYTES = W * 32 * HD * 2, ACC_BYTES = W * GM * HD * 4;
-    __shared__ __align__(16) float qs[GM][HD];
-    __shared__ float wp[W][GM][32];
-    __shared__ long long woff[W][32];
-    __shared__ float wm[W][GM], wl[W][GM];
-    // The V rows during the key loop, the warps' accumulators at the merge.
-    __shared__ __align__(16) unsigned char big[VST_BYTES > ACC_BYTES ? VST_BYTES : ACC_BYTES];
-    u16(*vst)[32][HD] = (u16(*)[32][HD])big;         // (W, 32 keys, HD)
-    float(*wacc)[GM][HD] = (float(*)[GM][HD])big;    // (W, GM heads, HD)
-    int group = n_heads / n_kv_heads;
-    int r = blockIdx.x / n_kv_heads, kvh = blockIdx.x % n_kv_heads;
-    int h0 = kvh * group;
-    int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-    int cpr = hd / 8, d0 = D32 * l;
-    int pos = (int)positions[r];
-    int n_chunks = pos / ATT_CHUNK + 1;
-    int np = min(n_chunks, n_parts);
-    if ((int)blockIdx.y >= np) return;
-    for (int i = threadIdx.x; i < GM * HD; i += blockDim.x) {
-        int g = i / HD, d = i % HD;
-        qs[g][d] = (g < group && d < hd) ? q[((long long)r * n_heads + h0 + g) * hd + d] * scale
-                                         : 0.0f;
-    }
-    __syncthreads();
-    const u32* table = tables + table_off[row_seq[r]];
-    for (int p = blockIdx.y; p < np; p += gridDim.y) {
-        float m[GM], ls[GM], acc[GM][D32];
-#pragma unroll
-        for (int g = 0; g < GM; g++) {
-            m[g] = Q_NINF;
-            ls[g] = 0.0f;
-#pragma unroll
-            for (int u = 0; u < D32; u++) acc[g][u] = 0.0f;
-        }
-        for (int s = p; s < n_chunks; s += n_parts) {
-            int g0 = s * ATT_CHUNK + 32 * w;
-            if (g0 > pos) continue;  // warp-uniform
-            int j = g0 + l;
-            bool ok = j <= pos;
-            int nk = min(32, pos - g0 + 1);
-            long long off = 0;
-            if (ok) {
-                long long cell = (long long)table[j / block_size] * block_size + j % block_size;
-                off = (cell * n_kv_heads + kvh) * hd;
-            }
-            woff[w][l] = off;
-            __syncwarp();
-            for (int i = l; i < nk * cpr; i += 32) {
-                int t = i / cpr, c = i - t * cpr;
-                cp_async16(&vst[w][t][8 * c], vc + woff[w][t] + 8 * c, 16);
-            }
-            cp_async_commit();
-            uint4 kr[HD / 8];
-#pragma unroll
-            for (int c = 0; c < HD / 8; c++)
-                kr[c] = (ok && c < cpr) ? ((const uint4*)(kc + off))[c] : make_uint4(0, 0, 0, 0);
-            float sc[GM];
-#pragma unroll
-            for (int g = 0; g < GM; g++) sc[g] = 0.0f;
-#pragma unroll
-            for (int c = 0; c < HD / 8; c++) {
-                if (c < cpr) {
-                    float2 k0 = q_f16x2(kr[c].x), k1 = q_f16x2(kr[c].y);
-                    float2 k2 = q_f16x2(kr[c].z), k3 = q_f16x2(kr[c].w);
-#pragma unroll
-                    for (int g = 0; g < GM; g++) {
-                        float4 qa = *(const float4*)&qs[g][8 * c];
-                        float4 qb = *(const float4*)&qs[g][8 * c + 4];
-                        float a = fmaf(qa.x, k0.x, sc[g]);
-                        a = fmaf(qa.y, k0.y, a);
-                        a = fmaf(qa.z, k1.x, a);
-                        a = fmaf(qa.w, k1.y, a);
-                        a = fmaf(qb.x, k2.x, a);
-                        a = fmaf(qb.y, k2.y, a);
-                        a = fmaf(qb.z, k3.x, a);
-                        sc[g] = fmaf(qb.w, k3.y, a);
-                    }
-                }
-            }
-#pragma unroll
-            for (int g = 0; g < GM; g++) {
-                float sj = ok ? sc[g] : Q_NINF;
-                float mr = sj;
-#pragma unroll
-                for (int st = 16; st >= 1; st >>= 1)
-                    mr = fmaxf(mr, __shfl_xor_sync(0xffffffffu, mr, st));
-                float m_new = fmaxf(m[g], mr);
-                float alpha = (m[g] == Q_NINF) ? 0.0f : __expf(m[g] - m_new);
-                float pj = ok ? __expf(sj - m_new) : 0.0f;
-                ls[g] = fmaf(ls[g], alpha, pj);
-#pragma unroll
-                for (int u = 0; u < D32; u++) acc[g][u] *= alpha;
-                wp[w][g][l] = pj;
-                m[g] = m_new;
-            }
-            cp_async_wait_all();
-            __syncwarp();
-            if (d0 < hd) {
-                for (int t = 0; t < nk; t++) {
-                    float v[D32];
-                    if constexpr (D32 == 4) {
-                        uint2 x = *(const uint2*)&vst[w][t][d0];
-                        float2 a = q_f16x2(x.x), b = q_f16x2(x.y);
-                        v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
-                    } else {
-                        static_assert(D32 == 2, "D32 is 2 or 4");
-                        float2 a = q_f16x2(*(const u32*)&vst[w][t][d0]);
-                        v[0] = a.x, v[1] = a.y;
-                    }
-#pragma unroll
-                    for (int g = 0; g < GM; g++) {
-                        float pt = wp[w][g][t];
-#pragma unroll
-                        for (int u = 0; u < D32; u++) acc[g][u] = fmaf(pt, v[u], acc[g][u]);
-                    }
-                }
-            }
-            __syncwarp();  // the next group rewrites woff, wp and vst
-        }
-#pragma unroll
-        for (int g = 0; g < GM; g++) {
-#pragma unroll
-            for (int st = 16; st >= 1; st >>= 1) ls[g] += __shfl_xor_sync(0xffffffffu, ls[g], st);
-            if (l == 0) {
-                wm[w][g] = m[g];
-                wl[w][g] = ls[g];
-            }
-        }
-        __syncthreads();  // every warp is done reading vst (aliased by wacc)
-        if (d0 < hd) {
-#pragma unroll
-            for (int g = 0; g < GM; g++) {
-#pragma unroll
-                for (int u = 0; u < D32; u++) wacc[w][g][d0 + u] = acc[g][u];
-            }
-        }
-        __syncthreads();
-        for (int g = w; g < GM && g < group; g += W) {
-            float mx = Q_NINF;
-            for (int i = 0; i < W; i++)
-                if (wl[i][g] != 0.0f) mx = fmaxf(mx, wm[i][g]);
-            float L = 0.0f, o[D32];
-#pragma unroll
-            for (int u = 0; u < D32; u++) o[u] = 0.0f;
-            for (int i = 0; i < W; i++) {
-                if (wl[i][g] == 0.0f) continue;  // a warp that saw no key
-                float f = __expf(wm[i][g] - mx);
-                L = fmaf(wl[i][g], f, L);
-                if (d0 < hd) {
-#pragma unroll
-                    for (int u = 0; u < D32; u++) o[u] = fmaf(wacc[i][g][d0 + u], f, o[u]);
-                }
-            }
-            float* pp = part + (((long long)r * n_heads + h0 + g) * stride + p) * (2 + hd);
-            if (l == 0) {
-                pp[0] = mx;
-                pp[1] = L;
-            }
-            if (d0 < hd) {
-#pragma unroll
-                for (int u = 0; u < D32; u++) pp[2 + d0 + u] = o[u];
-            }
-        }
-        __syncthreads();  // before the next partial reuses the shared state
-    }
-}
-
-// Grid: (n_rows * n_kv_heads, CTAs per row); block 32 * ATT_SPLIT_WARPS.
-// ATT_SPLIT_MINB: the CTAs per SM the register allocation must allow.
-#ifndef ATT_SPLIT_MINB
-#define ATT_SPLIT_MINB 1
-#endif
-#define ATT_SPLIT_GQA(D32, GM)                                                                 \
-    extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS, ATT_SPLIT_MINB)         \
-        att_split_d##D32##_g##GM(const float* __restrict__ q, int n_heads, int n_kv_heads,     \
-                                 int head_dim, int block_size, float scale,                    \
-                                 const u16* __restrict__ kc, const u16* __restrict__ vc,       \
-                                 const u32* __restrict__ tables,                               \
-                                 const u32* __restrict__ table_off,                            \
-                                 const u32* __restrict__ row_seq,                              \
-                                 const u32* __restrict__ positions, int stride, int n_parts,   \
-                                 float* __restrict__ part) {                                   \
-        GRID_DEP();                                                                            \
-        att_split_gqa<D32, GM>(q, n_heads, n_kv_heads, head_dim, block_size, scale, kc, vc,    \
-                               tables, table_off, row_seq, positions, stride, n_parts, part);  \
-    }
-ATT_SPLIT_GQA(2, 1)
-ATT_SPLIT_GQA(2, 2)
-ATT_SPLIT_GQA(2, 4)
-ATT_SPLIT_GQA(2, 8)
-ATT_SPLIT_GQA(4, 1)
-ATT_SPLIT_GQA(4, 2)
-ATT_SPLIT_GQA(4, 4)
-ATT_SPLIT_GQA(4, 8)
-
-// Pipelined form of att_split_gqa (same partition, partials and merge):
-// each warp walks its keys of the partial's chunks as tiles of 16 (keys
-// s * ATT_CHUNK + 32w + 16hf + 0..15, hf = 0, 1), and copies tile t + 1 ..
-// t + ATT_STAGES - 1's K and V rows into shared memory (cp.async, 16-byte
-// copies coalesced along each row) while it computes tile t, so a warp
-// always has loads in flight instead of waiting for one group at a time.
-// Scores: lane l takes key l & 15 and half l >> 4 of its dimensions (the
-// 16-byte pieces c = 2i + half), one shuffle adds the halves; K rows are
-// stored with piece c of row kk at slot c ^ (kk & 7), so the eight lanes of
-// a quarter warp read eight different bank groups. One online-softmax step
-// per head per tile; p·V as att_split_gqa (lane l owns dimensions D32 l ..
-// D32 l + D32 - 1). ATT_STAGES (host prelude, att_stages()) sets the depth;
-// the shared memory is dynamic, laid out as att_pipe_smem computes.
+// constants: batch- and KV-cache invariant. ATT_STAGES (host prelude,
+// att_stages()) sets the depth; the shared memory is dynamic, laid out as
+// att_pipe_smem (launch/attention.rs) computes.
 template <int D32, int GM>
 __device__ __forceinline__ void att_pipe_gqa(
     const float* __restrict__ q, int n_heads, int n_kv_heads, int hd, int block_size,

@@ -221,10 +221,10 @@ impl CudaBackend {
                 .arg(&si)
                 .arg(&pi)
                 .arg(&mut *part);
-            // SAFETY: matches paged_attention_split, att_split_d*_g* and
-            // att_pipe_d*_g* (the same arguments without n_rows, which the
-            // grid carries; att_pipe's dynamic shared memory is
-            // att_pipe_smem's size, the attribute set at load);
+            // SAFETY: matches paged_attention_split and att_pipe_d*_g*
+            // (the same arguments without n_rows, which the grid carries;
+            // att_pipe's dynamic shared memory is att_pipe_smem's size, the
+            // attribute set at load);
             // tables validated at upload for this cache; part holds
             // rows*heads*stride*(2+hd) floats and stride covers every row's
             // partials (att_parts of the largest position, or ATT_PARTS);
@@ -322,14 +322,6 @@ pub(crate) fn att_stages() -> usize {
     *V.get_or_init(|| env_usize("QUIRE_ATT_STAGES").unwrap_or(2).clamp(2, 4))
 }
 
-/// Whether the grouped split attention runs the pipelined kernels
-/// (att_pipe_d*_g*) instead of att_split_d*_g*: QUIRE_ATT_PIPE=0 turns
-/// them off.
-fn att_pipe_on() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("QUIRE_ATT_PIPE").as_deref() != Ok("0"))
-}
-
 /// Dynamic shared memory of the pipelined kernel `name`
 /// (att_pipe_d{D32}_g{GM}; the layout of att_pipe_gqa): K and V stages
 /// (4 warps, ATT_STAGES stages of 16 rows of 32*D32 f16 each), the
@@ -344,15 +336,11 @@ pub(crate) fn att_pipe_smem(name: &str) -> Option<usize> {
 }
 
 /// The GQA-grouped split kernel for `group` query heads per KV head and
-/// `head_dim` (a multiple of 8): `att_pipe_d{D32}_g{GM}` (or, with
-/// QUIRE_ATT_PIPE=0, `att_split_d{D32}_g{GM}`) with head_dim <= 32 * D32
-/// and group <= GM, the smallest instantiated (attention_fast.cu); None
-/// past 8 heads per group or head_dim 128 (the per-head kernel).
+/// `head_dim` (a multiple of 8): `att_pipe_d{D32}_g{GM}` with head_dim <=
+/// 32 * D32 and group <= GM, the smallest instantiated
+/// (attention_fast.cu); None past 8 heads per group or head_dim 128 (the
+/// per-head kernel).
 fn gqa_split_kernel(group: usize, head_dim: usize) -> Option<String> {
-    gqa_kernel(group, head_dim, att_pipe_on())
-}
-
-fn gqa_kernel(group: usize, head_dim: usize, pipe: bool) -> Option<String> {
     let d32 = match head_dim {
         1..=64 => 2,
         65..=128 => 4,
@@ -366,13 +354,12 @@ fn gqa_kernel(group: usize, head_dim: usize, pipe: bool) -> Option<String> {
         _ => return None,
     };
     // The names are listed once, in source.rs (KERNELS), which loads them.
-    let family = if pipe { "att_pipe" } else { "att_split" };
-    Some(format!("{family}_d{d32}_g{gm}"))
+    Some(format!("att_pipe_d{d32}_g{gm}"))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{att_pipe_smem, gqa_kernel, parts_for_slots};
+    use super::{att_pipe_smem, gqa_split_kernel, parts_for_slots};
 
     #[test]
     fn fast_parts_fill_the_last_wave() {
@@ -395,31 +382,27 @@ mod tests {
 
     #[test]
     fn gqa_kernel_is_the_smallest_that_fits() {
-        let gqa_split_kernel = |g, hd| gqa_kernel(g, hd, false);
-        assert_eq!(gqa_split_kernel(4, 128), Some("att_split_d4_g4".into()));
-        assert_eq!(gqa_split_kernel(3, 64), Some("att_split_d2_g4".into()));
-        assert_eq!(gqa_split_kernel(8, 80), Some("att_split_d4_g8".into()));
-        assert_eq!(gqa_split_kernel(1, 8), Some("att_split_d2_g1".into()));
+        assert_eq!(gqa_split_kernel(4, 128), Some("att_pipe_d4_g4".into()));
+        assert_eq!(gqa_split_kernel(3, 64), Some("att_pipe_d2_g4".into()));
+        assert_eq!(gqa_split_kernel(8, 80), Some("att_pipe_d4_g8".into()));
+        assert_eq!(gqa_split_kernel(1, 8), Some("att_pipe_d2_g1".into()));
         assert_eq!(gqa_split_kernel(9, 128), None);
         assert_eq!(gqa_split_kernel(4, 256), None);
-        assert_eq!(gqa_kernel(4, 128, true), Some("att_pipe_d4_g4".into()));
-        // Every name is a kernel of attention_fast.cu; the pipelined ones
-        // have their shared memory size, within an H100's 227 KiB per CTA.
+        // Every name is a kernel of attention_fast.cu with its shared memory
+        // size, within an H100's 227 KiB per CTA.
         let (_, _, entries) = crate::backend::cuda::source::KERNELS
             .iter()
             .find(|(n, _, _)| *n == "attention_fast")
             .unwrap();
-        for pipe in [false, true] {
-            for g in 1..=8 {
-                for hd in (8..=128).step_by(8) {
-                    let n = gqa_kernel(g, hd, pipe).unwrap();
-                    assert!(entries.contains(&n.as_str()), "{n} is not loaded");
-                    let smem = att_pipe_smem(&n);
-                    assert_eq!(smem.is_some(), pipe, "{n}");
-                    assert!(smem.unwrap_or(0) <= 227 * 1024, "{n}");
-                }
+        for g in 1..=8 {
+            for hd in (8..=128).step_by(8) {
+                let n = gqa_split_kernel(g, hd).unwrap();
+                assert!(entries.contains(&n.as_str()), "{n} is not loaded");
+                let smem = att_pipe_smem(&n).expect("a pipelined kernel");
+                assert!(smem <= 227 * 1024, "{n}");
             }
         }
+        assert_eq!(att_pipe_smem("paged_attention_split"), None);
         // d4_g8 at 2 stages: 64 KiB of K/V stages + 4 KiB of queries +
         // 2 KiB of weights + 256 bytes of (m, l).
         if super::att_stages() == 2 {
