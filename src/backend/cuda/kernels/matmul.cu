@@ -433,23 +433,11 @@ __device__ __forceinline__ void mv_exact32_body(MmJobs jobs, int k, int ty,
         }
     }
 }
-extern "C" __global__ void mv_exact32(MmJobs jobs, int k, int ty, const short* __restrict__ qs,
-                                      const float* __restrict__ ad,
-                                      const float* __restrict__ as, int n_all) {
-    GRID_DEP();
-    mv_exact32_body<MV_EXACT_ROWS, 1>(jobs, k, ty, qs, ad, as, n_all);
-}
-extern "C" __global__ void mv_exact32_s2(MmJobs jobs, int k, int ty,
-                                         const short* __restrict__ qs,
-                                         const float* __restrict__ ad,
-                                         const float* __restrict__ as, int n_all) {
-    GRID_DEP();
-    mv_exact32_body<MV_EXACT_ROWS, 2>(jobs, k, ty, qs, ad, as, n_all);
-}
-// MV_EXACT_R1_MINB (tuning knob): CTAs per SM to fit (registers capped);
-// 0 leaves the compiler's choice. Measured on an H100 (2026-11-22, exact
-// tg128, 8B Q4_0 / Q8_0): 0: 250.2 / 210.6, 4: 253.5 / 210.8, 6: 200.5 /
-// 169.3 (spills), 8: 155.3 / 112.2 tok/s. The arithmetic is the same.
+// MV_EXACT_R1_MINB (tuning knob): CTAs per SM to fit (registers capped) of
+// the one-row kernels; 0 leaves the compiler's choice. Measured on an H100
+// (2026-11-22, exact tg128, 8B Q4_0 / Q8_0): 0: 250.2 / 210.6, 4: 253.5 /
+// 210.8, 6: 200.5 / 169.3 (spills), 8: 155.3 / 112.2 tok/s. The arithmetic
+// is the same.
 #ifndef MV_EXACT_R1_MINB
 #define MV_EXACT_R1_MINB 4
 #endif
@@ -458,17 +446,15 @@ extern "C" __global__ void mv_exact32_s2(MmJobs jobs, int k, int ty,
 #else
 #define MV_EXACT_R1_BOUNDS
 #endif
-extern "C" __global__ void MV_EXACT_R1_BOUNDS mv_exact32_r1(MmJobs jobs, int k, int ty,
-                                         const short* __restrict__ qs,
-                                         const float* __restrict__ ad,
-                                         const float* __restrict__ as, int n_all) {
-    GRID_DEP();
-    mv_exact32_body<1, 1>(jobs, k, ty, qs, ad, as, n_all);
-}
-extern "C" __global__ void MV_EXACT_R1_BOUNDS mv_exact32_r1_s2(MmJobs jobs, int k, int ty,
-                                            const short* __restrict__ qs,
-                                            const float* __restrict__ ad,
-                                            const float* __restrict__ as, int n_all) {
-    GRID_DEP();
-    mv_exact32_body<1, 2>(jobs, k, ty, qs, ad, as, n_all);
-}
+#define MV_EXACT_ENTRY(NAME, BOUNDS, NR, S)                                                  \
+    extern "C" __global__ void BOUNDS NAME(MmJobs jobs, int k, int ty,                       \
+                                           const short* __restrict__ qs,                     \
+                                           const float* __restrict__ ad,                     \
+                                           const float* __restrict__ as, int n_all) {        \
+        GRID_DEP();                                                                          \
+        mv_exact32_body<NR, S>(jobs, k, ty, qs, ad, as, n_all);                              \
+    }
+MV_EXACT_ENTRY(mv_exact32, , MV_EXACT_ROWS, 1)
+MV_EXACT_ENTRY(mv_exact32_s2, , MV_EXACT_ROWS, 2)
+MV_EXACT_ENTRY(mv_exact32_r1, MV_EXACT_R1_BOUNDS, 1, 1)
+MV_EXACT_ENTRY(mv_exact32_r1_s2, MV_EXACT_R1_BOUNDS, 1, 2)
