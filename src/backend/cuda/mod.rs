@@ -42,6 +42,9 @@ struct Device {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     funcs: HashMap<&'static str, CudaFunction>,
+    /// CTAs per SM of each split-attention kernel (128 threads, its
+    /// dynamic shared memory), from the driver's occupancy at load.
+    att_per_sm: HashMap<&'static str, usize>,
 }
 
 /// Weight cache key: (address, length, fingerprint of the first and last
@@ -210,6 +213,7 @@ impl CudaBackend {
         unsafe { ctx.disable_event_tracking() };
         let stream = drv(ctx.new_stream(), "creating a stream")?;
         let mut funcs = HashMap::new();
+        let mut att_per_sm = HashMap::new();
         for (stem, _, entries) in source::KERNELS {
             let ptx = source::compile(stem, &arch)?;
             let module = drv(ctx.load_module(ptx), &format!("loading module {stem}"))?;
@@ -233,6 +237,14 @@ impl CudaBackend {
                         ),
                         "att_pipe: shared memory size",
                     )?;
+                }
+                if e.starts_with("att_pipe") || e == "paged_attention_split" {
+                    let smem = launch::att_pipe_smem(e).unwrap_or(0);
+                    let n = drv(
+                        f.occupancy_max_active_blocks_per_multiprocessor(128, smem, None),
+                        &format!("{e}: occupancy"),
+                    )?;
+                    att_per_sm.insert(e, n.max(1) as usize);
                 }
                 if e.starts_with("mm_q8_mma") {
                     drv(
@@ -279,7 +291,12 @@ impl CudaBackend {
             prequant: std::env::var("QUIRE_PREQUANT").map_or(true, |v| v != "0"),
             last_mv_q8: std::sync::atomic::AtomicBool::new(false),
             pinned: logits::PinnedPool::default(),
-            dev: Device { ctx, stream, funcs },
+            dev: Device {
+                ctx,
+                stream,
+                funcs,
+                att_per_sm,
+            },
             name,
             arch,
             sms,
@@ -337,6 +354,16 @@ impl CudaBackend {
     /// Streaming multiprocessors of the device.
     pub(crate) fn sm_count(&self) -> usize {
         self.sms
+    }
+
+    /// CTAs per SM of split-attention kernel `name` (att_pipe_d*_g* or
+    /// paged_attention_split), measured at load.
+    fn att_per_sm(&self, name: &str) -> Result<usize> {
+        self.dev
+            .att_per_sm
+            .get(name)
+            .copied()
+            .ok_or_else(|| anyhow!("cuda backend: no occupancy for kernel {name}"))
     }
 
     fn func(&self, name: &str) -> Result<&CudaFunction> {

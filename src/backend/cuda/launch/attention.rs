@@ -138,16 +138,11 @@ impl CudaBackend {
 
     /// CTAs of the split-attention kernel for `group` query heads per KV
     /// head and `head_dim` that the whole GPU holds at once (the driver's
-    /// occupancy for its block and shared memory, times the SMs).
+    /// occupancy for its block and shared memory, taken at load, times the
+    /// SMs).
     fn att_slots(&self, group: usize, hd: usize) -> Result<usize> {
         let name = gqa_split_kernel(group, hd).unwrap_or_else(|| "paged_attention_split".into());
-        let smem = att_pipe_smem(&name).unwrap_or(0);
-        let per_sm = drv(
-            self.func(&name)?
-                .occupancy_max_active_blocks_per_multiprocessor(128, smem, None),
-            "paged_attention: occupancy of the split kernel",
-        )?;
-        Ok(per_sm.max(1) as usize * self.sm_count())
+        Ok(self.att_per_sm(&name)? * self.sm_count())
     }
 
     /// Split-KV attention (fast and deterministic modes, head_dim a
