@@ -282,13 +282,10 @@ extern "C" __global__ void paged_attention_split(
 }
 
 // GQA-grouped split-KV decode: the same partition and partials as
-// paged_attention_split (so attention_combine merges them), but each work
-// item (row, KV head, partial) is served by one CTA for all the query
-// heads sharing that KV head (up to GM; head_dim <= 32 * D32 <= 128, a
-// multiple of 8), so every K/V row is read once instead of once per query
-// head. The grid is at most the CTAs the GPU holds at once; each CTA takes
-// items c, c + gridDim.x, ... and its warps keep copying across items, so
-// the next item's first tiles load during this one's merge. Each warp walks its
+// paged_attention_split (so attention_combine merges them), but one CTA per
+// (row, KV head) and partial serves all the query heads sharing that KV
+// head (up to GM; head_dim <= 32 * D32 <= 128, a multiple of 8), so every
+// K/V row is read once instead of once per query head. Each warp walks its
 // keys of the partial's chunks as tiles of 16 (keys s * ATT_CHUNK + 32w +
 // 16hf + 0..15, hf = 0, 1) and copies tiles t + 1 .. t + ATT_STAGES - 1's K
 // and V rows into shared memory (cp.async, 16-byte copies coalesced along
@@ -308,19 +305,10 @@ extern "C" __global__ void paged_attention_split(
 // constants: batch- and KV-cache invariant. ATT_STAGES (host prelude,
 // att_stages()) sets the depth; the shared memory is dynamic, laid out as
 // att_pipe_smem (launch/attention.rs) computes.
-//
-// One work item: partial p of KV head kvh of row r; items are numbered
-// (r * n_kv_heads + kvh) * n_parts + p and CTA c takes c, c + gridDim.x,
-// .... idx >= the item count: none. n_tiles: this warp's tiles in it.
-struct AttItem {
-    int idx, r, kvh, p, pos, n_tiles;
-    const u32* table;
-};
-
 template <int D32, int GM>
 __device__ __forceinline__ void att_pipe_gqa(
-    const float* __restrict__ q, int n_rows, int n_heads, int n_kv_heads, int hd,
-    int block_size, float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
+    const float* __restrict__ q, int n_heads, int n_kv_heads, int hd, int block_size,
+    float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
     const u32* __restrict__ tables, const u32* __restrict__ table_off,
     const u32* __restrict__ row_seq, const u32* __restrict__ positions, int stride,
     int n_parts, float* __restrict__ part) {
@@ -328,108 +316,65 @@ __device__ __forceinline__ void att_pipe_gqa(
     constexpr int W = ATT_SPLIT_WARPS, ST = ATT_STAGES, KT = 16;
     extern __shared__ __align__(16) unsigned char att_smem[];
     // Layout (bytes): kst, vst: (W, ST, KT, HD) u16 each; qs: (GM, HD) f32;
-    // wp: (W, GM, KT) f32; wm, wl: (W, GM) f32; wfree: (W) int. At an
-    // item's merge, warp w's accumulators (GM, HD) f32 sit in its K stage
-    // wfree[w], the one no copy is in flight to.
+    // wp: (W, GM, KT) f32; wm, wl: (W, GM) f32. wacc (W, GM, HD) f32
+    // aliases kst after the key loop.
     u16(*kst)[ST][KT][HD] = (u16(*)[ST][KT][HD])att_smem;
     u16(*vst)[ST][KT][HD] = (u16(*)[ST][KT][HD])(att_smem + W * ST * KT * HD * 2);
     float(*qs)[HD] = (float(*)[HD])(att_smem + 2 * W * ST * KT * HD * 2);
     float(*wp)[GM][KT] = (float(*)[GM][KT])(att_smem + 2 * W * ST * KT * HD * 2 + GM * HD * 4);
     float(*wm)[GM] = (float(*)[GM])((unsigned char*)wp + W * GM * KT * 4);
     float(*wl)[GM] = (float(*)[GM])((unsigned char*)wm + W * GM * 4);
-    int* wfree = (int*)((unsigned char*)wl + W * GM * 4);
-    static_assert(GM * HD * 4 <= KT * HD * 2, "a warp's accumulators fit in one K stage");
+    float(*wacc)[GM][HD] = (float(*)[GM][HD])att_smem;
+    static_assert(W * GM * HD * 4 <= W * ST * KT * HD * 2, "wacc fits in kst");
     int group = n_heads / n_kv_heads;
+    int r = blockIdx.x / n_kv_heads, kvh = blockIdx.x % n_kv_heads;
+    int h0 = kvh * group;
     int w = threadIdx.x >> 5, l = threadIdx.x & 31;
     int kk = l & 15, hv = l >> 4;
     int cpr = hd / 8, d0 = D32 * l;
-    int n_items = n_rows * n_kv_heads * n_parts;
-    // This warp's tile t of item it starts at key tile_k0(it, t); tiles are
-    // in increasing key order, so the first past pos ends the item.
-    auto tile_k0 = [&](const AttItem& it, int t) {
-        return (it.p + (t >> 1) * n_parts) * ATT_CHUNK + 32 * w + KT * (t & 1);
-    };
-    // The first item at or after idx (stepping by the grid) whose partial
-    // has keys (p below the row's partial count).
-    auto item_at = [&](int idx) {
-        AttItem it = {idx, 0, 0, 0, 0, 0, tables};
-        u32 seq = 0;
-        for (; idx < n_items; idx += gridDim.x) {
-            int u = idx / n_parts;
-            it.p = idx - u * n_parts;
-            it.r = u / n_kv_heads;
-            it.kvh = u - it.r * n_kv_heads;
-            it.pos = (int)positions[it.r];
-            seq = row_seq[it.r];  // issued with pos
-            if (it.p < min(it.pos / ATT_CHUNK + 1, n_parts)) break;
-        }
-        it.idx = idx;
-        if (idx < n_items) {
-            it.table = tables + table_off[seq];
-            while (tile_k0(it, it.n_tiles) <= it.pos) it.n_tiles++;
-        }
-        return it;
-    };
-    // Lane kk's key of tile t of it: its K/V offset (0 past pos).
-    auto tile_off = [&](const AttItem& it, int t) {
-        long long off = 0;
-        int j = tile_k0(it, t) + kk;
-        if (it.idx < n_items && t < it.n_tiles && j <= it.pos) {
-            long long cell = (long long)it.table[j / block_size] * block_size + j % block_size;
-            off = (cell * n_kv_heads + it.kvh) * hd;
-        }
-        return off;
-    };
-    // The producer walks this warp's (item, tile) sequence in the order the
-    // consumer below computes it, copying ST - 1 tiles ahead, across item
-    // boundaries (so the next item's first tiles load during this item's
-    // merge). nx: the next tile to copy, its lane offset read one copy
-    // early (the block table's latency hides behind a tile's compute).
-    AttItem cur = item_at(blockIdx.x);
-    if (cur.idx >= n_items) return;  // the same for every warp
-    AttItem nx = cur;
-    int nx_t = 0;
-    auto settle = [&]() {  // skips items where this warp has no tiles
-        while (nx.idx < n_items && nx_t >= nx.n_tiles) {
-            nx = item_at(nx.idx + gridDim.x);
-            nx_t = 0;
-        }
-    };
-    settle();
-    long long nx_off = tile_off(nx, nx_t);
-    int gi = 0;  // tiles copied (one commit group per call, empty past the end)
-    auto produce = [&]() {
-        if (nx.idx < n_items) {
-            int k0 = tile_k0(nx, nx_t), st = gi % ST, pos = nx.pos;
-            long long off = nx_off;
-            for (int base = 0; base < KT * cpr; base += 32) {
-                int idx = base + l;
-                int row = min(idx / cpr, KT - 1), c = idx - row * cpr;
-                long long ro = __shfl_sync(0xffffffffu, off, row);
-                if (idx < KT * cpr && k0 + row <= pos) {
-                    cp_async16(&kst[w][st][row][8 * (c ^ (row & 7))], kc + ro + 8 * c, 16);
-                    cp_async16(&vst[w][st][row][8 * c], vc + ro + 8 * c, 16);
+    // Both loads issued before either is used (a chain of dependent loads
+    // is the start-up latency of every CTA).
+    int pos = (int)positions[r];
+    u32 seq = row_seq[r];
+    int n_chunks = pos / ATT_CHUNK + 1;
+    int np = min(n_chunks, n_parts);
+    if ((int)blockIdx.y >= np) return;
+    const u32* table = tables + table_off[seq];
+    for (int p = blockIdx.y; p < np; p += gridDim.y) {
+        // Tile t of this warp starts at key tile_k0(t); tiles are in
+        // increasing key order, so the first past pos ends the walk.
+        auto tile_k0 = [&](int t) {
+            return (p + (t >> 1) * n_parts) * ATT_CHUNK + 32 * w + KT * (t & 1);
+        };
+        int n_tiles = 0;
+        while (tile_k0(n_tiles) <= pos) n_tiles++;
+        // Lane kk's key of tile t: its K/V offset (0 past pos or the last tile).
+        auto tile_off = [&](int t) {
+            long long off = 0;
+            int j = tile_k0(t) + kk;
+            if (t < n_tiles && j <= pos) {
+                long long cell = (long long)table[j / block_size] * block_size + j % block_size;
+                off = (cell * n_kv_heads + kvh) * hd;
+            }
+            return off;
+        };
+        // Copies tile t (lane kk's key at off) into stage t % ST: one commit
+        // group, empty past the last tile.
+        auto issue = [&](int t, long long off) {
+            if (t < n_tiles) {
+                int k0 = tile_k0(t), st = t % ST;
+                for (int base = 0; base < KT * cpr; base += 32) {
+                    int idx = base + l;
+                    int row = min(idx / cpr, KT - 1), c = idx - row * cpr;
+                    long long ro = __shfl_sync(0xffffffffu, off, row);
+                    if (idx < KT * cpr && k0 + row <= pos) {
+                        cp_async16(&kst[w][st][row][8 * (c ^ (row & 7))], kc + ro + 8 * c, 16);
+                        cp_async16(&vst[w][st][row][8 * c], vc + ro + 8 * c, 16);
+                    }
                 }
             }
-            nx_t++;
-            settle();
-            nx_off = tile_off(nx, nx_t);
-        }
-        cp_async_commit();
-        gi++;
-    };
-#pragma unroll
-    for (int t = 0; t < ST - 1; t++) produce();
-    int gc = 0;  // tiles computed
-    while (cur.idx < n_items) {  // the same items for every warp
-        int h0 = cur.kvh * group;
-        for (int i = threadIdx.x; i < GM * HD; i += blockDim.x) {
-            int g = i / HD, d = i % HD;
-            qs[g][d] = (g < group && d < hd)
-                           ? q[((long long)cur.r * n_heads + h0 + g) * hd + d] * scale
-                           : 0.0f;
-        }
-        __syncthreads();
+            cp_async_commit();
+        };
         float m[GM], ls[GM], acc[GM][D32];
 #pragma unroll
         for (int g = 0; g < GM; g++) {
@@ -438,14 +383,34 @@ __device__ __forceinline__ void att_pipe_gqa(
 #pragma unroll
             for (int u = 0; u < D32; u++) acc[g][u] = 0.0f;
         }
-        for (int t = 0; t < cur.n_tiles; t++) {
-            produce();
-            cp_async_wait_group<ST - 1>();  // tile gc's copies are done
+        // The block table is read one tile ahead of the copies that use it,
+        // so its latency hides behind a tile's compute (off_next: tile t +
+        // ST - 1's offset at the top of iteration t).
+        long long off_next = tile_off(0);
+#pragma unroll
+        for (int t = 0; t < ST - 1; t++) {
+            long long o = off_next;
+            off_next = tile_off(t + 1);
+            issue(t, o);
+        }
+        if (p == (int)blockIdx.y) {  // the queries, once, while the first tiles load
+            for (int i = threadIdx.x; i < GM * HD; i += blockDim.x) {
+                int g = i / HD, d = i % HD;
+                qs[g][d] = (g < group && d < hd)
+                               ? q[((long long)r * n_heads + h0 + g) * hd + d] * scale
+                               : 0.0f;
+            }
+            __syncthreads();
+        }
+        for (int t = 0; t < n_tiles; t++) {
+            long long o = off_next;
+            off_next = tile_off(t + ST);
+            issue(t + ST - 1, o);
+            cp_async_wait_group<ST - 1>();  // tile t's copies are done
             __syncwarp();
-            int st = gc % ST, k0 = tile_k0(cur, t);
-            gc++;
-            bool ok = k0 + kk <= cur.pos;
-            int nk = min(KT, cur.pos - k0 + 1);
+            int st = t % ST, k0 = tile_k0(t);
+            bool ok = k0 + kk <= pos;
+            int nk = min(KT, pos - k0 + 1);
             float sc[GM];
 #pragma unroll
             for (int g = 0; g < GM; g++) sc[g] = 0.0f;
@@ -509,13 +474,9 @@ __device__ __forceinline__ void att_pipe_gqa(
                     }
                 }
             }
-            __syncwarp();  // the next copy rewrites this stage and wp
+            __syncwarp();  // the next issue rewrites this stage and wp
         }
-        // The merge: stage gi % ST of this warp's K buffer is the one the
-        // next copy will write, so none is in flight to it (the in-flight
-        // ones are gi - 1 .. gi - ST + 1).
-        int fr = gi % ST;
-        float(*mine)[HD] = (float(*)[HD]) & kst[w][fr][0][0];
+        cp_async_wait_all();
 #pragma unroll
         for (int g = 0; g < GM; g++) {
 #pragma unroll
@@ -524,12 +485,15 @@ __device__ __forceinline__ void att_pipe_gqa(
                 wm[w][g] = m[g];
                 wl[w][g] = ls[g];
             }
-            if (d0 < hd) {
+        }
+        __syncthreads();  // every warp is done with kst (aliased by wacc)
+        if (d0 < hd) {
 #pragma unroll
-                for (int u = 0; u < D32; u++) mine[g][d0 + u] = acc[g][u];
+            for (int g = 0; g < GM; g++) {
+#pragma unroll
+                for (int u = 0; u < D32; u++) wacc[w][g][d0 + u] = acc[g][u];
             }
         }
-        if (l == 0) wfree[w] = fr;
         __syncthreads();
         for (int g = w; g < GM && g < group; g += W) {
             float mx = Q_NINF;
@@ -543,13 +507,11 @@ __device__ __forceinline__ void att_pipe_gqa(
                 float f = __expf(wm[i][g] - mx);
                 L = fmaf(wl[i][g], f, L);
                 if (d0 < hd) {
-                    const float* wa = (const float*)&kst[i][wfree[i]][0][0] + g * HD;
 #pragma unroll
-                    for (int u = 0; u < D32; u++) o[u] = fmaf(wa[d0 + u], f, o[u]);
+                    for (int u = 0; u < D32; u++) o[u] = fmaf(wacc[i][g][d0 + u], f, o[u]);
                 }
             }
-            float* pp =
-                part + (((long long)cur.r * n_heads + h0 + g) * stride + cur.p) * (2 + hd);
+            float* pp = part + (((long long)r * n_heads + h0 + g) * stride + p) * (2 + hd);
             if (l == 0) {
                 pp[0] = mx;
                 pp[1] = L;
@@ -559,16 +521,14 @@ __device__ __forceinline__ void att_pipe_gqa(
                 for (int u = 0; u < D32; u++) pp[2 + d0 + u] = o[u];
             }
         }
-        __syncthreads();  // before the next item rewrites qs, wm, wl and the stages
-        cur = item_at(cur.idx + gridDim.x);
+        __syncthreads();  // before the next partial reuses the shared state
     }
-    cp_async_wait_all();
 }
 
 #define ATT_PIPE_GQA(D32, GM)                                                                  \
     extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS)                         \
-        att_pipe_d##D32##_g##GM(const float* __restrict__ q, int n_rows, int n_heads,          \
-                                int n_kv_heads, int head_dim, int block_size, float scale,     \
+        att_pipe_d##D32##_g##GM(const float* __restrict__ q, int n_heads, int n_kv_heads,      \
+                                int head_dim, int block_size, float scale,                     \
                                 const u16* __restrict__ kc, const u16* __restrict__ vc,        \
                                 const u32* __restrict__ tables,                                \
                                 const u32* __restrict__ table_off,                             \
@@ -576,9 +536,8 @@ __device__ __forceinline__ void att_pipe_gqa(
                                 const u32* __restrict__ positions, int stride, int n_parts,    \
                                 float* __restrict__ part) {                                    \
         GRID_DEP();                                                                            \
-        att_pipe_gqa<D32, GM>(q, n_rows, n_heads, n_kv_heads, head_dim, block_size, scale, kc, \
-                              vc, tables, table_off, row_seq, positions, stride, n_parts,      \
-                              part);                                                           \
+        att_pipe_gqa<D32, GM>(q, n_heads, n_kv_heads, head_dim, block_size, scale, kc, vc,     \
+                              tables, table_off, row_seq, positions, stride, n_parts, part);   \
     }
 ATT_PIPE_GQA(2, 1)
 ATT_PIPE_GQA(2, 2)

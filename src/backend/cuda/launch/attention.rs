@@ -187,26 +187,22 @@ impl CudaBackend {
         let smem = gqa.as_deref().and_then(att_pipe_smem).unwrap_or(0);
         let regions = (qlen, qlen / 32 * 8, plen);
         let res = arena3::<u8, u8, f32, ()>(&mut guard, regions, |_, _, part| {
-            // GQA-grouped: one CTA per work item (row, KV head, partial),
-            // at most as many as the GPU holds at once (each loops over
-            // items); else a CTA per (row, head) and partial group.
-            let (name, grid) = match &gqa {
-                Some(name) => {
-                    let items = batch.n_rows * nkvi as usize * parts;
-                    let slots = self.att_per_sm(name)? * self.sm_count();
-                    (name.as_str(), (items.min(slots), 1))
-                }
-                None => ("paged_attention_split", (rh, ctas_y)),
+            // GQA-grouped: one CTA per (row, KV head); else per (row, head).
+            let (name, ctas_x) = match &gqa {
+                Some(name) => (name.as_str(), batch.n_rows * nkvi as usize),
+                None => ("paged_attention_split", rh),
             };
             let cfg = LaunchConfig {
-                grid_dim: (u32::try_from(grid.0)?, u32::try_from(grid.1)?, 1),
+                grid_dim: (u32::try_from(ctas_x)?, u32::try_from(ctas_y)?, 1),
                 block_dim: (32 * 4, 1, 1),
                 shared_mem_bytes: u32::try_from(smem)?,
             };
             let mut b = s.launch_builder(self.func(name)?);
-            b.arg(q)
-                .arg(&nri)
-                .arg(&nhi)
+            b.arg(q);
+            if gqa.is_none() {
+                b.arg(&nri);
+            }
+            b.arg(&nhi)
                 .arg(&nkvi)
                 .arg(&hdi)
                 .arg(&bsi)
@@ -220,10 +216,10 @@ impl CudaBackend {
                 .arg(&si)
                 .arg(&pi)
                 .arg(&mut *part);
-            // SAFETY: matches paged_attention_split and att_pipe_d*_g* (the
-            // same arguments; att_pipe's dynamic shared memory is
-            // att_pipe_smem's size, the attribute set at load; its grid
-            // any size, each CTA looping over its items);
+            // SAFETY: matches paged_attention_split and att_pipe_d*_g*
+            // (the same arguments without n_rows, which the grid carries;
+            // att_pipe's dynamic shared memory is att_pipe_smem's size, the
+            // attribute set at load);
             // tables validated at upload for this cache; part holds
             // rows*heads*stride*(2+hd) floats and stride covers every row's
             // partials (att_parts of the largest position, or ATT_PARTS);
@@ -324,17 +320,14 @@ pub(crate) fn att_stages() -> usize {
 /// Dynamic shared memory of the pipelined kernel `name`
 /// (att_pipe_d{D32}_g{GM}; the layout of att_pipe_gqa): K and V stages
 /// (4 warps, ATT_STAGES stages of 16 rows of 32*D32 f16 each), the
-/// queries (GM x 32*D32 f32), the tile weights (4 x GM x 16), the
-/// warps' (m, l) and each warp's free stage index. None for any other
-/// kernel.
+/// queries (GM x 32*D32 f32), the tile weights (4 x GM x 16) and the
+/// warps' (m, l). None for any other kernel.
 pub(crate) fn att_pipe_smem(name: &str) -> Option<usize> {
     let rest = name.strip_prefix("att_pipe_d")?;
     let (d32, gm) = rest.split_once("_g")?;
     let (d32, gm): (usize, usize) = (d32.parse().ok()?, gm.parse().ok()?);
     let (w, hd, kt) = (4, 32 * d32, 16);
-    Some(
-        2 * w * att_stages() * kt * hd * 2 + gm * hd * 4 + w * gm * kt * 4 + 2 * w * gm * 4 + 4 * w,
-    )
+    Some(2 * w * att_stages() * kt * hd * 2 + gm * hd * 4 + w * gm * kt * 4 + 2 * w * gm * 4)
 }
 
 /// The GQA-grouped split kernel for `group` query heads per KV head and
@@ -406,11 +399,11 @@ mod tests {
         }
         assert_eq!(att_pipe_smem("paged_attention_split"), None);
         // d4_g8 at 2 stages: 64 KiB of K/V stages + 4 KiB of queries +
-        // 2 KiB of weights + 256 bytes of (m, l) + 16 of stage indices.
+        // 2 KiB of weights + 256 bytes of (m, l).
         if super::att_stages() == 2 {
             assert_eq!(
                 att_pipe_smem("att_pipe_d4_g8"),
-                Some(65_536 + 4_096 + 2_048 + 256 + 16)
+                Some(65_536 + 4_096 + 2_048 + 256)
             );
         }
     }
