@@ -371,7 +371,8 @@ __device__ __forceinline__ void mv_exact32_body(MmJobs jobs, int k, int ty,
                                                 const short* __restrict__ qs,
                                                 const float* __restrict__ ad,
                                                 const float* __restrict__ as, int n_all) {
-    // Warp 2p + 1's chains 4..7 per (weight row, activation row) of pair p.
+    // Warp 2p + 1's chains 4..7 per (weight row, activation row) of pair p
+    // (4 pairs: the host launches 256 threads).
     __shared__ float xch[S == 2 ? 4 : 1][MV_EXACT_WR][NR][4];
     MmJob jb = mm_job(jobs, blockIdx.y);
     int m = jb.m;

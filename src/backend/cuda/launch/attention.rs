@@ -87,17 +87,12 @@ impl CudaBackend {
             }
         }
         if mode != Mode::Exact && hd.is_multiple_of(8) {
-            let parts = match mode {
-                Mode::Fast => fast_parts(batch.n_rows * nkv, self.att_slots(n_heads / nkv, hd)?),
-                _ => ATT_PARTS,
-            };
             return self.attention_split(
                 q,
                 (nri, nhi, nkvi, hdi, bsi),
                 scale,
                 cache,
                 batch,
-                parts,
                 out,
                 mode,
             );
@@ -136,19 +131,12 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// CTAs of the split-attention kernel for `group` query heads per KV
-    /// head and `head_dim` that the whole GPU holds at once (the driver's
-    /// occupancy for its block and shared memory, taken at load, times the
-    /// SMs).
-    fn att_slots(&self, group: usize, hd: usize) -> Result<usize> {
-        let name = gqa_split_kernel(group, hd).unwrap_or_else(|| "paged_attention_split".into());
-        Ok(self.att_per_sm(&name)? * self.sm_count())
-    }
-
     /// Split-KV attention (fast and deterministic modes, head_dim a
     /// multiple of 8): partials into the scratch arena, then the ordered
-    /// combine. Arguments validated by `d_attention`.
-    #[allow(clippy::too_many_arguments)] // the op's fields and the partial count
+    /// combine. Arguments validated by `d_attention`. Partials per row:
+    /// `deterministic` ATT_PARTS always, `fast` fast_parts for the batch
+    /// shape and the kernel's resident CTAs.
+    #[allow(clippy::too_many_arguments)] // the op's fields and the mode
     fn attention_split(
         &self,
         q: &CudaView<'_, f32>,
@@ -156,13 +144,21 @@ impl CudaBackend {
         scale: f32,
         cache: &DevKv<'_>,
         batch: &DevAttnBatch,
-        parts: usize,
         out: &mut CudaViewMut<'_, f32>,
         mode: Mode,
     ) -> Result<()> {
         let (_, _, hd) = cache.geometry();
-        // 1..=ATT_PARTS partials; no more CTAs per row than partials.
-        let parts = parts.clamp(1, ATT_PARTS);
+        // GQA-grouped: one CTA per (row, KV head); else per (row, head).
+        let gqa = gqa_split_kernel(nhi as usize / nkvi as usize, hd);
+        let name = gqa.unwrap_or("paged_attention_split");
+        let parts = match mode {
+            Mode::Fast => fast_parts(
+                batch.n_rows * nkvi as usize,
+                self.att_per_sm(name)? * self.sm_count(),
+            ),
+            _ => ATT_PARTS,
+        };
+        // No more CTAs per row than partials.
         let pi = i32_of(parts, "partials")?;
         let ctas_y = batch.part_ctas.min(parts);
         let rh = batch.n_rows * nhi as usize;
@@ -183,14 +179,13 @@ impl CudaBackend {
         };
         let (xq, xds) = pre.map_or((0u64, 0u64), |(_, q, d)| (q, d));
         let mut guard = self.arena(&sizes)?;
-        let gqa = gqa_split_kernel(nhi as usize / nkvi as usize, hd);
-        let smem = gqa.as_deref().and_then(att_pipe_smem).unwrap_or(0);
+        let smem = att_pipe_smem(name).unwrap_or(0);
         let regions = (qlen, qlen / 32 * 8, plen);
         let res = arena3::<u8, u8, f32, ()>(&mut guard, regions, |_, _, part| {
-            // GQA-grouped: one CTA per (row, KV head); else per (row, head).
-            let (name, ctas_x) = match &gqa {
-                Some(name) => (name.as_str(), batch.n_rows * nkvi as usize),
-                None => ("paged_attention_split", rh),
+            let ctas_x = if gqa.is_some() {
+                batch.n_rows * nkvi as usize
+            } else {
+                rh
             };
             let cfg = LaunchConfig {
                 grid_dim: (u32::try_from(ctas_x)?, u32::try_from(ctas_y)?, 1),
@@ -335,21 +330,36 @@ pub(crate) fn att_pipe_smem(name: &str) -> Option<usize> {
 /// 32 * D32 and group <= GM, the smallest instantiated
 /// (attention_fast.cu); None past 8 heads per group or head_dim 128 (the
 /// per-head kernel).
-fn gqa_split_kernel(group: usize, head_dim: usize) -> Option<String> {
-    let d32 = match head_dim {
-        1..=64 => 2,
-        65..=128 => 4,
+fn gqa_split_kernel(group: usize, head_dim: usize) -> Option<&'static str> {
+    // The names are listed once more in source.rs (KERNELS), which loads
+    // them; a test checks the two agree.
+    const NAMES: [[&str; 4]; 2] = [
+        [
+            "att_pipe_d2_g1",
+            "att_pipe_d2_g2",
+            "att_pipe_d2_g4",
+            "att_pipe_d2_g8",
+        ],
+        [
+            "att_pipe_d4_g1",
+            "att_pipe_d4_g2",
+            "att_pipe_d4_g4",
+            "att_pipe_d4_g8",
+        ],
+    ];
+    let d = match head_dim {
+        1..=64 => 0,
+        65..=128 => 1,
         _ => return None,
     };
-    let gm = match group {
-        1 => 1,
-        2 => 2,
-        3..=4 => 4,
-        5..=8 => 8,
+    let g = match group {
+        1 => 0,
+        2 => 1,
+        3..=4 => 2,
+        5..=8 => 3,
         _ => return None,
     };
-    // The names are listed once, in source.rs (KERNELS), which loads them.
-    Some(format!("att_pipe_d{d32}_g{gm}"))
+    Some(NAMES[d][g])
 }
 
 #[cfg(test)]
@@ -377,10 +387,10 @@ mod tests {
 
     #[test]
     fn gqa_kernel_is_the_smallest_that_fits() {
-        assert_eq!(gqa_split_kernel(4, 128), Some("att_pipe_d4_g4".into()));
-        assert_eq!(gqa_split_kernel(3, 64), Some("att_pipe_d2_g4".into()));
-        assert_eq!(gqa_split_kernel(8, 80), Some("att_pipe_d4_g8".into()));
-        assert_eq!(gqa_split_kernel(1, 8), Some("att_pipe_d2_g1".into()));
+        assert_eq!(gqa_split_kernel(4, 128), Some("att_pipe_d4_g4"));
+        assert_eq!(gqa_split_kernel(3, 64), Some("att_pipe_d2_g4"));
+        assert_eq!(gqa_split_kernel(8, 80), Some("att_pipe_d4_g8"));
+        assert_eq!(gqa_split_kernel(1, 8), Some("att_pipe_d2_g1"));
         assert_eq!(gqa_split_kernel(9, 128), None);
         assert_eq!(gqa_split_kernel(4, 256), None);
         // Every name is a kernel of attention_fast.cu with its shared memory
@@ -392,8 +402,8 @@ mod tests {
         for g in 1..=8 {
             for hd in (8..=128).step_by(8) {
                 let n = gqa_split_kernel(g, hd).unwrap();
-                assert!(entries.contains(&n.as_str()), "{n} is not loaded");
-                let smem = att_pipe_smem(&n).expect("a pipelined kernel");
+                assert!(entries.contains(&n), "{n} is not loaded");
+                let smem = att_pipe_smem(n).expect("a pipelined kernel");
                 assert!(smem <= 227 * 1024, "{n}");
             }
         }

@@ -94,8 +94,9 @@ impl CudaBackend {
                 // a warp pair per MV_EXACT_WR rows when one warp each
                 // leaves the GPU short of warps (exact_split).
                 let wr = crate::backend::cuda::source::MV_EXACT_WR;
-                let rows: usize = jobs.iter().map(|j| j.w.rows.div_ceil(8 * wr)).sum();
-                let split = exact_split(rows, self.sm_count(), ty);
+                // CTAs of the one-warp form (8 warps of MV_EXACT_WR rows).
+                let ctas1: usize = jobs.iter().map(|j| j.w.rows.div_ceil(8 * wr)).sum();
+                let split = exact_split(ctas1, self.sm_count(), ty);
                 let per_cta = if split { 4 * wr } else { 8 * wr };
                 let (table, ctas) = job_table(jobs, per_cta, s)?;
                 let tc = crate::backend::cuda::ty_code(ty)
