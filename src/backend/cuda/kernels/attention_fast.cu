@@ -281,6 +281,95 @@ extern "C" __global__ void paged_attention_split(
     }
 }
 
+// One warp per (row, head): merges the row's partials in order p = 0, 1,
+// .... Lane p loads partial p's (m, l) (ATT_PARTS <= 32), the max is an
+// exact warp reduction, and the ordered sums take each partial's weight by
+// shuffle. Every load of the first LOADS partials is issued at once, before
+// the row's partial count is known (slots below `stride` exist for every
+// row; those past its count are loaded but never used), so the kernel waits
+// for one round trip instead of a chain of them; later partials LOADS at a
+// time. The arithmetic and its order do not depend on LOADS. MAXU: the
+// 32-value slices of head_dim a lane holds (attention_combine: 8, head_dim
+// <= 256; attention_combine_d128: 4, head_dim <= 128, twice the loads in
+// flight for the same registers).
+// With xq non-null (head_dim a multiple of 32), the output is also
+// quantized as quant_q8 would (q8_block: index u of the 32 lanes is the
+// 32-block at d = 32u), for the matmul that reads it next.
+template <int MAXU, int LOADS>
+__device__ __forceinline__ void att_combine_rh(const float* __restrict__ part, int rh, int pos,
+                                               int head_dim, int stride, int n_parts,
+                                               float* __restrict__ out,
+                                               signed char* __restrict__ xq,
+                                               float2* __restrict__ xds) {
+    static_assert(ATT_PARTS <= 32, "one lane per partial (n_parts <= ATT_PARTS)");
+    int l = threadIdx.x & 31;
+    int hd = head_dim;
+    // __ldcg: the fused form (att_pipe_gqa) reads partials that other CTAs
+    // of its own grid wrote, which must not come from L1 (or the
+    // non-coherent path the compiler may pick for const __restrict__).
+    const float* pr = part + (long long)rh * stride * (2 + hd);
+    float mp = Q_NINF, lp = 0.0f;
+    if (l < stride) {
+        mp = __ldcg(pr + (long long)l * (2 + hd));
+        lp = __ldcg(pr + (long long)l * (2 + hd) + 1);
+    }
+    float v[LOADS][MAXU];
+#pragma unroll
+    for (int i = 0; i < LOADS; i++) {
+#pragma unroll
+        for (int u = 0; u < MAXU; u++) {
+            int d = l + 32 * u;
+            v[i][u] = (i < stride && d < hd) ? __ldcg(pr + (long long)i * (2 + hd) + 2 + d) : 0.0f;
+        }
+    }
+    int np = min(pos / ATT_CHUNK + 1, n_parts);
+    if (l >= np) {
+        mp = Q_NINF;
+        lp = 0.0f;
+    }
+    float mx = mp;
+#pragma unroll
+    for (int st = 16; st >= 1; st >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, st));
+    float fp = (l < np) ? __expf(mp - mx) : 0.0f;
+    float L = 0.0f;
+    float o[MAXU];
+#pragma unroll
+    for (int u = 0; u < MAXU; u++) o[u] = 0.0f;
+    for (int p0 = 0; p0 < np; p0 += LOADS) {
+        if (p0 > 0) {
+#pragma unroll
+            for (int i = 0; i < LOADS; i++) {
+#pragma unroll
+                for (int u = 0; u < MAXU; u++) {
+                    int d = l + 32 * u;
+                    v[i][u] = (p0 + i < np && d < hd)
+                                  ? __ldcg(pr + (long long)(p0 + i) * (2 + hd) + 2 + d)
+                                  : 0.0f;
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < LOADS; i++) {
+            if (p0 + i >= np) break;  // warp-uniform
+            float f = __shfl_sync(0xffffffffu, fp, p0 + i);
+            L += __shfl_sync(0xffffffffu, lp, p0 + i) * f;
+#pragma unroll
+            for (int u = 0; u < MAXU; u++) o[u] += v[i][u] * f;
+        }
+    }
+    float* op = out + (long long)rh * hd;
+#pragma unroll
+    for (int u = 0; u < MAXU; u++) {
+        int d = l + 32 * u;
+        float r = o[u] / L;
+        if (d < hd) op[d] = r;
+        if (xq && 32 * u < hd) {  // warp-uniform
+            long long blk = (long long)rh * (hd / 32) + u;
+            q8_block<1>(&r, l, xq + 32 * blk, xds + blk);
+        }
+    }
+}
+
 // GQA-grouped split-KV decode: the same partition and partials as
 // paged_attention_split (so attention_combine merges them), but one CTA per
 // (row, KV head) and partial serves all the query heads sharing that KV
@@ -304,14 +393,17 @@ extern "C" __global__ void paged_attention_split(
 // w + 4, ...). A head's arithmetic depends only on its row's keys and these
 // constants: batch- and KV-cache invariant. ATT_STAGES (host prelude,
 // att_stages()) sets the depth; the shared memory is dynamic, laid out as
-// att_pipe_smem (launch/attention.rs) computes.
+// att_pipe_smem (launch/attention.rs) computes. With cnt non-null (one
+// counter per (row, KV head), all 0) the kernel also merges the partials
+// (see its end) and the host launches no attention_combine.
 template <int D32, int GM>
 __device__ __forceinline__ void att_pipe_gqa(
     const float* __restrict__ q, int n_heads, int n_kv_heads, int hd, int block_size,
     float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
     const u32* __restrict__ tables, const u32* __restrict__ table_off,
     const u32* __restrict__ row_seq, const u32* __restrict__ positions, int stride,
-    int n_parts, float* __restrict__ part) {
+    int n_parts, float* __restrict__ part, u32* __restrict__ cnt, float* __restrict__ out,
+    signed char* __restrict__ xq, float2* __restrict__ xds) {
     constexpr int HD = 32 * D32;  // the largest head_dim served; the smem row stride
     constexpr int W = ATT_SPLIT_WARPS, ST = ATT_STAGES, KT = 16;
     extern __shared__ __align__(16) unsigned char att_smem[];
@@ -523,6 +615,27 @@ __device__ __forceinline__ void att_pipe_gqa(
         }
         __syncthreads();  // before the next partial reuses the shared state
     }
+    if (!cnt) return;  // the host launches attention_combine
+    // Fused combine: the last of the (row, KV head)'s CTAs to finish merges
+    // its query heads' partials (warp w: heads w, w + W, ...), with the
+    // arithmetic and order of attention_combine_d128, so which CTA is last
+    // changes nothing. The CTAs that arrive are those with partials (y <
+    // np); the last resets the counter to 0 for the next launch (every
+    // counter is 0 between launches). The fences make each CTA's partial
+    // stores visible before its arrival, and order the last CTA's reads
+    // after every arrival.
+    __shared__ int last;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        u32 arrived = atomicAdd(&cnt[blockIdx.x], 1u) + 1u;
+        last = arrived == (u32)min(np, (int)gridDim.y);
+        if (last) cnt[blockIdx.x] = 0u;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int g = w; g < group; g += W)
+        att_combine_rh<D32, 8>(part, r * n_heads + h0 + g, pos, hd, stride, n_parts, out, xq, xds);
 }
 
 #define ATT_PIPE_GQA(D32, GM)                                                                  \
@@ -534,10 +647,13 @@ __device__ __forceinline__ void att_pipe_gqa(
                                 const u32* __restrict__ table_off,                             \
                                 const u32* __restrict__ row_seq,                               \
                                 const u32* __restrict__ positions, int stride, int n_parts,    \
-                                float* __restrict__ part) {                                    \
+                                float* __restrict__ part, u32* __restrict__ cnt,               \
+                                float* __restrict__ out, signed char* __restrict__ xq,         \
+                                float2* __restrict__ xds) {                                    \
         GRID_DEP();                                                                            \
         att_pipe_gqa<D32, GM>(q, n_heads, n_kv_heads, head_dim, block_size, scale, kc, vc,     \
-                              tables, table_off, row_seq, positions, stride, n_parts, part);   \
+                              tables, table_off, row_seq, positions, stride, n_parts, part,    \
+                              cnt, out, xq, xds);                                              \
     }
 ATT_PIPE_GQA(2, 1)
 ATT_PIPE_GQA(2, 2)
@@ -548,104 +664,16 @@ ATT_PIPE_GQA(4, 2)
 ATT_PIPE_GQA(4, 4)
 ATT_PIPE_GQA(4, 8)
 
-// One warp per (row, head): merges the row's partials in order p = 0, 1,
-// .... Lane p loads partial p's (m, l) (ATT_PARTS <= 32), the max is an
-// exact warp reduction, and the ordered sums take each partial's weight by
-// shuffle. Every load of the first LOADS partials is issued at once, before
-// the row's partial count is known (slots below `stride` exist for every
-// row; those past its count are loaded but never used), so the kernel waits
-// for one round trip instead of a chain of them; later partials LOADS at a
-// time. The arithmetic and its order do not depend on LOADS. MAXU: the
-// 32-value slices of head_dim a lane holds (attention_combine: 8, head_dim
-// <= 256; attention_combine_d128: 4, head_dim <= 128, twice the loads in
-// flight for the same registers).
-// With xq non-null (head_dim a multiple of 32), the output is also
-// quantized as quant_q8 would (q8_block: index u of the 32 lanes is the
-// 32-block at d = 32u), for the matmul that reads it next.
-template <int MAXU, int LOADS>
-__device__ __forceinline__ void att_combine(const float* __restrict__ part, int n_rows,
-                                            int n_heads, int head_dim,
-                                            const u32* __restrict__ positions, int stride,
-                                            int n_parts, float* __restrict__ out,
-                                            signed char* __restrict__ xq,
-                                            float2* __restrict__ xds) {
-    static_assert(ATT_PARTS <= 32, "one lane per partial (n_parts <= ATT_PARTS)");
-    int rh = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int l = threadIdx.x & 31;
-    if (rh >= n_rows * n_heads) return;
-    int hd = head_dim;
-    int pos = (int)positions[rh / n_heads];
-    const float* pr = part + (long long)rh * stride * (2 + hd);
-    float mp = Q_NINF, lp = 0.0f;
-    if (l < stride) {
-        mp = pr[(long long)l * (2 + hd)];
-        lp = pr[(long long)l * (2 + hd) + 1];
-    }
-    float v[LOADS][MAXU];
-#pragma unroll
-    for (int i = 0; i < LOADS; i++) {
-#pragma unroll
-        for (int u = 0; u < MAXU; u++) {
-            int d = l + 32 * u;
-            v[i][u] = (i < stride && d < hd) ? pr[(long long)i * (2 + hd) + 2 + d] : 0.0f;
-        }
-    }
-    int np = min(pos / ATT_CHUNK + 1, n_parts);
-    if (l >= np) {
-        mp = Q_NINF;
-        lp = 0.0f;
-    }
-    float mx = mp;
-#pragma unroll
-    for (int st = 16; st >= 1; st >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, st));
-    float fp = (l < np) ? __expf(mp - mx) : 0.0f;
-    float L = 0.0f;
-    float o[MAXU];
-#pragma unroll
-    for (int u = 0; u < MAXU; u++) o[u] = 0.0f;
-    for (int p0 = 0; p0 < np; p0 += LOADS) {
-        if (p0 > 0) {
-#pragma unroll
-            for (int i = 0; i < LOADS; i++) {
-#pragma unroll
-                for (int u = 0; u < MAXU; u++) {
-                    int d = l + 32 * u;
-                    v[i][u] = (p0 + i < np && d < hd)
-                                  ? pr[(long long)(p0 + i) * (2 + hd) + 2 + d]
-                                  : 0.0f;
-                }
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < LOADS; i++) {
-            if (p0 + i >= np) break;  // warp-uniform
-            float f = __shfl_sync(0xffffffffu, fp, p0 + i);
-            L += __shfl_sync(0xffffffffu, lp, p0 + i) * f;
-#pragma unroll
-            for (int u = 0; u < MAXU; u++) o[u] += v[i][u] * f;
-        }
-    }
-    float* op = out + (long long)rh * hd;
-#pragma unroll
-    for (int u = 0; u < MAXU; u++) {
-        int d = l + 32 * u;
-        float r = o[u] / L;
-        if (d < hd) op[d] = r;
-        if (xq && 32 * u < hd) {  // warp-uniform
-            long long blk = (long long)rh * (hd / 32) + u;
-            q8_block<1>(&r, l, xq + 32 * blk, xds + blk);
-        }
-    }
-}
-
 #define ATT_COMBINE(NAME, MAXU, LOADS)                                                        \
     extern "C" __global__ void NAME(const float* __restrict__ part, int n_rows, int n_heads,  \
                                     int head_dim, const u32* __restrict__ positions,          \
                                     int stride, int n_parts, float* __restrict__ out,         \
                                     signed char* __restrict__ xq, float2* __restrict__ xds) { \
         GRID_DEP();                                                                           \
-        att_combine<MAXU, LOADS>(part, n_rows, n_heads, head_dim, positions, stride, n_parts, \
-                                 out, xq, xds);                                               \
+        int rh = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);                         \
+        if (rh >= n_rows * n_heads) return;                                                   \
+        att_combine_rh<MAXU, LOADS>(part, rh, (int)positions[rh / n_heads], head_dim, stride, \
+                                    n_parts, out, xq, xds);                                   \
     }
 ATT_COMBINE(attention_combine, 8, 8)
 ATT_COMBINE(attention_combine_d128, 4, 16)

@@ -1,7 +1,7 @@
 //! Paged attention launches: the canonical kernel (`exact`), split-KV
 //! (`deterministic`, `fast` decode) and tensor-core prefill (`fast`).
 
-use super::arena3;
+use super::{arena3, dev_ptr};
 use crate::backend::cuda::mem::{DevAttnBatch, DevKv, ATT_PARTS};
 use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
 use crate::backend::{validate, KvInfo, Mode};
@@ -180,6 +180,14 @@ impl CudaBackend {
         let (xq, xds) = pre.map_or((0u64, 0u64), |(_, q, d)| (q, d));
         let mut guard = self.arena(&sizes)?;
         let smem = att_pipe_smem(name).unwrap_or(0);
+        // The pipelined kernels merge their partials themselves (the last
+        // CTA of each (row, KV head)) when the counters cover the launch.
+        let fused = gqa.is_some() && fuse_combine() && batch.n_rows * nkvi as usize <= ATT_CNT_CAP;
+        let cnt = if fused {
+            dev_ptr(&self.att_cnt.slice(..), s)
+        } else {
+            0u64
+        };
         let regions = (qlen, qlen / 32 * 8, plen);
         let res = arena3::<u8, u8, f32, ()>(&mut guard, regions, |_, _, part| {
             let ctas_x = if gqa.is_some() {
@@ -211,6 +219,9 @@ impl CudaBackend {
                 .arg(&si)
                 .arg(&pi)
                 .arg(&mut *part);
+            if gqa.is_some() {
+                b.arg(&cnt).arg(&mut *out).arg(&xq).arg(&xds);
+            }
             // SAFETY: matches paged_attention_split and att_pipe_d*_g*
             // (the same arguments without n_rows, which the grid carries;
             // att_pipe's dynamic shared memory is att_pipe_smem's size, the
@@ -220,11 +231,17 @@ impl CudaBackend {
             // partials (att_parts of the largest position, or ATT_PARTS);
             // head_dim <= 256 and a multiple of 8 (16-byte K/V loads), and
             // for the grouped kernels at most 32*D32 with at most GM query
-            // heads per KV head (gqa_split_kernel).
+            // heads per KV head (gqa_split_kernel); those also take cnt
+            // (null, or att_cnt: ATT_CNT_CAP counters, all 0 between
+            // launches, covering rows*kv_heads), out and xq / xds as the
+            // combine below does.
             drv(
                 unsafe { b.launch(cfg) },
                 "paged_attention: launching the split kernel",
             )?;
+            if fused {
+                return Ok(());
+            }
             // head_dim <= 128: the form with twice the partials in flight.
             let combine = if hd <= 128 {
                 "attention_combine_d128"
@@ -299,6 +316,18 @@ fn parts_for_slots(units: usize, slots: usize) -> usize {
             // No count fills its waves: the best fill (the fewest on a tie).
             (1..=ATT_PARTS).fold(1, |b, p| if fill(p) > fill(b) { p } else { b })
         })
+}
+
+/// Arrival counters of the fused combine (CudaBackend::att_cnt): a launch
+/// of more (row, KV head) units than this runs attention_combine instead.
+pub(crate) const ATT_CNT_CAP: usize = 1 << 16;
+
+/// Whether the pipelined split kernels merge their own partials
+/// (QUIRE_ATT_FUSE=0: the separate attention_combine, for comparisons;
+/// the same arithmetic and order either way).
+fn fuse_combine() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("QUIRE_ATT_FUSE").map_or(true, |v| v != "0"))
 }
 
 fn env_usize(name: &str) -> Option<usize> {
