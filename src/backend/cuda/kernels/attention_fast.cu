@@ -618,24 +618,32 @@ __device__ __forceinline__ void att_pipe_gqa(
     if (!cnt) return;  // the host launches attention_combine
     // Fused combine: the last of the (row, KV head)'s CTAs to finish merges
     // its query heads' partials (warp w: heads w, w + W, ...), with the
-    // arithmetic and order of attention_combine_d128, so which CTA is last
+    // arithmetic and order of attention_combine, so which CTA is last
     // changes nothing. The CTAs that arrive are those with partials (y <
     // np); the last resets the counter to 0 for the next launch (every
     // counter is 0 between launches). The fences make each CTA's partial
     // stores visible before its arrival, and order the last CTA's reads
-    // after every arrival.
-    __shared__ int last;
-    if (threadIdx.x == 0) {
+    // after every arrival. A unit of one CTA (short contexts, or one CTA
+    // per row) skips the count: the barrier that ended its loop already
+    // made its own partials visible to all its threads.
+    if (min(np, (int)gridDim.y) > 1) {
+        __shared__ int last;
+        if (threadIdx.x == 0) {
+            __threadfence();
+            u32 arrived = atomicAdd(&cnt[blockIdx.x], 1u) + 1u;
+            last = arrived == (u32)min(np, (int)gridDim.y);
+            if (last) cnt[blockIdx.x] = 0u;
+        }
+        __syncthreads();
+        if (!last) return;
         __threadfence();
-        u32 arrived = atomicAdd(&cnt[blockIdx.x], 1u) + 1u;
-        last = arrived == (u32)min(np, (int)gridDim.y);
-        if (last) cnt[blockIdx.x] = 0u;
     }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    // 8 partials' loads in flight per lane (attention_combine_d128 has 16:
+    // here the CTA's registers also serve the key loop, and 16 would cost
+    // occupancy: att_pipe_d2_g4 72 -> 123 registers, 6 -> 4 CTAs per SM).
     for (int g = w; g < group; g += W)
-        att_combine_rh<D32, 8>(part, r * n_heads + h0 + g, pos, hd, stride, n_parts, out, xq, xds);
+        att_combine_rh<D32, 8>(part, r * n_heads + h0 + g, pos, hd, stride, n_parts, out, xq,
+                               xds);
 }
 
 #define ATT_PIPE_GQA(D32, GM)                                                                  \
