@@ -295,7 +295,15 @@ extern "C" __global__ void paged_attention_split(
 // With xq non-null (head_dim a multiple of 32), the output is also
 // quantized as quant_q8 would (q8_block: index u of the 32 lanes is the
 // 32-block at d = 32u), for the matmul that reads it next.
-template <int MAXU, int LOADS>
+// CG: partials are read with ld.global.cg (att_pipe_gqa's own merge reads
+// what its CTA just wrote, which must not take the read-only path the
+// compiler may pick for a const __restrict__ pointer).
+template <bool CG>
+__device__ __forceinline__ float att_ld(const float* p) {
+    if (CG) return __ldcg(p);
+    return *p;
+}
+template <int MAXU, int LOADS, bool CG>
 __device__ __forceinline__ void att_combine_rh(const float* __restrict__ part, int rh, int pos,
                                                int head_dim, int stride, int n_parts,
                                                float* __restrict__ out,
@@ -304,14 +312,11 @@ __device__ __forceinline__ void att_combine_rh(const float* __restrict__ part, i
     static_assert(ATT_PARTS <= 32, "one lane per partial (n_parts <= ATT_PARTS)");
     int l = threadIdx.x & 31;
     int hd = head_dim;
-    // __ldcg: the fused form (att_pipe_gqa) reads partials that other CTAs
-    // of its own grid wrote, which must not come from L1 (or the
-    // non-coherent path the compiler may pick for const __restrict__).
     const float* pr = part + (long long)rh * stride * (2 + hd);
     float mp = Q_NINF, lp = 0.0f;
     if (l < stride) {
-        mp = __ldcg(pr + (long long)l * (2 + hd));
-        lp = __ldcg(pr + (long long)l * (2 + hd) + 1);
+        mp = att_ld<CG>(pr + (long long)l * (2 + hd));
+        lp = att_ld<CG>(pr + (long long)l * (2 + hd) + 1);
     }
     float v[LOADS][MAXU];
 #pragma unroll
@@ -319,7 +324,8 @@ __device__ __forceinline__ void att_combine_rh(const float* __restrict__ part, i
 #pragma unroll
         for (int u = 0; u < MAXU; u++) {
             int d = l + 32 * u;
-            v[i][u] = (i < stride && d < hd) ? __ldcg(pr + (long long)i * (2 + hd) + 2 + d) : 0.0f;
+            v[i][u] = (i < stride && d < hd) ? att_ld<CG>(pr + (long long)i * (2 + hd) + 2 + d)
+                                              : 0.0f;
         }
     }
     int np = min(pos / ATT_CHUNK + 1, n_parts);
@@ -343,7 +349,7 @@ __device__ __forceinline__ void att_combine_rh(const float* __restrict__ part, i
                 for (int u = 0; u < MAXU; u++) {
                     int d = l + 32 * u;
                     v[i][u] = (p0 + i < np && d < hd)
-                                  ? __ldcg(pr + (long long)(p0 + i) * (2 + hd) + 2 + d)
+                                  ? att_ld<CG>(pr + (long long)(p0 + i) * (2 + hd) + 2 + d)
                                   : 0.0f;
                 }
             }
@@ -393,16 +399,16 @@ __device__ __forceinline__ void att_combine_rh(const float* __restrict__ part, i
 // w + 4, ...). A head's arithmetic depends only on its row's keys and these
 // constants: batch- and KV-cache invariant. ATT_STAGES (host prelude,
 // att_stages()) sets the depth; the shared memory is dynamic, laid out as
-// att_pipe_smem (launch/attention.rs) computes. With cnt non-null (one
-// counter per (row, KV head), all 0) the kernel also merges the partials
-// (see its end) and the host launches no attention_combine.
-template <int D32, int GM>
+// att_pipe_smem (launch/attention.rs) computes. FUSE (the att_pipe_m_
+// entries, launched with one CTA per (row, KV head)): the CTA then also
+// merges its partials, so no attention_combine launch follows.
+template <int D32, int GM, bool FUSE>
 __device__ __forceinline__ void att_pipe_gqa(
     const float* __restrict__ q, int n_heads, int n_kv_heads, int hd, int block_size,
     float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
     const u32* __restrict__ tables, const u32* __restrict__ table_off,
     const u32* __restrict__ row_seq, const u32* __restrict__ positions, int stride,
-    int n_parts, float* __restrict__ part, u32* __restrict__ cnt, float* __restrict__ out,
+    int n_parts, float* __restrict__ part, float* __restrict__ out,
     signed char* __restrict__ xq, float2* __restrict__ xds) {
     constexpr int HD = 32 * D32;  // the largest head_dim served; the smem row stride
     constexpr int W = ATT_SPLIT_WARPS, ST = ATT_STAGES, KT = 16;
@@ -615,53 +621,42 @@ __device__ __forceinline__ void att_pipe_gqa(
         }
         __syncthreads();  // before the next partial reuses the shared state
     }
-    if (!cnt) return;  // the host launches attention_combine
-    // Fused combine: the last of the (row, KV head)'s CTAs to finish merges
-    // its query heads' partials (warp w: heads w, w + W, ...), with the
-    // arithmetic and order of attention_combine, so which CTA is last
-    // changes nothing. The CTAs that arrive are those with partials (y <
-    // np); the last resets the counter to 0 for the next launch (every
-    // counter is 0 between launches). The fences make each CTA's partial
-    // stores visible before its arrival, and order the last CTA's reads
-    // after every arrival. A unit of one CTA (short contexts, or one CTA
-    // per row) skips the count: the barrier that ended its loop already
-    // made its own partials visible to all its threads.
-    if (min(np, (int)gridDim.y) > 1) {
-        __shared__ int last;
-        if (threadIdx.x == 0) {
-            __threadfence();
-            u32 arrived = atomicAdd(&cnt[blockIdx.x], 1u) + 1u;
-            last = arrived == (u32)min(np, (int)gridDim.y);
-            if (last) cnt[blockIdx.x] = 0u;
-        }
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
+    if constexpr (FUSE) {
+        // att_pipe_m_*: the grid has one CTA per (row, KV head) (gridDim.y
+        // == 1, so this CTA wrote every partial of its heads, and the
+        // barrier ending the loop made them visible to all its threads):
+        // it merges them itself, warp w taking heads w, w + W, ..., with
+        // attention_combine's arithmetic and order (8 partials' loads in
+        // flight per lane: the key loop's registers bound it).
+        for (int g = w; g < group; g += W)
+            att_combine_rh<D32, 8, true>(part, r * n_heads + h0 + g, pos, hd, stride, n_parts,
+                                         out, xq, xds);
     }
-    // 8 partials' loads in flight per lane (attention_combine_d128 has 16:
-    // here the CTA's registers also serve the key loop, and 16 would cost
-    // occupancy: att_pipe_d2_g4 72 -> 123 registers, 6 -> 4 CTAs per SM).
-    for (int g = w; g < group; g += W)
-        att_combine_rh<D32, 8>(part, r * n_heads + h0 + g, pos, hd, stride, n_parts, out, xq,
-                               xds);
 }
 
+#define ATT_PIPE_ARGS                                                                          \
+    const float *__restrict__ q, int n_heads, int n_kv_heads, int head_dim, int block_size,    \
+        float scale, const u16 *__restrict__ kc, const u16 *__restrict__ vc,                   \
+        const u32 *__restrict__ tables, const u32 *__restrict__ table_off,                     \
+        const u32 *__restrict__ row_seq, const u32 *__restrict__ positions, int stride,        \
+        int n_parts, float *__restrict__ part
+#define ATT_PIPE_PASS                                                                          \
+    q, n_heads, n_kv_heads, head_dim, block_size, scale, kc, vc, tables, table_off, row_seq,   \
+        positions, stride, n_parts, part
+// att_pipe_d*_g*: partials only (attention_combine merges them);
+// att_pipe_m_d*_g*: one CTA per (row, KV head) that also merges them and
+// writes the output (and its int8 copy, as attention_combine does).
 #define ATT_PIPE_GQA(D32, GM)                                                                  \
     extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS)                         \
-        att_pipe_d##D32##_g##GM(const float* __restrict__ q, int n_heads, int n_kv_heads,      \
-                                int head_dim, int block_size, float scale,                     \
-                                const u16* __restrict__ kc, const u16* __restrict__ vc,        \
-                                const u32* __restrict__ tables,                                \
-                                const u32* __restrict__ table_off,                             \
-                                const u32* __restrict__ row_seq,                               \
-                                const u32* __restrict__ positions, int stride, int n_parts,    \
-                                float* __restrict__ part, u32* __restrict__ cnt,               \
-                                float* __restrict__ out, signed char* __restrict__ xq,         \
-                                float2* __restrict__ xds) {                                    \
+        att_pipe_d##D32##_g##GM(ATT_PIPE_ARGS) {                                               \
         GRID_DEP();                                                                            \
-        att_pipe_gqa<D32, GM>(q, n_heads, n_kv_heads, head_dim, block_size, scale, kc, vc,     \
-                              tables, table_off, row_seq, positions, stride, n_parts, part,    \
-                              cnt, out, xq, xds);                                              \
+        att_pipe_gqa<D32, GM, false>(ATT_PIPE_PASS, nullptr, nullptr, nullptr);                \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS)                         \
+        att_pipe_m_d##D32##_g##GM(ATT_PIPE_ARGS, float* __restrict__ out,                      \
+                                  signed char* __restrict__ xq, float2* __restrict__ xds) {    \
+        GRID_DEP();                                                                            \
+        att_pipe_gqa<D32, GM, true>(ATT_PIPE_PASS, out, xq, xds);                              \
     }
 ATT_PIPE_GQA(2, 1)
 ATT_PIPE_GQA(2, 2)
@@ -680,8 +675,8 @@ ATT_PIPE_GQA(4, 8)
         GRID_DEP();                                                                           \
         int rh = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);                         \
         if (rh >= n_rows * n_heads) return;                                                   \
-        att_combine_rh<MAXU, LOADS>(part, rh, (int)positions[rh / n_heads], head_dim, stride, \
-                                    n_parts, out, xq, xds);                                   \
+        att_combine_rh<MAXU, LOADS, false>(part, rh, (int)positions[rh / n_heads], head_dim,  \
+                                           stride, n_parts, out, xq, xds);                    \
     }
 ATT_COMBINE(attention_combine, 8, 8)
 ATT_COMBINE(attention_combine_d128, 4, 16)

@@ -1,7 +1,7 @@
 //! Paged attention launches: the canonical kernel (`exact`), split-KV
 //! (`deterministic`, `fast` decode) and tensor-core prefill (`fast`).
 
-use super::{arena3, dev_ptr};
+use super::arena3;
 use crate::backend::cuda::mem::{DevAttnBatch, DevKv, ATT_PARTS};
 use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
 use crate::backend::{validate, KvInfo, Mode};
@@ -149,7 +149,8 @@ impl CudaBackend {
     ) -> Result<()> {
         let (_, _, hd) = cache.geometry();
         // GQA-grouped: one CTA per (row, KV head); else per (row, head).
-        let gqa = gqa_split_kernel(nhi as usize / nkvi as usize, hd);
+        let group = nhi as usize / nkvi as usize;
+        let gqa = gqa_split_kernel(group, hd, false);
         let name = gqa.unwrap_or("paged_attention_split");
         let parts = match mode {
             Mode::Fast => fast_parts(
@@ -161,6 +162,18 @@ impl CudaBackend {
         // No more CTAs per row than partials.
         let pi = i32_of(parts, "partials")?;
         let ctas_y = batch.part_ctas.min(parts);
+        // One CTA per (row, KV head) (short contexts: a decode graph's
+        // part_ctas follows the longest row): the pipelined kernel's
+        // att_pipe_m_ form merges its own partials, so no
+        // attention_combine runs. Not without the device fusions
+        // (`prequant` off: check-exact's unfused reference, which so checks
+        // this merge bitwise). The partition (parts) does not depend on it.
+        let merge = ctas_y == 1 && gqa.is_some() && self.prequant && fuse_merge();
+        let name = if merge {
+            gqa_split_kernel(group, hd, true).unwrap_or(name)
+        } else {
+            name
+        };
         let rh = batch.n_rows * nhi as usize;
         let stride = batch.part_stride;
         let plen = rh * stride * (2 + hd);
@@ -180,14 +193,6 @@ impl CudaBackend {
         let (xq, xds) = pre.map_or((0u64, 0u64), |(_, q, d)| (q, d));
         let mut guard = self.arena(&sizes)?;
         let smem = att_pipe_smem(name).unwrap_or(0);
-        // The pipelined kernels merge their partials themselves (the last
-        // CTA of each (row, KV head)) when the counters cover the launch.
-        let fused = gqa.is_some() && fuse_combine() && batch.n_rows * nkvi as usize <= ATT_CNT_CAP;
-        let cnt = if fused {
-            dev_ptr(&self.att_cnt.slice(..), s)
-        } else {
-            0u64
-        };
         let regions = (qlen, qlen / 32 * 8, plen);
         let res = arena3::<u8, u8, f32, ()>(&mut guard, regions, |_, _, part| {
             let ctas_x = if gqa.is_some() {
@@ -219,8 +224,8 @@ impl CudaBackend {
                 .arg(&si)
                 .arg(&pi)
                 .arg(&mut *part);
-            if gqa.is_some() {
-                b.arg(&cnt).arg(&mut *out).arg(&xq).arg(&xds);
+            if merge {
+                b.arg(&mut *out).arg(&xq).arg(&xds);
             }
             // SAFETY: matches paged_attention_split and att_pipe_d*_g*
             // (the same arguments without n_rows, which the grid carries;
@@ -231,15 +236,14 @@ impl CudaBackend {
             // partials (att_parts of the largest position, or ATT_PARTS);
             // head_dim <= 256 and a multiple of 8 (16-byte K/V loads), and
             // for the grouped kernels at most 32*D32 with at most GM query
-            // heads per KV head (gqa_split_kernel); those also take cnt
-            // (null, or att_cnt: ATT_CNT_CAP counters, all 0 between
-            // launches, covering rows*kv_heads), out and xq / xds as the
-            // combine below does.
+            // heads per KV head (gqa_split_kernel); att_pipe_m_* (merge:
+            // gridDim.y == 1) also take out and xq / xds as the combine
+            // below does.
             drv(
                 unsafe { b.launch(cfg) },
                 "paged_attention: launching the split kernel",
             )?;
-            if fused {
+            if merge {
                 return Ok(());
             }
             // head_dim <= 128: the form with twice the partials in flight.
@@ -318,14 +322,10 @@ fn parts_for_slots(units: usize, slots: usize) -> usize {
         })
 }
 
-/// Arrival counters of the fused combine (CudaBackend::att_cnt): a launch
-/// of more (row, KV head) units than this runs attention_combine instead.
-pub(crate) const ATT_CNT_CAP: usize = 1 << 16;
-
-/// Whether the pipelined split kernels merge their own partials
-/// (QUIRE_ATT_FUSE=0: the separate attention_combine, for comparisons;
-/// the same arithmetic and order either way).
-fn fuse_combine() -> bool {
+/// Whether a one-CTA-per-unit launch of the pipelined kernels merges
+/// its own partials (QUIRE_ATT_FUSE=0: attention_combine does, for
+/// comparisons; the same arithmetic and order either way).
+fn fuse_merge() -> bool {
     static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *V.get_or_init(|| std::env::var("QUIRE_ATT_FUSE").map_or(true, |v| v != "0"))
 }
@@ -347,7 +347,9 @@ pub(crate) fn att_stages() -> usize {
 /// queries (GM x 32*D32 f32), the tile weights (4 x GM x 16) and the
 /// warps' (m, l). None for any other kernel.
 pub(crate) fn att_pipe_smem(name: &str) -> Option<usize> {
-    let rest = name.strip_prefix("att_pipe_d")?;
+    let rest = name
+        .strip_prefix("att_pipe_d")
+        .or_else(|| name.strip_prefix("att_pipe_m_d"))?;
     let (d32, gm) = rest.split_once("_g")?;
     let (d32, gm): (usize, usize) = (d32.parse().ok()?, gm.parse().ok()?);
     let (w, hd, kt) = (4, 32 * d32, 16);
@@ -357,23 +359,40 @@ pub(crate) fn att_pipe_smem(name: &str) -> Option<usize> {
 /// The GQA-grouped split kernel for `group` query heads per KV head and
 /// `head_dim` (a multiple of 8): `att_pipe_d{D32}_g{GM}` with head_dim <=
 /// 32 * D32 and group <= GM, the smallest instantiated
-/// (attention_fast.cu); None past 8 heads per group or head_dim 128 (the
-/// per-head kernel).
-fn gqa_split_kernel(group: usize, head_dim: usize) -> Option<&'static str> {
+/// (attention_fast.cu), or with `merge` its `att_pipe_m_` form (which
+/// merges its own partials); None past 8 heads per group or head_dim 128
+/// (the per-head kernel).
+fn gqa_split_kernel(group: usize, head_dim: usize, merge: bool) -> Option<&'static str> {
     // The names are listed once more in source.rs (KERNELS), which loads
     // them; a test checks the two agree.
-    const NAMES: [[&str; 4]; 2] = [
+    const NAMES: [[[&str; 4]; 2]; 2] = [
         [
-            "att_pipe_d2_g1",
-            "att_pipe_d2_g2",
-            "att_pipe_d2_g4",
-            "att_pipe_d2_g8",
+            [
+                "att_pipe_d2_g1",
+                "att_pipe_d2_g2",
+                "att_pipe_d2_g4",
+                "att_pipe_d2_g8",
+            ],
+            [
+                "att_pipe_d4_g1",
+                "att_pipe_d4_g2",
+                "att_pipe_d4_g4",
+                "att_pipe_d4_g8",
+            ],
         ],
         [
-            "att_pipe_d4_g1",
-            "att_pipe_d4_g2",
-            "att_pipe_d4_g4",
-            "att_pipe_d4_g8",
+            [
+                "att_pipe_m_d2_g1",
+                "att_pipe_m_d2_g2",
+                "att_pipe_m_d2_g4",
+                "att_pipe_m_d2_g8",
+            ],
+            [
+                "att_pipe_m_d4_g1",
+                "att_pipe_m_d4_g2",
+                "att_pipe_m_d4_g4",
+                "att_pipe_m_d4_g8",
+            ],
         ],
     ];
     let d = match head_dim {
@@ -388,7 +407,7 @@ fn gqa_split_kernel(group: usize, head_dim: usize) -> Option<&'static str> {
         5..=8 => 3,
         _ => return None,
     };
-    Some(NAMES[d][g])
+    Some(NAMES[usize::from(merge)][d][g])
 }
 
 #[cfg(test)]
@@ -416,12 +435,13 @@ mod tests {
 
     #[test]
     fn gqa_kernel_is_the_smallest_that_fits() {
-        assert_eq!(gqa_split_kernel(4, 128), Some("att_pipe_d4_g4"));
-        assert_eq!(gqa_split_kernel(3, 64), Some("att_pipe_d2_g4"));
-        assert_eq!(gqa_split_kernel(8, 80), Some("att_pipe_d4_g8"));
-        assert_eq!(gqa_split_kernel(1, 8), Some("att_pipe_d2_g1"));
-        assert_eq!(gqa_split_kernel(9, 128), None);
-        assert_eq!(gqa_split_kernel(4, 256), None);
+        assert_eq!(gqa_split_kernel(4, 128, false), Some("att_pipe_d4_g4"));
+        assert_eq!(gqa_split_kernel(3, 64, false), Some("att_pipe_d2_g4"));
+        assert_eq!(gqa_split_kernel(8, 80, false), Some("att_pipe_d4_g8"));
+        assert_eq!(gqa_split_kernel(1, 8, false), Some("att_pipe_d2_g1"));
+        assert_eq!(gqa_split_kernel(3, 64, true), Some("att_pipe_m_d2_g4"));
+        assert_eq!(gqa_split_kernel(9, 128, false), None);
+        assert_eq!(gqa_split_kernel(4, 256, true), None);
         // Every name is a kernel of attention_fast.cu with its shared memory
         // size, within an H100's 227 KiB per CTA.
         let (_, _, entries) = crate::backend::cuda::source::KERNELS
@@ -430,10 +450,15 @@ mod tests {
             .unwrap();
         for g in 1..=8 {
             for hd in (8..=128).step_by(8) {
-                let n = gqa_split_kernel(g, hd).unwrap();
-                assert!(entries.contains(&n), "{n} is not loaded");
-                let smem = att_pipe_smem(n).expect("a pipelined kernel");
-                assert!(smem <= 227 * 1024, "{n}");
+                let n = gqa_split_kernel(g, hd, false).unwrap();
+                let m = gqa_split_kernel(g, hd, true).unwrap();
+                for n in [n, m] {
+                    assert!(entries.contains(&n), "{n} is not loaded");
+                    let smem = att_pipe_smem(n).expect("a pipelined kernel");
+                    assert!(smem <= 227 * 1024, "{n}");
+                }
+                // The merging form has the same shared memory layout.
+                assert_eq!(att_pipe_smem(n), att_pipe_smem(m));
             }
         }
         assert_eq!(att_pipe_smem("paged_attention_split"), None);
