@@ -75,4 +75,13 @@ fn kernel_table_names_every_op_file() {
     ] {
         assert!(stems.contains(&want), "no kernel file {want}.cu");
     }
+    // Entry names are non-empty and loaded once (some lists are built by
+    // const code, e.g. attention_fast's from ATT_PIPE).
+    let mut seen = std::collections::HashSet::new();
+    for (stem, _, entries) in source::KERNELS {
+        for e in entries.iter() {
+            assert!(!e.is_empty(), "{stem}.cu: an empty entry name");
+            assert!(seen.insert(*e), "{stem}.cu: entry {e} listed twice");
+        }
+    }
 }

@@ -219,41 +219,33 @@ impl CudaBackend {
             let module = drv(ctx.load_module(ptx), &format!("loading module {stem}"))?;
             for &e in entries.iter() {
                 let f = drv(module.load_function(e), &format!("kernel {e} of {stem}.cu"))?;
-                if e == "mm_f16_tile" {
-                    // Past the default 48 KiB of shared memory (opt-in).
+                // Kernels past the default 48 KiB of dynamic shared memory
+                // opt in to what they use.
+                let big_smem = if e == "mm_f16_tile" {
+                    Some(launch::TILE_SMEM)
+                } else if e.starts_with("mm_q8_mma") {
+                    Some(launch::mq_smem_max(e))
+                } else {
+                    launch::att_pipe_smem(e)
+                };
+                if let Some(bytes) = big_smem {
                     drv(
                         f.set_attribute(
                             cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                            launch::TILE_SMEM as i32,
+                            i32::try_from(bytes)?,
                         ),
-                        "mm_f16_tile: shared memory size",
+                        &format!("{e}: shared memory size"),
                     )?;
                 }
-                if let Some(bytes) = launch::att_pipe_smem(e) {
-                    drv(
-                        f.set_attribute(
-                            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                            bytes as i32,
-                        ),
-                        "att_pipe: shared memory size",
-                    )?;
-                }
-                if e.starts_with("att_pipe") || e == "paged_attention_split" {
+                // The partials-only kernels: fast_parts sizes the partition
+                // by them (their att_pipe_m_ forms run the same partition).
+                if e.starts_with("att_pipe_d") || e == "paged_attention_split" {
                     let smem = launch::att_pipe_smem(e).unwrap_or(0);
                     let n = drv(
                         f.occupancy_max_active_blocks_per_multiprocessor(128, smem, None),
                         &format!("{e}: occupancy"),
                     )?;
                     att_per_sm.insert(e, n.max(1) as usize);
-                }
-                if e.starts_with("mm_q8_mma") {
-                    drv(
-                        f.set_attribute(
-                            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                            launch::mq_smem_max(e) as i32,
-                        ),
-                        "mm_q8_mma: shared memory size",
-                    )?;
                 }
                 funcs.insert(e, f);
             }
