@@ -212,20 +212,6 @@ pub enum OpT<'a, M: Mem> {
         n: usize,
         jobs: Vec<MatJob<'a, M>>,
     },
-    /// `RmsNorm` of x into `out`, then `MatMuls` of `out`: job j: out_j
-    /// (n, w_j.rows) = out · w_jᵀ, or += with `add`. One op so that a
-    /// backend may normalize inside the matmul's own launch; the bits are
-    /// those of the two ops. x, out: (n, dim); w: (dim,); every job's
-    /// weights have dim columns and one type; at most [`MAX_MAT_JOBS`] jobs.
-    NormMatMuls {
-        x: M::In<'a>,
-        w: M::Param<'a>,
-        dim: usize,
-        eps: f32,
-        out: M::Out<'a>,
-        n: usize,
-        jobs: Vec<MatJob<'a, M>>,
-    },
     /// Row-wise RMS norm. x, out: (n, dim); w: (dim,).
     RmsNorm {
         x: M::In<'a>,
@@ -342,9 +328,6 @@ impl<M: Mem> OpT<'_, M> {
             OpT::MatMul { w, .. } => ("mat_mul", Some(w.ty()), None),
             // Every job has the same type (validate::mat_muls).
             OpT::MatMuls { jobs, .. } => ("mat_muls", jobs.first().map(|j| j.w.ty()), None),
-            OpT::NormMatMuls { jobs, .. } => {
-                ("norm_mat_muls", jobs.first().map(|j| j.w.ty()), None)
-            }
             OpT::RmsNorm { .. } => ("rms_norm", None, None),
             OpT::Rope { .. } => ("rope", None, None),
             OpT::RopeKvWrite { .. } => ("rope_kv_write", None, None),

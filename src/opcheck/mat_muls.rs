@@ -8,7 +8,7 @@ use crate::backend::{Host, MatJob, Op, QMatrix};
 use crate::quant::GgmlType;
 
 /// Splits `buf` into consecutive outputs of `lens` elements.
-pub(super) fn split_outs<'b>(mut buf: &'b mut [f32], lens: &[usize]) -> Vec<&'b mut [f32]> {
+fn split_outs<'b>(mut buf: &'b mut [f32], lens: &[usize]) -> Vec<&'b mut [f32]> {
     let mut v = Vec::with_capacity(lens.len());
     for &l in lens {
         let (a, b) = buf.split_at_mut(l);
@@ -18,7 +18,7 @@ pub(super) fn split_outs<'b>(mut buf: &'b mut [f32], lens: &[usize]) -> Vec<&'b 
     v
 }
 
-pub(super) fn jobs<'a>(ws: &[QMatrix<'a>], outs: Vec<&'a mut [f32]>, adds: &[bool]) -> Vec<MatJob<'a, Host>> {
+fn jobs<'a>(ws: &[QMatrix<'a>], outs: Vec<&'a mut [f32]>, adds: &[bool]) -> Vec<MatJob<'a, Host>> {
     ws.iter()
         .zip(outs)
         .zip(adds)

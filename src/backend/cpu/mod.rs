@@ -76,7 +76,6 @@ impl Backend for CpuBackend {
         match op {
             Op::MatMul { .. }
             | Op::MatMuls { .. }
-            | Op::NormMatMuls { .. }
             | Op::RmsNorm { .. }
             | Op::Rope { .. }
             | Op::RopeKvWrite { .. }
@@ -105,18 +104,6 @@ impl Backend for CpuBackend {
         match op {
             Op::MatMul { w, x, n, out } => ops::matmul::run(par, isa, nt, w, x, n, out),
             Op::MatMuls { x, n, jobs } => ops::matmul::run_jobs(par, isa, nt, x, n, jobs),
-            Op::NormMatMuls {
-                x,
-                w,
-                dim,
-                eps,
-                out,
-                n,
-                jobs,
-            } => {
-                ops::rms_norm::run(par, isa, x, w, dim, eps, &mut *out)?;
-                ops::matmul::run_jobs(par, isa, nt, out, n, jobs)
-            }
             Op::RmsNorm {
                 x,
                 w,
@@ -183,11 +170,6 @@ fn work(op: &Op<'_>) -> usize {
             .iter()
             .map(|j| j.w.rows.saturating_mul(j.w.cols).saturating_mul(*n))
             .sum(),
-        Op::NormMatMuls { x, jobs, n, .. } => jobs
-            .iter()
-            .map(|j| j.w.rows.saturating_mul(j.w.cols).saturating_mul(*n))
-            .sum::<usize>()
-            .saturating_add(x.len() * 2),
         Op::RmsNorm { x, .. } => x.len() * 2,
         Op::Rope { x, .. } => x.len() * 4,
         Op::RopeKvWrite { q, k, .. } => (q.len() + k.len()) * 4,

@@ -93,62 +93,6 @@ impl CudaBackend {
                 }
                 Ok(())
             }
-            Op::NormMatMuls {
-                x,
-                w,
-                dim,
-                eps,
-                out,
-                n,
-                jobs,
-            } => {
-                validate::rms_norm(x.len(), w.len(), *dim, out.len())?;
-                let shapes: Vec<(&dyn crate::backend::WeightInfo, usize)> = jobs
-                    .iter()
-                    .map(|j| (&j.w as &dyn crate::backend::WeightInfo, j.out.len()))
-                    .collect();
-                validate::mat_muls(out.len(), *n, &shapes)?;
-                let wds = jobs
-                    .iter()
-                    .map(|j| self.weight(&j.w))
-                    .collect::<Result<Vec<_>>>()?;
-                let (xd, nd) = (
-                    self.up(x, "norm_mat_muls: x")?,
-                    self.up(w, "norm_mat_muls: w")?,
-                );
-                let mut hd = self.scratch::<f32>(out.len(), "norm_mat_muls: out")?;
-                // Outputs go up too: an adding job reads them.
-                let mut ods = jobs
-                    .iter()
-                    .map(|j| self.up(j.out, "norm_mat_muls: job out"))
-                    .collect::<Result<Vec<_>>>()?;
-                let mut djobs: Vec<MatJob<'_, Dev>> = jobs
-                    .iter()
-                    .zip(&wds)
-                    .zip(ods.iter_mut())
-                    .map(|((j, wd), od)| MatJob {
-                        w: Self::dev_matrix(&j.w, wd),
-                        out: od.slice_mut(0..j.out.len()),
-                        add: j.add,
-                    })
-                    .collect();
-                self.d_norm_mat_muls(
-                    &xd.slice(0..x.len()),
-                    &nd.slice(0..w.len()),
-                    *dim,
-                    *eps,
-                    &mut hd.slice_mut(0..out.len()),
-                    *n,
-                    &mut djobs,
-                    mode,
-                )?;
-                drop(djobs);
-                self.down(&hd, out, "norm_mat_muls: out")?;
-                for (j, od) in jobs.iter_mut().zip(&ods) {
-                    self.down(od, j.out, "norm_mat_muls: job out")?;
-                }
-                Ok(())
-            }
             Op::RmsNorm {
                 x,
                 w,

@@ -552,15 +552,6 @@ impl Backend<Dev> for CudaBackend {
         match op {
             OpT::MatMul { w, x, n, mut out } => self.d_mat_mul(&w, &x, n, &mut out, mode),
             OpT::MatMuls { x, n, mut jobs } => self.d_mat_muls(&x, n, &mut jobs, mode),
-            OpT::NormMatMuls {
-                x,
-                w,
-                dim,
-                eps,
-                mut out,
-                n,
-                mut jobs,
-            } => self.d_norm_mat_muls(&x, &w, dim, eps, &mut out, n, &mut jobs, mode),
             OpT::RmsNorm {
                 x,
                 w,

@@ -196,15 +196,6 @@ impl LlamaModel {
                     head_dim: None,
                 });
             }
-            // The first weight type of q/k/v and of gate/up goes with its
-            // norm (norm_mat_muls); any other type as mat_muls, above.
-            for m in [&l.wq, &l.w_gate] {
-                out.push(OpInfo {
-                    kind: "norm_mat_muls",
-                    weight: Some(m.ty),
-                    head_dim: None,
-                });
-            }
         }
         let mut uniq: Vec<OpInfo> = Vec::new();
         for i in out {
@@ -285,94 +276,27 @@ type MatSpec<'b, E> = (
 /// the order each type first appears), so a backend can run q/k/v or
 /// gate/up in one launch. Each job: (weight, output, whether it adds).
 fn mat_muls<E: Exec>(e: &E, x: &E::Buf, n: usize, jobs: Vec<MatSpec<'_, E>>) -> Result<()> {
-    for mut g in spec_groups(e, jobs)? {
-        e.run(OpT::MatMuls {
-            x: E::rd(x),
-            n,
-            jobs: group_jobs(e, &mut g)?,
-        })?;
-    }
-    Ok(())
-}
-
-/// The job specs grouped by (weight type, k), in the order each first
-/// appears.
-fn spec_groups<'b, E: Exec>(
-    e: &E,
-    jobs: Vec<MatSpec<'b, E>>,
-) -> Result<Vec<Vec<MatSpec<'b, E>>>> {
-    let mut keys = Vec::new();
-    let mut groups: Vec<Vec<MatSpec<'b, E>>> = Vec::new();
-    for spec in jobs {
-        let m = e.mat(spec.0)?;
-        let key = (m.ty(), m.cols());
-        match keys.iter().position(|k| *k == key) {
-            Some(i) => groups[i].push(spec),
-            None => {
-                keys.push(key);
-                groups.push(vec![spec]);
-            }
+    let mut groups: Vec<Vec<MatJob<'_, E::M>>> = Vec::new();
+    for (w, out, add) in jobs {
+        let job: MatJob<'_, E::M> = MatJob {
+            w: e.mat(w)?,
+            out: E::wr(out),
+            add,
+        };
+        let (ty, k) = (job.w.ty(), job.w.cols());
+        match groups
+            .iter_mut()
+            .find(|g| g[0].w.ty() == ty && g[0].w.cols() == k)
+        {
+            Some(g) => g.push(job),
+            None => groups.push(vec![job]),
         }
     }
-    Ok(groups)
-}
-
-/// One group's specs as the jobs of an op, borrowed for that op only.
-fn group_jobs<'s, E: Exec>(
-    e: &'s E,
-    specs: &'s mut [MatSpec<'_, E>],
-) -> Result<Vec<MatJob<'s, E::M>>> {
-    specs
-        .iter_mut()
-        .map(|(w, out, add)| {
-            Ok(MatJob {
-                w: e.mat(w)?,
-                out: E::wr(out),
-                add: *add,
-            })
-        })
-        .collect()
-}
-
-/// RmsNorm of x into h, then the matmuls of h (as `mat_muls`): the first
-/// weight-type group as one `NormMatMuls` op (a backend may normalize inside
-/// the matmul's launch), any other group as `MatMuls` of h.
-#[allow(clippy::too_many_arguments)]
-fn norm_mat_muls<E: Exec>(
-    e: &E,
-    x: &E::Buf,
-    norm: &<<E as Exec>::S as Store>::Vec,
-    dim: usize,
-    eps: f32,
-    h: &mut E::Buf,
-    n: usize,
-    jobs: Vec<MatSpec<'_, E>>,
-) -> Result<()> {
-    let mut groups = spec_groups(e, jobs)?;
-    let mut it = groups.iter_mut();
-    let Some(first) = it.next() else {
-        return e.run(OpT::RmsNorm {
-            x: E::rd(x),
-            w: E::param(norm),
-            dim,
-            eps,
-            out: E::wr(h),
-        });
-    };
-    e.run(OpT::NormMatMuls {
-        x: E::rd(x),
-        w: E::param(norm),
-        dim,
-        eps,
-        out: E::wr(h),
-        n,
-        jobs: group_jobs(e, first)?,
-    })?;
-    for g in it {
+    for jobs in groups {
         e.run(OpT::MatMuls {
-            x: E::rd(h),
+            x: E::rd(x),
             n,
-            jobs: group_jobs(e, g)?,
+            jobs,
         })?;
     }
     Ok(())
@@ -411,6 +335,13 @@ pub fn forward_bufs<E: Exec>(
     let mut act = e.zeros(n * c.ffn_dim)?;
     let scale = 1.0f32 / (hd as f32).sqrt();
     for (li, l) in w.layers.iter().enumerate() {
+        e.run(OpT::RmsNorm {
+            x: E::rd(&x),
+            w: E::param(&l.attn_norm),
+            dim: d,
+            eps: c.rms_eps,
+            out: E::wr(&mut h),
+        })?;
         let qk_norm = match (&l.q_norm, &l.k_norm) {
             (Some(qn), Some(kn)) => Some((qn, kn)),
             _ => None,
@@ -421,13 +352,9 @@ pub fn forward_bufs<E: Exec>(
         } else {
             (&mut q, &mut k)
         };
-        norm_mat_muls(
+        mat_muls(
             e,
-            &x,
-            &l.attn_norm,
-            d,
-            c.rms_eps,
-            &mut h,
+            &h,
             n,
             vec![
                 (&l.wq, &mut *q_dst, false),
@@ -479,13 +406,16 @@ pub fn forward_bufs<E: Exec>(
         .with_context(|| format!("layer {li}"))?;
         // x += att · woᵀ (the residual add folded into the matmul).
         mat_muls(e, &att, n, vec![(&l.wo, &mut x, true)])?;
-        norm_mat_muls(
+        e.run(OpT::RmsNorm {
+            x: E::rd(&x),
+            w: E::param(&l.ffn_norm),
+            dim: d,
+            eps: c.rms_eps,
+            out: E::wr(&mut h),
+        })?;
+        mat_muls(
             e,
-            &x,
-            &l.ffn_norm,
-            d,
-            c.rms_eps,
-            &mut h,
+            &h,
             n,
             vec![(&l.w_gate, &mut gate, false), (&l.w_up, &mut up, false)],
         )?;

@@ -357,66 +357,6 @@ __device__ __forceinline__ void q8_block(const float* v, int gl, signed char* __
     }
 }
 
-// rms_norm_fast's arithmetic (rms_norm_fast.cu), shared with the matvec
-// that normalizes its own input (mv_q8_norm_*, matmul_fast.cu) so that both
-// give the same bits. 256 threads (8 warps) per row, every thread calling.
-// rms_scale: the row's sum of squares from each thread's partial sum s, by
-// the fixed xor tree per warp and the 8 warp sums added in order (part: 8
-// floats and scale_s: one float of shared memory), then rsqrtf(mean + eps).
-__device__ __forceinline__ float rms_scale(float s, int dim, float eps, float* part,
-                                           float* scale_s) {
-#pragma unroll
-    for (int o = 16; o >= 1; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float t = 0.0f;
-        for (int i = 0; i < (int)(blockDim.x >> 5); i++) t += part[i];
-        *scale_s = rsqrtf(t / (float)dim + eps);
-    }
-    __syncthreads();
-    return *scale_s;
-}
-
-// The 16-byte form (xr, w, out 16-byte aligned, dim a multiple of 4):
-// thread t owns the float4s t, t + 256, ... of the row.
-__device__ __forceinline__ float rms_scale_v4(const float* __restrict__ xr, int dim, float eps,
-                                              float* part, float* scale_s) {
-    float s = 0.0f;
-#pragma unroll 4
-    for (int e = threadIdx.x; e < dim / 4; e += blockDim.x) {
-        float4 v = ((const float4*)xr)[e];
-        s = fmaf(v.x, v.x, s);
-        s = fmaf(v.y, v.y, s);
-        s = fmaf(v.z, v.z, s);
-        s = fmaf(v.w, v.w, s);
-    }
-    return rms_scale(s, dim, eps, part, scale_s);
-}
-
-// out = xr * scale * w (out may be null), and with xq non-null (dim a
-// multiple of 32) the row quantized as quant_q8 would: a 32-block is 8
-// consecutive float4s, so 8 consecutive lanes (q8_block). xq / xds: the
-// row's int8 values and its blocks' float2, in global or shared memory.
-__device__ __forceinline__ void rms_apply_v4(const float* __restrict__ xr,
-                                             const float* __restrict__ w, int dim, float scale,
-                                             float* __restrict__ out, signed char* xq,
-                                             float2* xds) {
-#pragma unroll 4
-    for (int e = threadIdx.x; e < dim / 4; e += blockDim.x) {
-        float4 v = ((const float4*)xr)[e], g = ((const float4*)w)[e];
-        float4 r = make_float4(v.x * scale * g.x, v.y * scale * g.y, v.z * scale * g.z,
-                               v.w * scale * g.w);
-        if (out) ((float4*)out)[e] = r;
-        if (xq) {
-            // dim / 4 is a multiple of 8: a group of 8 lanes is all in
-            // range or all out.
-            float q[4] = {r.x, r.y, r.z, r.w};
-            q8_block<4>(q, e & 7, xq + 4 * (e & ~7), xds + e / 8);
-        }
-    }
-}
-
 // f32 -> f16 bits for the KV cache, round to nearest even. NaN keeps its
 // sign and top payload bits, quieted (as the `half` crate).
 __device__ __forceinline__ u16 kv_f16(float x) {

@@ -7,9 +7,8 @@
 // the float4s t, t + 256, ..., so a 4096-wide row is one round of loads
 // (the scalar loop took four dependent rounds: ~16 us under ncu).
 // With xq non-null (vec4, dim a multiple of 32): the output is also
-// quantized as quant_q8 would, for the matmul that reads it next. The
-// arithmetic lives in common.cuh (rms_scale_v4, rms_apply_v4), shared with
-// the matvec that normalizes its own input (mv_q8_norm_*).
+// quantized as quant_q8 would (q8_block; a 32-block is 8 consecutive
+// float4s, so 8 consecutive lanes), for the matmul that reads it next.
 extern "C" __global__ void rms_norm_fast(const float* __restrict__ x,
                                          const float* __restrict__ w, int dim, float eps,
                                          int vec4, float* __restrict__ out,
@@ -20,18 +19,49 @@ extern "C" __global__ void rms_norm_fast(const float* __restrict__ x,
     __shared__ float part[8];
     __shared__ float scale_s;
     const float* xr = x + (long long)blockIdx.x * dim;
+    float s = 0.0f;
+    if (vec4) {
+#pragma unroll 4
+        for (int e = threadIdx.x; e < dim / 4; e += blockDim.x) {
+            float4 v = ((const float4*)xr)[e];
+            s = fmaf(v.x, v.x, s);
+            s = fmaf(v.y, v.y, s);
+            s = fmaf(v.z, v.z, s);
+            s = fmaf(v.w, v.w, s);
+        }
+    } else {
+#pragma unroll 4
+        for (int e = threadIdx.x; e < dim; e += blockDim.x) s = fmaf(xr[e], xr[e], s);
+    }
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.0f;
+        for (int i = 0; i < (int)(blockDim.x >> 5); i++) t += part[i];
+        scale_s = rsqrtf(t / (float)dim + eps);
+    }
+    __syncthreads();
+    float scale = scale_s;
     float* o = out + (long long)blockIdx.x * dim;
     if (vec4) {
-        float scale = rms_scale_v4(xr, dim, eps, part, &scale_s);
-        long long r = blockIdx.x;
-        rms_apply_v4(xr, w, dim, scale, o, xq ? xq + r * dim : nullptr,
-                     xq ? xds + r * (dim / 32) : nullptr);
+#pragma unroll 4
+        for (int e = threadIdx.x; e < dim / 4; e += blockDim.x) {
+            float4 v = ((const float4*)xr)[e], g = ((const float4*)w)[e];
+            float4 r = make_float4(v.x * scale * g.x, v.y * scale * g.y, v.z * scale * g.z,
+                                   v.w * scale * g.w);
+            ((float4*)o)[e] = r;
+            if (xq) {
+                // dim / 4 is a multiple of 8: a group of 8 lanes is all in
+                // range or all out.
+                float q[4] = {r.x, r.y, r.z, r.w};
+                long long blk = ((long long)blockIdx.x * dim + 4 * e) / 32;
+                q8_block<4>(q, e & 7, xq + 32 * blk, xds + blk);
+            }
+        }
         return;
     }
-    float s = 0.0f;
-#pragma unroll 4
-    for (int e = threadIdx.x; e < dim; e += blockDim.x) s = fmaf(xr[e], xr[e], s);
-    float scale = rms_scale(s, dim, eps, part, &scale_s);
 #pragma unroll 4
     for (int e = threadIdx.x; e < dim; e += blockDim.x) o[e] = xr[e] * scale * w[e];
 }

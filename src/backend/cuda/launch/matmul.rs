@@ -176,7 +176,7 @@ pub(super) fn mv_name(n: usize, warps: usize, family: [&'static str; 4]) -> &'st
 /// QUIRE_MV_WARPS_LONG (default 2; measured 1 / 2 / 4, 2026-11-22: 1B Q4_0
 /// 1,293 / 1,348 / 1,307, 8B Q8_0 254.0 / 259.4 / 255.5, 8B Q4_0 371.0 /
 /// 369.6 / 356.1, SmolLM2 1,361 / 1,389 / 1,370).
-pub(super) fn mv_warps(mode: Mode, n: usize, float_w: bool, long_rows: bool) -> usize {
+fn mv_warps(mode: Mode, n: usize, float_w: bool, long_rows: bool) -> usize {
     static V: std::sync::OnceLock<(Option<usize>, usize)> = std::sync::OnceLock::new();
     if mode != Mode::Fast || n != 1 {
         return 1;
@@ -202,7 +202,7 @@ pub(super) fn mv_warps(mode: Mode, n: usize, float_w: bool, long_rows: bool) -> 
 
 /// Grid of the warp-per-row kernels: activation-row groups fastest, then
 /// the job table's `ctas` CTAs of 8 weight rows (warps, 256 threads).
-pub(super) fn mv_grid(n: usize, ctas: u32) -> Result<LaunchConfig> {
+fn mv_grid(n: usize, ctas: u32) -> Result<LaunchConfig> {
     Ok(LaunchConfig {
         grid_dim: (u32::try_from(n.div_ceil(MV_ROWS))?, ctas, 1),
         block_dim: (256, 1, 1),

@@ -14,7 +14,6 @@ mod attention;
 mod matmul;
 mod matmul_exact;
 mod matmul_mma;
-mod norm_matmul;
 
 pub(crate) use act_cache::ActKey;
 pub(crate) use attention::{att_pipe_smem, att_stages};
