@@ -86,12 +86,6 @@ pub struct CudaBackend {
     /// Scratch memory of matmul (quantized activations), reused op after
     /// op; see `launch/`.
     arena: Mutex<CudaSlice<u8>>,
-    /// Arrival counters of the split attention's counted merge
-    /// (att_pipe_c_*), one per (row, KV head) of a launch
-    /// (launch::ATT_CNT_CAP of them): 0 between launches (the last CTA of
-    /// a unit resets its counter). Never reallocated, so a captured
-    /// graph's pointer stays valid.
-    att_cnt: CudaSlice<u32>,
     /// Which activation rows the arena holds quantized (see
     /// `launch::act_cache::ActKey`): consecutive matmuls of one input (q, k, v;
     /// gate, up) quantize it once. Cleared by every other op, every
@@ -244,8 +238,7 @@ impl CudaBackend {
                     )?;
                 }
                 // The partials-only kernels: fast_parts sizes the partition
-                // by them (their att_pipe_m_ / att_pipe_c_ forms run the same
-                // partition).
+                // by them (their att_pipe_m_ forms run the same partition).
                 if e.starts_with("att_pipe_d") || e == "paged_attention_split" {
                     let smem = launch::att_pipe_smem(e).unwrap_or(0);
                     let n = drv(
@@ -269,10 +262,6 @@ impl CudaBackend {
             unsafe { stream.alloc::<u8>(256) },
             "allocating the scratch arena",
         )?;
-        let att_cnt = drv(
-            stream.alloc_zeros::<u32>(launch::ATT_CNT_CAP),
-            "allocating the attention counters",
-        )?;
         // SAFETY: only tries to dlopen libcublas by its candidate names
         // (cudarc panics on first use of a missing library otherwise).
         let blas = if unsafe { cudarc::cublas::sys::is_culib_present() } {
@@ -290,7 +279,6 @@ impl CudaBackend {
             gpu_mode,
             blas,
             arena: Mutex::new(arena),
-            att_cnt,
             act_cache: Mutex::new(None),
             prequant: std::env::var("QUIRE_PREQUANT").map_or(true, |v| v != "0"),
             last_mv_q8: std::sync::atomic::AtomicBool::new(false),

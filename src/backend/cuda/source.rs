@@ -116,11 +116,9 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
 ];
 
 /// The pipelined split-attention entries of attention_fast.cu, indexed
-/// [form][head_dim class][group class]: `att_pipe_d*` (partials only),
-/// `att_pipe_m_d*` (one CTA per unit, merging), `att_pipe_c_d*` (the last
-/// CTA of a unit merges), each `_d{2,4}_g{1,2,4,8}` (launch/attention.rs,
-/// gqa_split_kernel, picks one).
-pub const ATT_PIPE: [[[&str; 4]; 2]; 3] = [
+/// [merge][head_dim class][group class]: `att_pipe{_m}_d{2,4}_g{1,2,4,8}`
+/// (launch/attention.rs, gqa_split_kernel, picks one).
+pub const ATT_PIPE: [[[&str; 4]; 2]; 2] = [
     [
         [
             "att_pipe_d2_g1",
@@ -149,24 +147,10 @@ pub const ATT_PIPE: [[[&str; 4]; 2]; 3] = [
             "att_pipe_m_d4_g8",
         ],
     ],
-    [
-        [
-            "att_pipe_c_d2_g1",
-            "att_pipe_c_d2_g2",
-            "att_pipe_c_d2_g4",
-            "att_pipe_c_d2_g8",
-        ],
-        [
-            "att_pipe_c_d4_g1",
-            "att_pipe_c_d4_g2",
-            "att_pipe_c_d4_g4",
-            "att_pipe_c_d4_g8",
-        ],
-    ],
 ];
 
 /// attention_fast.cu's entries: its other kernels, then ATT_PIPE's.
-const ATT_FAST_ENTRIES: [&str; 29] = {
+const ATT_FAST_ENTRIES: [&str; 21] = {
     let head = [
         "paged_attention_fast",
         "paged_attention_split",
@@ -174,14 +158,14 @@ const ATT_FAST_ENTRIES: [&str; 29] = {
         "attention_combine_d128",
         "flash_attention_prefill",
     ];
-    let mut out = [""; 29];
+    let mut out = [""; 21];
     let mut i = 0;
     while i < head.len() {
         out[i] = head[i];
         i += 1;
     }
     let mut j = 0;
-    while j < 24 {
+    while j < 16 {
         out[head.len() + j] = ATT_PIPE[j / 8][(j / 4) % 2][j % 4];
         j += 1;
     }

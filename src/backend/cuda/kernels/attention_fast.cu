@@ -399,20 +399,16 @@ __device__ __forceinline__ void att_combine_rh(const float* __restrict__ part, i
 // w + 4, ...). A head's arithmetic depends only on its row's keys and these
 // constants: batch- and KV-cache invariant. ATT_STAGES (host prelude,
 // att_stages()) sets the depth; the shared memory is dynamic, laid out as
-// att_pipe_smem (launch/attention.rs) computes. FUSE 0 (att_pipe_d*):
-// partials only. FUSE 1 (att_pipe_m_*, launched with one CTA per (row, KV
-// head)): the CTA then also merges its partials. FUSE 2 (att_pipe_c_*,
-// cnt: one counter per (row, KV head), all 0 between launches): the last
-// of a unit's CTAs to finish merges them. With 1 or 2 no attention_combine
-// launch follows. Separate entries, so the partials-only kernel keeps its
-// own code (a merge tail inside it had slowed its key loop 5-9%).
-template <int D32, int GM, int FUSE>
+// att_pipe_smem (launch/attention.rs) computes. FUSE (the att_pipe_m_
+// entries, launched with one CTA per (row, KV head)): the CTA then also
+// merges its partials, so no attention_combine launch follows.
+template <int D32, int GM, bool FUSE>
 __device__ __forceinline__ void att_pipe_gqa(
     const float* __restrict__ q, int n_heads, int n_kv_heads, int hd, int block_size,
     float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
     const u32* __restrict__ tables, const u32* __restrict__ table_off,
     const u32* __restrict__ row_seq, const u32* __restrict__ positions, int stride,
-    int n_parts, float* __restrict__ part, u32* __restrict__ cnt, float* __restrict__ out,
+    int n_parts, float* __restrict__ part, float* __restrict__ out,
     signed char* __restrict__ xq, float2* __restrict__ xds) {
     constexpr int HD = 32 * D32;  // the largest head_dim served; the smem row stride
     constexpr int W = ATT_SPLIT_WARPS, ST = ATT_STAGES, KT = 16;
@@ -625,33 +621,13 @@ __device__ __forceinline__ void att_pipe_gqa(
         }
         __syncthreads();  // before the next partial reuses the shared state
     }
-    if constexpr (FUSE == 2) {
-        // att_pipe_c_*: the CTAs that arrive are those with partials (y <
-        // np); the last one merges, and resets the counter to 0 for the
-        // next launch. The fences make each CTA's partial stores visible
-        // before its arrival, and order the last CTA's reads after every
-        // arrival. Which CTA is last changes no bit (the merge's order is
-        // fixed). A unit of one CTA skips the count (as FUSE 1).
-        if (min(np, (int)gridDim.y) > 1) {
-            __shared__ int last;
-            if (threadIdx.x == 0) {
-                __threadfence();
-                u32 arrived = atomicAdd(&cnt[blockIdx.x], 1u) + 1u;
-                last = arrived == (u32)min(np, (int)gridDim.y);
-                if (last) cnt[blockIdx.x] = 0u;
-            }
-            __syncthreads();
-            if (!last) return;
-            __threadfence();
-        }
-    }
-    if constexpr (FUSE != 0) {
-        // This CTA's unit has all its partials written and visible to all
-        // its threads (FUSE 1: the barrier ending the loop; FUSE 2: also
-        // the fences): it merges them, warp w taking heads w, w + W, ...,
-        // with attention_combine's arithmetic and order (8 partials' loads
-        // in flight per lane: the key loop's registers bound it), reading
-        // with ld.global.cg (other CTAs' stores must not come from L1).
+    if constexpr (FUSE) {
+        // att_pipe_m_*: the grid has one CTA per (row, KV head) (gridDim.y
+        // == 1, so this CTA wrote every partial of its heads, and the
+        // barrier ending the loop made them visible to all its threads):
+        // it merges them itself, warp w taking heads w, w + W, ..., with
+        // attention_combine's arithmetic and order (8 partials' loads in
+        // flight per lane: the key loop's registers bound it).
         for (int g = w; g < group; g += W)
             att_combine_rh<D32, 8, true>(part, r * n_heads + h0 + g, pos, hd, stride, n_parts,
                                          out, xq, xds);
@@ -669,26 +645,18 @@ __device__ __forceinline__ void att_pipe_gqa(
         positions, stride, n_parts, part
 // att_pipe_d*_g*: partials only (attention_combine merges them);
 // att_pipe_m_d*_g*: one CTA per (row, KV head) that also merges them and
-// writes the output (and its int8 copy, as attention_combine does);
-// att_pipe_c_d*_g*: any CTAs per unit, the last to finish merges (cnt).
+// writes the output (and its int8 copy, as attention_combine does).
 #define ATT_PIPE_GQA(D32, GM)                                                                  \
     extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS)                         \
         att_pipe_d##D32##_g##GM(ATT_PIPE_ARGS) {                                               \
         GRID_DEP();                                                                            \
-        att_pipe_gqa<D32, GM, 0>(ATT_PIPE_PASS, nullptr, nullptr, nullptr, nullptr);           \
+        att_pipe_gqa<D32, GM, false>(ATT_PIPE_PASS, nullptr, nullptr, nullptr);                \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS)                         \
         att_pipe_m_d##D32##_g##GM(ATT_PIPE_ARGS, float* __restrict__ out,                      \
                                   signed char* __restrict__ xq, float2* __restrict__ xds) {    \
         GRID_DEP();                                                                            \
-        att_pipe_gqa<D32, GM, 1>(ATT_PIPE_PASS, nullptr, out, xq, xds);                        \
-    }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS)                         \
-        att_pipe_c_d##D32##_g##GM(ATT_PIPE_ARGS, u32* __restrict__ cnt,                        \
-                                  float* __restrict__ out, signed char* __restrict__ xq,       \
-                                  float2* __restrict__ xds) {                                  \
-        GRID_DEP();                                                                            \
-        att_pipe_gqa<D32, GM, 2>(ATT_PIPE_PASS, cnt, out, xq, xds);                            \
+        att_pipe_gqa<D32, GM, true>(ATT_PIPE_PASS, out, xq, xds);                              \
     }
 ATT_PIPE_GQA(2, 1)
 ATT_PIPE_GQA(2, 2)

@@ -1,7 +1,7 @@
 //! Paged attention launches: the canonical kernel (`exact`), split-KV
 //! (`deterministic`, `fast` decode) and tensor-core prefill (`fast`).
 
-use super::{arena3, dev_ptr};
+use super::arena3;
 use crate::backend::cuda::mem::{DevAttnBatch, DevKv, ATT_PARTS};
 use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
 use crate::backend::{validate, KvInfo, Mode};
@@ -150,38 +150,30 @@ impl CudaBackend {
         let (_, _, hd) = cache.geometry();
         // GQA-grouped: one CTA per (row, KV head); else per (row, head).
         let group = nhi as usize / nkvi as usize;
-        let gqa = gqa_split_kernel(group, hd, FORM_PARTIALS);
+        let gqa = gqa_split_kernel(group, hd, false);
         let name = gqa.unwrap_or("paged_attention_split");
-        // CTAs of this kernel resident on the whole GPU at once.
-        let slots = self.att_per_sm(name)? * self.sm_count();
         let parts = match mode {
-            Mode::Fast => fast_parts(batch.n_rows * nkvi as usize, slots),
+            Mode::Fast => fast_parts(
+                batch.n_rows * nkvi as usize,
+                self.att_per_sm(name)? * self.sm_count(),
+            ),
             _ => ATT_PARTS,
         };
         // No more CTAs per row than partials.
         let pi = i32_of(parts, "partials")?;
         let ctas_y = batch.part_ctas.min(parts);
-        // The pipelined kernel merges its partials itself, so no
-        // attention_combine runs: with one CTA per (row, KV head) (short
-        // contexts: a decode graph's part_ctas follows the longest row)
-        // its att_pipe_m_ form; with several, where merge_counted says,
-        // its att_pipe_c_ form (the last CTA of a unit merges). Not
-        // without the device fusions (`prequant` off: check-exact's
-        // unfused reference, which so checks these merges bitwise). The
-        // partition (parts) depends on neither.
-        let units = batch.n_rows * nkvi as usize;
-        let form = if gqa.is_none() || !self.prequant || !fuse_merge() {
-            FORM_PARTIALS
-        } else if ctas_y == 1 {
-            FORM_MERGE_ONE
-        } else if units <= ATT_CNT_CAP && merge_counted(units * ctas_y, slots) {
-            FORM_MERGE_COUNTED
+        // One CTA per (row, KV head) (short contexts: a decode graph's
+        // part_ctas follows the longest row): the pipelined kernel's
+        // att_pipe_m_ form merges its own partials, so no
+        // attention_combine runs. Not without the device fusions
+        // (`prequant` off: check-exact's unfused reference, which so checks
+        // this merge bitwise). The partition (parts) does not depend on it.
+        let merge = ctas_y == 1 && gqa.is_some() && self.prequant && fuse_merge();
+        let name = if merge {
+            gqa_split_kernel(group, hd, true).unwrap_or(name)
         } else {
-            FORM_PARTIALS
+            name
         };
-        let merge = form != FORM_PARTIALS;
-        let name = gqa_split_kernel(group, hd, form).map_or(name, |n| n);
-        let cnt = dev_ptr(&self.att_cnt.slice(..), self.stream());
         let rh = batch.n_rows * nhi as usize;
         let stride = batch.part_stride;
         let plen = rh * stride * (2 + hd);
@@ -232,9 +224,6 @@ impl CudaBackend {
                 .arg(&si)
                 .arg(&pi)
                 .arg(&mut *part);
-            if form == FORM_MERGE_COUNTED {
-                b.arg(&cnt);
-            }
             if merge {
                 b.arg(&mut *out).arg(&xq).arg(&xds);
             }
@@ -249,8 +238,7 @@ impl CudaBackend {
             // for the grouped kernels at most 32*D32 with at most GM query
             // heads per KV head (gqa_split_kernel); att_pipe_m_* (merge:
             // gridDim.y == 1) also take out and xq / xds as the combine
-            // below does, att_pipe_c_* first cnt (att_cnt: ATT_CNT_CAP
-            // counters, all 0 between launches, covering the units).
+            // below does.
             drv(
                 unsafe { b.launch(cfg) },
                 "paged_attention: launching the split kernel",
@@ -334,36 +322,6 @@ fn parts_for_slots(units: usize, slots: usize) -> usize {
         })
 }
 
-/// Arrival counters of the att_pipe_c_ merge (CudaBackend::att_cnt): a
-/// launch of more (row, KV head) units than this runs attention_combine.
-pub(crate) const ATT_CNT_CAP: usize = 1 << 16;
-
-/// The forms of the pipelined split kernel (source::ATT_PIPE's first
-/// index): partials only, merged by the one CTA of a unit, merged by the
-/// last CTA of a unit to finish.
-const FORM_PARTIALS: usize = 0;
-const FORM_MERGE_ONE: usize = 1;
-const FORM_MERGE_COUNTED: usize = 2;
-
-/// Whether a launch of `ctas` CTAs (several per unit) takes the counted
-/// merge (att_pipe_c_) instead of the separate attention_combine, given
-/// `slots` CTAs resident at once: QUIRE_ATT_COUNT=0 never, 1 always; by
-/// default when the launch is one wave (see merge_counted_rule).
-fn merge_counted(ctas: usize, slots: usize) -> bool {
-    static V: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    match *V.get_or_init(|| env_usize("QUIRE_ATT_COUNT")) {
-        Some(0) => false,
-        Some(_) => true,
-        None => merge_counted_rule(ctas, slots),
-    }
-}
-
-/// The default: launches of at most one wave (every CTA resident at
-/// once), where the combine launch is a large share of the time.
-fn merge_counted_rule(ctas: usize, slots: usize) -> bool {
-    ctas <= slots
-}
-
 /// Whether a one-CTA-per-unit launch of the pipelined kernels merges
 /// its own partials (QUIRE_ATT_FUSE=0: attention_combine does, for
 /// comparisons; the same arithmetic and order either way).
@@ -384,15 +342,14 @@ pub(crate) fn att_stages() -> usize {
 }
 
 /// Dynamic shared memory of the pipelined kernel `name`
-/// (att_pipe_d{D32}_g{GM} or its att_pipe_m_ / att_pipe_c_ forms; the layout of
+/// (att_pipe_d{D32}_g{GM} or its att_pipe_m_ form; the layout of
 /// att_pipe_gqa): K and V stages (4 warps, ATT_STAGES stages of 16 rows of
 /// 32*D32 f16 each), the queries (GM x 32*D32 f32), the tile weights (4 x
 /// GM x 16) and the warps' (m, l). None for any other kernel.
 pub(crate) fn att_pipe_smem(name: &str) -> Option<usize> {
     let rest = name
         .strip_prefix("att_pipe_d")
-        .or_else(|| name.strip_prefix("att_pipe_m_d"))
-        .or_else(|| name.strip_prefix("att_pipe_c_d"))?;
+        .or_else(|| name.strip_prefix("att_pipe_m_d"))?;
     let (d32, gm) = rest.split_once("_g")?;
     let (d32, gm): (usize, usize) = (d32.parse().ok()?, gm.parse().ok()?);
     let (w, hd, kt) = (4, 32 * d32, 16);
@@ -402,10 +359,10 @@ pub(crate) fn att_pipe_smem(name: &str) -> Option<usize> {
 /// The GQA-grouped split kernel for `group` query heads per KV head and
 /// `head_dim` (a multiple of 8): `att_pipe_d{D32}_g{GM}` with head_dim <=
 /// 32 * D32 and group <= GM, the smallest instantiated
-/// (attention_fast.cu), in `form` (FORM_*: partials only, or one of the
-/// merging forms); None past 8 heads per group or head_dim 128 (the
-/// per-head kernel).
-fn gqa_split_kernel(group: usize, head_dim: usize, form: usize) -> Option<&'static str> {
+/// (attention_fast.cu), or with `merge` its `att_pipe_m_` form (which
+/// merges its own partials); None past 8 heads per group or head_dim 128
+/// (the per-head kernel).
+fn gqa_split_kernel(group: usize, head_dim: usize, merge: bool) -> Option<&'static str> {
     let d = match head_dim {
         1..=64 => 0,
         65..=128 => 1,
@@ -418,23 +375,12 @@ fn gqa_split_kernel(group: usize, head_dim: usize, form: usize) -> Option<&'stat
         5..=8 => 3,
         _ => return None,
     };
-    Some(crate::backend::cuda::source::ATT_PIPE.get(form)?[d][g])
+    Some(crate::backend::cuda::source::ATT_PIPE[usize::from(merge)][d][g])
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{att_pipe_smem, gqa_split_kernel, merge_counted_rule, parts_for_slots};
-    use super::{FORM_MERGE_COUNTED, FORM_MERGE_ONE, FORM_PARTIALS};
-
-    #[test]
-    fn counted_merge_only_within_one_wave() {
-        // 8B heads on an H100 (396 slots): B=1 (8 units x 32 partials) and
-        // B=8 (64 x 6) are one wave; B=32 (256 x 3) and B=64 are not.
-        assert!(merge_counted_rule(8 * 32, 396));
-        assert!(merge_counted_rule(64 * 6, 396));
-        assert!(!merge_counted_rule(256 * 3, 396));
-        assert!(!merge_counted_rule(512 * 3, 396));
-    }
+    use super::{att_pipe_smem, gqa_split_kernel, parts_for_slots};
 
     #[test]
     fn fast_parts_fill_the_last_wave() {
@@ -457,29 +403,26 @@ mod tests {
 
     #[test]
     fn gqa_kernel_is_the_smallest_that_fits() {
-        let (p, m, c) = (FORM_PARTIALS, FORM_MERGE_ONE, FORM_MERGE_COUNTED);
-        assert_eq!(gqa_split_kernel(4, 128, p), Some("att_pipe_d4_g4"));
-        assert_eq!(gqa_split_kernel(3, 64, p), Some("att_pipe_d2_g4"));
-        assert_eq!(gqa_split_kernel(8, 80, p), Some("att_pipe_d4_g8"));
-        assert_eq!(gqa_split_kernel(1, 8, p), Some("att_pipe_d2_g1"));
-        assert_eq!(gqa_split_kernel(3, 64, m), Some("att_pipe_m_d2_g4"));
-        assert_eq!(gqa_split_kernel(4, 128, c), Some("att_pipe_c_d4_g4"));
-        assert_eq!(gqa_split_kernel(9, 128, p), None);
-        assert_eq!(gqa_split_kernel(4, 256, m), None);
-        assert_eq!(gqa_split_kernel(4, 128, 3), None);
+        assert_eq!(gqa_split_kernel(4, 128, false), Some("att_pipe_d4_g4"));
+        assert_eq!(gqa_split_kernel(3, 64, false), Some("att_pipe_d2_g4"));
+        assert_eq!(gqa_split_kernel(8, 80, false), Some("att_pipe_d4_g8"));
+        assert_eq!(gqa_split_kernel(1, 8, false), Some("att_pipe_d2_g1"));
+        assert_eq!(gqa_split_kernel(3, 64, true), Some("att_pipe_m_d2_g4"));
+        assert_eq!(gqa_split_kernel(9, 128, false), None);
+        assert_eq!(gqa_split_kernel(4, 256, true), None);
         // Every pipelined kernel's shared memory fits an H100's 227 KiB
         // per CTA (the names come from source::ATT_PIPE, which KERNELS
         // loads).
         for g in 1..=8 {
             for hd in (8..=128).step_by(8) {
-                let n = gqa_split_kernel(g, hd, p).unwrap();
-                for f in [m, c] {
-                    // The merging forms have the same shared memory layout.
-                    let mf = gqa_split_kernel(g, hd, f).unwrap();
-                    assert_eq!(att_pipe_smem(n), att_pipe_smem(mf), "{mf}");
+                let n = gqa_split_kernel(g, hd, false).unwrap();
+                let m = gqa_split_kernel(g, hd, true).unwrap();
+                for n in [n, m] {
+                    let smem = att_pipe_smem(n).expect("a pipelined kernel");
+                    assert!(smem <= 227 * 1024, "{n}");
                 }
-                let smem = att_pipe_smem(n).expect("a pipelined kernel");
-                assert!(smem <= 227 * 1024, "{n}");
+                // The merging form has the same shared memory layout.
+                assert_eq!(att_pipe_smem(n), att_pipe_smem(m));
             }
         }
         assert_eq!(att_pipe_smem("paged_attention_split"), None);

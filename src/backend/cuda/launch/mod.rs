@@ -16,7 +16,7 @@ mod matmul_exact;
 mod matmul_mma;
 
 pub(crate) use act_cache::ActKey;
-pub(crate) use attention::{att_pipe_smem, att_stages, ATT_CNT_CAP};
+pub(crate) use attention::{att_pipe_smem, att_stages};
 pub(crate) use matmul::{fast_uses_blas, TILE_SMEM};
 pub(crate) use matmul_mma::mq_smem_max;
 
