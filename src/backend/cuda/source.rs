@@ -150,15 +150,16 @@ pub const ATT_PIPE: [[[&str; 4]; 2]; 2] = [
 ];
 
 /// attention_fast.cu's entries: its other kernels, then ATT_PIPE's.
-const ATT_FAST_ENTRIES: [&str; 21] = {
+const ATT_FAST_ENTRIES: [&str; 22] = {
     let head = [
         "paged_attention_fast",
         "paged_attention_split",
         "attention_combine",
         "attention_combine_d128",
         "flash_attention_prefill",
+        "flash_attention_prefill_g",
     ];
-    let mut out = [""; 21];
+    let mut out = [""; 22];
     let mut i = 0;
     while i < head.len() {
         out[i] = head[i];

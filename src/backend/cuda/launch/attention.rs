@@ -53,14 +53,20 @@ impl CudaBackend {
         );
         if let (Mode::Fast, Some((tiles, n_tiles))) = (mode, &batch.tiles) {
             if hd.is_multiple_of(16) && hd <= 128 {
+                // The heads of a KV head in one CTA (K/V copied once for
+                // them, pipelined) up to 8 of them; the same bits either way.
+                let group = n_heads / nkv;
+                let (name, grid_y, threads) = if group <= 8 && fa_grouped() {
+                    ("flash_attention_prefill_g", nkv, 32 * group)
+                } else {
+                    ("flash_attention_prefill", n_heads, 32)
+                };
                 let cfg = LaunchConfig {
-                    grid_dim: (u32::try_from(*n_tiles)?, u32::try_from(n_heads)?, 1),
-                    block_dim: (32, 1, 1),
+                    grid_dim: (u32::try_from(*n_tiles)?, u32::try_from(grid_y)?, 1),
+                    block_dim: (u32::try_from(threads)?, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                let mut b = self
-                    .stream()
-                    .launch_builder(self.func("flash_attention_prefill")?);
+                let mut b = self.stream().launch_builder(self.func(name)?);
                 b.arg(q)
                     .arg(&nhi)
                     .arg(&nkvi)
@@ -75,10 +81,12 @@ impl CudaBackend {
                     .arg(&batch.positions)
                     .arg(tiles)
                     .arg(out);
-                // SAFETY: matches flash_attention_prefill; tables validated at
-                // upload for this cache; tiles cover rows < n_rows, each of
-                // one sequence; q/out hold n_rows*n_heads*head_dim floats;
-                // head_dim a multiple of 16, at most 128 (shared tiles).
+                // SAFETY: matches flash_attention_prefill{,_g}; tables
+                // validated at upload for this cache; tiles cover rows <
+                // n_rows, each of one sequence; q/out hold
+                // n_rows*n_heads*head_dim floats; head_dim a multiple of 16,
+                // at most 128 (shared tiles); _g: n_kv_heads CTAs of 32 *
+                // group <= 256 threads (its launch bounds).
                 drv(
                     unsafe { b.launch(cfg) },
                     "paged_attention: launching the tensor-core prefill kernel",
@@ -320,6 +328,14 @@ fn parts_for_slots(units: usize, slots: usize) -> usize {
             // No count fills its waves: the best fill (the fewest on a tie).
             (1..=ATT_PARTS).fold(1, |b, p| if fill(p) > fill(b) { p } else { b })
         })
+}
+
+/// Whether prefill attention takes the grouped, pipelined kernel
+/// (QUIRE_FA_GROUPED=0: the warp-per-head one, for comparisons; the same
+/// bits either way).
+fn fa_grouped() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("QUIRE_FA_GROUPED").map_or(true, |v| v != "0"))
 }
 
 /// Whether a one-CTA-per-unit launch of the pipelined kernels merges
