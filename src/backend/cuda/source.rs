@@ -113,6 +113,11 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
         include_str!("kernels/attention_fast.cu"),
         &ATT_FAST_ENTRIES,
     ),
+    (
+        "attention_prefill",
+        include_str!("kernels/attention_prefill.cu"),
+        &["flash_attention_prefill", "flash_attention_prefill_g"],
+    ),
 ];
 
 /// The pipelined split-attention entries of attention_fast.cu, indexed
@@ -150,16 +155,14 @@ pub const ATT_PIPE: [[[&str; 4]; 2]; 2] = [
 ];
 
 /// attention_fast.cu's entries: its other kernels, then ATT_PIPE's.
-const ATT_FAST_ENTRIES: [&str; 22] = {
+const ATT_FAST_ENTRIES: [&str; 20] = {
     let head = [
         "paged_attention_fast",
         "paged_attention_split",
         "attention_combine",
         "attention_combine_d128",
-        "flash_attention_prefill",
-        "flash_attention_prefill_g",
     ];
-    let mut out = [""; 22];
+    let mut out = [""; 20];
     let mut i = 0;
     while i < head.len() {
         out[i] = head[i];

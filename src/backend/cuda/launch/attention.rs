@@ -55,12 +55,7 @@ impl CudaBackend {
             if hd.is_multiple_of(16) && hd <= 128 {
                 // The heads of a KV head in one CTA (K/V copied once for
                 // them, pipelined) up to 8 of them; the same bits either way.
-                let group = n_heads / nkv;
-                let (name, grid_y, threads) = if group <= 8 && fa_grouped() {
-                    ("flash_attention_prefill_g", nkv, 32 * group)
-                } else {
-                    ("flash_attention_prefill", n_heads, 32)
-                };
+                let (name, grid_y, threads) = fa_kernel(n_heads, nkv, fa_grouped());
                 let cfg = LaunchConfig {
                     grid_dim: (u32::try_from(*n_tiles)?, u32::try_from(grid_y)?, 1),
                     block_dim: (u32::try_from(threads)?, 1, 1),
@@ -330,6 +325,20 @@ fn parts_for_slots(units: usize, slots: usize) -> usize {
         })
 }
 
+/// The tensor-core prefill kernel for `n_heads` query heads over
+/// `n_kv_heads` (a divisor): its name, the grid's y extent and the threads
+/// per CTA. With `grouped`, up to 8 heads per KV head share a CTA (one warp
+/// each: flash_attention_prefill_g, grid y = KV heads); else, or past 8,
+/// one warp per head (flash_attention_prefill).
+fn fa_kernel(n_heads: usize, n_kv_heads: usize, grouped: bool) -> (&'static str, usize, usize) {
+    let group = n_heads / n_kv_heads.max(1);
+    if grouped && (1..=8).contains(&group) {
+        ("flash_attention_prefill_g", n_kv_heads, 32 * group)
+    } else {
+        ("flash_attention_prefill", n_heads, 32)
+    }
+}
+
 /// Whether prefill attention takes the grouped, pipelined kernel
 /// (QUIRE_FA_GROUPED=0: the warp-per-head one, for comparisons; the same
 /// bits either way).
@@ -397,6 +406,19 @@ fn gqa_split_kernel(group: usize, head_dim: usize, merge: bool) -> Option<&'stat
 #[cfg(test)]
 mod tests {
     use super::{att_pipe_smem, gqa_split_kernel, parts_for_slots};
+
+    #[test]
+    fn prefill_kernel_groups_up_to_8_heads() {
+        use super::fa_kernel;
+        // Llama-3.1-8B: 4 heads per KV head, one CTA of 4 warps per KV head.
+        assert_eq!(fa_kernel(32, 8, true), ("flash_attention_prefill_g", 8, 128));
+        // SmolLM2: 3 per KV head; no GQA: one warp per CTA, still grouped.
+        assert_eq!(fa_kernel(9, 3, true), ("flash_attention_prefill_g", 3, 96));
+        assert_eq!(fa_kernel(16, 16, true), ("flash_attention_prefill_g", 16, 32));
+        // Past 8 heads per KV head (the launch bound), or switched off.
+        assert_eq!(fa_kernel(12, 1, true), ("flash_attention_prefill", 12, 32));
+        assert_eq!(fa_kernel(32, 8, false), ("flash_attention_prefill", 32, 32));
+    }
 
     #[test]
     fn fast_parts_fill_the_last_wave() {
