@@ -114,8 +114,8 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
         &ATT_FAST_ENTRIES,
     ),
     (
-        "attention_prefill",
-        include_str!("kernels/attention_prefill.cu"),
+        "attention_prefill_fast",
+        include_str!("kernels/attention_prefill_fast.cu"),
         &["flash_attention_prefill", "flash_attention_prefill_g"],
     ),
 ];

@@ -411,10 +411,16 @@ mod tests {
     fn prefill_kernel_groups_up_to_8_heads() {
         use super::fa_kernel;
         // Llama-3.1-8B: 4 heads per KV head, one CTA of 4 warps per KV head.
-        assert_eq!(fa_kernel(32, 8, true), ("flash_attention_prefill_g", 8, 128));
+        assert_eq!(
+            fa_kernel(32, 8, true),
+            ("flash_attention_prefill_g", 8, 128)
+        );
         // SmolLM2: 3 per KV head; no GQA: one warp per CTA, still grouped.
         assert_eq!(fa_kernel(9, 3, true), ("flash_attention_prefill_g", 3, 96));
-        assert_eq!(fa_kernel(16, 16, true), ("flash_attention_prefill_g", 16, 32));
+        assert_eq!(
+            fa_kernel(16, 16, true),
+            ("flash_attention_prefill_g", 16, 32)
+        );
         // Past 8 heads per KV head (the launch bound), or switched off.
         assert_eq!(fa_kernel(12, 1, true), ("flash_attention_prefill", 12, 32));
         assert_eq!(fa_kernel(32, 8, false), ("flash_attention_prefill", 32, 32));
