@@ -65,21 +65,25 @@ __device__ __forceinline__ int fa_begin(FaWarp& st, const float* __restrict__ q,
 // operand. The same steps in the same order whichever kernel loaded ks/vs.
 __device__ __forceinline__ void fa_step(FaWarp& st, const u16 (*ks)[FA_MAXD + FA_PAD],
                                         const u16 (*vs)[FA_MAXD + FA_PAD], int j0, int hd) {
-    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int lane = threadIdx.x & 31, t = lane & 3;
+    // ldmatrix: lanes 8m .. 8m + 7 address the rows of matrix m.
+    int mq = lane >> 3, mr = lane & 7;
     int nkc = hd / 16;
-    // S (16 rows x 16 keys) as two n-tiles of 8 keys.
+    // S (16 rows x 16 keys) as two n-tiles of 8 keys; per 16 dims one
+    // ldmatrix.x4 gives both tiles' B fragments (matrix m: keys 8 (m / 2)
+    // .., dims 8 (m % 2) ..). Each tile's sum runs over the dims in order.
     float s[2][4];
 #pragma unroll
-    for (int nt = 0; nt < 2; nt++) {
+    for (int nt = 0; nt < 2; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) s[nt][e] = 0.0f;
 #pragma unroll
-        for (int kc = 0; kc < FA_MAXD / 16; kc++) {
-            if (kc >= nkc) break;
-            const u16* kr = &ks[8 * nt + g][16 * kc + 2 * t];
-            u32 b0 = *(const u32*)kr, b1 = *(const u32*)(kr + 8);
-            mma_f16_16816(st.qa[kc], b0, b1, s[nt]);
-        }
+    for (int kc = 0; kc < FA_MAXD / 16; kc++) {
+        if (kc >= nkc) break;
+        u32 b[4];
+        ldsm_x4(b, &ks[8 * (mq >> 1) + mr][16 * kc + 8 * (mq & 1)]);
+        mma_f16_16816(st.qa[kc], b[0], b[1], s[0]);
+        mma_f16_16816(st.qa[kc], b[2], b[3], s[1]);
     }
     // Causal mask: key j0 + 8nt + 2t + (e & 1) against the row's position.
     float mxa = st.ma, mxb = st.mb;
@@ -119,17 +123,22 @@ __device__ __forceinline__ void fa_step(FaWarp& st, const u16 (*ks)[FA_MAXD + FA
     st.lb = st.lb * ab + sumb;
     u32 pa16[4] = {pack_f16x2(s[0][0], s[0][1]), pack_f16x2(s[0][2], s[0][3]),
                    pack_f16x2(s[1][0], s[1][1]), pack_f16x2(s[1][2], s[1][3])};
+    // V's B fragments, two 8-dim tiles per ldmatrix.x4.trans (matrix m:
+    // keys 8 (m % 2) .., dims 8 (dn + m / 2) ..; hd / 8 is even).
 #pragma unroll
-    for (int dn = 0; dn < FA_MAXD / 8; dn++) {
+    for (int dn = 0; dn < FA_MAXD / 8; dn += 2) {
         if (dn >= hd / 8) break;
-        st.o[dn][0] *= aa;
-        st.o[dn][1] *= aa;
-        st.o[dn][2] *= ab;
-        st.o[dn][3] *= ab;
-        int d = 8 * dn + g;
-        u32 b0 = (u32)vs[2 * t][d] | ((u32)vs[2 * t + 1][d] << 16);
-        u32 b1 = (u32)vs[2 * t + 8][d] | ((u32)vs[2 * t + 9][d] << 16);
-        mma_f16_16816(pa16, b0, b1, st.o[dn]);
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            st.o[dn + i][0] *= aa;
+            st.o[dn + i][1] *= aa;
+            st.o[dn + i][2] *= ab;
+            st.o[dn + i][3] *= ab;
+        }
+        u32 b[4];
+        ldsm_x4_trans(b, &vs[8 * (mq & 1) + mr][8 * (dn + (mq >> 1))]);
+        mma_f16_16816(pa16, b[0], b[1], st.o[dn]);
+        mma_f16_16816(pa16, b[2], b[3], st.o[dn + 1]);
     }
 }
 
@@ -169,8 +178,8 @@ extern "C" __global__ void flash_attention_prefill(
     const u32* __restrict__ row_seq, const u32* __restrict__ positions,
     const u32* __restrict__ tiles, float* __restrict__ out) {
     GRID_DEP();
-    __shared__ u16 ks[16][FA_MAXD + FA_PAD];
-    __shared__ u16 vs[16][FA_MAXD + FA_PAD];
+    __shared__ __align__(16) u16 ks[16][FA_MAXD + FA_PAD];
+    __shared__ __align__(16) u16 vs[16][FA_MAXD + FA_PAD];
     int tile = blockIdx.x, h = blockIdx.y;
     int lane = threadIdx.x;
     int hd = head_dim, cpr = hd / 8;

@@ -242,6 +242,16 @@ __device__ __forceinline__ void ldsm_x4(u32* r, const void* p) {
                  : "r"(a));
 }
 
+// The same, transposed: lane l gets rows 2 (l % 4) and 2 (l % 4) + 1 of
+// column l / 4 (the B operand of an MMA whose k runs along the rows).
+__device__ __forceinline__ void ldsm_x4_trans(u32* r, const void* p) {
+    u32 a = (u32)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+
 // Asynchronous global -> shared copies (sm_80+); src_bytes < size zero-fills
 // the rest (0: nothing is read).
 __device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_bytes) {
