@@ -169,14 +169,17 @@ __device__ __forceinline__ void fa_end(FaWarp& st, float* __restrict__ out, int 
     }
 }
 
-// tiles: (n_tiles, 2) = {first batch row, rows (1..16)}. One warp per
-// (tile, head), loading its own K/V rows (any head grouping).
-extern "C" __global__ void flash_attention_prefill(
-    const float* __restrict__ q, int n_heads, int n_kv_heads, int head_dim, int block_size,
-    float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
-    const u32* __restrict__ tables, const u32* __restrict__ table_off,
-    const u32* __restrict__ row_seq, const u32* __restrict__ positions,
-    const u32* __restrict__ tiles, float* __restrict__ out) {
+// Both kernels' arguments. tiles: (n_tiles, 2) = {first batch row, rows
+// (1..16)}.
+#define FA_ARGS                                                                              \
+    const float *__restrict__ q, int n_heads, int n_kv_heads, int head_dim, int block_size,  \
+        float scale, const u16 *__restrict__ kc, const u16 *__restrict__ vc,                 \
+        const u32 *__restrict__ tables, const u32 *__restrict__ table_off,                   \
+        const u32 *__restrict__ row_seq, const u32 *__restrict__ positions,                  \
+        const u32 *__restrict__ tiles, float *__restrict__ out
+
+// One warp per (tile, head), loading its own K/V rows (any head grouping).
+extern "C" __global__ void flash_attention_prefill(FA_ARGS) {
     GRID_DEP();
     __shared__ __align__(16) u16 ks[16][FA_MAXD + FA_PAD];
     __shared__ __align__(16) u16 vs[16][FA_MAXD + FA_PAD];
@@ -216,12 +219,7 @@ extern "C" __global__ void flash_attention_prefill(
 // of them, with cp.async into two buffers so the next block loads while
 // the warps compute on this one. Grid (n_tiles, n_kv_heads).
 #define FA_KB 32
-extern "C" __global__ void __launch_bounds__(256) flash_attention_prefill_g(
-    const float* __restrict__ q, int n_heads, int n_kv_heads, int head_dim, int block_size,
-    float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
-    const u32* __restrict__ tables, const u32* __restrict__ table_off,
-    const u32* __restrict__ row_seq, const u32* __restrict__ positions,
-    const u32* __restrict__ tiles, float* __restrict__ out) {
+extern "C" __global__ void __launch_bounds__(256) flash_attention_prefill_g(FA_ARGS) {
     GRID_DEP();
     __shared__ __align__(16) u16 ks[2][FA_KB][FA_MAXD + FA_PAD];
     __shared__ __align__(16) u16 vs[2][FA_KB][FA_MAXD + FA_PAD];
