@@ -99,6 +99,12 @@ impl Ctx<'_> {
             (128, 2, 4, 16, vec![(100, 50), (0, 30), (5, 1)]),
             (64, 1, 2, 7, vec![(0, 70)]),
             (80, 1, 1, 32, vec![(17, 64)]),
+            // Prefill tiles with 8 and 7 query heads per KV head (the
+            // grouped kernel's largest CTA, and a group not a power of
+            // two), and 12 (past it: the warp-per-head kernel).
+            (128, 1, 8, 16, vec![(0, 80)]),
+            (64, 2, 7, 16, vec![(30, 70)]),
+            (64, 1, 12, 16, vec![(0, 64)]),
         ];
         if !self.opts.quick {
             cases.push((128, 8, 4, 16, vec![(8000, 1); 4]));
