@@ -154,23 +154,27 @@ pub const ATT_PIPE: [[[&str; 4]; 2]; 2] = [
     ],
 ];
 
-/// attention_fast.cu's entries: its other kernels, then ATT_PIPE's.
-const ATT_FAST_ENTRIES: [&str; 20] = {
-    let head = [
-        "paged_attention_fast",
-        "paged_attention_split",
-        "attention_combine",
-        "attention_combine_d128",
-    ];
-    let mut out = [""; 20];
+/// attention_fast.cu's kernels besides the pipelined ones.
+const ATT_FAST_HEAD: [&str; 4] = [
+    "paged_attention_fast",
+    "paged_attention_split",
+    "attention_combine",
+    "attention_combine_d128",
+];
+const ATT_PIPE_N: usize = ATT_PIPE.len() * ATT_PIPE[0].len() * ATT_PIPE[0][0].len();
+
+/// attention_fast.cu's entries: ATT_FAST_HEAD, then ATT_PIPE's in order.
+const ATT_FAST_ENTRIES: [&str; ATT_FAST_HEAD.len() + ATT_PIPE_N] = {
+    let mut out = [""; ATT_FAST_HEAD.len() + ATT_PIPE_N];
     let mut i = 0;
-    while i < head.len() {
-        out[i] = head[i];
+    while i < ATT_FAST_HEAD.len() {
+        out[i] = ATT_FAST_HEAD[i];
         i += 1;
     }
+    let (nd, ng) = (ATT_PIPE[0].len(), ATT_PIPE[0][0].len());
     let mut j = 0;
-    while j < 16 {
-        out[head.len() + j] = ATT_PIPE[j / 8][(j / 4) % 2][j % 4];
+    while j < ATT_PIPE_N {
+        out[ATT_FAST_HEAD.len() + j] = ATT_PIPE[j / (nd * ng)][(j / ng) % nd][j % ng];
         j += 1;
     }
     out
