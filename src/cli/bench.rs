@@ -156,7 +156,9 @@ fn time_tg(r: &mut Runner, toks: &[u32], seq: SeqId) -> Result<f64> {
     let t = Instant::now();
     let mut res = Ok(());
     for (i, tok) in toks.iter().enumerate() {
-        if let Err(e) = r.step(&[SeqWork {
+        // The logits stay where the device wrote them, as a server reads
+        // them (no copy into a vector per token).
+        if let Err(e) = r.step_flat(&[SeqWork {
             seq,
             tokens: std::slice::from_ref(tok),
             start_pos: i,

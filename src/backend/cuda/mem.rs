@@ -194,6 +194,11 @@ impl DevAttnBatch {
         })
     }
 
+    /// (n_rows,) absolute position of each query row.
+    pub fn positions(&self) -> CudaView<'_, u32> {
+        self.positions.slice(0..self.n_rows)
+    }
+
     /// A batch of `n_rows` rows, one per sequence, whose block tables hold
     /// at most `stride` blocks: fixed buffers (a captured graph reads
     /// them) refilled by [`DevAttnBatch::refill`] before each replay.
@@ -226,8 +231,17 @@ impl DevAttnBatch {
     }
 
     /// Validates a one-row-per-sequence `batch` against this fixed batch's
-    /// cache geometry and copies its tables and positions in place.
-    pub fn refill(&mut self, be: &CudaBackend, batch: &AttnBatch<'_>, stride: usize) -> Result<()> {
+    /// cache geometry and copies its tables and positions in place, through
+    /// `stage` (n_rows * (stride + 1) values; page-locked memory makes the
+    /// copies asynchronous, so the caller must not rewrite it before they
+    /// have run).
+    pub fn refill(
+        &mut self,
+        be: &CudaBackend,
+        batch: &AttnBatch<'_>,
+        stride: usize,
+        stage: &mut [u32],
+    ) -> Result<()> {
         let need = validate::attention_batch(batch, self.block_size, self.n_blocks)?;
         anyhow::ensure!(
             batch.positions.len() == self.n_rows
@@ -240,21 +254,32 @@ impl DevAttnBatch {
             "decode batch: expected {} rows, one per sequence, in order",
             self.n_rows
         );
-        let mut flat = vec![0u32; self.n_rows * stride];
+        let n = self.n_rows;
+        anyhow::ensure!(
+            stage.len() == n * (stride + 1),
+            "decode batch: staging of {} values for {n} rows of {stride} blocks",
+            stage.len()
+        );
+        let (flat, pos) = stage.split_at_mut(n * stride);
         for (s, &nb) in need.iter().enumerate() {
             anyhow::ensure!(
                 nb <= stride,
                 "decode batch: a table of {nb} blocks exceeds {stride}"
             );
+            // Only the blocks a row reads: the rest of its slot is never
+            // read (the kernels stop at the row's position).
             flat[s * stride..s * stride + nb].copy_from_slice(&batch.block_tables[s][..nb]);
         }
+        pos.copy_from_slice(batch.positions);
+        // A row's table is read up to its position's block: copy up to the
+        // last row's used blocks, not every slot of the stride.
+        let used = need.last().map_or(0, |&nb| (n - 1) * stride + nb);
         drv(
-            be.stream().memcpy_htod(&flat, &mut self.tables),
+            be.stream().memcpy_htod(&flat[..used], &mut self.tables),
             "decode block tables",
         )?;
         drv(
-            be.stream()
-                .memcpy_htod(batch.positions, &mut self.positions),
+            be.stream().memcpy_htod(&*pos, &mut self.positions),
             "decode positions",
         )?;
         Ok(())

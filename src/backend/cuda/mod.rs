@@ -446,6 +446,17 @@ impl CudaBackend {
         Ok(crate::dispatch::HostLogits::Pinned(drv(l, what)?))
     }
 
+    /// A page-locked host buffer of `len` u32 (staging for uploads that
+    /// should not cost the host a copy each).
+    pub fn pinned_u32(&self, len: usize) -> Result<cudarc::driver::PinnedHostSlice<u32>> {
+        // SAFETY: u32 has no invalid bit patterns, and the buffer is zeroed
+        // here before anything reads it; flags 0: plain page-locked memory.
+        let p = unsafe { self.dev.ctx.alloc_pinned_with_flags::<u32>(len.max(1), 0) };
+        let mut p = drv(p, "allocating a pinned staging buffer")?;
+        drv(p.as_mut_slice(), "zeroing a pinned staging buffer")?.fill(0);
+        Ok(p)
+    }
+
     pub fn sync(&self, what: &str) -> Result<()> {
         drv(self.dev.stream.synchronize(), what)
     }
