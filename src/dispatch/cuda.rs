@@ -192,6 +192,9 @@ pub struct CudaExec {
     pool: BufPool,
     /// Decode graphs by (batch size, split-KV CTAs per row and head).
     graphs: Mutex<HashMap<(usize, usize), DecodeGraph>>,
+    /// Page-locked staging of a decode step's inputs, shared by every
+    /// graph (taken under the `graphs` lock: one step at a time).
+    stage: Mutex<Staging>,
     /// Set while a graph is being captured: no allocation may happen then.
     capturing: AtomicBool,
     /// CUDA graphs for decode steps (QUIRE_NO_GRAPHS=1 turns them off).
@@ -207,6 +210,49 @@ struct SendGraph(CudaGraph, Option<PdlExec>);
 // destroy) binds the context first and is serialized by `CudaExec::graphs`.
 unsafe impl Send for SendGraph {}
 
+/// Page-locked staging of decode inputs: tokens, slots, then the block
+/// tables and positions (DevAttnBatch::refill), (B * (stride + 3),) for a
+/// step of B rows. One async copy each (from pageable memory each upload
+/// cost the host a staging copy of its own: about 14 of a SmolLM2 step's
+/// 700 us on an H100). Invariant: the host writes the buffer only after
+/// `done`, recorded behind the last copies that read it, has completed.
+#[derive(Default)]
+struct Staging {
+    buf: Option<PinnedHostSlice<u32>>,
+    done: Option<CudaEvent>,
+}
+
+impl Staging {
+    /// The first `len` values of the buffer (grown when too small), once
+    /// the copies of its last use have run (long done when that step
+    /// synchronized on its logits; not if it failed half way).
+    fn take(&mut self, be: &CudaBackend, len: usize) -> Result<&mut [u32]> {
+        if let Some(e) = &self.done {
+            drv(e.synchronize(), "decode inputs")?;
+        }
+        let buf = match self.buf.take() {
+            Some(b) if b.len() >= len => b,
+            // Sized for the next batch sizes too (steps grow one sequence
+            // at a time while a server fills up).
+            _ => be.pinned_u32(len.next_power_of_two())?,
+        };
+        let buf = self.buf.insert(buf);
+        Ok(&mut drv(buf.as_mut_slice(), "decode inputs")?[..len])
+    }
+
+    /// Records, on `st`, that the copies just issued from the buffer are
+    /// the last to read it.
+    fn mark(&mut self, st: &Arc<cudarc::driver::CudaStream>) -> Result<()> {
+        match &self.done {
+            Some(e) => drv(e.record(st), "decode inputs"),
+            None => {
+                self.done = Some(drv(st.record_event(None), "decode inputs")?);
+                Ok(())
+            }
+        }
+    }
+}
+
 /// Fixed inputs, fixed logits buffer and the captured graph of the decode
 /// steps of one batch size (one row per sequence, every row's logits).
 struct DecodeGraph {
@@ -216,14 +262,6 @@ struct DecodeGraph {
     batch: DevAttnBatch,
     /// (B, vocab) logits, written by the graph's last node.
     out: CudaSlice<f32>,
-    /// Page-locked staging of a step's inputs, (B * (stride + 3),): tokens,
-    /// slots, then the block tables and positions (DevAttnBatch::refill).
-    /// One async copy each (from pageable memory each upload cost the host
-    /// a staging copy: about 14 of a SmolLM2 step's 700 us on an H100).
-    /// Invariant: the host writes `stage` only after `staged`, recorded
-    /// behind the last copies that read it, has completed.
-    stage: PinnedHostSlice<u32>,
-    staged: CudaEvent,
     graph: Option<SendGraph>,
     /// One uncaptured step ran with these inputs (it filled the buffer
     /// pool, so the capture allocates nothing).
@@ -244,6 +282,7 @@ impl CudaExec {
             profile: std::env::var("QUIRE_PROFILE_OPS").is_ok_and(|v| v == "1"),
             pool: Arc::new(PoolInner::default()),
             graphs: Mutex::new(HashMap::new()),
+            stage: Mutex::new(Staging::default()),
             capturing: AtomicBool::new(false),
             use_graphs: !std::env::var("QUIRE_NO_GRAPHS").is_ok_and(|v| v == "1"),
         }
@@ -365,8 +404,6 @@ impl CudaExec {
                     ctas,
                 )?,
                 out: zeros::<f32>(&self.be, b * vocab, "decode logits")?,
-                stage: self.be.pinned_u32(b * (kv.n_blocks + 3))?,
-                staged: drv(self.be.stream().record_event(None), "decode inputs")?,
                 graph: None,
                 warm: false,
                 capture_failed: false,
@@ -377,10 +414,11 @@ impl CudaExec {
             .get_mut(&key)
             .ok_or_else(|| anyhow!("cuda: decode graph missing"))?;
         let st = self.be.stream();
-        // The previous step's copies read the staging (long done when that
-        // step synchronized on its logits; not if it failed half way).
-        drv(g.staged.synchronize(), "decode inputs")?;
-        let stage = drv(g.stage.as_mut_slice(), "decode inputs")?;
+        let mut staging = self
+            .stage
+            .lock()
+            .map_err(|_| anyhow!("cuda: staging lock poisoned"))?;
+        let stage = staging.take(&self.be, b * (kv.n_blocks + 3))?;
         let (tok_slot, rest) = stage.split_at_mut(2 * b);
         let (tok, slot) = tok_slot.split_at_mut(b);
         tok.copy_from_slice(input.tokens);
@@ -397,7 +435,8 @@ impl CudaExec {
             kv.n_blocks,
             rest,
         )?;
-        drv(g.staged.record(st), "decode inputs")?;
+        staging.mark(st)?;
+        drop(staging);
         if g.graph.is_some() && g.arena_len != self.be.arena_len() {
             g.graph = None;
         }
