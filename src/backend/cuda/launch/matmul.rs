@@ -346,8 +346,10 @@ impl CudaBackend {
         validate::mat_muls(x.len(), n, &shapes)?;
         let (ty, k) = (jobs[0].w.ty, jobs[0].w.cols);
         let float_w = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
-        if float_w {
-            // Float kernels quantize nothing but may overwrite a cached input.
+        let blas = mode == Mode::Fast && n > MV_BATCH && self.blas.is_some();
+        if float_w && !(blas && k.is_multiple_of(32)) {
+            // Float kernels quantize nothing but may overwrite a cached
+            // input (the cuBLAS path keeps the cache itself: gemm_f16).
             self.forget_activations();
         }
         if n == 0 || jobs.iter().all(|j| j.w.rows == 0) {
@@ -385,7 +387,6 @@ impl CudaBackend {
             return self.mm_q8_mma(x, n, jobs);
         }
         let tile = mode == Mode::Fast && !float_w && n > lo && n <= hi;
-        let blas = mode == Mode::Fast && n > MV_BATCH && self.blas.is_some();
         self.last_mv_q8.store(
             !tile && !blas && !float_w,
             std::sync::atomic::Ordering::Relaxed,
@@ -580,7 +581,6 @@ impl CudaBackend {
             cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType,
         };
         use cudarc::driver::{DevicePtr, DevicePtrMut};
-        self.forget_activations();
         let blas = self
             .blas
             .as_ref()
@@ -590,8 +590,14 @@ impl CudaBackend {
         let s = self.stream();
         let f16_weights = w.ty == GgmlType::F16;
         let wlen = if f16_weights { 0 } else { m * k };
-        let mut guard = self.arena(&[wlen * 2, n * k * 2, 0])?;
-        arena3::<u16, u16, u8, ()>(&mut guard, (wlen, n * k, 0), |w16, x16, _| {
+        let mut guard = self.arena(&[n * k * 2, wlen * 2, 0])?;
+        // The f16 activations at the start of the arena (mm_tile's layout)
+        // serve every matmul of the same input: q/k/v and gate/up convert
+        // their input once.
+        let key = ActKey::new(x, k, ACT_F16, s);
+        let cached = self.act_cached(key);
+        let outs = [(dev_ptr_mut(out, s), out.len())];
+        arena3::<u16, u16, u8, ()>(&mut guard, (n * k, wlen, 0), |x16, w16, _| {
             if !f16_weights {
                 let mut b = s.launch_builder(self.func("dequant_f16")?);
                 b.arg(&w.data)
@@ -612,11 +618,13 @@ impl CudaBackend {
                     "mat_mul: dequant_f16",
                 )?;
             }
-            let len = (n * k) as i64;
-            let mut b = s.launch_builder(self.func("to_f16")?);
-            b.arg(x).arg(&len).arg(&mut *x16);
-            // SAFETY: matches to_f16; x and x16 hold n*k elements.
-            drv(unsafe { b.launch(grid_1d(n * k, 256)?) }, "mat_mul: to_f16")?;
+            if !cached {
+                let len = (n * k) as i64;
+                let mut b = s.launch_builder(self.func("to_f16")?);
+                b.arg(x).arg(&len).arg(&mut *x16);
+                // SAFETY: matches to_f16; x and x16 hold n*k elements.
+                drv(unsafe { b.launch(grid_1d(n * k, 256)?) }, "mat_mul: to_f16")?;
+            }
             let (alpha, beta) = (1.0f32, if add { 1.0f32 } else { 0.0 });
             let (wp, _g1) = if f16_weights {
                 w.data.device_ptr(s)
@@ -653,7 +661,9 @@ impl CudaBackend {
                 )
             }
             .map_err(|e| anyhow!("mat_mul: cublasGemmEx ({m} x {k}, n {n}): {e:?}"))
-        })
+        })?;
+        self.act_remember(key, &outs);
+        Ok(())
     }
 }
 
