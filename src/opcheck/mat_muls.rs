@@ -41,7 +41,9 @@ impl Ctx<'_> {
             ]
         };
         // (job rows, k, n, adds): q/k/v and gate/up decode, a residual
-        // projection, the batched-decode and prefill row counts, four jobs.
+        // projection, the batched-decode and prefill row counts, four jobs;
+        // prefill-sized jobs of one shape (the cuBLAS path batches them:
+        // k and v, gate and up, also adding).
         let mut shapes: Vec<(Vec<usize>, usize, usize, Vec<bool>)> = vec![
             (vec![64, 16, 16], 512, 1, vec![false, false, false]),
             (vec![40, 40], 512, 3, vec![false, true]),
@@ -49,6 +51,8 @@ impl Ctx<'_> {
             (vec![33, 97], 512, 17, vec![true, false]),
             (vec![130, 7], 256, 70, vec![true, true]),
             (vec![16, 8, 8, 24], 256, 5, vec![false, true, false, true]),
+            (vec![48, 16, 16], 256, 70, vec![false, false, false]),
+            (vec![32, 32], 256, 100, vec![true, true]),
         ];
         for &ty in types {
             let float_w = matches!(ty, F32 | F16 | BF16);

@@ -391,15 +391,14 @@ impl CudaBackend {
             !tile && !blas && !float_w,
             std::sync::atomic::Ordering::Relaxed,
         );
-        if tile || blas {
+        if tile {
             for j in jobs.iter_mut() {
-                if tile {
-                    self.mm_tile(&j.w, x, n, &mut j.out, j.add)?;
-                } else {
-                    self.gemm_f16(&j.w, x, n, &mut j.out, j.add)?;
-                }
+                self.mm_tile(&j.w, x, n, &mut j.out, j.add)?;
             }
             return Ok(());
+        }
+        if blas {
+            return self.gemm_f16_jobs(x, n, jobs);
         }
         let m: usize = jobs.iter().map(|j| j.w.rows).sum();
         let long_rows = jobs.first().is_some_and(|j| j.w.cols >= 3 * m);
@@ -561,106 +560,6 @@ impl CudaBackend {
                 drv(unsafe { b.launch(cfg) }, "mat_mul: mm_f16_tile")?;
             }
             Ok(())
-        })?;
-        self.act_remember(key, &outs);
-        Ok(())
-    }
-
-    /// Weights to f16 (unless stored as f16), activations to f16, one cuBLAS
-    /// GEMM with f32 accumulation and output (beta = 1 adds the product into
-    /// `out` for `add`).
-    fn gemm_f16(
-        &self,
-        w: &DevMatrix<'_>,
-        x: &CudaView<'_, f32>,
-        n: usize,
-        out: &mut CudaViewMut<'_, f32>,
-        add: bool,
-    ) -> Result<()> {
-        use cudarc::cublas::sys::{
-            cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType,
-        };
-        use cudarc::driver::{DevicePtr, DevicePtrMut};
-        let blas = self
-            .blas
-            .as_ref()
-            .ok_or_else(|| anyhow!("mat_mul: no cuBLAS"))?;
-        let (m, k) = (w.rows, w.cols);
-        let MmDims { tc, rb, mi, ki, ni } = mm_dims(w, n)?;
-        let s = self.stream();
-        let f16_weights = w.ty == GgmlType::F16;
-        let wlen = if f16_weights { 0 } else { m * k };
-        let mut guard = self.arena(&[n * k * 2, wlen * 2, 0])?;
-        // The f16 activations at the start of the arena (mm_tile's layout)
-        // serve every matmul of the same input: q/k/v and gate/up convert
-        // their input once.
-        let key = ActKey::new(x, k, ACT_F16, s);
-        let cached = self.act_cached(key);
-        let outs = [(dev_ptr_mut(out, s), out.len())];
-        arena3::<u16, u16, u8, ()>(&mut guard, (n * k, wlen, 0), |x16, w16, _| {
-            if !f16_weights {
-                let mut b = s.launch_builder(self.func("dequant_f16")?);
-                b.arg(&w.data)
-                    .arg(&mi)
-                    .arg(&ki)
-                    .arg(&rb)
-                    .arg(&tc)
-                    .arg(&mut *w16);
-                // Quantized types: one thread per 32-value unit (k is a
-                // multiple of 32 here); float types: one per element.
-                let float_w = matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
-                let threads = if float_w { m * k } else { m * k / 32 };
-                // SAFETY: matches dequant_f16; w holds m rows of rb bytes,
-                // w16 m*k elements (arena: 256-byte aligned, rows of k
-                // halves are 64-byte multiples, for the 16-byte stores).
-                drv(
-                    unsafe { b.launch(grid_1d(threads, 256)?) },
-                    "mat_mul: dequant_f16",
-                )?;
-            }
-            if !cached {
-                let len = (n * k) as i64;
-                let mut b = s.launch_builder(self.func("to_f16")?);
-                b.arg(x).arg(&len).arg(&mut *x16);
-                // SAFETY: matches to_f16; x and x16 hold n*k elements.
-                drv(unsafe { b.launch(grid_1d(n * k, 256)?) }, "mat_mul: to_f16")?;
-            }
-            let (alpha, beta) = (1.0f32, if add { 1.0f32 } else { 0.0 });
-            let (wp, _g1) = if f16_weights {
-                w.data.device_ptr(s)
-            } else {
-                w16.device_ptr(s)
-            };
-            let (xp, _g2) = x16.device_ptr(s);
-            let (op, _g3) = out.device_ptr_mut(s);
-            // Column-major view: out^T (m, n) = W (k, m)^T · x^T (k, n).
-            // SAFETY: cuBLAS is bound to this backend's stream; the pointers
-            // hold m*k (weights), n*k (x) f16 and n*m f32 (out) elements,
-            // and stay alive until the GEMM (queued on the same stream) ran.
-            unsafe {
-                cudarc::cublas::result::gemm_ex(
-                    *blas.handle(),
-                    cublasOperation_t::CUBLAS_OP_T,
-                    cublasOperation_t::CUBLAS_OP_N,
-                    mi,
-                    ni,
-                    ki,
-                    (&alpha) as *const f32 as *const _,
-                    wp as *const _,
-                    cudaDataType::CUDA_R_16F,
-                    ki,
-                    xp as *const _,
-                    cudaDataType::CUDA_R_16F,
-                    ki,
-                    (&beta) as *const f32 as *const _,
-                    op as *mut _,
-                    cudaDataType::CUDA_R_32F,
-                    mi,
-                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                )
-            }
-            .map_err(|e| anyhow!("mat_mul: cublasGemmEx ({m} x {k}, n {n}): {e:?}"))
         })?;
         self.act_remember(key, &outs);
         Ok(())

@@ -5,13 +5,15 @@
 //! Each launcher checks shapes with `backend::validate` (the same checks
 //! the cpu backend runs) before it launches anything.
 //!
-//! `matmul.rs`: matmul in every mode (and the activation cache);
+//! `matmul.rs`: matmul in every mode (`matmul_blas.rs`: its cuBLAS path;
+//! `act_cache.rs`: the activation cache);
 //! `attention.rs`: paged attention in every mode; here: the scratch arena
 //! and the element-wise ops.
 
 mod act_cache;
 mod attention;
 mod matmul;
+mod matmul_blas;
 mod matmul_exact;
 mod matmul_mma;
 
