@@ -111,25 +111,20 @@ impl CudaBackend {
         let f16_weights = w0.ty == GgmlType::F16;
         let outs: Vec<u64> = jobs.iter().map(|j| dev_ptr_mut(&j.out, s)).collect();
         let wptrs: Vec<u64> = jobs.iter().map(|j| dev_ptr(&j.w.data, s)).collect();
-        let plan = batch_plan(&outs, f16_weights.then_some(&wptrs[..]));
+        // Batched only with outputs at least n*m floats apart (each job
+        // writes n*m): overlapping ones keep the op's order, one GEMM each.
+        let plan = batch_plan(&outs, f16_weights.then_some(&wptrs[..]))
+            .filter(|p| p.stride_c as u64 >= (n * m) as u64);
         if jobs.len() > 1 && plan.is_none() {
             for j in 0..jobs.len() {
                 self.gemm_f16(x, n, &mut jobs[j..j + 1])?;
             }
             return Ok(());
         }
-        let (order, stride_c, stride_a) = match &plan {
-            Some(p) => (p.order.clone(), p.stride_c, p.stride_a),
+        let (order, stride_c, stride_a) = match plan {
+            Some(p) => (p.order, p.stride_c, p.stride_a),
             None => (vec![0], 0, None),
         };
-        if order.len() > 1 && (stride_c as u64) < (n * m) as u64 {
-            // Overlapping outputs (each job writes n*m floats): one GEMM
-            // each keeps the order the op defines.
-            for j in 0..jobs.len() {
-                self.gemm_f16(x, n, &mut jobs[j..j + 1])?;
-            }
-            return Ok(());
-        }
         let batch = order.len();
         let wlen = if f16_weights { 0 } else { batch * m * k };
         let mut guard = self.arena(&[n * k * 2, wlen * 2, 0])?;
@@ -195,56 +190,33 @@ impl CudaBackend {
             // and op + b*stride_c floats (a job's n*m output, by
             // batch_plan) stay alive until the GEMM, queued on the same
             // stream, has run.
+            // One job: batch 1 of the same call (strides unused).
             unsafe {
-                if batch == 1 {
-                    cudarc::cublas::result::gemm_ex(
-                        *blas.handle(),
-                        cublasOperation_t::CUBLAS_OP_T,
-                        cublasOperation_t::CUBLAS_OP_N,
-                        mi,
-                        ni,
-                        ki,
-                        (&alpha) as *const f32 as *const _,
-                        wp as *const _,
-                        cudaDataType::CUDA_R_16F,
-                        ki,
-                        xp as *const _,
-                        cudaDataType::CUDA_R_16F,
-                        ki,
-                        (&beta) as *const f32 as *const _,
-                        op as *mut _,
-                        cudaDataType::CUDA_R_32F,
-                        mi,
-                        cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                        cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                    )
-                } else {
-                    cudarc::cublas::result::gemm_strided_batched_ex(
-                        *blas.handle(),
-                        cublasOperation_t::CUBLAS_OP_T,
-                        cublasOperation_t::CUBLAS_OP_N,
-                        mi,
-                        ni,
-                        ki,
-                        (&alpha) as *const f32 as *const _,
-                        wp as *const _,
-                        cudaDataType::CUDA_R_16F,
-                        ki,
-                        sa,
-                        xp as *const _,
-                        cudaDataType::CUDA_R_16F,
-                        ki,
-                        0,
-                        (&beta) as *const f32 as *const _,
-                        op as *mut _,
-                        cudaDataType::CUDA_R_32F,
-                        mi,
-                        stride_c,
-                        bi,
-                        cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                        cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                    )
-                }
+                cudarc::cublas::result::gemm_strided_batched_ex(
+                    *blas.handle(),
+                    cublasOperation_t::CUBLAS_OP_T,
+                    cublasOperation_t::CUBLAS_OP_N,
+                    mi,
+                    ni,
+                    ki,
+                    (&alpha) as *const f32 as *const _,
+                    wp as *const _,
+                    cudaDataType::CUDA_R_16F,
+                    ki,
+                    sa,
+                    xp as *const _,
+                    cudaDataType::CUDA_R_16F,
+                    ki,
+                    0,
+                    (&beta) as *const f32 as *const _,
+                    op as *mut _,
+                    cudaDataType::CUDA_R_32F,
+                    mi,
+                    stride_c,
+                    bi,
+                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
             }
             .map_err(|e| anyhow!("mat_mul: cuBLAS GEMM ({m} x {k}, n {n}, batch {batch}): {e:?}"))
         })?;
