@@ -71,13 +71,14 @@ impl CudaBackend {
         n: usize,
         jobs: &mut [MatJob<'_, Dev>],
     ) -> Result<()> {
+        let batched = batched_gemms();
         let mut i = 0;
         while i < jobs.len() {
             let mut e = i + 1;
-            while e < jobs.len()
+            while batched
+                && e < jobs.len()
                 && jobs[e].w.rows == jobs[i].w.rows
                 && jobs[e].add == jobs[i].add
-                && batched_gemms()
             {
                 e += 1;
             }
@@ -140,6 +141,10 @@ impl CudaBackend {
             .collect();
         arena3::<u16, u16, u8, ()>(&mut guard, (n * k, wlen, 0), |x16, w16, _| {
             if !f16_weights {
+                // Quantized types: one thread per 32-value unit (k is a
+                // multiple of 32 here); F32 / BF16: one per element.
+                let per_elem = matches!(w0.ty, GgmlType::F32 | GgmlType::BF16);
+                let threads = if per_elem { m * k } else { m * k / 32 };
                 // The jobs' weights one after another, in batch order.
                 for (slot, &j) in order.iter().enumerate() {
                     let mut dst = w16.slice_mut(slot * m * k..(slot + 1) * m * k);
@@ -150,10 +155,6 @@ impl CudaBackend {
                         .arg(&rb)
                         .arg(&tc)
                         .arg(&mut dst);
-                    // Quantized types: one thread per 32-value unit (k is
-                    // a multiple of 32 here); float types: one per element.
-                    let float_w = matches!(w0.ty, GgmlType::F32 | GgmlType::BF16);
-                    let threads = if float_w { m * k } else { m * k / 32 };
                     // SAFETY: matches dequant_f16; the job's weights hold m
                     // rows of rb bytes, dst m*k elements (arena: 256-byte
                     // aligned, and m*k halves a multiple of 32 bytes with
