@@ -16,8 +16,14 @@ fn every_kernel_compiles_with_nvrtc() {
         return;
     }
     let mut n = 0;
-    for arch in ["sm_80", "sm_90"] {
-        for (stem, _, entries) in source::KERNELS {
+    // The Hopper-only files (wgmma) are compiled for sm_90a alone.
+    let sets = [
+        ("sm_80", source::KERNELS),
+        ("sm_90", source::KERNELS),
+        ("sm_90a", source::KERNELS_SM90A),
+    ];
+    for (arch, files) in sets {
+        for (stem, _, entries) in files {
             let ptx = match source::compile(stem, arch) {
                 Ok(p) => p,
                 Err(e) => panic!("{stem}.cu for {arch}: {e:#}"),
@@ -38,7 +44,7 @@ fn every_kernel_compiles_with_nvrtc() {
             // Every kernel waits for the grid before it first thing
             // (GRID_DEP, common.cuh): decode graphs on sm_90+ start a
             // kernel's CTAs before its predecessor has finished.
-            if arch == "sm_90" {
+            if arch.starts_with("sm_90") {
                 for body in text.split(".entry ").skip(1) {
                     let name = body.split('(').next().unwrap_or("?");
                     assert!(
@@ -78,7 +84,7 @@ fn kernel_table_names_every_op_file() {
     // Entry names are non-empty and loaded once (some lists are built by
     // const code, e.g. attention_fast's from ATT_PIPE).
     let mut seen = std::collections::HashSet::new();
-    for (stem, _, entries) in source::KERNELS {
+    for (stem, _, entries) in source::KERNELS.iter().chain(source::KERNELS_SM90A) {
         for e in entries.iter() {
             assert!(!e.is_empty(), "{stem}.cu: an empty entry name");
             assert!(seen.insert(*e), "{stem}.cu: entry {e} listed twice");

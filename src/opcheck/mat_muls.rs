@@ -54,12 +54,21 @@ impl Ctx<'_> {
             (vec![48, 16, 16], 256, 70, vec![false, false, false]),
             (vec![32, 32], 256, 100, vec![true, true]),
         ];
+        // Prefill tiles of the wgmma GEMM (sm_90; 32-value block types):
+        // several 128-row weight tiles and 128-token tiles with ragged
+        // ends, k a multiple of 64 and k with half a 64-value chunk left
+        // (9 blocks: Q4_1 and Q5_1 rows stay whole 4-byte words).
+        let wide: Vec<(Vec<usize>, usize, usize, Vec<bool>)> = vec![
+            (vec![300, 200], 320, 200, vec![false, true]),
+            (vec![130, 70, 260], 288, 150, vec![true, false, false]),
+        ];
         for &ty in types {
             let float_w = matches!(ty, F32 | F16 | BF16);
             if float_w {
                 shapes.push((vec![5, 9], 33, 2, vec![true, false]));
             }
-            for (ms, k, n, adds) in &shapes {
+            let extra: &[_] = if ty.block_size() <= 32 { &wide } else { &[] };
+            for (ms, k, n, adds) in shapes.iter().chain(extra) {
                 let (k, n) = (*k, *n);
                 let datas: Vec<Vec<u8>> = match ms
                     .iter()

@@ -137,6 +137,42 @@ fn ty_code(ty: GgmlType) -> Option<i32> {
     })
 }
 
+/// Whether the Hopper-only kernels are compiled (QUIRE_WGMMA=0: no, for
+/// comparisons with the cuBLAS path they replace).
+pub(crate) fn wgmma_wanted() -> bool {
+    std::env::var("QUIRE_WGMMA").map_or(true, |v| v != "0")
+}
+
+/// Compiles and loads `source::KERNELS_SM90A` for `sm_90a` into `funcs`.
+/// A failure is logged and leaves them out (the portable kernels serve the
+/// same ops), so a driver or NVRTC without `sm_90a` still runs.
+fn load_sm90a(ctx: &Arc<CudaContext>, funcs: &mut HashMap<&'static str, CudaFunction>) {
+    for (stem, _, entries) in source::KERNELS_SM90A {
+        let loaded = (|| -> Result<Vec<(&'static str, CudaFunction)>> {
+            let ptx = source::compile(stem, "sm_90a")?;
+            let module = drv(ctx.load_module(ptx), &format!("loading module {stem}"))?;
+            let mut v = Vec::new();
+            for &e in entries.iter() {
+                let f = drv(module.load_function(e), &format!("kernel {e} of {stem}.cu"))?;
+                let bytes = launch::wg_smem(e).ok_or_else(|| anyhow!("{e}: no smem size"))?;
+                drv(
+                    f.set_attribute(
+                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        i32::try_from(bytes)?,
+                    ),
+                    &format!("{e}: shared memory size"),
+                )?;
+                v.push((e, f));
+            }
+            Ok(v)
+        })();
+        match loaded {
+            Ok(v) => funcs.extend(v),
+            Err(e) => tracing::warn!("{stem}.cu (sm_90a) not loaded, its ops use portable kernels: {e:#}"),
+        }
+    }
+}
+
 fn i32_of(v: usize, what: &str) -> Result<i32> {
     i32::try_from(v).map_err(|_| anyhow!("{what} = {v} exceeds the CUDA kernels' i32 range"))
 }
@@ -249,6 +285,9 @@ impl CudaBackend {
                 }
                 funcs.insert(e, f);
             }
+        }
+        if arch == "sm_90" && wgmma_wanted() {
+            load_sm90a(&ctx, &mut funcs);
         }
         // Runs only the one op that hit a device error (later ops are
         // declined and go to the dispatcher's own cpu backend): one thread.

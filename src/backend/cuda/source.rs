@@ -120,6 +120,36 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     ),
 ];
 
+/// Kernel files that use Hopper-only instructions (wgmma): compiled for
+/// `sm_90a`, and only on devices of compute capability 9.0 (`sm_90a` code
+/// runs nowhere else). A compile or load failure leaves them out: the ops
+/// then take the portable kernels.
+pub const KERNELS_SM90A: &[(&str, &str, &[&str])] = &[(
+    "matmul_wgmma_fast",
+    include_str!("kernels/matmul_wgmma_fast.cu"),
+    &WG_ENTRIES,
+)];
+
+/// matmul_wgmma_fast.cu's entries, [type][BN / 128 - 1] for the 32-value
+/// block types in type-code order (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0):
+/// `mm_wg_<type>_n<BN>` with BN activation rows per CTA.
+pub const WG_KERNELS: [[&str; 2]; 5] = [
+    ["mm_wg_q4_0_n128", "mm_wg_q4_0_n256"],
+    ["mm_wg_q4_1_n128", "mm_wg_q4_1_n256"],
+    ["mm_wg_q5_0_n128", "mm_wg_q5_0_n256"],
+    ["mm_wg_q5_1_n128", "mm_wg_q5_1_n256"],
+    ["mm_wg_q8_0_n128", "mm_wg_q8_0_n256"],
+];
+const WG_ENTRIES: [&str; 10] = {
+    let mut out = [""; 10];
+    let mut i = 0;
+    while i < 10 {
+        out[i] = WG_KERNELS[i / 2][i % 2];
+        i += 1;
+    }
+    out
+};
+
 /// The pipelined split-attention entries of attention_fast.cu, indexed
 /// [merge][head_dim class][group class]: `att_pipe{_m}_d{2,4}_g{1,2,4,8}`
 /// (launch/attention.rs, gqa_split_kernel, picks one).
@@ -230,6 +260,7 @@ pub const MV_EXACT_WR: usize = 2;
 pub fn full_source(stem: &str) -> Result<String> {
     let (_, src, _) = KERNELS
         .iter()
+        .chain(KERNELS_SM90A)
         .find(|(n, _, _)| *n == stem)
         .ok_or_else(|| anyhow!("no CUDA kernel file named {stem}"))?;
     Ok(format!("{}\n{}\n{}\n{}", prelude(), COMMON, DEQUANT, src))

@@ -249,3 +249,64 @@ __device__ __forceinline__ void decode_unit(const u8* __restrict__ row, int u, i
     }
 }
 
+// f16x2 arithmetic through PTX (no header).
+__device__ __forceinline__ u32 h2_sub(u32 a, u32 b) {
+    u32 r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ u32 h2_fma(u32 a, u32 b, u32 c) {
+    u32 r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
+// Bytes 0, 1 (lo) or 2, 3 (hi) of x as the f16 pair 1024 + byte: the byte
+// placed in the mantissa of 1024 (one byte permute per two values; exact).
+__device__ __forceinline__ u32 h2_bytes01(u32 x) { return __byte_perm(x, 0x64646464u, 0x4140); }
+__device__ __forceinline__ u32 h2_bytes23(u32 x) { return __byte_perm(x, 0x64646464u, 0x4342); }
+
+// Unit u of weight row `row` (or zeros when `valid` is false) as 32 f16
+// values A * q + B in h (values 2i, 2i + 1 in h[i], the lower first), for
+// the tensor-core tile kernels (matmul_fast, matmul_wgmma_fast). The integer q
+// is made exactly in f16 (1024 + biased byte, minus the bias), then one f16
+// FMA with A and B rounded to f16 (exact for the 32-block types' f16
+// scales; the K-quants' products d * sc round once more: fast mode only).
+template <int TY>
+__device__ __forceinline__ void unit_f16_regs(const u8* __restrict__ row, int u, bool valid,
+                                              u32* h) {
+    if (!valid) {
+#pragma unroll
+        for (int i = 0; i < 16; i++) h[i] = 0;
+    } else if (TY == TY_Q4_0) {
+        // Nibbles straight from the block: q - 8 = (1024 + q) - 1032.
+        const u8* blk = row + (long long)u * 18;
+        u32 v[5];
+        int sh = ld_words<5>(blk, v);
+        u32 sc = __funnelshift_rc(v[0], v[1], sh) & 0xFFFFu;
+        u32 d = sc | (sc << 16);
+        const u32 bias = 0x64086408u;  // 1032, 1032
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            u32 q = __funnelshift_rc(v[i], v[i + 1], sh + 16);
+            u32 lo = q & 0x0F0F0F0Fu, hi = (q >> 4) & 0x0F0F0F0Fu;
+            h[2 * i] = h2_fma(h2_sub(h2_bytes01(lo), bias), d, 0);
+            h[2 * i + 1] = h2_fma(h2_sub(h2_bytes23(lo), bias), d, 0);
+            h[8 + 2 * i] = h2_fma(h2_sub(h2_bytes01(hi), bias), d, 0);
+            h[8 + 2 * i + 1] = h2_fma(h2_sub(h2_bytes23(hi), bias), d, 0);
+        }
+    } else {
+        int w[8];
+        float a0, a1, b;
+        decode_unit<TY>(row, u, w, a0, a1, b);
+        u32 ha0 = pack_f16x2(a0, a0), ha1 = pack_f16x2(a1, a1), hb = pack_f16x2(b, b);
+        const u32 bias = 0x64806480u;  // 1152 = 1024 + 128, the signed bytes' bias
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            u32 x = (u32)w[i] ^ 0x80808080u;
+            u32 ha = i < 4 ? ha0 : ha1;
+            h[2 * i] = h2_fma(h2_sub(h2_bytes01(x), bias), ha, hb);
+            h[2 * i + 1] = h2_fma(h2_sub(h2_bytes23(x), bias), ha, hb);
+        }
+    }
+}

@@ -397,6 +397,11 @@ impl CudaBackend {
             }
             return Ok(());
         }
+        if mode == Mode::Fast && n > hi && n > MV_BATCH && self.wg_takes(ty, k) {
+            self.last_mv_q8
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+            return self.mm_wgmma(x, n, jobs);
+        }
         if blas {
             return self.gemm_f16_jobs(x, n, jobs);
         }

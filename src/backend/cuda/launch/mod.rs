@@ -6,7 +6,8 @@
 //! the cpu backend runs) before it launches anything.
 //!
 //! `matmul.rs`: matmul in every mode (`matmul_blas.rs`: its cuBLAS path;
-//! `act_cache.rs`: the activation cache);
+//! `matmul_wgmma.rs`: the Hopper prefill GEMM that replaces it for 32-value
+//! block weights; `act_cache.rs`: the activation cache);
 //! `attention.rs`: paged attention in every mode; here: the scratch arena
 //! and the element-wise ops.
 
@@ -16,11 +17,13 @@ mod matmul;
 mod matmul_blas;
 mod matmul_exact;
 mod matmul_mma;
+mod matmul_wgmma;
 
 pub(crate) use act_cache::ActKey;
 pub(crate) use attention::{att_pipe_smem, att_stages};
 pub(crate) use matmul::{fast_uses_blas, TILE_SMEM};
 pub(crate) use matmul_mma::mq_smem_max;
+pub(crate) use matmul_wgmma::wg_smem;
 
 use super::mem::{DevKvMut, DevMatrix};
 use super::{drv, grid_1d, i32_of, ty_code, CudaBackend};

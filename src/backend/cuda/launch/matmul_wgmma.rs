@@ -1,0 +1,166 @@
+//! `fast` mode's prefill GEMM on Hopper (kernels/matmul_wgmma_fast.cu):
+//! 32-value block weights dequantized to f16 tile by tile in shared memory
+//! and multiplied by wgmma with f16 activations and f32 accumulation, in
+//! place of the cuBLAS path's dequantization of every whole matrix to
+//! device memory per call. All jobs of a MatMuls op run in one launch.
+
+use super::act_cache::{ActKey, ACT_F16};
+use super::arena3;
+use super::matmul::job_table;
+use crate::backend::cuda::mem::Dev;
+use crate::backend::cuda::source::WG_KERNELS;
+use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
+use crate::backend::MatJob;
+use crate::quant::GgmlType;
+use anyhow::Result;
+use cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
+
+/// Weight rows per CTA.
+const WG_BM: usize = 128;
+
+/// Dynamic shared memory of a CTA of `bn` activation rows: WG_SMEM(BN) of
+/// matmul_wgmma_fast.cu (1,024 bytes of alignment slack, three f16 weight
+/// tiles, four activation stages and three raw weight stages).
+pub(super) const fn wg_smem_of(bn: usize) -> usize {
+    let raw = 128 * 68 + 128;
+    1024 + 3 * WG_BM * 128 + 4 * bn * 128 + 3 * raw
+}
+
+/// The dynamic shared memory of a `mm_wg_*` entry, None for other names.
+pub(crate) fn wg_smem(name: &str) -> Option<usize> {
+    WG_KERNELS
+        .iter()
+        .flat_map(|row| row.iter().enumerate())
+        .find(|(_, n)| **n == name)
+        .map(|(i, _)| wg_smem_of(128 * (i + 1)))
+}
+
+/// The row of WG_KERNELS for a weight type, None for types the kernel does
+/// not decode (K-quants, float types).
+fn wg_type_index(ty: GgmlType) -> Option<usize> {
+    match ty {
+        GgmlType::Q4_0 => Some(0),
+        GgmlType::Q4_1 => Some(1),
+        GgmlType::Q5_0 => Some(2),
+        GgmlType::Q5_1 => Some(3),
+        GgmlType::Q8_0 => Some(4),
+        _ => None,
+    }
+}
+
+/// Activation rows per CTA (128 or 256): the choice with the fewer
+/// CTA-waves of work, counting a 256-row CTA as two 128-row ones (it does
+/// twice the work); ties take 256 (each weight tile is decoded once for
+/// twice the rows). `QUIRE_WG_BN=128|256` forces one (comparisons).
+pub(super) fn wg_bn(rows: &[usize], n: usize, sms: usize) -> usize {
+    if let Some(bn) = std::env::var("QUIRE_WG_BN")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|b| *b == 128 || *b == 256)
+    {
+        return bn;
+    }
+    let tiles: usize = rows.iter().map(|r| r.div_ceil(WG_BM)).sum();
+    let sms = sms.max(1);
+    let waves = |bn: usize| -> usize { (tiles * n.div_ceil(bn)).div_ceil(sms) * (bn / 128) };
+    if waves(256) <= waves(128) {
+        256
+    } else {
+        128
+    }
+}
+
+impl CudaBackend {
+    /// Whether the wgmma GEMM takes these jobs: its kernels are loaded
+    /// (sm_90), the type is a 32-value block type and every weight row a
+    /// whole number of 4-byte words (k a multiple of 32 is the caller's).
+    pub(super) fn wg_takes(&self, ty: GgmlType, k: usize) -> bool {
+        let Some(t) = wg_type_index(ty) else {
+            return false;
+        };
+        let row_bytes = k / 32 * ty.type_size();
+        row_bytes.is_multiple_of(4) && self.func(WG_KERNELS[t][0]).is_ok()
+    }
+
+    /// out_j (n, m_j) (=, or +=) x (n, k) · w_jᵀ for every job in one
+    /// launch (validated arguments, k a multiple of 32, `wg_takes`).
+    pub(super) fn mm_wgmma(
+        &self,
+        x: &CudaView<'_, f32>,
+        n: usize,
+        jobs: &mut [MatJob<'_, Dev>],
+    ) -> Result<()> {
+        let s = self.stream();
+        let (ty, k) = (jobs[0].w.ty, jobs[0].w.cols);
+        let t = wg_type_index(ty).expect("wg_takes checked the type");
+        let rows: Vec<usize> = jobs.iter().map(|j| j.w.rows).collect();
+        let bn = wg_bn(&rows, n, self.sm_count());
+        let name = WG_KERNELS[t][bn / 128 - 1];
+        let mut guard = self.arena(&[n * k * 2, 0, 0])?;
+        // The f16 activations at the start of the arena: the cuBLAS path's
+        // cache, so q/k/v and gate/up convert their input once.
+        let key = ActKey::new(x, k, ACT_F16, s);
+        let cached = self.act_cached(key);
+        let out_ranges: Vec<(u64, usize)> = jobs
+            .iter()
+            .map(|j| (super::dev_ptr_mut(&j.out, s), j.out.len()))
+            .collect();
+        let (table, ctas) = job_table(jobs, WG_BM, s)?;
+        let (ni, ki) = (i32_of(n, "n")?, i32_of(k, "k")?);
+        arena3::<u16, u8, u8, ()>(&mut guard, (n * k, 0, 0), |x16, _, _| {
+            if !cached {
+                let len = (n * k) as i64;
+                let mut b = s.launch_builder(self.func("to_f16")?);
+                b.arg(x).arg(&len).arg(&mut *x16);
+                // SAFETY: matches to_f16; x and x16 hold n*k elements.
+                drv(unsafe { b.launch(grid_1d(n * k, 256)?) }, "mat_mul: to_f16")?;
+            }
+            let cfg = LaunchConfig {
+                grid_dim: (u32::try_from(n.div_ceil(bn))?, ctas, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: u32::try_from(wg_smem_of(bn))?,
+            };
+            let mut b = s.launch_builder(self.func(name)?);
+            b.arg(&table).arg(&mut *x16).arg(&ni).arg(&ki);
+            // SAFETY: matches mm_wg_* (MmJobs by value, x16, n, k): the
+            // table's weights hold m_j rows of k / 32 blocks (validated),
+            // its outputs n * m_j floats, x16 n*k halves; the kernel's
+            // dynamic shared memory limit was raised to wg_smem at load.
+            drv(unsafe { b.launch(cfg) }, &format!("mat_mul: {name}"))?;
+            Ok(())
+        })?;
+        self.act_remember(key, &out_ranges);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{wg_bn, wg_smem, wg_smem_of};
+
+    #[test]
+    fn shared_memory_fits_an_h100_cta() {
+        // 227 KiB is the opt-in limit per CTA on sm_90.
+        assert!(wg_smem_of(256) <= 227 * 1024);
+        assert_eq!(wg_smem("mm_wg_q8_0_n256"), Some(wg_smem_of(256)));
+        assert_eq!(wg_smem("mm_wg_q4_0_n128"), Some(wg_smem_of(128)));
+        assert_eq!(wg_smem("mm_q8_mma"), None);
+    }
+
+    #[test]
+    fn activation_rows_per_cta_by_waves() {
+        if std::env::var("QUIRE_WG_BN").is_ok() {
+            eprintln!("SKIPPED: QUIRE_WG_BN set");
+            return;
+        }
+        // 8B gate and up at 512 tokens: 224 row tiles x 4 = 896 CTAs of
+        // 128 tokens (7 waves on 132 SMs) vs 448 of 256 (4 waves, 8 units).
+        assert_eq!(wg_bn(&[14336, 14336], 512, 132), 128);
+        // 8B q/k/v at 512 tokens: 48 x 4 = 192 CTAs (2 waves) vs 96 (1
+        // wave, 2 units): a tie, 256.
+        assert_eq!(wg_bn(&[4096, 1024, 1024], 512, 132), 256);
+        // 200 tokens of a 4096-row matrix: 64 CTAs of 128 tokens fit one
+        // wave; 32 of 256 take as long.
+        assert_eq!(wg_bn(&[4096], 200, 132), 128);
+    }
+}
