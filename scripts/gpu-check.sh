@@ -45,6 +45,9 @@ for s in "${steps[@]}"; do
         QUIRE_MQ_WN=$wn QUIRE_MMA_MIN_ROWS=0 QUIRE_MMA_MAX_ROWS=100000 run_step "ops-fast-mma-w$wn" "$QUIRE" ops --backend cuda --mode fast --op mat_mul
       done
       QUIRE_MQ=0 QUIRE_MMA_MIN_ROWS=0 QUIRE_MMA_MAX_ROWS=100000 run_step ops-fast-tile "$QUIRE" ops --backend cuda --mode fast --op mat_mul
+      # The opt-in wgmma prefill GEMM (sm_90 only; elsewhere the same cases
+      # run the cuBLAS path).
+      QUIRE_WGMMA=1 run_step ops-fast-wgmma "$QUIRE" ops --backend cuda --mode fast --op mat_mul
       ;;
     attn)
       # Paged decode attention over scattered blocks at long contexts

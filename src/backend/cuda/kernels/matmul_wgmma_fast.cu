@@ -4,6 +4,14 @@
 // to device memory (the cuBLAS path writes and re-reads a whole f16 copy of
 // every matrix per call: about a quarter of an 8B model's prefill).
 //
+// Status: opt-in (QUIRE_WGMMA=1; compiled only then). Correct (ops
+// mat_muls against the cpu), but on an H100 it ran 8B Q4_0 pp512 at 12.6k
+// tokens/s against the cuBLAS path's 20.8k: with the weight copies left
+// out (timing only) 19.9k, with every copy and the decode left out 28.1k
+// (the F16 model's cuBLAS speed). The per-thread 4-byte cp.async copies of
+// the raw weights bind it, not the tensor cores: the next step is bulk
+// tensor copies (TMA) for both operands (docs/PERF.md).
+//
 // CTA: two warpgroups (256 threads) own 128 weight rows (warpgroup g: rows
 // 64 g .. 64 g + 63) and BN = 128 or 256 activation rows (tokens). The k
 // range runs in chunks of WG_BK = 64 values (two quant blocks per weight
