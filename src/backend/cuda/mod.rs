@@ -145,6 +145,18 @@ pub(crate) fn wgmma_wanted() -> bool {
     std::env::var("QUIRE_WGMMA").is_ok_and(|v| v == "1")
 }
 
+/// Raises kernel `name`'s dynamic shared memory limit to `bytes` (past
+/// the default 48 KiB).
+fn allow_smem(f: &CudaFunction, bytes: usize, name: &str) -> Result<()> {
+    drv(
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            i32::try_from(bytes)?,
+        ),
+        &format!("{name}: shared memory size"),
+    )
+}
+
 /// Compiles and loads `source::KERNELS_SM90A` for `sm_90a` into `funcs`.
 /// A failure is logged and leaves them out (the portable kernels serve the
 /// same ops), so a driver or NVRTC without `sm_90a` still runs.
@@ -157,13 +169,7 @@ fn load_sm90a(ctx: &Arc<CudaContext>, funcs: &mut HashMap<&'static str, CudaFunc
             for &e in entries.iter() {
                 let f = drv(module.load_function(e), &format!("kernel {e} of {stem}.cu"))?;
                 let bytes = launch::wg_smem(e).ok_or_else(|| anyhow!("{e}: no smem size"))?;
-                drv(
-                    f.set_attribute(
-                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        i32::try_from(bytes)?,
-                    ),
-                    &format!("{e}: shared memory size"),
-                )?;
+                allow_smem(&f, bytes, e)?;
                 v.push((e, f));
             }
             Ok(v)
@@ -269,13 +275,7 @@ impl CudaBackend {
                     launch::att_pipe_smem(e)
                 };
                 if let Some(bytes) = big_smem {
-                    drv(
-                        f.set_attribute(
-                            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                            i32::try_from(bytes)?,
-                        ),
-                        &format!("{e}: shared memory size"),
-                    )?;
+                    allow_smem(&f, bytes, e)?;
                 }
                 // The partials-only kernels: fast_parts sizes the partition
                 // by them (their att_pipe_m_ forms run the same partition).

@@ -511,11 +511,7 @@ impl CudaBackend {
         let add = add as i32;
         arena3::<u16, f32, u8, ()>(&mut guard, (n * k, part_len, 0), |x16, part, _| {
             if !cached {
-                let len = (n * k) as i64;
-                let mut b = s.launch_builder(self.func("to_f16")?);
-                b.arg(x).arg(&len).arg(&mut *x16);
-                // SAFETY: matches to_f16; x and x16 hold n*k elements.
-                drv(unsafe { b.launch(grid_1d(n * k, 256)?) }, "mat_mul: to_f16")?;
+                self.to_f16_into(x, x16, n * k)?;
             }
             let cfg = LaunchConfig {
                 grid_dim: (

@@ -61,6 +61,31 @@ pub(super) fn batch_plan(outs: &[u64], weights: Option<&[u64]>) -> Option<BatchP
 }
 
 impl CudaBackend {
+    /// x16[..len] = x[..len] as f16 (round to nearest even): the f16
+    /// activations of the tensor-core paths (cuBLAS, the tile and wgmma
+    /// kernels). Both hold at least `len` elements.
+    pub(super) fn to_f16_into(
+        &self,
+        x: &CudaView<'_, f32>,
+        x16: &mut cudarc::driver::CudaViewMut<'_, u16>,
+        len: usize,
+    ) -> Result<()> {
+        if x.len() < len || x16.len() < len {
+            return Err(anyhow!(
+                "mat_mul: to_f16 of {len} values into buffers of {} and {}",
+                x.len(),
+                x16.len()
+            ));
+        }
+        let n = len as i64;
+        let mut b = self.stream().launch_builder(self.func("to_f16")?);
+        b.arg(x).arg(&n).arg(&mut *x16);
+        // SAFETY: matches to_f16; x and x16 hold at least len elements
+        // (checked above).
+        drv(unsafe { b.launch(grid_1d(len, 256)?) }, "mat_mul: to_f16")?;
+        Ok(())
+    }
+
     /// out_j (n, m_j) (=, or +=) x (n, k) · w_jᵀ for every job, through
     /// cuBLAS: runs of consecutive jobs with the same rows and `add` as
     /// one strided-batched GEMM where `batch_plan` allows, else one GEMM
@@ -167,11 +192,7 @@ impl CudaBackend {
                 }
             }
             if !cached {
-                let len = (n * k) as i64;
-                let mut b = s.launch_builder(self.func("to_f16")?);
-                b.arg(x).arg(&len).arg(&mut *x16);
-                // SAFETY: matches to_f16; x and x16 hold n*k elements.
-                drv(unsafe { b.launch(grid_1d(n * k, 256)?) }, "mat_mul: to_f16")?;
+                self.to_f16_into(x, x16, n * k)?;
             }
             let (alpha, beta) = (1.0f32, if add { 1.0f32 } else { 0.0 });
             let (w16p, _g1) = w16.device_ptr(s);

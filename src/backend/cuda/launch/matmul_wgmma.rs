@@ -9,7 +9,7 @@ use super::arena3;
 use super::matmul::job_table;
 use crate::backend::cuda::mem::Dev;
 use crate::backend::cuda::source::WG_KERNELS;
-use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
+use crate::backend::cuda::{drv, i32_of, CudaBackend};
 use crate::backend::MatJob;
 use crate::quant::GgmlType;
 use anyhow::Result;
@@ -109,11 +109,7 @@ impl CudaBackend {
         let (ni, ki) = (i32_of(n, "n")?, i32_of(k, "k")?);
         arena3::<u16, u8, u8, ()>(&mut guard, (n * k, 0, 0), |x16, _, _| {
             if !cached {
-                let len = (n * k) as i64;
-                let mut b = s.launch_builder(self.func("to_f16")?);
-                b.arg(x).arg(&len).arg(&mut *x16);
-                // SAFETY: matches to_f16; x and x16 hold n*k elements.
-                drv(unsafe { b.launch(grid_1d(n * k, 256)?) }, "mat_mul: to_f16")?;
+                self.to_f16_into(x, x16, n * k)?;
             }
             let cfg = LaunchConfig {
                 grid_dim: (u32::try_from(n.div_ceil(bn))?, ctas, 1),
