@@ -5,10 +5,10 @@
 // every matrix per call: about a quarter of an 8B model's prefill).
 //
 // Status: opt-in (QUIRE_WGMMA=1; compiled only then). Correct (ops
-// mat_muls against the cpu), but on an H100 it ran 8B Q4_0 pp512 at 12.6k
-// tokens/s against the cuBLAS path's 20.8k: with the weight copies left
-// out (timing only) 19.9k, with every copy and the decode left out 28.1k
-// (the F16 model's cuBLAS speed). The per-thread 4-byte cp.async copies of
+// mat_muls against the cpu), but on an H100 (2026-11-24) it ran 8B Q4_0
+// pp512 at 13.3k tokens/s against the cuBLAS path's 21.0k (0.63x); in
+// timing-only builds, 19.9k with the weight copies left out and 28.1k with
+// every copy and the decode left out (the F16 model's cuBLAS speed). The per-thread 4-byte cp.async copies of
 // the raw weights bind it, not the tensor cores: the next step is bulk
 // tensor copies (TMA) for both operands (docs/PERF.md).
 //
@@ -170,7 +170,8 @@ __device__ __forceinline__ void wg_issue_x(const u16* __restrict__ xb, int n, in
 // bytes (clamped to a valid row), `row_ok`: whether the row exists.
 template <int TY>
 __device__ __forceinline__ void wg_issue_w(const u8* __restrict__ wrow, bool row_ok, int units,
-                                           int c, u32* raw) {
+                                           int c, u8* raw_bytes) {
+    u32* raw = (u32*)raw_bytes;
     constexpr int BS = gr_type_size(TY), WPR = 2 * BS / 4, H = (WPR + 1) / 2;
     const int tid = threadIdx.x, r = tid >> 1, w0 = (tid & 1) * H;
     const int valid = row_ok ? min(2, units - 2 * c) * BS : 0;  // bytes of the chunk
@@ -223,7 +224,7 @@ __device__ __forceinline__ void wg_body(const MmJobs& J, const u16* __restrict__
     const bool row_ok = my_row < m;
     const u8* wrow = jb.w + (long long)(row_ok ? my_row : row0) * row_bytes;
 #define SX(c) (sx + ((c) % WG_SX) * BN * 128)
-#define SR(c) ((u32*)(sraw + ((c) % WG_SR) * WG_RAW))
+#define SR(c) (sraw + ((c) % WG_SR) * WG_RAW)
 #define SW(c) (sw + ((c) % 3) * 128 * 128)
 
     float acc[NACC];
@@ -240,7 +241,7 @@ __device__ __forceinline__ void wg_body(const MmJobs& J, const u16* __restrict__
     cp_async_commit();
     cp_async_wait_group<1>();
     __syncthreads();
-    wg_decode<TY>((const u8*)SR(0), SW(0));
+    wg_decode<TY>(SR(0), SW(0));
 
     for (int c = 0; c < nk; c++) {
         // This thread's copies of activations c and raw weights c + 1
@@ -264,7 +265,7 @@ __device__ __forceinline__ void wg_body(const MmJobs& J, const u16* __restrict__
         for (int kk = 0; kk < WG_BK / 16; kk++)
             wgmma_bn<BN>(acc, wg_desc(a0 + 32 * kk), wg_desc(b0 + 32 * kk));
         wg_commit();
-        if (c + 1 < nk) wg_decode<TY>((const u8*)SR(c + 1), SW(c + 1));
+        if (c + 1 < nk) wg_decode<TY>(SR(c + 1), SW(c + 1));
         wg_wait<1>();
 #pragma unroll
         for (int e = 0; e < NACC; e++) wg_reg_fence(acc[e]);

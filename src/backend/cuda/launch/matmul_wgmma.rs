@@ -9,7 +9,7 @@ use super::arena3;
 use super::matmul::job_table;
 use crate::backend::cuda::mem::Dev;
 use crate::backend::cuda::source::WG_KERNELS;
-use crate::backend::cuda::{drv, i32_of, CudaBackend};
+use crate::backend::cuda::{drv, i32_of, ty_code, CudaBackend};
 use crate::backend::MatJob;
 use crate::quant::GgmlType;
 use anyhow::Result;
@@ -35,17 +35,13 @@ pub(crate) fn wg_smem(name: &str) -> Option<usize> {
         .map(|(i, _)| wg_smem_of(128 * (i + 1)))
 }
 
-/// The row of WG_KERNELS for a weight type, None for types the kernel does
+/// The row of WG_KERNELS for a weight type: its kernel type code (TY_Q4_0
+/// .. TY_Q8_0 are 0..4, the rows' order), None for types the kernel does
 /// not decode (K-quants, float types).
 fn wg_type_index(ty: GgmlType) -> Option<usize> {
-    match ty {
-        GgmlType::Q4_0 => Some(0),
-        GgmlType::Q4_1 => Some(1),
-        GgmlType::Q5_0 => Some(2),
-        GgmlType::Q5_1 => Some(3),
-        GgmlType::Q8_0 => Some(4),
-        _ => None,
-    }
+    ty_code(ty)
+        .and_then(|c| usize::try_from(c).ok())
+        .filter(|&c| c < WG_KERNELS.len())
 }
 
 /// Activation rows per CTA (128 or 256): the choice with the fewer
@@ -132,7 +128,17 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{wg_bn, wg_smem, wg_smem_of};
+    use super::{wg_bn, wg_smem, wg_smem_of, wg_type_index};
+    use crate::quant::GgmlType;
+
+    #[test]
+    fn kernel_rows_follow_the_type_codes() {
+        assert_eq!(wg_type_index(GgmlType::Q4_0), Some(0));
+        assert_eq!(wg_type_index(GgmlType::Q5_1), Some(3));
+        assert_eq!(wg_type_index(GgmlType::Q8_0), Some(4));
+        assert_eq!(wg_type_index(GgmlType::Q4_K), None);
+        assert_eq!(wg_type_index(GgmlType::F16), None);
+    }
 
     #[test]
     fn shared_memory_fits_an_h100_cta() {
