@@ -54,13 +54,16 @@ impl Ctx<'_> {
             (vec![48, 16, 16], 256, 70, vec![false, false, false]),
             (vec![32, 32], 256, 100, vec![true, true]),
         ];
-        // Prefill tiles of the wgmma GEMM (sm_90; 32-value block types):
-        // several 128-row weight tiles and 128-token tiles with ragged
-        // ends, k a multiple of 64 and k with half a 64-value chunk left
-        // (9 blocks: Q4_1 and Q5_1 rows stay whole 4-byte words).
+        // Prefill tiles of the wgmma GEMM (sm_90; 32-value block types, k
+        // a multiple of 256): several 128-row weight tiles and 128- or
+        // 256-token tiles with ragged ends; an even and an odd number of
+        // 256-value raw superchunks, and a long k (32 chunks through the
+        // stage rings). k = 320 takes the other prefill path.
         let wide: Vec<(Vec<usize>, usize, usize, Vec<bool>)> = vec![
+            (vec![300, 200], 512, 200, vec![false, true]),
+            (vec![130, 70, 260], 768, 150, vec![true, false, false]),
+            (vec![200], 2048, 300, vec![true]),
             (vec![300, 200], 320, 200, vec![false, true]),
-            (vec![130, 70, 260], 288, 150, vec![true, false, false]),
         ];
         for &ty in types {
             let float_w = matches!(ty, F32 | F16 | BF16);

@@ -293,7 +293,15 @@ pub fn nvrtc_options(arch: &str) -> Vec<String> {
         "--ftz=false".into(),
         "--std=c++17".into(),
     ];
-    if let Ok(defs) = std::env::var("QUIRE_CUDA_DEFINES") {
+    // QUIRE_WG_DEFINES: the same for the sm_90a file alone (its timing
+    // knobs), so the other kernels stay compiled and cached.
+    let wg = (arch == "sm_90a")
+        .then(|| std::env::var("QUIRE_WG_DEFINES").ok())
+        .flatten();
+    for defs in [std::env::var("QUIRE_CUDA_DEFINES").ok(), wg]
+        .into_iter()
+        .flatten()
+    {
         o.extend(
             defs.split(',')
                 .map(str::trim)

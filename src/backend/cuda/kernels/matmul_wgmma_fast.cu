@@ -4,48 +4,78 @@
 // to device memory (the cuBLAS path writes and re-reads a whole f16 copy of
 // every matrix per call: about a quarter of an 8B model's prefill).
 //
-// Status: opt-in (QUIRE_WGMMA=1; compiled only then). Correct (ops
-// mat_muls against the cpu), but on an H100 (2026-11-24) it ran 8B Q4_0
-// pp512 at 13.3k tokens/s against the cuBLAS path's 21.0k (0.63x); in
-// timing-only builds, 19.9k with the weight copies left out and 28.1k with
-// every copy and the decode left out (the F16 model's cuBLAS speed). The per-thread 4-byte cp.async copies of
-// the raw weights bind it, not the tensor cores: the next step is bulk
-// tensor copies (TMA) for both operands (docs/PERF.md).
+// Warp-specialized CTA over 128 weight rows and BN = 128 or 256 activation
+// rows (tokens), of four warpgroups (512 threads) at BN = 128 and three at
+// BN = 256 (WG_NPT):
+//   - the first two (one at BN = 256), the producers, copy raw weights and activations into
+//     shared memory (cp.async, 16-byte pieces) and decodes the weights to
+//     f16 tiles (unit_f16_regs: the same f16 values as dequant_f16, so the
+//     cuBLAS path's products up to the summation order);
+//   - the last two, the consumers, run wgmma.m64n<BN>k16 (f16 in, f32
+//     accumulate, both operands K-major in shared memory) on weight rows
+//     64 i .. 64 i + 63 (consumer i), and store the accumulators.
+// (An earlier form had every warp copy, decode and multiply in turn, with
+// CTA-wide barriers between: 8B Q4_0 pp512 13.3k tokens/s against the
+// cuBLAS path's 21.0k on an H100; docs/PERF.md.)
 //
-// CTA: two warpgroups (256 threads) own 128 weight rows (warpgroup g: rows
-// 64 g .. 64 g + 63) and BN = 128 or 256 activation rows (tokens). The k
-// range runs in chunks of WG_BK = 64 values (two quant blocks per weight
-// row; one 128-byte row of f16 per weight row or token). At step c:
-//   - wgmma(c): each warpgroup runs 4 wgmma.m64n<BN>k16 (f16 in, f32
-//     accumulate, both operands K-major in shared memory) on the f16 weight
-//     tile sw[c % 3] and the activation stage sx[c % WG_SX], and keeps them
-//     in flight across the next step's barrier (wait_group 1), so the tensor
-//     cores do not idle while the CTA synchronizes;
-//   - meanwhile every thread decodes one 32-value unit of raw chunk c + 1
-//     into sw[(c + 1) % 3] (unit_f16_regs: the same f16 values as
-//     dequant_f16, so the cuBLAS path's products up to the summation order)
-//     and queues the cp.async copies of activation chunk c + 2 (16-byte
-//     pieces) and raw weight chunk c + 3 (4-byte words; WG_SR stages).
-// The copies of one step form one commit group, so a step waits for the
-// group of two steps back: activations c and raw weights c + 1.
+// The k range runs in chunks of WG_BK = 64 values (one 128-byte row of f16
+// per weight row or token). Raw weights go in superchunks of WG_SUP = 256
+// values: eight 32-blocks, a multiple of 16 bytes for every type (rows
+// start 16-byte aligned when k is a multiple of 256), two superchunks in
+// flight. f16 weight tiles: SW stages; activation tiles: SX stages, copied
+// A = SX - 3 chunks ahead (1 when SX <= 4), see wg_stages.
+// Producer at chunk c: wait for its copies of activations c and (at a
+// superchunk start) raw superchunk c / 4, the latter shared through named
+// barrier 1 (producers only), which also frees the other raw buffer;
+// queue activations c + A (once the consumers released the slot's last
+// chunk, c + A - SX) and raw superchunk c / 4 + 1; decode chunk c into
+// weight stage c % SW (once chunk c - SW was released); fence the writes
+// for the async proxy and arrive on full[c % SW]. Consumer at chunk c:
+// wait full[c % SW], issue the four wgmma of the chunk, wait for chunk
+// c - 1's and release its stages (one arrival per consumer warp on
+// empty_w / empty_x). The consumers release chunk j at their step j + 1,
+// so a producer that waits only for chunks c - 3 and older never waits on
+// the consumers' latest step (with SX = 6 and SW = 4 it waits for c - 4).
 // f16 tiles use the 128-byte swizzle: 16-byte piece p of row r is stored at
 // piece p ^ (r % 8) (tiles 1024-byte aligned), so the decoder's stores and
 // the tensor cores' reads spread over all banks.
 //
-// Shared memory (dynamic, WG_SMEM(BN) bytes): alignment slack, sw (3 x 128
-// rows x 128 B), sx (WG_SX x BN rows x 128 B), raw (WG_SR x WG_RAW).
+// Shared memory (dynamic, wg_smem_bytes): alignment slack, sw (SW x 128 rows
+// x 128 B), sx (SX x BN rows x 128 B), raw (2 x (128 rows x 8 blocks + 16
+// bytes of slack for ld_words)), mbarriers.
 //
 // Grid: (ceil(n / BN), CTA rows of the job table J (128 weight rows each),
-// 1); block 256 threads. Requirements (launch/matmul_wgmma.rs): k a
-// multiple of 32, every weight row a multiple of 4 bytes, x16 (n, k) f16.
+// 1); block WG_THREADS(BN) threads. Requirements (launch/matmul_wgmma.rs): k a
+// multiple of 256, weights 16-byte aligned, x16 (n, k) f16.
 
+typedef unsigned long long u64;
 #define WG_BK 64
-#define WG_SX 4
-#define WG_SR 3
-// Raw bytes of one stage: 128 rows x 2 blocks of at most 34 bytes (Q8_0),
-// plus slack for ld_words' reads up to 2 bytes past a block.
-#define WG_RAW (128 * 68 + 128)
-#define WG_SMEM(BN) (1024 + 3 * 128 * 128 + WG_SX * (BN) * 128 + WG_SR * WG_RAW)
+#define WG_SUP 256
+#define WG_SMEM_MAX 232448
+__host__ __device__ constexpr int wg_raw_bytes(int bs) { return 128 * 8 * bs + 16; }
+__host__ __device__ constexpr int wg_smem_bytes(int bs, int bn, int sw, int sx) {
+    return 1024 + sw * 128 * 128 + sx * bn * 128 + 2 * wg_raw_bytes(bs) + 128;
+}
+// Stage counts (weight tiles sw, activation tiles sx): the first of (4, 6),
+// (4, 5), (4, 4), (3, 4), (3, 3) that fits; launch/matmul_wgmma.rs makes
+// the same choice. Encoded as 8 sw + sx.
+__host__ __device__ constexpr int wg_stages(int bs, int bn) {
+    const int c[5][2] = {{4, 6}, {4, 5}, {4, 4}, {3, 4}, {3, 3}};
+    for (int i = 0; i < 5; i++)
+        if (wg_smem_bytes(bs, bn, c[i][0], c[i][1]) <= WG_SMEM_MAX) return 8 * c[i][0] + c[i][1];
+    return 8 * 3 + 3;
+}
+// Timing-only knobs (wrong results; QUIRE_WG_DEFINES): leave out the
+// producer's decode, activation copies or raw weight copies.
+#ifndef WG_NO_DECODE
+#define WG_NO_DECODE 0
+#endif
+#ifndef WG_NO_XCOPY
+#define WG_NO_XCOPY 0
+#endif
+#ifndef WG_NO_WCOPY
+#define WG_NO_WCOPY 0
+#endif
 
 // Shared-memory matrix descriptor of a K-major f16 tile with 128-byte rows
 // in the 128-byte swizzle: start address, leading offset 1 (unused by this
@@ -148,69 +178,114 @@ __device__ __forceinline__ void wgmma_bn(float* d, unsigned long long a, unsigne
         wgmma_n128(d, a, b);
 }
 
+__device__ __forceinline__ void mbar_init(u64* bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((u32)__cvta_generic_to_shared(bar)),
+                 "r"(count)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u64* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(
+                     (u32)__cvta_generic_to_shared(bar))
+                 : "memory");
+}
+// Waits until the phase of parity `par` of the barrier has completed.
+__device__ __forceinline__ void mbar_wait(u64* bar, u32 par) {
+    u32 a = (u32)__cvta_generic_to_shared(bar), done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(a), "r"(par)
+            : "memory");
+    } while (!done);
+}
+// Producer threads: two warpgroups at BN = 128 (one measured
+// producer-bound on an H100: 8B Q4_0 pp512 14.0k tokens/s, against 24.7k
+// with the producer's copies and decode left out), one at BN = 256 (twice
+// the tensor work per chunk; the 128 accumulators per consumer thread do
+// not fit the 128 registers a 512-thread CTA leaves). Consumer threads:
+// two warpgroups.
+#define WG_NPT(BN) ((BN) == 128 ? 256 : 128)
+#define WG_THREADS(BN) (WG_NPT(BN) + 256)
+template <int NPT>
+__device__ __forceinline__ void wg_producer_sync() {
+    asm volatile("bar.sync 1, %0;" ::"n"(NPT) : "memory");
+}
+
 // Queues activation chunk c (BN tokens x 8 pieces of 16 bytes; zeros past
-// n or k) into stage sx. Thread t copies piece t % 8 of tokens t / 8 + 32 p.
-template <int BN>
+// n) into stage sx. Producer thread t copies piece t % 8 of tokens
+// t / 8 + 32 p.
+template <int BN, int NPT>
 __device__ __forceinline__ void wg_issue_x(const u16* __restrict__ xb, int n, int k, int c,
-                                           u8* sx) {
-    const int tid = threadIdx.x, q = tid & 7, t0 = tid >> 3;
+                                           u8* sx, int t) {
+    constexpr int TS = NPT / 8;  // tokens per pass
+    const int q = t & 7, t0 = t >> 3;
     const int kk = WG_BK * c + 8 * q;
     u8* dst = sx + t0 * 128 + ((q ^ (t0 & 7)) << 4);
     const u16* src = xb + (long long)t0 * k + kk;
 #pragma unroll
-    for (int p = 0; p < BN / 32; p++) {
-        bool ok = t0 + 32 * p < n && kk < k;
-        cp_async16(dst + 4096 * p, ok ? (const void*)(src + (long long)32 * p * k) : (const void*)xb,
-                   ok ? 16 : 0);
+    for (int p = 0; p < BN / TS; p++) {
+        bool ok = t0 + TS * p < n;
+        cp_async16(dst + TS * 128 * p,
+                   ok ? (const void*)(src + (long long)TS * p * k) : (const void*)xb, ok ? 16 : 0);
     }
 }
 
-// Queues raw weight chunk c (this thread's half of row t / 2's WPR words;
-// zeros past the job's rows or past k) into stage raw. `wrow`: the row's
-// bytes (clamped to a valid row), `row_ok`: whether the row exists.
-template <int TY>
-__device__ __forceinline__ void wg_issue_w(const u8* __restrict__ wrow, bool row_ok, int units,
-                                           int c, u8* raw_bytes) {
-    u32* raw = (u32*)raw_bytes;
-    constexpr int BS = gr_type_size(TY), WPR = 2 * BS / 4, H = (WPR + 1) / 2;
-    const int tid = threadIdx.x, r = tid >> 1, w0 = (tid & 1) * H;
-    const int valid = row_ok ? min(2, units - 2 * c) * BS : 0;  // bytes of the chunk
-    const u8* src = wrow + (long long)c * 2 * BS;
+// Queues raw superchunk s (128 rows x 8 blocks = BS / 2 pieces of 16
+// bytes per row) into `raw` (row stride 8 BS). Producer thread t copies
+// pieces t, t + NPT, ... of the 128 BS / 2; rows past the job's are
+// copied from its first row (never stored).
+template <int TY, int NPT>
+__device__ __forceinline__ void wg_issue_w(const u8* __restrict__ w, long long row_bytes, int row0,
+                                           int m, int s, u8* raw, int t) {
+    constexpr int BS = gr_type_size(TY), P = BS / 2;
 #pragma unroll
-    for (int i = 0; i < H; i++) {
-        int wd = w0 + i;
-        if (WPR % 2 != 0 && wd >= WPR) break;
-        int bytes = max(0, min(4, valid - 4 * wd));
-        cp_async4(raw + r * WPR + wd, bytes > 0 ? (const void*)(src + 4 * wd) : (const void*)wrow,
-                  bytes);
+    for (int q = 0; q < (128 * P + NPT - 1) / NPT; q++) {
+        int i = t + NPT * q, r = i / P, pc = i - r * P;
+        if (i >= 128 * P) break;
+        int gr = row0 + r < m ? row0 + r : row0;
+        cp_async16(raw + r * 8 * BS + 16 * pc,
+                   w + (long long)gr * row_bytes + (long long)s * 8 * BS + 16 * pc, 16);
     }
 }
 
-// Decodes this thread's unit of the raw chunk (row t / 2, unit t % 2) into
-// the f16 tile sw.
-template <int TY>
-__device__ __forceinline__ void wg_decode(const u8* raw, u8* sw) {
-    constexpr int WPR = 2 * gr_type_size(TY) / 4;
-    const int r = threadIdx.x >> 1, j = threadIdx.x & 1;
-    u32 h[16];
-    unit_f16_regs<TY>(raw + 4 * WPR * r, j, true, h);
+// Decodes chunk c of row t % 128 of the raw superchunk (units 2 (c % 4)
+// and 2 (c % 4) + 1) into the f16 tile sw: with 256 producers, thread t
+// the unit t / 128 of the two.
+template <int TY, int NPT>
+__device__ __forceinline__ void wg_decode(const u8* raw, int c, u8* sw, int t) {
+    constexpr int BS = gr_type_size(TY);
+    const int r = t & 127;
     u8* row = sw + 128 * r;
 #pragma unroll
-    for (int i = 0; i < 4; i++)
-        *(uint4*)(row + (((4 * j + i) ^ (r & 7)) << 4)) =
-            make_uint4(h[4 * i], h[4 * i + 1], h[4 * i + 2], h[4 * i + 3]);
+    for (int jj = 0; jj < 256 / NPT; jj++) {
+        const int j = NPT == 256 ? t >> 7 : jj;
+        u32 h[16];
+        unit_f16_regs<TY>(raw + 8 * BS * r, 2 * (c & 3) + j, true, h);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            *(uint4*)(row + (((4 * j + i) ^ (r & 7)) << 4)) =
+                make_uint4(h[4 * i], h[4 * i + 1], h[4 * i + 2], h[4 * i + 3]);
+    }
 }
 
 template <int TY, int BN>
 __device__ __forceinline__ void wg_body(const MmJobs& J, const u16* __restrict__ x16, int n_all,
                                         int k) {
-    constexpr int BS = gr_type_size(TY), NACC = BN / 2;
+    constexpr int BS = gr_type_size(TY), NACC = BN / 2, NPT = WG_NPT(BN);
+    constexpr int SW = wg_stages(BS, BN) / 8, SX = wg_stages(BS, BN) % 8;
+    constexpr int A = SX > 4 ? SX - 3 : 1, RAW = wg_raw_bytes(BS);
     extern __shared__ __align__(16) u8 wg_smem[];
     u32 s0 = (u32)__cvta_generic_to_shared(wg_smem);
     u8* sm = wg_smem + ((1024 - (s0 & 1023)) & 1023);
-    u8* sw = sm;                        // 3 x 128 x 128 B
-    u8* sx = sw + 3 * 128 * 128;        // WG_SX x BN x 128 B
-    u8* sraw = sx + WG_SX * BN * 128;   // WG_SR x WG_RAW
+    u8* sw = sm;                   // SW x 128 x 128 B
+    u8* sx = sw + SW * 128 * 128;  // SX x BN x 128 B
+    u8* sraw = sx + SX * BN * 128;    // 2 x RAW
+    u64* bars = (u64*)(sraw + 2 * RAW);
+    u64* full = bars;              // [SW], NPT producer arrivals
+    u64* empty_w = bars + SW;      // [SW], 8 consumer warps
+    u64* empty_x = bars + 2 * SW;  // [SX], 8 consumer warps
     const MmJob jb = mm_job(J, blockIdx.y);
     const int m = jb.m, units = k / 32;
     const long long row_bytes = (long long)units * BS;
@@ -218,46 +293,66 @@ __device__ __forceinline__ void wg_body(const MmJobs& J, const u16* __restrict__
     const int n0 = blockIdx.x * BN;
     const int n = min(BN, n_all - n0);
     const u16* xb = x16 + (long long)n0 * k;
-    const int nk = (units + 1) / 2;
-    const int tid = threadIdx.x, wg = tid >> 7;
-    const int my_row = row0 + (tid >> 1);
-    const bool row_ok = my_row < m;
-    const u8* wrow = jb.w + (long long)(row_ok ? my_row : row0) * row_bytes;
-#define SX(c) (sx + ((c) % WG_SX) * BN * 128)
-#define SR(c) (sraw + ((c) % WG_SR) * WG_RAW)
-#define SW(c) (sw + ((c) % 3) * 128 * 128)
+    const int nk = k / WG_BK;
+    const int tid = threadIdx.x, wg = tid >> 7, t = tid;
+#define SX_(c) (sx + ((c) % SX) * BN * 128)
+#define SR_(s) (sraw + ((s) & 1) * RAW)
+#define SW_(c) (sw + ((c) % SW) * 128 * 128)
 
+    if (tid == 0) {
+        for (int i = 0; i < SW; i++) {
+            mbar_init(full + i, NPT);
+            mbar_init(empty_w + i, 8);
+        }
+        for (int i = 0; i < SX; i++) mbar_init(empty_x + i, 8);
+    }
+    __syncthreads();
+
+    if (t < NPT) {
+        // Producer. Groups: G(-A) = raw 0 + activations 0, G(j - A) =
+        // activations j for 0 < j < A, then G(c) = activations c + A (+ raw
+        // c / 4 + 1 when c % 4 == 0): activations c are in G(c - A), raw
+        // superchunk s in G(4 s - 4) (s > 0).
+        wg_issue_w<TY, NPT>(jb.w, row_bytes, row0, m, 0, SR_(0), t);
+        for (int j = 0; j < A; j++) {
+            if (j < nk) wg_issue_x<BN, NPT>(xb, n, k, j, SX_(j), t);
+            cp_async_commit();
+        }
+        for (int c = 0; c < nk; c++) {
+            cp_async_wait_group<A - 1>();
+            if ((c & 3) == 0) wg_producer_sync<NPT>();
+            if (c + A < nk) {
+                // The slot's last chunk: released by the consumers at
+                // their step c + A - SX + 1 <= c - 1 (c - 2 when SX > 4).
+                const int p = c + A - SX;
+                if (p >= 0) mbar_wait(empty_x + p % SX, (p / SX) & 1);
+                if (!WG_NO_XCOPY) wg_issue_x<BN, NPT>(xb, n, k, c + A, SX_(c + A), t);
+            }
+            if (!WG_NO_WCOPY && (c & 3) == 0 && c + 4 < nk)
+                wg_issue_w<TY, NPT>(jb.w, row_bytes, row0, m, c / 4 + 1, SR_(c / 4 + 1), t);
+            cp_async_commit();
+            if (c >= SW) mbar_wait(empty_w + c % SW, ((c - SW) / SW) & 1);
+            if (!WG_NO_DECODE) wg_decode<TY, NPT>(SR_(c / 4), c, SW_(c), t);
+            fence_proxy_async();
+            mbar_arrive(full + c % SW);
+        }
+        cp_async_wait_all();
+        return;
+    }
+
+    // Consumers.
+    const int cw = wg - NPT / 128;
     float acc[NACC];
 #pragma unroll
     for (int e = 0; e < NACC; e++) acc[e] = 0.0f;
-
-    // Group A: raw 0, activations 0, raw 1; group B: activations 1, raw 2.
-    wg_issue_w<TY>(wrow, row_ok, units, 0, SR(0));
-    wg_issue_x<BN>(xb, n, k, 0, SX(0));
-    if (1 < nk) wg_issue_w<TY>(wrow, row_ok, units, 1, SR(1));
-    cp_async_commit();
-    if (1 < nk) wg_issue_x<BN>(xb, n, k, 1, SX(1));
-    if (2 < nk) wg_issue_w<TY>(wrow, row_ok, units, 2, SR(2));
-    cp_async_commit();
-    cp_async_wait_group<1>();
-    __syncthreads();
-    wg_decode<TY>(SR(0), SW(0));
-
-    for (int c = 0; c < nk; c++) {
-        // This thread's copies of activations c and raw weights c + 1
-        // landed; its stores to sw[c % 3] are ordered before the tensor
-        // cores' reads. After the barrier every thread's are, and every
-        // warpgroup has finished wgmma(c - 2): sw[(c + 1) % 3] and
-        // activation stage (c + 2) % WG_SX are free, as is raw stage c % WG_SR
-        // (decoded at step c - 1).
-        cp_async_wait_group<1>();
-        fence_proxy_async();
-        __syncthreads();
-        if (c + 2 < nk) wg_issue_x<BN>(xb, n, k, c + 2, SX(c + 2));
-        if (c + 3 < nk) wg_issue_w<TY>(wrow, row_ok, units, c + 3, SR(c + 3));
-        cp_async_commit();
-        const u32 a0 = (u32)__cvta_generic_to_shared(SW(c)) + wg * 64 * 128;
-        const u32 b0 = (u32)__cvta_generic_to_shared(SX(c));
+    // A do-while (nk >= 4): a zero-trip path would join zeroed
+    // accumulators with the loop's, and ptxas then serializes every wgmma
+    // (its advisory C7515).
+    int c = 0;
+    do {
+        mbar_wait(full + c % SW, (c / SW) & 1);
+        const u32 a0 = (u32)__cvta_generic_to_shared(SW_(c)) + cw * 64 * 128;
+        const u32 b0 = (u32)__cvta_generic_to_shared(SX_(c));
 #pragma unroll
         for (int e = 0; e < NACC; e++) wg_reg_fence(acc[e]);
         wg_fence();
@@ -265,24 +360,26 @@ __device__ __forceinline__ void wg_body(const MmJobs& J, const u16* __restrict__
         for (int kk = 0; kk < WG_BK / 16; kk++)
             wgmma_bn<BN>(acc, wg_desc(a0 + 32 * kk), wg_desc(b0 + 32 * kk));
         wg_commit();
-        if (c + 1 < nk) wg_decode<TY>(SR(c + 1), SW(c + 1));
         wg_wait<1>();
 #pragma unroll
         for (int e = 0; e < NACC; e++) wg_reg_fence(acc[e]);
-    }
+        if (c >= 1 && (tid & 31) == 0) {
+            mbar_arrive(empty_w + (c - 1) % SW);
+            mbar_arrive(empty_x + (c - 1) % SX);
+        }
+    } while (++c < nk);
     wg_wait<0>();
 #pragma unroll
     for (int e = 0; e < NACC; e++) wg_reg_fence(acc[e]);
-    cp_async_wait_all();
-#undef SX
-#undef SR
-#undef SW
+#undef SX_
+#undef SR_
+#undef SW_
 
     // Accumulator layout of m64nNk16: warp v of the warpgroup holds rows
     // 16 v + lane / 4 (+ 8 for elements 2, 3 of each group of four) and, in
     // group j, columns 8 j + 2 (lane % 4) (+ 1 for odd elements).
     const int v = (tid >> 5) & 3, lane = tid & 31;
-    const int rbase = row0 + 64 * wg + 16 * v + (lane >> 2);
+    const int rbase = row0 + 64 * cw + 16 * v + (lane >> 2);
 #pragma unroll
     for (int j = 0; j < BN / 8; j++) {
 #pragma unroll
@@ -296,7 +393,7 @@ __device__ __forceinline__ void wg_body(const MmJobs& J, const u16* __restrict__
 }
 
 #define WG_ENTRY(NAME, TY, BN)                                                              \
-    extern "C" __global__ void __launch_bounds__(256, 1)                                    \
+    extern "C" __global__ void __launch_bounds__(WG_THREADS(BN), 1)                                    \
         NAME(MmJobs J, const u16* __restrict__ x16, int n, int k) {                         \
         GRID_DEP();                                                                         \
         wg_body<TY, BN>(J, x16, n, k);                                                      \

@@ -397,7 +397,7 @@ impl CudaBackend {
             }
             return Ok(());
         }
-        if mode == Mode::Fast && n > hi && n > MV_BATCH && self.wg_takes(ty, k) {
+        if mode == Mode::Fast && n > hi && n > MV_BATCH && self.wg_takes(jobs) {
             self.last_mv_q8
                 .store(false, std::sync::atomic::Ordering::Relaxed);
             return self.mm_wgmma(x, n, jobs);

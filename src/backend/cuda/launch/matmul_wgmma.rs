@@ -18,21 +18,60 @@ use cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
 /// Weight rows per CTA.
 const WG_BM: usize = 128;
 
-/// Dynamic shared memory of a CTA of `bn` activation rows: WG_SMEM(BN) of
-/// matmul_wgmma_fast.cu (1,024 bytes of alignment slack, three f16 weight
-/// tiles, four activation stages and three raw weight stages).
-pub(super) const fn wg_smem_of(bn: usize) -> usize {
-    let raw = 128 * 68 + 128;
-    1024 + 3 * WG_BM * 128 + 4 * bn * 128 + 3 * raw
+/// Threads per CTA of `bn` activation rows (WG_THREADS): two consumer
+/// warpgroups and two producer warpgroups at 128 rows, one at 256.
+const fn wg_threads(bn: usize) -> u32 {
+    if bn == 128 {
+        512
+    } else {
+        384
+    }
+}
+
+/// Bytes of a block of each WG_KERNELS row's type (Q4_0, Q4_1, Q5_0, Q5_1,
+/// Q8_0).
+const WG_BLOCK_BYTES: [usize; 5] = [18, 20, 22, 24, 34];
+
+/// The opt-in shared memory limit of an sm_90 CTA (WG_SMEM_MAX).
+const WG_SMEM_MAX: usize = 232_448;
+
+/// Dynamic shared memory of a CTA (wg_smem_bytes of
+/// matmul_wgmma_fast.cu): 1,024 bytes of alignment slack, `sw` f16 weight
+/// tiles, `sx` activation stages of `bn` rows, two raw superchunks of 128
+/// rows x 8 blocks of `bs` bytes (+16 bytes of slack each) and the
+/// mbarriers.
+const fn wg_smem_bytes(bs: usize, bn: usize, sw: usize, sx: usize) -> usize {
+    1024 + sw * WG_BM * 128 + sx * bn * 128 + 2 * (WG_BM * 8 * bs + 16) + 128
+}
+
+/// Stage counts (weight tiles, activation tiles), as wg_stages: the first
+/// of (4, 6), (4, 5), (4, 4), (3, 4), (3, 3) that fits.
+const fn wg_stages(bs: usize, bn: usize) -> (usize, usize) {
+    const C: [(usize, usize); 5] = [(4, 6), (4, 5), (4, 4), (3, 4), (3, 3)];
+    let mut i = 0;
+    while i < C.len() {
+        if wg_smem_bytes(bs, bn, C[i].0, C[i].1) <= WG_SMEM_MAX {
+            return C[i];
+        }
+        i += 1;
+    }
+    (3, 3)
+}
+
+/// Dynamic shared memory of the entry for block size `bs` and `bn`
+/// activation rows.
+pub(super) const fn wg_smem_of(bs: usize, bn: usize) -> usize {
+    let (sw, sx) = wg_stages(bs, bn);
+    wg_smem_bytes(bs, bn, sw, sx)
 }
 
 /// The dynamic shared memory of a `mm_wg_*` entry, None for other names.
 pub(crate) fn wg_smem(name: &str) -> Option<usize> {
-    WG_KERNELS
-        .iter()
-        .flat_map(|row| row.iter().enumerate())
-        .find(|(_, n)| **n == name)
-        .map(|(i, _)| wg_smem_of(128 * (i + 1)))
+    WG_KERNELS.iter().enumerate().find_map(|(t, row)| {
+        row.iter()
+            .position(|n| *n == name)
+            .map(|i| wg_smem_of(WG_BLOCK_BYTES[t], 128 * (i + 1)))
+    })
 }
 
 /// The row of WG_KERNELS for a weight type: its kernel type code (TY_Q4_0
@@ -68,14 +107,22 @@ pub(super) fn wg_bn(rows: &[usize], n: usize, sms: usize) -> usize {
 
 impl CudaBackend {
     /// Whether the wgmma GEMM takes these jobs: its kernels are loaded
-    /// (sm_90), the type is a 32-value block type and every weight row a
-    /// whole number of 4-byte words (k a multiple of 32 is the caller's).
-    pub(super) fn wg_takes(&self, ty: GgmlType, k: usize) -> bool {
-        let Some(t) = wg_type_index(ty) else {
+    /// (sm_90), the type is a 32-value block type, k is a multiple of 256
+    /// (the raw superchunks: eight blocks, a multiple of 16 bytes for every
+    /// such type) and every weight starts 16-byte aligned.
+    pub(super) fn wg_takes(&self, jobs: &[MatJob<'_, Dev>]) -> bool {
+        let Some(j0) = jobs.first() else {
             return false;
         };
-        let row_bytes = k / 32 * ty.type_size();
-        row_bytes.is_multiple_of(4) && self.func(WG_KERNELS[t][0]).is_ok()
+        let Some(t) = wg_type_index(j0.w.ty) else {
+            return false;
+        };
+        let s = self.stream();
+        j0.w.cols.is_multiple_of(256)
+            && jobs
+                .iter()
+                .all(|j| super::dev_ptr(&j.w.data, s).is_multiple_of(16))
+            && self.func(WG_KERNELS[t][0]).is_ok()
     }
 
     /// out_j (n, m_j) (=, or +=) x (n, k) · w_jᵀ for every job in one
@@ -109,8 +156,8 @@ impl CudaBackend {
             }
             let cfg = LaunchConfig {
                 grid_dim: (u32::try_from(n.div_ceil(bn))?, ctas, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: u32::try_from(wg_smem_of(bn))?,
+                block_dim: (wg_threads(bn), 1, 1),
+                shared_mem_bytes: u32::try_from(wg_smem_of(WG_BLOCK_BYTES[t], bn))?,
             };
             let mut b = s.launch_builder(self.func(name)?);
             b.arg(&table).arg(&mut *x16).arg(&ni).arg(&ki);
@@ -128,7 +175,9 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{wg_bn, wg_smem, wg_smem_of, wg_type_index};
+    use super::{
+        wg_bn, wg_smem, wg_smem_of, wg_stages, wg_type_index, WG_BLOCK_BYTES, WG_SMEM_MAX,
+    };
     use crate::quant::GgmlType;
 
     #[test]
@@ -143,9 +192,29 @@ mod tests {
     #[test]
     fn shared_memory_fits_an_h100_cta() {
         // 227 KiB is the opt-in limit per CTA on sm_90.
-        assert!(wg_smem_of(256) <= 227 * 1024);
-        assert_eq!(wg_smem("mm_wg_q8_0_n256"), Some(wg_smem_of(256)));
-        assert_eq!(wg_smem("mm_wg_q4_0_n128"), Some(wg_smem_of(128)));
+        for (t, bs) in WG_BLOCK_BYTES.iter().enumerate() {
+            let ty = [
+                GgmlType::Q4_0,
+                GgmlType::Q4_1,
+                GgmlType::Q5_0,
+                GgmlType::Q5_1,
+                GgmlType::Q8_0,
+            ][t];
+            assert_eq!(ty.type_size(), *bs);
+            for bn in [128, 256] {
+                assert!(wg_smem_of(*bs, bn) <= WG_SMEM_MAX && WG_SMEM_MAX <= 227 * 1024);
+            }
+        }
+        // 128 tokens: four weight tiles and six activation stages (five
+        // for Q8_0's larger raw superchunks); 256 tokens: three and four
+        // (three for Q8_0).
+        assert_eq!(wg_stages(18, 128), (4, 6));
+        assert_eq!(wg_stages(34, 128), (4, 5));
+        assert_eq!(wg_stages(18, 256), (3, 4));
+        assert_eq!(wg_stages(24, 256), (3, 4));
+        assert_eq!(wg_stages(34, 256), (3, 3));
+        assert_eq!(wg_smem("mm_wg_q8_0_n256"), Some(wg_smem_of(34, 256)));
+        assert_eq!(wg_smem("mm_wg_q4_0_n128"), Some(wg_smem_of(18, 128)));
         assert_eq!(wg_smem("mm_q8_mma"), None);
     }
 
