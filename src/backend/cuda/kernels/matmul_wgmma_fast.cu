@@ -7,16 +7,22 @@
 // Warp-specialized CTA over 128 weight rows and BN = 128 or 256 activation
 // rows (tokens), of four warpgroups (512 threads) at BN = 128 and three at
 // BN = 256 (WG_NPT):
-//   - the first two (one at BN = 256), the producers, copy raw weights and activations into
-//     shared memory (cp.async, 16-byte pieces) and decodes the weights to
-//     f16 tiles (unit_f16_regs: the same f16 values as dequant_f16, so the
-//     cuBLAS path's products up to the summation order);
+//   - the first two (one at BN = 256), the producers, copy raw weights and
+//     activations into shared memory (cp.async, 16-byte pieces) and decode
+//     the weights to f16 tiles (unit_f16_regs: the same f16 values as
+//     dequant_f16, so the cuBLAS path's products up to the summation order);
 //   - the last two, the consumers, run wgmma.m64n<BN>k16 (f16 in, f32
 //     accumulate, both operands K-major in shared memory) on weight rows
 //     64 i .. 64 i + 63 (consumer i), and store the accumulators.
-// (An earlier form had every warp copy, decode and multiply in turn, with
-// CTA-wide barriers between: 8B Q4_0 pp512 13.3k tokens/s against the
-// cuBLAS path's 21.0k on an H100; docs/PERF.md.)
+// Status: opt-in (QUIRE_WGMMA=1; compiled only then). Correct (ops
+// mat_muls against the cpu at both BN), but on an H100 (2026-11-24,
+// evening) 8B Q4_0 pp512 ran at 15.4-15.8k tokens/s against the cuBLAS
+// path's 20.7-20.9k; with the producers' copies and decode left out
+// (timing only) 23.1-24.7k, the F16 model's cuBLAS path 28.3k: the
+// producers bind first, the consumers' pipeline next (docs/PERF.md). An
+// earlier form had every warp copy, decode and multiply in turn (13.3k);
+// both forms had every wgmma serialized by ptxas (advisory C7515, a
+// zero-trip loop path), fixed here.
 //
 // The k range runs in chunks of WG_BK = 64 values (one 128-byte row of f16
 // per weight row or token). Raw weights go in superchunks of WG_SUP = 256
