@@ -138,9 +138,10 @@ fn ty_code(ty: GgmlType) -> Option<i32> {
 }
 
 /// Whether the Hopper-only kernels are compiled: only with QUIRE_WGMMA=1.
-/// The wgmma prefill GEMM is opt-in: on an H100 (2026-11-24) it ran 8B
-/// Q4_0 prefill at 0.6-0.7x the cuBLAS path, bound by its per-thread
-/// weight copies (docs/PERF.md); it stays for that work to continue.
+/// The wgmma prefill GEMM is opt-in: on an H100 (2026-11-24, evening) it
+/// ran 8B Q4_0 prefill at 0.74x the cuBLAS path, bound by its producer
+/// warpgroups' decode and copies (docs/PERF.md); it stays for that work to
+/// continue.
 pub(crate) fn wgmma_wanted() -> bool {
     std::env::var("QUIRE_WGMMA").is_ok_and(|v| v == "1")
 }

@@ -295,9 +295,9 @@ pub fn nvrtc_options(arch: &str) -> Vec<String> {
     ];
     // QUIRE_WG_DEFINES: the same for the sm_90a file alone (its timing
     // knobs), so the other kernels stay compiled and cached.
-    let wg = (arch == "sm_90a")
-        .then(|| std::env::var("QUIRE_WG_DEFINES").ok())
-        .flatten();
+    let wg = std::env::var("QUIRE_WG_DEFINES")
+        .ok()
+        .filter(|_| arch == "sm_90a");
     for defs in [std::env::var("QUIRE_CUDA_DEFINES").ok(), wg]
         .into_iter()
         .flatten()

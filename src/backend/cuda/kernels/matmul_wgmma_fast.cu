@@ -25,8 +25,8 @@
 // zero-trip loop path), fixed here.
 //
 // The k range runs in chunks of WG_BK = 64 values (one 128-byte row of f16
-// per weight row or token). Raw weights go in superchunks of WG_SUP = 256
-// values: eight 32-blocks, a multiple of 16 bytes for every type (rows
+// per weight row or token). Raw weights go in superchunks of 256 values
+// (four chunks): eight 32-blocks, a multiple of 16 bytes for every type (rows
 // start 16-byte aligned when k is a multiple of 256), two superchunks in
 // flight. f16 weight tiles: SW stages; activation tiles: SX stages, copied
 // A = SX - 3 chunks ahead (1 when SX <= 4), see wg_stages.
@@ -56,7 +56,6 @@
 
 typedef unsigned long long u64;
 #define WG_BK 64
-#define WG_SUP 256
 #define WG_SMEM_MAX 232448
 __host__ __device__ constexpr int wg_raw_bytes(int bs) { return 128 * 8 * bs + 16; }
 __host__ __device__ constexpr int wg_smem_bytes(int bs, int bn, int sw, int sx) {
@@ -109,71 +108,42 @@ __device__ __forceinline__ void fence_proxy_async() {
 // asynchronous wgmma window.
 __device__ __forceinline__ void wg_reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
-// d (64 x 128 f32, the wgmma accumulator layout) += A (64 x 16, desc a) ·
-// B (16 x 128, desc b), both K-major f16 in shared memory.
-__device__ __forceinline__ void wgmma_n128(float* d, unsigned long long a, unsigned long long b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, "
-        "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, "
-        "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "
-        "%62, %63 "
-        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
-          "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
-          "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
-          "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
-          "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
-          "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),
-          "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),
-          "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(a), "l"(b), "r"(1));
-}
+// Operand text and constraints of the accumulators d[0..63] (and d[64..127]
+// for N = 256): the same registers in both instruction shapes.
+#define WG_R64                                                                        \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, "     \
+    "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "     \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, "     \
+    "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "     \
+    "%62, %63"
+#define WG_R128                                                                       \
+    WG_R64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, "      \
+           "%77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, "   \
+           "%91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, "    \
+           "%104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, " \
+           "%116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define WG_ACC8(i)                                                                    \
+    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]),       \
+        "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define WG_ACC64(i)                                                                   \
+    WG_ACC8(i), WG_ACC8(i + 8), WG_ACC8(i + 16), WG_ACC8(i + 24), WG_ACC8(i + 32),    \
+        WG_ACC8(i + 40), WG_ACC8(i + 48), WG_ACC8(i + 56)
 
-// d (64 x 256 f32, the wgmma accumulator layout) += A (64 x 16, desc a) ·
-// B (16 x 256, desc b), both K-major f16 in shared memory.
+// d (64 x N f32, the wgmma accumulator layout) += A (64 x 16, desc a) ·
+// B (16 x N, desc b), both K-major f16 in shared memory; N = 128 or 256.
+__device__ __forceinline__ void wgmma_n128(float* d, unsigned long long a, unsigned long long b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" WG_R64
+                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : WG_ACC64(0)
+                 : "l"(a), "l"(b), "r"(1));
+}
 __device__ __forceinline__ void wgmma_n256(float* d, unsigned long long a, unsigned long long b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, "
-        "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, "
-        "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "
-        "%62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, "
-        "%77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, "
-        "%92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, "
-        "%106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, "
-        "%118, %119, %120, %121, %122, %123, %124, %125, %126, %127 "
-        "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
-          "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
-          "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
-          "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
-          "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
-          "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),
-          "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),
-          "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]),
-          "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]),
-          "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]),
-          "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]),
-          "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
-          "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]),
-          "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]),
-          "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]),
-          "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]),
-          "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]),
-          "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]),
-          "+f"(d[127])
-        : "l"(a), "l"(b), "r"(1));
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {" WG_R128
+                 "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+                 : WG_ACC64(0), WG_ACC64(64)
+                 : "l"(a), "l"(b), "r"(1));
 }
 
 template <int BN>

@@ -28,9 +28,15 @@ const fn wg_threads(bn: usize) -> u32 {
     }
 }
 
-/// Bytes of a block of each WG_KERNELS row's type (Q4_0, Q4_1, Q5_0, Q5_1,
-/// Q8_0).
-const WG_BLOCK_BYTES: [usize; 5] = [18, 20, 22, 24, 34];
+/// The weight type of each WG_KERNELS row (its kernel type code is the row
+/// index: `wg_type_index`), for the shared memory of an entry by name.
+const WG_TYPES: [GgmlType; 5] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+];
 
 /// The opt-in shared memory limit of an sm_90 CTA (WG_SMEM_MAX).
 const WG_SMEM_MAX: usize = 232_448;
@@ -70,7 +76,7 @@ pub(crate) fn wg_smem(name: &str) -> Option<usize> {
     WG_KERNELS.iter().enumerate().find_map(|(t, row)| {
         row.iter()
             .position(|n| *n == name)
-            .map(|i| wg_smem_of(WG_BLOCK_BYTES[t], 128 * (i + 1)))
+            .map(|i| wg_smem_of(WG_TYPES[t].type_size(), 128 * (i + 1)))
     })
 }
 
@@ -126,7 +132,7 @@ impl CudaBackend {
     }
 
     /// out_j (n, m_j) (=, or +=) x (n, k) · w_jᵀ for every job in one
-    /// launch (validated arguments, k a multiple of 32, `wg_takes`).
+    /// launch (validated arguments, `wg_takes`: k a multiple of 256).
     pub(super) fn mm_wgmma(
         &self,
         x: &CudaView<'_, f32>,
@@ -157,7 +163,7 @@ impl CudaBackend {
             let cfg = LaunchConfig {
                 grid_dim: (u32::try_from(n.div_ceil(bn))?, ctas, 1),
                 block_dim: (wg_threads(bn), 1, 1),
-                shared_mem_bytes: u32::try_from(wg_smem_of(WG_BLOCK_BYTES[t], bn))?,
+                shared_mem_bytes: u32::try_from(wg_smem_of(ty.type_size(), bn))?,
             };
             let mut b = s.launch_builder(self.func(name)?);
             b.arg(&table).arg(&mut *x16).arg(&ni).arg(&ki);
@@ -175,9 +181,7 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{
-        wg_bn, wg_smem, wg_smem_of, wg_stages, wg_type_index, WG_BLOCK_BYTES, WG_SMEM_MAX,
-    };
+    use super::{wg_bn, wg_smem, wg_smem_of, wg_stages, wg_type_index, WG_SMEM_MAX, WG_TYPES};
     use crate::quant::GgmlType;
 
     #[test]
@@ -192,17 +196,11 @@ mod tests {
     #[test]
     fn shared_memory_fits_an_h100_cta() {
         // 227 KiB is the opt-in limit per CTA on sm_90.
-        for (t, bs) in WG_BLOCK_BYTES.iter().enumerate() {
-            let ty = [
-                GgmlType::Q4_0,
-                GgmlType::Q4_1,
-                GgmlType::Q5_0,
-                GgmlType::Q5_1,
-                GgmlType::Q8_0,
-            ][t];
-            assert_eq!(ty.type_size(), *bs);
+        for (t, ty) in WG_TYPES.iter().enumerate() {
+            assert_eq!(wg_type_index(*ty), Some(t));
             for bn in [128, 256] {
-                assert!(wg_smem_of(*bs, bn) <= WG_SMEM_MAX && WG_SMEM_MAX <= 227 * 1024);
+                let bytes = wg_smem_of(ty.type_size(), bn);
+                assert!(bytes <= WG_SMEM_MAX && WG_SMEM_MAX <= 227 * 1024);
             }
         }
         // 128 tokens: four weight tiles and six activation stages (five
