@@ -16,8 +16,10 @@ maximum absolute error exceeds --tol). Timing: CUDA events around a CUDA
 graph of 20 calls, replayed; microseconds per call. GB/s counts K and V
 once plus q and the output.
 
-Status: written 2026-11-23 (the one-off script behind docs/PERF.md's
-11-22 afternoon table was not kept); not yet run on a GPU.
+--pdl: FlashInfer's run() launches with programmatic dependent launch by
+default on sm_90+ (enable_pdl=None means on there), which shortens the
+gaps between the graph's kernels; `quire bench-attn` times its graph both
+with and without programmatic edges, so compare like with like.
 """
 
 import argparse
@@ -61,7 +63,15 @@ def main():
     ap.add_argument("--pool-gib", type=float, default=2.0)
     ap.add_argument("--tol", type=float, default=2e-3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--pdl",
+        choices=["auto", "0", "1"],
+        default="auto",
+        help="enable_pdl of the wrapper's run(): auto is FlashInfer's own "
+        "default (on for sm_90+), 0 / 1 force it",
+    )
     a = ap.parse_args()
+    pdl = None if a.pdl == "auto" else a.pdl == "1"
 
     import flashinfer
 
@@ -79,7 +89,10 @@ def main():
     scale = 1.0 / math.sqrt(hd)
     ws = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
     name = torch.cuda.get_device_name(dev)
-    print(f"device: {name}; flashinfer {flashinfer.__version__}; torch {torch.__version__}")
+    print(
+        f"device: {name}; flashinfer {flashinfer.__version__}; torch {torch.__version__}; "
+        f"enable_pdl={'default' if pdl is None else pdl}"
+    )
     print("| B | ctx | FlashInfer us/call | GB/s | max abs err |")
     print("|---|---|---|---|---|")
     for b in a.batch:
@@ -111,7 +124,7 @@ def main():
                 kv_data_type=torch.float16,
             )
             q = (torch.rand(b, nh, hd, device=dev) * 4 - 2).half()
-            out = wrapper.run(q, (k_pool, v_pool))
+            out = wrapper.run(q, (k_pool, v_pool), enable_pdl=pdl)
             torch.cuda.synchronize()
             err = 0.0
             for s in sorted({0, b - 1}):
@@ -125,11 +138,11 @@ def main():
             s.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(s):
                 for _ in range(3):
-                    wrapper.run(q, (k_pool, v_pool), out=out)
+                    wrapper.run(q, (k_pool, v_pool), out=out, enable_pdl=pdl)
             torch.cuda.current_stream().wait_stream(s)
             with torch.cuda.graph(g):
                 for _ in range(GRAPH_CALLS):
-                    wrapper.run(q, (k_pool, v_pool), out=out)
+                    wrapper.run(q, (k_pool, v_pool), out=out, enable_pdl=pdl)
             reps = max(1, a.iters // GRAPH_CALLS)
             g.replay()
             torch.cuda.synchronize()

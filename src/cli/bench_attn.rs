@@ -7,10 +7,14 @@
 //! numbers are of a kernel that computed the right thing.
 //!
 //! Bytes counted per call: K and V of every key read once (2 bytes each)
-//! plus q and out (f32). Time: CUDA events around `--iters` calls, twice:
-//! replayed from a CUDA graph of 20 calls (device time, as in a decode step,
-//! which runs as a graph; GB/s uses this one) and launched one by one from
-//! the host (where small shapes are bound by the host's per-call work).
+//! plus q and out (f32). Time: CUDA events around `--iters` calls, three
+//! ways: replayed from a CUDA graph of 20 calls with full edges between
+//! kernels; the same graph with programmatic edges (PDL, sm_90+ unless
+//! `QUIRE_PDL=0`), the way a decode step's graph runs them (GB/s uses this
+//! one where it exists); and launched one by one from the host (where small
+//! shapes are bound by the host's per-call work). FlashInfer's decode
+//! wrapper launches with PDL by default on sm_90+ (`enable_pdl`), so its
+//! graph is to be compared with the PDL column.
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::mem::{Dev, DevAttnBatch, DevKv};
@@ -66,8 +70,10 @@ const GRAPH_CALLS: usize = 20;
 struct Row {
     batch: usize,
     ctx: usize,
-    /// Per call, replayed from a CUDA graph.
+    /// Per call, replayed from a CUDA graph with full edges.
     us: f64,
+    /// Per call, the same graph with programmatic edges (None: no PDL).
+    us_pdl: Option<f64>,
     /// Per call, launched one by one from the host.
     us_launch: f64,
     gbps: f64,
@@ -121,11 +127,21 @@ pub fn bench_attn(a: BenchAttnArgs) -> Result<()> {
     let scale = 1.0 / (hd as f32).sqrt();
     let mut rng = ChaCha8Rng::seed_from_u64(a.seed);
     let mut rows = Vec::new();
+    let pdl = be.pdl_enabled();
+    eprintln!(
+        "bench-attn: graph edges between kernels: full{}",
+        if pdl {
+            ", then programmatic (PDL, as in decode graphs)"
+        } else {
+            " only (no PDL: before sm_90 or QUIRE_PDL=0)"
+        }
+    );
     if !a.json {
         println!(
-            "| batch | ctx | us/call (graph) | us/call (launches) | GB/s (graph) | NMSE vs cpu |"
+            "| batch | ctx | us/call (graph, PDL) | us/call (graph) | us/call (launches) | GB/s (graph{}) | NMSE vs cpu |",
+            if pdl { ", PDL" } else { "" }
         );
-        println!("|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|");
     }
     for &b in &a.batch {
         for &ctx in &a.ctx {
@@ -250,22 +266,37 @@ pub fn bench_attn(a: BenchAttnArgs) -> Result<()> {
                 .context("bench-attn: ending graph capture");
             captured?;
             let graph = graph?.context("bench-attn: graph capture produced no graph")?;
-            graph.launch().context("bench-attn: graph warm-up")?;
             let reps = iters.div_ceil(GRAPH_CALLS);
-            let t0 = ev("start")?;
-            for _ in 0..reps {
-                graph.launch().context("bench-attn: graph launch")?;
-            }
-            let t1 = ev("end")?;
-            let ms = t0.elapsed_ms(&t1).context("bench-attn: event timing")? as f64;
-            let us = 1e3 * ms / (reps * GRAPH_CALLS) as f64;
+            let time_reps = |launch: &dyn Fn() -> Result<()>| -> Result<f64> {
+                launch().context("bench-attn: graph warm-up")?;
+                let t0 = ev("start")?;
+                for _ in 0..reps {
+                    launch().context("bench-attn: graph launch")?;
+                }
+                let t1 = ev("end")?;
+                let ms = t0.elapsed_ms(&t1).context("bench-attn: event timing")? as f64;
+                Ok(1e3 * ms / (reps * GRAPH_CALLS) as f64)
+            };
+            let us = time_reps(&|| Ok(graph.launch()?))?;
+            // The same graph's kernel-to-kernel edges made programmatic (it
+            // is instantiated anew; `graph`'s own exec keeps full edges).
+            let us_pdl = if pdl {
+                let (exec, _) = be
+                    .instantiate_pdl(graph.cu_graph())
+                    .context("bench-attn: graph with programmatic edges")?;
+                Some(time_reps(&|| be.launch_pdl(&exec))?)
+            } else {
+                None
+            };
+            let us_best = us_pdl.unwrap_or(us);
             let bytes = (b * ctx * cell * 2 * 2 + 2 * q.len() * 4) as f64;
             let row = Row {
                 batch: b,
                 ctx,
                 us,
+                us_pdl,
                 us_launch,
-                gbps: bytes / (us * 1e-6) / 1e9,
+                gbps: bytes / (us_best * 1e-6) / 1e9,
                 nmse: cmp.nmse,
                 bitwise: cmp.bitwise,
             };
@@ -277,13 +308,14 @@ pub fn bench_attn(a: BenchAttnArgs) -> Result<()> {
                         "mode": format!("{:?}", a.mode).to_lowercase(),
                         "batch": b, "ctx": ctx, "heads": nh, "kv_heads": nkv,
                         "head_dim": hd, "block_size": bs,
-                        "us": row.us, "us_launch": row.us_launch, "gbps": row.gbps,
+                        "us": row.us, "us_pdl": row.us_pdl, "us_launch": row.us_launch, "gbps": row.gbps,
                         "nmse": row.nmse, "bitwise": row.bitwise,
                     })
                 );
             } else {
                 println!(
-                    "| {b} | {ctx} | {:.2} | {:.2} | {:.0} | {:.2e}{} |",
+                    "| {b} | {ctx} | {} | {:.2} | {:.2} | {:.0} | {:.2e}{} |",
+                    row.us_pdl.map_or("-".to_string(), |u| format!("{u:.2}")),
                     row.us,
                     row.us_launch,
                     row.gbps,

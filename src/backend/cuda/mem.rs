@@ -111,6 +111,11 @@ pub struct DevAttnBatch {
     /// rows}: runs of at most 16 consecutive rows of one sequence. Only for
     /// batches of at least FA_MIN_ROWS rows.
     pub(super) tiles: Option<(CudaSlice<u32>, usize)>,
+    /// Every row is the only row of its sequence (a decode batch): then a
+    /// row's keys before its position are not written by this step's KV
+    /// write, and the split kernels may read them before their
+    /// programmatic wait (attention_fast.cu, att_pipe_gqa).
+    pub(super) one_row_per_seq: bool,
 }
 
 /// Batches of at least this many rows may take the tensor-core prefill
@@ -158,6 +163,13 @@ pub fn fa_tiles(row_seq: &[u32]) -> Vec<u32> {
 pub const ATT_CHUNK: usize = 128;
 pub const ATT_PARTS: usize = 32;
 
+/// Whether no value occurs twice.
+fn distinct(v: &[u32]) -> bool {
+    let mut s = v.to_vec();
+    s.sort_unstable();
+    s.windows(2).all(|w| w[0] != w[1])
+}
+
 /// Partials a row at `max_pos` has (the most the batch's rows need).
 pub fn att_parts(max_pos: usize) -> usize {
     (max_pos / ATT_CHUNK + 1).min(ATT_PARTS)
@@ -191,6 +203,7 @@ impl DevAttnBatch {
             part_stride: att_parts(max_pos),
             part_ctas: att_parts(max_pos),
             tiles: fa_tiles_for(be, batch.row_seq)?,
+            one_row_per_seq: distinct(batch.row_seq),
         })
     }
 
@@ -227,6 +240,7 @@ impl DevAttnBatch {
             part_stride: ATT_PARTS,
             part_ctas: part_ctas.clamp(1, ATT_PARTS),
             tiles: None,
+            one_row_per_seq: true,
         })
     }
 
@@ -305,6 +319,14 @@ mod tests {
         rows.extend([5, 5, 3]);
         assert_eq!(fa_tiles(&rows), vec![0, 16, 16, 4, 20, 2, 22, 1]);
         assert_eq!(fa_tiles(&[]), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn one_row_per_sequence_is_detected() {
+        assert!(distinct(&[]));
+        assert!(distinct(&[4, 0, 7]));
+        assert!(!distinct(&[4, 0, 4]));
+        assert!(!distinct(&[2, 2]));
     }
 
     #[test]

@@ -408,7 +408,7 @@ __device__ __forceinline__ void att_pipe_gqa(
     float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
     const u32* __restrict__ tables, const u32* __restrict__ table_off,
     const u32* __restrict__ row_seq, const u32* __restrict__ positions, int stride,
-    int n_parts, float* __restrict__ part, float* __restrict__ out,
+    int n_parts, float* __restrict__ part, int early, float* __restrict__ out,
     signed char* __restrict__ xq, float2* __restrict__ xds) {
     constexpr int HD = 32 * D32;  // the largest head_dim served; the smem row stride
     constexpr int W = ATT_SPLIT_WARPS, ST = ATT_STAGES, KT = 16;
@@ -430,6 +430,16 @@ __device__ __forceinline__ void att_pipe_gqa(
     int w = threadIdx.x >> 5, l = threadIdx.x & 31;
     int kk = l & 15, hv = l >> 4;
     int cpr = hd / 8, d0 = D32 * l;
+    // Before GRID_DEP()'s wait (the previous kernel may still be running
+    // under a programmatic edge) this CTA reads only what no kernel of the
+    // step writes: positions, row_seq and the block tables (copied from the
+    // host before the step's first kernel) and, with `early` (the host's
+    // word that every row is its sequence's only row), K/V of keys before
+    // the row's own position: the predecessor (the KV write) writes only
+    // the slot at each row's position, and every kernel before it has
+    // completed. So a CTA's start-up chain (position, table offset, table,
+    // first K/V tiles) overlaps the predecessor's tail; q, the partials and
+    // the row's own key are touched after the wait. Same loads, same bits.
     // Both loads issued before either is used (a chain of dependent loads
     // is the start-up latency of every CTA).
     int pos = (int)positions[r];
@@ -438,6 +448,7 @@ __device__ __forceinline__ void att_pipe_gqa(
     int np = min(n_chunks, n_parts);
     if ((int)blockIdx.y >= np) return;
     const u32* table = tables + table_off[seq];
+    bool waited = false;
     for (int p = blockIdx.y; p < np; p += gridDim.y) {
         // Tile t of this warp starts at key tile_k0(t); tiles are in
         // increasing key order, so the first past pos ends the walk.
@@ -485,11 +496,21 @@ __device__ __forceinline__ void att_pipe_gqa(
         // so its latency hides behind a tile's compute (off_next: tile t +
         // ST - 1's offset at the top of iteration t).
         long long off_next = tile_off(0);
+        // The first ST - 1 tiles go out before the wait when all their keys
+        // precede pos (tiles are in increasing key order).
+        if (!waited && !(early && tile_k0(ST - 2) + KT - 1 < pos)) {
+            GRID_DEP();
+            waited = true;
+        }
 #pragma unroll
         for (int t = 0; t < ST - 1; t++) {
             long long o = off_next;
             off_next = tile_off(t + 1);
             issue(t, o);
+        }
+        if (!waited) {
+            GRID_DEP();
+            waited = true;
         }
         if (p == (int)blockIdx.y) {  // the queries, once, while the first tiles load
             for (int i = threadIdx.x; i < GM * HD; i += blockDim.x) {
@@ -639,23 +660,22 @@ __device__ __forceinline__ void att_pipe_gqa(
         float scale, const u16 *__restrict__ kc, const u16 *__restrict__ vc,                   \
         const u32 *__restrict__ tables, const u32 *__restrict__ table_off,                     \
         const u32 *__restrict__ row_seq, const u32 *__restrict__ positions, int stride,        \
-        int n_parts, float *__restrict__ part
+        int n_parts, float *__restrict__ part, int early
 #define ATT_PIPE_PASS                                                                          \
     q, n_heads, n_kv_heads, head_dim, block_size, scale, kc, vc, tables, table_off, row_seq,   \
-        positions, stride, n_parts, part
+        positions, stride, n_parts, part, early
 // att_pipe_d*_g*: partials only (attention_combine merges them);
+// GRID_DEP() is inside att_pipe_gqa (some loads go before its wait);
 // att_pipe_m_d*_g*: one CTA per (row, KV head) that also merges them and
 // writes the output (and its int8 copy, as attention_combine does).
 #define ATT_PIPE_GQA(D32, GM)                                                                  \
     extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS)                         \
         att_pipe_d##D32##_g##GM(ATT_PIPE_ARGS) {                                               \
-        GRID_DEP();                                                                            \
         att_pipe_gqa<D32, GM, false>(ATT_PIPE_PASS, nullptr, nullptr, nullptr);                \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS)                         \
         att_pipe_m_d##D32##_g##GM(ATT_PIPE_ARGS, float* __restrict__ out,                      \
                                   signed char* __restrict__ xq, float2* __restrict__ xds) {    \
-        GRID_DEP();                                                                            \
         att_pipe_gqa<D32, GM, true>(ATT_PIPE_PASS, out, xq, xds);                              \
     }
 ATT_PIPE_GQA(2, 1)

@@ -192,6 +192,7 @@ impl CudaBackend {
         let (xq, xds) = pre.map_or((0u64, 0u64), |(_, q, d)| (q, d));
         let mut guard = self.arena(&sizes)?;
         let smem = att_pipe_smem(name).unwrap_or(0);
+        let early = i32::from(batch.one_row_per_seq);
         let regions = (qlen, qlen / 32 * 8, plen);
         let res = arena3::<u8, u8, f32, ()>(&mut guard, regions, |_, _, part| {
             let ctas_x = if gqa.is_some() {
@@ -223,6 +224,9 @@ impl CudaBackend {
                 .arg(&si)
                 .arg(&pi)
                 .arg(&mut *part);
+            if gqa.is_some() {
+                b.arg(&early);
+            }
             if merge {
                 b.arg(&mut *out).arg(&xq).arg(&xds);
             }
@@ -235,7 +239,9 @@ impl CudaBackend {
             // partials (att_parts of the largest position, or ATT_PARTS);
             // head_dim <= 256 and a multiple of 8 (16-byte K/V loads), and
             // for the grouped kernels at most 32*D32 with at most GM query
-            // heads per KV head (gqa_split_kernel); att_pipe_m_* (merge:
+            // heads per KV head (gqa_split_kernel), whose `early` is set
+            // only when every row is its sequence's only row (what their
+            // reads before the programmatic wait rely on); att_pipe_m_* (merge:
             // gridDim.y == 1) also take out and xq / xds as the combine
             // below does.
             drv(
