@@ -42,6 +42,22 @@ const COLORS: [RGBColor; 6] = [
     RGBColor(140, 86, 75),
 ];
 
+/// A log axis's tick label: 1, 2 and 5 times a power of ten are written,
+/// the ticks between them left bare (3,000 to 9,000 crowd each other).
+fn log_tick_label(x: f64) -> String {
+    let v = x.round();
+    if v < 1.0 {
+        return format!("{x}");
+    }
+    let p = 10f64.powf(v.log10().floor());
+    let lead = (v / p).round() as i64;
+    if matches!(lead, 1 | 2 | 5) && (lead as f64 * p - v).abs() < 0.5 {
+        format!("{}", v as i64)
+    } else {
+        String::new()
+    }
+}
+
 /// Writes the panels side by side into one PNG at `path`. Panels without
 /// points are left out; at least one must have some.
 pub fn write_png(path: &Path, title: &str, panels: &[Panel]) -> Result<()> {
@@ -71,7 +87,12 @@ pub fn write_png(path: &Path, title: &str, panels: &[Panel]) -> Result<()> {
     let root = BitMapBackend::new(path, (w, 520)).into_drawing_area();
     let draw = |e: &dyn std::fmt::Display| anyhow!("plot {}: {e}", path.display());
     root.fill(&WHITE).map_err(|e| draw(&e))?;
-    let root = root.titled(title, (FONT, 22)).map_err(|e| draw(&e))?;
+    // The title shrinks to fit the image (DejaVu Sans: about 0.58 em per
+    // character on average).
+    let title_px = (f64::from(w - 24) / (0.58 * title.chars().count().max(1) as f64)).min(22.0);
+    let root = root
+        .titled(title, (FONT, title_px.max(10.0)))
+        .map_err(|e| draw(&e))?;
     let areas = root.split_evenly((1, panels.len()));
     for (p, area) in panels.iter().zip(&areas) {
         let pts = p.series.iter().flat_map(|s| s.points.iter());
@@ -93,7 +114,7 @@ pub fn write_png(path: &Path, title: &str, panels: &[Panel]) -> Result<()> {
             .y_desc(p.y_label.as_str())
             .label_style((FONT, 13))
             .light_line_style(RGBColor(238, 238, 238))
-            .x_label_formatter(&|x| format!("{}", x.round() as i64))
+            .x_label_formatter(&|x| log_tick_label(*x))
             .draw()
             .map_err(|e| draw(&e))?;
         for (i, s) in p.series.iter().enumerate() {
@@ -166,6 +187,19 @@ mod tests {
             "suspiciously small PNG: {} bytes",
             bytes.len()
         );
+    }
+
+    #[test]
+    fn log_ticks_label_one_two_five() {
+        assert_eq!(log_tick_label(1000.0), "1000");
+        assert_eq!(log_tick_label(2000.0), "2000");
+        assert_eq!(log_tick_label(5000.0), "5000");
+        assert_eq!(log_tick_label(10000.0), "10000");
+        assert_eq!(log_tick_label(8.0), "");
+        assert_eq!(log_tick_label(3000.0), "");
+        assert_eq!(log_tick_label(7000.0), "");
+        assert_eq!(log_tick_label(2500.0), "");
+        assert_eq!(log_tick_label(50.0), "50");
     }
 
     #[test]
