@@ -41,15 +41,17 @@ fn every_kernel_compiles_with_nvrtc() {
                     "{stem}.cu ({arch}): no entry point {e} in the PTX"
                 );
             }
-            // Every kernel waits for the grid before it first thing
-            // (GRID_DEP, common.cuh): decode graphs on sm_90+ start a
-            // kernel's CTAs before its predecessor has finished.
+            // Every kernel waits for the previous grid (GRID_DEP,
+            // common.cuh) before it touches what a kernel of the step
+            // writes: decode graphs on sm_90+ start a kernel's CTAs before
+            // its predecessor has finished. (Before the wait only data no
+            // kernel writes may be read; see docs/DETERMINISM.md.)
             if arch.starts_with("sm_90") {
                 for body in text.split(".entry ").skip(1) {
                     let name = body.split('(').next().unwrap_or("?");
                     assert!(
                         body.contains("griddepcontrol.wait"),
-                        "{stem}.cu: kernel {name} does not start with GRID_DEP()"
+                        "{stem}.cu: kernel {name} has no GRID_DEP() (griddepcontrol.wait)"
                     );
                 }
             }
