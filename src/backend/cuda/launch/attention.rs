@@ -192,7 +192,7 @@ impl CudaBackend {
         let (xq, xds) = pre.map_or((0u64, 0u64), |(_, q, d)| (q, d));
         let mut guard = self.arena(&sizes)?;
         let smem = att_pipe_smem(name).unwrap_or(0);
-        let early = i32::from(batch.one_row_per_seq);
+        let early = i32::from(batch.one_row_per_seq && early_kv());
         let regions = (qlen, qlen / 32 * 8, plen);
         let res = arena3::<u8, u8, f32, ()>(&mut guard, regions, |_, _, part| {
             let ctas_x = if gqa.is_some() {
@@ -355,6 +355,15 @@ fn fa_grouped() -> bool {
 fn fuse_merge() -> bool {
     static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *V.get_or_init(|| std::env::var("QUIRE_ATT_FUSE").map_or(true, |v| v != "0"))
+}
+
+/// Whether decode batches' split attention copies its first K/V tiles
+/// before its programmatic wait (QUIRE_ATT_EARLY=0: after it, for
+/// comparisons; the start-up loads of positions and block tables go
+/// before it either way; the same bits).
+fn early_kv() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("QUIRE_ATT_EARLY").map_or(true, |v| v != "0"))
 }
 
 fn env_usize(name: &str) -> Option<usize> {
