@@ -141,10 +141,10 @@ pub const WG_KERNELS: [[&str; 2]; 5] = [
     ["mm_wg_q5_1_n128", "mm_wg_q5_1_n256"],
     ["mm_wg_q8_0_n128", "mm_wg_q8_0_n256"],
 ];
-const WG_ENTRIES: [&str; 10] = {
-    let mut out = [""; 10];
+const WG_ENTRIES: [&str; 2 * WG_KERNELS.len()] = {
+    let mut out = [""; 2 * WG_KERNELS.len()];
     let mut i = 0;
-    while i < 10 {
+    while i < out.len() {
         out[i] = WG_KERNELS[i / 2][i % 2];
         i += 1;
     }

@@ -387,8 +387,9 @@ impl CudaBackend {
             return self.mm_q8_mma(x, n, jobs);
         }
         let tile = mode == Mode::Fast && !float_w && n > lo && n <= hi;
+        let wgmma = mode == Mode::Fast && !tile && n > hi && n > MV_BATCH && self.wg_takes(jobs);
         self.last_mv_q8.store(
-            !tile && !blas && !float_w,
+            !tile && !wgmma && !blas && !float_w,
             std::sync::atomic::Ordering::Relaxed,
         );
         if tile {
@@ -397,9 +398,7 @@ impl CudaBackend {
             }
             return Ok(());
         }
-        if mode == Mode::Fast && n > hi && n > MV_BATCH && self.wg_takes(jobs) {
-            self.last_mv_q8
-                .store(false, std::sync::atomic::Ordering::Relaxed);
+        if wgmma {
             return self.mm_wgmma(x, n, jobs);
         }
         if blas {

@@ -7,7 +7,8 @@
 //!
 //! `matmul.rs`: matmul in every mode (`matmul_blas.rs`: its cuBLAS path;
 //! `matmul_wgmma.rs`: the Hopper prefill GEMM that replaces it for 32-value
-//! block weights; `act_cache.rs`: the activation cache);
+//! block weights when opted in, `QUIRE_WGMMA=1`; `act_cache.rs`: the
+//! activation cache);
 //! `attention.rs`: paged attention in every mode; here: the scratch arena
 //! and the element-wise ops.
 
