@@ -48,6 +48,9 @@ for s in "${steps[@]}"; do
       # The opt-in wgmma prefill GEMM (sm_90 only; elsewhere the same cases
       # run the cuBLAS path).
       QUIRE_WGMMA=1 run_step ops-fast-wgmma "$QUIRE" ops --backend cuda --mode fast --op mat_mul
+      # The 8-key-tile split attention (att_pipe_w_*), which fast mode takes
+      # only for launches past one wave (larger batches than the cases).
+      QUIRE_ATT_WIDE=1 run_step ops-fast-att-wide "$QUIRE" ops --backend cuda --mode fast --op paged_attention
       ;;
     attn)
       # Paged decode attention over scattered blocks at long contexts

@@ -278,9 +278,13 @@ impl CudaBackend {
                 if let Some(bytes) = big_smem {
                     allow_smem(&f, bytes, e)?;
                 }
-                // The partials-only kernels: fast_parts sizes the partition
-                // by them (their att_pipe_m_ forms run the same partition).
-                if e.starts_with("att_pipe_d") || e == "paged_attention_split" {
+                // The partials-only kernels (16- and 8-key tiles): fast_parts
+                // sizes the partition by them (their att_pipe_m_ forms run
+                // the same partition).
+                if e.starts_with("att_pipe_d")
+                    || e.starts_with("att_pipe_w_d")
+                    || e == "paged_attention_split"
+                {
                     let smem = launch::att_pipe_smem(e).unwrap_or(0);
                     let n = drv(
                         f.occupancy_max_active_blocks_per_multiprocessor(128, smem, None),

@@ -381,28 +381,34 @@ __device__ __forceinline__ void att_combine_rh(const float* __restrict__ part, i
 // (row, KV head) and partial serves all the query heads sharing that KV
 // head (up to GM; head_dim <= 32 * D32 <= 128, a multiple of 8), so every
 // K/V row is read once instead of once per query head. Each warp walks its
-// keys of the partial's chunks as tiles of 16 (keys s * ATT_CHUNK + 32w +
-// 16hf + 0..15, hf = 0, 1) and copies tiles t + 1 .. t + ATT_STAGES - 1's K
+// keys of the partial's chunks as tiles of KT (keys s * ATT_CHUNK + 32w +
+// KT hf + 0..KT-1, hf < 32 / KT) and copies tiles t + 1 .. t + ST - 1's K
 // and V rows into shared memory (cp.async, 16-byte copies coalesced along
 // each row) while it computes tile t, so a warp always has loads in flight;
 // the block table is read a tile ahead of the copies that use it.
-//  - scores: lane l takes key l & 15 and half l >> 4 of its dimensions (the
-//    16-byte pieces c = 2i + half; fp32, q in shared memory), one shuffle
-//    adds the halves; K rows are stored with piece c of row kk at slot
+//  - scores: lane l takes key l % KT and share l / KT of its NH = 32 / KT
+//    shares of dimensions (the 16-byte pieces c = NH i + share; fp32, q in
+//    shared memory), a shuffle tree adds the shares; K rows are stored with piece c of row kk at slot
 //    c ^ (kk & 7), so the eight lanes of a quarter warp read eight
 //    different bank groups;
-//  - one online-softmax step per head per tile (max over the 16 keys; each
+//  - one online-softmax step per head per tile (max over the KT keys; each
 //    lane keeps its own running sum, reduced once at the end);
 //  - lane l owns dimensions D32*l .. D32*l + D32 - 1 and accumulates p·V
 //    from the staged rows.
 // The warps' states are merged in warp order (warp w merges head slots w,
 // w + 4, ...). A head's arithmetic depends only on its row's keys and these
-// constants: batch- and KV-cache invariant. ATT_STAGES (host prelude,
-// att_stages()) sets the depth; the shared memory is dynamic, laid out as
-// att_pipe_smem (launch/attention.rs) computes. FUSE (the att_pipe_m_
-// entries, launched with one CTA per (row, KV head)): the CTA then also
-// merges its partials, so no attention_combine launch follows.
-template <int D32, int GM, bool FUSE>
+// constants: batch- and KV-cache invariant. KT and ST are fixed per entry:
+// att_pipe_d*_g* and att_pipe_m_* take 16-key tiles at ATT_STAGES (host
+// prelude, att_stages()) stages; att_pipe_w_* (`fast` mode, launches of
+// more than one wave: see attention_split) 8-key tiles at ATT_W_STAGES,
+// half the shared memory per stage and fewer registers, so more CTAs fit
+// per SM (a different tile, so different bits). The shared memory is
+// dynamic, laid out as att_pipe_smem (launch/attention.rs) computes. FUSE
+// (the att_pipe_m_ entries, launched with one CTA per (row, KV head)): the
+// CTA then also merges its partials, so no attention_combine launch
+// follows.
+#define ATT_W_STAGES 3
+template <int D32, int GM, bool FUSE, int KT = 16, int ST = ATT_STAGES>
 __device__ __forceinline__ void att_pipe_gqa(
     const float* __restrict__ q, int n_heads, int n_kv_heads, int hd, int block_size,
     float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
@@ -411,7 +417,9 @@ __device__ __forceinline__ void att_pipe_gqa(
     int n_parts, float* __restrict__ part, int early, float* __restrict__ out,
     signed char* __restrict__ xq, float2* __restrict__ xds) {
     constexpr int HD = 32 * D32;  // the largest head_dim served; the smem row stride
-    constexpr int W = ATT_SPLIT_WARPS, ST = ATT_STAGES, KT = 16;
+    // NH = 32 / KT lanes per key, TPC tiles per warp and chunk.
+    static_assert(KT == 8 || KT == 16, "KT is 8 or 16");
+    constexpr int W = ATT_SPLIT_WARPS, NH = 32 / KT, TPC = 32 / KT;
     extern __shared__ __align__(16) unsigned char att_smem[];
     // Layout (bytes): kst, vst: (W, ST, KT, HD) u16 each; qs: (GM, HD) f32;
     // wp: (W, GM, KT) f32; wm, wl: (W, GM) f32. wacc (W, GM, HD) f32
@@ -428,7 +436,7 @@ __device__ __forceinline__ void att_pipe_gqa(
     int r = blockIdx.x / n_kv_heads, kvh = blockIdx.x % n_kv_heads;
     int h0 = kvh * group;
     int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-    int kk = l & 15, hv = l >> 4;
+    int kk = l % KT, hv = l / KT;
     int cpr = hd / 8, d0 = D32 * l;
     // Before GRID_DEP()'s wait (the previous kernel may still be running
     // under a programmatic edge) this CTA reads only what no kernel of the
@@ -453,7 +461,7 @@ __device__ __forceinline__ void att_pipe_gqa(
         // Tile t of this warp starts at key tile_k0(t); tiles are in
         // increasing key order, so the first past pos ends the walk.
         auto tile_k0 = [&](int t) {
-            return (p + (t >> 1) * n_parts) * ATT_CHUNK + 32 * w + KT * (t & 1);
+            return (p + (t / TPC) * n_parts) * ATT_CHUNK + 32 * w + KT * (t % TPC);
         };
         int n_tiles = 0;
         while (tile_k0(n_tiles) <= pos) n_tiles++;
@@ -534,8 +542,8 @@ __device__ __forceinline__ void att_pipe_gqa(
 #pragma unroll
             for (int g = 0; g < GM; g++) sc[g] = 0.0f;
 #pragma unroll
-            for (int i = 0; i < HD / 16; i++) {
-                int c = 2 * i + hv;
+            for (int i = 0; i < HD / (8 * NH); i++) {
+                int c = NH * i + hv;
                 if (c < cpr) {
                     uint4 kv = *(const uint4*)&kst[w][st][kk][8 * (c ^ (kk & 7))];
                     float2 k0f = q_f16x2(kv.x), k1f = q_f16x2(kv.y);
@@ -557,11 +565,14 @@ __device__ __forceinline__ void att_pipe_gqa(
             }
 #pragma unroll
             for (int g = 0; g < GM; g++) {
-                float sj = sc[g] + __shfl_xor_sync(0xffffffffu, sc[g], 16);
+                float sj = sc[g];
+#pragma unroll
+                for (int o = KT; o < 32; o <<= 1) sj += __shfl_xor_sync(0xffffffffu, sj, o);
                 sj = ok ? sj : Q_NINF;
                 float mr = sj;
 #pragma unroll
-                for (int o = 8; o >= 1; o >>= 1) mr = fmaxf(mr, __shfl_xor_sync(0xffffffffu, mr, o));
+                for (int o = KT / 2; o >= 1; o >>= 1)
+                    mr = fmaxf(mr, __shfl_xor_sync(0xffffffffu, mr, o));
                 float m_new = fmaxf(m[g], mr);
                 float alpha = (m[g] == Q_NINF) ? 0.0f : __expf(m[g] - m_new);
                 float pj = ok ? __expf(sj - m_new) : 0.0f;
@@ -667,7 +678,8 @@ __device__ __forceinline__ void att_pipe_gqa(
 // att_pipe_d*_g*: partials only (attention_combine merges them);
 // GRID_DEP() is inside att_pipe_gqa (some loads go before its wait);
 // att_pipe_m_d*_g*: one CTA per (row, KV head) that also merges them and
-// writes the output (and its int8 copy, as attention_combine does).
+// writes the output (and its int8 copy, as attention_combine does);
+// att_pipe_w_d*_g*: partials only, 8-key tiles (see att_pipe_gqa).
 #define ATT_PIPE_GQA(D32, GM)                                                                  \
     extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS)                         \
         att_pipe_d##D32##_g##GM(ATT_PIPE_ARGS) {                                               \
@@ -677,6 +689,11 @@ __device__ __forceinline__ void att_pipe_gqa(
         att_pipe_m_d##D32##_g##GM(ATT_PIPE_ARGS, float* __restrict__ out,                      \
                                   signed char* __restrict__ xq, float2* __restrict__ xds) {    \
         att_pipe_gqa<D32, GM, true>(ATT_PIPE_PASS, out, xq, xds);                              \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS)                         \
+        att_pipe_w_d##D32##_g##GM(ATT_PIPE_ARGS) {                                             \
+        att_pipe_gqa<D32, GM, false, 8, ATT_W_STAGES>(ATT_PIPE_PASS, nullptr, nullptr,         \
+                                                      nullptr);                                \
     }
 ATT_PIPE_GQA(2, 1)
 ATT_PIPE_GQA(2, 2)

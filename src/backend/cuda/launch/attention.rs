@@ -153,15 +153,28 @@ impl CudaBackend {
         let (_, _, hd) = cache.geometry();
         // GQA-grouped: one CTA per (row, KV head); else per (row, head).
         let group = nhi as usize / nkvi as usize;
-        let gqa = gqa_split_kernel(group, hd, false);
+        let gqa = gqa_split_kernel(group, hd, Pipe::Partials);
         let name = gqa.unwrap_or("paged_attention_split");
-        let parts = match mode {
-            Mode::Fast => fast_parts(
-                batch.n_rows * nkvi as usize,
-                self.att_per_sm(name)? * self.sm_count(),
-            ),
+        let units = batch.n_rows * nkvi as usize;
+        let mut parts = match mode {
+            Mode::Fast => fast_parts(units, self.att_per_sm(name)? * self.sm_count()),
             _ => ATT_PARTS,
         };
+        // `fast`, more than one wave: the 8-key-tile form, its partition
+        // sized by its own resident CTAs (a function of the batch shape
+        // only, like fast_parts).
+        let wide = mode == Mode::Fast
+            && gqa.is_some()
+            && wide_wanted(
+                units,
+                parts,
+                self.att_per_sm(name)? * self.sm_count(),
+                batch.part_ctas,
+            );
+        if wide {
+            let wname = gqa_split_kernel(group, hd, Pipe::Wide).unwrap_or(name);
+            parts = fast_parts(units, self.att_per_sm(wname)? * self.sm_count());
+        }
         // No more CTAs per row than partials.
         let pi = i32_of(parts, "partials")?;
         let ctas_y = batch.part_ctas.min(parts);
@@ -171,8 +184,13 @@ impl CudaBackend {
         // attention_combine runs. Not without the device fusions
         // (`prequant` off: check-exact's unfused reference, which so checks
         // this merge bitwise). The partition (parts) does not depend on it.
-        let merge = ctas_y == 1 && gqa.is_some() && self.prequant && fuse_merge();
-        let name = gqa_split_kernel(group, hd, merge).unwrap_or(name);
+        let merge = !wide && ctas_y == 1 && gqa.is_some() && self.prequant && fuse_merge();
+        let form = match (wide, merge) {
+            (true, _) => Pipe::Wide,
+            (false, true) => Pipe::Merge,
+            (false, false) => Pipe::Partials,
+        };
+        let name = gqa_split_kernel(group, hd, form).unwrap_or(name);
         let rh = batch.n_rows * nhi as usize;
         let stride = batch.part_stride;
         let plen = rh * stride * (2 + hd);
@@ -377,28 +395,47 @@ pub(crate) fn att_stages() -> usize {
     *V.get_or_init(|| env_usize("QUIRE_ATT_STAGES").unwrap_or(2).clamp(2, 4))
 }
 
-/// Dynamic shared memory of the pipelined kernel `name`
-/// (att_pipe_d{D32}_g{GM} or its att_pipe_m_ form; the layout of
-/// att_pipe_gqa): K and V stages (4 warps, ATT_STAGES stages of 16 rows of
-/// 32*D32 f16 each), the queries (GM x 32*D32 f32), the tile weights (4 x
-/// GM x 16) and the warps' (m, l). None for any other kernel.
-pub(crate) fn att_pipe_smem(name: &str) -> Option<usize> {
-    let rest = name
-        .strip_prefix("att_pipe_d")
-        .or_else(|| name.strip_prefix("att_pipe_m_d"))?;
-    let (d32, gm) = rest.split_once("_g")?;
-    let (d32, gm): (usize, usize) = (d32.parse().ok()?, gm.parse().ok()?);
-    let (w, hd, kt) = (4, 32 * d32, 16);
-    Some(2 * w * att_stages() * kt * hd * 2 + gm * hd * 4 + w * gm * kt * 4 + 2 * w * gm * 4)
+/// The forms of the pipelined split kernel (attention_fast.cu): partials
+/// only (16-key tiles), partials merged by the CTA itself (att_pipe_m_*,
+/// one CTA per (row, KV head)), and partials with 8-key tiles at
+/// ATT_W_STAGES stages (att_pipe_w_*: `fast` mode, multi-wave launches).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pipe {
+    Partials = 0,
+    Merge = 1,
+    Wide = 2,
 }
 
-/// The GQA-grouped split kernel for `group` query heads per KV head and
-/// `head_dim` (a multiple of 8): `att_pipe_d{D32}_g{GM}` with head_dim <=
-/// 32 * D32 and group <= GM, the smallest instantiated
-/// (attention_fast.cu), or with `merge` its `att_pipe_m_` form (which
-/// merges its own partials); None past 8 heads per group or head_dim 128
-/// (the per-head kernel).
-fn gqa_split_kernel(group: usize, head_dim: usize, merge: bool) -> Option<&'static str> {
+/// Stages of the att_pipe_w_* kernels (ATT_W_STAGES in attention_fast.cu).
+const ATT_W_STAGES: usize = 3;
+
+/// Dynamic shared memory of the pipelined kernel `name`
+/// (att_pipe_{,m_,w_}d{D32}_g{GM}; the layout of att_pipe_gqa): K and V
+/// stages (4 warps, stages of KT rows of 32*D32 f16 each: 16 rows at
+/// ATT_STAGES stages, or for att_pipe_w_* 8 rows at ATT_W_STAGES), the
+/// queries (GM x 32*D32 f32), the tile weights (4 x GM x KT) and the
+/// warps' (m, l). None for any other kernel.
+pub(crate) fn att_pipe_smem(name: &str) -> Option<usize> {
+    let (rest, kt, st) = if let Some(r) = name.strip_prefix("att_pipe_w_d") {
+        (r, 8, ATT_W_STAGES)
+    } else {
+        let r = name
+            .strip_prefix("att_pipe_d")
+            .or_else(|| name.strip_prefix("att_pipe_m_d"))?;
+        (r, 16, att_stages())
+    };
+    let (d32, gm) = rest.split_once("_g")?;
+    let (d32, gm): (usize, usize) = (d32.parse().ok()?, gm.parse().ok()?);
+    let (w, hd) = (4, 32 * d32);
+    Some(2 * w * st * kt * hd * 2 + gm * hd * 4 + w * gm * kt * 4 + 2 * w * gm * 4)
+}
+
+/// The GQA-grouped split kernel of form `form` for `group` query heads per
+/// KV head and `head_dim` (a multiple of 8): `att_pipe_d{D32}_g{GM}` (or
+/// its `_m_` / `_w_` form) with head_dim <= 32 * D32 and group <= GM, the
+/// smallest instantiated (attention_fast.cu); None past 8 heads per group
+/// or head_dim 128 (the per-head kernel).
+fn gqa_split_kernel(group: usize, head_dim: usize, form: Pipe) -> Option<&'static str> {
     let d = match head_dim {
         1..=64 => 0,
         65..=128 => 1,
@@ -411,12 +448,43 @@ fn gqa_split_kernel(group: usize, head_dim: usize, merge: bool) -> Option<&'stat
         5..=8 => 3,
         _ => return None,
     };
-    Some(crate::backend::cuda::source::ATT_PIPE[usize::from(merge)][d][g])
+    Some(crate::backend::cuda::source::ATT_PIPE[form as usize][d][g])
+}
+
+/// Whether a `fast` launch of `units` (row, KV head) pairs with `parts`
+/// partials each takes the 8-key-tile kernel: when the 16-key kernel's
+/// grid would run in more than one wave of its `slots` resident CTAs,
+/// each unit has more than one CTA (the merging form stays for one), and
+/// rows reach at most 16 chunks (`part_ctas`, the longest row's, which a
+/// decode graph's bucket fixes: 2,048 keys). There the smaller stages let
+/// more CTAs share an SM, which short CTAs need. Measured on an H100
+/// (2026-11-24, bench-attn, 8B heads, us per call with PDL, 16-key / 8-key
+/// at 3 stages): B=64 ctx 512 66.8 / 52.6, ctx 2,048 207.4 / 194.1; B=32
+/// 35.1 / 32.6, 108.1 / 103.9; but at ctx 8,192 (32 chunks) 741.8 / 764.8
+/// and 381.4 / 383.2, and one-wave launches lose (B=1 ctx 512 8.9 / 10.0,
+/// B=8 10.1 / 11.6). QUIRE_ATT_WIDE=0 turns it off; =1 takes it for every launch
+/// with more than one CTA per unit (so the op parity harness, whose
+/// batches are small, checks it).
+fn wide_wanted(units: usize, parts: usize, slots: usize, part_ctas: usize) -> bool {
+    static V: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    match *V.get_or_init(|| match std::env::var("QUIRE_ATT_WIDE").as_deref() {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
+    }) {
+        Some(false) => false,
+        Some(true) => part_ctas.min(parts) > 1,
+        None => wide_rule(units, parts, slots, part_ctas),
+    }
+}
+
+fn wide_rule(units: usize, parts: usize, slots: usize, part_ctas: usize) -> bool {
+    units * parts > slots && part_ctas.min(parts) > 1 && part_ctas <= ATT_PARTS / 2
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{att_pipe_smem, gqa_split_kernel, parts_for_slots};
+    use super::{att_pipe_smem, gqa_split_kernel, parts_for_slots, wide_rule, Pipe};
 
     #[test]
     fn prefill_kernel_groups_up_to_8_heads() {
@@ -457,27 +525,60 @@ mod tests {
     }
 
     #[test]
+    fn wide_form_only_past_one_wave_with_several_ctas_per_unit() {
+        // Llama-3.1-8B on 132 SMs at 3 CTAs per SM (396 slots), the
+        // partials parts_for_slots picks.
+        let wide = |b: usize, part_ctas| {
+            let units = 8 * b;
+            wide_rule(units, parts_for_slots(units, 396), 396, part_ctas)
+        };
+        // B=1 (8 x 32 = 256 CTAs) and B=8 (64 x 6 = 384): one wave.
+        assert!(!wide(1, 64));
+        assert!(!wide(8, 64));
+        // B=32 (256 x 3 = 768) and B=64 (512 x 3): more than one.
+        assert!(wide(32, 4));
+        assert!(wide(64, 8));
+        // Contexts of at most 128 keys: one CTA per unit (the merging form).
+        assert!(!wide(64, 1));
+        // Past 16 chunks (2,048 keys) per row: the 16-key form.
+        assert!(wide(64, 16));
+        assert!(!wide(64, 17));
+        assert!(!wide(32, 32));
+        // Many units with one partial each but more than one wave.
+        assert!(wide_rule(1000, 2, 396, 2));
+        assert!(!wide_rule(1000, 1, 396, 4));
+    }
+
+    #[test]
     fn gqa_kernel_is_the_smallest_that_fits() {
-        assert_eq!(gqa_split_kernel(4, 128, false), Some("att_pipe_d4_g4"));
-        assert_eq!(gqa_split_kernel(3, 64, false), Some("att_pipe_d2_g4"));
-        assert_eq!(gqa_split_kernel(8, 80, false), Some("att_pipe_d4_g8"));
-        assert_eq!(gqa_split_kernel(1, 8, false), Some("att_pipe_d2_g1"));
-        assert_eq!(gqa_split_kernel(3, 64, true), Some("att_pipe_m_d2_g4"));
-        assert_eq!(gqa_split_kernel(9, 128, false), None);
-        assert_eq!(gqa_split_kernel(4, 256, true), None);
+        use Pipe::{Merge, Partials, Wide};
+        assert_eq!(gqa_split_kernel(4, 128, Partials), Some("att_pipe_d4_g4"));
+        assert_eq!(gqa_split_kernel(3, 64, Partials), Some("att_pipe_d2_g4"));
+        assert_eq!(gqa_split_kernel(8, 80, Partials), Some("att_pipe_d4_g8"));
+        assert_eq!(gqa_split_kernel(1, 8, Partials), Some("att_pipe_d2_g1"));
+        assert_eq!(gqa_split_kernel(3, 64, Merge), Some("att_pipe_m_d2_g4"));
+        assert_eq!(gqa_split_kernel(4, 128, Wide), Some("att_pipe_w_d4_g4"));
+        assert_eq!(gqa_split_kernel(9, 128, Partials), None);
+        assert_eq!(gqa_split_kernel(4, 256, Merge), None);
         // Every pipelined kernel's shared memory fits an H100's 227 KiB
         // per CTA (the names come from source::ATT_PIPE, which KERNELS
         // loads).
         for g in 1..=8 {
             for hd in (8..=128).step_by(8) {
-                for merge in [false, true] {
-                    let n = gqa_split_kernel(g, hd, merge).unwrap();
+                for form in [Partials, Merge, Wide] {
+                    let n = gqa_split_kernel(g, hd, form).unwrap();
                     let smem = att_pipe_smem(n).expect("a pipelined kernel");
                     assert!(smem <= 227 * 1024, "{n}");
                 }
             }
         }
         assert_eq!(att_pipe_smem("paged_attention_split"), None);
+        // The 8-key form at 3 stages: 48 KiB of K/V stages + 2 KiB of
+        // queries + 512 bytes of weights + 128 bytes of (m, l).
+        assert_eq!(
+            att_pipe_smem("att_pipe_w_d4_g4"),
+            Some(49_152 + 2_048 + 512 + 128)
+        );
         // d4_g8 at 2 stages: 64 KiB of K/V stages + 4 KiB of queries +
         // 2 KiB of weights + 256 bytes of (m, l).
         if super::att_stages() == 2 {
