@@ -388,9 +388,9 @@ __device__ __forceinline__ void att_combine_rh(const float* __restrict__ part, i
 // the block table is read a tile ahead of the copies that use it.
 //  - scores: lane l takes key l % KT and share l / KT of its NH = 32 / KT
 //    shares of dimensions (the 16-byte pieces c = NH i + share; fp32, q in
-//    shared memory), a shuffle tree adds the shares; K rows are stored with piece c of row kk at slot
-//    c ^ (kk & 7), so the eight lanes of a quarter warp read eight
-//    different bank groups;
+//    shared memory), a shuffle tree adds the shares; K rows are stored
+//    with piece c of row kk at slot c ^ (kk & 7), so the eight lanes of a
+//    quarter warp (eight keys) read eight different bank groups;
 //  - one online-softmax step per head per tile (max over the KT keys; each
 //    lane keeps its own running sum, reduced once at the end);
 //  - lane l owns dimensions D32*l .. D32*l + D32 - 1 and accumulates p·V
