@@ -260,9 +260,24 @@ pub fn prelude() -> String {
     ));
     s.push_str(&format!("#define MV_EXACT_WR {MV_EXACT_WR}\n"));
     s.push_str(&format!(
-        "#define ATT_STAGES {}\n",
-        crate::backend::cuda::launch::att_stages()
+        "#define ATT_STAGES {}\n#define ATT_W_STAGES {}\n",
+        crate::backend::cuda::launch::att_stages(),
+        crate::backend::cuda::launch::ATT_W_STAGES
     ));
+    // The dynamic shared memory the host launches each split-attention
+    // entry with: attention_fast.cu's ATT_PIPE_GQA asserts its layout matches.
+    for name in ATT_PIPE.iter().flatten().flatten() {
+        if let Some(bytes) = crate::backend::cuda::launch::att_pipe_smem(name) {
+            s.push_str(&format!("#define ATT_SMEM_{name} {bytes}\n"));
+        }
+    }
+    // The dynamic shared memory the host launches each wgmma entry with:
+    // matmul_wgmma_fast.cu's WG_ENTRY asserts its own layout matches.
+    for name in WG_KERNELS.iter().flatten() {
+        if let Some(bytes) = crate::backend::cuda::launch::wg_smem(name) {
+            s.push_str(&format!("#define WG_SMEM_{name} {bytes}\n"));
+        }
+    }
     s
 }
 

@@ -402,12 +402,17 @@ __device__ __forceinline__ void att_combine_rh(const float* __restrict__ part, i
 // prelude, att_stages()) stages; att_pipe_w_* (`fast` mode, launches of
 // more than one wave: see attention_split) 8-key tiles at ATT_W_STAGES,
 // half the shared memory per stage and fewer registers, so more CTAs fit
-// per SM (a different tile, so different bits). The shared memory is
-// dynamic, laid out as att_pipe_smem (launch/attention.rs) computes. FUSE
-// (the att_pipe_m_ entries, launched with one CTA per (row, KV head)): the
-// CTA then also merges its partials, so no attention_combine launch
-// follows.
-#define ATT_W_STAGES 3
+// per SM (a different tile, so different bits; ATT_W_STAGES also comes
+// from the host prelude). The shared memory is dynamic, laid out as
+// att_pipe_smem (launch/attention.rs) computes. FUSE (the att_pipe_m_
+// entries, launched with one CTA per (row, KV head)): the CTA then also
+// merges its partials, so no attention_combine launch follows.
+// Bytes of att_pipe_gqa's shared memory layout (below) for one entry;
+// ATT_PIPE_GQA checks them against the host's att_pipe_smem.
+__host__ __device__ constexpr int att_pipe_bytes(int d32, int gm, int kt, int st) {
+    return 2 * ATT_SPLIT_WARPS * st * kt * 32 * d32 * 2 + gm * 32 * d32 * 4 +
+           ATT_SPLIT_WARPS * gm * kt * 4 + 2 * ATT_SPLIT_WARPS * gm * 4;
+}
 template <int D32, int GM, bool FUSE, int KT = 16, int ST = ATT_STAGES>
 __device__ __forceinline__ void att_pipe_gqa(
     const float* __restrict__ q, int n_heads, int n_kv_heads, int hd, int block_size,
@@ -680,7 +685,15 @@ __device__ __forceinline__ void att_pipe_gqa(
 // att_pipe_m_d*_g*: one CTA per (row, KV head) that also merges them and
 // writes the output (and its int8 copy, as attention_combine does);
 // att_pipe_w_d*_g*: partials only, 8-key tiles (see att_pipe_gqa).
+// ATT_SMEM_<name> (host prelude): the bytes launch/attention.rs launches
+// each entry with (att_pipe_smem); it must equal the kernel's layout.
+#define ATT_PIPE_CHECK(NAME, D32, GM, KT, ST)                                                  \
+    static_assert(att_pipe_bytes(D32, GM, KT, ST) == ATT_SMEM_##NAME,                          \
+                  "launch/attention.rs disagrees on " #NAME "'s shared memory");
 #define ATT_PIPE_GQA(D32, GM)                                                                  \
+    ATT_PIPE_CHECK(att_pipe_d##D32##_g##GM, D32, GM, 16, ATT_STAGES)                           \
+    ATT_PIPE_CHECK(att_pipe_m_d##D32##_g##GM, D32, GM, 16, ATT_STAGES)                         \
+    ATT_PIPE_CHECK(att_pipe_w_d##D32##_g##GM, D32, GM, 8, ATT_W_STAGES)                        \
     extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS)                         \
         att_pipe_d##D32##_g##GM(ATT_PIPE_ARGS) {                                               \
         att_pipe_gqa<D32, GM, false>(ATT_PIPE_PASS, nullptr, nullptr, nullptr);                \

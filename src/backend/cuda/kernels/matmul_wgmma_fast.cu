@@ -63,7 +63,8 @@ __host__ __device__ constexpr int wg_smem_bytes(int bs, int bn, int sw, int sx) 
 }
 // Stage counts (weight tiles sw, activation tiles sx): the first of (4, 6),
 // (4, 5), (4, 4), (3, 4), (3, 3) that fits; launch/matmul_wgmma.rs makes
-// the same choice. Encoded as 8 sw + sx.
+// the same choice (WG_ENTRY checks it at compile time). Encoded as 8 sw +
+// sx.
 __host__ __device__ constexpr int wg_stages(int bs, int bn) {
     const int c[5][2] = {{4, 6}, {4, 5}, {4, 4}, {3, 4}, {3, 3}};
     for (int i = 0; i < 5; i++)
@@ -368,7 +369,12 @@ __device__ __forceinline__ void wg_body(const MmJobs& J, const u16* __restrict__
     }
 }
 
+// WG_SMEM_<name> (host prelude): the bytes launch/matmul_wgmma.rs launches
+// the entry with, from its mirror of wg_stages; the two must agree.
 #define WG_ENTRY(NAME, TY, BN)                                                              \
+    static_assert(wg_smem_bytes(gr_type_size(TY), BN, wg_stages(gr_type_size(TY), BN) / 8,  \
+                                wg_stages(gr_type_size(TY), BN) % 8) == WG_SMEM_##NAME,     \
+                  "launch/matmul_wgmma.rs disagrees on " #NAME "'s shared memory");         \
     extern "C" __global__ void __launch_bounds__(WG_THREADS(BN), 1)                                    \
         NAME(MmJobs J, const u16* __restrict__ x16, int n, int k) {                         \
         GRID_DEP();                                                                         \

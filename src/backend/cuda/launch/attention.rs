@@ -156,8 +156,9 @@ impl CudaBackend {
         let gqa = gqa_split_kernel(group, hd, Pipe::Partials);
         let name = gqa.unwrap_or("paged_attention_split");
         let units = batch.n_rows * nkvi as usize;
+        let slots = self.att_per_sm(name)? * self.sm_count();
         let mut parts = match mode {
-            Mode::Fast => fast_parts(units, self.att_per_sm(name)? * self.sm_count()),
+            Mode::Fast => fast_parts(units, slots),
             _ => ATT_PARTS,
         };
         // `fast`, more than one wave: the 8-key-tile form, its partition
@@ -165,12 +166,7 @@ impl CudaBackend {
         // only, like fast_parts).
         let wide = mode == Mode::Fast
             && gqa.is_some()
-            && wide_wanted(
-                units,
-                parts,
-                self.att_per_sm(name)? * self.sm_count(),
-                batch.part_ctas,
-            );
+            && wide_wanted(units, parts, slots, batch.part_ctas);
         if wide {
             let wname = gqa_split_kernel(group, hd, Pipe::Wide).unwrap_or(name);
             parts = fast_parts(units, self.att_per_sm(wname)? * self.sm_count());
@@ -406,8 +402,8 @@ pub(crate) enum Pipe {
     Wide = 2,
 }
 
-/// Stages of the att_pipe_w_* kernels (ATT_W_STAGES in attention_fast.cu).
-const ATT_W_STAGES: usize = 3;
+/// Stages of the att_pipe_w_* kernels (ATT_W_STAGES in the prelude).
+pub(crate) const ATT_W_STAGES: usize = 3;
 
 /// Dynamic shared memory of the pipelined kernel `name`
 /// (att_pipe_{,m_,w_}d{D32}_g{GM}; the layout of att_pipe_gqa): K and V
@@ -473,13 +469,18 @@ fn wide_wanted(units: usize, parts: usize, slots: usize, part_ctas: usize) -> bo
         _ => None,
     }) {
         Some(false) => false,
-        Some(true) => part_ctas.min(parts) > 1,
+        Some(true) => several_ctas(parts, part_ctas),
         None => wide_rule(units, parts, slots, part_ctas),
     }
 }
 
+/// More than one CTA per (row, KV head): else the merging form runs.
+fn several_ctas(parts: usize, part_ctas: usize) -> bool {
+    part_ctas.min(parts) > 1
+}
+
 fn wide_rule(units: usize, parts: usize, slots: usize, part_ctas: usize) -> bool {
-    units * parts > slots && part_ctas.min(parts) > 1 && part_ctas <= ATT_PARTS / 2
+    units * parts > slots && several_ctas(parts, part_ctas) && part_ctas <= ATT_PARTS / 2
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ mod matmul_mma;
 mod matmul_wgmma;
 
 pub(crate) use act_cache::ActKey;
-pub(crate) use attention::{att_pipe_smem, att_stages};
+pub(crate) use attention::{att_pipe_smem, att_stages, ATT_W_STAGES};
 pub(crate) use matmul::{fast_uses_blas, TILE_SMEM};
 pub(crate) use matmul_mma::mq_smem_max;
 pub(crate) use matmul_wgmma::wg_smem;
