@@ -51,6 +51,9 @@ for s in "${steps[@]}"; do
       # The 8-key-tile split attention (att_pipe_w_*), which fast mode takes
       # only for launches past one wave (larger batches than the cases).
       QUIRE_ATT_WIDE=1 run_step ops-fast-att-wide "$QUIRE" ops --backend cuda --mode fast --op paged_attention
+      # The split attention merged by attention_combine instead of the
+      # unit's cluster (att_pipe_c_*, the default for 2-8 CTAs per unit).
+      QUIRE_ATT_CLUSTER=0 run_step ops-fast-att-combine "$QUIRE" ops --backend cuda --mode fast --op paged_attention
       ;;
     attn)
       # Paged decode attention over scattered blocks at long contexts

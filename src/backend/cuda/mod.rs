@@ -45,6 +45,9 @@ struct Device {
     /// CTAs per SM of each split-attention kernel (128 threads, its
     /// dynamic shared memory), from the driver's occupancy at load.
     att_per_sm: HashMap<&'static str, usize>,
+    /// Clusters resident at once of each att_pipe_c_ kernel by cluster
+    /// size (2..=ATT_CLUSTER_MAX CTAs), from the driver at load (sm_90+).
+    att_clusters: HashMap<(&'static str, usize), usize>,
 }
 
 /// Weight cache key: (address, length, fingerprint of the first and last
@@ -261,6 +264,8 @@ impl CudaBackend {
         let stream = drv(ctx.new_stream(), "creating a stream")?;
         let mut funcs = HashMap::new();
         let mut att_per_sm = HashMap::new();
+        let mut att_clusters = HashMap::new();
+        let clusters = pdl::arch_major(&arch) >= 9;
         for (stem, _, entries) in source::KERNELS {
             let ptx = source::compile(stem, &arch)?;
             let module = drv(ctx.load_module(ptx), &format!("loading module {stem}"))?;
@@ -291,6 +296,25 @@ impl CudaBackend {
                         &format!("{e}: occupancy"),
                     )?;
                     att_per_sm.insert(e, n.max(1) as usize);
+                }
+                if clusters && e.starts_with("att_pipe_c_") {
+                    let smem = launch::att_pipe_smem(e).unwrap_or(0);
+                    // Clusters past the portable 8 CTAs are opt-in.
+                    if let Err(why) = f.set_attribute(
+                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                        1,
+                    ) {
+                        tracing::warn!("{e}: no clusters past 8 CTAs ({why:?})");
+                    }
+                    for c in 2..=launch::ATT_CLUSTER_MAX {
+                        match launch::max_active_clusters(&f, &stream, smem, c) {
+                            Ok(n) => {
+                                att_clusters.insert((e, c), n);
+                            }
+                            // No count: the combine merges (same bits).
+                            Err(why) => tracing::warn!("{e}, clusters of {c}: {why:#}"),
+                        }
+                    }
                 }
                 funcs.insert(e, f);
             }
@@ -336,6 +360,7 @@ impl CudaBackend {
                 stream,
                 funcs,
                 att_per_sm,
+                att_clusters,
             },
             name,
             arch,

@@ -40,7 +40,7 @@ impl Drop for PdlExec {
 
 /// The compute capability's major number of an `sm_XY` / `sm_XYZ` name
 /// (the last digit is the minor); 0 for anything else.
-fn arch_major(arch: &str) -> u32 {
+pub(crate) fn arch_major(arch: &str) -> u32 {
     arch.strip_prefix("sm_")
         .and_then(|s| s.get(..s.len().saturating_sub(1)))
         .and_then(|s| s.parse().ok())

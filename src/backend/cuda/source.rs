@@ -152,10 +152,10 @@ const WG_ENTRIES: [&str; 2 * WG_KERNELS.len()] = {
 };
 
 /// The pipelined split-attention entries of attention_fast.cu, indexed
-/// [form][head_dim class][group class]: `att_pipe{,_m,_w}_d{2,4}_g{1,2,4,8}`
-/// (form: partials, merging, partials with 8-key tiles;
-/// launch/attention.rs, gqa_split_kernel, picks one).
-pub const ATT_PIPE: [[[&str; 4]; 2]; 3] = [
+/// [form][head_dim class][group class]: `att_pipe{,_m,_w,_c}_d{2,4}_g{1,2,4,8}`
+/// (form: partials, merging, partials with 8-key tiles, merging by a
+/// cluster; launch/attention.rs, gqa_split_kernel, picks one).
+pub const ATT_PIPE: [[[&str; 4]; 2]; 4] = [
     [
         [
             "att_pipe_d2_g1",
@@ -196,6 +196,20 @@ pub const ATT_PIPE: [[[&str; 4]; 2]; 3] = [
             "att_pipe_w_d4_g2",
             "att_pipe_w_d4_g4",
             "att_pipe_w_d4_g8",
+        ],
+    ],
+    [
+        [
+            "att_pipe_c_d2_g1",
+            "att_pipe_c_d2_g2",
+            "att_pipe_c_d2_g4",
+            "att_pipe_c_d2_g8",
+        ],
+        [
+            "att_pipe_c_d4_g1",
+            "att_pipe_c_d4_g2",
+            "att_pipe_c_d4_g4",
+            "att_pipe_c_d4_g8",
         ],
     ],
 ];

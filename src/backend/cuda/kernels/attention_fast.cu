@@ -413,7 +413,26 @@ __host__ __device__ constexpr int att_pipe_bytes(int d32, int gm, int kt, int st
     return 2 * ATT_SPLIT_WARPS * st * kt * 32 * d32 * 2 + gm * 32 * d32 * 4 +
            ATT_SPLIT_WARPS * gm * kt * 4 + 2 * ATT_SPLIT_WARPS * gm * 4;
 }
-template <int D32, int GM, bool FUSE, int KT = 16, int ST = ATT_STAGES>
+// FUSE: ATT_FUSE_NONE (partials only), ATT_FUSE_SELF (one CTA per unit
+// merges what it wrote), ATT_FUSE_CLUSTER (a thread-block cluster per unit,
+// below).
+#define ATT_FUSE_NONE 0
+#define ATT_FUSE_SELF 1
+#define ATT_FUSE_CLUSTER 2
+// Hopper thread-block cluster barrier: every thread of every CTA of the
+// cluster arrives (release: its earlier writes, the partials in global
+// memory included, are visible to the cluster) and waits (acquire). Only
+// the att_pipe_c_* entries use it, and the host launches them only on
+// sm_90+ with cluster dimensions (1, gridDim.y, 1).
+__device__ __forceinline__ void att_cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+    __trap();
+#endif
+}
+template <int D32, int GM, int FUSE, int KT = 16, int ST = ATT_STAGES>
 __device__ __forceinline__ void att_pipe_gqa(
     const float* __restrict__ q, int n_heads, int n_kv_heads, int hd, int block_size,
     float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
@@ -459,7 +478,8 @@ __device__ __forceinline__ void att_pipe_gqa(
     u32 seq = row_seq[r];
     int n_chunks = pos / ATT_CHUNK + 1;
     int np = min(n_chunks, n_parts);
-    if ((int)blockIdx.y >= np) return;
+    // A cluster's CTAs all reach its barrier; the others may leave.
+    if (FUSE != ATT_FUSE_CLUSTER && (int)blockIdx.y >= np) return;
     const u32* table = tables + table_off[seq];
     bool waited = false;
     for (int p = blockIdx.y; p < np; p += gridDim.y) {
@@ -658,7 +678,23 @@ __device__ __forceinline__ void att_pipe_gqa(
         }
         __syncthreads();  // before the next partial reuses the shared state
     }
-    if constexpr (FUSE) {
+    if constexpr (FUSE == ATT_FUSE_CLUSTER) {
+        // att_pipe_c_*: the CTAs of a unit (gridDim.y of them, 2..=16) form
+        // one cluster. After its barrier every partial of the unit is
+        // written and visible (read with ld.global.cg, so never from this
+        // SM's L1), and the cluster's W * gridDim.y warps merge its heads,
+        // warp W * y + w taking heads W * y + w, + W * gridDim.y, ..., with
+        // attention_combine's arithmetic and order: the combine's bits
+        // without its launch. A CTA past the row's partials took no tile,
+        // so it waits here for the previous kernel before writing out.
+        if (!waited) GRID_DEP();
+        att_cluster_sync();
+        int cw = W * (int)blockIdx.y + w;
+        for (int g = cw; g < group; g += W * (int)gridDim.y)
+            att_combine_rh<D32, 8, true>(part, r * n_heads + h0 + g, pos, hd, stride, n_parts,
+                                         out, xq, xds);
+    }
+    if constexpr (FUSE == ATT_FUSE_SELF) {
         // att_pipe_m_*: the grid has one CTA per (row, KV head) (gridDim.y
         // == 1, so this CTA wrote every partial of its heads, and the
         // barrier ending the loop made them visible to all its threads):
@@ -684,6 +720,8 @@ __device__ __forceinline__ void att_pipe_gqa(
 // GRID_DEP() is inside att_pipe_gqa (some loads go before its wait);
 // att_pipe_m_d*_g*: one CTA per (row, KV head) that also merges them and
 // writes the output (and its int8 copy, as attention_combine does);
+// att_pipe_c_d*_g*: a cluster of CTAs per (row, KV head) that merge
+// them after the cluster barrier (sm_90+);
 // att_pipe_w_d*_g*: partials only, 8-key tiles (see att_pipe_gqa).
 // ATT_SMEM_<name> (host prelude): the bytes launch/attention.rs launches
 // each entry with (att_pipe_smem); it must equal the kernel's layout.
@@ -693,20 +731,26 @@ __device__ __forceinline__ void att_pipe_gqa(
 #define ATT_PIPE_GQA(D32, GM)                                                                  \
     ATT_PIPE_CHECK(att_pipe_d##D32##_g##GM, D32, GM, 16, ATT_STAGES)                           \
     ATT_PIPE_CHECK(att_pipe_m_d##D32##_g##GM, D32, GM, 16, ATT_STAGES)                         \
+    ATT_PIPE_CHECK(att_pipe_c_d##D32##_g##GM, D32, GM, 16, ATT_STAGES)                         \
     ATT_PIPE_CHECK(att_pipe_w_d##D32##_g##GM, D32, GM, 8, ATT_W_STAGES)                        \
     extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS)                         \
         att_pipe_d##D32##_g##GM(ATT_PIPE_ARGS) {                                               \
-        att_pipe_gqa<D32, GM, false>(ATT_PIPE_PASS, nullptr, nullptr, nullptr);                \
+        att_pipe_gqa<D32, GM, ATT_FUSE_NONE>(ATT_PIPE_PASS, nullptr, nullptr, nullptr);        \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS)                         \
         att_pipe_m_d##D32##_g##GM(ATT_PIPE_ARGS, float* __restrict__ out,                      \
                                   signed char* __restrict__ xq, float2* __restrict__ xds) {    \
-        att_pipe_gqa<D32, GM, true>(ATT_PIPE_PASS, out, xq, xds);                              \
+        att_pipe_gqa<D32, GM, ATT_FUSE_SELF>(ATT_PIPE_PASS, out, xq, xds);                     \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS)                         \
+        att_pipe_c_d##D32##_g##GM(ATT_PIPE_ARGS, float* __restrict__ out,                      \
+                                  signed char* __restrict__ xq, float2* __restrict__ xds) {    \
+        att_pipe_gqa<D32, GM, ATT_FUSE_CLUSTER>(ATT_PIPE_PASS, out, xq, xds);                  \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS)                         \
         att_pipe_w_d##D32##_g##GM(ATT_PIPE_ARGS) {                                             \
-        att_pipe_gqa<D32, GM, false, 8, ATT_W_STAGES>(ATT_PIPE_PASS, nullptr, nullptr,         \
-                                                      nullptr);                                \
+        att_pipe_gqa<D32, GM, ATT_FUSE_NONE, 8, ATT_W_STAGES>(ATT_PIPE_PASS, nullptr, nullptr, \
+                                                              nullptr);                        \
     }
 ATT_PIPE_GQA(2, 1)
 ATT_PIPE_GQA(2, 2)

@@ -6,7 +6,8 @@ use crate::backend::cuda::mem::{DevAttnBatch, DevKv, ATT_PARTS};
 use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
 use crate::backend::{validate, KvInfo, Mode};
 use anyhow::{ensure, Result};
-use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
+use std::ffi::c_void;
 
 impl CudaBackend {
     #[allow(clippy::too_many_arguments)] // the op's fields and the mode
@@ -180,11 +181,27 @@ impl CudaBackend {
         // attention_combine runs. Not without the device fusions
         // (`prequant` off: check-exact's unfused reference, which so checks
         // this merge bitwise). The partition (parts) does not depend on it.
-        let merge = !wide && ctas_y == 1 && gqa.is_some() && self.prequant && fuse_merge();
-        let form = match (wide, merge) {
-            (true, _) => Pipe::Wide,
-            (false, true) => Pipe::Merge,
-            (false, false) => Pipe::Partials,
+        let fused = !wide && gqa.is_some() && self.prequant && fuse_merge();
+        let merge = fused && ctas_y == 1;
+        // Two to 16 CTAs per unit (a decode graph's bucket fixes the
+        // count) and few CTAs in all (cluster_ctas): they form a
+        // thread-block cluster that merges after its barrier
+        // (att_pipe_c_*), so no combine launches either. Only while every
+        // unit's cluster is resident at once: a GPC holds whole clusters,
+        // so a launch of more waits for a second wave (H100, B=8 ctx
+        // 1,024, 8B heads, 64 clusters of 6: 31.1 us against 18.5 us with
+        // the combine). The same bits as the combine.
+        let cluster = fused
+            && cluster_wanted(ctas_y)
+            && units * ctas_y <= cluster_ctas()
+            && self.clusters()
+            && gqa_split_kernel(group, hd, Pipe::Cluster)
+                .is_some_and(|c| units <= self.att_clusters(c, ctas_y));
+        let form = match (wide, merge, cluster) {
+            (true, _, _) => Pipe::Wide,
+            (false, true, _) => Pipe::Merge,
+            (false, false, true) => Pipe::Cluster,
+            (false, false, false) => Pipe::Partials,
         };
         let name = gqa_split_kernel(group, hd, form).unwrap_or(name);
         let rh = batch.n_rows * nhi as usize;
@@ -219,6 +236,44 @@ impl CudaBackend {
                 block_dim: (32 * 4, 1, 1),
                 shared_mem_bytes: u32::try_from(smem)?,
             };
+            if cluster {
+                let mut a = ClusterArgs {
+                    q: q.device_ptr(s).0,
+                    n_heads: nhi,
+                    n_kv_heads: nkvi,
+                    head_dim: hdi,
+                    block_size: bsi,
+                    scale,
+                    k: cache.k.device_ptr(s).0,
+                    v: cache.v.device_ptr(s).0,
+                    tables: batch.tables.device_ptr(s).0,
+                    table_off: batch.table_off.device_ptr(s).0,
+                    row_seq: batch.row_seq.device_ptr(s).0,
+                    positions: batch.positions.device_ptr(s).0,
+                    stride: si,
+                    n_parts: pi,
+                    part: part.device_ptr(s).0,
+                    early,
+                    out: out.device_ptr(s).0,
+                    xq,
+                    xds,
+                };
+                // SAFETY: att_pipe_c_d*_g* take att_pipe_m_'s arguments
+                // (the same buffers and bounds as the launch below
+                // documents), in this order and these C types; the
+                // cluster (1, ctas_y, 1) divides the grid (its y extent is
+                // ctas_y, 2..=ATT_CLUSTER_MAX) and
+                // the device is sm_90+ (clusters()) and holds such
+                // clusters (att_clusters > 0, the opt-in past 8 set).
+                return unsafe {
+                    self.launch_clustered(
+                        name,
+                        cfg,
+                        (1, u32::try_from(ctas_y)?, 1),
+                        &mut a.params(),
+                    )
+                };
+            }
             let mut b = s.launch_builder(self.func(name)?);
             b.arg(q);
             if gqa.is_none() {
@@ -300,6 +355,93 @@ impl CudaBackend {
         }
         Ok(())
     }
+}
+
+/// The arguments of att_pipe_c_d*_g* (ATT_PIPE_ARGS, then out, xq, xds),
+/// as the C types the kernel takes, for a cuLaunchKernelEx launch.
+struct ClusterArgs {
+    q: u64,
+    n_heads: i32,
+    n_kv_heads: i32,
+    head_dim: i32,
+    block_size: i32,
+    scale: f32,
+    k: u64,
+    v: u64,
+    tables: u64,
+    table_off: u64,
+    row_seq: u64,
+    positions: u64,
+    stride: i32,
+    n_parts: i32,
+    part: u64,
+    early: i32,
+    out: u64,
+    xq: u64,
+    xds: u64,
+}
+
+impl ClusterArgs {
+    /// One pointer per kernel parameter, in order (valid while self is).
+    fn params(&mut self) -> [*mut c_void; 19] {
+        fn p<T>(x: &mut T) -> *mut c_void {
+            x as *mut T as *mut c_void
+        }
+        [
+            p(&mut self.q),
+            p(&mut self.n_heads),
+            p(&mut self.n_kv_heads),
+            p(&mut self.head_dim),
+            p(&mut self.block_size),
+            p(&mut self.scale),
+            p(&mut self.k),
+            p(&mut self.v),
+            p(&mut self.tables),
+            p(&mut self.table_off),
+            p(&mut self.row_seq),
+            p(&mut self.positions),
+            p(&mut self.stride),
+            p(&mut self.n_parts),
+            p(&mut self.part),
+            p(&mut self.early),
+            p(&mut self.out),
+            p(&mut self.xq),
+            p(&mut self.xds),
+        ]
+    }
+}
+
+/// Whether a unit's `ctas` CTAs take the cluster-merging form: 2 to
+/// ATT_CLUSTER_MAX of them (one takes att_pipe_m_, more than a cluster
+/// holds take attention_combine). QUIRE_ATT_CLUSTER=0 turns it
+/// off (attention_combine merges, for comparisons: the same bits).
+fn cluster_wanted(ctas: usize) -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *V.get_or_init(|| std::env::var("QUIRE_ATT_CLUSTER").map_or(true, |v| v != "0"));
+    on && cluster_rule(ctas)
+}
+
+fn cluster_rule(ctas: usize) -> bool {
+    (2..=ATT_CLUSTER_MAX).contains(&ctas)
+}
+
+/// The most CTAs of one cluster-merging unit: an H100's largest cluster
+/// (past the portable 8, the kernels opt in at load; where the device
+/// refuses, its count of resident clusters is 0 and the combine merges).
+pub(crate) const ATT_CLUSTER_MAX: usize = 16;
+
+/// The most CTAs (units x CTAs per unit) a cluster-merging launch takes
+/// (QUIRE_ATT_CLUSTER_CTAS overrides, for sweeps): past it placing the
+/// clusters costs more than the combine launch saves. Measured on an H100
+/// (2026-11-24, bench-attn fast, 8B heads, us per call with PDL, combine /
+/// cluster, units x CTAs): faster at 8 x 5 (8.97 / 8.63), 8 x 9 (9.14 /
+/// 8.73), 16 x 5 (9.05 / 8.63), 24 x 5 (9.15 / 8.77); slower at 8 x 13
+/// (9.39 / 10.89), 16 x 9 (9.28 / 10.21), 32 x 5 (9.11 / 9.82); in the
+/// decode graphs faster at 3 x 16 (SmolLM2 ctx 1,024) and 8 x 8 (1B ctx
+/// 512), slower at 8 x 16 (1B ctx 1,024).
+fn cluster_ctas() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| env_usize("QUIRE_ATT_CLUSTER_CTAS").unwrap_or(80))
 }
 
 /// Partials per row in `fast` mode, from `units` (rows x KV heads: the
@@ -393,13 +535,16 @@ pub(crate) fn att_stages() -> usize {
 
 /// The forms of the pipelined split kernel (attention_fast.cu): partials
 /// only (16-key tiles), partials merged by the CTA itself (att_pipe_m_*,
-/// one CTA per (row, KV head)), and partials with 8-key tiles at
-/// ATT_W_STAGES stages (att_pipe_w_*: `fast` mode, multi-wave launches).
+/// one CTA per (row, KV head)), partials with 8-key tiles at
+/// ATT_W_STAGES stages (att_pipe_w_*: `fast` mode, multi-wave launches),
+/// and partials merged by the unit's thread-block cluster of
+/// 2..=ATT_CLUSTER_MAX CTAs (att_pipe_c_*, sm_90+).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Pipe {
     Partials = 0,
     Merge = 1,
     Wide = 2,
+    Cluster = 3,
 }
 
 /// Stages of the att_pipe_w_* kernels (ATT_W_STAGES in the prelude).
@@ -417,7 +562,8 @@ pub(crate) fn att_pipe_smem(name: &str) -> Option<usize> {
     } else {
         let r = name
             .strip_prefix("att_pipe_d")
-            .or_else(|| name.strip_prefix("att_pipe_m_d"))?;
+            .or_else(|| name.strip_prefix("att_pipe_m_d"))
+            .or_else(|| name.strip_prefix("att_pipe_c_d"))?;
         (r, 16, att_stages())
     };
     let (d32, gm) = rest.split_once("_g")?;
@@ -485,7 +631,21 @@ fn wide_rule(units: usize, parts: usize, slots: usize, part_ctas: usize) -> bool
 
 #[cfg(test)]
 mod tests {
-    use super::{att_pipe_smem, gqa_split_kernel, parts_for_slots, wide_rule, Pipe};
+    use super::{att_pipe_smem, cluster_rule, gqa_split_kernel, parts_for_slots, wide_rule, Pipe};
+
+    #[test]
+    fn cluster_form_for_two_to_eight_ctas_per_unit() {
+        // One CTA merges its own partials (att_pipe_m_); past an H100's
+        // largest cluster attention_combine merges.
+        assert!(!cluster_rule(0));
+        assert!(!cluster_rule(1));
+        assert!(cluster_rule(2));
+        assert!(cluster_rule(5));
+        assert!(cluster_rule(8));
+        assert!(cluster_rule(16));
+        assert!(!cluster_rule(17));
+        assert!(!cluster_rule(32));
+    }
 
     #[test]
     fn prefill_kernel_groups_up_to_8_heads() {
@@ -552,13 +712,14 @@ mod tests {
 
     #[test]
     fn gqa_kernel_is_the_smallest_that_fits() {
-        use Pipe::{Merge, Partials, Wide};
+        use Pipe::{Cluster, Merge, Partials, Wide};
         assert_eq!(gqa_split_kernel(4, 128, Partials), Some("att_pipe_d4_g4"));
         assert_eq!(gqa_split_kernel(3, 64, Partials), Some("att_pipe_d2_g4"));
         assert_eq!(gqa_split_kernel(8, 80, Partials), Some("att_pipe_d4_g8"));
         assert_eq!(gqa_split_kernel(1, 8, Partials), Some("att_pipe_d2_g1"));
         assert_eq!(gqa_split_kernel(3, 64, Merge), Some("att_pipe_m_d2_g4"));
         assert_eq!(gqa_split_kernel(4, 128, Wide), Some("att_pipe_w_d4_g4"));
+        assert_eq!(gqa_split_kernel(3, 64, Cluster), Some("att_pipe_c_d2_g4"));
         assert_eq!(gqa_split_kernel(9, 128, Partials), None);
         assert_eq!(gqa_split_kernel(4, 256, Merge), None);
         // Every pipelined kernel's shared memory fits an H100's 227 KiB
@@ -566,7 +727,7 @@ mod tests {
         // loads).
         for g in 1..=8 {
             for hd in (8..=128).step_by(8) {
-                for form in [Partials, Merge, Wide] {
+                for form in [Partials, Merge, Wide, Cluster] {
                     let n = gqa_split_kernel(g, hd, form).unwrap();
                     let smem = att_pipe_smem(n).expect("a pipelined kernel");
                     assert!(smem <= 227 * 1024, "{n}");
@@ -574,6 +735,11 @@ mod tests {
             }
         }
         assert_eq!(att_pipe_smem("paged_attention_split"), None);
+        // The merging forms share the partials kernel's layout.
+        assert_eq!(
+            att_pipe_smem("att_pipe_c_d4_g4"),
+            att_pipe_smem("att_pipe_d4_g4")
+        );
         // The 8-key form at 3 stages: 48 KiB of K/V stages + 2 KiB of
         // queries + 512 bytes of weights + 128 bytes of (m, l).
         assert_eq!(

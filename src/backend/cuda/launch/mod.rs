@@ -21,7 +21,7 @@ mod matmul_mma;
 mod matmul_wgmma;
 
 pub(crate) use act_cache::ActKey;
-pub(crate) use attention::{att_pipe_smem, att_stages, ATT_W_STAGES};
+pub(crate) use attention::{att_pipe_smem, att_stages, ATT_CLUSTER_MAX, ATT_W_STAGES};
 pub(crate) use matmul::{fast_uses_blas, TILE_SMEM};
 pub(crate) use matmul_mma::mq_smem_max;
 pub(crate) use matmul_wgmma::wg_smem;
@@ -91,6 +91,47 @@ pub(super) fn dev_ptr_mut<T>(
     p
 }
 
+/// Clusters of (1, `cluster_y`, 1) CTAs of 128 threads with `smem` bytes
+/// of dynamic shared memory of kernel `f` that the device holds at once
+/// (cuOccupancyMaxActiveClusters; a GPC holds whole clusters only, so
+/// this can be less than the CTAs per SM times the SMs allow).
+pub(crate) fn max_active_clusters(
+    f: &cudarc::driver::CudaFunction,
+    stream: &cudarc::driver::CudaStream,
+    smem: usize,
+    cluster_y: usize,
+) -> Result<usize> {
+    use cudarc::driver::sys;
+    let cy = u32::try_from(cluster_y)?;
+    // SAFETY: a zeroed union then one field written (no read).
+    let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+    value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: 1, y: cy, z: 1 };
+    let mut attr = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+        pad: [0; 4],
+        value,
+    };
+    let cfg = sys::CUlaunchConfig {
+        gridDimX: 1,
+        gridDimY: cy,
+        gridDimZ: 1,
+        blockDimX: 128,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: u32::try_from(smem)?,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    let mut n: std::ffi::c_int = 0;
+    // SAFETY: n receives the count; cfg and attr outlive the call; f is a
+    // loaded kernel of the stream's context.
+    unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, f.cu_function(), &cfg) }
+        .result()
+        .map_err(|e| anyhow!("CUDA driver error: cluster occupancy: {e:?}"))?;
+    Ok(usize::try_from(n).unwrap_or(0))
+}
+
 impl CudaBackend {
     /// The scratch arena, grown to hold regions of `bytes` (each rounded up
     /// to ARENA_ALIGN). Ops on the one stream reuse it in order, so no two
@@ -110,6 +151,76 @@ impl CudaBackend {
             *g = self.scratch::<u8>(need.max(2 * g.len()), "growing the scratch arena")?;
         }
         Ok(g)
+    }
+
+    /// Whether kernels may be launched in thread-block clusters: compute
+    /// capability 9.0 or newer.
+    pub(crate) fn clusters(&self) -> bool {
+        super::pdl::arch_major(&self.arch) >= 9
+    }
+
+    /// Launches kernel `name` on the backend's stream with thread-block
+    /// clusters of `cluster` CTAs (cuLaunchKernelEx; a stream capture keeps
+    /// the attribute in the graph's kernel node).
+    ///
+    /// # Safety
+    /// `params` holds one pointer per kernel parameter, to a value of the
+    /// parameter's C type, valid for the call; the kernel's contract
+    /// (buffers, bounds) holds for `cfg`; `cluster` divides the grid and is
+    /// a size the device holds (`att_clusters` > 0, so past 8 CTAs the
+    /// kernel has opted in); the device supports clusters (`clusters()`).
+    pub(crate) unsafe fn launch_clustered(
+        &self,
+        name: &str,
+        cfg: LaunchConfig,
+        cluster: (u32, u32, u32),
+        params: &mut [*mut std::ffi::c_void],
+    ) -> Result<()> {
+        use cudarc::driver::sys;
+        let f = self.func(name)?;
+        let mut value: sys::CUlaunchAttributeValue = std::mem::zeroed();
+        value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
+            x: cluster.0,
+            y: cluster.1,
+            z: cluster.2,
+        };
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+            pad: [0; 4],
+            value,
+        };
+        let lc = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream().cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: the caller's contract; lc and attr outlive the call.
+        let r = sys::cuLaunchKernelEx(
+            &lc,
+            f.cu_function(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        );
+        r.result().map_err(|e| {
+            anyhow!("CUDA driver error: launching {name} in clusters of {cluster:?}: {e:?}")
+        })
+    }
+
+    /// Clusters of `cluster` CTAs of att_pipe_c_ kernel `name` resident
+    /// on the whole GPU at once (0: unknown, so never launched that way).
+    pub(crate) fn att_clusters(&self, name: &str, cluster: usize) -> usize {
+        self.dev
+            .att_clusters
+            .get(&(name, cluster))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Bytes of the scratch arena (it only grows; a new size is a new
