@@ -261,10 +261,10 @@ impl CudaBackend {
                 // SAFETY: att_pipe_c_d*_g* take att_pipe_m_'s arguments
                 // (the same buffers and bounds as the launch below
                 // documents), in this order and these C types; the
-                // cluster (1, ctas_y, 1) divides the grid (its y extent is
-                // ctas_y, 2..=ATT_CLUSTER_MAX) and
-                // the device is sm_90+ (clusters()) and holds such
-                // clusters (att_clusters > 0, the opt-in past 8 set).
+                // cluster (1, ctas_y, 1) divides the grid (its y extent
+                // is ctas_y, 2..=ATT_CLUSTER_MAX); the device is sm_90+
+                // (clusters()) and holds such clusters (att_clusters > 0,
+                // so past 8 CTAs the kernel opted in at load).
                 return unsafe {
                     self.launch_clustered(
                         name,
