@@ -52,7 +52,8 @@ for s in "${steps[@]}"; do
       # only for launches past one wave (larger batches than the cases).
       QUIRE_ATT_WIDE=1 run_step ops-fast-att-wide "$QUIRE" ops --backend cuda --mode fast --op paged_attention
       # The split attention merged by attention_combine instead of the
-      # unit's cluster (att_pipe_c_*, the default for 2-8 CTAs per unit).
+      # unit's cluster (att_pipe_c_*, the default for small launches of 2-16
+      # CTAs per unit).
       QUIRE_ATT_CLUSTER=0 run_step ops-fast-att-combine "$QUIRE" ops --backend cuda --mode fast --op paged_attention
       ;;
     attn)

@@ -194,7 +194,6 @@ impl CudaBackend {
         let cluster = fused
             && cluster_wanted(ctas_y)
             && units * ctas_y <= cluster_ctas()
-            && self.clusters()
             && gqa_split_kernel(group, hd, Pipe::Cluster)
                 .is_some_and(|c| units <= self.att_clusters(c, ctas_y));
         let form = match (wide, merge, cluster) {
@@ -262,9 +261,9 @@ impl CudaBackend {
                 // (the same buffers and bounds as the launch below
                 // documents), in this order and these C types; the
                 // cluster (1, ctas_y, 1) divides the grid (its y extent
-                // is ctas_y, 2..=ATT_CLUSTER_MAX); the device is sm_90+
-                // (clusters()) and holds such clusters (att_clusters > 0,
-                // so past 8 CTAs the kernel opted in at load).
+                // is ctas_y, 2..=ATT_CLUSTER_MAX); the device holds such
+                // clusters (att_clusters > 0: counted only on sm_90+, and
+                // past 8 CTAs only once the kernel opted in at load).
                 return unsafe {
                     self.launch_clustered(
                         name,

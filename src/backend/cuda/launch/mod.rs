@@ -91,6 +91,45 @@ pub(super) fn dev_ptr_mut<T>(
     p
 }
 
+/// A launch configuration of `grid` x `block` threads with `smem` bytes
+/// of dynamic shared memory on `stream`, in thread-block clusters of
+/// `cluster` CTAs; `attr` receives the cluster attribute, which the
+/// configuration points to (so it must outlive every use).
+fn cluster_config(
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    smem: u32,
+    stream: &cudarc::driver::CudaStream,
+    cluster: (u32, u32, u32),
+    attr: &mut cudarc::driver::sys::CUlaunchAttribute,
+) -> cudarc::driver::sys::CUlaunchConfig {
+    use cudarc::driver::sys;
+    // SAFETY: a zeroed union then one field written (no read).
+    let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+    value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
+        x: cluster.0,
+        y: cluster.1,
+        z: cluster.2,
+    };
+    *attr = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+        pad: [0; 4],
+        value,
+    };
+    sys::CUlaunchConfig {
+        gridDimX: grid.0,
+        gridDimY: grid.1,
+        gridDimZ: grid.2,
+        blockDimX: block.0,
+        blockDimY: block.1,
+        blockDimZ: block.2,
+        sharedMemBytes: smem,
+        hStream: stream.cu_stream(),
+        attrs: attr,
+        numAttrs: 1,
+    }
+}
+
 /// Clusters of (1, `cluster_y`, 1) CTAs of 128 threads with `smem` bytes
 /// of dynamic shared memory of kernel `f` that the device holds at once
 /// (cuOccupancyMaxActiveClusters; a GPC holds whole clusters only, so
@@ -101,32 +140,21 @@ pub(crate) fn max_active_clusters(
     smem: usize,
     cluster_y: usize,
 ) -> Result<usize> {
-    use cudarc::driver::sys;
     let cy = u32::try_from(cluster_y)?;
-    // SAFETY: a zeroed union then one field written (no read).
-    let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
-    value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: 1, y: cy, z: 1 };
-    let mut attr = sys::CUlaunchAttribute {
-        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
-        pad: [0; 4],
-        value,
-    };
-    let cfg = sys::CUlaunchConfig {
-        gridDimX: 1,
-        gridDimY: cy,
-        gridDimZ: 1,
-        blockDimX: 128,
-        blockDimY: 1,
-        blockDimZ: 1,
-        sharedMemBytes: u32::try_from(smem)?,
-        hStream: stream.cu_stream(),
-        attrs: &mut attr,
-        numAttrs: 1,
-    };
+    // SAFETY: plain data, overwritten by cluster_config.
+    let mut attr = unsafe { std::mem::zeroed() };
+    let cfg = cluster_config(
+        (1, cy, 1),
+        (128, 1, 1),
+        u32::try_from(smem)?,
+        stream,
+        (1, cy, 1),
+        &mut attr,
+    );
     let mut n: std::ffi::c_int = 0;
     // SAFETY: n receives the count; cfg and attr outlive the call; f is a
     // loaded kernel of the stream's context.
-    unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, f.cu_function(), &cfg) }
+    unsafe { cudarc::driver::sys::cuOccupancyMaxActiveClusters(&mut n, f.cu_function(), &cfg) }
         .result()
         .map_err(|e| anyhow!("CUDA driver error: cluster occupancy: {e:?}"))?;
     Ok(usize::try_from(n).unwrap_or(0))
@@ -153,12 +181,6 @@ impl CudaBackend {
         Ok(g)
     }
 
-    /// Whether kernels may be launched in thread-block clusters: compute
-    /// capability 9.0 or newer.
-    pub(crate) fn clusters(&self) -> bool {
-        super::pdl::arch_major(&self.arch) >= 9
-    }
-
     /// Launches kernel `name` on the backend's stream with thread-block
     /// clusters of `cluster` CTAs (cuLaunchKernelEx; a stream capture keeps
     /// the attribute in the graph's kernel node).
@@ -167,8 +189,8 @@ impl CudaBackend {
     /// `params` holds one pointer per kernel parameter, to a value of the
     /// parameter's C type, valid for the call; the kernel's contract
     /// (buffers, bounds) holds for `cfg`; `cluster` divides the grid and is
-    /// a size the device holds (`att_clusters` > 0, so past 8 CTAs the
-    /// kernel has opted in); the device supports clusters (`clusters()`).
+    /// a size the device holds (`att_clusters` > 0: the device has
+    /// clusters, and past 8 CTAs the kernel has opted in).
     pub(crate) unsafe fn launch_clustered(
         &self,
         name: &str,
@@ -176,33 +198,19 @@ impl CudaBackend {
         cluster: (u32, u32, u32),
         params: &mut [*mut std::ffi::c_void],
     ) -> Result<()> {
-        use cudarc::driver::sys;
         let f = self.func(name)?;
-        let mut value: sys::CUlaunchAttributeValue = std::mem::zeroed();
-        value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
-            x: cluster.0,
-            y: cluster.1,
-            z: cluster.2,
-        };
-        let mut attr = sys::CUlaunchAttribute {
-            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
-            pad: [0; 4],
-            value,
-        };
-        let lc = sys::CUlaunchConfig {
-            gridDimX: cfg.grid_dim.0,
-            gridDimY: cfg.grid_dim.1,
-            gridDimZ: cfg.grid_dim.2,
-            blockDimX: cfg.block_dim.0,
-            blockDimY: cfg.block_dim.1,
-            blockDimZ: cfg.block_dim.2,
-            sharedMemBytes: cfg.shared_mem_bytes,
-            hStream: self.stream().cu_stream(),
-            attrs: &mut attr,
-            numAttrs: 1,
-        };
+        // SAFETY: plain data, overwritten by cluster_config.
+        let mut attr = std::mem::zeroed();
+        let lc = cluster_config(
+            cfg.grid_dim,
+            cfg.block_dim,
+            cfg.shared_mem_bytes,
+            self.stream(),
+            cluster,
+            &mut attr,
+        );
         // SAFETY: the caller's contract; lc and attr outlive the call.
-        let r = sys::cuLaunchKernelEx(
+        let r = cudarc::driver::sys::cuLaunchKernelEx(
             &lc,
             f.cu_function(),
             params.as_mut_ptr(),
@@ -214,7 +222,8 @@ impl CudaBackend {
     }
 
     /// Clusters of `cluster` CTAs of att_pipe_c_ kernel `name` resident
-    /// on the whole GPU at once (0: unknown, so never launched that way).
+    /// on the whole GPU at once (0: unknown or before sm_90, where none
+    /// is counted, so never launched that way).
     pub(crate) fn att_clusters(&self, name: &str, cluster: usize) -> usize {
         self.dev
             .att_clusters
