@@ -112,6 +112,8 @@ impl Ctx<'_> {
                         x: &x,
                         n,
                         jobs: jobs(&ws, split_outs(y.body_mut(), &lens), adds),
+                        norm_in: None,
+                        norm_next: None,
                     },
                     mode,
                 );
@@ -123,6 +125,8 @@ impl Ctx<'_> {
                             x: &x,
                             n,
                             jobs: jobs(&ws, split_outs(&mut r, &lens), adds),
+                            norm_in: None,
+                            norm_next: None,
                         },
                         mode,
                     ) {
@@ -132,6 +136,8 @@ impl Ctx<'_> {
                             x: &x,
                             n,
                             jobs: jobs(&ws, split_outs(y.body_mut(), &lens), adds),
+                            norm_in: None,
+                            norm_next: None,
                         },
                         mode,
                     ) {
