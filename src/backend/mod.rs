@@ -207,21 +207,10 @@ pub enum OpT<'a, M: Mem> {
     /// `add`, out_j += x · w_jᵀ (the finished product added once: the bits
     /// of MatMul then Add). Every job has the same weight type and k; at
     /// most [`MAX_MAT_JOBS`] jobs.
-    ///
-    /// `norm_in`: the products read rms_norm(x) (as `RmsNorm` with dim = k
-    /// and the given weights and eps) instead of x; `out` (n, k) is the
-    /// backend's scratch for it, its contents afterwards unspecified (a
-    /// backend may fold the norm into the products and never write it).
-    /// `norm_next` (one job only): a hint that the next op is a `MatMuls`
-    /// whose `norm_in` reads jobs[0].out with these weights and eps; a
-    /// backend may prepare that input while it writes the output. It never
-    /// changes this op's outputs.
     MatMuls {
         x: M::In<'a>,
         n: usize,
         jobs: Vec<MatJob<'a, M>>,
-        norm_in: Option<NormIn<'a, M>>,
-        norm_next: Option<NormNext<'a, M>>,
     },
     /// Row-wise RMS norm. x, out: (n, dim); w: (dim,).
     RmsNorm {
@@ -314,21 +303,6 @@ pub struct MatJob<'a, M: Mem> {
     pub w: M::W<'a>,
     pub out: M::Out<'a>,
     pub add: bool,
-}
-
-/// The RMS norm a [`OpT::MatMuls`] applies to its input first: weights
-/// (k,), eps, and scratch `out` (n, k) for the normalized rows.
-pub struct NormIn<'a, M: Mem> {
-    pub w: M::Param<'a>,
-    pub eps: f32,
-    pub out: M::Out<'a>,
-}
-
-/// The norm the op after a [`OpT::MatMuls`] applies to its output (see
-/// `norm_next`): weights (rows of the one job,) and eps.
-pub struct NormNext<'a, M: Mem> {
-    pub w: M::Param<'a>,
-    pub eps: f32,
 }
 
 /// Host-memory ops (the `cpu` backend, the parity harness).

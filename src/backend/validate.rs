@@ -59,29 +59,6 @@ pub fn mat_muls(x_len: usize, n: usize, jobs: &[(&dyn WeightInfo, usize)]) -> Re
     Ok(())
 }
 
-/// A `MatMuls`' norms: `norm_in` (weights, scratch lengths) with the op's
-/// x (n, k); `norm_next` (weights length) with its jobs (count, rows of
-/// the first).
-pub fn mat_muls_norms(
-    x_len: usize,
-    k: usize,
-    norm_in: Option<(usize, usize)>,
-    norm_next: Option<usize>,
-    jobs: usize,
-    rows: usize,
-) -> Result<()> {
-    if let Some((w_len, out_len)) = norm_in {
-        rms_norm(x_len, w_len, k, out_len).map_err(|e| anyhow!("mat_muls norm_in: {e}"))?;
-    }
-    if let Some(w_len) = norm_next {
-        ensure!(
-            jobs == 1 && w_len == rows,
-            "mat_muls norm_next: {jobs} jobs, norm weights {w_len} for {rows} output rows: expected one job and one weight per row"
-        );
-    }
-    Ok(())
-}
-
 /// `GetRows` shapes: table (rows, cols) of `data_len` bytes; out (n_ids,
 /// cols). Returns the table's row bytes.
 pub fn get_rows(

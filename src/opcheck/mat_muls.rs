@@ -112,8 +112,6 @@ impl Ctx<'_> {
                         x: &x,
                         n,
                         jobs: jobs(&ws, split_outs(y.body_mut(), &lens), adds),
-                        norm_in: None,
-                        norm_next: None,
                     },
                     mode,
                 );
@@ -125,8 +123,6 @@ impl Ctx<'_> {
                             x: &x,
                             n,
                             jobs: jobs(&ws, split_outs(&mut r, &lens), adds),
-                            norm_in: None,
-                            norm_next: None,
                         },
                         mode,
                     ) {
@@ -136,8 +132,6 @@ impl Ctx<'_> {
                             x: &x,
                             n,
                             jobs: jobs(&ws, split_outs(y.body_mut(), &lens), adds),
-                            norm_in: None,
-                            norm_next: None,
                         },
                         mode,
                     ) {

@@ -59,7 +59,6 @@ macro_rules! run_case {
 mod attention;
 mod elementwise;
 mod mat_muls;
-mod mat_muls_norm;
 mod rope_kv;
 mod rows;
 
@@ -667,7 +666,6 @@ pub fn run(be: &dyn Backend, cpu: &dyn Backend, opts: &Options) -> Vec<CaseResul
     };
     c.matmul();
     c.mat_muls();
-    c.mat_muls_norm();
     c.get_rows();
     c.select_rows();
     c.elementwise();

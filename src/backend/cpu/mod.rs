@@ -10,7 +10,7 @@ pub mod ops;
 pub mod pool;
 pub mod simd;
 
-use crate::backend::{validate, Backend, Mode, NormIn, Op};
+use crate::backend::{Backend, Mode, Op};
 use anyhow::{Context, Result};
 pub use simd::Isa;
 
@@ -103,31 +103,7 @@ impl Backend for CpuBackend {
         let nt = self.n_threads;
         match op {
             Op::MatMul { w, x, n, out } => ops::matmul::run(par, isa, nt, w, x, n, out),
-            Op::MatMuls {
-                x,
-                n,
-                jobs,
-                norm_in,
-                norm_next,
-            } => {
-                let (k, rows) = jobs.first().map_or((0, 0), |j| (j.w.cols, j.w.rows));
-                validate::mat_muls_norms(
-                    x.len(),
-                    k,
-                    norm_in.as_ref().map(|ni| (ni.w.len(), ni.out.len())),
-                    norm_next.as_ref().map(|nn| nn.w.len()),
-                    jobs.len(),
-                    rows,
-                )?;
-                // norm_next is a hint for fusing backends: nothing to do.
-                match norm_in {
-                    Some(NormIn { w, eps, out }) => {
-                        ops::rms_norm::run(par, isa, x, w, k, eps, &mut *out)?;
-                        ops::matmul::run_jobs(par, isa, nt, out, n, jobs)
-                    }
-                    None => ops::matmul::run_jobs(par, isa, nt, x, n, jobs),
-                }
-            }
+            Op::MatMuls { x, n, jobs } => ops::matmul::run_jobs(par, isa, nt, x, n, jobs),
             Op::RmsNorm {
                 x,
                 w,

@@ -12,9 +12,7 @@
 
 use super::mem::{Dev, DevAttnBatch, DevKv, DevKvMut, DevMatrix};
 use super::{fingerprint, CudaBackend};
-use crate::backend::{
-    validate, AttnBatch, KvLayer, KvLayerMut, MatJob, Mode, NormIn, NormNext, Op, QMatrix,
-};
+use crate::backend::{validate, AttnBatch, KvLayer, KvLayerMut, MatJob, Mode, Op, QMatrix};
 use anyhow::{anyhow, Result};
 use cudarc::driver::{CudaSlice, CudaView};
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
@@ -62,13 +60,7 @@ impl CudaBackend {
                 )?;
                 self.down(&od, out, "mat_mul: out")
             }
-            Op::MatMuls {
-                x,
-                n,
-                jobs,
-                norm_in,
-                norm_next,
-            } => {
+            Op::MatMuls { x, n, jobs } => {
                 let shapes: Vec<(&dyn crate::backend::WeightInfo, usize)> = jobs
                     .iter()
                     .map(|j| (&j.w as &dyn crate::backend::WeightInfo, j.out.len()))
@@ -94,39 +86,7 @@ impl CudaBackend {
                         add: j.add,
                     })
                     .collect();
-                // The norms' weights go up; norm_in's scratch is the
-                // device's own (its contents are unspecified afterwards).
-                let niw = match norm_in {
-                    Some(ni) => Some((self.up(ni.w, "mat_muls: norm_in w")?, ni.w.len(), ni.eps)),
-                    None => None,
-                };
-                let mut nio = match norm_in {
-                    Some(ni) => Some(self.scratch::<f32>(ni.out.len(), "mat_muls: norm_in out")?),
-                    None => None,
-                };
-                let nnw = match norm_next {
-                    Some(nn) => Some((self.up(nn.w, "mat_muls: norm_next w")?, nn.w.len(), nn.eps)),
-                    None => None,
-                };
-                let dni = match (&niw, nio.as_mut(), norm_in) {
-                    (Some((w, wl, eps)), Some(o), Some(ni)) => Some(NormIn {
-                        w: w.slice(0..*wl),
-                        eps: *eps,
-                        out: o.slice_mut(0..ni.out.len()),
-                    }),
-                    _ => None,
-                };
-                let dnn = nnw.as_ref().map(|(w, wl, eps)| NormNext {
-                    w: w.slice(0..*wl),
-                    eps: *eps,
-                });
-                // Host ops upload fresh buffers: nothing prepared by one
-                // may serve another.
-                self.take_prep();
-                let r =
-                    self.d_mat_muls(&xd.slice(0..x.len()), *n, &mut djobs, dni, dnn, None, mode);
-                self.take_prep();
-                r?;
+                self.d_mat_muls(&xd.slice(0..x.len()), *n, &mut djobs, mode)?;
                 drop(djobs);
                 for (j, od) in jobs.iter_mut().zip(&ods) {
                     self.down(od, j.out, "mat_muls: out")?;

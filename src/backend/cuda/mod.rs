@@ -94,8 +94,6 @@ pub struct CudaBackend {
     /// gate, up) quantize it once. Cleared by every other op, every
     /// activation allocation and arena growth.
     act_cache: Mutex<Option<launch::ActKey>>,
-    /// The norm prep buffer and what it holds (launch/norm_fold.rs).
-    prep: Mutex<launch::Prep>,
     /// Whether rms_norm and swiglu quantize their output for the next
     /// matmul themselves (launch::q8_out; QUIRE_PREQUANT=0 turns it off:
     /// the same bits, one more kernel per norm and swiglu).
@@ -354,7 +352,6 @@ impl CudaBackend {
             blas,
             arena: Mutex::new(arena),
             act_cache: Mutex::new(None),
-            prep: Mutex::new(launch::Prep::default()),
             prequant: std::env::var("QUIRE_PREQUANT").map_or(true, |v| v != "0"),
             last_mv_q8: std::sync::atomic::AtomicBool::new(false),
             pinned: logits::PinnedPool::default(),
@@ -633,20 +630,12 @@ impl Backend<Dev> for CudaBackend {
             bail!("op {kind} cannot run on the cuda backend ({mode:?}): {why}");
         }
         let _g = enter(self)?;
-        // The prep buffer serves the op right after the one that filled it.
-        let prepared = self.take_prep();
         if !matches!(op, OpT::MatMul { .. } | OpT::MatMuls { .. }) {
             self.forget_activations();
         }
         match op {
             OpT::MatMul { w, x, n, mut out } => self.d_mat_mul(&w, &x, n, &mut out, mode),
-            OpT::MatMuls {
-                x,
-                n,
-                mut jobs,
-                norm_in,
-                norm_next,
-            } => self.d_mat_muls(&x, n, &mut jobs, norm_in, norm_next, prepared, mode),
+            OpT::MatMuls { x, n, mut jobs } => self.d_mat_muls(&x, n, &mut jobs, mode),
             OpT::RmsNorm {
                 x,
                 w,

@@ -6,7 +6,7 @@
 //! (or per (row, head)), so a row's result never depends on the rest of the
 //! batch: batch invariance follows from the backend's per-row arithmetic.
 
-use crate::backend::{validate, AttnBatch, MatJob, NormIn, NormNext, OpInfo, OpT, WeightInfo as _};
+use crate::backend::{validate, AttnBatch, MatJob, OpInfo, OpT, WeightInfo as _};
 use crate::dispatch::{Exec, HostExec, HostLogits, StepBufs};
 use crate::gguf::GgufFile;
 use crate::model::config::{Arch, ModelConfig};
@@ -275,20 +275,7 @@ type MatSpec<'b, E> = (
 /// The matmuls of one input x (n, k): one `MatMuls` op per weight type (in
 /// the order each type first appears), so a backend can run q/k/v or
 /// gate/up in one launch. Each job: (weight, output, whether it adds).
-///
-/// `norm_in` (norm weights, eps, scratch): the products read rms_norm(x)
-/// (one op instead of an `RmsNorm` then the matmuls, so a backend can fold
-/// the norm in). `norm_next` (norm weights, eps): the next op reads this
-/// one's single output through that norm (a fusion hint; see
-/// `OpT::MatMuls`).
-fn mat_muls<'b, E: Exec>(
-    e: &E,
-    x: &E::Buf,
-    n: usize,
-    jobs: Vec<MatSpec<'_, E>>,
-    norm_in: Option<(&'b <E::S as Store>::Vec, f32, &'b mut E::Buf)>,
-    norm_next: Option<(&'b <E::S as Store>::Vec, f32)>,
-) -> Result<()> {
+fn mat_muls<E: Exec>(e: &E, x: &E::Buf, n: usize, jobs: Vec<MatSpec<'_, E>>) -> Result<()> {
     let mut groups: Vec<Vec<MatJob<'_, E::M>>> = Vec::new();
     for (w, out, add) in jobs {
         let job: MatJob<'_, E::M> = MatJob {
@@ -305,49 +292,11 @@ fn mat_muls<'b, E: Exec>(
             None => groups.push(vec![job]),
         }
     }
-    // The norms ride along only where the jobs are one op (one weight
-    // type): otherwise the input is normalized once by its own op.
-    let (norm_in, norm_next) = if groups.len() == 1 {
-        (norm_in, norm_next)
-    } else {
-        if let Some((w, eps, out)) = norm_in {
-            let k = groups[0][0].w.cols();
-            e.run(OpT::RmsNorm {
-                x: E::rd(x),
-                w: E::param(w),
-                dim: k,
-                eps,
-                out: E::wr(&mut *out),
-            })?;
-            for jobs in groups {
-                e.run(OpT::MatMuls {
-                    x: E::rd(out),
-                    n,
-                    jobs,
-                    norm_in: None,
-                    norm_next: None,
-                })?;
-            }
-            return Ok(());
-        }
-        (None, None)
-    };
-    let mut norm_in = norm_in.map(|(w, eps, out)| NormIn {
-        w: E::param(w),
-        eps,
-        out: E::wr(out),
-    });
-    let mut norm_next = norm_next.map(|(w, eps)| NormNext {
-        w: E::param(w),
-        eps,
-    });
     for jobs in groups {
         e.run(OpT::MatMuls {
             x: E::rd(x),
             n,
             jobs,
-            norm_in: norm_in.take(),
-            norm_next: norm_next.take(),
         })?;
     }
     Ok(())
@@ -385,8 +334,14 @@ pub fn forward_bufs<E: Exec>(
     let mut up = e.zeros(n * c.ffn_dim)?;
     let mut act = e.zeros(n * c.ffn_dim)?;
     let scale = 1.0f32 / (hd as f32).sqrt();
-    let eps = c.rms_eps;
     for (li, l) in w.layers.iter().enumerate() {
+        e.run(OpT::RmsNorm {
+            x: E::rd(&x),
+            w: E::param(&l.attn_norm),
+            dim: d,
+            eps: c.rms_eps,
+            out: E::wr(&mut h),
+        })?;
         let qk_norm = match (&l.q_norm, &l.k_norm) {
             (Some(qn), Some(kn)) => Some((qn, kn)),
             _ => None,
@@ -397,18 +352,15 @@ pub fn forward_bufs<E: Exec>(
         } else {
             (&mut q, &mut k)
         };
-        // q/k/v of rms_norm(x) (the attention norm folded into the op).
         mat_muls(
             e,
-            &x,
+            &h,
             n,
             vec![
                 (&l.wq, &mut *q_dst, false),
                 (&l.wk, &mut *k_dst, false),
                 (&l.wv, &mut v, false),
             ],
-            Some((&l.attn_norm, eps, &mut h)),
-            None,
         )?;
         for (b, out) in [(&l.bq, q_dst), (&l.bk, k_dst), (&l.bv, &mut v)] {
             if let Some(b) = b {
@@ -453,32 +405,26 @@ pub fn forward_bufs<E: Exec>(
         })
         .with_context(|| format!("layer {li}"))?;
         // x += att · woᵀ (the residual add folded into the matmul).
-        // The FFN norm reads x next: said to the o projection as a hint.
+        mat_muls(e, &att, n, vec![(&l.wo, &mut x, true)])?;
+        e.run(OpT::RmsNorm {
+            x: E::rd(&x),
+            w: E::param(&l.ffn_norm),
+            dim: d,
+            eps: c.rms_eps,
+            out: E::wr(&mut h),
+        })?;
         mat_muls(
             e,
-            &att,
-            n,
-            vec![(&l.wo, &mut x, true)],
-            None,
-            Some((&l.ffn_norm, eps)),
-        )?;
-        mat_muls(
-            e,
-            &x,
+            &h,
             n,
             vec![(&l.w_gate, &mut gate, false), (&l.w_up, &mut up, false)],
-            Some((&l.ffn_norm, eps, &mut h)),
-            None,
         )?;
         e.run(OpT::SwiGlu {
             gate: E::rd(&gate),
             up: E::rd(&up),
             out: E::wr(&mut act),
         })?;
-        // The next layer's attention norm reads x next (the last layer's
-        // output goes through SelectRows first: no hint).
-        let next = w.layers.get(li + 1).map(|nl| (&nl.attn_norm, eps));
-        mat_muls(e, &act, n, vec![(&l.w_down, &mut x, true)], None, next)?;
+        mat_muls(e, &act, n, vec![(&l.w_down, &mut x, true)])?;
     }
     // Only the rows that want logits go through the output head.
     if m == 0 {

@@ -3,11 +3,10 @@
 //! many rows), plus the cache of quantized activations in the arena.
 
 use super::act_cache::{ActKey, ACT_F16, ACT_Q8};
-use super::norm_fold::{norm_fold, NormPrepArg, PrepKey};
 use super::{arena3, dev_ptr, dev_ptr_mut};
 use crate::backend::cuda::mem::{Dev, DevMatrix};
 use crate::backend::cuda::{drv, grid_1d, i32_of, ty_code, CudaBackend};
-use crate::backend::{validate, MatJob, Mode, NormIn, NormNext, WeightInfo, MAX_MAT_JOBS};
+use crate::backend::{validate, MatJob, Mode, WeightInfo, MAX_MAT_JOBS};
 use crate::quant::GgmlType;
 use anyhow::{anyhow, Result};
 use cudarc::driver::{CudaStream, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
@@ -151,11 +150,6 @@ const MV_FLOAT: [&str; 4] = [
     "mv_float_r1_w4",
 ];
 const MV_Q8: [&str; 4] = ["mv_q8", "mv_q8_r1", "mv_q8_r1_w2", "mv_q8_r1_w4"];
-/// The one-row kernels with norm_next's epilogue (one row only: the
-/// grouped entry is never picked).
-const MV_Q8_PREP: [&str; 4] = ["mv_q8", "mv_q8_r1_p", "mv_q8_r1_w2_p", "mv_q8_r1_w4_p"];
-/// The one-row kernels of a normalized input (norm_in folded).
-const MV_Q8_NORM: [&str; 4] = ["mv_q8", "mv_q8_r1_n", "mv_q8_r1_w2_n", "mv_q8_r1_w4_n"];
 
 /// The warp-per-row kernel of a family (`[grouped, r1, r1_w2, r1_w4]`)
 /// for `n` activation rows and `warps` per weight row: the grouped kernel
@@ -327,7 +321,7 @@ impl CudaBackend {
             out: out.slice_mut(0..len),
             add: false,
         }];
-        self.d_mat_muls(x, n, &mut jobs, None, None, None, mode)
+        self.d_mat_muls(x, n, &mut jobs, mode)
     }
 
     /// Each job: out (n, m) = x (n, k) · wᵀ, or += with `add`. `exact`: the
@@ -338,20 +332,11 @@ impl CudaBackend {
     /// cuBLAS f16 tensor-core GEMM with f32 accumulation beyond (weights
     /// dequantized to f16 per call). The warp-per-row kernels (every mode)
     /// run all jobs in one launch, with the add folded into the store.
-    ///
-    /// `norm_in`: `fast` mode folds it into one-row quantized matvecs
-    /// (norm_fold.rs; `prepared`: what the previous op left in the prep
-    /// buffer), else rms_norm into its scratch first. `norm_next`: the
-    /// one-row quantized matvec prepares the next op's input.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn d_mat_muls(
         &self,
         x: &CudaView<'_, f32>,
         n: usize,
         jobs: &mut [MatJob<'_, Dev>],
-        norm_in: Option<NormIn<'_, Dev>>,
-        norm_next: Option<NormNext<'_, Dev>>,
-        prepared: Option<PrepKey>,
         mode: Mode,
     ) -> Result<()> {
         let shapes: Vec<(&dyn WeightInfo, usize)> = jobs
@@ -360,55 +345,7 @@ impl CudaBackend {
             .collect();
         validate::mat_muls(x.len(), n, &shapes)?;
         let (ty, k) = (jobs[0].w.ty, jobs[0].w.cols);
-        validate::mat_muls_norms(
-            x.len(),
-            k,
-            norm_in.as_ref().map(|ni| (ni.w.len(), ni.out.len())),
-            norm_next.as_ref().map(|nn| nn.w.len()),
-            jobs.len(),
-            jobs[0].w.rows,
-        )?;
         let float_w = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
-        // The one-row quantized matvec of `fast` mode (what the rest of
-        // this function picks for n = 1 and these weights).
-        let mv_one = mode == Mode::Fast
-            && n == 1
-            && !float_w
-            && k.is_multiple_of(32)
-            && k > 0
-            && !(n > mq_min_rows() && super::matmul_mma::mq_takes(ty, k));
-        if let Some(mut ni) = norm_in {
-            if mv_one && norm_fold() && jobs.iter().any(|j| j.w.rows > 0) {
-                return self.mat_vec_normed(x, jobs, &ni, prepared);
-            }
-            self.d_rms_norm(x, &ni.w, k, ni.eps, &mut ni.out, mode)?;
-            let xo = ni.out.as_view();
-            return self.d_mat_muls(&xo, n, jobs, None, norm_next, None, mode);
-        }
-        // Prepared only from a one-row matvec of one job whose rows make
-        // whole 32-blocks (the epilogue's groups), with the prequantizing
-        // producers on (QUIRE_PREQUANT=0 is the unfused reference).
-        let prep = match &norm_next {
-            Some(nn)
-                if mv_one
-                    && norm_fold()
-                    && self.prequant
-                    && jobs.len() == 1
-                    && jobs[0].w.rows.is_multiple_of(32) =>
-            {
-                Some((
-                    self.prep_arg(nn, jobs[0].w.rows)?,
-                    PrepKey::new(
-                        dev_ptr_mut(&jobs[0].out, self.stream()),
-                        jobs[0].out.len(),
-                        &nn.w,
-                        nn.eps,
-                        self,
-                    ),
-                ))
-            }
-            _ => None,
-        };
         let blas = mode == Mode::Fast && n > MV_BATCH && self.blas.is_some();
         if float_w && !(blas && k.is_multiple_of(32)) {
             // Float kernels quantize nothing but may overwrite a cached
@@ -469,60 +406,7 @@ impl CudaBackend {
         }
         let m: usize = jobs.iter().map(|j| j.w.rows).sum();
         let long_rows = jobs.first().is_some_and(|j| j.w.cols >= 3 * m);
-        self.mat_vec(x, n, jobs, mv_warps(mode, n, float_w, long_rows), prep)
-    }
-
-    /// A one-row quantized matvec of rms_norm(x) in `fast` mode: x's
-    /// blocks from the prep buffer where the previous op left them for
-    /// this x and norm (`prepared`), else by quant_q8_g; then the kernel
-    /// scales each row's dot by the norm (norm_fold.rs).
-    fn mat_vec_normed(
-        &self,
-        x: &CudaView<'_, f32>,
-        jobs: &mut [MatJob<'_, Dev>],
-        ni: &NormIn<'_, Dev>,
-        prepared: Option<PrepKey>,
-    ) -> Result<()> {
-        let k = jobs[0].w.cols;
-        let s = self.stream();
-        let key = PrepKey::new(dev_ptr(x, s), x.len(), &ni.w, ni.eps, self);
-        let r = self.prep_regions(k)?;
-        if prepared != Some(key) {
-            self.quant_q8_g(x, &ni.w, k, &r)?;
-        }
-        // The outputs may overwrite whatever the arena's cache was made
-        // from; this path does not use the arena.
-        self.forget_activations();
-        let m: usize = jobs.iter().map(|j| j.w.rows).sum();
-        let long_rows = k >= 3 * m;
-        let warps = mv_warps(Mode::Fast, 1, false, long_rows);
-        let d = mm_dims(&jobs[0].w, 1)?;
-        let (table, ctas) = job_table(jobs, 8 / warps, s)?;
-        let cfg = mv_grid(1, ctas)?;
-        let name = mv_name(1, warps, MV_Q8_NORM);
-        let no_prep = NormPrepArg::default();
-        let mut b = s.launch_builder(self.func(name)?);
-        b.arg(&table)
-            .arg(&d.ki)
-            .arg(&d.rb)
-            .arg(&d.tc)
-            .arg(&r.xq)
-            .arg(&r.xds)
-            .arg(&d.ni)
-            .arg(&r.part)
-            .arg(&ni.eps)
-            .arg(&no_prep);
-        // SAFETY: matches mv_q8_r1 and its split-row variants (8 / warps
-        // rows per CTA, as the job table); each job's weights hold m rows
-        // of rb bytes and its output m floats (validated); the prep
-        // regions hold k int8, k/32 float2 and k/32 partial sums
-        // (prep_regions(k)), written by quant_q8_g above or by the
-        // previous op's epilogue for this x and norm.
-        drv(
-            unsafe { b.launch(cfg) },
-            "mat_muls: launching the normed mv_q8",
-        )?;
-        Ok(())
+        self.mat_vec(x, n, jobs, mv_warps(mode, n, float_w, long_rows))
     }
 
     /// The warp-per-row kernels over every job in one launch (validated
@@ -537,7 +421,6 @@ impl CudaBackend {
         n: usize,
         jobs: &mut [MatJob<'_, Dev>],
         warps: usize,
-        prep: Option<(NormPrepArg, PrepKey)>,
     ) -> Result<()> {
         let w0 = &jobs[0].w;
         let d = mm_dims(w0, n)?;
@@ -556,17 +439,8 @@ impl CudaBackend {
             drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_float")?;
             return Ok(());
         }
-        let name = if prep.is_some() {
-            mv_name(n, warps, MV_Q8_PREP)
-        } else {
-            mv_name(n, warps, MV_Q8)
-        };
-        let pa = prep.map(|(a, _)| a).unwrap_or_default();
-        self.mat_vec_q8(x, n, jobs, (&d, &table, cfg, name, pa))?;
-        if let Some((_, key)) = prep {
-            self.set_prep(key);
-        }
-        Ok(())
+        let name = mv_name(n, warps, MV_Q8);
+        self.mat_vec_q8(x, n, jobs, (&d, &table, cfg, name))
     }
 
     /// Quantized weights: activations to int8 (quant_q8, unless the arena
@@ -577,7 +451,7 @@ impl CudaBackend {
         x: &CudaView<'_, f32>,
         n: usize,
         jobs: &[MatJob<'_, Dev>],
-        (d, table, cfg, name, prep): (&MmDims, &MmJobs, LaunchConfig, &str, NormPrepArg),
+        (d, table, cfg, name): (&MmDims, &MmJobs, LaunchConfig, &str),
     ) -> Result<()> {
         let k = jobs[0].w.cols;
         let s = self.stream();
@@ -597,16 +471,11 @@ impl CudaBackend {
                 .arg(&d.tc)
                 .arg(&mut *xq)
                 .arg(&mut *xds)
-                .arg(&d.ni)
-                .arg(&0u64)
-                .arg(&0.0f32)
-                .arg(&prep);
+                .arg(&d.ni);
             // SAFETY: matches mv_q8 and its one-row variants (8 / warps
             // rows per CTA, as the job table); each job's weights hold m
             // rows of rb bytes (256-byte aligned allocation) and its
-            // output n*m; xq/xds as above; no norm partials (null); prep
-            // all zero, or (the `_p` kernels: one row, one job of m rows,
-            // m a multiple of 32) prep_regions(m) and m norm weights.
+            // output n*m; xq/xds as above.
             drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_q8")?;
             Ok(())
         })?;

@@ -19,14 +19,12 @@ mod matmul_blas;
 mod matmul_exact;
 mod matmul_mma;
 mod matmul_wgmma;
-mod norm_fold;
 
 pub(crate) use act_cache::ActKey;
 pub(crate) use attention::{att_pipe_smem, att_stages, ATT_CLUSTER_MAX, ATT_W_STAGES};
 pub(crate) use matmul::{fast_uses_blas, TILE_SMEM};
 pub(crate) use matmul_mma::mq_smem_max;
 pub(crate) use matmul_wgmma::wg_smem;
-pub(crate) use norm_fold::Prep;
 
 use super::mem::{DevKvMut, DevMatrix};
 use super::{drv, grid_1d, i32_of, ty_code, CudaBackend};
@@ -236,11 +234,8 @@ impl CudaBackend {
 
     /// Bytes of the scratch arena (it only grows; a new size is a new
     /// allocation).
-    /// Bytes of the scratch buffers a captured graph holds the addresses
-    /// of (the arena and the norm prep buffer): when it changes, a graph
-    /// must be captured again.
     pub fn arena_len(&self) -> usize {
-        self.arena.lock().map(|a| a.len()).unwrap_or(0) + self.prep_len()
+        self.arena.lock().map(|a| a.len()).unwrap_or(0)
     }
 
     pub(crate) fn d_rms_norm(
