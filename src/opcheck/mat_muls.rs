@@ -46,6 +46,9 @@ impl Ctx<'_> {
         // k and v, gate and up, also adding).
         let mut shapes: Vec<(Vec<usize>, usize, usize, Vec<bool>)> = vec![
             (vec![64, 16, 16], 512, 1, vec![false, false, false]),
+            // One row of k = 2,048 (two 32-value units per lane of the
+            // warp-per-row kernel), the second job adding.
+            (vec![48, 16], 2048, 1, vec![false, true]),
             (vec![40, 40], 512, 3, vec![false, true]),
             (vec![72], 768, 1, vec![true]),
             (vec![33, 97], 512, 17, vec![true, false]),
