@@ -633,7 +633,7 @@ mod tests {
     use super::{att_pipe_smem, cluster_rule, gqa_split_kernel, parts_for_slots, wide_rule, Pipe};
 
     #[test]
-    fn cluster_form_for_two_to_eight_ctas_per_unit() {
+    fn cluster_form_for_two_to_sixteen_ctas_per_unit() {
         // One CTA merges its own partials (att_pipe_m_); past an H100's
         // largest cluster attention_combine merges.
         assert!(!cluster_rule(0));
