@@ -45,9 +45,6 @@ impl CudaBackend {
 
     /// Runs one host-slice op on the device (the caller holds the lock).
     pub(super) fn run_host(&self, op: &mut Op<'_>, mode: Mode) -> Result<()> {
-        // Host-path ops never hold a launch (they download after it), but a
-        // device-space op before them may have.
-        self.flush_pending()?;
         match op {
             Op::MatMul { w, x, n, out } => {
                 validate::mat_mul(w, w.data.len(), x.len(), *n, out.len())?;

@@ -102,14 +102,6 @@ pub struct CudaBackend {
     /// next one of the same row count will): swiglu's row count is not
     /// part of its op.
     pub(crate) last_mv_q8: std::sync::atomic::AtomicBool,
-    /// Activation rows of the last matmul (a swiglu after a one-row
-    /// matmul may be held for the next: launch/fused.rs).
-    pub(crate) last_mm_rows: std::sync::atomic::AtomicUsize,
-    /// A launch held for the op after it (launch/fused.rs); every op takes
-    /// it or launches it first.
-    pending: Mutex<Option<launch::Pending>>,
-    /// Set while a device-space op runs: only those may hold a launch.
-    pub(crate) deferring: std::sync::atomic::AtomicBool,
     /// Page-locked buffers the logits downloads land in (a copy into
     /// pageable memory pays a page fault per 4 KiB, and a second host copy
     /// costs as much as the transfer).
@@ -362,9 +354,6 @@ impl CudaBackend {
             act_cache: Mutex::new(None),
             prequant: std::env::var("QUIRE_PREQUANT").map_or(true, |v| v != "0"),
             last_mv_q8: std::sync::atomic::AtomicBool::new(false),
-            last_mm_rows: std::sync::atomic::AtomicUsize::new(0),
-            pending: Mutex::new(None),
-            deferring: std::sync::atomic::AtomicBool::new(false),
             pinned: logits::PinnedPool::default(),
             dev: Device {
                 ctx,
@@ -500,12 +489,6 @@ impl CudaBackend {
         len: usize,
         what: &str,
     ) -> Result<crate::dispatch::HostLogits> {
-        // The step's last op takes or flushes any held launch; should one
-        // still be held, it runs before the download.
-        if self.pending.lock().map(|p| p.is_some()).unwrap_or(false) {
-            let _g = enter(self)?;
-            self.flush_pending()?;
-        }
         if len == 0 {
             self.sync(what)?;
             return Ok(crate::dispatch::HostLogits::Vec(Vec::new()));
@@ -647,33 +630,9 @@ impl Backend<Dev> for CudaBackend {
             bail!("op {kind} cannot run on the cuda backend ({mode:?}): {why}");
         }
         let _g = enter(self)?;
-        // A held launch (launch/fused.rs) goes first, unless this op is
-        // the one that may take it.
-        if !matches!(
-            op,
-            OpT::MatMul { .. } | OpT::MatMuls { .. } | OpT::RopeKvWrite { .. }
-        ) {
-            if let Err(e) = self.flush_pending() {
-                return Err(e.context(format!("op {kind} on cuda: the launch held before it")));
-            }
-        }
         if !matches!(op, OpT::MatMul { .. } | OpT::MatMuls { .. }) {
             self.forget_activations();
         }
-        self.deferring
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-        let r = self.run_dev(op, mode);
-        self.deferring
-            .store(false, std::sync::atomic::Ordering::Relaxed);
-        if r.is_err() {
-            self.discard_pending();
-        }
-        r.with_context(|| format!("op {kind} on cuda (device)"))
-    }
-}
-
-impl CudaBackend {
-    fn run_dev(&self, op: OpT<'_, Dev>, mode: Mode) -> Result<()> {
         match op {
             OpT::MatMul { w, x, n, mut out } => self.d_mat_mul(&w, &x, n, &mut out, mode),
             OpT::MatMuls { x, n, mut jobs } => self.d_mat_muls(&x, n, &mut jobs, mode),
@@ -739,5 +698,6 @@ impl CudaBackend {
                 mut out,
             } => self.d_attention(&q, n_heads, scale, &cache, batch, &mut out, mode),
         }
+        .with_context(|| format!("op {kind} on cuda (device)"))
     }
 }

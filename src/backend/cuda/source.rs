@@ -33,21 +33,13 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     ),
     (
         "matmul_fast",
-        // matmul_fused_fast.cu (the one-row matvecs with rope or swiglu
-        // folded in) builds on matmul_fast.cu's row loop: one module.
-        concat!(
-            include_str!("kernels/matmul_fast.cu"),
-            include_str!("kernels/matmul_fused_fast.cu")
-        ),
+        include_str!("kernels/matmul_fast.cu"),
         &[
             "quant_q8",
             "mv_q8",
             "mv_q8_r1",
             "mv_q8_r1_w2",
             "mv_q8_r1_w4",
-            "mv_q8_r1_rope",
-            "mv_q8_r1_swiglu",
-            "mv_q8_r1_w2_swiglu",
             "mv_float",
             "mv_float_r1",
             "mv_float_r1_w2",

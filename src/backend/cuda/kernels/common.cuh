@@ -31,20 +31,9 @@ typedef long long i64;
         asm volatile("griddepcontrol.wait;" ::: "memory");                        \
         if (!GRID_DEP_TRIGGER_FIRST) asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); \
     } while (0)
-// The two halves of GRID_DEP, for a kernel that lets its dependents be
-// scheduled later than its start (GRID_TRIGGER; without one they are
-// scheduled as its CTAs exit).
-#define GRID_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
-#define GRID_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
 #else
 #define GRID_DEP() \
     do {           \
-    } while (0)
-#define GRID_WAIT() \
-    do {            \
-    } while (0)
-#define GRID_TRIGGER() \
-    do {               \
     } while (0)
 #endif
 

@@ -3,7 +3,6 @@
 //! many rows), plus the cache of quantized activations in the arena.
 
 use super::act_cache::{ActKey, ACT_F16, ACT_Q8};
-use super::fused::{Pending, QkvLaunch};
 use super::{arena3, dev_ptr, dev_ptr_mut};
 use crate::backend::cuda::mem::{Dev, DevMatrix};
 use crate::backend::cuda::{drv, grid_1d, i32_of, ty_code, CudaBackend};
@@ -217,11 +216,11 @@ fn mv_grid(n: usize, ctas: u32) -> Result<LaunchConfig> {
 #[derive(Clone, Copy, Default, Debug)]
 pub(super) struct MmJobs {
     w: [u64; MAX_MAT_JOBS],
-    pub(super) out: [u64; MAX_MAT_JOBS],
-    pub(super) m: [i32; MAX_MAT_JOBS],
+    out: [u64; MAX_MAT_JOBS],
+    m: [i32; MAX_MAT_JOBS],
     end: [i32; MAX_MAT_JOBS],
-    pub(super) add: i32,
-    pub(super) count: i32,
+    add: i32,
+    count: i32,
     /// 1: the kernel prefetches its weight rows before waiting for its
     /// predecessor (see mv_prefetch).
     prefetch: i32,
@@ -347,35 +346,6 @@ impl CudaBackend {
         validate::mat_muls(x.len(), n, &shapes)?;
         let (ty, k) = (jobs[0].w.ty, jobs[0].w.cols);
         let float_w = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
-        self.last_mm_rows
-            .store(n, std::sync::atomic::Ordering::Relaxed);
-        let m: usize = jobs.iter().map(|j| j.w.rows).sum();
-        let long_rows = jobs.first().is_some_and(|j| j.w.cols >= 3 * m);
-        let warps = mv_warps(mode, n, float_w, long_rows);
-        if let Some(p) = self.take_pending() {
-            // A held swiglu of x (launch/fused.rs): the one-row quantized
-            // matvec (the kernel this call would run) takes it.
-            let fusable = n == 1
-                && mode != Mode::Exact
-                && !float_w
-                && k > 0
-                && k.is_multiple_of(32)
-                && jobs.len() == 1
-                && m > 0
-                && warps <= 2
-                && n <= mq_min_rows()
-                && n <= mma_rows().0;
-            match self.take_swiglu(p, x, fusable) {
-                Ok(sw) => {
-                    let d = mm_dims(&jobs[0].w, n)?;
-                    let (table, ctas) = job_table(jobs, 8 / warps, self.stream())?;
-                    self.last_mv_q8
-                        .store(true, std::sync::atomic::Ordering::Relaxed);
-                    return self.launch_down_swiglu(&sw, &table, &d, ctas, warps);
-                }
-                Err(p) => self.launch_unfused(p)?,
-            }
-        }
         let blas = mode == Mode::Fast && n > MV_BATCH && self.blas.is_some();
         if float_w && !(blas && k.is_multiple_of(32)) {
             // Float kernels quantize nothing but may overwrite a cached
@@ -434,14 +404,9 @@ impl CudaBackend {
         if blas {
             return self.gemm_f16_jobs(x, n, jobs);
         }
-        // The q/k/v matvec of one row may wait for the RopeKvWrite after it
-        // (launch/fused.rs).
-        let hold = warps == 1
-            && n == 1
-            && jobs.len() == 3
-            && jobs.iter().all(|j| !j.add)
-            && self.fuse_rope_on(mode);
-        self.mat_vec(x, n, jobs, warps, hold)
+        let m: usize = jobs.iter().map(|j| j.w.rows).sum();
+        let long_rows = jobs.first().is_some_and(|j| j.w.cols >= 3 * m);
+        self.mat_vec(x, n, jobs, mv_warps(mode, n, float_w, long_rows))
     }
 
     /// The warp-per-row kernels over every job in one launch (validated
@@ -456,7 +421,6 @@ impl CudaBackend {
         n: usize,
         jobs: &mut [MatJob<'_, Dev>],
         warps: usize,
-        hold: bool,
     ) -> Result<()> {
         let w0 = &jobs[0].w;
         let d = mm_dims(w0, n)?;
@@ -476,7 +440,7 @@ impl CudaBackend {
             return Ok(());
         }
         let name = mv_name(n, warps, MV_Q8);
-        self.mat_vec_q8(x, n, jobs, (&d, &table, cfg, name), hold)
+        self.mat_vec_q8(x, n, jobs, (&d, &table, cfg, name))
     }
 
     /// Quantized weights: activations to int8 (quant_q8, unless the arena
@@ -488,7 +452,6 @@ impl CudaBackend {
         n: usize,
         jobs: &[MatJob<'_, Dev>],
         (d, table, cfg, name): (&MmDims, &MmJobs, LaunchConfig, &str),
-        hold: bool,
     ) -> Result<()> {
         let k = jobs[0].w.cols;
         let s = self.stream();
@@ -497,23 +460,9 @@ impl CudaBackend {
         let key = ActKey::new(x, k, ACT_Q8, s);
         let cached = self.act_cached(key);
         let outs = Self::out_ranges(jobs, s);
-        let held = arena3::<i8, f32, u8, bool>(&mut guard, (n * k, nblk * 2, 0), |xq, xds, _| {
+        arena3::<i8, f32, u8, ()>(&mut guard, (n * k, nblk * 2, 0), |xq, xds, _| {
             if !cached {
                 self.quant_q8(x, nblk, xq, xds)?;
-            }
-            if hold && name == "mv_q8_r1" {
-                return self.defer(Pending::Qkv(QkvLaunch {
-                    table: *table,
-                    ki: d.ki,
-                    rb: d.rb,
-                    tc: d.tc,
-                    cfg,
-                    xq: dev_ptr_mut(xq, s),
-                    xds: dev_ptr_mut(xds, s),
-                    key,
-                    outs: outs.clone(),
-                }))
-                .map(|()| true);
             }
             let mut b = s.launch_builder(self.func(name)?);
             b.arg(table)
@@ -528,11 +477,9 @@ impl CudaBackend {
             // rows of rb bytes (256-byte aligned allocation) and its
             // output n*m; xq/xds as above.
             drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_q8")?;
-            Ok(false)
+            Ok(())
         })?;
-        if !held {
-            self.act_remember(key, &outs);
-        }
+        self.act_remember(key, &outs);
         Ok(())
     }
 

@@ -14,7 +14,6 @@
 
 mod act_cache;
 mod attention;
-mod fused;
 mod matmul;
 mod matmul_blas;
 mod matmul_exact;
@@ -22,7 +21,6 @@ mod matmul_mma;
 mod matmul_wgmma;
 
 pub(crate) use act_cache::ActKey;
-pub(crate) use fused::Pending;
 pub(crate) use attention::{att_pipe_smem, att_stages, ATT_CLUSTER_MAX, ATT_W_STAGES};
 pub(crate) use matmul::{fast_uses_blas, TILE_SMEM};
 pub(crate) use matmul_mma::mq_smem_max;
@@ -373,9 +371,6 @@ impl CudaBackend {
         if out.is_empty() {
             return Ok(());
         }
-        if rows.is_none() && self.defer_swiglu(gate, up, out, mode)? {
-            return Ok(());
-        }
         let pre = match rows {
             Some(r) if r > 0 && out.len().is_multiple_of(r) => {
                 self.q8_out(out, Some(r), out.len() / r, mode)?
@@ -533,21 +528,6 @@ impl CudaBackend {
             v.len(),
             slots.len(),
         )?;
-        if let Some(p) = self.take_pending() {
-            let r = fused::RopeArgs {
-                n_heads,
-                rope_dim,
-                neox,
-                positions,
-                inv_freq,
-                slots,
-                n_cells,
-            };
-            match self.take_qkv_rope(p, (&*q, &*k, v), &r, cache) {
-                Ok(fused) => return fused,
-                Err(p) => self.launch_unfused(p)?,
-            }
-        }
         let per_row = (n_heads + nkv) * (rope_dim / 2) + nkv * (hd - rope_dim) + nkv * hd;
         if n == 0 {
             return Ok(());
