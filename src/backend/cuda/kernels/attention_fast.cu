@@ -6,21 +6,6 @@
 #define ATT_MAXD 8
 #endif
 
-// ATT_TRIGGER_LATE (tuning knob): the pipelined split kernels let their
-// dependents be scheduled as their CTAs exit instead of after their wait.
-// Measured on an H100 (2026-11-25, tg128@d512, default / late, twice):
-// SmolLM2 Q4_0 1,449.0, 1,459.7 / 1,369.1, 1,351.3; 1B Q4_0 1,393.8,
-// 1,412.0 / 1,410.8, 1,413.9; 8B Q4_0 373.8, 370.7 / 369.2, 364.6: the
-// o matvec's CTAs placed (and prefetching) during the attention pay.
-#ifndef ATT_TRIGGER_LATE
-#define ATT_TRIGGER_LATE 0
-#endif
-#if ATT_TRIGGER_LATE
-#define ATT_GRID_DEP() GRID_WAIT()
-#else
-#define ATT_GRID_DEP() GRID_DEP()
-#endif
-
 // Fallback for head_dim not a multiple of 8: one block of ATT_WARPS warps per (row,
 // head). Warp w visits the groups of 4 keys g = w, w + ATT_WARPS, ... (key
 // j belongs to warp (j / 4) % ATT_WARPS whatever the context length or
@@ -547,7 +532,7 @@ __device__ __forceinline__ void att_pipe_gqa(
         // The first ST - 1 tiles go out before the wait when all their keys
         // precede pos (tiles are in increasing key order).
         if (!waited && !(early && tile_k0(ST - 2) + KT - 1 < pos)) {
-            ATT_GRID_DEP();
+            GRID_DEP();
             waited = true;
         }
 #pragma unroll
@@ -557,7 +542,7 @@ __device__ __forceinline__ void att_pipe_gqa(
             issue(t, o);
         }
         if (!waited) {
-            ATT_GRID_DEP();
+            GRID_DEP();
             waited = true;
         }
         if (p == (int)blockIdx.y) {  // the queries, once, while the first tiles load
@@ -702,7 +687,7 @@ __device__ __forceinline__ void att_pipe_gqa(
         // attention_combine's arithmetic and order: the combine's bits
         // without its launch. A CTA past the row's partials took no tile,
         // so it waits here for the previous kernel before writing out.
-        if (!waited) ATT_GRID_DEP();
+        if (!waited) GRID_DEP();
         att_cluster_sync();
         int cw = W * (int)blockIdx.y + w;
         for (int g = cw; g < group; g += W * (int)gridDim.y)

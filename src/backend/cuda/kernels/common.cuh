@@ -31,19 +31,9 @@ typedef long long i64;
         asm volatile("griddepcontrol.wait;" ::: "memory");                        \
         if (!GRID_DEP_TRIGGER_FIRST) asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); \
     } while (0)
-// GRID_DEP's wait alone: the dependents are scheduled as the CTAs exit
-// (or at an explicit GRID_TRIGGER).
-#define GRID_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
-#define GRID_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
 #else
 #define GRID_DEP() \
     do {           \
-    } while (0)
-#define GRID_WAIT() \
-    do {            \
-    } while (0)
-#define GRID_TRIGGER() \
-    do {               \
     } while (0)
 #endif
 
