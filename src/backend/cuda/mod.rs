@@ -292,7 +292,11 @@ impl CudaBackend {
                 {
                     let smem = launch::att_pipe_smem(e).unwrap_or(0);
                     let n = drv(
-                        f.occupancy_max_active_blocks_per_multiprocessor(128, smem, None),
+                        f.occupancy_max_active_blocks_per_multiprocessor(
+                            u32::try_from(launch::ATT_SPLIT_THREADS)?,
+                            smem,
+                            None,
+                        ),
                         &format!("{e}: occupancy"),
                     )?;
                     att_per_sm.insert(e, n.max(1) as usize);

@@ -274,9 +274,10 @@ pub fn prelude() -> String {
     ));
     s.push_str(&format!("#define MV_EXACT_WR {MV_EXACT_WR}\n"));
     s.push_str(&format!(
-        "#define ATT_STAGES {}\n#define ATT_W_STAGES {}\n",
+        "#define ATT_STAGES {}\n#define ATT_W_STAGES {}\n#define ATT_SPLIT_THREADS {}\n",
         crate::backend::cuda::launch::att_stages(),
-        crate::backend::cuda::launch::ATT_W_STAGES
+        crate::backend::cuda::launch::ATT_W_STAGES,
+        crate::backend::cuda::launch::ATT_SPLIT_THREADS
     ));
     // The dynamic shared memory the host launches each split-attention
     // entry with: attention_fast.cu's ATT_PIPE_GQA asserts its layout matches.

@@ -142,6 +142,8 @@ extern "C" __global__ void paged_attention_fast(
 // dimensions l, l + 32, .... The warps' states are merged in warp order.
 #define ATT_SPLIT_WARPS 4
 #define ATT_CHUNK (32 * ATT_SPLIT_WARPS)
+static_assert(32 * ATT_SPLIT_WARPS == ATT_SPLIT_THREADS,
+              "launch/attention.rs launches the split kernels with another CTA size");
 #define ATT_PARTS 32
 #define ATT_VSTAGE 16
 

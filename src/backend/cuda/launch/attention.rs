@@ -232,7 +232,7 @@ impl CudaBackend {
             };
             let cfg = LaunchConfig {
                 grid_dim: (u32::try_from(ctas_x)?, u32::try_from(ctas_y)?, 1),
-                block_dim: (32 * 4, 1, 1),
+                block_dim: (ATT_SPLIT_THREADS as u32, 1, 1),
                 shared_mem_bytes: u32::try_from(smem)?,
             };
             if cluster {
@@ -548,6 +548,12 @@ pub(crate) enum Pipe {
 
 /// Stages of the att_pipe_w_* kernels (ATT_W_STAGES in the prelude).
 pub(crate) const ATT_W_STAGES: usize = 3;
+
+/// Threads per CTA of the split-attention kernels (paged_attention_split,
+/// att_pipe_*: 32 * ATT_SPLIT_WARPS, which attention_fast.cu checks against
+/// the prelude's ATT_SPLIT_THREADS): their launches and the occupancy
+/// counts taken at load.
+pub(crate) const ATT_SPLIT_THREADS: usize = 128;
 
 /// Dynamic shared memory of the pipelined kernel `name`
 /// (att_pipe_{,m_,w_}d{D32}_g{GM}; the layout of att_pipe_gqa): K and V

@@ -21,7 +21,9 @@ mod matmul_mma;
 mod matmul_wgmma;
 
 pub(crate) use act_cache::ActKey;
-pub(crate) use attention::{att_pipe_smem, att_stages, ATT_CLUSTER_MAX, ATT_W_STAGES};
+pub(crate) use attention::{
+    att_pipe_smem, att_stages, ATT_CLUSTER_MAX, ATT_SPLIT_THREADS, ATT_W_STAGES,
+};
 pub(crate) use matmul::{fast_uses_blas, TILE_SMEM};
 pub(crate) use matmul_mma::mq_smem_max;
 pub(crate) use matmul_wgmma::wg_smem;
@@ -130,7 +132,7 @@ fn cluster_config(
     }
 }
 
-/// Clusters of (1, `cluster_y`, 1) CTAs of 128 threads with `smem` bytes
+/// Clusters of (1, `cluster_y`, 1) CTAs of ATT_SPLIT_THREADS with `smem` bytes
 /// of dynamic shared memory of kernel `f` that the device holds at once
 /// (cuOccupancyMaxActiveClusters; a GPC holds whole clusters only, so
 /// this can be less than the CTAs per SM times the SMs allow).
@@ -145,7 +147,7 @@ pub(crate) fn max_active_clusters(
     let mut attr = unsafe { std::mem::zeroed() };
     let cfg = cluster_config(
         (1, cy, 1),
-        (128, 1, 1),
+        (u32::try_from(ATT_SPLIT_THREADS)?, 1, 1),
         u32::try_from(smem)?,
         stream,
         (1, cy, 1),
