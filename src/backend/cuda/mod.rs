@@ -146,7 +146,7 @@ fn ty_code(ty: GgmlType) -> Option<i32> {
 /// warpgroups' decode and copies (docs/PERF.md); it stays for that work to
 /// continue.
 pub(crate) fn wgmma_wanted() -> bool {
-    std::env::var("QUIRE_WGMMA").is_ok_and(|v| v == "1")
+    std::env::var("QUIRE_WGMMA").is_ok_and(|v| v == "1" || v == "2")
 }
 
 /// Raises kernel `name`'s dynamic shared memory limit to `bytes` (past

@@ -390,3 +390,307 @@ WG_ENTRY(mm_wg_q5_1_n128, TY_Q5_1, 128)
 WG_ENTRY(mm_wg_q5_1_n256, TY_Q5_1, 256)
 WG_ENTRY(mm_wg_q8_0_n128, TY_Q8_0, 128)
 WG_ENTRY(mm_wg_q8_0_n256, TY_Q8_0, 256)
+
+// ---------------------------------------------------------------------------
+// Register-A form (mm_wr_*): the weights decoded straight into the wgmma A
+// fragments in the consumers' registers, no f16 weight tile. The smem form
+// above spends its producers on the decode and its consumers wait for them;
+// here the producers only copy, and each consumer thread decodes the 8
+// values per row and block that its own fragment holds (a few ALU
+// instructions per wgmma the tensor cores take hundreds of clocks for).
+//
+// CTA: 384 threads, warpgroup 0 the producer (cp.async of raw weight
+// superchunks and activation chunks; setmaxnreg down to 40 registers),
+// warpgroups 1 and 2 the consumers (up to 232 registers: MT x 64 f32
+// accumulators plus one block's fragments). Rows per CTA 128 MT: consumer
+// cw owns rows 128 mt + 64 cw .. + 63 for mt < MT; tokens per CTA 128
+// (wgmma m64n128k16, B = the activation chunk, K-major in the 128-byte
+// swizzle as above). Taller tiles read fewer L2 bytes per FLOP: a
+// 64-value chunk is 256 x 128 x 64 x 2 FLOP against 16 KiB of
+// activations and 256 rows of raw weights (9 KiB for Q4_0) at MT = 2.
+//
+// Fragment of A (the mma.m16n8k16 layout, per warp v of a warpgroup over
+// rows 16 v .. 16 v + 15 of its m64 tile): lane (g = lane / 4, q = lane %
+// 4) holds rows g and g + 8, columns 2q, 2q + 1 (registers 0, 1) and 2q +
+// 8, 2q + 9 (registers 2, 3) of each k16 step. A 32-block is two k16
+// steps, so per row and block a lane needs values 2q, 2q + 1, 2q + 8, 2q +
+// 9 and the same + 16: for the 4- and 5-bit types the low and high nibbles
+// of four qs bytes, for Q8_0 eight qs bytes (wr_frag).
+//
+// Pipeline: activations in SX chunk stages, raw weights in SR superchunk
+// stages (256 values of MT x 128 rows), each with a full barrier (128
+// producer arrivals once the producer's own copies landed, after
+// fence.proxy.async) and an empty barrier (one arrival per consumer warp
+// once its wgmma of the stage completed). The producer queues chunk c + P
+// (and at a superchunk start that superchunk's raw rows) at its step c and
+// publishes chunk c. Consumers commit one wgmma group per 32-block (2 MT
+// instructions) and retire it before decoding the next block (C7513
+// below); the two consumer warpgroups' groups interleave on the tensor
+// cores.
+
+#define WR_BN 128
+#define WR_THREADS 384
+__host__ __device__ constexpr int wr_raw_bytes(int bs, int mt) { return 128 * mt * 8 * bs; }
+__host__ __device__ constexpr int wr_smem_bytes(int bs, int mt, int sr, int sx) {
+    return 1024 + sx * WR_BN * 128 + sr * wr_raw_bytes(bs, mt) + 256;
+}
+// Stage counts (raw superchunks sr, activation chunks sx): the first of
+// (3, 6), (3, 5), (2, 6), (2, 5), (2, 4) that fits; encoded as 8 sr + sx
+// (launch/matmul_wgmma.rs mirrors it; WR_ENTRY checks at compile time).
+__host__ __device__ constexpr int wr_stages(int bs, int mt) {
+    const int c[5][2] = {{3, 6}, {3, 5}, {2, 6}, {2, 5}, {2, 4}};
+    for (int i = 0; i < 5; i++)
+        if (wr_smem_bytes(bs, mt, c[i][0], c[i][1]) <= WG_SMEM_MAX) return 8 * c[i][0] + c[i][1];
+    return 8 * 2 + 4;
+}
+
+// d (64 x 128 f32) += A (64 x 16 f16, fragment registers a0..a3) · B (16 x
+// 128, desc b, K-major in shared memory).
+__device__ __forceinline__ void wgmma_ra_n128(float* d, u32 a0, u32 a1, u32 a2, u32 a3,
+                                              unsigned long long b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" WG_R64
+                 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+                 : WG_ACC64(0)
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
+}
+
+__device__ __forceinline__ u32 ld_u16s(const u8* p) { return *(const u16*)p; }
+
+// Values 2q, 2q + 1 (h[0]), 2q + 8, 2q + 9 (h[1]), 16 + 2q, 16 + 2q + 1
+// (h[2]) and 24 + 2q, 24 + 2q + 1 (h[3]) of the 32-block at blk (shared
+// memory) as f16 pairs: the same f16 values as unit_f16_regs (the integer
+// made exactly in f16, then one f16 FMA with the block's scale and
+// offset), hence as dequant_f16.
+template <int TY>
+__device__ __forceinline__ void wr_frag(const u8* blk, int q, u32* h) {
+    u32 d = ld_u16s(blk);
+    d |= d << 16;
+    if (TY == TY_Q8_0) {
+        const u32 w0 = ld_u16s(blk + 2 + 2 * q) | (ld_u16s(blk + 10 + 2 * q) << 16);
+        const u32 w1 = ld_u16s(blk + 18 + 2 * q) | (ld_u16s(blk + 26 + 2 * q) << 16);
+        const u32 bias = 0x64806480u;  // 1152 = 1024 + 128, the signed bytes' bias
+        const u32 x0 = w0 ^ 0x80808080u, x1 = w1 ^ 0x80808080u;
+        h[0] = h2_fma(h2_sub(h2_bytes01(x0), bias), d, 0);
+        h[1] = h2_fma(h2_sub(h2_bytes23(x0), bias), d, 0);
+        h[2] = h2_fma(h2_sub(h2_bytes01(x1), bias), d, 0);
+        h[3] = h2_fma(h2_sub(h2_bytes23(x1), bias), d, 0);
+    } else {
+        // qs offset, integer bias (1024 + the type's offset), additive term.
+        constexpr int QS = TY == TY_Q4_0 ? 2 : TY == TY_Q4_1 ? 4 : TY == TY_Q5_0 ? 6 : 8;
+        const u32 bias = TY == TY_Q4_0 ? 0x64086408u : TY == TY_Q5_0 ? 0x64106410u : 0x64006400u;
+        u32 m = 0;
+        if (TY == TY_Q4_1 || TY == TY_Q5_1) {
+            m = ld_u16s(blk + 2);
+            m |= m << 16;
+        }
+        const u32 w = ld_u16s(blk + QS + 2 * q) | (ld_u16s(blk + QS + 8 + 2 * q) << 16);
+        u32 lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
+        if (TY == TY_Q5_0 || TY == TY_Q5_1) {
+            // Bit j of qh is value j's fifth bit: bits 2q, 2q + 1, 2q + 8,
+            // 2q + 9 (and + 16) to bit 4 of bytes 0..3.
+            constexpr int QH = TY == TY_Q5_0 ? 2 : 4;
+            const u32 qh = ld_u16s(blk + QH) | (ld_u16s(blk + QH + 2) << 16);
+            const u32 a = qh >> (2 * q), b = a >> 16;
+            lo |= ((a & 1u) << 4) | ((a & 2u) << 11) | ((a & 0x100u) << 12) | ((a & 0x200u) << 19);
+            hi |= ((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 0x100u) << 12) | ((b & 0x200u) << 19);
+        }
+        h[0] = h2_fma(h2_sub(h2_bytes01(lo), bias), d, m);
+        h[1] = h2_fma(h2_sub(h2_bytes23(lo), bias), d, m);
+        h[2] = h2_fma(h2_sub(h2_bytes01(hi), bias), d, m);
+        h[3] = h2_fma(h2_sub(h2_bytes23(hi), bias), d, m);
+    }
+}
+
+// Queues raw superchunk s (128 MT rows x 8 blocks = BS / 2 pieces of 16
+// bytes per row) into `raw` (row stride 8 BS); rows past the job's are
+// copied from its first row (never stored).
+template <int TY, int MT>
+__device__ __forceinline__ void wr_issue_w(const u8* __restrict__ w, long long row_bytes, int row0,
+                                           int m, int s, u8* raw, int t) {
+    constexpr int BS = gr_type_size(TY), P = BS / 2, R = 128 * MT;
+    // Not unrolled: the producer runs in 40 registers (setmaxnreg).
+#pragma unroll 1
+    for (int i0 = 0; i0 < R * P; i0 += 128) {
+        const int i = i0 + t, r = i / P, pc = i - r * P;
+        if (R * P % 128 != 0 && i >= R * P) break;
+        const int gr = row0 + r < m ? row0 + r : row0;
+        cp_async16(raw + r * 8 * BS + 16 * pc,
+                   w + (long long)gr * row_bytes + (long long)s * 8 * BS + 16 * pc, 16);
+    }
+}
+
+template <int TY, int MT>
+__device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__ x16, int n_all,
+                                        int k) {
+    constexpr int BS = gr_type_size(TY);
+    constexpr int SR = wr_stages(BS, MT) / 8, SX = wr_stages(BS, MT) % 8;
+    constexpr int P = SX >= 5 ? SX - 3 : SX - 2;  // chunks copied ahead
+    constexpr int RAW = wr_raw_bytes(BS, MT);
+    extern __shared__ __align__(16) u8 wg_smem[];
+    u32 s0 = (u32)__cvta_generic_to_shared(wg_smem);
+    u8* sm = wg_smem + ((1024 - (s0 & 1023)) & 1023);
+    u8* sx = sm;                     // SX x 128 tokens x 128 B
+    u8* sraw = sx + SX * WR_BN * 128;  // SR x RAW
+    u64* bars = (u64*)(sraw + SR * RAW);
+    u64* full_x = bars;             // [SX], 128 producer arrivals
+    u64* empty_x = bars + SX;       // [SX], 8 consumer warps
+    u64* full_r = bars + 2 * SX;    // [SR], 128 producer arrivals
+    u64* empty_r = full_r + SR;     // [SR], 8 consumer warps
+    const MmJob jb = mm_job(J, blockIdx.y);
+    const int m = jb.m, units = k / 32;
+    const long long row_bytes = (long long)units * BS;
+    const int row0 = jb.by * 128 * MT;
+    const int n0 = blockIdx.x * WR_BN;
+    const int n = min(WR_BN, n_all - n0);
+    const u16* xb = x16 + (long long)n0 * k;
+    const int nk = k / WG_BK;
+    const int tid = threadIdx.x, wg = tid >> 7;
+#define SX_(c) (sx + ((c) % SX) * WR_BN * 128)
+#define SR_(s) (sraw + ((s) % SR) * RAW)
+
+    if (tid == 0) {
+        for (int i = 0; i < SX; i++) {
+            mbar_init(full_x + i, 128);
+            mbar_init(empty_x + i, 8);
+        }
+        for (int i = 0; i < SR; i++) {
+            mbar_init(full_r + i, 128);
+            mbar_init(empty_r + i, 8);
+        }
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
+        const int t = tid;
+        // Group c: activations c (+ raw superchunk c / 4 when c % 4 == 0).
+        for (int c = 0; c < P; c++) {
+            wg_issue_x<WR_BN, 128>(xb, n, k, c, SX_(c), t);
+            if ((c & 3) == 0) wr_issue_w<TY, MT>(jb.w, row_bytes, row0, m, c / 4, SR_(c / 4), t);
+            cp_async_commit();
+        }
+        for (int c = 0; c < nk; c++) {
+            const int cc = c + P;
+            if (cc < nk) {
+                // Stage reuse: chunk cc - SX (superchunk cc / 4 - SR) was
+                // released by the consumers at the end of their step cc - SX.
+                if (cc >= SX) mbar_wait(empty_x + cc % SX, ((cc - SX) / SX) & 1);
+                wg_issue_x<WR_BN, 128>(xb, n, k, cc, SX_(cc), t);
+                if ((cc & 3) == 0) {
+                    const int s = cc / 4;
+                    if (s >= SR) mbar_wait(empty_r + s % SR, ((s - SR) / SR) & 1);
+                    wr_issue_w<TY, MT>(jb.w, row_bytes, row0, m, s, SR_(s), t);
+                }
+            }
+            cp_async_commit();
+            cp_async_wait_group<P>();
+            fence_proxy_async();
+            mbar_arrive(full_x + c % SX);
+            if ((c & 3) == 0) mbar_arrive(full_r + (c / 4) % SR);
+        }
+        cp_async_wait_all();
+        return;
+    }
+
+    // Consumers.
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
+    const int cw = wg - 1, v = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, q = lane & 3;
+    float acc[MT][64];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int e = 0; e < 64; e++) acc[mt][e] = 0.0f;
+    // Raw row offsets of this lane's rows: row 128 mt + 64 cw + 16 v + g +
+    // 8 h.
+    int roff[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) roff[mt][h] = (128 * mt + 64 * cw + 16 * v + g + 8 * h) * 8 * BS;
+    // A do-while (nk >= 4): see the consumer loop above (ptxas C7515).
+    int c = 0;
+    do {
+        if ((c & 3) == 0) mbar_wait(full_r + (c / 4) % SR, ((c / 4) / SR) & 1);
+        mbar_wait(full_x + c % SX, (c / SX) & 1);
+        const u8* rb = SR_(c / 4) + 2 * (c & 3) * BS;
+        const u32 b0 = (u32)__cvta_generic_to_shared(SX_(c));
+#pragma unroll
+        for (int blk = 0; blk < 2; blk++) {
+            u32 f[MT][2][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) wr_frag<TY>(rb + roff[mt][h] + blk * BS, q, f[mt][h]);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int e = 0; e < 64; e++) wg_reg_fence(acc[mt][e]);
+            wg_fence();
+#pragma unroll
+            for (int s = 0; s < 2; s++)
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+                    wgmma_ra_n128(acc[mt], f[mt][0][2 * s], f[mt][1][2 * s], f[mt][0][2 * s + 1],
+                                  f[mt][1][2 * s + 1], wg_desc(b0 + 32 * (2 * blk + s)));
+            wg_commit();
+            // Retire the group before the next block's fragments are made:
+            // ptxas serializes every wgmma (advisory C7513) when registers
+            // feeding a wgmma are written while an earlier one is in flight.
+            // The other consumer warpgroup's wgmma overlap this one's decode.
+            wg_wait<0>();
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int e = 0; e < 64; e++) wg_reg_fence(acc[mt][e]);
+        }
+        if (lane == 0) {
+            mbar_arrive(empty_x + c % SX);
+            if ((c & 3) == 3) mbar_arrive(empty_r + (c / 4) % SR);
+        }
+    } while (++c < nk);
+    wg_wait<0>();
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int e = 0; e < 64; e++) wg_reg_fence(acc[mt][e]);
+#undef SX_
+#undef SR_
+
+    // Accumulator layout as above: element 4 j + e of tile mt is row 128 mt
+    // + 64 cw + 16 v + g (+ 8 for e >= 2), token 8 j + 2 q (+ 1 for odd e).
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        const int rbase = row0 + 128 * mt + 64 * cw + 16 * v + g;
+#pragma unroll
+        for (int j = 0; j < WR_BN / 8; j++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int row = rbase + 8 * (e >> 1);
+                int tk = 8 * j + 2 * q + (e & 1);
+                if (tk < n && row < m)
+                    mm_store(jb.out + (long long)(n0 + tk) * m + row, acc[mt][4 * j + e], jb.add);
+            }
+        }
+    }
+}
+
+#define WR_ENTRY(NAME, TY, MT)                                                               \
+    static_assert(wr_smem_bytes(gr_type_size(TY), MT, wr_stages(gr_type_size(TY), MT) / 8,   \
+                                wr_stages(gr_type_size(TY), MT) % 8) == WG_SMEM_##NAME,      \
+                  "launch/matmul_wgmma.rs disagrees on " #NAME "'s shared memory");          \
+    extern "C" __global__ void __launch_bounds__(WR_THREADS, 1)                              \
+        NAME(MmJobs J, const u16* __restrict__ x16, int n, int k) {                          \
+        GRID_DEP();                                                                          \
+        wr_body<TY, MT>(J, x16, n, k);                                                       \
+    }
+WR_ENTRY(mm_wr_q4_0_m1, TY_Q4_0, 1)
+WR_ENTRY(mm_wr_q4_0_m2, TY_Q4_0, 2)
+WR_ENTRY(mm_wr_q4_1_m1, TY_Q4_1, 1)
+WR_ENTRY(mm_wr_q4_1_m2, TY_Q4_1, 2)
+WR_ENTRY(mm_wr_q5_0_m1, TY_Q5_0, 1)
+WR_ENTRY(mm_wr_q5_0_m2, TY_Q5_0, 2)
+WR_ENTRY(mm_wr_q5_1_m1, TY_Q5_1, 1)
+WR_ENTRY(mm_wr_q5_1_m2, TY_Q5_1, 2)
+WR_ENTRY(mm_wr_q8_0_m1, TY_Q8_0, 1)
+WR_ENTRY(mm_wr_q8_0_m2, TY_Q8_0, 2)

@@ -8,7 +8,7 @@ use super::act_cache::{ActKey, ACT_F16};
 use super::arena3;
 use super::matmul::job_table;
 use crate::backend::cuda::mem::Dev;
-use crate::backend::cuda::source::WG_KERNELS;
+use crate::backend::cuda::source::{WG_KERNELS, WR_KERNELS};
 use crate::backend::cuda::{drv, i32_of, ty_code, CudaBackend};
 use crate::backend::MatJob;
 use crate::quant::GgmlType;
@@ -71,13 +71,78 @@ pub(super) const fn wg_smem_of(bs: usize, bn: usize) -> usize {
     wg_smem_bytes(bs, bn, sw, sx)
 }
 
-/// The dynamic shared memory of a `mm_wg_*` entry, None for other names.
+/// Threads per CTA of the register-A form (WR_THREADS): one producer and
+/// two consumer warpgroups.
+const WR_THREADS: u32 = 384;
+
+/// Dynamic shared memory of a register-A CTA (wr_smem_bytes): 1,024
+/// bytes of alignment slack, `sx` activation chunks of 128 tokens, `sr`
+/// raw superchunks of 128 `mt` rows x 8 blocks of `bs` bytes, mbarriers.
+const fn wr_smem_bytes(bs: usize, mt: usize, sr: usize, sx: usize) -> usize {
+    1024 + sx * 128 * 128 + sr * 128 * mt * 8 * bs + 256
+}
+
+/// Stage counts (raw superchunks, activation chunks), as wr_stages: the
+/// first of (3, 6), (3, 5), (2, 6), (2, 5), (2, 4) that fits.
+const fn wr_stages(bs: usize, mt: usize) -> (usize, usize) {
+    const C: [(usize, usize); 5] = [(3, 6), (3, 5), (2, 6), (2, 5), (2, 4)];
+    let mut i = 0;
+    while i < C.len() {
+        if wr_smem_bytes(bs, mt, C[i].0, C[i].1) <= WG_SMEM_MAX {
+            return C[i];
+        }
+        i += 1;
+    }
+    (2, 4)
+}
+
+/// Dynamic shared memory of the register-A entry for block size `bs` and
+/// 128 `mt` rows per CTA.
+pub(super) const fn wr_smem_of(bs: usize, mt: usize) -> usize {
+    let (sr, sx) = wr_stages(bs, mt);
+    wr_smem_bytes(bs, mt, sr, sx)
+}
+
+/// The dynamic shared memory of a `mm_wg_*` or `mm_wr_*` entry, None for
+/// other names.
 pub(crate) fn wg_smem(name: &str) -> Option<usize> {
-    WG_KERNELS.iter().enumerate().find_map(|(t, row)| {
-        row.iter()
-            .position(|n| *n == name)
-            .map(|i| wg_smem_of(WG_TYPES[t].type_size(), 128 * (i + 1)))
-    })
+    let find = |table: &[[&str; 2]; 5], size: fn(usize, usize) -> usize| {
+        table.iter().enumerate().find_map(|(t, row)| {
+            row.iter()
+                .position(|n| *n == name)
+                .map(|i| size(WG_TYPES[t].type_size(), i + 1))
+        })
+    };
+    find(&WG_KERNELS, |bs, i| wg_smem_of(bs, 128 * i)).or_else(|| find(&WR_KERNELS, wr_smem_of))
+}
+
+/// Which wgmma form QUIRE_WGMMA selects: 1 the shared-memory decode
+/// (`mm_wg_*`), 2 the register-A form (`mm_wr_*`).
+fn wr_form() -> bool {
+    std::env::var("QUIRE_WGMMA").is_ok_and(|v| v == "2")
+}
+
+/// Weight-row tiles per CTA of the register-A form (MT: 128 MT rows): the
+/// choice with the fewer CTA-waves of work, counting an MT = 2 CTA as two
+/// (ties take 2: fewer L2 bytes per FLOP). `QUIRE_WR_MT=1|2` forces one.
+pub(super) fn wr_mt(rows: &[usize], n: usize, sms: usize) -> usize {
+    if let Some(mt) = std::env::var("QUIRE_WR_MT")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|b| *b == 1 || *b == 2)
+    {
+        return mt;
+    }
+    let sms = sms.max(1);
+    let waves = |mt: usize| -> usize {
+        let tiles: usize = rows.iter().map(|r| r.div_ceil(128 * mt)).sum();
+        (tiles * n.div_ceil(128)).div_ceil(sms) * mt
+    };
+    if waves(2) <= waves(1) {
+        2
+    } else {
+        1
+    }
 }
 
 /// The row of WG_KERNELS for a weight type: its kernel type code (TY_Q4_0
@@ -143,8 +208,16 @@ impl CudaBackend {
         let (ty, k) = (jobs[0].w.ty, jobs[0].w.cols);
         let t = wg_type_index(ty).expect("wg_takes checked the type");
         let rows: Vec<usize> = jobs.iter().map(|j| j.w.rows).collect();
-        let bn = wg_bn(&rows, n, self.sm_count());
-        let name = WG_KERNELS[t][bn / 128 - 1];
+        // (name, rows per CTA, tokens per CTA, threads, shared memory)
+        let (name, bm, bn, threads, smem) = if wr_form() {
+            let mt = wr_mt(&rows, n, self.sm_count());
+            let smem = wr_smem_of(ty.type_size(), mt);
+            (WR_KERNELS[t][mt - 1], 128 * mt, 128, WR_THREADS, smem)
+        } else {
+            let bn = wg_bn(&rows, n, self.sm_count());
+            let smem = wg_smem_of(ty.type_size(), bn);
+            (WG_KERNELS[t][bn / 128 - 1], WG_BM, bn, wg_threads(bn), smem)
+        };
         let mut guard = self.arena(&[n * k * 2, 0, 0])?;
         // The f16 activations at the start of the arena: the cuBLAS path's
         // cache, so q/k/v and gate/up convert their input once.
@@ -154,7 +227,7 @@ impl CudaBackend {
             .iter()
             .map(|j| (super::dev_ptr_mut(&j.out, s), j.out.len()))
             .collect();
-        let (table, ctas) = job_table(jobs, WG_BM, s)?;
+        let (table, ctas) = job_table(jobs, bm, s)?;
         let (ni, ki) = (i32_of(n, "n")?, i32_of(k, "k")?);
         arena3::<u16, u8, u8, ()>(&mut guard, (n * k, 0, 0), |x16, _, _| {
             if !cached {
@@ -162,8 +235,8 @@ impl CudaBackend {
             }
             let cfg = LaunchConfig {
                 grid_dim: (u32::try_from(n.div_ceil(bn))?, ctas, 1),
-                block_dim: (wg_threads(bn), 1, 1),
-                shared_mem_bytes: u32::try_from(wg_smem_of(ty.type_size(), bn))?,
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: u32::try_from(smem)?,
             };
             let mut b = s.launch_builder(self.func(name)?);
             b.arg(&table).arg(&mut *x16).arg(&ni).arg(&ki);
