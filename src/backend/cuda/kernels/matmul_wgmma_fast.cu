@@ -399,15 +399,15 @@ WG_ENTRY(mm_wg_q8_0_n256, TY_Q8_0, 256)
 // values per row and block that its own fragment holds (a few ALU
 // instructions per wgmma the tensor cores take hundreds of clocks for).
 //
-// CTA: 384 threads, warpgroup 0 the producer (cp.async of raw weight
-// superchunks and activation chunks; setmaxnreg down to 40 registers),
-// warpgroups 1 and 2 the consumers (up to 232 registers: MT x 64 f32
-// accumulators plus one block's fragments). Rows per CTA 128 MT: consumer
-// cw owns rows 128 mt + 64 cw .. + 63 for mt < MT; tokens per CTA 128
-// (wgmma m64n128k16, B = the activation chunk, K-major in the 128-byte
-// swizzle as above). Taller tiles read fewer L2 bytes per FLOP: a
-// 64-value chunk is 256 x 128 x 64 x 2 FLOP against 16 KiB of
-// activations and 256 rows of raw weights (9 KiB for Q4_0) at MT = 2.
+// CTA: 128 + 256 MT threads, warpgroup 0 the producer (cp.async of raw
+// weight superchunks and activation chunks; setmaxnreg down to 40
+// registers), warpgroups 1 .. 2 MT the consumers (setmaxnreg up to 232 at
+// MT = 1, 112 at MT = 2: 64 f32 accumulators plus one block's fragments).
+// Rows per CTA 128 MT: consumer cw owns rows 64 cw .. 64 cw + 63; tokens
+// per CTA 128 (wgmma m64n128k16, B = the activation chunk, K-major in the
+// 128-byte swizzle as above). More consumers hide more of each one's
+// decode and wgmma latency (each retires its group before decoding the
+// next); taller tiles also read fewer L2 bytes per FLOP.
 //
 // Fragment of A (the mma.m16n8k16 layout, per warp v of a warpgroup over
 // rows 16 v .. 16 v + 15 of its m64 tile): lane (g = lane / 4, q = lane %
@@ -423,13 +423,12 @@ WG_ENTRY(mm_wg_q8_0_n256, TY_Q8_0, 256)
 // fence.proxy.async) and an empty barrier (one arrival per consumer warp
 // once its wgmma of the stage completed). The producer queues chunk c + P
 // (and at a superchunk start that superchunk's raw rows) at its step c and
-// publishes chunk c. Consumers commit one wgmma group per 32-block (2 MT
+// publishes chunk c. Consumers commit one wgmma group per 32-block (two
 // instructions) and retire it before decoding the next block (C7513
-// below); the two consumer warpgroups' groups interleave on the tensor
-// cores.
+// below); the consumer warpgroups' groups interleave on the tensor cores.
 
 #define WR_BN 128
-#define WR_THREADS 384
+#define WR_THREADS(MT) (128 + 256 * (MT))
 __host__ __device__ constexpr int wr_raw_bytes(int bs, int mt) { return 128 * mt * 8 * bs; }
 __host__ __device__ constexpr int wr_smem_bytes(int bs, int mt, int sr, int sx) {
     return 1024 + sx * WR_BN * 128 + sr * wr_raw_bytes(bs, mt) + 256;
@@ -534,9 +533,9 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
     u8* sraw = sx + SX * WR_BN * 128;  // SR x RAW
     u64* bars = (u64*)(sraw + SR * RAW);
     u64* full_x = bars;             // [SX], 128 producer arrivals
-    u64* empty_x = bars + SX;       // [SX], 8 consumer warps
+    u64* empty_x = bars + SX;       // [SX], 8 MT consumer warps
     u64* full_r = bars + 2 * SX;    // [SR], 128 producer arrivals
-    u64* empty_r = full_r + SR;     // [SR], 8 consumer warps
+    u64* empty_r = full_r + SR;     // [SR], 8 MT consumer warps
     const MmJob jb = mm_job(J, blockIdx.y);
     const int m = jb.m, units = k / 32;
     const long long row_bytes = (long long)units * BS;
@@ -552,11 +551,11 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
     if (tid == 0) {
         for (int i = 0; i < SX; i++) {
             mbar_init(full_x + i, 128);
-            mbar_init(empty_x + i, 8);
+            mbar_init(empty_x + i, 8 * MT);
         }
         for (int i = 0; i < SR; i++) {
             mbar_init(full_r + i, 128);
-            mbar_init(empty_r + i, 8);
+            mbar_init(empty_r + i, 8 * MT);
         }
     }
     __syncthreads();
@@ -593,21 +592,17 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
         return;
     }
 
-    // Consumers.
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
+    // Consumers: warpgroup cw < 2 MT owns rows 64 cw .. 64 cw + 63.
+    if (MT == 1)
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
+    else
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 112;" ::: "memory");
     const int cw = wg - 1, v = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, q = lane & 3;
-    float acc[MT][64];
+    float acc[64];
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int e = 0; e < 64; e++) acc[mt][e] = 0.0f;
-    // Raw row offsets of this lane's rows: row 128 mt + 64 cw + 16 v + g +
-    // 8 h.
-    int roff[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) roff[mt][h] = (128 * mt + 64 * cw + 16 * v + g + 8 * h) * 8 * BS;
+    for (int e = 0; e < 64; e++) acc[e] = 0.0f;
+    // Raw row offsets of this lane's rows 64 cw + 16 v + g + 8 h.
+    const int roff0 = (64 * cw + 16 * v + g) * 8 * BS, roff1 = roff0 + 8 * 8 * BS;
     // A do-while (nk >= 4): see the consumer loop above (ptxas C7515).
     int c = 0;
     do {
@@ -617,60 +612,44 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
         const u32 b0 = (u32)__cvta_generic_to_shared(SX_(c));
 #pragma unroll
         for (int blk = 0; blk < 2; blk++) {
-            u32 f[MT][2][4];
+            u32 f0[4], f1[4];
+            wr_frag<TY>(rb + roff0 + blk * BS, q, f0);
+            wr_frag<TY>(rb + roff1 + blk * BS, q, f1);
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) wr_frag<TY>(rb + roff[mt][h] + blk * BS, q, f[mt][h]);
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int e = 0; e < 64; e++) wg_reg_fence(acc[mt][e]);
+            for (int e = 0; e < 64; e++) wg_reg_fence(acc[e]);
             wg_fence();
 #pragma unroll
             for (int s = 0; s < 2; s++)
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-                    wgmma_ra_n128(acc[mt], f[mt][0][2 * s], f[mt][1][2 * s], f[mt][0][2 * s + 1],
-                                  f[mt][1][2 * s + 1], wg_desc(b0 + 32 * (2 * blk + s)));
+                wgmma_ra_n128(acc, f0[2 * s], f1[2 * s], f0[2 * s + 1], f1[2 * s + 1],
+                              wg_desc(b0 + 32 * (2 * blk + s)));
             wg_commit();
             // Retire the group before the next block's fragments are made:
             // ptxas serializes every wgmma (advisory C7513) when registers
             // feeding a wgmma are written while an earlier one is in flight.
-            // The other consumer warpgroup's wgmma overlap this one's decode.
+            // The other consumer warpgroups' wgmma overlap this one's decode.
             wg_wait<0>();
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int e = 0; e < 64; e++) wg_reg_fence(acc[mt][e]);
+            for (int e = 0; e < 64; e++) wg_reg_fence(acc[e]);
         }
         if (lane == 0) {
             mbar_arrive(empty_x + c % SX);
             if ((c & 3) == 3) mbar_arrive(empty_r + (c / 4) % SR);
         }
     } while (++c < nk);
-    wg_wait<0>();
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int e = 0; e < 64; e++) wg_reg_fence(acc[mt][e]);
 #undef SX_
 #undef SR_
 
-    // Accumulator layout as above: element 4 j + e of tile mt is row 128 mt
-    // + 64 cw + 16 v + g (+ 8 for e >= 2), token 8 j + 2 q (+ 1 for odd e).
+    // Accumulator layout as above: element 4 j + e is row 64 cw + 16 v + g
+    // (+ 8 for e >= 2), token 8 j + 2 q (+ 1 for odd e).
+    const int rbase = row0 + 64 * cw + 16 * v + g;
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-        const int rbase = row0 + 128 * mt + 64 * cw + 16 * v + g;
+    for (int j = 0; j < WR_BN / 8; j++) {
 #pragma unroll
-        for (int j = 0; j < WR_BN / 8; j++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int row = rbase + 8 * (e >> 1);
-                int tk = 8 * j + 2 * q + (e & 1);
-                if (tk < n && row < m)
-                    mm_store(jb.out + (long long)(n0 + tk) * m + row, acc[mt][4 * j + e], jb.add);
-            }
+        for (int e = 0; e < 4; e++) {
+            int row = rbase + 8 * (e >> 1);
+            int tk = 8 * j + 2 * q + (e & 1);
+            if (tk < n && row < m)
+                mm_store(jb.out + (long long)(n0 + tk) * m + row, acc[4 * j + e], jb.add);
         }
     }
 }
@@ -679,7 +658,7 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
     static_assert(wr_smem_bytes(gr_type_size(TY), MT, wr_stages(gr_type_size(TY), MT) / 8,   \
                                 wr_stages(gr_type_size(TY), MT) % 8) == WG_SMEM_##NAME,      \
                   "launch/matmul_wgmma.rs disagrees on " #NAME "'s shared memory");          \
-    extern "C" __global__ void __launch_bounds__(WR_THREADS, 1)                              \
+    extern "C" __global__ void __launch_bounds__(WR_THREADS(MT), 1)                            \
         NAME(MmJobs J, const u16* __restrict__ x16, int n, int k) {                          \
         GRID_DEP();                                                                          \
         wr_body<TY, MT>(J, x16, n, k);                                                       \

@@ -71,9 +71,11 @@ pub(super) const fn wg_smem_of(bs: usize, bn: usize) -> usize {
     wg_smem_bytes(bs, bn, sw, sx)
 }
 
-/// Threads per CTA of the register-A form (WR_THREADS): one producer and
-/// two consumer warpgroups.
-const WR_THREADS: u32 = 384;
+/// Threads per CTA of the register-A form (WR_THREADS) with 128 `mt` rows:
+/// one producer and 2 `mt` consumer warpgroups.
+const fn wr_threads(mt: usize) -> u32 {
+    128 + 256 * mt as u32
+}
 
 /// Dynamic shared memory of a register-A CTA (wr_smem_bytes): 1,024
 /// bytes of alignment slack, `sx` activation chunks of 128 tokens, `sr`
@@ -212,7 +214,7 @@ impl CudaBackend {
         let (name, bm, bn, threads, smem) = if wr_form() {
             let mt = wr_mt(&rows, n, self.sm_count());
             let smem = wr_smem_of(ty.type_size(), mt);
-            (WR_KERNELS[t][mt - 1], 128 * mt, 128, WR_THREADS, smem)
+            (WR_KERNELS[t][mt - 1], 128 * mt, 128, wr_threads(mt), smem)
         } else {
             let bn = wg_bn(&rows, n, self.sm_count());
             let smem = wg_smem_of(ty.type_size(), bn);
