@@ -402,7 +402,7 @@ WG_ENTRY(mm_wg_q8_0_n256, TY_Q8_0, 256)
 // CTA: 128 + 256 MT threads, warpgroup 0 the producer (cp.async of raw
 // weight superchunks and activation chunks; setmaxnreg down to 40
 // registers), warpgroups 1 .. 2 MT the consumers (setmaxnreg up to 232 at
-// MT = 1, 112 at MT = 2: 64 f32 accumulators plus one block's fragments).
+// MT = 1, 104 at MT = 2: 64 f32 accumulators plus one block's fragments).
 // Rows per CTA 128 MT: consumer cw owns rows 64 cw .. 64 cw + 63; tokens
 // per CTA 128 (wgmma m64n128k16, B = the activation chunk, K-major in the
 // 128-byte swizzle as above). More consumers hide more of each one's
@@ -429,6 +429,16 @@ WG_ENTRY(mm_wg_q8_0_n256, TY_Q8_0, 256)
 
 #define WR_BN 128
 #define WR_THREADS(MT) (128 + 256 * (MT))
+// Registers per thread after setmaxnreg: 40 for the producer, these for
+// the consumers. An increase waits until the CTA's pool (the launch's
+// registers per thread, 65,536 / threads rounded down to 8, times the
+// threads) has them, so both must fit it: 112 at MT = 2 hung.
+__host__ __device__ constexpr int wr_consumer_regs(int mt) { return mt == 1 ? 232 : 104; }
+__host__ __device__ constexpr bool wr_regs_fit(int mt) {
+    return 128 * 40 + 256 * mt * wr_consumer_regs(mt) <=
+           WR_THREADS(mt) * ((65536 / WR_THREADS(mt)) & ~7);
+}
+static_assert(wr_regs_fit(1) && wr_regs_fit(2), "setmaxnreg exceeds the CTA's registers");
 __host__ __device__ constexpr int wr_raw_bytes(int bs, int mt) { return 128 * mt * 8 * bs; }
 __host__ __device__ constexpr int wr_smem_bytes(int bs, int mt, int sr, int sx) {
     return 1024 + sx * WR_BN * 128 + sr * wr_raw_bytes(bs, mt) + 256;
@@ -593,10 +603,7 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
     }
 
     // Consumers: warpgroup cw < 2 MT owns rows 64 cw .. 64 cw + 63.
-    if (MT == 1)
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
-    else
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 112;" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(wr_consumer_regs(MT)) : "memory");
     const int cw = wg - 1, v = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, q = lane & 3;
     float acc[64];
 #pragma unroll
