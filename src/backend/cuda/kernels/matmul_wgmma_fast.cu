@@ -72,7 +72,8 @@ __host__ __device__ constexpr int wg_stages(int bs, int bn) {
     return 8 * 3 + 3;
 }
 // Timing-only knobs (wrong results; QUIRE_WG_DEFINES): leave out the
-// producer's decode, activation copies or raw weight copies.
+// weight decode (producers' here, consumers' in mm_wr_*), activation
+// copies or raw weight copies.
 #ifndef WG_NO_DECODE
 #define WG_NO_DECODE 0
 #endif
@@ -575,8 +576,9 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
         const int t = tid;
         // Group c: activations c (+ raw superchunk c / 4 when c % 4 == 0).
         for (int c = 0; c < P; c++) {
-            wg_issue_x<WR_BN, 128>(xb, n, k, c, SX_(c), t);
-            if ((c & 3) == 0) wr_issue_w<TY, MT>(jb.w, row_bytes, row0, m, c / 4, SR_(c / 4), t);
+            if (!WG_NO_XCOPY) wg_issue_x<WR_BN, 128>(xb, n, k, c, SX_(c), t);
+            if (!WG_NO_WCOPY && (c & 3) == 0)
+                wr_issue_w<TY, MT>(jb.w, row_bytes, row0, m, c / 4, SR_(c / 4), t);
             cp_async_commit();
         }
         for (int c = 0; c < nk; c++) {
@@ -585,11 +587,11 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
                 // Stage reuse: chunk cc - SX (superchunk cc / 4 - SR) was
                 // released by the consumers at the end of their step cc - SX.
                 if (cc >= SX) mbar_wait(empty_x + cc % SX, ((cc - SX) / SX) & 1);
-                wg_issue_x<WR_BN, 128>(xb, n, k, cc, SX_(cc), t);
+                if (!WG_NO_XCOPY) wg_issue_x<WR_BN, 128>(xb, n, k, cc, SX_(cc), t);
                 if ((cc & 3) == 0) {
                     const int s = cc / 4;
                     if (s >= SR) mbar_wait(empty_r + s % SR, ((s - SR) / SR) & 1);
-                    wr_issue_w<TY, MT>(jb.w, row_bytes, row0, m, s, SR_(s), t);
+                    if (!WG_NO_WCOPY) wr_issue_w<TY, MT>(jb.w, row_bytes, row0, m, s, SR_(s), t);
                 }
             }
             cp_async_commit();
@@ -620,8 +622,13 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
 #pragma unroll
         for (int blk = 0; blk < 2; blk++) {
             u32 f0[4], f1[4];
-            wr_frag<TY>(rb + roff0 + blk * BS, q, f0);
-            wr_frag<TY>(rb + roff1 + blk * BS, q, f1);
+            if (WG_NO_DECODE) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) f0[i] = f1[i] = 0x3C003C00u ^ (u32)(c & 1);
+            } else {
+                wr_frag<TY>(rb + roff0 + blk * BS, q, f0);
+                wr_frag<TY>(rb + roff1 + blk * BS, q, f1);
+            }
 #pragma unroll
             for (int e = 0; e < 64; e++) wg_reg_fence(acc[e]);
             wg_fence();
