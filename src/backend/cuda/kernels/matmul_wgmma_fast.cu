@@ -424,8 +424,9 @@ WG_ENTRY(mm_wg_q8_0_n256, TY_Q8_0, 256)
 // fence.proxy.async) and an empty barrier (one arrival per consumer warp
 // once its wgmma of the stage completed). The producer queues chunk c + P
 // (and at a superchunk start that superchunk's raw rows) at its step c and
-// publishes chunk c. Consumers commit one wgmma group per 32-block (two
-// instructions) and retire it before decoding the next block (C7513
+// publishes chunk c; raw superchunks go L chunks earlier than their first
+// chunk's activations. Consumers commit one wgmma group per GB blocks (2 GB
+// instructions) and retire it before decoding the next group (C7513
 // below); the consumer warpgroups' groups interleave on the tensor cores.
 
 #define WR_BN 128
@@ -535,7 +536,16 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
                                         int k) {
     constexpr int BS = gr_type_size(TY);
     constexpr int SR = wr_stages(BS, MT) / 8, SX = wr_stages(BS, MT) % 8;
-    constexpr int P = SX >= 5 ? SX - 3 : SX - 2;  // chunks copied ahead
+    // Blocks per consumer wgmma group (GB: the fragments of 4 at MT = 1
+    // take 32 registers; 104 registers at MT = 2 leave room for one),
+    // activation chunks copied ahead (P) and raw superchunks' extra lead in
+    // chunks (L). The producer at its step c waits for the consumers' group
+    // that finishes chunk c + P - SX (and superchunk (c + P + L) / 4 - SR)
+    // before it publishes chunk c, so that group must end before chunk c:
+    // P <= SX - 2 with GB <= 4, and L = 4 only with three raw stages.
+    constexpr int GB = MT == 1 ? 4 : 1;
+    constexpr int P = SX >= 5 ? SX - 3 : SX - 2;
+    constexpr int L = SR >= 3 ? 4 : 0;
     constexpr int RAW = wr_raw_bytes(BS, MT);
     extern __shared__ __align__(16) u8 wg_smem[];
     u32 s0 = (u32)__cvta_generic_to_shared(wg_smem);
@@ -574,25 +584,31 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
         const int t = tid;
-        // Group c: activations c (+ raw superchunk c / 4 when c % 4 == 0).
-        for (int c = 0; c < P; c++) {
-            if (!WG_NO_XCOPY) wg_issue_x<WR_BN, 128>(xb, n, k, c, SX_(c), t);
-            if (!WG_NO_WCOPY && (c & 3) == 0)
-                wr_issue_w<TY, MT>(jb.w, row_bytes, row0, m, c / 4, SR_(c / 4), t);
+        // Copy group j: activations j, raw superchunk 0 (j = 0) and raw
+        // superchunk (j + L) / 4 when j + L is a multiple of 4.
+        const int ns = nk / 4;
+        auto issue = [&](int j) {
+            if (!WG_NO_XCOPY) wg_issue_x<WR_BN, 128>(xb, n, k, j, SX_(j), t);
+            const int s = (j + L) / 4;
+            if ((j + L) % 4 == 0 && s >= 1 && s < ns) {
+                // The slot's superchunk s - SR was released after the
+                // consumers' group holding its last chunk, 4 s - 4 SR + 3.
+                if (s >= SR) mbar_wait(empty_r + s % SR, ((s - SR) / SR) & 1);
+                if (!WG_NO_WCOPY) wr_issue_w<TY, MT>(jb.w, row_bytes, row0, m, s, SR_(s), t);
+            }
+        };
+        if (!WG_NO_WCOPY) wr_issue_w<TY, MT>(jb.w, row_bytes, row0, m, 0, SR_(0), t);
+        for (int j = 0; j < P; j++) {
+            issue(j);
             cp_async_commit();
         }
         for (int c = 0; c < nk; c++) {
             const int cc = c + P;
             if (cc < nk) {
-                // Stage reuse: chunk cc - SX (superchunk cc / 4 - SR) was
-                // released by the consumers at the end of their step cc - SX.
+                // The slot's chunk cc - SX was released after the
+                // consumers' group holding it.
                 if (cc >= SX) mbar_wait(empty_x + cc % SX, ((cc - SX) / SX) & 1);
-                if (!WG_NO_XCOPY) wg_issue_x<WR_BN, 128>(xb, n, k, cc, SX_(cc), t);
-                if ((cc & 3) == 0) {
-                    const int s = cc / 4;
-                    if (s >= SR) mbar_wait(empty_r + s % SR, ((s - SR) / SR) & 1);
-                    if (!WG_NO_WCOPY) wr_issue_w<TY, MT>(jb.w, row_bytes, row0, m, s, SR_(s), t);
-                }
+                issue(cc);
             }
             cp_async_commit();
             cp_async_wait_group<P>();
@@ -612,44 +628,59 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
     for (int e = 0; e < 64; e++) acc[e] = 0.0f;
     // Raw row offsets of this lane's rows 64 cw + 16 v + g + 8 h.
     const int roff0 = (64 * cw + 16 * v + g) * 8 * BS, roff1 = roff0 + 8 * 8 * BS;
-    // A do-while (nk >= 4): see the consumer loop above (ptxas C7515).
-    int c = 0;
+    // Blocks (32 values, two per chunk) in GB-block groups. A do-while (nk
+    // >= 4): see the consumer loop above (ptxas C7515).
+    int b = 0;
     do {
-        if ((c & 3) == 0) mbar_wait(full_r + (c / 4) % SR, ((c / 4) / SR) & 1);
-        mbar_wait(full_x + c % SX, (c / SX) & 1);
-        const u8* rb = SR_(c / 4) + 2 * (c & 3) * BS;
-        const u32 b0 = (u32)__cvta_generic_to_shared(SX_(c));
+        u32 f[GB][2][4];
 #pragma unroll
-        for (int blk = 0; blk < 2; blk++) {
-            u32 f0[4], f1[4];
+        for (int i = 0; i < GB; i++) {
+            const int bb = b + i, cc = bb >> 1;
+            if ((bb & 1) == 0) {
+                if ((cc & 3) == 0) mbar_wait(full_r + (cc / 4) % SR, ((cc / 4) / SR) & 1);
+                mbar_wait(full_x + cc % SX, (cc / SX) & 1);
+            }
+            const u8* rb = SR_(cc / 4) + (bb & 7) * BS;
             if (WG_NO_DECODE) {
 #pragma unroll
-                for (int i = 0; i < 4; i++) f0[i] = f1[i] = 0x3C003C00u ^ (u32)(c & 1);
+                for (int e = 0; e < 4; e++) f[i][0][e] = f[i][1][e] = 0x3C003C00u ^ (u32)(bb & 1);
             } else {
-                wr_frag<TY>(rb + roff0 + blk * BS, q, f0);
-                wr_frag<TY>(rb + roff1 + blk * BS, q, f1);
+                wr_frag<TY>(rb + roff0, q, f[i][0]);
+                wr_frag<TY>(rb + roff1, q, f[i][1]);
             }
+        }
 #pragma unroll
-            for (int e = 0; e < 64; e++) wg_reg_fence(acc[e]);
-            wg_fence();
+        for (int e = 0; e < 64; e++) wg_reg_fence(acc[e]);
+        wg_fence();
+#pragma unroll
+        for (int i = 0; i < GB; i++) {
+            const int bb = b + i;
+            const u32 b0 = (u32)__cvta_generic_to_shared(SX_(bb >> 1)) + 64 * (bb & 1);
 #pragma unroll
             for (int s = 0; s < 2; s++)
-                wgmma_ra_n128(acc, f0[2 * s], f1[2 * s], f0[2 * s + 1], f1[2 * s + 1],
-                              wg_desc(b0 + 32 * (2 * blk + s)));
-            wg_commit();
-            // Retire the group before the next block's fragments are made:
-            // ptxas serializes every wgmma (advisory C7513) when registers
-            // feeding a wgmma are written while an earlier one is in flight.
-            // The other consumer warpgroups' wgmma overlap this one's decode.
-            wg_wait<0>();
+                wgmma_ra_n128(acc, f[i][0][2 * s], f[i][1][2 * s], f[i][0][2 * s + 1],
+                              f[i][1][2 * s + 1], wg_desc(b0 + 32 * s));
+        }
+        wg_commit();
+        // Retire the group before the next one's fragments are made: ptxas
+        // serializes every wgmma (advisory C7513) when registers feeding a
+        // wgmma are written while an earlier one is in flight. The other
+        // consumer warpgroups' wgmma overlap this one's decode.
+        wg_wait<0>();
 #pragma unroll
-            for (int e = 0; e < 64; e++) wg_reg_fence(acc[e]);
-        }
+        for (int e = 0; e < 64; e++) wg_reg_fence(acc[e]);
         if (lane == 0) {
-            mbar_arrive(empty_x + c % SX);
-            if ((c & 3) == 3) mbar_arrive(empty_r + (c / 4) % SR);
+#pragma unroll
+            for (int i = 0; i < GB; i++) {
+                const int bb = b + i, cc = bb >> 1;
+                if ((bb & 1) == 1) {
+                    mbar_arrive(empty_x + cc % SX);
+                    if ((cc & 3) == 3) mbar_arrive(empty_r + (cc / 4) % SR);
+                }
+            }
         }
-    } while (++c < nk);
+        b += GB;
+    } while (b < 2 * nk);
 #undef SX_
 #undef SR_
 
