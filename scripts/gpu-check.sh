@@ -46,8 +46,10 @@ for s in "${steps[@]}"; do
       done
       QUIRE_MQ=0 QUIRE_MMA_MIN_ROWS=0 QUIRE_MMA_MAX_ROWS=100000 run_step ops-fast-tile "$QUIRE" ops --backend cuda --mode fast --op mat_mul
       # The opt-in wgmma prefill GEMM (sm_90 only; elsewhere the same cases
-      # run the cuBLAS path).
-      QUIRE_WGMMA=1 run_step ops-fast-wgmma "$QUIRE" ops --backend cuda --mode fast --op mat_mul
+      # run the cuBLAS path), both tile heights.
+      for mt in 1 2; do
+        QUIRE_WGMMA=1 QUIRE_WR_MT=$mt run_step "ops-fast-wgmma-m$mt" "$QUIRE" ops --backend cuda --mode fast --op mat_mul
+      done
       # The 8-key-tile split attention (att_pipe_w_*), which fast mode takes
       # only for launches past one wave (larger batches than the cases).
       QUIRE_ATT_WIDE=1 run_step ops-fast-att-wide "$QUIRE" ops --backend cuda --mode fast --op paged_attention

@@ -141,12 +141,11 @@ fn ty_code(ty: GgmlType) -> Option<i32> {
 }
 
 /// Whether the Hopper-only kernels are compiled: only with QUIRE_WGMMA=1.
-/// The wgmma prefill GEMM is opt-in: on an H100 (2026-11-24, evening) it
-/// ran 8B Q4_0 prefill at 0.74x the cuBLAS path, bound by its producer
-/// warpgroups' decode and copies (docs/PERF.md); it stays for that work to
-/// continue.
+/// The wgmma prefill GEMM is opt-in: on an H100 (2026-11-25) it ran 8B
+/// Q4_0 prefill at 0.83-0.88x the cuBLAS path, bound by its consumers'
+/// pipeline (docs/PERF.md); it stays for that work to continue.
 pub(crate) fn wgmma_wanted() -> bool {
-    std::env::var("QUIRE_WGMMA").is_ok_and(|v| v == "1" || v == "2")
+    std::env::var("QUIRE_WGMMA").is_ok_and(|v| v == "1")
 }
 
 /// Raises kernel `name`'s dynamic shared memory limit to `bytes` (past

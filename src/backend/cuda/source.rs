@@ -131,31 +131,21 @@ pub const KERNELS_SM90A: &[(&str, &str, &[&str])] = &[(
     &WG_ENTRIES,
 )];
 
-/// matmul_wgmma_fast.cu's entries, [type][BN / 128 - 1] for the 32-value
-/// block types in type-code order (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0):
-/// `mm_wg_<type>_n<BN>` with BN activation rows per CTA.
+/// matmul_wgmma_fast.cu's entries, [type][MT - 1] for the 32-value block
+/// types in type-code order (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): `mm_wr_<type>_m<MT>`
+/// with 128 MT weight rows per CTA.
 pub const WG_KERNELS: [[&str; 2]; 5] = [
-    ["mm_wg_q4_0_n128", "mm_wg_q4_0_n256"],
-    ["mm_wg_q4_1_n128", "mm_wg_q4_1_n256"],
-    ["mm_wg_q5_0_n128", "mm_wg_q5_0_n256"],
-    ["mm_wg_q5_1_n128", "mm_wg_q5_1_n256"],
-    ["mm_wg_q8_0_n128", "mm_wg_q8_0_n256"],
-];
-/// The register-A entries of matmul_wgmma_fast.cu, [type][MT - 1] in the
-/// same type order: `mm_wr_<type>_m<MT>` with 128 MT weight rows per CTA.
-pub const WR_KERNELS: [[&str; 2]; 5] = [
     ["mm_wr_q4_0_m1", "mm_wr_q4_0_m2"],
     ["mm_wr_q4_1_m1", "mm_wr_q4_1_m2"],
     ["mm_wr_q5_0_m1", "mm_wr_q5_0_m2"],
     ["mm_wr_q5_1_m1", "mm_wr_q5_1_m2"],
     ["mm_wr_q8_0_m1", "mm_wr_q8_0_m2"],
 ];
-const WG_ENTRIES: [&str; 4 * WG_KERNELS.len()] = {
-    let mut out = [""; 4 * WG_KERNELS.len()];
+const WG_ENTRIES: [&str; 2 * WG_KERNELS.len()] = {
+    let mut out = [""; 2 * WG_KERNELS.len()];
     let mut i = 0;
-    while i < 2 * WG_KERNELS.len() {
+    while i < out.len() {
         out[i] = WG_KERNELS[i / 2][i % 2];
-        out[2 * WG_KERNELS.len() + i] = WR_KERNELS[i / 2][i % 2];
         i += 1;
     }
     out
@@ -298,7 +288,7 @@ pub fn prelude() -> String {
     }
     // The dynamic shared memory the host launches each wgmma entry with:
     // matmul_wgmma_fast.cu's WG_ENTRY asserts its own layout matches.
-    for name in WG_KERNELS.iter().chain(WR_KERNELS.iter()).flatten() {
+    for name in WG_KERNELS.iter().flatten() {
         if let Some(bytes) = crate::backend::cuda::launch::wg_smem(name) {
             s.push_str(&format!("#define WG_SMEM_{name} {bytes}\n"));
         }
