@@ -253,15 +253,14 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
                                         int k) {
     constexpr int BS = gr_type_size(TY);
     constexpr int SR = wr_stages(BS, MT) / 8, SX = wr_stages(BS, MT) % 8;
-    // Blocks per consumer wgmma group (GB: the fragments of 4 at MT = 1
-    // take 32 registers; 104 registers at MT = 2 leave room for one) and
-    // activation chunks copied ahead (P). The producer at its step c waits
-    // for the consumers' group that finishes chunk c + P - SX (and
-    // superchunk (c + P) / 4 - SR) before it publishes chunk c, so that
-    // group must end before chunk c: P <= SX - 2 with GB <= 4. (Raw
-    // superchunks queued a superchunk earlier, with three raw stages, ran
-    // 5% slower on an H100.)
-    constexpr int GB = MT == 1 ? 4 : 1;
+    // Blocks per consumer wgmma group (GB) and activation chunks copied
+    // ahead (P). The producer at its step c waits for the consumers' group
+    // that finishes chunk c + P - SX (and superchunk (c + P) / 4 - SR)
+    // before it publishes chunk c, so that group must end before chunk c:
+    // P <= SX - 2 with GB <= 4. Measured on an H100 (8B Q4_0 pp512): GB = 4
+    // at MT = 1 ran 5% slower than 1 (longer decode before each group), as
+    // did raw superchunks queued a superchunk earlier.
+    constexpr int GB = 1;
     constexpr int P = SX >= 5 ? SX - 3 : SX - 2;
     constexpr int RAW = wr_raw_bytes(BS, MT);
     extern __shared__ __align__(16) u8 wg_smem[];
