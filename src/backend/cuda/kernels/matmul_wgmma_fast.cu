@@ -40,8 +40,8 @@
 // after fence.proxy.async) and an empty barrier (one arrival per consumer
 // warp once its wgmma of the stage completed). The producer queues chunk
 // c + P (and at a superchunk start that superchunk's raw rows) at its step
-// c and publishes chunk c. Consumers commit one wgmma group per GB blocks
-// (2 GB instructions) and retire it before decoding the next group (C7513
+// c and publishes chunk c. Consumers commit one wgmma group per 32-block
+// (two instructions) and retire it before decoding the next block (C7513
 // below); the consumer warpgroups' groups interleave on the tensor cores.
 //
 // Shared memory (dynamic, wr_smem_bytes): alignment slack, sx (SX x 128
@@ -253,14 +253,11 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
                                         int k) {
     constexpr int BS = gr_type_size(TY);
     constexpr int SR = wr_stages(BS, MT) / 8, SX = wr_stages(BS, MT) % 8;
-    // Blocks per consumer wgmma group (GB) and activation chunks copied
-    // ahead (P). The producer at its step c waits for the consumers' group
-    // that finishes chunk c + P - SX (and superchunk (c + P) / 4 - SR)
-    // before it publishes chunk c, so that group must end before chunk c:
-    // P <= SX - 2 with GB <= 4. Measured on an H100 (8B Q4_0 pp512): GB = 4
-    // at MT = 1 ran 5% slower than 1 (longer decode before each group), as
-    // did raw superchunks queued a superchunk earlier.
-    constexpr int GB = 1;
+    // Activation chunks copied ahead (P). The producer at its step c waits
+    // for the consumers to finish chunk c + P - SX (and superchunk (c + P) /
+    // 4 - SR) before it publishes chunk c: P <= SX - 2. Measured on an H100
+    // (8B Q4_0 pp512), not kept: wgmma groups of four blocks at MT = 1 and
+    // raw superchunks queued a superchunk earlier (5% slower each).
     constexpr int P = SX >= 5 ? SX - 3 : SX - 2;
     constexpr int RAW = wr_raw_bytes(BS, MT);
     extern __shared__ __align__(16) u8 wg_smem[];
@@ -342,60 +339,47 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
     for (int e = 0; e < 64; e++) acc[e] = 0.0f;
     // Raw row offsets of this lane's rows 64 cw + 16 v + g + 8 h.
     const int roff0 = (64 * cw + 16 * v + g) * 8 * BS, roff1 = roff0 + 8 * 8 * BS;
-    // Blocks (32 values, two per chunk) in GB-block groups. A do-while (nk
-    // >= 4): a zero-trip path would join zeroed accumulators with the
-    // loop's, and ptxas then serializes every wgmma (its advisory C7515).
-    int b = 0;
+    // A do-while (nk >= 4): a zero-trip path would join zeroed accumulators
+    // with the loop's, and ptxas then serializes every wgmma (its advisory
+    // C7515).
+    int c = 0;
     do {
-        u32 f[GB][2][4];
+        if ((c & 3) == 0) mbar_wait(full_r + (c / 4) % SR, ((c / 4) / SR) & 1);
+        mbar_wait(full_x + c % SX, (c / SX) & 1);
+        const u8* rb = SR_(c / 4) + 2 * (c & 3) * BS;
+        const u32 b0 = (u32)__cvta_generic_to_shared(SX_(c));
 #pragma unroll
-        for (int i = 0; i < GB; i++) {
-            const int bb = b + i, cc = bb >> 1;
-            if ((bb & 1) == 0) {
-                if ((cc & 3) == 0) mbar_wait(full_r + (cc / 4) % SR, ((cc / 4) / SR) & 1);
-                mbar_wait(full_x + cc % SX, (cc / SX) & 1);
-            }
-            const u8* rb = SR_(cc / 4) + (bb & 7) * BS;
+        for (int blk = 0; blk < 2; blk++) {
+            // One group per 32-block: two wgmma.
+            u32 f0[4], f1[4];
             if (WG_NO_DECODE) {
 #pragma unroll
-                for (int e = 0; e < 4; e++) f[i][0][e] = f[i][1][e] = 0x3C003C00u ^ (u32)(bb & 1);
+                for (int i = 0; i < 4; i++) f0[i] = f1[i] = 0x3C003C00u ^ (u32)(c & 1);
             } else {
-                wr_frag<TY>(rb + roff0, q, f[i][0]);
-                wr_frag<TY>(rb + roff1, q, f[i][1]);
+                wr_frag<TY>(rb + roff0 + blk * BS, q, f0);
+                wr_frag<TY>(rb + roff1 + blk * BS, q, f1);
             }
-        }
 #pragma unroll
-        for (int e = 0; e < 64; e++) wg_reg_fence(acc[e]);
-        wg_fence();
-#pragma unroll
-        for (int i = 0; i < GB; i++) {
-            const int bb = b + i;
-            const u32 b0 = (u32)__cvta_generic_to_shared(SX_(bb >> 1)) + 64 * (bb & 1);
+            for (int e = 0; e < 64; e++) wg_reg_fence(acc[e]);
+            wg_fence();
 #pragma unroll
             for (int s = 0; s < 2; s++)
-                wgmma_ra_n128(acc, f[i][0][2 * s], f[i][1][2 * s], f[i][0][2 * s + 1],
-                              f[i][1][2 * s + 1], wg_desc(b0 + 32 * s));
-        }
-        wg_commit();
-        // Retire the group before the next one's fragments are made: ptxas
-        // serializes every wgmma (advisory C7513) when registers feeding a
-        // wgmma are written while an earlier one is in flight. The other
-        // consumer warpgroups' wgmma overlap this one's decode.
-        wg_wait<0>();
+                wgmma_ra_n128(acc, f0[2 * s], f1[2 * s], f0[2 * s + 1], f1[2 * s + 1],
+                              wg_desc(b0 + 32 * (2 * blk + s)));
+            wg_commit();
+            // Retire the group before the next block's fragments are made:
+            // ptxas serializes every wgmma (advisory C7513) when registers
+            // feeding a wgmma are written while an earlier one is in flight.
+            // The other consumer warpgroups' wgmma overlap this one's decode.
+            wg_wait<0>();
 #pragma unroll
-        for (int e = 0; e < 64; e++) wg_reg_fence(acc[e]);
+            for (int e = 0; e < 64; e++) wg_reg_fence(acc[e]);
+        }
         if (lane == 0) {
-#pragma unroll
-            for (int i = 0; i < GB; i++) {
-                const int bb = b + i, cc = bb >> 1;
-                if ((bb & 1) == 1) {
-                    mbar_arrive(empty_x + cc % SX);
-                    if ((cc & 3) == 3) mbar_arrive(empty_r + (cc / 4) % SR);
-                }
-            }
+            mbar_arrive(empty_x + c % SX);
+            if ((c & 3) == 3) mbar_arrive(empty_r + (c / 4) % SR);
         }
-        b += GB;
-    } while (b < 2 * nk);
+    } while (++c < nk);
 #undef SX_
 #undef SR_
 
