@@ -142,7 +142,7 @@ fn ty_code(ty: GgmlType) -> Option<i32> {
 
 /// Whether the Hopper-only kernels are compiled: only with QUIRE_WGMMA=1.
 /// The wgmma prefill GEMM is opt-in: on an H100 (2026-11-25) it ran 8B
-/// Q4_0 prefill at 0.83-0.88x the cuBLAS path, bound by its consumers'
+/// Q4_0 prefill at 0.91x the cuBLAS path, bound by its consumers'
 /// pipeline (docs/PERF.md); it stays for that work to continue.
 pub(crate) fn wgmma_wanted() -> bool {
     std::env::var("QUIRE_WGMMA").is_ok_and(|v| v == "1")

@@ -7,10 +7,10 @@
 //
 // Status: opt-in (QUIRE_WGMMA=1; compiled only then). Correct (ops mat_mul
 // against the cpu, both tile heights), but on an H100 (2026-11-25) 8B Q4_0
-// pp512 ran at 17.4-18.4k tokens/s against the cuBLAS path's 21.0k and the
-// F16 model's 27.7-28.0k; with decode and copies left out (timing only)
-// 23.6k: the consumers' pipeline binds (docs/PERF.md). It replaced a form
-// that decoded into shared f16 tiles in producer warpgroups (15.4k on
+// pp512 ran at 19.1k tokens/s against the cuBLAS path's 21.1k and the F16
+// model's 28.2k; with decode and copies left out (timing only) 23.6k: the
+// consumers' pipeline binds (docs/PERF.md). It replaced a form that
+// decoded into shared f16 tiles in producer warpgroups (15.4k on
 // 2026-11-24).
 //
 // CTA: 128 + 256 MT threads, warpgroup 0 the producer (cp.async of raw
