@@ -127,25 +127,6 @@ __device__ __forceinline__ void mbar_wait(u64* bar, u32 par) {
             : "memory");
     } while (!done);
 }
-// Queues activation chunk c (BN tokens x 8 pieces of 16 bytes; zeros past
-// n) into stage sx. Producer thread t copies piece t % 8 of tokens
-// t / 8 + 32 p.
-template <int BN, int NPT>
-__device__ __forceinline__ void wg_issue_x(const u16* __restrict__ xb, int n, int k, int c,
-                                           u8* sx, int t) {
-    constexpr int TS = NPT / 8;  // tokens per pass
-    const int q = t & 7, t0 = t >> 3;
-    const int kk = WG_BK * c + 8 * q;
-    u8* dst = sx + t0 * 128 + ((q ^ (t0 & 7)) << 4);
-    const u16* src = xb + (long long)t0 * k + kk;
-#pragma unroll
-    for (int p = 0; p < BN / TS; p++) {
-        bool ok = t0 + TS * p < n;
-        cp_async16(dst + TS * 128 * p,
-                   ok ? (const void*)(src + (long long)TS * p * k) : (const void*)xb, ok ? 16 : 0);
-    }
-}
-
 #define WR_BN 128
 #define WR_THREADS(MT) (128 + 256 * (MT))
 // Registers per thread after setmaxnreg: 40 for the producer, these for
@@ -218,7 +199,7 @@ __device__ __forceinline__ void wr_frag(const u8* blk, int q, u32* h) {
             // Bit j of qh is value j's fifth bit: bits 2q, 2q + 1, 2q + 8,
             // 2q + 9 (and + 16) to bit 4 of bytes 0..3.
             constexpr int QH = TY == TY_Q5_0 ? 2 : 4;
-            const u32 qh = ld_u16s(blk + QH) | (ld_u16s(blk + QH + 2) << 16);
+            const u32 qh = (u32)ld_i2(blk + QH);
             const u32 a = qh >> (2 * q), b = a >> 16;
             lo |= ((a & 1u) << 4) | ((a & 2u) << 11) | ((a & 0x100u) << 12) | ((a & 0x200u) << 19);
             hi |= ((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 0x100u) << 12) | ((b & 0x200u) << 19);
@@ -227,6 +208,22 @@ __device__ __forceinline__ void wr_frag(const u8* blk, int q, u32* h) {
         h[1] = h2_fma(h2_sub(h2_bytes23(lo), bias), d, m);
         h[2] = h2_fma(h2_sub(h2_bytes01(hi), bias), d, m);
         h[3] = h2_fma(h2_sub(h2_bytes23(hi), bias), d, m);
+    }
+}
+
+// Queues activation chunk c (WR_BN tokens x 8 pieces of 16 bytes, in the
+// 128-byte swizzle; zeros past n) into stage sx. Producer thread t < 128
+// copies piece t % 8 of tokens t / 8 + 16 p.
+__device__ __forceinline__ void wr_issue_x(const u16* __restrict__ xb, int n, int k, int c,
+                                           u8* sx, int t) {
+    const int q = t & 7, t0 = t >> 3;
+    u8* dst = sx + t0 * 128 + ((q ^ (t0 & 7)) << 4);
+    const u16* src = xb + (long long)t0 * k + WG_BK * c + 8 * q;
+#pragma unroll
+    for (int p = 0; p < WR_BN / 16; p++) {
+        bool ok = t0 + 16 * p < n;
+        cp_async16(dst + 16 * 128 * p,
+                   ok ? (const void*)(src + (long long)16 * p * k) : (const void*)xb, ok ? 16 : 0);
     }
 }
 
@@ -241,7 +238,6 @@ __device__ __forceinline__ void wr_issue_w(const u8* __restrict__ w, long long r
 #pragma unroll 1
     for (int i0 = 0; i0 < R * P; i0 += 128) {
         const int i = i0 + t, r = i / P, pc = i - r * P;
-        if (R * P % 128 != 0 && i >= R * P) break;
         const int gr = row0 + r < m ? row0 + r : row0;
         cp_async16(raw + r * 8 * BS + 16 * pc,
                    w + (long long)gr * row_bytes + (long long)s * 8 * BS + 16 * pc, 16);
@@ -300,7 +296,7 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
         // Copy group j: activations j (+ raw superchunk j / 4 when j % 4 ==
         // 0).
         auto issue = [&](int j) {
-            if (!WG_NO_XCOPY) wg_issue_x<WR_BN, 128>(xb, n, k, j, SX_(j), t);
+            if (!WG_NO_XCOPY) wr_issue_x(xb, n, k, j, SX_(j), t);
             if ((j & 3) == 0) {
                 // The slot's superchunk s - SR was released after the
                 // consumers' group holding its last chunk, 4 s - 4 SR + 3.
