@@ -141,13 +141,16 @@ pub const WG_KERNELS: [[&str; 2]; 5] = [
     ["mm_wr_q5_1_m1", "mm_wr_q5_1_m2"],
     ["mm_wr_q8_0_m1", "mm_wr_q8_0_m2"],
 ];
-const WG_ENTRIES: [&str; 2 * WG_KERNELS.len()] = {
-    let mut out = [""; 2 * WG_KERNELS.len()];
+/// Every entry of matmul_wgmma_fast.cu: the GEMMs, then to_f16_wr (their
+/// activations in the tiled layout).
+const WG_ENTRIES: [&str; 2 * WG_KERNELS.len() + 1] = {
+    let mut out = [""; 2 * WG_KERNELS.len() + 1];
     let mut i = 0;
-    while i < out.len() {
+    while i < 2 * WG_KERNELS.len() {
         out[i] = WG_KERNELS[i / 2][i % 2];
         i += 1;
     }
+    out[i] = "to_f16_wr";
     out
 };
 

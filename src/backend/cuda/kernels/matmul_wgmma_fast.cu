@@ -64,6 +64,11 @@ typedef unsigned long long u64;
 #ifndef WG_NO_WCOPY
 #define WG_NO_WCOPY 0
 #endif
+// Raw weight rows by bulk copies (1) or by cp.async from the producer
+// warpgroup (0).
+#ifndef WR_WBULK
+#define WR_WBULK 0
+#endif
 
 // Shared-memory matrix descriptor of a K-major f16 tile with 128-byte rows
 // in the 128-byte swizzle: start address, leading offset 1 (unused by this
@@ -114,6 +119,23 @@ __device__ __forceinline__ void mbar_arrive(u64* bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(
                      (u32)__cvta_generic_to_shared(bar))
                  : "memory");
+}
+// Arrives once and expects `bytes` more bytes of bulk copies this phase.
+__device__ __forceinline__ void mbar_expect(u64* bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
+                     (u32)__cvta_generic_to_shared(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+// Bulk copy (the copy engine, async proxy) of `bytes` (a multiple of 16,
+// both addresses 16-byte aligned) from global to this CTA's shared memory,
+// completing on `bar`'s transaction count.
+__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, u32 bytes, u64* bar) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+            "r"((u32)__cvta_generic_to_shared(dst)),
+        "l"(src), "r"(bytes), "r"((u32)__cvta_generic_to_shared(bar))
+        : "memory");
 }
 // Waits until the phase of parity `par` of the barrier has completed.
 __device__ __forceinline__ void mbar_wait(u64* bar, u32 par) {
@@ -211,37 +233,30 @@ __device__ __forceinline__ void wr_frag(const u8* blk, int q, u32* h) {
     }
 }
 
-// Queues activation chunk c (WR_BN tokens x 8 pieces of 16 bytes, in the
-// 128-byte swizzle; zeros past n) into stage sx. Producer thread t < 128
-// copies piece t % 8 of tokens t / 8 + 16 p.
-__device__ __forceinline__ void wr_issue_x(const u16* __restrict__ xb, int n, int k, int c,
-                                           u8* sx, int t) {
-    const int q = t & 7, t0 = t >> 3;
-    u8* dst = sx + t0 * 128 + ((q ^ (t0 & 7)) << 4);
-    const u16* src = xb + (long long)t0 * k + WG_BK * c + 8 * q;
-#pragma unroll
-    for (int p = 0; p < WR_BN / 16; p++) {
-        bool ok = t0 + 16 * p < n;
-        cp_async16(dst + 16 * 128 * p,
-                   ok ? (const void*)(src + (long long)16 * p * k) : (const void*)xb, ok ? 16 : 0);
+// Activations for the kernel: x (n, k) f32 as f16 in the layout of its
+// shared chunks, so that one bulk copy moves a chunk. Token tile T (128
+// tokens, zeros past n) and chunk c (64 values) are 16 KiB at (T nk + c)
+// x 16 KiB; token i's 16-byte piece p of the chunk at i x 128 + (p ^ (i %
+// 8)) x 16 (the 128-byte swizzle). One thread per piece, `pieces` = tiles
+// x 128 x k / 8 (k a multiple of 256, x 16-byte aligned).
+extern "C" __global__ void to_f16_wr(const float* __restrict__ x, int n, int k, long long pieces,
+                                     u16* __restrict__ out) {
+    GRID_DEP();
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= pieces) return;
+    const int t = (int)(idx / (k / 8)), pk = (int)(idx % (k / 8));
+    const int c = pk >> 3, p = pk & 7, tile = t >> 7, i = t & 127;
+    uint4 h = make_uint4(0, 0, 0, 0);
+    if (t < n) {
+        const float4* src = (const float4*)(x + (long long)t * k + 8 * pk);
+        const float4 a = src[0], b = src[1];
+        h.x = (u32)q_to_f16(a.x) | ((u32)q_to_f16(a.y) << 16);
+        h.y = (u32)q_to_f16(a.z) | ((u32)q_to_f16(a.w) << 16);
+        h.z = (u32)q_to_f16(b.x) | ((u32)q_to_f16(b.y) << 16);
+        h.w = (u32)q_to_f16(b.z) | ((u32)q_to_f16(b.w) << 16);
     }
-}
-
-// Queues raw superchunk s (128 MT rows x 8 blocks = BS / 2 pieces of 16
-// bytes per row) into `raw` (row stride 8 BS); rows past the job's are
-// copied from its first row (never stored).
-template <int TY, int MT>
-__device__ __forceinline__ void wr_issue_w(const u8* __restrict__ w, long long row_bytes, int row0,
-                                           int m, int s, u8* raw, int t) {
-    constexpr int BS = gr_type_size(TY), P = BS / 2, R = 128 * MT;
-    // Not unrolled: the producer runs in 40 registers (setmaxnreg).
-#pragma unroll 1
-    for (int i0 = 0; i0 < R * P; i0 += 128) {
-        const int i = i0 + t, r = i / P, pc = i - r * P;
-        const int gr = row0 + r < m ? row0 + r : row0;
-        cp_async16(raw + r * 8 * BS + 16 * pc,
-                   w + (long long)gr * row_bytes + (long long)s * 8 * BS + 16 * pc, 16);
-    }
+    const long long chunk = (long long)tile * (k / WG_BK) + c;
+    *(uint4*)((u8*)out + chunk * (WR_BN * 128) + i * 128 + ((p ^ (i & 7)) << 4)) = h;
 }
 
 template <int TY, int MT>
@@ -249,12 +264,6 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
                                         int k) {
     constexpr int BS = gr_type_size(TY);
     constexpr int SR = wr_stages(BS, MT) / 8, SX = wr_stages(BS, MT) % 8;
-    // Activation chunks copied ahead (P). The producer at its step c waits
-    // for the consumers to finish chunk c + P - SX (and superchunk (c + P) /
-    // 4 - SR) before it publishes chunk c: P <= SX - 2. Measured on an H100
-    // (8B Q4_0 pp512), not kept: wgmma groups of four blocks at MT = 1 and
-    // raw superchunks queued a superchunk earlier (5% slower each).
-    constexpr int P = SX >= 5 ? SX - 3 : SX - 2;
     constexpr int RAW = wr_raw_bytes(BS, MT);
     extern __shared__ __align__(16) u8 wg_smem[];
     u32 s0 = (u32)__cvta_generic_to_shared(wg_smem);
@@ -262,9 +271,9 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
     u8* sx = sm;                     // SX x 128 tokens x 128 B
     u8* sraw = sx + SX * WR_BN * 128;  // SR x RAW
     u64* bars = (u64*)(sraw + SR * RAW);
-    u64* full_x = bars;             // [SX], 128 producer arrivals
+    u64* full_x = bars;             // [SX], one arrival + 16 KiB of copies
     u64* empty_x = bars + SX;       // [SX], 8 MT consumer warps
-    u64* full_r = bars + 2 * SX;    // [SR], 128 producer arrivals
+    u64* full_r = bars + 2 * SX;    // [SR], one arrival + RAW bytes of copies
     u64* empty_r = full_r + SR;     // [SR], 8 MT consumer warps
     const MmJob jb = mm_job(J, blockIdx.y);
     const int m = jb.m, units = k / 32;
@@ -272,58 +281,76 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
     const int row0 = jb.by * 128 * MT;
     const int n0 = blockIdx.x * WR_BN;
     const int n = min(WR_BN, n_all - n0);
-    const u16* xb = x16 + (long long)n0 * k;
     const int nk = k / WG_BK;
+    // This token tile's chunks (to_f16_wr's layout).
+    const u16* xt = x16 + (long long)blockIdx.x * nk * (WR_BN * 64);
     const int tid = threadIdx.x, wg = tid >> 7;
 #define SX_(c) (sx + ((c) % SX) * WR_BN * 128)
 #define SR_(s) (sraw + ((s) % SR) * RAW)
 
     if (tid == 0) {
         for (int i = 0; i < SX; i++) {
-            mbar_init(full_x + i, 128);
+            mbar_init(full_x + i, 1);
             mbar_init(empty_x + i, 8 * MT);
         }
         for (int i = 0; i < SR; i++) {
-            mbar_init(full_r + i, 128);
+            mbar_init(full_r + i, WR_WBULK ? 1 : 128);
             mbar_init(empty_r + i, 8 * MT);
         }
+        // The copy engine (async proxy) completes on these barriers.
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
+        // Bulk raw copies: one warp issues every copy. cp.async raw copies:
+        // the warpgroup's 128 threads, each arriving on the full barrier
+        // once its own copies have landed (arrive.noinc).
+        if (WR_WBULK && tid >= 32) return;
         const int t = tid;
-        // Copy group j: activations j (+ raw superchunk j / 4 when j % 4 ==
-        // 0).
-        auto issue = [&](int j) {
-            if (!WG_NO_XCOPY) wr_issue_x(xb, n, k, j, SX_(j), t);
-            if ((j & 3) == 0) {
-                // The slot's superchunk s - SR was released after the
-                // consumers' group holding its last chunk, 4 s - 4 SR + 3.
-                const int s = j / 4;
-                if (s >= SR) mbar_wait(empty_r + s % SR, ((s - SR) / SR) & 1);
-                if (!WG_NO_WCOPY) wr_issue_w<TY, MT>(jb.w, row_bytes, row0, m, s, SR_(s), t);
-            }
-        };
-        for (int j = 0; j < P; j++) {
-            issue(j);
-            cp_async_commit();
-        }
         for (int c = 0; c < nk; c++) {
-            const int cc = c + P;
-            if (cc < nk) {
-                // The slot's chunk cc - SX was released after the
-                // consumers' group holding it.
-                if (cc >= SX) mbar_wait(empty_x + cc % SX, ((cc - SX) / SX) & 1);
-                issue(cc);
+            if ((c & 3) == 0) {
+                // Raw superchunk s: 128 MT row pieces of 8 BS bytes. Its
+                // slot's superchunk s - SR was released once the consumers
+                // had decoded that one's last block.
+                const int s = c / 4;
+                if (s >= SR) mbar_wait(empty_r + s % SR, ((s - SR) / SR) & 1);
+                u8* dst = SR_(s);
+                const u8* src = jb.w + (long long)s * 8 * BS;
+                if (WR_WBULK) {
+                    if (t == 0) mbar_expect(full_r + s % SR, WG_NO_WCOPY ? 0 : RAW);
+                    __syncwarp();
+#pragma unroll 1
+                    for (int r = t; r < 128 * MT && !WG_NO_WCOPY; r += 32) {
+                        // Rows past the job's: its first row (never stored).
+                        const int gr = row0 + r < m ? row0 + r : row0;
+                        bulk_g2s(dst + r * 8 * BS, src + gr * row_bytes, 8 * BS, full_r + s % SR);
+                    }
+                } else {
+                    constexpr int P = BS / 2;  // 16-byte pieces per row
+#pragma unroll 1
+                    for (int i = t; i < 128 * MT * P && !WG_NO_WCOPY; i += 128) {
+                        const int r = i / P, pc = i - r * P;
+                        const int gr = row0 + r < m ? row0 + r : row0;
+                        cp_async16(dst + r * 8 * BS + 16 * pc, src + gr * row_bytes + 16 * pc, 16);
+                    }
+                    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
+                                     (u32)__cvta_generic_to_shared(full_r + s % SR))
+                                 : "memory");
+                }
             }
-            cp_async_commit();
-            cp_async_wait_group<P>();
-            fence_proxy_async();
-            mbar_arrive(full_x + c % SX);
-            if ((c & 3) == 0) mbar_arrive(full_r + (c / 4) % SR);
+            // Activation chunk c: 16 KiB, already in the shared layout. Its
+            // slot's chunk c - SX was released once that one's last wgmma
+            // group retired.
+            if (c >= SX) mbar_wait(empty_x + c % SX, ((c - SX) / SX) & 1);
+            if (t == 0) {
+                mbar_expect(full_x + c % SX, WG_NO_XCOPY ? 0 : WR_BN * 128);
+                if (!WG_NO_XCOPY)
+                    bulk_g2s(SX_(c), xt + (long long)c * (WR_BN * 64), WR_BN * 128, full_x + c % SX);
+            }
         }
-        cp_async_wait_all();
+        if (!WR_WBULK) cp_async_wait_all();
         return;
     }
 
@@ -335,47 +362,69 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
     for (int e = 0; e < 64; e++) acc[e] = 0.0f;
     // Raw row offsets of this lane's rows 64 cw + 16 v + g + 8 h.
     const int roff0 = (64 * cw + 16 * v + g) * 8 * BS, roff1 = roff0 + 8 * 8 * BS;
+    // Fragments of the two 32-blocks of a chunk: fa (block 0), fb (block 1),
+    // 8 registers each (rows g and g + 8). The block after the one whose
+    // wgmma group was just committed is decoded while that group runs, into
+    // the other array, whose previous group wait_group 1 has retired: no
+    // register feeding an in-flight wgmma is written, so ptxas keeps the
+    // wgmma asynchronous (its advisory C7513 otherwise). At MT = 2 (104
+    // registers) that overlap does not fit (C7512: ptxas serializes every
+    // wgmma), so there each group retires before the next decode (INF = 0)
+    // and the other three consumers' groups fill the tensor cores.
+    constexpr int INF = MT == 1 ? 1 : 0;
+    u32 fa[8], fb[8];
+    auto decode = [&](const u8* rb, u32* f) {
+        if (WG_NO_DECODE) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) f[i] = 0x3C003C00u;
+        } else {
+            wr_frag<TY>(rb + roff0, q, f);
+            wr_frag<TY>(rb + roff1, q, f + 4);
+        }
+    };
+    auto group = [&](const u32* f, u32 b) {
+        wg_fence();
+#pragma unroll
+        for (int s = 0; s < 2; s++)
+            wgmma_ra_n128(acc, f[2 * s], f[4 + 2 * s], f[2 * s + 1], f[4 + 2 * s + 1],
+                          wg_desc(b + 32 * s));
+        wg_commit();
+    };
+    auto raw_of = [&](int c) { return SR_(c / 4) + 2 * (c & 3) * BS; };
+    mbar_wait(full_r, 0);
+    mbar_wait(full_x, 0);
+    decode(raw_of(0), fa);
+#pragma unroll
+    for (int e = 0; e < 64; e++) wg_reg_fence(acc[e]);
     // A do-while (nk >= 4): a zero-trip path would join zeroed accumulators
     // with the loop's, and ptxas then serializes every wgmma (its advisory
     // C7515).
     int c = 0;
     do {
-        if ((c & 3) == 0) mbar_wait(full_r + (c / 4) % SR, ((c / 4) / SR) & 1);
-        mbar_wait(full_x + c % SX, (c / SX) & 1);
-        const u8* rb = SR_(c / 4) + 2 * (c & 3) * BS;
         const u32 b0 = (u32)__cvta_generic_to_shared(SX_(c));
-#pragma unroll
-        for (int blk = 0; blk < 2; blk++) {
-            // One group per 32-block: two wgmma.
-            u32 f0[4], f1[4];
-            if (WG_NO_DECODE) {
-#pragma unroll
-                for (int i = 0; i < 4; i++) f0[i] = f1[i] = 0x3C003C00u ^ (u32)(c & 1);
-            } else {
-                wr_frag<TY>(rb + roff0 + blk * BS, q, f0);
-                wr_frag<TY>(rb + roff1 + blk * BS, q, f1);
-            }
-#pragma unroll
-            for (int e = 0; e < 64; e++) wg_reg_fence(acc[e]);
-            wg_fence();
-#pragma unroll
-            for (int s = 0; s < 2; s++)
-                wgmma_ra_n128(acc, f0[2 * s], f1[2 * s], f0[2 * s + 1], f1[2 * s + 1],
-                              wg_desc(b0 + 32 * (2 * blk + s)));
-            wg_commit();
-            // Retire the group before the next block's fragments are made:
-            // ptxas serializes every wgmma (advisory C7513) when registers
-            // feeding a wgmma are written while an earlier one is in flight.
-            // The other consumer warpgroups' wgmma overlap this one's decode.
-            wg_wait<0>();
-#pragma unroll
-            for (int e = 0; e < 64; e++) wg_reg_fence(acc[e]);
+        // Block 0 of chunk c; then block 1's fragments while it runs. Its
+        // wait retires block 1 of chunk c - 1, the last reader of chunk c -
+        // 1's activations (and, at a superchunk's end, of its raw blocks:
+        // those were read by the decode before it).
+        group(fa, b0);
+        wg_wait<INF>();
+        if (c > 0 && lane == 0) {
+            mbar_arrive(empty_x + (c - 1) % SX);
+            if (((c - 1) & 3) == 3) mbar_arrive(empty_r + ((c - 1) / 4) % SR);
         }
-        if (lane == 0) {
-            mbar_arrive(empty_x + c % SX);
-            if ((c & 3) == 3) mbar_arrive(empty_r + (c / 4) % SR);
+        decode(raw_of(c) + BS, fb);
+        // Block 1; then chunk c + 1's block 0 while it runs.
+        group(fb, b0 + 64);
+        wg_wait<INF>();
+        if (c + 1 < nk) {
+            if (((c + 1) & 3) == 0) mbar_wait(full_r + ((c + 1) / 4) % SR, (((c + 1) / 4) / SR) & 1);
+            mbar_wait(full_x + (c + 1) % SX, ((c + 1) / SX) & 1);
+            decode(raw_of(c + 1), fa);
         }
     } while (++c < nk);
+    wg_wait<0>();
+#pragma unroll
+    for (int e = 0; e < 64; e++) wg_reg_fence(acc[e]);
 #undef SX_
 #undef SR_
 

@@ -15,7 +15,8 @@ use cudarc::driver::{CudaStream, CudaView, CudaViewMut, PushKernelArg};
 /// Quantized activations held at the start of the arena: the input's device
 /// address, length and row length, and the layout (`ACT_Q8`: quant_q8's
 /// int8 rows and float2 scales; `ACT_CANON`: quant_act32's 16-bit rows,
-/// scales and sums; `ACT_F16`: the tile kernel's f16 rows).
+/// scales and sums; `ACT_F16`: the tile kernel's f16 rows; `ACT_F16_WR`:
+/// to_f16_wr's tiled f16 chunks for the wgmma GEMM).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) struct ActKey {
     ptr: u64,
@@ -44,6 +45,7 @@ impl ActKey {
 pub(super) const ACT_Q8: u8 = 1;
 pub(super) const ACT_CANON: u8 = 2;
 pub(super) const ACT_F16: u8 = 3;
+pub(super) const ACT_F16_WR: u8 = 4;
 
 impl CudaBackend {
     /// Forgets which activations the arena holds (any op but a matmul, a

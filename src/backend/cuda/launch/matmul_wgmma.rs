@@ -4,15 +4,15 @@
 //! place of the cuBLAS path's dequantization of every whole matrix to
 //! device memory per call. All jobs of a MatMuls op run in one launch.
 
-use super::act_cache::{ActKey, ACT_F16};
+use super::act_cache::{ActKey, ACT_F16_WR};
 use super::arena3;
 use super::matmul::job_table;
 use crate::backend::cuda::mem::Dev;
 use crate::backend::cuda::source::WG_KERNELS;
-use crate::backend::cuda::{drv, i32_of, ty_code, CudaBackend};
+use crate::backend::cuda::{drv, grid_1d, i32_of, ty_code, CudaBackend};
 use crate::backend::MatJob;
 use crate::quant::GgmlType;
-use anyhow::Result;
+use anyhow::{anyhow, Result};
 use cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
 
 /// Activation rows (tokens) per CTA (WR_BN).
@@ -112,8 +112,9 @@ impl CudaBackend {
     /// Whether the wgmma GEMM takes these jobs: its kernels are loaded
     /// (sm_90), the type is a 32-value block type, k is a multiple of 256
     /// (the raw superchunks: eight blocks, a multiple of 16 bytes for every
-    /// such type) and every weight starts 16-byte aligned.
-    pub(super) fn wg_takes(&self, jobs: &[MatJob<'_, Dev>]) -> bool {
+    /// such type), every weight and the input start 16-byte aligned (bulk
+    /// copies, to_f16_wr's 16-byte loads).
+    pub(super) fn wg_takes(&self, x: &CudaView<'_, f32>, jobs: &[MatJob<'_, Dev>]) -> bool {
         let Some(j0) = jobs.first() else {
             return false;
         };
@@ -122,6 +123,7 @@ impl CudaBackend {
         };
         let s = self.stream();
         j0.w.cols.is_multiple_of(256)
+            && super::dev_ptr(x, s).is_multiple_of(16)
             && jobs
                 .iter()
                 .all(|j| super::dev_ptr(&j.w.data, s).is_multiple_of(16))
@@ -142,10 +144,12 @@ impl CudaBackend {
         let rows: Vec<usize> = jobs.iter().map(|j| j.w.rows).collect();
         let mt = wr_mt(&rows, n, self.sm_count());
         let name = WG_KERNELS[t][mt - 1];
-        let mut guard = self.arena(&[n * k * 2, 0, 0])?;
-        // The f16 activations at the start of the arena: the cuBLAS path's
-        // cache, so q/k/v and gate/up convert their input once.
-        let key = ActKey::new(x, k, ACT_F16, s);
+        // The f16 activations in to_f16_wr's tiled layout (whole 128-token
+        // tiles, zeros past n) at the start of the arena, under their own
+        // cache key: the next MatMuls op of the same input converts nothing.
+        let padded = n.div_ceil(WR_BN) * WR_BN;
+        let mut guard = self.arena(&[padded * k * 2, 0, 0])?;
+        let key = ActKey::new(x, k, ACT_F16_WR, s);
         let cached = self.act_cached(key);
         let out_ranges: Vec<(u64, usize)> = jobs
             .iter()
@@ -153,9 +157,24 @@ impl CudaBackend {
             .collect();
         let (table, ctas) = job_table(jobs, 128 * mt, s)?;
         let (ni, ki) = (i32_of(n, "n")?, i32_of(k, "k")?);
-        arena3::<u16, u8, u8, ()>(&mut guard, (n * k, 0, 0), |x16, _, _| {
+        arena3::<u16, u8, u8, ()>(&mut guard, (padded * k, 0, 0), |x16, _, _| {
+            if super::dev_ptr_mut(x16, s) % 16 != 0 {
+                return Err(anyhow!(
+                    "mat_mul: {name}: f16 activations not 16-byte aligned"
+                ));
+            }
             if !cached {
-                self.to_f16_into(x, x16, n * k)?;
+                let pieces = padded * k / 8;
+                let p64 = i64::try_from(pieces)?;
+                let mut b = s.launch_builder(self.func("to_f16_wr")?);
+                b.arg(x).arg(&ni).arg(&ki).arg(&p64).arg(&mut *x16);
+                // SAFETY: matches to_f16_wr (x, n, k, pieces, out): x holds
+                // n * k floats, 16-byte aligned (wg_takes), out padded * k
+                // halves; k is a multiple of 256 (wg_takes).
+                drv(
+                    unsafe { b.launch(grid_1d(pieces, 256)?) },
+                    "mat_mul: to_f16_wr",
+                )?;
             }
             let cfg = LaunchConfig {
                 grid_dim: (u32::try_from(n.div_ceil(WR_BN))?, ctas, 1),
@@ -166,8 +185,10 @@ impl CudaBackend {
             b.arg(&table).arg(&mut *x16).arg(&ni).arg(&ki);
             // SAFETY: matches mm_wr_* (MmJobs by value, x16, n, k): the
             // table's weights hold m_j rows of k / 32 blocks (validated),
-            // its outputs n * m_j floats, x16 n*k halves; the kernel's
-            // dynamic shared memory limit was raised to wg_smem at load.
+            // 16-byte aligned (wg_takes), its outputs n * m_j floats, x16
+            // ceil(n / 128) tiles of 128 tokens x k halves in to_f16_wr's
+            // layout, 16-byte aligned (checked); the kernel's dynamic
+            // shared memory limit was raised to wg_smem at load.
             drv(unsafe { b.launch(cfg) }, &format!("mat_mul: {name}"))?;
             Ok(())
         })?;
