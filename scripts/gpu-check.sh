@@ -45,8 +45,11 @@ for s in "${steps[@]}"; do
         QUIRE_MQ_WN=$wn QUIRE_MMA_MIN_ROWS=0 QUIRE_MMA_MAX_ROWS=100000 run_step "ops-fast-mma-w$wn" "$QUIRE" ops --backend cuda --mode fast --op mat_mul
       done
       QUIRE_MQ=0 QUIRE_MMA_MIN_ROWS=0 QUIRE_MMA_MAX_ROWS=100000 run_step ops-fast-tile "$QUIRE" ops --backend cuda --mode fast --op mat_mul
-      # The opt-in wgmma prefill GEMM (sm_90 only; elsewhere the same cases
-      # run the cuBLAS path), both tile heights.
+      # The wgmma prefill GEMM (sm_90 only; elsewhere the same cases run the
+      # cuBLAS path): by default it takes Q4_0 and Q4_1, QUIRE_WGMMA=1 every
+      # 32-value block type, at both tile heights; QUIRE_WGMMA=0 leaves the
+      # cuBLAS path every type.
+      QUIRE_WGMMA=0 run_step ops-fast-blas "$QUIRE" ops --backend cuda --mode fast --op mat_mul
       for mt in 1 2; do
         QUIRE_WGMMA=1 QUIRE_WR_MT=$mt run_step "ops-fast-wgmma-m$mt" "$QUIRE" ops --backend cuda --mode fast --op mat_mul
       done

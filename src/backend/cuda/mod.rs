@@ -140,12 +140,29 @@ fn ty_code(ty: GgmlType) -> Option<i32> {
     })
 }
 
-/// Whether the Hopper-only kernels are compiled: only with QUIRE_WGMMA=1.
-/// The wgmma prefill GEMM is opt-in: on an H100 (2026-11-25) it ran 8B
-/// Q4_0 prefill at 0.91x the cuBLAS path, bound by its consumers'
-/// pipeline (docs/PERF.md); it stays for that work to continue.
+/// How the wgmma prefill GEMM (kernels/matmul_wgmma_fast.cu, sm_90 only)
+/// is used, from QUIRE_WGMMA: unset, for the types where it beats the cuBLAS
+/// path (Q4_0, Q4_1: 1.07x / 1.03x on an H100 at 8B pp512, 2026-11-25);
+/// `1` for every type it decodes (comparisons: Q5_0 0.93x, Q8_0 0.91x);
+/// `0` never (its kernels are not even compiled).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum WgmmaUse {
+    Off,
+    Default,
+    AllTypes,
+}
+
+pub(crate) fn wgmma_use() -> WgmmaUse {
+    match std::env::var("QUIRE_WGMMA").as_deref() {
+        Ok("0") => WgmmaUse::Off,
+        Ok("1") => WgmmaUse::AllTypes,
+        _ => WgmmaUse::Default,
+    }
+}
+
+/// Whether the Hopper-only kernels are compiled (see `wgmma_use`).
 pub(crate) fn wgmma_wanted() -> bool {
-    std::env::var("QUIRE_WGMMA").is_ok_and(|v| v == "1")
+    wgmma_use() != WgmmaUse::Off
 }
 
 /// Raises kernel `name`'s dynamic shared memory limit to `bytes` (past

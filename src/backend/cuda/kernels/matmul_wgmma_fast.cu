@@ -5,23 +5,20 @@
 // whole f16 copy of every matrix per call: about a quarter of an 8B
 // model's prefill) nor to a shared f16 tile.
 //
-// Status: opt-in (QUIRE_WGMMA=1; compiled only then). Correct (ops mat_mul
-// against the cpu, both tile heights), but on an H100 (2026-11-25) 8B Q4_0
-// pp512 ran at 19.1k tokens/s against the cuBLAS path's 21.1k and the F16
-// model's 28.2k; with decode and copies left out (timing only) 23.6k: the
-// consumers' pipeline binds (docs/PERF.md). It replaced a form that
-// decoded into shared f16 tiles in producer warpgroups (15.4k on
-// 2026-11-24).
+// Status: the default prefill GEMM for Q4_0 and Q4_1 on sm_90 (every type
+// it decodes with QUIRE_WGMMA=1, none with 0: cuda/mod.rs, wgmma_use). On
+// an H100 (2026-11-25) 8B Q4_0 pp512 ran at 22.6k tokens/s against the
+// cuBLAS path's 21.2k and the F16 model's 27.9k; Q5_0 and Q8_0 stay on the
+// cuBLAS path (0.93x, 0.91x). With decode and copies left out (timing only)
+// 29.7k: what binds is shared-memory bandwidth (the B reads of the wgmma,
+// the activation and raw copies, the decode's loads), docs/PERF.md.
 //
-// CTA: 128 + 256 MT threads, warpgroup 0 the producer (cp.async of raw
-// weight superchunks and activation chunks; setmaxnreg down to 40
-// registers), warpgroups 1 .. 2 MT the consumers (setmaxnreg up to 232 at
-// MT = 1, 104 at MT = 2: 64 f32 accumulators plus a group's fragments).
-// Rows per CTA 128 MT: consumer cw owns rows 64 cw .. 64 cw + 63; tokens
-// per CTA 128 (wgmma m64n128k16, B = the activation chunk, K-major in the
-// 128-byte swizzle). More consumers hide more of each one's decode and
-// wgmma latency (each retires its group before decoding the next); taller
-// tiles also read fewer L2 bytes per FLOP.
+// CTA: 128 + 256 MT threads, warpgroup 0 the producer (setmaxnreg down to
+// 40 registers at MT = 1, 24 at MT = 2), warpgroups 1 .. 2 MT the consumers
+// (setmaxnreg up to 232 at MT = 1, 112 at MT = 2: 64 f32 accumulators plus
+// the fragments of NF blocks). Rows per CTA 128 MT: consumer cw owns rows
+// 64 cw .. 64 cw + 63; tokens per CTA 128 (wgmma m64n128k16, B = the
+// activation chunk, K-major in the 128-byte swizzle).
 //
 // Fragment of A (the mma.m16n8k16 layout, per warp v of a warpgroup over
 // rows 16 v .. 16 v + 15 of its m64 tile): lane (g = lane / 4, q = lane %
@@ -35,20 +32,22 @@
 // per token); raw weights in superchunks of 256 values (four chunks: eight
 // 32-blocks, a multiple of 16 bytes for every type, so rows start 16-byte
 // aligned when k is a multiple of 256). Activations in SX chunk stages,
-// raw weights in SR superchunk stages (MT x 128 rows), each with a full
-// barrier (128 producer arrivals once the producer's own copies landed,
-// after fence.proxy.async) and an empty barrier (one arrival per consumer
-// warp once its wgmma of the stage completed). The producer queues chunk
-// c + P (and at a superchunk start that superchunk's raw rows) at its step
-// c and publishes chunk c. Consumers commit one wgmma group per 32-block
-// (two instructions) and retire it before decoding the next block (C7513
-// below); the consumer warpgroups' groups interleave on the tensor cores.
+// written by to_f16_wr in the shared layout so that one bulk copy (the
+// copy engine) moves a chunk; raw weights in SR superchunk stages (MT x
+// 128 rows) by cp.async from the producer's 128 threads, each arriving on
+// the stage's barrier when its own copies land (bulk copies of the
+// 144-byte rows ran the whole kernel at half speed: WR_WBULK=1). Each stage
+// has a full barrier and an empty barrier (one arrival per consumer warp
+// once the stage's last reader retired). Consumers commit one wgmma group
+// per 32-block (two instructions) and decode later blocks while earlier
+// groups run (the loop's comment).
 //
 // Shared memory (dynamic, wr_smem_bytes): alignment slack, sx (SX x 128
 // tokens x 128 B), raw (SR x 128 MT rows x 8 blocks), mbarriers.
 // Grid: (ceil(n / 128), CTA rows of the job table J (128 MT weight rows
 // each), 1). Requirements (launch/matmul_wgmma.rs): k a multiple of 256,
-// weights 16-byte aligned, x16 (n, k) f16.
+// weights 16-byte aligned, x16 ceil(n / 128) tiles of 128 tokens x k f16
+// in to_f16_wr's layout, 16-byte aligned.
 
 typedef unsigned long long u64;
 #define WG_BK 64
@@ -155,9 +154,10 @@ __device__ __forceinline__ void mbar_wait(u64* bar, u32 par) {
 // the consumers. An increase waits until the CTA's pool (the launch's
 // registers per thread, 65,536 / threads rounded down to 8, times the
 // threads) has them, so both must fit it: 112 at MT = 2 hung.
-__host__ __device__ constexpr int wr_consumer_regs(int mt) { return mt == 1 ? 232 : 104; }
+__host__ __device__ constexpr int wr_producer_regs(int mt) { return mt == 1 ? 40 : 24; }
+__host__ __device__ constexpr int wr_consumer_regs(int mt) { return mt == 1 ? 232 : 112; }
 __host__ __device__ constexpr bool wr_regs_fit(int mt) {
-    return 128 * 40 + 256 * mt * wr_consumer_regs(mt) <=
+    return 128 * wr_producer_regs(mt) + 256 * mt * wr_consumer_regs(mt) <=
            WR_THREADS(mt) * ((65536 / WR_THREADS(mt)) & ~7);
 }
 static_assert(wr_regs_fit(1) && wr_regs_fit(2), "setmaxnreg exceeds the CTA's registers");
@@ -303,7 +303,7 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
     __syncthreads();
 
     if (wg == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(wr_producer_regs(MT)) : "memory");
         // Bulk raw copies: one warp issues every copy. cp.async raw copies:
         // the warpgroup's 128 threads, each arriving on the full barrier
         // once its own copies have landed (arrive.noinc).
@@ -362,66 +362,69 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
     for (int e = 0; e < 64; e++) acc[e] = 0.0f;
     // Raw row offsets of this lane's rows 64 cw + 16 v + g + 8 h.
     const int roff0 = (64 * cw + 16 * v + g) * 8 * BS, roff1 = roff0 + 8 * 8 * BS;
-    // Fragments of the two 32-blocks of a chunk: fa (block 0), fb (block 1),
-    // 8 registers each (rows g and g + 8). The block after the one whose
-    // wgmma group was just committed is decoded while that group runs, into
-    // the other array, whose previous group wait_group 1 has retired: no
-    // register feeding an in-flight wgmma is written, so ptxas keeps the
-    // wgmma asynchronous (its advisory C7513 otherwise). At MT = 2 (104
-    // registers) that overlap does not fit (C7512: ptxas serializes every
-    // wgmma), so there each group retires before the next decode (INF = 0)
-    // and the other three consumers' groups fill the tensor cores.
-    constexpr int INF = MT == 1 ? 1 : 0;
-    u32 fa[8], fb[8];
-    auto decode = [&](const u8* rb, u32* f) {
+    // Blocks b = 0 .. 2 nk - 1 (chunk b / 2, its half b % 2), one wgmma
+    // group each (two k16 steps) from fragment array f[b % NF] (rows g and g
+    // + 8: 8 registers). After committing block b's group a consumer waits
+    // until at most W groups are in flight (block b - W retired), then
+    // decodes block b + LA into f[(b + LA) % NF], whose last reader, block
+    // b + LA - NF <= b - W, has retired: no register feeding an in-flight
+    // wgmma is written, so ptxas keeps the wgmma asynchronous (its advisory
+    // C7513 otherwise), and the decode runs while W groups keep the tensor
+    // cores busy. MT = 1 (232 registers): four arrays, two blocks ahead, two
+    // groups in flight; MT = 2 (112 registers): two, one, one.
+    constexpr int NF = MT == 1 ? 4 : 2, LA = NF / 2, W = NF / 2;
+    static_assert(LA + W <= NF, "a decode would overwrite an in-flight fragment");
+    const int nb = 2 * nk;  // a multiple of NF: nk is a multiple of 4
+    u32 f[NF][8];
+    auto decode = [&](int b, u32* fr) {
+        const int c = b >> 1;
+        if ((b & 1) == 0) {
+            // Chunk c's raw blocks (at a superchunk start) and activations.
+            if ((c & 3) == 0) mbar_wait(full_r + (c / 4) % SR, ((c / 4) / SR) & 1);
+            mbar_wait(full_x + c % SX, (c / SX) & 1);
+        }
         if (WG_NO_DECODE) {
 #pragma unroll
-            for (int i = 0; i < 8; i++) f[i] = 0x3C003C00u;
+            for (int i = 0; i < 8; i++) fr[i] = 0x3C003C00u;
         } else {
-            wr_frag<TY>(rb + roff0, q, f);
-            wr_frag<TY>(rb + roff1, q, f + 4);
+            const u8* rb = SR_(c / 4) + (2 * (c & 3) + (b & 1)) * BS;
+            wr_frag<TY>(rb + roff0, q, fr);
+            wr_frag<TY>(rb + roff1, q, fr + 4);
         }
     };
-    auto group = [&](const u32* f, u32 b) {
-        wg_fence();
 #pragma unroll
-        for (int s = 0; s < 2; s++)
-            wgmma_ra_n128(acc, f[2 * s], f[4 + 2 * s], f[2 * s + 1], f[4 + 2 * s + 1],
-                          wg_desc(b + 32 * s));
-        wg_commit();
-    };
-    auto raw_of = [&](int c) { return SR_(c / 4) + 2 * (c & 3) * BS; };
-    mbar_wait(full_r, 0);
-    mbar_wait(full_x, 0);
-    decode(raw_of(0), fa);
+    for (int j = 0; j < LA; j++) decode(j, f[j]);
 #pragma unroll
     for (int e = 0; e < 64; e++) wg_reg_fence(acc[e]);
-    // A do-while (nk >= 4): a zero-trip path would join zeroed accumulators
-    // with the loop's, and ptxas then serializes every wgmma (its advisory
-    // C7515).
-    int c = 0;
+    // A do-while (nb >= NF): a zero-trip path would join zeroed
+    // accumulators with the loop's, and ptxas then serializes every wgmma
+    // (its advisory C7515).
+    int b0 = 0;
     do {
-        const u32 b0 = (u32)__cvta_generic_to_shared(SX_(c));
-        // Block 0 of chunk c; then block 1's fragments while it runs. Its
-        // wait retires block 1 of chunk c - 1, the last reader of chunk c -
-        // 1's activations (and, at a superchunk's end, of its raw blocks:
-        // those were read by the decode before it).
-        group(fa, b0);
-        wg_wait<INF>();
-        if (c > 0 && lane == 0) {
-            mbar_arrive(empty_x + (c - 1) % SX);
-            if (((c - 1) & 3) == 3) mbar_arrive(empty_r + ((c - 1) / 4) % SR);
+#pragma unroll
+        for (int u = 0; u < NF; u++) {
+            const int b = b0 + u;
+            const u32 xd = (u32)__cvta_generic_to_shared(SX_(b >> 1)) + 64 * (b & 1);
+            const u32* fr = f[u];
+            wg_fence();
+#pragma unroll
+            for (int s = 0; s < 2; s++)
+                wgmma_ra_n128(acc, fr[2 * s], fr[4 + 2 * s], fr[2 * s + 1], fr[4 + 2 * s + 1],
+                              wg_desc(xd + 32 * s));
+            wg_commit();
+            wg_wait<W>();
+            // Block b - W retired: at a chunk's second half, the last reader
+            // of the chunk's activations (and, at a superchunk's end, of its
+            // raw blocks: the decode read those before).
+            const int r = b - W;
+            if (r >= 0 && (r & 1) && lane == 0) {
+                mbar_arrive(empty_x + (r >> 1) % SX);
+                if (((r >> 1) & 3) == 3) mbar_arrive(empty_r + ((r >> 1) / 4) % SR);
+            }
+            if (b + LA < nb) decode(b + LA, f[(u + LA) % NF]);
         }
-        decode(raw_of(c) + BS, fb);
-        // Block 1; then chunk c + 1's block 0 while it runs.
-        group(fb, b0 + 64);
-        wg_wait<INF>();
-        if (c + 1 < nk) {
-            if (((c + 1) & 3) == 0) mbar_wait(full_r + ((c + 1) / 4) % SR, (((c + 1) / 4) / SR) & 1);
-            mbar_wait(full_x + (c + 1) % SX, ((c + 1) / SX) & 1);
-            decode(raw_of(c + 1), fa);
-        }
-    } while (++c < nk);
+        b0 += NF;
+    } while (b0 < nb);
     wg_wait<0>();
 #pragma unroll
     for (int e = 0; e < 64; e++) wg_reg_fence(acc[e]);

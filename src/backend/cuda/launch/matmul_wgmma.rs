@@ -9,7 +9,7 @@ use super::arena3;
 use super::matmul::job_table;
 use crate::backend::cuda::mem::Dev;
 use crate::backend::cuda::source::WG_KERNELS;
-use crate::backend::cuda::{drv, grid_1d, i32_of, ty_code, CudaBackend};
+use crate::backend::cuda::{drv, grid_1d, i32_of, ty_code, wgmma_use, CudaBackend, WgmmaUse};
 use crate::backend::MatJob;
 use crate::quant::GgmlType;
 use anyhow::{anyhow, Result};
@@ -110,7 +110,8 @@ pub(super) fn wr_mt(rows: &[usize], n: usize, sms: usize) -> usize {
 
 impl CudaBackend {
     /// Whether the wgmma GEMM takes these jobs: its kernels are loaded
-    /// (sm_90), the type is a 32-value block type, k is a multiple of 256
+    /// (sm_90), the type is Q4_0 or Q4_1 (any 32-value block type with
+    /// QUIRE_WGMMA=1: see `wgmma_use`), k is a multiple of 256
     /// (the raw superchunks: eight blocks, a multiple of 16 bytes for every
     /// such type), every weight and the input start 16-byte aligned (bulk
     /// copies, to_f16_wr's 16-byte loads).
@@ -121,6 +122,10 @@ impl CudaBackend {
         let Some(t) = wg_type_index(j0.w.ty) else {
             return false;
         };
+        let by_default = matches!(j0.w.ty, GgmlType::Q4_0 | GgmlType::Q4_1);
+        if !by_default && wgmma_use() != WgmmaUse::AllTypes {
+            return false;
+        }
         let s = self.stream();
         j0.w.cols.is_multiple_of(256)
             && super::dev_ptr(x, s).is_multiple_of(16)
