@@ -387,7 +387,8 @@ impl CudaBackend {
             return self.mm_q8_mma(x, n, jobs);
         }
         let tile = mode == Mode::Fast && !float_w && n > lo && n <= hi;
-        let wgmma = mode == Mode::Fast && !tile && n > hi && n > MV_BATCH && self.wg_takes(x, jobs);
+        let wgmma =
+            mode == Mode::Fast && !tile && n > hi && n > MV_BATCH && self.wg_takes(x, n, jobs);
         self.last_mv_q8.store(
             !tile && !wgmma && !blas && !float_w,
             std::sync::atomic::Ordering::Relaxed,

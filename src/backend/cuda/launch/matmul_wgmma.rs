@@ -108,23 +108,57 @@ pub(super) fn wr_mt(rows: &[usize], n: usize, sms: usize) -> usize {
     }
 }
 
+/// Whether the wgmma GEMM takes an op by default (without QUIRE_WGMMA=1):
+/// where it measured faster than the cuBLAS path on an H100 (2026-11-25):
+/// Q4_0 and Q4_1 (not Q5_0, Q8_0), k of at least 4,096 (the 1B's k = 2,048
+/// ran 0.96x: a CTA's fixed start and store cost a larger share of a
+/// shorter k loop) and at least 0.9 of a wave of 128-row CTAs (the 1B's o
+/// and down at 512 tokens fill half the SMs). QUIRE_WG_MIN_K and
+/// QUIRE_WG_MIN_FILL (percent of a wave) override the two bounds
+/// (comparisons).
+pub(super) fn wg_default_takes(
+    ty: GgmlType,
+    k: usize,
+    rows: &[usize],
+    n: usize,
+    sms: usize,
+) -> bool {
+    let env = |name: &str, default: usize| -> usize {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let ctas: usize = rows.iter().map(|r| r.div_ceil(128)).sum::<usize>() * n.div_ceil(WR_BN);
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1)
+        && k >= env("QUIRE_WG_MIN_K", 4096)
+        && 100 * ctas >= env("QUIRE_WG_MIN_FILL", 90) * sms.max(1)
+}
+
 impl CudaBackend {
     /// Whether the wgmma GEMM takes these jobs: its kernels are loaded
-    /// (sm_90), the type is Q4_0 or Q4_1 (any 32-value block type with
-    /// QUIRE_WGMMA=1: see `wgmma_use`), k is a multiple of 256
+    /// (sm_90), `wg_default_takes` (skipped with QUIRE_WGMMA=1: any 32-value
+    /// block type, any shape; see `wgmma_use`), k is a multiple of 256
     /// (the raw superchunks: eight blocks, a multiple of 16 bytes for every
     /// such type), every weight and the input start 16-byte aligned (bulk
     /// copies, to_f16_wr's 16-byte loads).
-    pub(super) fn wg_takes(&self, x: &CudaView<'_, f32>, jobs: &[MatJob<'_, Dev>]) -> bool {
+    pub(super) fn wg_takes(
+        &self,
+        x: &CudaView<'_, f32>,
+        n: usize,
+        jobs: &[MatJob<'_, Dev>],
+    ) -> bool {
         let Some(j0) = jobs.first() else {
             return false;
         };
         let Some(t) = wg_type_index(j0.w.ty) else {
             return false;
         };
-        let by_default = matches!(j0.w.ty, GgmlType::Q4_0 | GgmlType::Q4_1);
-        if !by_default && wgmma_use() != WgmmaUse::AllTypes {
-            return false;
+        if wgmma_use() != WgmmaUse::AllTypes {
+            let rows: Vec<usize> = jobs.iter().map(|j| j.w.rows).collect();
+            if !wg_default_takes(j0.w.ty, j0.w.cols, &rows, n, self.sm_count()) {
+                return false;
+            }
         }
         let s = self.stream();
         j0.w.cols.is_multiple_of(256)
@@ -204,7 +238,10 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{wg_smem, wg_type_index, wr_mt, wr_smem_of, wr_stages, WG_SMEM_MAX, WG_TYPES};
+    use super::{
+        wg_default_takes, wg_smem, wg_type_index, wr_mt, wr_smem_of, wr_stages, WG_SMEM_MAX,
+        WG_TYPES,
+    };
     use crate::quant::GgmlType;
 
     #[test]
@@ -256,5 +293,33 @@ mod tests {
         assert_eq!(wr_mt(&[4096, 1024, 1024], 512, 132), 2);
         // 200 tokens of a 4096-row matrix: 64 CTAs of 128 rows, one wave.
         assert_eq!(wr_mt(&[4096], 200, 132), 1);
+    }
+
+    #[test]
+    fn default_takes_the_measured_winners() {
+        if std::env::var("QUIRE_WG_MIN_K").is_ok() || std::env::var("QUIRE_WG_MIN_FILL").is_ok() {
+            eprintln!("SKIPPED: QUIRE_WG_MIN_K or QUIRE_WG_MIN_FILL set");
+            return;
+        }
+        let q4 = GgmlType::Q4_0;
+        // 8B at 512 tokens: q/k/v 48 x 4 CTAs, o and down 32 x 4 = 128
+        // (0.97 of 132 SMs).
+        assert!(wg_default_takes(q4, 4096, &[4096, 1024, 1024], 512, 132));
+        assert!(wg_default_takes(q4, 4096, &[4096], 512, 132));
+        assert!(wg_default_takes(GgmlType::Q4_1, 14336, &[4096], 512, 132));
+        // Q5_0 and Q8_0 stay on the cuBLAS path.
+        assert!(!wg_default_takes(GgmlType::Q5_0, 4096, &[4096], 512, 132));
+        assert!(!wg_default_takes(
+            GgmlType::Q8_0,
+            4096,
+            &[14336, 14336],
+            512,
+            132
+        ));
+        // 1B: k = 2,048 never; down (k = 8,192) from 2,048 tokens on, not
+        // at 512 (16 x 4 = 64 CTAs).
+        assert!(!wg_default_takes(q4, 2048, &[8192, 8192], 2048, 132));
+        assert!(!wg_default_takes(q4, 8192, &[2048], 512, 132));
+        assert!(wg_default_takes(q4, 8192, &[2048], 2048, 132));
     }
 }
