@@ -110,12 +110,12 @@ pub(super) fn wr_mt(rows: &[usize], n: usize, sms: usize) -> usize {
 
 /// Whether the wgmma GEMM takes an op by default (without QUIRE_WGMMA=1):
 /// where it measured faster than the cuBLAS path on an H100 (2026-11-25):
-/// Q4_0 and Q4_1 (not Q5_0, Q8_0), k of at least 4,096 (the 1B's k = 2,048
-/// ran 0.96x: a CTA's fixed start and store cost a larger share of a
-/// shorter k loop) and at least 0.9 of a wave of 128-row CTAs (the 1B's o
-/// and down at 512 tokens fill half the SMs). QUIRE_WG_MIN_K and
-/// QUIRE_WG_MIN_FILL (percent of a wave) override the two bounds
-/// (comparisons).
+/// Q4_0 and Q4_1 (not Q5_0, Q8_0), k of at least 2,048 (the smallest
+/// measured: the 1B) and at least 0.9 of a wave of 128-row CTAs (taking
+/// also the 1B's o and down at 512 tokens, 64 CTAs on 132 SMs, ran its
+/// prefill at 0.97x the cuBLAS path; leaving them out, 1.06x).
+/// QUIRE_WG_MIN_K and QUIRE_WG_MIN_FILL (percent of a wave) override the
+/// two bounds (comparisons).
 pub(super) fn wg_default_takes(
     ty: GgmlType,
     k: usize,
@@ -131,7 +131,7 @@ pub(super) fn wg_default_takes(
     };
     let ctas: usize = rows.iter().map(|r| r.div_ceil(128)).sum::<usize>() * n.div_ceil(WR_BN);
     matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1)
-        && k >= env("QUIRE_WG_MIN_K", 4096)
+        && k >= env("QUIRE_WG_MIN_K", 2048)
         && 100 * ctas >= env("QUIRE_WG_MIN_FILL", 90) * sms.max(1)
 }
 
@@ -316,10 +316,13 @@ mod tests {
             512,
             132
         ));
-        // 1B: k = 2,048 never; down (k = 8,192) from 2,048 tokens on, not
-        // at 512 (16 x 4 = 64 CTAs).
-        assert!(!wg_default_takes(q4, 2048, &[8192, 8192], 2048, 132));
+        // 1B at 512 tokens: gate/up (128 x 4 CTAs) yes, o and down (16 x
+        // 4 = 64) no; at 2,048 tokens down too (256).
+        assert!(wg_default_takes(q4, 2048, &[8192, 8192], 512, 132));
+        assert!(!wg_default_takes(q4, 2048, &[2048], 512, 132));
         assert!(!wg_default_takes(q4, 8192, &[2048], 512, 132));
         assert!(wg_default_takes(q4, 8192, &[2048], 2048, 132));
+        // Shorter rows than any measured: the cuBLAS path.
+        assert!(!wg_default_takes(q4, 1024, &[8192], 2048, 132));
     }
 }
