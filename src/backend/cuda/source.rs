@@ -122,7 +122,7 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
 
 /// Kernel files that use Hopper-only instructions (wgmma): compiled for
 /// `sm_90a`, only on devices of compute capability 9.0 (`sm_90a` code runs
-/// nowhere else) and only with QUIRE_WGMMA=1 (opt-in: see
+/// nowhere else) unless QUIRE_WGMMA=0 (cuda/mod.rs, `wgmma_use`; see
 /// matmul_wgmma_fast.cu's status). A compile or load failure leaves them
 /// out: the ops then take the portable kernels.
 pub const KERNELS_SM90A: &[(&str, &str, &[&str])] = &[(

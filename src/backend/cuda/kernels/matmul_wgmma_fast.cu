@@ -85,12 +85,6 @@ template <int N>
 __device__ __forceinline__ void wg_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
-// Ordinary shared-memory stores (and completed cp.async copies) made
-// visible to the tensor cores' async proxy; each writing thread, before the
-// barrier that publishes them.
-__device__ __forceinline__ void fence_proxy_async() {
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
 // Keeps the compiler from moving accumulator reads or writes across the
 // asynchronous wgmma window.
 __device__ __forceinline__ void wg_reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }

@@ -6,8 +6,9 @@
 //! the cpu backend runs) before it launches anything.
 //!
 //! `matmul.rs`: matmul in every mode (`matmul_blas.rs`: its cuBLAS path;
-//! `matmul_wgmma.rs`: the Hopper prefill GEMM that replaces it for 32-value
-//! block weights when opted in, `QUIRE_WGMMA=1`; `act_cache.rs`: the
+//! `matmul_wgmma.rs`: the Hopper prefill GEMM that replaces it for Q4_0 and
+//! Q4_1 on sm_90 where it measured faster (`wg_default_takes`; every
+//! 32-value block type with `QUIRE_WGMMA=1`); `act_cache.rs`: the
 //! activation cache);
 //! `attention.rs`: paged attention in every mode; here: the scratch arena
 //! and the element-wise ops.
