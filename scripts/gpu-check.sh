@@ -47,12 +47,13 @@ for s in "${steps[@]}"; do
       QUIRE_MQ=0 QUIRE_MMA_MIN_ROWS=0 QUIRE_MMA_MAX_ROWS=100000 run_step ops-fast-tile "$QUIRE" ops --backend cuda --mode fast --op mat_mul
       # The wgmma prefill GEMM (sm_90 only; elsewhere the same cases run the
       # cuBLAS path): by default it takes Q4_0 and Q4_1, QUIRE_WGMMA=1 every
-      # 32-value block type, at both tile heights; QUIRE_WGMMA=0 leaves the
-      # cuBLAS path every type.
+      # 32-value block type, in each CTA shape (128 or 256 rows, 256 tokens);
+      # QUIRE_WGMMA=0 leaves the cuBLAS path every type.
       QUIRE_WGMMA=0 run_step ops-fast-blas "$QUIRE" ops --backend cuda --mode fast --op mat_mul
       for mt in 1 2; do
         QUIRE_WGMMA=1 QUIRE_WR_MT=$mt run_step "ops-fast-wgmma-m$mt" "$QUIRE" ops --backend cuda --mode fast --op mat_mul
       done
+      QUIRE_WGMMA=1 QUIRE_WR_BN=256 run_step ops-fast-wgmma-n256 "$QUIRE" ops --backend cuda --mode fast --op mat_mul
       # The 8-key-tile split attention (att_pipe_w_*), which fast mode takes
       # only for launches past one wave (larger batches than the cases).
       QUIRE_ATT_WIDE=1 run_step ops-fast-att-wide "$QUIRE" ops --backend cuda --mode fast --op paged_attention

@@ -131,23 +131,24 @@ pub const KERNELS_SM90A: &[(&str, &str, &[&str])] = &[(
     &WG_ENTRIES,
 )];
 
-/// matmul_wgmma_fast.cu's entries, [type][MT - 1] for the 32-value block
-/// types in type-code order (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): `mm_wr_<type>_m<MT>`
-/// with 128 MT weight rows per CTA.
-pub const WG_KERNELS: [[&str; 2]; 5] = [
-    ["mm_wr_q4_0_m1", "mm_wr_q4_0_m2"],
-    ["mm_wr_q4_1_m1", "mm_wr_q4_1_m2"],
-    ["mm_wr_q5_0_m1", "mm_wr_q5_0_m2"],
-    ["mm_wr_q5_1_m1", "mm_wr_q5_1_m2"],
-    ["mm_wr_q8_0_m1", "mm_wr_q8_0_m2"],
+/// matmul_wgmma_fast.cu's GEMM entries, [type][CTA shape] for the 32-value
+/// block types in type-code order (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0):
+/// `mm_wr_<type>_m1` (128 weight rows x 128 tokens), `_m2` (256 x 128),
+/// `_n256` (128 x 256); launch/matmul_wgmma.rs, WR_SHAPES.
+pub const WG_KERNELS: [[&str; 3]; 5] = [
+    ["mm_wr_q4_0_m1", "mm_wr_q4_0_m2", "mm_wr_q4_0_n256"],
+    ["mm_wr_q4_1_m1", "mm_wr_q4_1_m2", "mm_wr_q4_1_n256"],
+    ["mm_wr_q5_0_m1", "mm_wr_q5_0_m2", "mm_wr_q5_0_n256"],
+    ["mm_wr_q5_1_m1", "mm_wr_q5_1_m2", "mm_wr_q5_1_n256"],
+    ["mm_wr_q8_0_m1", "mm_wr_q8_0_m2", "mm_wr_q8_0_n256"],
 ];
 /// Every entry of matmul_wgmma_fast.cu: the GEMMs, then to_f16_wr (their
 /// activations in the tiled layout).
-const WG_ENTRIES: [&str; 2 * WG_KERNELS.len() + 1] = {
-    let mut out = [""; 2 * WG_KERNELS.len() + 1];
+const WG_ENTRIES: [&str; 3 * WG_KERNELS.len() + 1] = {
+    let mut out = [""; 3 * WG_KERNELS.len() + 1];
     let mut i = 0;
-    while i < 2 * WG_KERNELS.len() {
-        out[i] = WG_KERNELS[i / 2][i % 2];
+    while i < 3 * WG_KERNELS.len() {
+        out[i] = WG_KERNELS[i / 3][i % 3];
         i += 1;
     }
     out[i] = "to_f16_wr";

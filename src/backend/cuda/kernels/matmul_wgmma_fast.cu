@@ -142,7 +142,18 @@ __device__ __forceinline__ void mbar_wait(u64* bar, u32 par) {
             : "memory");
     } while (!done);
 }
+// Tokens per tile of to_f16_wr's layout (a CTA takes BN = 128 or 256).
 #define WR_BN 128
+#define WG_R128 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define WG_ACC128(i) WG_ACC64(i), WG_ACC64(i + 64)
 #define WR_THREADS(MT) (128 + 256 * (MT))
 // Registers per thread after setmaxnreg: 40 for the producer, these for
 // the consumers. An increase waits until the CTA's pool (the launch's
@@ -156,16 +167,17 @@ __host__ __device__ constexpr bool wr_regs_fit(int mt) {
 }
 static_assert(wr_regs_fit(1) && wr_regs_fit(2), "setmaxnreg exceeds the CTA's registers");
 __host__ __device__ constexpr int wr_raw_bytes(int bs, int mt) { return 128 * mt * 8 * bs; }
-__host__ __device__ constexpr int wr_smem_bytes(int bs, int mt, int sr, int sx) {
-    return 1024 + sx * WR_BN * 128 + sr * wr_raw_bytes(bs, mt) + 256;
+__host__ __device__ constexpr int wr_smem_bytes(int bs, int mt, int sr, int sx, int bn) {
+    return 1024 + sx * bn * 128 + sr * wr_raw_bytes(bs, mt) + 256;
 }
 // Stage counts (raw superchunks sr, activation chunks sx): the first of
 // (3, 6), (3, 5), (2, 6), (2, 5), (2, 4) that fits; encoded as 8 sr + sx
 // (launch/matmul_wgmma.rs mirrors it; WR_ENTRY checks at compile time).
-__host__ __device__ constexpr int wr_stages(int bs, int mt) {
+__host__ __device__ constexpr int wr_stages(int bs, int mt, int bn) {
     const int c[5][2] = {{3, 6}, {3, 5}, {2, 6}, {2, 5}, {2, 4}};
     for (int i = 0; i < 5; i++)
-        if (wr_smem_bytes(bs, mt, c[i][0], c[i][1]) <= WG_SMEM_MAX) return 8 * c[i][0] + c[i][1];
+        if (wr_smem_bytes(bs, mt, c[i][0], c[i][1], bn) <= WG_SMEM_MAX)
+            return 8 * c[i][0] + c[i][1];
     return 8 * 2 + 4;
 }
 
@@ -177,6 +189,16 @@ __device__ __forceinline__ void wgmma_ra_n128(float* d, u32 a0, u32 a1, u32 a2, 
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" WG_R64
                  "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
                  : WG_ACC64(0)
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
+}
+
+// The same with N = 256 tokens (128 accumulators).
+__device__ __forceinline__ void wgmma_ra_n256(float* d, u32 a0, u32 a1, u32 a2, u32 a3,
+                                              unsigned long long b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {" WG_R128
+                 "}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+                 : WG_ACC128(0)
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
 }
 
@@ -253,17 +275,18 @@ extern "C" __global__ void to_f16_wr(const float* __restrict__ x, int n, int k, 
     *(uint4*)((u8*)out + chunk * (WR_BN * 128) + i * 128 + ((p ^ (i & 7)) << 4)) = h;
 }
 
-template <int TY, int MT>
+template <int TY, int MT, int BN>
 __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__ x16, int n_all,
                                         int k) {
     constexpr int BS = gr_type_size(TY);
-    constexpr int SR = wr_stages(BS, MT) / 8, SX = wr_stages(BS, MT) % 8;
+    constexpr int SR = wr_stages(BS, MT, BN) / 8, SX = wr_stages(BS, MT, BN) % 8;
+    static_assert(BN == 128 || (BN == 256 && MT == 1), "256 tokens: 128 accumulators, MT = 1 only");
     constexpr int RAW = wr_raw_bytes(BS, MT);
     extern __shared__ __align__(16) u8 wg_smem[];
     u32 s0 = (u32)__cvta_generic_to_shared(wg_smem);
     u8* sm = wg_smem + ((1024 - (s0 & 1023)) & 1023);
     u8* sx = sm;                     // SX x 128 tokens x 128 B
-    u8* sraw = sx + SX * WR_BN * 128;  // SR x RAW
+    u8* sraw = sx + SX * BN * 128;  // SR x RAW
     u64* bars = (u64*)(sraw + SR * RAW);
     u64* full_x = bars;             // [SX], one arrival + 16 KiB of copies
     u64* empty_x = bars + SX;       // [SX], 8 MT consumer warps
@@ -273,13 +296,14 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
     const int m = jb.m, units = k / 32;
     const long long row_bytes = (long long)units * BS;
     const int row0 = jb.by * 128 * MT;
-    const int n0 = blockIdx.x * WR_BN;
-    const int n = min(WR_BN, n_all - n0);
+    const int n0 = blockIdx.x * BN;
+    const int n = min(BN, n_all - n0);
     const int nk = k / WG_BK;
     // This token tile's chunks (to_f16_wr's layout).
-    const u16* xt = x16 + (long long)blockIdx.x * nk * (WR_BN * 64);
+    // (BN / 128 tiles of it: the layout's chunk c of tile T at T nk + c.)
+    const u16* xt = x16 + (long long)blockIdx.x * (BN / WR_BN) * nk * (WR_BN * 64);
     const int tid = threadIdx.x, wg = tid >> 7;
-#define SX_(c) (sx + ((c) % SX) * WR_BN * 128)
+#define SX_(c) (sx + ((c) % SX) * BN * 128)
 #define SR_(s) (sraw + ((s) % SR) * RAW)
 
     if (tid == 0) {
@@ -339,9 +363,12 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
             // group retired.
             if (c >= SX) mbar_wait(empty_x + c % SX, ((c - SX) / SX) & 1);
             if (t == 0) {
-                mbar_expect(full_x + c % SX, WG_NO_XCOPY ? 0 : WR_BN * 128);
-                if (!WG_NO_XCOPY)
-                    bulk_g2s(SX_(c), xt + (long long)c * (WR_BN * 64), WR_BN * 128, full_x + c % SX);
+                mbar_expect(full_x + c % SX, WG_NO_XCOPY ? 0 : BN * 128);
+#pragma unroll
+                for (int h = 0; h < BN / WR_BN && !WG_NO_XCOPY; h++)
+                    bulk_g2s(SX_(c) + h * WR_BN * 128,
+                             xt + ((long long)h * nk + c) * (WR_BN * 64), WR_BN * 128,
+                             full_x + c % SX);
             }
         }
         if (!WR_WBULK) cp_async_wait_all();
@@ -351,9 +378,9 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
     // Consumers: warpgroup cw < 2 MT owns rows 64 cw .. 64 cw + 63.
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(wr_consumer_regs(MT)) : "memory");
     const int cw = wg - 1, v = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, q = lane & 3;
-    float acc[64];
+    float acc[BN / 2];
 #pragma unroll
-    for (int e = 0; e < 64; e++) acc[e] = 0.0f;
+    for (int e = 0; e < BN / 2; e++) acc[e] = 0.0f;
     // Raw row offsets of this lane's rows 64 cw + 16 v + g + 8 h.
     const int roff0 = (64 * cw + 16 * v + g) * 8 * BS, roff1 = roff0 + 8 * 8 * BS;
     // Blocks b = 0 .. 2 nk - 1 (chunk b / 2, its half b % 2), one wgmma
@@ -389,7 +416,7 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
 #pragma unroll
     for (int j = 0; j < LA; j++) decode(j, f[j]);
 #pragma unroll
-    for (int e = 0; e < 64; e++) wg_reg_fence(acc[e]);
+    for (int e = 0; e < BN / 2; e++) wg_reg_fence(acc[e]);
     // A do-while (nb >= NF): a zero-trip path would join zeroed
     // accumulators with the loop's, and ptxas then serializes every wgmma
     // (its advisory C7515).
@@ -403,8 +430,12 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
             wg_fence();
 #pragma unroll
             for (int s = 0; s < 2; s++)
-                wgmma_ra_n128(acc, fr[2 * s], fr[4 + 2 * s], fr[2 * s + 1], fr[4 + 2 * s + 1],
-                              wg_desc(xd + 32 * s));
+                if (BN == 128)
+                    wgmma_ra_n128(acc, fr[2 * s], fr[4 + 2 * s], fr[2 * s + 1],
+                                  fr[4 + 2 * s + 1], wg_desc(xd + 32 * s));
+                else
+                    wgmma_ra_n256(acc, fr[2 * s], fr[4 + 2 * s], fr[2 * s + 1],
+                                  fr[4 + 2 * s + 1], wg_desc(xd + 32 * s));
             wg_commit();
             wg_wait<W>();
             // Block b - W retired: at a chunk's second half, the last reader
@@ -421,7 +452,7 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
     } while (b0 < nb);
     wg_wait<0>();
 #pragma unroll
-    for (int e = 0; e < 64; e++) wg_reg_fence(acc[e]);
+    for (int e = 0; e < BN / 2; e++) wg_reg_fence(acc[e]);
 #undef SX_
 #undef SR_
 
@@ -429,7 +460,7 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
     // g (+ 8 for e >= 2), token 8 j + 2 q (+ 1 for odd e).
     const int rbase = row0 + 64 * cw + 16 * v + g;
 #pragma unroll
-    for (int j = 0; j < WR_BN / 8; j++) {
+    for (int j = 0; j < BN / 8; j++) {
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int row = rbase + 8 * (e >> 1);
@@ -440,22 +471,29 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
     }
 }
 
-#define WR_ENTRY(NAME, TY, MT)                                                               \
-    static_assert(wr_smem_bytes(gr_type_size(TY), MT, wr_stages(gr_type_size(TY), MT) / 8,   \
-                                wr_stages(gr_type_size(TY), MT) % 8) == WG_SMEM_##NAME,      \
-                  "launch/matmul_wgmma.rs disagrees on " #NAME "'s shared memory");          \
-    extern "C" __global__ void __launch_bounds__(WR_THREADS(MT), 1)                            \
-        NAME(MmJobs J, const u16* __restrict__ x16, int n, int k) {                          \
-        GRID_DEP();                                                                          \
-        wr_body<TY, MT>(J, x16, n, k);                                                       \
+#define WR_ENTRY(NAME, TY, MT, BN)                                                           \
+    static_assert(wr_smem_bytes(gr_type_size(TY), MT, wr_stages(gr_type_size(TY), MT, BN) / 8, \
+                                wr_stages(gr_type_size(TY), MT, BN) % 8, BN) ==                \
+                      WG_SMEM_##NAME,                                                          \
+                  "launch/matmul_wgmma.rs disagrees on " #NAME "'s shared memory");            \
+    extern "C" __global__ void __launch_bounds__(WR_THREADS(MT), 1)                              \
+        NAME(MmJobs J, const u16* __restrict__ x16, int n, int k) {                            \
+        GRID_DEP();                                                                            \
+        wr_body<TY, MT, BN>(J, x16, n, k);                                                     \
     }
-WR_ENTRY(mm_wr_q4_0_m1, TY_Q4_0, 1)
-WR_ENTRY(mm_wr_q4_0_m2, TY_Q4_0, 2)
-WR_ENTRY(mm_wr_q4_1_m1, TY_Q4_1, 1)
-WR_ENTRY(mm_wr_q4_1_m2, TY_Q4_1, 2)
-WR_ENTRY(mm_wr_q5_0_m1, TY_Q5_0, 1)
-WR_ENTRY(mm_wr_q5_0_m2, TY_Q5_0, 2)
-WR_ENTRY(mm_wr_q5_1_m1, TY_Q5_1, 1)
-WR_ENTRY(mm_wr_q5_1_m2, TY_Q5_1, 2)
-WR_ENTRY(mm_wr_q8_0_m1, TY_Q8_0, 1)
-WR_ENTRY(mm_wr_q8_0_m2, TY_Q8_0, 2)
+// mm_wr_<type>_m<MT>: 128 MT rows x 128 tokens; _n256: 128 rows x 256.
+WR_ENTRY(mm_wr_q4_0_m1, TY_Q4_0, 1, 128)
+WR_ENTRY(mm_wr_q4_0_m2, TY_Q4_0, 2, 128)
+WR_ENTRY(mm_wr_q4_0_n256, TY_Q4_0, 1, 256)
+WR_ENTRY(mm_wr_q4_1_m1, TY_Q4_1, 1, 128)
+WR_ENTRY(mm_wr_q4_1_m2, TY_Q4_1, 2, 128)
+WR_ENTRY(mm_wr_q4_1_n256, TY_Q4_1, 1, 256)
+WR_ENTRY(mm_wr_q5_0_m1, TY_Q5_0, 1, 128)
+WR_ENTRY(mm_wr_q5_0_m2, TY_Q5_0, 2, 128)
+WR_ENTRY(mm_wr_q5_0_n256, TY_Q5_0, 1, 256)
+WR_ENTRY(mm_wr_q5_1_m1, TY_Q5_1, 1, 128)
+WR_ENTRY(mm_wr_q5_1_m2, TY_Q5_1, 2, 128)
+WR_ENTRY(mm_wr_q5_1_n256, TY_Q5_1, 1, 256)
+WR_ENTRY(mm_wr_q8_0_m1, TY_Q8_0, 1, 128)
+WR_ENTRY(mm_wr_q8_0_m2, TY_Q8_0, 2, 128)
+WR_ENTRY(mm_wr_q8_0_n256, TY_Q8_0, 1, 256)

@@ -15,7 +15,7 @@ use crate::quant::GgmlType;
 use anyhow::{anyhow, Result};
 use cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
 
-/// Activation rows (tokens) per CTA (WR_BN).
+/// Tokens per tile of to_f16_wr's layout (WR_BN); a CTA takes one or two.
 const WR_BN: usize = 128;
 
 /// The weight type of each WG_KERNELS row (its kernel type code is the row
@@ -38,19 +38,19 @@ const fn wr_threads(mt: usize) -> u32 {
 }
 
 /// Dynamic shared memory of a CTA (wr_smem_bytes): 1,024 bytes of
-/// alignment slack, `sx` activation chunks of 128 tokens x 128 bytes, `sr`
+/// alignment slack, `sx` activation chunks of `bn` tokens x 128 bytes, `sr`
 /// raw superchunks of 128 `mt` rows x 8 blocks of `bs` bytes, mbarriers.
-const fn wr_smem_bytes(bs: usize, mt: usize, sr: usize, sx: usize) -> usize {
-    1024 + sx * WR_BN * 128 + sr * 128 * mt * 8 * bs + 256
+const fn wr_smem_bytes(bs: usize, mt: usize, sr: usize, sx: usize, bn: usize) -> usize {
+    1024 + sx * bn * 128 + sr * 128 * mt * 8 * bs + 256
 }
 
 /// Stage counts (raw superchunks, activation chunks), as wr_stages: the
 /// first of (3, 6), (3, 5), (2, 6), (2, 5), (2, 4) that fits.
-const fn wr_stages(bs: usize, mt: usize) -> (usize, usize) {
+const fn wr_stages(bs: usize, mt: usize, bn: usize) -> (usize, usize) {
     const C: [(usize, usize); 5] = [(3, 6), (3, 5), (2, 6), (2, 5), (2, 4)];
     let mut i = 0;
     while i < C.len() {
-        if wr_smem_bytes(bs, mt, C[i].0, C[i].1) <= WG_SMEM_MAX {
+        if wr_smem_bytes(bs, mt, C[i].0, C[i].1, bn) <= WG_SMEM_MAX {
             return C[i];
         }
         i += 1;
@@ -58,11 +58,16 @@ const fn wr_stages(bs: usize, mt: usize) -> (usize, usize) {
     (2, 4)
 }
 
-/// Dynamic shared memory of the entry for block size `bs` and 128 `mt`
-/// rows per CTA.
-pub(super) const fn wr_smem_of(bs: usize, mt: usize) -> usize {
-    let (sr, sx) = wr_stages(bs, mt);
-    wr_smem_bytes(bs, mt, sr, sx)
+/// The CTA shapes of a WG_KERNELS row, in its order: (MT, tokens), 128 MT
+/// weight rows (2 MT consumer warpgroups) by that many tokens.
+const WR_SHAPES: [(usize, usize); 3] = [(1, 128), (2, 128), (1, 256)];
+
+/// Dynamic shared memory of the entry for block size `bs` and CTA shape
+/// `WR_SHAPES[v]`.
+pub(super) const fn wr_smem_of(bs: usize, v: usize) -> usize {
+    let (mt, bn) = WR_SHAPES[v];
+    let (sr, sx) = wr_stages(bs, mt, bn);
+    wr_smem_bytes(bs, mt, sr, sx, bn)
 }
 
 /// The dynamic shared memory of a `mm_wr_*` entry, None for other names.
@@ -70,7 +75,7 @@ pub(crate) fn wg_smem(name: &str) -> Option<usize> {
     WG_KERNELS.iter().enumerate().find_map(|(t, row)| {
         row.iter()
             .position(|n| *n == name)
-            .map(|i| wr_smem_of(WG_TYPES[t].type_size(), i + 1))
+            .map(|v| wr_smem_of(WG_TYPES[t].type_size(), v))
     })
 }
 
@@ -83,29 +88,35 @@ fn wg_type_index(ty: GgmlType) -> Option<usize> {
         .filter(|&c| c < WG_KERNELS.len())
 }
 
-/// Weight-row tiles per CTA (MT: 128 MT rows, 2 MT consumer warpgroups):
-/// the choice with the shorter estimate, CTA-waves times a wave's time, an
-/// MT = 2 wave taking 1.5x an MT = 1 wave (measured 1.49-1.58x on an H100:
-/// twice the work with four consumers, 8B Q4_0 pp512 under ncu); ties take
-/// 2. `QUIRE_WR_MT=1|2` forces one (comparisons).
-pub(super) fn wr_mt(rows: &[usize], n: usize, sms: usize) -> usize {
-    if let Some(mt) = std::env::var("QUIRE_WR_MT")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|b| *b == 1 || *b == 2)
-    {
-        return mt;
+/// The CTA shape (index into WR_SHAPES) with the shorter estimate,
+/// CTA-waves times a wave's time relative to (1, 128): 1.5 for MT = 2
+/// (measured 1.49-1.58x on an H100: twice the work with four consumers,
+/// 8B Q4_0 pp512 under ncu) and `QUIRE_WR_N256_COST` / 10 for 256 tokens
+/// (default 18: twice the work, each weight block decoded once for 256
+/// tokens); ties take the larger CTA. `QUIRE_WR_MT=1|2` forces (MT, 128),
+/// `QUIRE_WR_BN=256` (1, 256) (comparisons).
+pub(super) fn wr_shape(rows: &[usize], n: usize, sms: usize) -> usize {
+    let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<usize>().ok());
+    match (env("QUIRE_WR_MT"), env("QUIRE_WR_BN")) {
+        (_, Some(256)) => return 2,
+        (Some(1), _) => return 0,
+        (Some(2), _) => return 1,
+        _ => {}
     }
+    let cost = [10, 15, env("QUIRE_WR_N256_COST").unwrap_or(18)];
     let sms = sms.max(1);
-    let waves = |mt: usize| -> usize {
+    let time = |v: usize| -> usize {
+        let (mt, bn) = WR_SHAPES[v];
         let tiles: usize = rows.iter().map(|r| r.div_ceil(128 * mt)).sum();
-        (tiles * n.div_ceil(WR_BN)).div_ceil(sms)
+        (tiles * n.div_ceil(bn)).div_ceil(sms) * cost[v]
     };
-    if 3 * waves(2) <= 2 * waves(1) {
-        2
-    } else {
-        1
+    let mut best = 0;
+    for v in 1..WR_SHAPES.len() {
+        if time(v) <= time(best) {
+            best = v;
+        }
     }
+    best
 }
 
 /// Whether the wgmma GEMM takes an op by default (without QUIRE_WGMMA=1):
@@ -181,12 +192,14 @@ impl CudaBackend {
         let (ty, k) = (jobs[0].w.ty, jobs[0].w.cols);
         let t = wg_type_index(ty).expect("wg_takes checked the type");
         let rows: Vec<usize> = jobs.iter().map(|j| j.w.rows).collect();
-        let mt = wr_mt(&rows, n, self.sm_count());
-        let name = WG_KERNELS[t][mt - 1];
-        // The f16 activations in to_f16_wr's tiled layout (whole 128-token
-        // tiles, zeros past n) at the start of the arena, under their own
-        // cache key: the next MatMuls op of the same input converts nothing.
-        let padded = n.div_ceil(WR_BN) * WR_BN;
+        let v = wr_shape(&rows, n, self.sm_count());
+        let (mt, bn) = WR_SHAPES[v];
+        let name = WG_KERNELS[t][v];
+        // The f16 activations in to_f16_wr's tiled layout (whole tiles of
+        // 128 tokens up to a multiple of `bn`, zeros past n) at the start of
+        // the arena, under their own cache key: the next MatMuls op of the
+        // same input converts nothing.
+        let padded = n.div_ceil(bn) * bn;
         let mut guard = self.arena(&[padded * k * 2, 0, 0])?;
         let key = ActKey::new(x, k, ACT_F16_WR, s);
         let cached = self.act_cached(key);
@@ -216,9 +229,9 @@ impl CudaBackend {
                 )?;
             }
             let cfg = LaunchConfig {
-                grid_dim: (u32::try_from(n.div_ceil(WR_BN))?, ctas, 1),
+                grid_dim: (u32::try_from(n.div_ceil(bn))?, ctas, 1),
                 block_dim: (wr_threads(mt), 1, 1),
-                shared_mem_bytes: u32::try_from(wr_smem_of(ty.type_size(), mt))?,
+                shared_mem_bytes: u32::try_from(wr_smem_of(ty.type_size(), v))?,
             };
             let mut b = s.launch_builder(self.func(name)?);
             b.arg(&table).arg(&mut *x16).arg(&ni).arg(&ki);
@@ -239,7 +252,7 @@ impl CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::{
-        wg_default_takes, wg_smem, wg_type_index, wr_mt, wr_smem_of, wr_stages, WG_SMEM_MAX,
+        wg_default_takes, wg_smem, wg_type_index, wr_shape, wr_smem_of, wr_stages, WG_SMEM_MAX,
         WG_TYPES,
     };
     use crate::quant::GgmlType;
@@ -258,41 +271,49 @@ mod tests {
         // 227 KiB is the opt-in limit per CTA on sm_90.
         for (t, ty) in WG_TYPES.iter().enumerate() {
             assert_eq!(wg_type_index(*ty), Some(t));
-            for mt in [1, 2] {
-                let bytes = wr_smem_of(ty.type_size(), mt);
+            for v in 0..3 {
+                let bytes = wr_smem_of(ty.type_size(), v);
                 assert!(bytes <= WG_SMEM_MAX && WG_SMEM_MAX <= 227 * 1024);
             }
         }
-        // 128 rows: three raw superchunks and six activation chunks for
-        // every type; 256 rows: the same for Q4_0 (3 x 36 KiB), two raw
-        // stages and five chunks for Q8_0 (2 x 68 KiB).
-        assert_eq!(wr_stages(18, 1), (3, 6));
-        assert_eq!(wr_stages(34, 1), (3, 6));
-        assert_eq!(wr_stages(18, 2), (3, 6));
-        assert_eq!(wr_stages(20, 2), (3, 6));
-        assert_eq!(wr_stages(34, 2), (2, 5));
-        assert_eq!(wg_smem("mm_wr_q8_0_m2"), Some(wr_smem_of(34, 2)));
-        assert_eq!(wg_smem("mm_wr_q4_0_m1"), Some(wr_smem_of(18, 1)));
+        // 128 rows x 128 tokens: three raw superchunks and six activation
+        // chunks for every type; 256 rows: the same for Q4_0 (3 x 36 KiB),
+        // two raw stages and five chunks for Q8_0 (2 x 68 KiB); 256 tokens
+        // (32 KiB chunks): (3, 5) for Q4_0, (2, 5) for Q5_0, (2, 4) for Q8_0.
+        assert_eq!(wr_stages(18, 1, 128), (3, 6));
+        assert_eq!(wr_stages(34, 1, 128), (3, 6));
+        assert_eq!(wr_stages(18, 2, 128), (3, 6));
+        assert_eq!(wr_stages(20, 2, 128), (3, 6));
+        assert_eq!(wr_stages(34, 2, 128), (2, 5));
+        assert_eq!(wr_stages(18, 1, 256), (3, 5));
+        assert_eq!(wr_stages(22, 1, 256), (2, 5));
+        assert_eq!(wr_stages(34, 1, 256), (2, 4));
+        assert_eq!(wg_smem("mm_wr_q8_0_m2"), Some(wr_smem_of(34, 1)));
+        assert_eq!(wg_smem("mm_wr_q4_0_m1"), Some(wr_smem_of(18, 0)));
+        assert_eq!(wg_smem("mm_wr_q4_1_n256"), Some(wr_smem_of(20, 2)));
         assert_eq!(wg_smem("mm_q8_mma"), None);
     }
 
     #[test]
-    fn row_tiles_per_cta_by_waves() {
-        if std::env::var("QUIRE_WR_MT").is_ok() {
-            eprintln!("SKIPPED: QUIRE_WR_MT set");
+    fn cta_shape_by_waves() {
+        if ["QUIRE_WR_MT", "QUIRE_WR_BN", "QUIRE_WR_N256_COST"]
+            .iter()
+            .any(|v| std::env::var(v).is_ok())
+        {
+            eprintln!("SKIPPED: QUIRE_WR_MT, QUIRE_WR_BN or QUIRE_WR_N256_COST set");
             return;
         }
-        // 8B gate and up at 512 tokens: 224 x 4 = 896 CTAs of 128 rows (7
-        // waves on 132 SMs) vs 112 x 4 = 448 of 256 (4 waves: 6 units).
-        assert_eq!(wr_mt(&[14336, 14336], 512, 132), 2);
-        // 8B down at 512 tokens: 32 x 4 = 128 CTAs of 128 rows fit one
-        // wave; 64 of 256 take 1.5 units.
-        assert_eq!(wr_mt(&[4096], 512, 132), 1);
-        // 8B q/k/v: 48 x 4 = 192 CTAs (2 waves) vs 24 x 4 = 96 (1 wave, 1.5
-        // units).
-        assert_eq!(wr_mt(&[4096, 1024, 1024], 512, 132), 2);
-        // 200 tokens of a 4096-row matrix: 64 CTAs of 128 rows, one wave.
-        assert_eq!(wr_mt(&[4096], 200, 132), 1);
+        // 8B gate and up at 512 tokens: 224 x 4 = 896 CTAs of 128 x 128 (7
+        // waves on 132 SMs: 70) vs 112 x 4 = 448 of 256 rows (4 waves: 60)
+        // vs 224 x 2 = 448 of 256 tokens (4 waves: 72).
+        assert_eq!(wr_shape(&[14336, 14336], 512, 132), 1);
+        // 8B down at 512 tokens: 32 x 4 = 128 CTAs of 128 x 128 fit one
+        // wave; 64 of either larger shape take 1.5 or 1.8 units.
+        assert_eq!(wr_shape(&[4096], 512, 132), 0);
+        // 8B q/k/v: 48 x 4 = 192 CTAs (2 waves) vs 96 (1 wave, 1.5 units).
+        assert_eq!(wr_shape(&[4096, 1024, 1024], 512, 132), 1);
+        // 200 tokens of a 4096-row matrix: 64 CTAs of 128 x 128, one wave.
+        assert_eq!(wr_shape(&[4096], 200, 132), 0);
     }
 
     #[test]
