@@ -92,18 +92,24 @@ fn wg_type_index(ty: GgmlType) -> Option<usize> {
 /// CTA-waves times a wave's time relative to (1, 128): 1.5 for MT = 2
 /// (measured 1.49-1.58x on an H100: twice the work with four consumers,
 /// 8B Q4_0 pp512 under ncu) and `QUIRE_WR_N256_COST` / 10 for 256 tokens
-/// (default 18: twice the work, each weight block decoded once for 256
-/// tokens); ties take the larger CTA. `QUIRE_WR_MT=1|2` forces (MT, 128),
+/// (default 14: twice the work, but each weight block decoded and copied
+/// once for 256 tokens; on an H100, 2026-11-25, costs 12 and 15 both took
+/// it for q/k/v and gate/up and ran 8B Q4_0 pp512 8% faster than 18, which
+/// never took it); ties take the later shape. `QUIRE_WR_MT=1|2` forces (MT, 128),
 /// `QUIRE_WR_BN=256` (1, 256) (comparisons).
 pub(super) fn wr_shape(rows: &[usize], n: usize, sms: usize) -> usize {
-    let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<usize>().ok());
+    let env = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+    };
     match (env("QUIRE_WR_MT"), env("QUIRE_WR_BN")) {
         (_, Some(256)) => return 2,
         (Some(1), _) => return 0,
         (Some(2), _) => return 1,
         _ => {}
     }
-    let cost = [10, 15, env("QUIRE_WR_N256_COST").unwrap_or(18)];
+    let cost = [10, 15, env("QUIRE_WR_N256_COST").unwrap_or(14)];
     let sms = sms.max(1);
     let time = |v: usize| -> usize {
         let (mt, bn) = WR_SHAPES[v];
@@ -305,13 +311,17 @@ mod tests {
         }
         // 8B gate and up at 512 tokens: 224 x 4 = 896 CTAs of 128 x 128 (7
         // waves on 132 SMs: 70) vs 112 x 4 = 448 of 256 rows (4 waves: 60)
-        // vs 224 x 2 = 448 of 256 tokens (4 waves: 72).
-        assert_eq!(wr_shape(&[14336, 14336], 512, 132), 1);
+        // vs 224 x 2 = 448 of 256 tokens (4 waves: 56).
+        assert_eq!(wr_shape(&[14336, 14336], 512, 132), 2);
         // 8B down at 512 tokens: 32 x 4 = 128 CTAs of 128 x 128 fit one
-        // wave; 64 of either larger shape take 1.5 or 1.8 units.
+        // wave; 64 of either larger shape take 1.5 or 1.4 units.
         assert_eq!(wr_shape(&[4096], 512, 132), 0);
-        // 8B q/k/v: 48 x 4 = 192 CTAs (2 waves) vs 96 (1 wave, 1.5 units).
-        assert_eq!(wr_shape(&[4096, 1024, 1024], 512, 132), 1);
+        // 8B q/k/v: 48 x 4 = 192 CTAs (2 waves: 20) vs 96 (1 wave: 15 or
+        // 14).
+        assert_eq!(wr_shape(&[4096, 1024, 1024], 512, 132), 2);
+        // 1B gate and up at 512 tokens: 512 CTAs (4 waves: 40) vs 256 (2
+        // waves: 30 or 28).
+        assert_eq!(wr_shape(&[8192, 8192], 512, 132), 2);
         // 200 tokens of a 4096-row matrix: 64 CTAs of 128 x 128, one wave.
         assert_eq!(wr_shape(&[4096], 200, 132), 0);
     }
