@@ -7,18 +7,20 @@
 //
 // Status: the default prefill GEMM for Q4_0 and Q4_1 on sm_90 (every type
 // it decodes with QUIRE_WGMMA=1, none with 0: cuda/mod.rs, wgmma_use). On
-// an H100 (2026-11-25) 8B Q4_0 pp512 ran at 22.6k tokens/s against the
-// cuBLAS path's 21.2k and the F16 model's 27.9k; Q5_0 and Q8_0 stay on the
-// cuBLAS path (0.93x, 0.91x). With decode and copies left out (timing only)
-// 29.7k: what binds is shared-memory bandwidth (the B reads of the wgmma,
-// the activation and raw copies, the decode's loads), docs/PERF.md.
+// an H100 (2026-11-25) 8B Q4_0 pp512 ran at 24.1k tokens/s against the
+// cuBLAS path's 20.9k and the F16 model's 27.8k; Q5_0 and Q8_0 stay on the
+// cuBLAS path (0.93x, 0.91x at 128 tokens per CTA). With decode and copies
+// left out (timing only) 29.7k at 128 x 128: what binds is shared-memory
+// bandwidth (the B reads of the wgmma, the activation and raw copies, the
+// decode's loads), docs/PERF.md.
 //
 // CTA: 128 + 256 MT threads, warpgroup 0 the producer (setmaxnreg down to
 // 40 registers at MT = 1, 24 at MT = 2), warpgroups 1 .. 2 MT the consumers
-// (setmaxnreg up to 232 at MT = 1, 112 at MT = 2: 64 f32 accumulators plus
-// the fragments of NF blocks). Rows per CTA 128 MT: consumer cw owns rows
-// 64 cw .. 64 cw + 63; tokens per CTA 128 (wgmma m64n128k16, B = the
-// activation chunk, K-major in the 128-byte swizzle).
+// (setmaxnreg up to 232 at MT = 1, 112 at MT = 2: BN / 2 f32 accumulators
+// plus the fragments of NF blocks). Rows per CTA 128 MT: consumer cw owns
+// rows 64 cw .. 64 cw + 63; tokens per CTA BN = 128, or 256 at MT = 1
+// (wgmma m64nBNk16; each weight block decoded and copied once for 256
+// tokens); B = the activation chunk, K-major in the 128-byte swizzle.
 //
 // Fragment of A (the mma.m16n8k16 layout, per warp v of a warpgroup over
 // rows 16 v .. 16 v + 15 of its m64 tile): lane (g = lane / 4, q = lane %
@@ -42,12 +44,12 @@
 // per 32-block (two instructions) and decode later blocks while earlier
 // groups run (the loop's comment).
 //
-// Shared memory (dynamic, wr_smem_bytes): alignment slack, sx (SX x 128
+// Shared memory (dynamic, wr_smem_bytes): alignment slack, sx (SX x BN
 // tokens x 128 B), raw (SR x 128 MT rows x 8 blocks), mbarriers.
-// Grid: (ceil(n / 128), CTA rows of the job table J (128 MT weight rows
+// Grid: (ceil(n / BN), CTA rows of the job table J (128 MT weight rows
 // each), 1). Requirements (launch/matmul_wgmma.rs): k a multiple of 256,
-// weights 16-byte aligned, x16 ceil(n / 128) tiles of 128 tokens x k f16
-// in to_f16_wr's layout, 16-byte aligned.
+// weights 16-byte aligned, x16 ceil(n / BN) x BN / 128 tiles of 128 tokens
+// x k f16 in to_f16_wr's layout, 16-byte aligned.
 
 typedef unsigned long long u64;
 #define WG_BK 64

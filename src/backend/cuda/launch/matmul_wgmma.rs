@@ -244,8 +244,9 @@ impl CudaBackend {
             // SAFETY: matches mm_wr_* (MmJobs by value, x16, n, k): the
             // table's weights hold m_j rows of k / 32 blocks (validated),
             // 16-byte aligned (wg_takes), its outputs n * m_j floats, x16
-            // ceil(n / 128) tiles of 128 tokens x k halves in to_f16_wr's
-            // layout, 16-byte aligned (checked); the kernel's dynamic
+            // `padded` / 128 (whole CTAs of `bn`) tiles of 128 tokens x k
+            // halves in to_f16_wr's layout, 16-byte aligned (checked); the
+            // kernel's dynamic
             // shared memory limit was raised to wg_smem at load.
             drv(unsafe { b.launch(cfg) }, &format!("mat_mul: {name}"))?;
             Ok(())
