@@ -154,11 +154,13 @@ pub(crate) enum WgmmaUse {
 }
 
 pub(crate) fn wgmma_use() -> WgmmaUse {
-    match std::env::var("QUIRE_WGMMA").as_deref() {
+    // Read once: consulted on every prefill matmul.
+    static USE: std::sync::OnceLock<WgmmaUse> = std::sync::OnceLock::new();
+    *USE.get_or_init(|| match std::env::var("QUIRE_WGMMA").as_deref() {
         Ok("0") => WgmmaUse::Off,
         Ok("1") => WgmmaUse::AllTypes,
         _ => WgmmaUse::Default,
-    }
+    })
 }
 
 /// Whether the Hopper-only kernels are compiled (see `wgmma_use`).

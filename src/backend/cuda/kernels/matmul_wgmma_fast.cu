@@ -35,10 +35,10 @@
 // 32-blocks, a multiple of 16 bytes for every type, so rows start 16-byte
 // aligned when k is a multiple of 256). Activations in SX chunk stages,
 // written by to_f16_wr in the shared layout so that one bulk copy (the
-// copy engine) moves a chunk; raw weights in SR superchunk stages (MT x
-// 128 rows) by cp.async from the producer's 128 threads, each arriving on
-// the stage's barrier when its own copies land (bulk copies of the
-// 144-byte rows ran the whole kernel at half speed: WR_WBULK=1). Each stage
+// copy engine) per 128 tokens moves a chunk; raw weights in SR superchunk
+// stages (MT x 128 rows) by cp.async from the producer's 128 threads, each
+// arriving on the stage's barrier when its own copies land (bulk copies of
+// the 144-byte rows ran the whole kernel at half speed, 2026-11-25). Each stage
 // has a full barrier and an empty barrier (one arrival per consumer warp
 // once the stage's last reader retired). Consumers commit one wgmma group
 // per 32-block (two instructions) and decode later blocks while earlier
@@ -64,11 +64,6 @@ typedef unsigned long long u64;
 #endif
 #ifndef WG_NO_WCOPY
 #define WG_NO_WCOPY 0
-#endif
-// Raw weight rows by bulk copies (1) or by cp.async from the producer
-// warpgroup (0).
-#ifndef WR_WBULK
-#define WR_WBULK 0
 #endif
 
 // Shared-memory matrix descriptor of a K-major f16 tile with 128-byte rows
@@ -157,10 +152,10 @@ __device__ __forceinline__ void mbar_wait(u64* bar, u32 par) {
     "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
 #define WG_ACC128(i) WG_ACC64(i), WG_ACC64(i + 64)
 #define WR_THREADS(MT) (128 + 256 * (MT))
-// Registers per thread after setmaxnreg: 40 for the producer, these for
-// the consumers. An increase waits until the CTA's pool (the launch's
-// registers per thread, 65,536 / threads rounded down to 8, times the
-// threads) has them, so both must fit it: 112 at MT = 2 hung.
+// Registers per thread after setmaxnreg, producer and consumers. An
+// increase waits until the CTA's pool (the launch's registers per thread,
+// 65,536 / threads rounded down to 8, times the threads) has them, so both
+// must fit it: consumers at 112 with the producer at 40 (MT = 2) hung.
 __host__ __device__ constexpr int wr_producer_regs(int mt) { return mt == 1 ? 40 : 24; }
 __host__ __device__ constexpr int wr_consumer_regs(int mt) { return mt == 1 ? 232 : 112; }
 __host__ __device__ constexpr bool wr_regs_fit(int mt) {
@@ -287,13 +282,13 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
     extern __shared__ __align__(16) u8 wg_smem[];
     u32 s0 = (u32)__cvta_generic_to_shared(wg_smem);
     u8* sm = wg_smem + ((1024 - (s0 & 1023)) & 1023);
-    u8* sx = sm;                     // SX x 128 tokens x 128 B
+    u8* sx = sm;                    // SX x BN tokens x 128 B
     u8* sraw = sx + SX * BN * 128;  // SR x RAW
     u64* bars = (u64*)(sraw + SR * RAW);
-    u64* full_x = bars;             // [SX], one arrival + 16 KiB of copies
-    u64* empty_x = bars + SX;       // [SX], 8 MT consumer warps
-    u64* full_r = bars + 2 * SX;    // [SR], one arrival + RAW bytes of copies
-    u64* empty_r = full_r + SR;     // [SR], 8 MT consumer warps
+    u64* full_x = bars;           // [SX], one arrival + BN x 128 bytes of bulk copies
+    u64* empty_x = bars + SX;     // [SX], 8 MT consumer warps
+    u64* full_r = bars + 2 * SX;  // [SR], 128 producer threads' cp.async (noinc)
+    u64* empty_r = full_r + SR;   // [SR], 8 MT consumer warps
     const MmJob jb = mm_job(J, blockIdx.y);
     const int m = jb.m, units = k / 32;
     const long long row_bytes = (long long)units * BS;
@@ -301,8 +296,8 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
     const int n0 = blockIdx.x * BN;
     const int n = min(BN, n_all - n0);
     const int nk = k / WG_BK;
-    // This token tile's chunks (to_f16_wr's layout).
-    // (BN / 128 tiles of it: the layout's chunk c of tile T at T nk + c.)
+    // The CTA's BN / 128 tiles of to_f16_wr's layout (chunk c of tile T at
+    // T nk + c).
     const u16* xt = x16 + (long long)blockIdx.x * (BN / WR_BN) * nk * (WR_BN * 64);
     const int tid = threadIdx.x, wg = tid >> 7;
 #define SX_(c) (sx + ((c) % SX) * BN * 128)
@@ -314,7 +309,7 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
             mbar_init(empty_x + i, 8 * MT);
         }
         for (int i = 0; i < SR; i++) {
-            mbar_init(full_r + i, WR_WBULK ? 1 : 128);
+            mbar_init(full_r + i, 128);
             mbar_init(empty_r + i, 8 * MT);
         }
         // The copy engine (async proxy) completes on these barriers.
@@ -324,10 +319,10 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(wr_producer_regs(MT)) : "memory");
-        // Bulk raw copies: one warp issues every copy. cp.async raw copies:
-        // the warpgroup's 128 threads, each arriving on the full barrier
-        // once its own copies have landed (arrive.noinc).
-        if (WR_WBULK && tid >= 32) return;
+        // Raw rows by cp.async from the warpgroup's 128 threads, each
+        // arriving on the full barrier once its own copies have landed
+        // (arrive.noinc); bulk copies of the 144-byte rows ran the kernel at
+        // half speed (docs/PERF.md). Activations by bulk copy from thread 0.
         const int t = tid;
         for (int c = 0; c < nk; c++) {
             if ((c & 3) == 0) {
@@ -338,27 +333,17 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
                 if (s >= SR) mbar_wait(empty_r + s % SR, ((s - SR) / SR) & 1);
                 u8* dst = SR_(s);
                 const u8* src = jb.w + (long long)s * 8 * BS;
-                if (WR_WBULK) {
-                    if (t == 0) mbar_expect(full_r + s % SR, WG_NO_WCOPY ? 0 : RAW);
-                    __syncwarp();
+                constexpr int P = BS / 2;  // 16-byte pieces per row
 #pragma unroll 1
-                    for (int r = t; r < 128 * MT && !WG_NO_WCOPY; r += 32) {
-                        // Rows past the job's: its first row (never stored).
-                        const int gr = row0 + r < m ? row0 + r : row0;
-                        bulk_g2s(dst + r * 8 * BS, src + gr * row_bytes, 8 * BS, full_r + s % SR);
-                    }
-                } else {
-                    constexpr int P = BS / 2;  // 16-byte pieces per row
-#pragma unroll 1
-                    for (int i = t; i < 128 * MT * P && !WG_NO_WCOPY; i += 128) {
-                        const int r = i / P, pc = i - r * P;
-                        const int gr = row0 + r < m ? row0 + r : row0;
-                        cp_async16(dst + r * 8 * BS + 16 * pc, src + gr * row_bytes + 16 * pc, 16);
-                    }
-                    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
-                                     (u32)__cvta_generic_to_shared(full_r + s % SR))
-                                 : "memory");
+                for (int i = t; i < 128 * MT * P && !WG_NO_WCOPY; i += 128) {
+                    const int r = i / P, pc = i - r * P;
+                    // Rows past the job's: its first row (never stored).
+                    const int gr = row0 + r < m ? row0 + r : row0;
+                    cp_async16(dst + r * 8 * BS + 16 * pc, src + gr * row_bytes + 16 * pc, 16);
                 }
+                asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
+                                 (u32)__cvta_generic_to_shared(full_r + s % SR))
+                             : "memory");
             }
             // Activation chunk c: 16 KiB, already in the shared layout. Its
             // slot's chunk c - SX was released once that one's last wgmma
@@ -373,7 +358,7 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
                              full_x + c % SX);
             }
         }
-        if (!WR_WBULK) cp_async_wait_all();
+        cp_async_wait_all();
         return;
     }
 

@@ -88,6 +88,38 @@ fn wg_type_index(ty: GgmlType) -> Option<usize> {
         .filter(|&c| c < WG_KERNELS.len())
 }
 
+/// The comparison knobs of the shape choice and the default rule, read once
+/// (they are consulted on every prefill matmul).
+struct WrKnobs {
+    /// QUIRE_WR_MT=1|2 or QUIRE_WR_BN=256: the WR_SHAPES index to force.
+    force: Option<usize>,
+    n256_cost: usize,
+    min_k: usize,
+    min_fill: usize,
+}
+
+fn knobs() -> &'static WrKnobs {
+    static K: std::sync::OnceLock<WrKnobs> = std::sync::OnceLock::new();
+    K.get_or_init(|| {
+        let env = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+        };
+        WrKnobs {
+            force: match (env("QUIRE_WR_MT"), env("QUIRE_WR_BN")) {
+                (_, Some(256)) => Some(2),
+                (Some(1), _) => Some(0),
+                (Some(2), _) => Some(1),
+                _ => None,
+            },
+            n256_cost: env("QUIRE_WR_N256_COST").unwrap_or(14),
+            min_k: env("QUIRE_WG_MIN_K").unwrap_or(2048),
+            min_fill: env("QUIRE_WG_MIN_FILL").unwrap_or(90),
+        }
+    })
+}
+
 /// The CTA shape (index into WR_SHAPES) with the shorter estimate,
 /// CTA-waves times a wave's time relative to (1, 128): 1.5 for MT = 2
 /// (measured 1.49-1.58x on an H100: twice the work with four consumers,
@@ -98,18 +130,10 @@ fn wg_type_index(ty: GgmlType) -> Option<usize> {
 /// never took it); ties take the later shape. `QUIRE_WR_MT=1|2` forces (MT, 128),
 /// `QUIRE_WR_BN=256` (1, 256) (comparisons).
 pub(super) fn wr_shape(rows: &[usize], n: usize, sms: usize) -> usize {
-    let env = |name: &str| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-    };
-    match (env("QUIRE_WR_MT"), env("QUIRE_WR_BN")) {
-        (_, Some(256)) => return 2,
-        (Some(1), _) => return 0,
-        (Some(2), _) => return 1,
-        _ => {}
+    if let Some(v) = knobs().force {
+        return v;
     }
-    let cost = [10, 15, env("QUIRE_WR_N256_COST").unwrap_or(14)];
+    let cost = [10, 15, knobs().n256_cost];
     let sms = sms.max(1);
     let time = |v: usize| -> usize {
         let (mt, bn) = WR_SHAPES[v];
@@ -140,16 +164,10 @@ pub(super) fn wg_default_takes(
     n: usize,
     sms: usize,
 ) -> bool {
-    let env = |name: &str, default: usize| -> usize {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
     let ctas: usize = rows.iter().map(|r| r.div_ceil(128)).sum::<usize>() * n.div_ceil(WR_BN);
     matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1)
-        && k >= env("QUIRE_WG_MIN_K", 2048)
-        && 100 * ctas >= env("QUIRE_WG_MIN_FILL", 90) * sms.max(1)
+        && k >= knobs().min_k
+        && 100 * ctas >= knobs().min_fill * sms.max(1)
 }
 
 impl CudaBackend {
