@@ -50,10 +50,14 @@ for s in "${steps[@]}"; do
       # 32-value block type, in each CTA shape (128 or 256 rows, 256 tokens);
       # QUIRE_WGMMA=0 leaves the cuBLAS path every type.
       QUIRE_WGMMA=0 run_step ops-fast-blas "$QUIRE" ops --backend cuda --mode fast --op mat_mul
-      for mt in 1 2; do
-        QUIRE_WGMMA=1 QUIRE_WR_MT=$mt run_step "ops-fast-wgmma-m$mt" "$QUIRE" ops --backend cuda --mode fast --op mat_mul
+      # Each shape unsplit and (where k / 256 allows) in 2 and 4 k splits
+      # added by split_sum_jobs.
+      for sp in 1 2 4; do
+        for mt in 1 2; do
+          QUIRE_WGMMA=1 QUIRE_WR_MT=$mt QUIRE_WR_SPLIT=$sp run_step "ops-fast-wgmma-m$mt-s$sp" "$QUIRE" ops --backend cuda --mode fast --op mat_mul
+        done
+        QUIRE_WGMMA=1 QUIRE_WR_BN=256 QUIRE_WR_SPLIT=$sp run_step "ops-fast-wgmma-n256-s$sp" "$QUIRE" ops --backend cuda --mode fast --op mat_mul
       done
-      QUIRE_WGMMA=1 QUIRE_WR_BN=256 run_step ops-fast-wgmma-n256 "$QUIRE" ops --backend cuda --mode fast --op mat_mul
       # The 8-key-tile split attention (att_pipe_w_*), which fast mode takes
       # only for launches past one wave (larger batches than the cases).
       QUIRE_ATT_WIDE=1 run_step ops-fast-att-wide "$QUIRE" ops --backend cuda --mode fast --op paged_attention

@@ -471,6 +471,12 @@ impl Ctx<'_> {
                 // Many k splits over one row tile (fast mode's int8 MMA
                 // kernel: k a multiple of 256), a partial activation tile.
                 (300, 1024, 9),
+                // One activation row over 16-byte-multiple weight rows:
+                // fast mode's bulk-copy matvec (sm_90+), 8 rows per CTA at
+                // k = 1024 and 4 or 2 rows (2 or 4 warps each) at 14,336,
+                // partial last CTAs.
+                (37, 1024, 1),
+                (22, 14336, 1),
             ];
             if bs == 1 {
                 shapes.push((5, 33, 2));

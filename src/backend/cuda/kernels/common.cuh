@@ -9,6 +9,7 @@ typedef unsigned char u8;
 typedef unsigned short u16;
 typedef unsigned int u32;
 typedef long long i64;
+typedef unsigned long long u64;
 
 // First statement of every kernel. On sm_90+ decode graphs link kernel
 // nodes by programmatic edges (src/backend/cuda/pdl.rs), so a kernel's CTAs
@@ -35,6 +36,51 @@ typedef long long i64;
 #define GRID_DEP() \
     do {           \
     } while (0)
+#endif
+
+// mbarriers and bulk copies (sm_90+: the copy engine, completing on an
+// mbarrier's transaction count). Used by the wgmma GEMM and the bulk
+// matvec (matmul_fast.cu); kernels of older devices never call them.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void mbar_init(u64* bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((u32)__cvta_generic_to_shared(bar)),
+                 "r"(count)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u64* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(
+                     (u32)__cvta_generic_to_shared(bar))
+                 : "memory");
+}
+// Arrives once and expects `bytes` more bytes of bulk copies this phase.
+__device__ __forceinline__ void mbar_expect(u64* bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
+                     (u32)__cvta_generic_to_shared(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+// Bulk copy (the copy engine, async proxy) of `bytes` (a multiple of 16,
+// both addresses 16-byte aligned) from global to this CTA's shared memory,
+// completing on `bar`'s transaction count.
+__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, u32 bytes, u64* bar) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+            "r"((u32)__cvta_generic_to_shared(dst)),
+        "l"(src), "r"(bytes), "r"((u32)__cvta_generic_to_shared(bar))
+        : "memory");
+}
+// Waits until the phase of parity `par` of the barrier has completed.
+__device__ __forceinline__ void mbar_wait(u64* bar, u32 par) {
+    u32 a = (u32)__cvta_generic_to_shared(bar), done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(a), "r"(par)
+            : "memory");
+    } while (!done);
+}
 #endif
 
 // Data no kernel ever writes (weights) may be read before GRID_DEP()'s

@@ -47,11 +47,10 @@
 // Shared memory (dynamic, wr_smem_bytes): alignment slack, sx (SX x BN
 // tokens x 128 B), raw (SR x 128 MT rows x 8 blocks), mbarriers.
 // Grid: (ceil(n / BN), CTA rows of the job table J (128 MT weight rows
-// each), 1). Requirements (launch/matmul_wgmma.rs): k a multiple of 256,
+// each), k splits). Requirements (launch/matmul_wgmma.rs): k a multiple of 256,
 // weights 16-byte aligned, x16 ceil(n / BN) x BN / 128 tiles of 128 tokens
 // x k f16 in to_f16_wr's layout, 16-byte aligned.
 
-typedef unsigned long long u64;
 #define WG_BK 64
 #define WG_SMEM_MAX 232448
 // Timing-only knobs (wrong results; QUIRE_WG_DEFINES): leave out the
@@ -100,45 +99,7 @@ __device__ __forceinline__ void wg_reg_fence(float& r) { asm volatile("" : "+f"(
     WG_ACC8(i), WG_ACC8(i + 8), WG_ACC8(i + 16), WG_ACC8(i + 24), WG_ACC8(i + 32),    \
         WG_ACC8(i + 40), WG_ACC8(i + 48), WG_ACC8(i + 56)
 
-__device__ __forceinline__ void mbar_init(u64* bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((u32)__cvta_generic_to_shared(bar)),
-                 "r"(count)
-                 : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(u64* bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(
-                     (u32)__cvta_generic_to_shared(bar))
-                 : "memory");
-}
-// Arrives once and expects `bytes` more bytes of bulk copies this phase.
-__device__ __forceinline__ void mbar_expect(u64* bar, u32 bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
-                     (u32)__cvta_generic_to_shared(bar)),
-                 "r"(bytes)
-                 : "memory");
-}
-// Bulk copy (the copy engine, async proxy) of `bytes` (a multiple of 16,
-// both addresses 16-byte aligned) from global to this CTA's shared memory,
-// completing on `bar`'s transaction count.
-__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, u32 bytes, u64* bar) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-            "r"((u32)__cvta_generic_to_shared(dst)),
-        "l"(src), "r"(bytes), "r"((u32)__cvta_generic_to_shared(bar))
-        : "memory");
-}
-// Waits until the phase of parity `par` of the barrier has completed.
-__device__ __forceinline__ void mbar_wait(u64* bar, u32 par) {
-    u32 a = (u32)__cvta_generic_to_shared(bar), done;
-    do {
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-            "selp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(a), "r"(par)
-            : "memory");
-    } while (!done);
-}
+// mbar_init, mbar_arrive, mbar_expect, bulk_g2s and mbar_wait: common.cuh.
 // Tokens per tile of to_f16_wr's layout (a CTA takes BN = 128 or 256).
 #define WR_BN 128
 #define WG_R128 \
@@ -274,7 +235,7 @@ extern "C" __global__ void to_f16_wr(const float* __restrict__ x, int n, int k, 
 
 template <int TY, int MT, int BN>
 __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__ x16, int n_all,
-                                        int k) {
+                                        int k, long long pstride) {
     constexpr int BS = gr_type_size(TY);
     constexpr int SR = wr_stages(BS, MT, BN) / 8, SX = wr_stages(BS, MT, BN) % 8;
     static_assert(BN == 128 || (BN == 256 && MT == 1), "256 tokens: 128 accumulators, MT = 1 only");
@@ -289,16 +250,23 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
     u64* empty_x = bars + SX;     // [SX], 8 MT consumer warps
     u64* full_r = bars + 2 * SX;  // [SR], 128 producer threads' cp.async (noinc)
     u64* empty_r = full_r + SR;   // [SR], 8 MT consumer warps
-    const MmJob jb = mm_job(J, blockIdx.y);
+    MmJob jb = mm_job(J, blockIdx.y);
     const int m = jb.m, units = k / 32;
     const long long row_bytes = (long long)units * BS;
     const int row0 = jb.by * 128 * MT;
     const int n0 = blockIdx.x * BN;
     const int n = min(BN, n_all - n0);
-    const int nk = k / WG_BK;
+    // Split k (grid z = splits): this CTA's nk chunks start at chunk c0, a
+    // superchunk boundary (the host splits k / 256 evenly); its partial
+    // sums go to jb.out + z pstride (the host's partial buffer, added in
+    // split order by split_sum_jobs; jb.add is then 0).
+    const int nk_all = k / WG_BK, nk = nk_all / (int)gridDim.z, c0 = (int)blockIdx.z * nk;
+    jb.w += (long long)(c0 / 4) * 8 * BS;
+    jb.out += (long long)blockIdx.z * pstride;
     // The CTA's BN / 128 tiles of to_f16_wr's layout (chunk c of tile T at
-    // T nk + c).
-    const u16* xt = x16 + (long long)blockIdx.x * (BN / WR_BN) * nk * (WR_BN * 64);
+    // T nk_all + c), from chunk c0.
+    const u16* xt = x16 + (long long)blockIdx.x * (BN / WR_BN) * nk_all * (WR_BN * 64) +
+                    (long long)c0 * (WR_BN * 64);
     const int tid = threadIdx.x, wg = tid >> 7;
 #define SX_(c) (sx + ((c) % SX) * BN * 128)
 #define SR_(s) (sraw + ((s) % SR) * RAW)
@@ -354,7 +322,7 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
 #pragma unroll
                 for (int h = 0; h < BN / WR_BN && !WG_NO_XCOPY; h++)
                     bulk_g2s(SX_(c) + h * WR_BN * 128,
-                             xt + ((long long)h * nk + c) * (WR_BN * 64), WR_BN * 128,
+                             xt + ((long long)h * nk_all + c) * (WR_BN * 64), WR_BN * 128,
                              full_x + c % SX);
             }
         }
@@ -464,9 +432,9 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
                       WG_SMEM_##NAME,                                                          \
                   "launch/matmul_wgmma.rs disagrees on " #NAME "'s shared memory");            \
     extern "C" __global__ void __launch_bounds__(WR_THREADS(MT), 1)                              \
-        NAME(MmJobs J, const u16* __restrict__ x16, int n, int k) {                            \
+        NAME(MmJobs J, const u16* __restrict__ x16, int n, int k, long long pstride) {         \
         GRID_DEP();                                                                            \
-        wr_body<TY, MT, BN>(J, x16, n, k);                                                     \
+        wr_body<TY, MT, BN>(J, x16, n, k, pstride);                                            \
     }
 // mm_wr_<type>_m<MT>: 128 MT rows x 128 tokens; _n256: 128 rows x 256.
 WR_ENTRY(mm_wr_q4_0_m1, TY_Q4_0, 1, 128)

@@ -231,6 +231,16 @@ pub(super) struct MmJobs {
 unsafe impl cudarc::driver::DeviceRepr for MmJobs {}
 
 impl MmJobs {
+    /// Points job `j`'s output at device address `addr`.
+    pub(super) fn set_out(&mut self, j: usize, addr: u64) {
+        self.out[j] = addr;
+    }
+
+    /// Sets the table's add bits (bit j: job j adds into its output).
+    pub(super) fn set_add(&mut self, bits: i32) {
+        self.add = bits;
+    }
+
     /// Whether split_sum_jobs can add this table's partials of `n`
     /// activation rows four floats at a time: every job's n * m a multiple
     /// of 4 and every output 16-byte aligned.

@@ -94,6 +94,10 @@ struct WrKnobs {
     /// QUIRE_WR_MT=1|2 or QUIRE_WR_BN=256: the WR_SHAPES index to force.
     force: Option<usize>,
     n256_cost: usize,
+    /// QUIRE_WR_SPLIT=1|2|4: the k splits to force where k allows them.
+    split: Option<usize>,
+    /// QUIRE_WR_SPLIT_PEN: the reduction's estimated cost (wr_plan).
+    split_pen: usize,
     min_k: usize,
     min_fill: usize,
 }
@@ -114,6 +118,8 @@ fn knobs() -> &'static WrKnobs {
                 _ => None,
             },
             n256_cost: env("QUIRE_WR_N256_COST").unwrap_or(14),
+            split: env("QUIRE_WR_SPLIT").filter(|v| matches!(v, 1 | 2 | 4)),
+            split_pen: env("QUIRE_WR_SPLIT_PEN").unwrap_or(25),
             min_k: env("QUIRE_WG_MIN_K").unwrap_or(2048),
             min_fill: env("QUIRE_WG_MIN_FILL").unwrap_or(90),
         }
@@ -129,21 +135,69 @@ fn knobs() -> &'static WrKnobs {
 /// it for q/k/v and gate/up and ran 8B Q4_0 pp512 8% faster than 18, which
 /// never took it); ties take the later shape. `QUIRE_WR_MT=1|2` forces (MT, 128),
 /// `QUIRE_WR_BN=256` (1, 256) (comparisons).
-pub(super) fn wr_shape(rows: &[usize], n: usize, sms: usize) -> usize {
-    if let Some(v) = knobs().force {
-        return v;
-    }
-    let cost = [10, 15, knobs().n256_cost];
+/// The CTA shape and the k splits of one launch: with `split_ok` (the
+/// partials' reduction possible) also 2 or 4 splits where they divide k /
+/// 256, each CTA over k / splits, its partial sums added in split order
+/// by split_sum_jobs. A split divides a wave's time (times 10, the
+/// units of `wr_shape`'s costs) by the splits and multiplies the CTAs;
+/// its reduction costs QUIRE_WR_SPLIT_PEN (default 25) per wave of 128 x
+/// 128 output tiles at k = 4,096 and 2 splits, scaled by splits / 2 and
+/// 4,096 / k (the reduction's
+/// bytes per output do not grow with k, the GEMM's time does). Why: the
+/// 8B's o and down at 512 tokens fill one wave only with 128 x 128 CTAs,
+/// the least efficient shape (ncu, H100, 2026-11-25: 63 and 152 us
+/// against cuBLAS's 29 and 85 on f16 weights), while two k halves of 64
+/// CTAs of 128 x 256 fill the same wave: 32 + 12 and 95 + 12 us with
+/// split_sum_jobs, and 8B Q4_0 pp512 27.0k tokens/s against 24.1k
+/// unsplit. Penalties 15 and 30 ran the 8B alike; 15 also split the 1B's
+/// q/k/v (-3%), which 25 does not. QUIRE_WR_SPLIT forces a count.
+pub(super) fn wr_plan(
+    rows: &[usize],
+    n: usize,
+    k: usize,
+    sms: usize,
+    split_ok: bool,
+) -> (usize, usize) {
+    let kn = knobs();
+    let cost = [10, 15, kn.n256_cost];
     let sms = sms.max(1);
-    let time = |v: usize| -> usize {
+    let out_tiles: usize = rows.iter().map(|r| r.div_ceil(128)).sum::<usize>() * n.div_ceil(128);
+    let splits: &[usize] = match (split_ok, kn.split) {
+        (false, _) => &[1],
+        (true, Some(1)) => &[1],
+        (true, Some(2)) => &[2],
+        (true, Some(_)) => &[4],
+        (true, None) => &[1, 2, 4],
+    };
+    let splits: Vec<usize> = splits
+        .iter()
+        .copied()
+        .filter(|&sp| sp == 1 || (k / 256).is_multiple_of(sp) && k >= 256 * sp)
+        .collect();
+    let splits = if splits.is_empty() { vec![1] } else { splits };
+    // Times 1,000 / splits: integers, ties decided as before.
+    let time = |v: usize, sp: usize| -> usize {
         let (mt, bn) = WR_SHAPES[v];
         let tiles: usize = rows.iter().map(|r| r.div_ceil(128 * mt)).sum();
-        (tiles * n.div_ceil(bn)).div_ceil(sms) * cost[v]
+        let gemm = (tiles * n.div_ceil(bn) * sp).div_ceil(sms) * cost[v] * 1000 / sp;
+        // The reduction reads sp partials: calibrated at 2.
+        let reduce = if sp > 1 {
+            kn.split_pen * 50 * sp * out_tiles * 4096 / (sms * k.max(1))
+        } else {
+            0
+        };
+        gemm + reduce
     };
-    let mut best = 0;
-    for v in 1..WR_SHAPES.len() {
-        if time(v) <= time(best) {
-            best = v;
+    let shapes: Vec<usize> = match kn.force {
+        Some(v) => vec![v],
+        None => (0..WR_SHAPES.len()).collect(),
+    };
+    let mut best = (shapes[0], splits[0]);
+    for &sp in &splits {
+        for &v in &shapes {
+            if time(v, sp) <= time(best.0, best.1) {
+                best = (v, sp);
+            }
         }
     }
     best
@@ -216,7 +270,13 @@ impl CudaBackend {
         let (ty, k) = (jobs[0].w.ty, jobs[0].w.cols);
         let t = wg_type_index(ty).expect("wg_takes checked the type");
         let rows: Vec<usize> = jobs.iter().map(|j| j.w.rows).collect();
-        let v = wr_shape(&rows, n, self.sm_count());
+        let m_all: usize = rows.iter().sum();
+        // Splits need split_sum_jobs's float4 sums: every n * m_j a
+        // multiple of 4, every output 16-byte aligned.
+        let split_ok = jobs.iter().all(|j| {
+            (n * j.w.rows).is_multiple_of(4) && super::dev_ptr_mut(&j.out, s).is_multiple_of(16)
+        });
+        let (v, splits) = wr_plan(&rows, n, k, self.sm_count(), split_ok);
         let (mt, bn) = WR_SHAPES[v];
         let name = WG_KERNELS[t][v];
         // The f16 activations in to_f16_wr's tiled layout (whole tiles of
@@ -224,7 +284,8 @@ impl CudaBackend {
         // the arena, under their own cache key: the next MatMuls op of the
         // same input converts nothing.
         let padded = n.div_ceil(bn) * bn;
-        let mut guard = self.arena(&[padded * k * 2, 0, 0])?;
+        let part_len = if splits > 1 { splits * n * m_all } else { 0 };
+        let mut guard = self.arena(&[padded * k * 2, part_len * 4, 0])?;
         let key = ActKey::new(x, k, ACT_F16_WR, s);
         let cached = self.act_cached(key);
         let out_ranges: Vec<(u64, usize)> = jobs
@@ -233,7 +294,7 @@ impl CudaBackend {
             .collect();
         let (table, ctas) = job_table(jobs, 128 * mt, s)?;
         let (ni, ki) = (i32_of(n, "n")?, i32_of(k, "k")?);
-        arena3::<u16, u8, u8, ()>(&mut guard, (padded * k, 0, 0), |x16, _, _| {
+        arena3::<u16, f32, u8, ()>(&mut guard, (padded * k, part_len, 0), |x16, part, _| {
             if super::dev_ptr_mut(x16, s) % 16 != 0 {
                 return Err(anyhow!(
                     "mat_mul: {name}: f16 activations not 16-byte aligned"
@@ -253,12 +314,26 @@ impl CudaBackend {
                 )?;
             }
             let cfg = LaunchConfig {
-                grid_dim: (u32::try_from(n.div_ceil(bn))?, ctas, 1),
+                grid_dim: (u32::try_from(n.div_ceil(bn))?, ctas, u32::try_from(splits)?),
                 block_dim: (wr_threads(mt), 1, 1),
                 shared_mem_bytes: u32::try_from(wr_smem_of(ty.type_size(), v))?,
             };
+            // Split: the kernel's table stores each job's partial sums
+            // (no add) at its place in split 0's part of the buffer, job j
+            // after the n * m of the jobs before it; split z at + z stride.
+            let stride = if splits > 1 { (n * m_all) as i64 } else { 0 };
+            let mut kt = table;
+            if splits > 1 {
+                let base = super::dev_ptr_mut(part, s);
+                let mut off = 0u64;
+                for (j, r) in rows.iter().enumerate() {
+                    kt.set_out(j, base + 4 * off);
+                    off += (n * r) as u64;
+                }
+                kt.set_add(0);
+            }
             let mut b = s.launch_builder(self.func(name)?);
-            b.arg(&table).arg(&mut *x16).arg(&ni).arg(&ki);
+            b.arg(&kt).arg(&mut *x16).arg(&ni).arg(&ki).arg(&stride);
             // SAFETY: matches mm_wr_* (MmJobs by value, x16, n, k): the
             // table's weights hold m_j rows of k / 32 blocks (validated),
             // 16-byte aligned (wg_takes), its outputs n * m_j floats, x16
@@ -267,6 +342,22 @@ impl CudaBackend {
             // kernel's dynamic
             // shared memory limit was raised to wg_smem at load.
             drv(unsafe { b.launch(cfg) }, &format!("mat_mul: {name}"))?;
+            if splits > 1 {
+                let sp = i32_of(splits, "splits")?;
+                let len = n * m_all;
+                let mut b = s.launch_builder(self.func("split_sum_jobs")?);
+                let pv = part.slice(0..);
+                b.arg(&pv).arg(&sp).arg(&stride).arg(&ni).arg(&table);
+                // SAFETY: matches split_sum_jobs; part holds splits * n *
+                // m_all floats (split z at z * stride, jobs back to back as
+                // the kernel's table put them), the table's outputs n * m_j
+                // floats, 16-byte aligned with n * m_j multiples of 4
+                // (vec4_ok), stride = n * m_all.
+                drv(
+                    unsafe { b.launch(grid_1d(len.div_ceil(4), 256)?) },
+                    "mat_mul: split_sum_jobs (wgmma)",
+                )?;
+            }
             Ok(())
         })?;
         self.act_remember(key, &out_ranges);
@@ -277,7 +368,7 @@ impl CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::{
-        wg_default_takes, wg_smem, wg_type_index, wr_shape, wr_smem_of, wr_stages, WG_SMEM_MAX,
+        wg_default_takes, wg_smem, wg_type_index, wr_plan, wr_smem_of, wr_stages, WG_SMEM_MAX,
         WG_TYPES,
     };
     use crate::quant::GgmlType;
@@ -320,29 +411,42 @@ mod tests {
     }
 
     #[test]
-    fn cta_shape_by_waves() {
-        if ["QUIRE_WR_MT", "QUIRE_WR_BN", "QUIRE_WR_N256_COST"]
-            .iter()
-            .any(|v| std::env::var(v).is_ok())
+    fn cta_shape_and_splits_by_waves() {
+        if [
+            "QUIRE_WR_MT",
+            "QUIRE_WR_BN",
+            "QUIRE_WR_N256_COST",
+            "QUIRE_WR_SPLIT",
+            "QUIRE_WR_SPLIT_PEN",
+        ]
+        .iter()
+        .any(|v| std::env::var(v).is_ok())
         {
-            eprintln!("SKIPPED: QUIRE_WR_MT, QUIRE_WR_BN or QUIRE_WR_N256_COST set");
+            eprintln!("SKIPPED: a QUIRE_WR_* knob is set");
             return;
         }
         // 8B gate and up at 512 tokens: 224 x 4 = 896 CTAs of 128 x 128 (7
         // waves on 132 SMs: 70) vs 112 x 4 = 448 of 256 rows (4 waves: 60)
-        // vs 224 x 2 = 448 of 256 tokens (4 waves: 56).
-        assert_eq!(wr_shape(&[14336, 14336], 512, 132), 2);
+        // vs 224 x 2 = 448 of 256 tokens (4 waves: 56); two splits: 49 plus
+        // the reduction of 896 output tiles (17).
+        assert_eq!(wr_plan(&[14336, 14336], 512, 4096, 132, true), (2, 1));
         // 8B down at 512 tokens: 32 x 4 = 128 CTAs of 128 x 128 fit one
-        // wave; 64 of either larger shape take 1.5 or 1.4 units.
-        assert_eq!(wr_shape(&[4096], 512, 132), 0);
+        // wave (10); two k halves of 64 CTAs of 128 x 256 too (7 + 0.7).
+        assert_eq!(wr_plan(&[4096], 512, 14336, 132, true), (2, 2));
+        assert_eq!(wr_plan(&[4096], 512, 14336, 132, false), (0, 1));
+        // 8B o: the same at k = 4,096 (7 + 2.4).
+        assert_eq!(wr_plan(&[4096], 512, 4096, 132, true), (2, 2));
         // 8B q/k/v: 48 x 4 = 192 CTAs (2 waves: 20) vs 96 (1 wave: 15 or
-        // 14).
-        assert_eq!(wr_shape(&[4096, 1024, 1024], 512, 132), 2);
+        // 14); two splits: 2 waves of 7 plus 3.6.
+        assert_eq!(wr_plan(&[4096, 1024, 1024], 512, 4096, 132, true), (2, 1));
         // 1B gate and up at 512 tokens: 512 CTAs (4 waves: 40) vs 256 (2
         // waves: 30 or 28).
-        assert_eq!(wr_shape(&[8192, 8192], 512, 132), 2);
-        // 200 tokens of a 4096-row matrix: 64 CTAs of 128 x 128, one wave.
-        assert_eq!(wr_shape(&[4096], 200, 132), 0);
+        assert_eq!(wr_plan(&[8192, 8192], 512, 2048, 132, true), (2, 1));
+        // 1B q/k/v: 96 CTAs of 128 x 128 (10) vs two k halves of 48 x 2 of
+        // 128 x 256 (7 + 3.6).
+        assert_eq!(wr_plan(&[2048, 512, 512], 512, 2048, 132, true), (0, 1));
+        // Splits must divide k / 256: k = 768 takes none.
+        assert_eq!(wr_plan(&[4096], 512, 768, 132, true).1, 1);
     }
 
     #[test]
