@@ -233,52 +233,13 @@ extern "C" __global__ void to_f16_wr(const float* __restrict__ x, int n, int k, 
     *(uint4*)((u8*)out + chunk * (WR_BN * 128) + i * 128 + ((p ^ (i & 7)) << 4)) = h;
 }
 
-// Every thread of the cluster arrives (release: its earlier shared and
-// distributed shared memory writes become visible), then waits (acquire).
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-// The reduction of two k splits launched as a cluster of (1, 1, 2): after
-// its main loop, consumer thread ct (of nct) of split 1 (cluster rank 1)
-// writes its E sums into split 0's shared memory at red[e nct + ct]
-// (distributed shared memory; the stages are free once both CTAs passed
-// the first barrier), and split 0 adds them to its own: acc = split 0 +
-// split 1, the order and bits of split_sum_jobs. Returns whether this
-// CTA stores (split 0). Replaces the partials' round trip through device
-// memory and the split_sum_jobs launch (12 us per 8B o or down projection
-// at 512 tokens, ncu).
-template <int E>
-__device__ __forceinline__ bool wr_pair_sum(float* acc, float* red, int ct, int nct) {
-    cluster_sync();  // both splits left their main loops
-    if (blockIdx.z & 1) {
-        u32 remote;
-        asm volatile("mapa.shared::cluster.u32 %0, %1, 0;"
-                     : "=r"(remote)
-                     : "r"((u32)__cvta_generic_to_shared(red)));
-#pragma unroll
-        for (int e = 0; e < E; e++)
-            asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote + 4u * (e * nct + ct)),
-                         "f"(acc[e])
-                         : "memory");
-    }
-    cluster_sync();  // split 1's sums are in split 0's shared memory
-    if (blockIdx.z & 1) return false;
-#pragma unroll
-    for (int e = 0; e < E; e++) acc[e] = acc[e] + red[e * nct + ct];
-    return true;
-}
-
 template <int TY, int MT, int BN>
 __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__ x16, int n_all,
-                                        int k, long long pstride, int cred) {
+                                        int k, long long pstride) {
     constexpr int BS = gr_type_size(TY);
     constexpr int SR = wr_stages(BS, MT, BN) / 8, SX = wr_stages(BS, MT, BN) % 8;
     static_assert(BN == 128 || (BN == 256 && MT == 1), "256 tokens: 128 accumulators, MT = 1 only");
     constexpr int RAW = wr_raw_bytes(BS, MT);
-    static_assert((BN / 2) * 256 * MT * 4 <= SX * BN * 128 + SR * RAW,
-                  "wr_pair_sum's staging would reach the mbarriers");
     extern __shared__ __align__(16) u8 wg_smem[];
     u32 s0 = (u32)__cvta_generic_to_shared(wg_smem);
     u8* sm = wg_smem + ((1024 - (s0 & 1023)) & 1023);
@@ -366,11 +327,6 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
             }
         }
         cp_async_wait_all();
-        // The pair's two cluster barriers (wr_pair_sum) count every thread.
-        if (cred) {
-            cluster_sync();
-            cluster_sync();
-        }
         return;
     }
 
@@ -452,11 +408,6 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
     wg_wait<0>();
 #pragma unroll
     for (int e = 0; e < BN / 2; e++) wg_reg_fence(acc[e]);
-    // Two k splits in a cluster (cred): split 1 hands its sums to split 0,
-    // which stores split 0 + split 1 (split_sum_jobs's order and bits).
-    if (cred) {
-        if (!wr_pair_sum<BN / 2>(acc, (float*)sm, tid - 128, 256 * MT)) return;
-    }
 #undef SX_
 #undef SR_
 
@@ -481,9 +432,9 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
                       WG_SMEM_##NAME,                                                          \
                   "launch/matmul_wgmma.rs disagrees on " #NAME "'s shared memory");            \
     extern "C" __global__ void __launch_bounds__(WR_THREADS(MT), 1)                              \
-        NAME(MmJobs J, const u16* __restrict__ x16, int n, int k, long long pstride, int cred) { \
+        NAME(MmJobs J, const u16* __restrict__ x16, int n, int k, long long pstride) {         \
         GRID_DEP();                                                                            \
-        wr_body<TY, MT, BN>(J, x16, n, k, pstride, cred);                                      \
+        wr_body<TY, MT, BN>(J, x16, n, k, pstride);                                            \
     }
 // mm_wr_<type>_m<MT>: 128 MT rows x 128 tokens; _n256: 128 rows x 256.
 WR_ENTRY(mm_wr_q4_0_m1, TY_Q4_0, 1, 128)

@@ -6,7 +6,7 @@
 
 use super::act_cache::{ActKey, ACT_F16_WR};
 use super::arena3;
-use super::matmul::{job_table, MmJobs};
+use super::matmul::job_table;
 use crate::backend::cuda::mem::Dev;
 use crate::backend::cuda::source::WG_KERNELS;
 use crate::backend::cuda::{drv, grid_1d, i32_of, ty_code, wgmma_use, CudaBackend, WgmmaUse};
@@ -98,9 +98,6 @@ struct WrKnobs {
     split: Option<usize>,
     /// QUIRE_WR_SPLIT_PEN: the reduction's estimated cost (wr_plan).
     split_pen: usize,
-    /// QUIRE_WR_CLUSTER=0: two splits reduced by split_sum_jobs instead of
-    /// in their cluster (wr_pair_sum).
-    cluster: bool,
     min_k: usize,
     min_fill: usize,
 }
@@ -123,7 +120,6 @@ fn knobs() -> &'static WrKnobs {
             n256_cost: env("QUIRE_WR_N256_COST").unwrap_or(14),
             split: env("QUIRE_WR_SPLIT").filter(|v| matches!(v, 1 | 2 | 4)),
             split_pen: env("QUIRE_WR_SPLIT_PEN").unwrap_or(25),
-            cluster: env("QUIRE_WR_CLUSTER") != Some(0),
             min_k: env("QUIRE_WG_MIN_K").unwrap_or(2048),
             min_fill: env("QUIRE_WG_MIN_FILL").unwrap_or(90),
         }
@@ -325,16 +321,9 @@ impl CudaBackend {
             // Split: the kernel's table stores each job's partial sums
             // (no add) at its place in split 0's part of the buffer, job j
             // after the n * m of the jobs before it; split z at + z stride.
-            // Two splits on sm_90 meet in a cluster of (1, 1, 2) and add
-            // there (wr_pair_sum): the real outputs, no partials.
-            let pair = splits == 2 && knobs().cluster;
-            let stride = if splits > 1 && !pair {
-                (n * m_all) as i64
-            } else {
-                0
-            };
+            let stride = if splits > 1 { (n * m_all) as i64 } else { 0 };
             let mut kt = table;
-            if splits > 1 && !pair {
+            if splits > 1 {
                 let base = super::dev_ptr_mut(part, s);
                 let mut off = 0u64;
                 for (j, r) in rows.iter().enumerate() {
@@ -343,29 +332,8 @@ impl CudaBackend {
                 }
                 kt.set_add(0);
             }
-            if pair {
-                let mut a = PairArgs {
-                    table: kt,
-                    x16: super::dev_ptr_mut(x16, s),
-                    n: ni,
-                    k: ki,
-                    pstride: 0,
-                    cred: 1,
-                };
-                // SAFETY: PairArgs holds mm_wr_*'s parameters in order as
-                // their C types (as the launch below); the grid's z extent
-                // is 2, which the cluster (1, 1, 2) divides, and one CTA of
-                // this shared memory fits an SM, so a pair fits two.
-                return unsafe { self.launch_clustered(name, cfg, (1, 1, 2), &mut a.params()) };
-            }
-            let cred = 0i32;
             let mut b = s.launch_builder(self.func(name)?);
-            b.arg(&kt)
-                .arg(&mut *x16)
-                .arg(&ni)
-                .arg(&ki)
-                .arg(&stride)
-                .arg(&cred);
+            b.arg(&kt).arg(&mut *x16).arg(&ni).arg(&ki).arg(&stride);
             // SAFETY: matches mm_wr_* (MmJobs by value, x16, n, k): the
             // table's weights hold m_j rows of k / 32 blocks (validated),
             // 16-byte aligned (wg_takes), its outputs n * m_j floats, x16
@@ -394,34 +362,6 @@ impl CudaBackend {
         })?;
         self.act_remember(key, &out_ranges);
         Ok(())
-    }
-}
-
-/// mm_wr_*'s parameters as the C types the kernel takes, for a
-/// cuLaunchKernelEx launch in clusters.
-struct PairArgs {
-    table: MmJobs,
-    x16: u64,
-    n: i32,
-    k: i32,
-    pstride: i64,
-    cred: i32,
-}
-
-impl PairArgs {
-    /// One pointer per kernel parameter, in order (valid while self is).
-    fn params(&mut self) -> [*mut std::ffi::c_void; 6] {
-        fn p<T>(x: &mut T) -> *mut std::ffi::c_void {
-            x as *mut T as *mut std::ffi::c_void
-        }
-        [
-            p(&mut self.table),
-            p(&mut self.x16),
-            p(&mut self.n),
-            p(&mut self.k),
-            p(&mut self.pstride),
-            p(&mut self.cred),
-        ]
     }
 }
 
