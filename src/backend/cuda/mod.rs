@@ -89,10 +89,6 @@ pub struct CudaBackend {
     /// Scratch memory of matmul (quantized activations), reused op after
     /// op; see `launch/`.
     arena: Mutex<CudaSlice<u8>>,
-    /// The wgmma GEMM's split flags (launch/matmul_wgmma.rs, wr_serial_sum
-    /// in matmul_wgmma_fast.cu): zeroed when allocated, left zero by every
-    /// launch that completes.
-    wr_flags: Mutex<Option<CudaSlice<i32>>>,
     /// Which activation rows the arena holds quantized (see
     /// `launch::act_cache::ActKey`): consecutive matmuls of one input (q, k, v;
     /// gate, up) quantize it once. Cleared by every other op, every
@@ -381,7 +377,6 @@ impl CudaBackend {
             gpu_mode,
             blas,
             arena: Mutex::new(arena),
-            wr_flags: Mutex::new(None),
             act_cache: Mutex::new(None),
             prequant: std::env::var("QUIRE_PREQUANT").map_or(true, |v| v != "0"),
             last_mv_q8: std::sync::atomic::AtomicBool::new(false),

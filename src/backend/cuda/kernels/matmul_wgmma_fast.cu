@@ -233,49 +233,9 @@ extern "C" __global__ void to_f16_wr(const float* __restrict__ x, int n, int k, 
     *(uint4*)((u8*)out + chunk * (WR_BN * 128) + i * 128 + ((p ^ (i & 7)) << 4)) = h;
 }
 
-// Two k splits reduced in series, without a second launch: grid z = 2,
-// tile t = (blockIdx.y, blockIdx.x). Split 0's consumer thread ct (of nct)
-// writes its E sums to part[(t E + e) nct + ct] (coalesced; the buffer
-// holds every tile's), and once all of them have, thread 0 raises
-// flags[t] (release). Split 1 waits for the flag (acquire), adds split 0's
-// sums to its own (acc = split 0 + split 1: split_sum_jobs's order and
-// bits), resets the flag for the next launch and stores. Returns whether
-// this CTA stores (split 1). The hardware dispatches CTAs in increasing
-// linear index, z slowest, so every split-0 CTA is running or done before
-// any split-1 CTA waits: no waiting CTA can keep the one it waits for off
-// the GPU. Replaces split_sum_jobs's launch and its read of both
-// partials.
-template <int E>
-__device__ __forceinline__ bool wr_serial_sum(float* acc, float* __restrict__ part,
-                                              int* __restrict__ flags, int ct, int nct) {
-    const long long t = (long long)blockIdx.y * gridDim.x + blockIdx.x;
-    float* p = part + t * E * nct + ct;
-    if (blockIdx.z == 0) {
-#pragma unroll
-        for (int e = 0; e < E; e++) __stcg(p + (long long)e * nct, acc[e]);
-        __threadfence();
-        asm volatile("bar.sync 1, %0;" ::"r"(nct) : "memory");  // consumers only
-        if (ct == 0)
-            asm volatile("st.release.gpu.global.b32 [%0], 1;" ::"l"(flags + t) : "memory");
-        return false;
-    }
-    if (ct == 0) {
-        int f = 0;
-        do {
-            asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(f) : "l"(flags + t) : "memory");
-        } while (f == 0);
-        flags[t] = 0;  // the next launch's (stream order: after this one)
-    }
-    asm volatile("bar.sync 1, %0;" ::"r"(nct) : "memory");
-#pragma unroll
-    for (int e = 0; e < E; e++) acc[e] = __ldcg(p + (long long)e * nct) + acc[e];
-    return true;
-}
-
 template <int TY, int MT, int BN>
 __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__ x16, int n_all,
-                                        int k, long long pstride, float* __restrict__ part,
-                                        int* __restrict__ flags) {
+                                        int k, long long pstride) {
     constexpr int BS = gr_type_size(TY);
     constexpr int SR = wr_stages(BS, MT, BN) / 8, SX = wr_stages(BS, MT, BN) % 8;
     static_assert(BN == 128 || (BN == 256 && MT == 1), "256 tokens: 128 accumulators, MT = 1 only");
@@ -448,9 +408,6 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
     wg_wait<0>();
 #pragma unroll
     for (int e = 0; e < BN / 2; e++) wg_reg_fence(acc[e]);
-    // Two k splits in series (flags): split 0 leaves its sums for split 1,
-    // which stores split 0 + split 1 (split_sum_jobs's order and bits).
-    if (flags != nullptr && !wr_serial_sum<BN / 2>(acc, part, flags, tid - 128, 256 * MT)) return;
 #undef SX_
 #undef SR_
 
@@ -475,10 +432,9 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
                       WG_SMEM_##NAME,                                                          \
                   "launch/matmul_wgmma.rs disagrees on " #NAME "'s shared memory");            \
     extern "C" __global__ void __launch_bounds__(WR_THREADS(MT), 1)                              \
-        NAME(MmJobs J, const u16* __restrict__ x16, int n, int k, long long pstride,           \
-             float* __restrict__ part, int* __restrict__ flags) {                              \
+        NAME(MmJobs J, const u16* __restrict__ x16, int n, int k, long long pstride) {         \
         GRID_DEP();                                                                            \
-        wr_body<TY, MT, BN>(J, x16, n, k, pstride, part, flags);                               \
+        wr_body<TY, MT, BN>(J, x16, n, k, pstride);                                            \
     }
 // mm_wr_<type>_m<MT>: 128 MT rows x 128 tokens; _n256: 128 rows x 256.
 WR_ENTRY(mm_wr_q4_0_m1, TY_Q4_0, 1, 128)

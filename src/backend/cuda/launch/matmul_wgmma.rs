@@ -98,9 +98,6 @@ struct WrKnobs {
     split: Option<usize>,
     /// QUIRE_WR_SPLIT_PEN: the reduction's estimated cost (wr_plan).
     split_pen: usize,
-    /// QUIRE_WR_SERIAL=0: two splits added by split_sum_jobs instead of
-    /// by the second split itself (wr_serial_sum).
-    serial: bool,
     min_k: usize,
     min_fill: usize,
 }
@@ -123,7 +120,6 @@ fn knobs() -> &'static WrKnobs {
             n256_cost: env("QUIRE_WR_N256_COST").unwrap_or(14),
             split: env("QUIRE_WR_SPLIT").filter(|v| matches!(v, 1 | 2 | 4)),
             split_pen: env("QUIRE_WR_SPLIT_PEN").unwrap_or(25),
-            serial: env("QUIRE_WR_SERIAL") != Some(0),
             min_k: env("QUIRE_WG_MIN_K").unwrap_or(2048),
             min_fill: env("QUIRE_WG_MIN_FILL").unwrap_or(90),
         }
@@ -229,23 +225,6 @@ pub(super) fn wg_default_takes(
 }
 
 impl CudaBackend {
-    /// The device address of at least `tiles` split flags, all zero: the
-    /// backend's buffer, grown (a new zeroed one) when too small. Every
-    /// serial launch leaves its flags zero again.
-    fn wr_flags(&self, tiles: usize) -> Result<u64> {
-        let mut g = self
-            .wr_flags
-            .lock()
-            .map_err(|_| anyhow!("cuda backend: split flags lock poisoned"))?;
-        let s = self.stream();
-        if g.as_ref().is_none_or(|f| f.len() < tiles) {
-            let len = tiles.max(4096).next_power_of_two();
-            *g = Some(drv(s.alloc_zeros::<i32>(len), "mat_mul: split flags")?);
-        }
-        let f = g.as_ref().expect("allocated above");
-        Ok(super::dev_ptr(&f.slice(0..), s))
-    }
-
     /// Whether the wgmma GEMM takes these jobs: its kernels are loaded
     /// (sm_90), `wg_default_takes` (skipped with QUIRE_WGMMA=1: any 32-value
     /// block type, any shape; see `wgmma_use`), k is a multiple of 256
@@ -305,21 +284,7 @@ impl CudaBackend {
         // the arena, under their own cache key: the next MatMuls op of the
         // same input converts nothing.
         let padded = n.div_ceil(bn) * bn;
-        // Two splits in series (wr_serial_sum): split 0's sums of every
-        // tile, tile by tile (128 mt x bn floats each); otherwise the
-        // partials of split_sum_jobs.
-        let serial = splits == 2 && knobs().serial;
-        let tiles = padded / bn * rows.iter().map(|r| r.div_ceil(128 * mt)).sum::<usize>();
-        let part_len = match (splits, serial) {
-            (1, _) => 0,
-            (_, true) => tiles * 128 * mt * bn,
-            (_, false) => splits * n * m_all,
-        };
-        let flags = if serial {
-            Some(self.wr_flags(tiles)?)
-        } else {
-            None
-        };
+        let part_len = if splits > 1 { splits * n * m_all } else { 0 };
         let mut guard = self.arena(&[padded * k * 2, part_len * 4, 0])?;
         let key = ActKey::new(x, k, ACT_F16_WR, s);
         let cached = self.act_cached(key);
@@ -356,13 +321,9 @@ impl CudaBackend {
             // Split: the kernel's table stores each job's partial sums
             // (no add) at its place in split 0's part of the buffer, job j
             // after the n * m of the jobs before it; split z at + z stride.
-            let stride = if splits > 1 && !serial {
-                (n * m_all) as i64
-            } else {
-                0
-            };
+            let stride = if splits > 1 { (n * m_all) as i64 } else { 0 };
             let mut kt = table;
-            if splits > 1 && !serial {
+            if splits > 1 {
                 let base = super::dev_ptr_mut(part, s);
                 let mut off = 0u64;
                 for (j, r) in rows.iter().enumerate() {
@@ -371,28 +332,17 @@ impl CudaBackend {
                 }
                 kt.set_add(0);
             }
-            let part_ptr = super::dev_ptr_mut(part, s);
-            let flags_ptr = flags.unwrap_or(0);
             let mut b = s.launch_builder(self.func(name)?);
-            b.arg(&kt)
-                .arg(&mut *x16)
-                .arg(&ni)
-                .arg(&ki)
-                .arg(&stride)
-                .arg(&part_ptr)
-                .arg(&flags_ptr);
+            b.arg(&kt).arg(&mut *x16).arg(&ni).arg(&ki).arg(&stride);
             // SAFETY: matches mm_wr_* (MmJobs by value, x16, n, k): the
             // table's weights hold m_j rows of k / 32 blocks (validated),
             // 16-byte aligned (wg_takes), its outputs n * m_j floats, x16
             // `padded` / 128 (whole CTAs of `bn`) tiles of 128 tokens x k
             // halves in to_f16_wr's layout, 16-byte aligned (checked); the
             // kernel's dynamic
-            // shared memory limit was raised to wg_smem at load. Serial
-            // splits: part holds `tiles` tiles of 128 mt x bn floats, and
-            // flags (wr_flags) `tiles` zeros, split 1 of tile t waiting on
-            // flags[t]; otherwise part is unused with stride 0, flags null.
+            // shared memory limit was raised to wg_smem at load.
             drv(unsafe { b.launch(cfg) }, &format!("mat_mul: {name}"))?;
-            if splits > 1 && !serial {
+            if splits > 1 {
                 let sp = i32_of(splits, "splits")?;
                 let len = n * m_all;
                 let mut b = s.launch_builder(self.func("split_sum_jobs")?);
