@@ -126,29 +126,30 @@ fn knobs() -> &'static WrKnobs {
     })
 }
 
-/// The CTA shape (index into WR_SHAPES) with the shorter estimate,
-/// CTA-waves times a wave's time relative to (1, 128): 1.5 for MT = 2
-/// (measured 1.49-1.58x on an H100: twice the work with four consumers,
-/// 8B Q4_0 pp512 under ncu) and `QUIRE_WR_N256_COST` / 10 for 256 tokens
-/// (default 14: twice the work, but each weight block decoded and copied
-/// once for 256 tokens; on an H100, 2026-11-25, costs 12 and 15 both took
-/// it for q/k/v and gate/up and ran 8B Q4_0 pp512 8% faster than 18, which
-/// never took it); ties take the later shape. `QUIRE_WR_MT=1|2` forces (MT, 128),
+/// The CTA shape (index into WR_SHAPES) and the k splits of one launch,
+/// the pair with the shorter estimate (ties take the later).
+///
+/// Shapes: CTA-waves times a wave's time relative to (1, 128), in tenths:
+/// 15 for MT = 2 (measured 1.49-1.58x on an H100: twice the work with four
+/// consumers, 8B Q4_0 pp512 under ncu) and `QUIRE_WR_N256_COST` for 256
+/// tokens (default 14: twice the work, but each weight block decoded and
+/// copied once for 256 tokens; on an H100, 2026-11-25, costs 12 and 15
+/// both took it for q/k/v and gate/up and ran 8B Q4_0 pp512 8% faster than
+/// 18, which never took it). `QUIRE_WR_MT=1|2` forces (MT, 128),
 /// `QUIRE_WR_BN=256` (1, 256) (comparisons).
-/// The CTA shape and the k splits of one launch: with `split_ok` (the
-/// partials' reduction possible) also 2 or 4 splits where they divide k /
-/// 256, each CTA over k / splits, its partial sums added in split order
-/// by split_sum_jobs. A split divides a wave's time (times 10, the
-/// units of `wr_shape`'s costs) by the splits and multiplies the CTAs;
-/// its reduction costs QUIRE_WR_SPLIT_PEN (default 25) per wave of 128 x
-/// 128 output tiles at k = 4,096 and 2 splits, scaled by splits / 2 and
-/// 4,096 / k (the reduction's
-/// bytes per output do not grow with k, the GEMM's time does). Why: the
-/// 8B's o and down at 512 tokens fill one wave only with 128 x 128 CTAs,
-/// the least efficient shape (ncu, H100, 2026-11-25: 63 and 152 us
-/// against cuBLAS's 29 and 85 on f16 weights), while two k halves of 64
-/// CTAs of 128 x 256 fill the same wave: 32 + 12 and 95 + 12 us with
-/// split_sum_jobs, and 8B Q4_0 pp512 27.0k tokens/s against 24.1k
+///
+/// Splits: with `split_ok` (the partials' reduction possible) also 2 or 4
+/// where they divide k / 256, each CTA over k / splits, the partial sums
+/// added in split order by split_sum_jobs. A split divides a wave's time
+/// by the splits and multiplies the CTAs; its reduction costs
+/// QUIRE_WR_SPLIT_PEN (default 25) tenths per wave of 128 x 128 output
+/// tiles at k = 4,096 and 2 splits, scaled by splits / 2 and 4,096 / k
+/// (the reduction's bytes per output do not grow with k, the GEMM's time
+/// does). Why: the 8B's o and down at 512 tokens fill one wave only with
+/// 128 x 128 CTAs, the least efficient shape (ncu, H100, 2026-11-25: 63
+/// and 152 us against cuBLAS's 29 and 85 on f16 weights), while two k
+/// halves of 64 CTAs of 128 x 256 fill the same wave: 32 + 12 and 95 + 12
+/// us with split_sum_jobs, and 8B Q4_0 pp512 27.0k tokens/s against 24.1k
 /// unsplit. Penalties 15 and 30 ran the 8B alike; 15 also split the 1B's
 /// q/k/v (-3%), which 25 does not. QUIRE_WR_SPLIT forces a count.
 pub(super) fn wr_plan(
