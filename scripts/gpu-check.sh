@@ -46,7 +46,7 @@ for s in "${steps[@]}"; do
       done
       QUIRE_MQ=0 QUIRE_MMA_MIN_ROWS=0 QUIRE_MMA_MAX_ROWS=100000 run_step ops-fast-tile "$QUIRE" ops --backend cuda --mode fast --op mat_mul
       # The wgmma prefill GEMM (sm_90 only; elsewhere the same cases run the
-      # cuBLAS path): by default it takes Q4_0 and Q4_1, QUIRE_WGMMA=1 every
+      # cuBLAS path): by default it takes Q4_0, Q4_1 and Q8_0, QUIRE_WGMMA=1 every
       # 32-value block type, in each CTA shape (128 or 256 rows, 256 tokens);
       # QUIRE_WGMMA=0 leaves the cuBLAS path every type.
       QUIRE_WGMMA=0 run_step ops-fast-blas "$QUIRE" ops --backend cuda --mode fast --op mat_mul

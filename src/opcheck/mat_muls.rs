@@ -1,11 +1,28 @@
 //! Parity cases of `mat_muls` (several matmuls of one input, some adding
 //! into their outputs): against the cpu reference like every op, and on the
 //! backend under test against its own `MatMul` then `Add` (the fused op
-//! must give those bits in every mode).
+//! must give those bits in every mode; in `fast` mode the wgmma prefill
+//! GEMM plans an op's jobs together, so the shapes here are ones whose
+//! plans agree: docs/DETERMINISM.md).
 
 use super::{randv, CaseResult, Ctx, Guarded, Status};
 use crate::backend::{Host, MatJob, Op, QMatrix};
 use crate::quant::GgmlType;
+
+/// Prefill tiles of the wgmma GEMM (sm_90; 32-value block types, k a
+/// multiple of 256), as (job rows, k, n, adds): several 128-row weight
+/// tiles and 128- or 256-token tiles with ragged ends; an even and an odd
+/// number of 256-value raw superchunks, and a long k (32 chunks through
+/// the stage rings). k = 320 takes the other prefill path. Their jobs'
+/// k-split plans agree together and alone (checked in
+/// `backend::cuda::launch::matmul_wgmma`'s tests), so the fused-vs-unfused
+/// bit check holds for them in `fast` mode too.
+pub(crate) const WIDE_SHAPES: &[(&[usize], usize, usize, &[bool])] = &[
+    (&[300, 200], 512, 200, &[false, true]),
+    (&[130, 70, 260], 768, 150, &[true, false, false]),
+    (&[200], 2048, 300, &[true]),
+    (&[300, 200], 320, 200, &[false, true]),
+];
 
 /// Splits `buf` into consecutive outputs of `lens` elements.
 fn split_outs<'b>(mut buf: &'b mut [f32], lens: &[usize]) -> Vec<&'b mut [f32]> {
@@ -57,17 +74,10 @@ impl Ctx<'_> {
             (vec![48, 16, 16], 256, 70, vec![false, false, false]),
             (vec![32, 32], 256, 100, vec![true, true]),
         ];
-        // Prefill tiles of the wgmma GEMM (sm_90; 32-value block types, k
-        // a multiple of 256): several 128-row weight tiles and 128- or
-        // 256-token tiles with ragged ends; an even and an odd number of
-        // 256-value raw superchunks, and a long k (32 chunks through the
-        // stage rings). k = 320 takes the other prefill path.
-        let wide: Vec<(Vec<usize>, usize, usize, Vec<bool>)> = vec![
-            (vec![300, 200], 512, 200, vec![false, true]),
-            (vec![130, 70, 260], 768, 150, vec![true, false, false]),
-            (vec![200], 2048, 300, vec![true]),
-            (vec![300, 200], 320, 200, vec![false, true]),
-        ];
+        let wide: Vec<(Vec<usize>, usize, usize, Vec<bool>)> = WIDE_SHAPES
+            .iter()
+            .map(|&(ms, k, n, adds)| (ms.to_vec(), k, n, adds.to_vec()))
+            .collect();
         for &ty in types {
             let float_w = matches!(ty, F32 | F16 | BF16);
             if float_w {

@@ -58,7 +58,7 @@ macro_rules! run_case {
 
 mod attention;
 mod elementwise;
-mod mat_muls;
+pub(crate) mod mat_muls;
 mod rope_kv;
 mod rows;
 

@@ -143,9 +143,10 @@ fn ty_code(ty: GgmlType) -> Option<i32> {
 /// How the wgmma prefill GEMM (kernels/matmul_wgmma_fast.cu, sm_90 only)
 /// is used, from QUIRE_WGMMA: unset, for the types and shapes where it beats
 /// the cuBLAS path (launch/matmul_wgmma.rs, `wg_default_takes`: on an H100,
-/// 2026-11-25, 8B pp512 Q4_0 1.15x, Q4_1 1.06x at 128 tokens per CTA); `1`
-/// for every type it decodes and every shape (comparisons: Q5_0 0.93x, Q8_0
-/// 0.91x); `0` never (its kernels are not even compiled).
+/// 2026-11-25, 8B pp512 Q4_0 1.30x, Q8_0 1.09x; Q4_1 1.06x at 128 tokens
+/// per CTA); `1` for every type it decodes and every shape (comparisons:
+/// Q5_0 0.93x in the first pipelined form); `0` never (its kernels are not
+/// even compiled).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum WgmmaUse {
     Off,

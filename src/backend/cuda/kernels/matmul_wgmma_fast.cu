@@ -5,12 +5,12 @@
 // whole f16 copy of every matrix per call: about a quarter of an 8B
 // model's prefill) nor to a shared f16 tile.
 //
-// Status: the default prefill GEMM for Q4_0 and Q4_1 on sm_90 (every type
-// it decodes with QUIRE_WGMMA=1, none with 0: cuda/mod.rs, wgmma_use). On
-// an H100 (2026-11-25) 8B Q4_0 pp512 ran at 27.0-27.2k tokens/s (with k
+// Status: the default prefill GEMM for Q4_0, Q4_1 and Q8_0 on sm_90 (every
+// type it decodes with QUIRE_WGMMA=1, none with 0: cuda/mod.rs, wgmma_use).
+// On an H100 (2026-11-25) 8B Q4_0 pp512 ran at 27.0-27.3k tokens/s (with k
 // splits for o and down) against the cuBLAS path's 20.9k and the F16
-// model's 27.7-28.3k; Q5_0 and Q8_0 stay on the
-// cuBLAS path (0.93x, 0.91x at 128 tokens per CTA). With decode and copies
+// model's 27.7-28.4k; 8B Q8_0 at 22.0k against 20.1k; Q5_0 stays on the
+// cuBLAS path (0.93x at 128 tokens per CTA, not re-measured since). With decode and copies
 // left out (timing only) 29.7k at 128 x 128: what binds is shared-memory
 // bandwidth (the B reads of the wgmma, the activation and raw copies, the
 // decode's loads), docs/PERF.md.

@@ -206,10 +206,13 @@ pub(super) fn wr_plan(
 
 /// Whether the wgmma GEMM takes an op by default (without QUIRE_WGMMA=1):
 /// where it measured faster than the cuBLAS path on an H100 (2026-11-25):
-/// Q4_0 and Q4_1 (not Q5_0, Q8_0), k of at least 2,048 (the smallest
-/// measured: the 1B) and at least 0.9 of a wave of 128-row CTAs (taking
-/// also the 1B's o and down at 512 tokens, 64 CTAs on 132 SMs, ran its
-/// prefill at 0.97x the cuBLAS path; leaving them out, 1.06x).
+/// Q4_0, Q4_1 and Q8_0 (not Q5_0, Q5_1: unmeasured since the 0.93x of the
+/// first pipelined form), k of at least 2,048 (the smallest measured: the
+/// 1B) and at least 0.9 of a wave of 128-row CTAs (taking also the 1B's o
+/// and down at 512 tokens, 64 CTAs on 132 SMs, ran its Q4_0 prefill at
+/// 0.97x the cuBLAS path; leaving them out, 1.06x). Q8_0 joined in the
+/// evening: 8B pp512 22.0k against the cuBLAS path's 20.1k (pp2048 19.8k
+/// against 18.4k), 1B with every GEMM taken 105.9k against 91.2k.
 /// QUIRE_WG_MIN_K and QUIRE_WG_MIN_FILL (percent of a wave) override the
 /// two bounds (comparisons).
 pub(super) fn wg_default_takes(
@@ -220,7 +223,7 @@ pub(super) fn wg_default_takes(
     sms: usize,
 ) -> bool {
     let ctas: usize = rows.iter().map(|r| r.div_ceil(128)).sum::<usize>() * n.div_ceil(WR_BN);
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1)
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
         && k >= knobs().min_k
         && 100 * ctas >= knobs().min_fill * sms.max(1)
 }
@@ -451,6 +454,36 @@ mod tests {
     }
 
     #[test]
+    fn parity_shapes_plan_their_jobs_alike_together_and_alone() {
+        if std::env::var("QUIRE_WR_SPLIT").is_ok() || std::env::var("QUIRE_WR_SPLIT_PEN").is_ok() {
+            eprintln!("SKIPPED: QUIRE_WR_SPLIT or QUIRE_WR_SPLIT_PEN set");
+            return;
+        }
+        // The opcheck's fused-vs-unfused bit check of MatMuls relies on it
+        // (docs/DETERMINISM.md); 114 / 132 / 144 SMs: an H100 PCIe, SXM
+        // and a larger part.
+        for &(ms, k, n, _) in crate::opcheck::mat_muls::WIDE_SHAPES {
+            if k % 256 != 0 {
+                continue;
+            }
+            for sms in [114, 132, 144] {
+                let joint = wr_plan(ms, n, k, sms, true).1;
+                for &m in ms {
+                    assert_eq!(
+                        wr_plan(&[m], n, k, sms, true).1,
+                        joint,
+                        "rows {ms:?} k {k} n {n} on {sms} SMs: job {m} alone"
+                    );
+                }
+            }
+        }
+        // Where they do not (why the doc names the exception): the 8B's
+        // q/k/v at 512 tokens run unsplit together, q alone in two splits.
+        assert_eq!(wr_plan(&[4096, 1024, 1024], 512, 4096, 132, true).1, 1);
+        assert_eq!(wr_plan(&[4096], 512, 4096, 132, true).1, 2);
+    }
+
+    #[test]
     fn default_takes_the_measured_winners() {
         if std::env::var("QUIRE_WG_MIN_K").is_ok() || std::env::var("QUIRE_WG_MIN_FILL").is_ok() {
             eprintln!("SKIPPED: QUIRE_WG_MIN_K or QUIRE_WG_MIN_FILL set");
@@ -462,15 +495,17 @@ mod tests {
         assert!(wg_default_takes(q4, 4096, &[4096, 1024, 1024], 512, 132));
         assert!(wg_default_takes(q4, 4096, &[4096], 512, 132));
         assert!(wg_default_takes(GgmlType::Q4_1, 14336, &[4096], 512, 132));
-        // Q5_0 and Q8_0 stay on the cuBLAS path.
-        assert!(!wg_default_takes(GgmlType::Q5_0, 4096, &[4096], 512, 132));
-        assert!(!wg_default_takes(
+        // Q8_0 too (8B gate/up); Q5_0 and Q5_1 stay on the cuBLAS path.
+        assert!(wg_default_takes(
             GgmlType::Q8_0,
             4096,
             &[14336, 14336],
             512,
             132
         ));
+        assert!(!wg_default_takes(GgmlType::Q8_0, 2048, &[2048], 512, 132));
+        assert!(!wg_default_takes(GgmlType::Q5_0, 4096, &[4096], 512, 132));
+        assert!(!wg_default_takes(GgmlType::Q5_1, 4096, &[4096], 512, 132));
         // 1B at 512 tokens: gate/up (128 x 4 CTAs) yes, o and down (16 x
         // 4 = 64) no; at 2,048 tokens down too (256).
         assert!(wg_default_takes(q4, 2048, &[8192, 8192], 512, 132));
