@@ -17,6 +17,8 @@
 # run on the same files right after Quire's runs of each model.
 #
 # Env: OUT (default ./gpu-goals-out: results.jsonl, summary.md, logs),
+# GOALS_AB (environment settings, e.g. "QUIRE_NORM_FOLD=1": every model's
+# decode also runs with them, alternating with the default, twice each),
 # COPY_BW (the device's measured copy bandwidth, TB/s, read + write; 3.01
 # on the H100s here), REPS (default 3), GOALS_QUICK=1 (a dry run of this
 # script: every model the SmolLM2 shape, short runs; with GOALS_GPU=off it
@@ -67,13 +69,15 @@ for m in "${models[@]}"; do
   [ -f "$tmp/$name.gguf" ] || { echo "synth of $name failed: $(tail -1 "$OUT/synth-$name.log")"; status=1; }
 done
 
-# One `quire bench --json` run, recorded as {"model", "label", "bytes", "quire": {...}}.
+# One `quire bench --json` run, recorded as {"model", "label", "bytes",
+# "quire": {...}}; AB_ENV (settings) applies to this run only.
+AB_ENV=()
 qbench() {
   local name=$1 label=$2
   shift 2
   local log="$OUT/$name-$label.log" bytes
   bytes=$(stat -c %s "$tmp/$name.gguf")
-  if "$QUIRE" bench -m "$tmp/$name.gguf" --gpu "$GPU" --json "$@" >"$log" 2>&1; then
+  if env "${AB_ENV[@]}" "$QUIRE" bench -m "$tmp/$name.gguf" --gpu "$GPU" --json "$@" >"$log" 2>&1; then
     printf '{"model":"%s","label":"%s","bytes":%s,"quire":%s}\n' "$name" "$label" "$bytes" "$(grep '^{' "$log" | tail -1)" >>"$res"
   else
     echo "quire bench $name $label failed: $(tail -1 "$log")"
@@ -100,6 +104,14 @@ for m in "${models[@]}"; do
   [ -f "$tmp/$name.gguf" ] || continue
   qbench "$name" fast "${fast[@]}" -p "$P1" -g "$G" --depth "$D"
   qbench "$name" fast-p2 "${fast[@]}" -p "$P2" -g 0
+  if [ -n "${GOALS_AB:-}" ]; then
+    for i in 1 2; do
+      qbench "$name" ab-off-$i "${fast[@]}" -p 0 -g "$G" --depth "$D"
+      read -r -a AB_ENV <<<"$GOALS_AB"
+      qbench "$name" ab-on-$i "${fast[@]}" -p 0 -g "$G" --depth "$D"
+      AB_ENV=()
+    done
+  fi
   lbench "$name"
   case $name in
     llama8b-q4_0)
@@ -123,10 +135,10 @@ for m in "${models[@]}"; do
   esac
 done
 
-python3 - "$res" "$OUT" "$COPY_BW" "$P1" "$P2" "$G" "$D" "$BATCH" >>"$OUT/summary.md" <<'PY' || status=1
+python3 - "$res" "$OUT" "$COPY_BW" "$P1" "$P2" "$G" "$D" "$BATCH" "${GOALS_AB:-}" >>"$OUT/summary.md" <<'PY' || status=1
 import json, os, re, sys
 
-res, out, bw, p1, p2, g, d, batch = sys.argv[1:]
+res, out, bw, p1, p2, g, d, batch, ab = sys.argv[1:]
 bw = float(bw) * 1e12
 runs = [json.loads(l) for l in open(res) if l.strip()]
 
@@ -203,6 +215,18 @@ print("| B | Quire | llama-batched-bench | ratio |\n|---|---|---|---|")
 for b in batch.split(","):
     v = q("llama8b-q4_0", "batched", f"tg{g} B{b} p{g}")
     print(f"| {b} | {num(v)} | {num(lb.get(int(b)))} | {ratio(v, lb.get(int(b)))} |")
+
+if ab:
+    print(f"\n## Decode with `{ab}` against without (alternating runs)\n")
+    print(f"| model | {tg} off / on | {tgd} off / on | ratio ({tg}, {tgd}) |\n|---|---|---|---|")
+    for m in models:
+        offs = [(q(m, f"ab-off-{i}", tg), q(m, f"ab-off-{i}", tgd)) for i in (1, 2)]
+        ons = [(q(m, f"ab-on-{i}", tg), q(m, f"ab-on-{i}", tgd)) for i in (1, 2)]
+        mean = lambda v: sum(v) / len(v) if v and all(v) else None
+        a = [mean([o[j] for o in offs]) for j in (0, 1)]
+        b = [mean([o[j] for o in ons]) for j in (0, 1)]
+        cell = lambda j: " / ".join(num(v) for v in [offs[0][j], offs[1][j]]) + " ; " + " / ".join(num(v) for v in [ons[0][j], ons[1][j]])
+        print(f"| {m} | {cell(0)} | {cell(1)} | {ratio(b[0], a[0])}, {ratio(b[1], a[1])} |")
 PY
 echo "gpu-goals: $([ $status -eq 0 ] && echo done || echo FAILURES)" >>"$OUT/summary.md"
 cat "$OUT/summary.md"

@@ -207,10 +207,18 @@ pub enum OpT<'a, M: Mem> {
     /// `add`, out_j += x · w_jᵀ (the finished product added once: the bits
     /// of MatMul then Add). Every job has the same weight type and k; at
     /// most [`MAX_MAT_JOBS`] jobs.
+    ///
+    /// `norm`: the products read rms_norm(x) (as `RmsNorm` with dim = k
+    /// and the norm's weights and eps) instead of x, with the bits of
+    /// `RmsNorm` then `MatMuls` in every mode; the norm's `out` (n, k) is
+    /// scratch for the normalized rows, its contents afterwards
+    /// unspecified (a backend may fold the norm into the products and
+    /// never write it).
     MatMuls {
         x: M::In<'a>,
         n: usize,
         jobs: Vec<MatJob<'a, M>>,
+        norm: Option<MatNorm<'a, M>>,
     },
     /// Row-wise RMS norm. x, out: (n, dim); w: (dim,).
     RmsNorm {
@@ -303,6 +311,14 @@ pub struct MatJob<'a, M: Mem> {
     pub w: M::W<'a>,
     pub out: M::Out<'a>,
     pub add: bool,
+}
+
+/// The RMS norm a [`OpT::MatMuls`] applies to its input first: weights
+/// (k,), eps, and scratch `out` (n, k) for the normalized rows.
+pub struct MatNorm<'a, M: Mem> {
+    pub w: M::Param<'a>,
+    pub eps: f32,
+    pub out: M::Out<'a>,
 }
 
 /// Host-memory ops (the `cpu` backend, the parity harness).

@@ -59,6 +59,14 @@ pub fn mat_muls(x_len: usize, n: usize, jobs: &[(&dyn WeightInfo, usize)]) -> Re
     Ok(())
 }
 
+/// The norm of a `MatMuls`: weights (k,) and scratch (n, k) with the op's
+/// x (n, k), as `RmsNorm` with dim = k.
+pub fn mat_muls_norm(x_len: usize, k: usize, w_len: usize, out_len: usize) -> Result<()> {
+    rms_norm(x_len, w_len, k, out_len)
+        .map(|_| ())
+        .map_err(|e| anyhow!("mat_muls norm: {e}"))
+}
+
 /// `GetRows` shapes: table (rows, cols) of `data_len` bytes; out (n_ids,
 /// cols). Returns the table's row bytes.
 pub fn get_rows(

@@ -25,7 +25,7 @@ pub(crate) const WIDE_SHAPES: &[(&[usize], usize, usize, &[bool])] = &[
 ];
 
 /// Splits `buf` into consecutive outputs of `lens` elements.
-fn split_outs<'b>(mut buf: &'b mut [f32], lens: &[usize]) -> Vec<&'b mut [f32]> {
+pub(super) fn split_outs<'b>(mut buf: &'b mut [f32], lens: &[usize]) -> Vec<&'b mut [f32]> {
     let mut v = Vec::with_capacity(lens.len());
     for &l in lens {
         let (a, b) = buf.split_at_mut(l);
@@ -125,6 +125,7 @@ impl Ctx<'_> {
                         x: &x,
                         n,
                         jobs: jobs(&ws, split_outs(y.body_mut(), &lens), adds),
+                        norm: None,
                     },
                     mode,
                 );
@@ -136,6 +137,7 @@ impl Ctx<'_> {
                             x: &x,
                             n,
                             jobs: jobs(&ws, split_outs(&mut r, &lens), adds),
+                            norm: None,
                         },
                         mode,
                     ) {
@@ -145,6 +147,7 @@ impl Ctx<'_> {
                             x: &x,
                             n,
                             jobs: jobs(&ws, split_outs(y.body_mut(), &lens), adds),
+                            norm: None,
                         },
                         mode,
                     ) {

@@ -59,6 +59,7 @@ macro_rules! run_case {
 mod attention;
 mod elementwise;
 pub(crate) mod mat_muls;
+mod mat_muls_norm;
 mod rope_kv;
 mod rows;
 
@@ -270,7 +271,7 @@ pub(crate) fn compare(y: &[f32], r: &[f32]) -> Cmp {
 /// random data, so it gets 1e-4.
 pub(crate) fn nmse_bound(op: &str) -> f64 {
     match op {
-        "mat_mul" | "mat_muls" => 1e-4,
+        "mat_mul" | "mat_muls" | "mat_muls_norm" => 1e-4,
         "paged_attention" => 1e-5,
         "rms_norm" | "rope" | "swiglu" | "rope_kv_write" => 1e-6,
         _ => 1e-7, // get_rows, add, add_bias, kv_write: pure conversions/adds
@@ -672,6 +673,7 @@ pub fn run(be: &dyn Backend, cpu: &dyn Backend, opts: &Options) -> Vec<CaseResul
     };
     c.matmul();
     c.mat_muls();
+    c.mat_muls_norm();
     c.get_rows();
     c.select_rows();
     c.elementwise();

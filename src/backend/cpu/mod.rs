@@ -10,7 +10,7 @@ pub mod ops;
 pub mod pool;
 pub mod simd;
 
-use crate::backend::{Backend, Mode, Op};
+use crate::backend::{Backend, MatNorm, Mode, Op};
 use anyhow::{Context, Result};
 pub use simd::Isa;
 
@@ -103,7 +103,24 @@ impl Backend for CpuBackend {
         let nt = self.n_threads;
         match op {
             Op::MatMul { w, x, n, out } => ops::matmul::run(par, isa, nt, w, x, n, out),
-            Op::MatMuls { x, n, jobs } => ops::matmul::run_jobs(par, isa, nt, x, n, jobs),
+            Op::MatMuls {
+                x,
+                n,
+                jobs,
+                norm: None,
+            } => ops::matmul::run_jobs(par, isa, nt, x, n, jobs),
+            Op::MatMuls {
+                x,
+                n,
+                jobs,
+                norm: Some(MatNorm { w, eps, out }),
+            } => {
+                // RmsNorm then MatMuls: the op's defined bits.
+                let k = jobs.first().map_or(0, |j| j.w.cols);
+                crate::backend::validate::mat_muls_norm(x.len(), k, w.len(), out.len())?;
+                ops::rms_norm::run(par, isa, x, w, k, eps, &mut *out)?;
+                ops::matmul::run_jobs(par, isa, nt, out, n, jobs)
+            }
             Op::RmsNorm {
                 x,
                 w,
@@ -166,10 +183,11 @@ const PAR_MIN_WORK: usize = 1 << 16;
 fn work(op: &Op<'_>) -> usize {
     match op {
         Op::MatMul { w, n, .. } => w.rows.saturating_mul(w.cols).saturating_mul(*n),
-        Op::MatMuls { jobs, n, .. } => jobs
+        Op::MatMuls { jobs, n, x, .. } => jobs
             .iter()
             .map(|j| j.w.rows.saturating_mul(j.w.cols).saturating_mul(*n))
-            .sum(),
+            .sum::<usize>()
+            .saturating_add(x.len() * 2),
         Op::RmsNorm { x, .. } => x.len() * 2,
         Op::Rope { x, .. } => x.len() * 4,
         Op::RopeKvWrite { q, k, .. } => (q.len() + k.len()) * 4,

@@ -60,7 +60,7 @@ impl CudaBackend {
                 )?;
                 self.down(&od, out, "mat_mul: out")
             }
-            Op::MatMuls { x, n, jobs } => {
+            Op::MatMuls { x, n, jobs, norm } => {
                 let shapes: Vec<(&dyn crate::backend::WeightInfo, usize)> = jobs
                     .iter()
                     .map(|j| (&j.w as &dyn crate::backend::WeightInfo, j.out.len()))
@@ -86,7 +86,26 @@ impl CudaBackend {
                         add: j.add,
                     })
                     .collect();
-                self.d_mat_muls(&xd.slice(0..x.len()), *n, &mut djobs, mode)?;
+                match norm {
+                    None => self.d_mat_muls(&xd.slice(0..x.len()), *n, &mut djobs, mode)?,
+                    Some(nm) => {
+                        let k = jobs[0].w.cols;
+                        validate::mat_muls_norm(x.len(), k, nm.w.len(), nm.out.len())?;
+                        let wd = self.up(nm.w, "mat_muls: norm w")?;
+                        // The normalized rows' scratch: its contents
+                        // afterwards are unspecified, so never read back.
+                        let mut sd = self.scratch::<f32>(nm.out.len(), "mat_muls: norm out")?;
+                        self.d_mat_muls_norm(
+                            &xd.slice(0..x.len()),
+                            &wd.slice(0..nm.w.len()),
+                            nm.eps,
+                            &mut sd.slice_mut(0..nm.out.len()),
+                            *n,
+                            &mut djobs,
+                            mode,
+                        )?;
+                    }
+                }
                 drop(djobs);
                 for (j, od) in jobs.iter_mut().zip(&ods) {
                     self.down(od, j.out, "mat_muls: out")?;

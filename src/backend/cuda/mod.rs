@@ -29,7 +29,7 @@ pub use pdl::PdlExec;
 pub mod source;
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::{Backend, GpuMode, Mode, Op, OpInfo, OpT};
+use crate::backend::{Backend, GpuMode, MatNorm, Mode, Op, OpInfo, OpT};
 use crate::quant::GgmlType;
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig};
@@ -662,7 +662,18 @@ impl Backend<Dev> for CudaBackend {
         }
         match op {
             OpT::MatMul { w, x, n, mut out } => self.d_mat_mul(&w, &x, n, &mut out, mode),
-            OpT::MatMuls { x, n, mut jobs } => self.d_mat_muls(&x, n, &mut jobs, mode),
+            OpT::MatMuls {
+                x,
+                n,
+                mut jobs,
+                norm: None,
+            } => self.d_mat_muls(&x, n, &mut jobs, mode),
+            OpT::MatMuls {
+                x,
+                n,
+                mut jobs,
+                norm: Some(MatNorm { w, eps, mut out }),
+            } => self.d_mat_muls_norm(&x, &w, eps, &mut out, n, &mut jobs, mode),
             OpT::RmsNorm {
                 x,
                 w,

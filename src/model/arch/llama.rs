@@ -6,7 +6,7 @@
 //! (or per (row, head)), so a row's result never depends on the rest of the
 //! batch: batch invariance follows from the backend's per-row arithmetic.
 
-use crate::backend::{validate, AttnBatch, MatJob, OpInfo, OpT, WeightInfo as _};
+use crate::backend::{validate, AttnBatch, MatJob, MatNorm, OpInfo, OpT, WeightInfo as _};
 use crate::dispatch::{Exec, HostExec, HostLogits, StepBufs};
 use crate::gguf::GgufFile;
 use crate::model::config::{Arch, ModelConfig};
@@ -275,7 +275,18 @@ type MatSpec<'b, E> = (
 /// The matmuls of one input x (n, k): one `MatMuls` op per weight type (in
 /// the order each type first appears), so a backend can run q/k/v or
 /// gate/up in one launch. Each job: (weight, output, whether it adds).
-fn mat_muls<E: Exec>(e: &E, x: &E::Buf, n: usize, jobs: Vec<MatSpec<'_, E>>) -> Result<()> {
+///
+/// `norm` (norm weights, eps, scratch (n, k)): the products read
+/// rms_norm(x). With one op it rides on that op (`OpT::MatMuls::norm`, so
+/// a backend can fold the norm in); with several, an `RmsNorm` op writes
+/// the scratch once and every op reads it.
+fn mat_muls<'b, E: Exec>(
+    e: &E,
+    x: &E::Buf,
+    n: usize,
+    jobs: Vec<MatSpec<'_, E>>,
+    norm: Option<(&'b <E::S as Store>::Vec, f32, &'b mut E::Buf)>,
+) -> Result<()> {
     let mut groups: Vec<Vec<MatJob<'_, E::M>>> = Vec::new();
     for (w, out, add) in jobs {
         let job: MatJob<'_, E::M> = MatJob {
@@ -292,11 +303,38 @@ fn mat_muls<E: Exec>(e: &E, x: &E::Buf, n: usize, jobs: Vec<MatSpec<'_, E>>) -> 
             None => groups.push(vec![job]),
         }
     }
+    if groups.len() > 1 {
+        if let Some((w, eps, out)) = norm {
+            let k = groups[0][0].w.cols();
+            e.run(OpT::RmsNorm {
+                x: E::rd(x),
+                w: E::param(w),
+                dim: k,
+                eps,
+                out: E::wr(&mut *out),
+            })?;
+            for jobs in groups {
+                e.run(OpT::MatMuls {
+                    x: E::rd(out),
+                    n,
+                    jobs,
+                    norm: None,
+                })?;
+            }
+            return Ok(());
+        }
+    }
+    let mut norm = norm.map(|(w, eps, out)| MatNorm {
+        w: E::param(w),
+        eps,
+        out: E::wr(out),
+    });
     for jobs in groups {
         e.run(OpT::MatMuls {
             x: E::rd(x),
             n,
             jobs,
+            norm: norm.take(),
         })?;
     }
     Ok(())
@@ -335,13 +373,6 @@ pub fn forward_bufs<E: Exec>(
     let mut act = e.zeros(n * c.ffn_dim)?;
     let scale = 1.0f32 / (hd as f32).sqrt();
     for (li, l) in w.layers.iter().enumerate() {
-        e.run(OpT::RmsNorm {
-            x: E::rd(&x),
-            w: E::param(&l.attn_norm),
-            dim: d,
-            eps: c.rms_eps,
-            out: E::wr(&mut h),
-        })?;
         let qk_norm = match (&l.q_norm, &l.k_norm) {
             (Some(qn), Some(kn)) => Some((qn, kn)),
             _ => None,
@@ -352,15 +383,17 @@ pub fn forward_bufs<E: Exec>(
         } else {
             (&mut q, &mut k)
         };
+        // q/k/v of rms_norm(x) (the attention norm rides on the op).
         mat_muls(
             e,
-            &h,
+            &x,
             n,
             vec![
                 (&l.wq, &mut *q_dst, false),
                 (&l.wk, &mut *k_dst, false),
                 (&l.wv, &mut v, false),
             ],
+            Some((&l.attn_norm, c.rms_eps, &mut h)),
         )?;
         for (b, out) in [(&l.bq, q_dst), (&l.bk, k_dst), (&l.bv, &mut v)] {
             if let Some(b) = b {
@@ -405,26 +438,20 @@ pub fn forward_bufs<E: Exec>(
         })
         .with_context(|| format!("layer {li}"))?;
         // x += att · woᵀ (the residual add folded into the matmul).
-        mat_muls(e, &att, n, vec![(&l.wo, &mut x, true)])?;
-        e.run(OpT::RmsNorm {
-            x: E::rd(&x),
-            w: E::param(&l.ffn_norm),
-            dim: d,
-            eps: c.rms_eps,
-            out: E::wr(&mut h),
-        })?;
+        mat_muls(e, &att, n, vec![(&l.wo, &mut x, true)], None)?;
         mat_muls(
             e,
-            &h,
+            &x,
             n,
             vec![(&l.w_gate, &mut gate, false), (&l.w_up, &mut up, false)],
+            Some((&l.ffn_norm, c.rms_eps, &mut h)),
         )?;
         e.run(OpT::SwiGlu {
             gate: E::rd(&gate),
             up: E::rd(&up),
             out: E::wr(&mut act),
         })?;
-        mat_muls(e, &act, n, vec![(&l.w_down, &mut x, true)])?;
+        mat_muls(e, &act, n, vec![(&l.w_down, &mut x, true)], None)?;
     }
     // Only the rows that want logits go through the output head.
     if m == 0 {

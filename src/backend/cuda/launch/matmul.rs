@@ -53,7 +53,7 @@ pub(super) fn mma_rows() -> (usize, usize) {
 /// H100 (8B Q4_0, 2026-11-23, tokens/s at B2 / B4): warp-per-row 561 / 794,
 /// mm_q8_mma_t16 570 / 1,114 (llama-batched-bench: 558 / 909; t16_k2b,
 /// which replaced t16, 589 / 1,142).
-fn mq_min_rows() -> usize {
+pub(super) fn mq_min_rows() -> usize {
     static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *V.get_or_init(|| {
         std::env::var("QUIRE_MQ_MIN_ROWS")
@@ -176,7 +176,7 @@ pub(super) fn mv_name(n: usize, warps: usize, family: [&'static str; 4]) -> &'st
 /// QUIRE_MV_WARPS_LONG (default 2; measured 1 / 2 / 4, 2026-11-22: 1B Q4_0
 /// 1,293 / 1,348 / 1,307, 8B Q8_0 254.0 / 259.4 / 255.5, 8B Q4_0 371.0 /
 /// 369.6 / 356.1, SmolLM2 1,361 / 1,389 / 1,370).
-fn mv_warps(mode: Mode, n: usize, float_w: bool, long_rows: bool) -> usize {
+pub(super) fn mv_warps(mode: Mode, n: usize, float_w: bool, long_rows: bool) -> usize {
     static V: std::sync::OnceLock<(Option<usize>, usize)> = std::sync::OnceLock::new();
     if mode != Mode::Fast || n != 1 {
         return 1;
@@ -202,7 +202,7 @@ fn mv_warps(mode: Mode, n: usize, float_w: bool, long_rows: bool) -> usize {
 
 /// Grid of the warp-per-row kernels: activation-row groups fastest, then
 /// the job table's `ctas` CTAs of 8 weight rows (warps, 256 threads).
-fn mv_grid(n: usize, ctas: u32) -> Result<LaunchConfig> {
+pub(super) fn mv_grid(n: usize, ctas: u32) -> Result<LaunchConfig> {
     Ok(LaunchConfig {
         grid_dim: (u32::try_from(n.div_ceil(MV_ROWS))?, ctas, 1),
         block_dim: (256, 1, 1),

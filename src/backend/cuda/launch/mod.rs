@@ -19,6 +19,7 @@ mod matmul;
 mod matmul_blas;
 mod matmul_exact;
 mod matmul_mma;
+mod matmul_norm;
 mod matmul_wgmma;
 
 pub(crate) use act_cache::ActKey;
