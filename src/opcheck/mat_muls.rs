@@ -24,6 +24,32 @@ pub(crate) const WIDE_SHAPES: &[(&[usize], usize, usize, &[bool])] = &[
     (&[300, 200], 320, 200, &[false, true]),
 ];
 
+/// The first index where `a` and `b` differ in bits (NaNs of any payload
+/// count as equal).
+pub(super) fn first_bit_diff(a: &[f32], b: &[f32]) -> Option<usize> {
+    a.iter()
+        .zip(b)
+        .position(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()))
+}
+
+/// QMatrix views of the job weights `datas` (rows `ms`, k columns).
+pub(super) fn job_matrices<'a>(
+    ty: GgmlType,
+    ms: &[usize],
+    k: usize,
+    datas: &'a [Vec<u8>],
+) -> Vec<QMatrix<'a>> {
+    ms.iter()
+        .zip(datas)
+        .map(|(&m, d)| QMatrix {
+            ty,
+            rows: m,
+            cols: k,
+            data: d,
+        })
+        .collect()
+}
+
 /// Splits `buf` into consecutive outputs of `lens` elements.
 pub(super) fn split_outs<'b>(mut buf: &'b mut [f32], lens: &[usize]) -> Vec<&'b mut [f32]> {
     let mut v = Vec::with_capacity(lens.len());
@@ -44,6 +70,36 @@ fn jobs<'a>(ws: &[QMatrix<'a>], outs: Vec<&'a mut [f32]>, adds: &[bool]) -> Vec<
 }
 
 impl Ctx<'_> {
+    /// Random weights of `ty` for each job's `ms` rows x k, quantized; on
+    /// a quantizer error a failed case of `op` and None.
+    pub(super) fn job_weights(
+        &mut self,
+        op: &'static str,
+        ty: GgmlType,
+        ms: &[usize],
+        k: usize,
+        n: usize,
+    ) -> Option<Vec<Vec<u8>>> {
+        let datas = ms
+            .iter()
+            .map(|&m| crate::quant::quantize(ty, &randv(&mut self.rng, m * k, 1.0)))
+            .collect::<Result<Vec<_>, _>>();
+        match datas {
+            Ok(d) => Some(d),
+            Err(e) => {
+                self.results.push(CaseResult {
+                    op,
+                    desc: format!("{ty:?} k={k} n={n}"),
+                    status: Status::Fail(format!("quantizing the weights: {e}")),
+                    nmse: f64::NAN,
+                    bitwise: false,
+                    perf: None,
+                });
+                None
+            }
+        }
+    }
+
     pub(super) fn mat_muls(&mut self) {
         if !self.want("mat_muls") {
             return;
@@ -86,34 +142,10 @@ impl Ctx<'_> {
             let extra: &[_] = if ty.block_size() <= 32 { &wide } else { &[] };
             for (ms, k, n, adds) in shapes.iter().chain(extra) {
                 let (k, n) = (*k, *n);
-                let datas: Vec<Vec<u8>> = match ms
-                    .iter()
-                    .map(|&m| crate::quant::quantize(ty, &randv(&mut self.rng, m * k, 1.0)))
-                    .collect::<Result<Vec<_>, _>>()
-                {
-                    Ok(d) => d,
-                    Err(e) => {
-                        self.results.push(CaseResult {
-                            op: "mat_muls",
-                            desc: format!("{ty:?} k={k} n={n}"),
-                            status: Status::Fail(format!("quantizing the weights: {e}")),
-                            nmse: f64::NAN,
-                            bitwise: false,
-                            perf: None,
-                        });
-                        continue;
-                    }
+                let Some(datas) = self.job_weights("mat_muls", ty, ms, k, n) else {
+                    continue;
                 };
-                let ws: Vec<QMatrix<'_>> = ms
-                    .iter()
-                    .zip(&datas)
-                    .map(|(&m, d)| QMatrix {
-                        ty,
-                        rows: m,
-                        cols: k,
-                        data: d,
-                    })
-                    .collect();
+                let ws = job_matrices(ty, ms, k, &datas);
                 let x = randv(&mut self.rng, n * k, 2.0);
                 let lens: Vec<usize> = ms.iter().map(|m| n * m).collect();
                 let init = randv(&mut self.rng, lens.iter().sum(), 3.0);
@@ -155,10 +187,7 @@ impl Ctx<'_> {
                     } else {
                         match self.unfused(&ws, &x, n, adds, &init, &lens) {
                             Ok(u) => {
-                                let diff = u.iter().zip(y.body()).position(|(a, b)| {
-                                    a.to_bits() != b.to_bits() && !(a.is_nan() && b.is_nan())
-                                });
-                                if let Some(i) = diff {
+                                if let Some(i) = first_bit_diff(&u, y.body()) {
                                     unfused_diff = Some(format!(
                                         "differs from mat_mul then add on this backend at {i}: {:e} vs {:e}",
                                         y.body()[i],

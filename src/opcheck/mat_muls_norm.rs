@@ -4,8 +4,8 @@
 //! fused op must give those bits in every mode, also where a backend folds
 //! the norm into the products: CUDA's `QUIRE_NORM_FOLD=1`).
 
-use super::mat_muls::split_outs;
-use super::{randv, CaseResult, Ctx, Guarded, Status};
+use super::mat_muls::{first_bit_diff, job_matrices, split_outs};
+use super::{randv, Ctx, Guarded, Status};
 use crate::backend::{Host, MatJob, MatNorm, Op, QMatrix};
 use crate::quant::GgmlType;
 
@@ -40,34 +40,10 @@ impl Ctx<'_> {
                 if !k.is_multiple_of(ty.block_size()) {
                     continue; // not a shape of this type
                 }
-                let datas: Vec<Vec<u8>> = match ms
-                    .iter()
-                    .map(|&m| crate::quant::quantize(ty, &randv(&mut self.rng, m * k, 1.0)))
-                    .collect::<Result<Vec<_>, _>>()
-                {
-                    Ok(d) => d,
-                    Err(e) => {
-                        self.results.push(CaseResult {
-                            op: "mat_muls_norm",
-                            desc: format!("{ty:?} k={k} n={n}"),
-                            status: Status::Fail(format!("quantizing the weights: {e}")),
-                            nmse: f64::NAN,
-                            bitwise: false,
-                            perf: None,
-                        });
-                        continue;
-                    }
+                let Some(datas) = self.job_weights("mat_muls_norm", ty, ms, k, n) else {
+                    continue;
                 };
-                let ws: Vec<QMatrix<'_>> = ms
-                    .iter()
-                    .zip(&datas)
-                    .map(|(&m, d)| QMatrix {
-                        ty,
-                        rows: m,
-                        cols: k,
-                        data: d,
-                    })
-                    .collect();
+                let ws = job_matrices(ty, ms, k, &datas);
                 // Rows of different scales (what the norm takes out), and
                 // norm weights of both signs.
                 let mut x = randv(&mut self.rng, n * k, 3.0);
@@ -127,9 +103,7 @@ impl Ctx<'_> {
                     } else {
                         match self.norm_then_mat_muls(&ws, &x, n, adds, (&g, eps), &init, &lens) {
                             Ok(u) => {
-                                if let Some(i) = u.iter().zip(y.body()).position(|(a, b)| {
-                                    a.to_bits() != b.to_bits() && !(a.is_nan() && b.is_nan())
-                                }) {
+                                if let Some(i) = first_bit_diff(&u, y.body()) {
                                     unfused_diff = Some(format!(
                                         "differs from rms_norm then mat_muls on this backend at {i}: {:e} vs {:e}",
                                         y.body()[i],

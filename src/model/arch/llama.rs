@@ -272,6 +272,13 @@ type MatSpec<'b, E> = (
     bool,
 );
 
+/// An input's RMS norm for `mat_muls`: weights, eps, scratch (n, k).
+type NormSpec<'b, E> = (
+    &'b <<E as Exec>::S as Store>::Vec,
+    f32,
+    &'b mut <E as Exec>::Buf,
+);
+
 /// The matmuls of one input x (n, k): one `MatMuls` op per weight type (in
 /// the order each type first appears), so a backend can run q/k/v or
 /// gate/up in one launch. Each job: (weight, output, whether it adds).
@@ -285,7 +292,7 @@ fn mat_muls<'b, E: Exec>(
     x: &E::Buf,
     n: usize,
     jobs: Vec<MatSpec<'_, E>>,
-    norm: Option<(&'b <E::S as Store>::Vec, f32, &'b mut E::Buf)>,
+    norm: Option<NormSpec<'b, E>>,
 ) -> Result<()> {
     let mut groups: Vec<Vec<MatJob<'_, E::M>>> = Vec::new();
     for (w, out, add) in jobs {
