@@ -22,8 +22,11 @@
 # COPY_BW (the device's measured copy bandwidth, TB/s, read + write; 3.01
 # on the H100s here), REPS (default 3), GOALS_QUICK=1 (a dry run of this
 # script: every model the SmolLM2 shape, short runs; with GOALS_GPU=off it
-# runs on the cpu of a machine without a GPU). FlashInfer's paged decode
-# comparison is scripts/flashinfer-decode-bench.py (wheels carried there).
+# runs on the cpu of a machine without a GPU), GOALS_FLASHINFER=1 (the
+# paged decode attention alone: `quire bench-attn`, FlashInfer's
+# scripts/flashinfer-decode-bench.py, bench-attn again, on Llama-3.1-8B
+# heads; torch and flashinfer-python must import, e.g. from carried wheels
+# on PYTHONPATH).
 set -uo pipefail
 QUIRE="${QUIRE:-./target/release/quire}"
 OUT="${OUT:-./gpu-goals-out}"
@@ -135,6 +138,13 @@ for m in "${models[@]}"; do
   esac
 done
 
+if [ "${GOALS_FLASHINFER:-0}" = 1 ]; then
+  ab=(--batch 1,8,32,64 --ctx 512,2048,8192)
+  "$QUIRE" bench-attn --mode fast "${ab[@]}" --json >"$OUT/attn-quire-1.jsonl" 2>"$OUT/attn-quire-1.err" || { echo "bench-attn failed"; status=1; }
+  python3 scripts/flashinfer-decode-bench.py "${ab[@]}" >"$OUT/attn-flashinfer.md" 2>"$OUT/attn-flashinfer.err" || { echo "flashinfer-decode-bench failed: $(tail -1 "$OUT/attn-flashinfer.err")"; status=1; }
+  "$QUIRE" bench-attn --mode fast "${ab[@]}" --json >"$OUT/attn-quire-2.jsonl" 2>"$OUT/attn-quire-2.err" || { echo "bench-attn failed"; status=1; }
+fi
+
 python3 - "$res" "$OUT" "$COPY_BW" "$P1" "$P2" "$G" "$D" "$BATCH" "${GOALS_AB:-}" >>"$OUT/summary.md" <<'PY' || status=1
 import json, os, re, sys
 
@@ -215,6 +225,36 @@ print("| B | Quire | llama-batched-bench | ratio |\n|---|---|---|---|")
 for b in batch.split(","):
     v = q("llama8b-q4_0", "batched", f"tg{g} B{b} p{g}")
     print(f"| {b} | {num(v)} | {num(lb.get(int(b)))} | {ratio(v, lb.get(int(b)))} |")
+
+fi_md = os.path.join(out, "attn-flashinfer.md")
+if os.path.exists(fi_md):
+    fi = {}
+    for line in open(fi_md):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and cells[0].isdigit() and cells[1].isdigit():
+            fi[(int(cells[0]), int(cells[1]))] = float(cells[2].replace(",", ""))
+    qa = [{}, {}]
+    for i in (1, 2):
+        path = os.path.join(out, f"attn-quire-{i}.jsonl")
+        if os.path.exists(path):
+            for l in open(path):
+                if l.startswith("{"):
+                    r = json.loads(l)
+                    qa[i - 1][(r["batch"], r["ctx"])] = r.get("us_pdl") or r["us"]
+    print("\n## Paged decode attention alone (8B heads, us per call, PDL on both)\n")
+    print("| B | ctx | Quire (run 1 / 2) | FlashInfer | FlashInfer / Quire |\n|---|---|---|---|---|")
+    logs = []
+    for key in sorted(fi):
+        q1, q2 = qa[0].get(key), qa[1].get(key)
+        r = fi[key] / q1 if q1 else None
+        if r:
+            logs.append(r)
+        us = lambda v: f"{v:.2f}" if v else "-"
+        print(f"| {key[0]} | {key[1]} | {us(q1)} / {us(q2)} | {fi[key]:.2f} | {f'{r:.3f}' if r else '-'} |")
+    if logs:
+        import math
+        gm = math.exp(sum(math.log(v) for v in logs) / len(logs))
+        print(f"\ngeometric mean {gm:.3f}; {sum(v >= 1.0 for v in logs)} of {len(logs)} shapes at 1.0 or above")
 
 if ab:
     print(f"\n## Decode with `{ab}` against without (alternating runs)\n")

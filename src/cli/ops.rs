@@ -23,8 +23,9 @@ pub struct OpsArgs {
     /// Mode: exact (bitwise), deterministic or fast (NMSE bounds).
     #[arg(long, default_value = "exact")]
     pub mode: Mode,
-    /// Only ops whose name contains this (mat_mul, rms_norm, rope, swiglu,
-    /// get_rows, add, add_bias, kv_write, paged_attention).
+    /// Only ops whose name contains this (mat_mul, mat_muls, mat_muls_norm,
+    /// rms_norm, rope, swiglu, get_rows, select_rows, add, add_bias,
+    /// kv_write, rope_kv_write, paged_attention).
     #[arg(long)]
     pub op: Option<String>,
     /// Time each op and print GB/s and TFLOP/s (times include the host <->
