@@ -18,9 +18,9 @@
 //! against the unfused reference (`prequant` off, which never folds)
 //! bitwise at every step.
 
-use super::dev_ptr;
 use super::matmul::{job_table, mm_dims, mma_rows, mq_min_rows, mv_grid, mv_name, mv_warps};
 use super::matmul_mma::mq_takes;
+use super::{dev_ptr, dev_ptr_mut};
 use crate::backend::cuda::mem::Dev;
 use crate::backend::cuda::{drv, i32_of, CudaBackend};
 use crate::backend::{validate, MatJob, Mode};
@@ -88,12 +88,15 @@ impl CudaBackend {
         self.forget_activations();
         let s = self.stream();
         // Not in check-exact's unfused reference (`prequant` off), which so
-        // checks the fold bitwise.
+        // checks the fold bitwise. Only where the unfused norm would take
+        // rms_norm_fast's float4 path (x, w and out 16-byte aligned): the
+        // scalar path sums in another order.
         let fold = self.prequant
             && norm_fold_wanted()
             && fold_shape_ok(mode, n, ty, k)
             && dev_ptr(x, s).is_multiple_of(16)
-            && dev_ptr(w, s).is_multiple_of(16);
+            && dev_ptr(w, s).is_multiple_of(16)
+            && dev_ptr_mut(out, s).is_multiple_of(16);
         if !fold {
             self.d_rms_norm(x, w, k, eps, out, mode)?;
             return self.d_mat_muls(&out.as_view(), n, jobs, mode);
