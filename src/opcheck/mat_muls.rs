@@ -61,7 +61,12 @@ pub(super) fn split_outs<'b>(mut buf: &'b mut [f32], lens: &[usize]) -> Vec<&'b 
     v
 }
 
-fn jobs<'a>(ws: &[QMatrix<'a>], outs: Vec<&'a mut [f32]>, adds: &[bool]) -> Vec<MatJob<'a, Host>> {
+/// The jobs of weights `ws` into `outs`, adding where `adds` says.
+pub(super) fn jobs<'a>(
+    ws: &[QMatrix<'a>],
+    outs: Vec<&'a mut [f32]>,
+    adds: &[bool],
+) -> Vec<MatJob<'a, Host>> {
     ws.iter()
         .zip(outs)
         .zip(adds)

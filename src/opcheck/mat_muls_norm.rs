@@ -4,9 +4,9 @@
 //! fused op must give those bits in every mode, also where a backend folds
 //! the norm into the products: CUDA's `QUIRE_NORM_FOLD=1`).
 
-use super::mat_muls::{first_bit_diff, job_matrices, split_outs};
+use super::mat_muls::{first_bit_diff, job_matrices, jobs, split_outs};
 use super::{randv, Ctx, Guarded, Status};
-use crate::backend::{Host, MatJob, MatNorm, Op, QMatrix};
+use crate::backend::{MatNorm, Op, QMatrix};
 use crate::quant::GgmlType;
 
 /// (job rows, k, n, adds): decode rows (q/k/v of a small head layout,
@@ -153,17 +153,11 @@ impl Ctx<'_> {
             mode,
         )?;
         let mut out = init.to_vec();
-        let jobs = ws
-            .iter()
-            .zip(split_outs(&mut out, lens))
-            .zip(adds)
-            .map(|((&w, out), &add)| MatJob::<Host> { w, out, add })
-            .collect();
         self.be.run(
             Op::MatMuls {
                 x: &h,
                 n,
-                jobs,
+                jobs: jobs(ws, split_outs(&mut out, lens), adds),
                 norm: None,
             },
             mode,
@@ -183,16 +177,10 @@ fn norm_op<'a>(
     (g, eps): (&'a [f32], f32),
     s: &'a mut [f32],
 ) -> Op<'a> {
-    let jobs = ws
-        .iter()
-        .zip(outs)
-        .zip(adds)
-        .map(|((&w, out), &add)| MatJob::<Host> { w, out, add })
-        .collect();
     Op::MatMuls {
         x,
         n,
-        jobs,
+        jobs: jobs(ws, outs, adds),
         norm: Some(MatNorm { w: g, eps, out: s }),
     }
 }

@@ -115,10 +115,10 @@ impl Backend for CpuBackend {
                 jobs,
                 norm: Some(MatNorm { w, eps, out }),
             } => {
-                // RmsNorm then MatMuls: the op's defined bits.
+                // RmsNorm then MatMuls: the op's defined bits (rms_norm
+                // validates the norm's shapes with dim = k).
                 let k = jobs.first().map_or(0, |j| j.w.cols);
-                crate::backend::validate::mat_muls_norm(x.len(), k, w.len(), out.len())?;
-                ops::rms_norm::run(par, isa, x, w, k, eps, &mut *out)?;
+                ops::rms_norm::run(par, isa, x, w, k, eps, &mut *out).context("mat_muls norm")?;
                 ops::matmul::run_jobs(par, isa, nt, out, n, jobs)
             }
             Op::RmsNorm {

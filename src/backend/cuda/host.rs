@@ -89,8 +89,7 @@ impl CudaBackend {
                 match norm {
                     None => self.d_mat_muls(&xd.slice(0..x.len()), *n, &mut djobs, mode)?,
                     Some(nm) => {
-                        let k = jobs[0].w.cols;
-                        validate::mat_muls_norm(x.len(), k, nm.w.len(), nm.out.len())?;
+                        // d_mat_muls_norm validates the norm's shapes.
                         let wd = self.up(nm.w, "mat_muls: norm w")?;
                         // The normalized rows' scratch: its contents
                         // afterwards are unspecified, so never read back.
