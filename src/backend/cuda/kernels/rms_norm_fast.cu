@@ -1,8 +1,8 @@
 // RMS norm for the fast and deterministic modes (not the canonical
-// arithmetic: FMA partial sums, a shuffle tree, rsqrtf). One block of 256
-// threads per row: thread t sums x² over e = t, t + 256, ...; warps reduce
-// by a fixed xor tree and thread 0 adds the 8 warp sums in order. Each row
-// depends only on itself in a fixed order: batch-invariant.
+// arithmetic: FMA partial sums, a shuffle tree, rsqrtf; rms_fast_scale and
+// rms_fast_out_v4 in common.cuh, shared with the norm folded into
+// mv_q8_r1_n*). One block of 256 threads per row. Each row depends only on
+// itself in a fixed order: batch-invariant.
 // vec4 (x, w, out 16-byte aligned and dim a multiple of 4): thread t owns
 // the float4s t, t + 256, ..., so a 4096-wide row is one round of loads
 // (the scalar loop took four dependent rounds: ~16 us under ncu).
@@ -16,50 +16,14 @@ extern "C" __global__ void rms_norm_fast(const float* __restrict__ x,
                                          float2* __restrict__ xds) {
     if (RMS_PREFETCH) prefetch_line(w, 4LL * dim, threadIdx.x, false);  // see common.cuh
     GRID_DEP();
-    __shared__ float part[8];
-    __shared__ float scale_s;
     const float* xr = x + (long long)blockIdx.x * dim;
-    float s = 0.0f;
-    if (vec4) {
-#pragma unroll 4
-        for (int e = threadIdx.x; e < dim / 4; e += blockDim.x) {
-            float4 v = ((const float4*)xr)[e];
-            s = fmaf(v.x, v.x, s);
-            s = fmaf(v.y, v.y, s);
-            s = fmaf(v.z, v.z, s);
-            s = fmaf(v.w, v.w, s);
-        }
-    } else {
-#pragma unroll 4
-        for (int e = threadIdx.x; e < dim; e += blockDim.x) s = fmaf(xr[e], xr[e], s);
-    }
-#pragma unroll
-    for (int o = 16; o >= 1; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float t = 0.0f;
-        for (int i = 0; i < (int)(blockDim.x >> 5); i++) t += part[i];
-        scale_s = rsqrtf(t / (float)dim + eps);
-    }
-    __syncthreads();
-    float scale = scale_s;
+    float scale = rms_fast_scale(xr, dim, eps, vec4 != 0);
     float* o = out + (long long)blockIdx.x * dim;
     if (vec4) {
-#pragma unroll 4
-        for (int e = threadIdx.x; e < dim / 4; e += blockDim.x) {
-            float4 v = ((const float4*)xr)[e], g = ((const float4*)w)[e];
-            float4 r = make_float4(v.x * scale * g.x, v.y * scale * g.y, v.z * scale * g.z,
-                                   v.w * scale * g.w);
-            ((float4*)o)[e] = r;
-            if (xq) {
-                // dim / 4 is a multiple of 8: a group of 8 lanes is all in
-                // range or all out.
-                float q[4] = {r.x, r.y, r.z, r.w};
-                long long blk = ((long long)blockIdx.x * dim + 4 * e) / 32;
-                q8_block<4>(q, e & 7, xq + 32 * blk, xds + blk);
-            }
-        }
+        // xq / xds non-null only with dim a multiple of 32: this row's
+        // blocks start at block blockIdx.x * dim / 32.
+        long long b0 = (long long)blockIdx.x * (dim / 32);
+        rms_fast_out_v4<true>(xr, w, dim, scale, o, xq ? xq + 32 * b0 : nullptr, xds + b0);
         return;
     }
 #pragma unroll 4
