@@ -65,11 +65,6 @@ for s in "${steps[@]}"; do
       # unit's cluster (att_pipe_c_*, the default for small launches of 2-16
       # CTAs per unit).
       QUIRE_ATT_CLUSTER=0 run_step ops-fast-att-combine "$QUIRE" ops --backend cuda --mode fast --op paged_attention
-      # The RMS norm folded into the one-row matvecs (opt-in): against the
-      # cpu and bitwise against rms_norm then mat_muls on the device.
-      for m in fast deterministic; do
-        QUIRE_NORM_FOLD=1 run_step "ops-$m-norm-fold" "$QUIRE" ops --backend cuda --mode "$m" --op mat_muls_norm
-      done
       ;;
     attn)
       # Paged decode attention over scattered blocks at long contexts
@@ -91,9 +86,6 @@ for s in "${steps[@]}"; do
       [ -f "$tmp/smollm2-q4_1.gguf" ] || "$QUIRE" synth --shape SmolLM2-135M --type Q4_1 -o "$tmp/smollm2-q4_1.gguf" >"$OUT/synth-smollm.log" 2>&1
       for m in fast deterministic; do
         run_step "fuse-$m" "$QUIRE" check-exact --mode "$m" -m "$tmp/smollm2-q4_1.gguf" --tokens 64
-        # With the norm folded into the one-row matvecs (opt-in; the
-        # unfused reference never folds).
-        QUIRE_NORM_FOLD=1 run_step "fuse-$m-norm-fold" "$QUIRE" check-exact --mode "$m" -m "$tmp/smollm2-q4_1.gguf" --tokens 64
       done
       ;;
     llama)

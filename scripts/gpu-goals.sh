@@ -17,9 +17,9 @@
 # run on the same files right after Quire's runs of each model.
 #
 # Env: OUT (default ./gpu-goals-out: results.jsonl, summary.md, logs),
-# GOALS_AB (environment settings, e.g. "QUIRE_NORM_FOLD=1": every model's
+# GOALS_AB (environment settings, e.g. "QUIRE_MV_PREFETCH_MB=16": every model's
 # decode also runs with them, alternating with the default, twice each),
-# COPY_BW (the device's measured copy bandwidth, TB/s, read + write; 3.01
+# GOALS_MODELS (a subset of the rows, below), COPY_BW (the device's measured copy bandwidth, TB/s, read + write; 3.01
 # on the H100s here), REPS (default 3), GOALS_QUICK=1 (a dry run of this
 # script: every model the SmolLM2 shape, short runs; with GOALS_GPU=off it
 # runs on the cpu of a machine without a GPU), GOALS_FLASHINFER=1 (the
@@ -57,6 +57,17 @@ if [ "${GOALS_QUICK:-0}" = 1 ]; then
     "llama8b-f16 SmolLM2-135M F16"
   )
   P1=32 P2=64 G=8 D=16 BATCH=2,3 KV=1024 REPS=1
+fi
+
+# GOALS_MODELS (names, e.g. "smollm2-q4_0 llama8b-q4_0"): only these rows,
+# so the matrix can be split over calls of the device's 10-minute limit.
+if [ -n "${GOALS_MODELS:-}" ]; then
+  keep=()
+  for m in "${models[@]}"; do
+    read -r name _ <<<"$m"
+    [[ " $GOALS_MODELS " == *" $name "* ]] && keep+=("$m")
+  done
+  models=("${keep[@]}")
 fi
 
 echo "gpu-goals: $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader 2>/dev/null | head -1) copy_bw=$COPY_BW TB/s" >"$OUT/summary.md"

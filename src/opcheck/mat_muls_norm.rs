@@ -1,8 +1,7 @@
 //! Parity cases of `mat_muls` with its input's RMS norm
 //! (`OpT::MatMuls::norm`): against the cpu reference like every op, and on
 //! the backend under test against its own `RmsNorm` then `MatMuls` (the
-//! fused op must give those bits in every mode, also where a backend folds
-//! the norm into the products: CUDA's `QUIRE_NORM_FOLD=1`).
+//! fused op must give those bits in every mode, whatever a backend fuses).
 
 use super::mat_muls::{first_bit_diff, job_matrices, jobs, split_outs};
 use super::{randv, Ctx, Guarded, Status};

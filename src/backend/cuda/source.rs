@@ -33,21 +33,13 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     ),
     (
         "matmul_fast",
-        // The norm-folded matvecs share matmul_fast.cu's device functions.
-        concat!(
-            include_str!("kernels/matmul_fast.cu"),
-            "\n",
-            include_str!("kernels/matmul_norm_fast.cu")
-        ),
+        include_str!("kernels/matmul_fast.cu"),
         &[
             "quant_q8",
             "mv_q8",
             "mv_q8_r1",
             "mv_q8_r1_w2",
             "mv_q8_r1_w4",
-            "mv_q8_r1_n",
-            "mv_q8_r1_w2_n",
-            "mv_q8_r1_w4_n",
             "mv_float",
             "mv_float_r1",
             "mv_float_r1_w2",

@@ -414,8 +414,7 @@ __device__ __forceinline__ void q8_block(const float* v, int gl, signed char* __
 }
 
 // The fast-mode RMS norm of one row xr (dim,) held by a whole CTA of 256
-// threads (rms_norm_fast, and the norm folded into mv_q8_r1_n*, so both
-// give the same bytes). Not the canonical arithmetic: thread t sums x²
+// threads (rms_norm_fast). Not the canonical arithmetic: thread t sums x²
 // over e = t, t + 256, ... (vec4: over float4s, their four values in
 // order) with fmaf, warps reduce by a fixed xor tree and thread 0 adds
 // the 8 warp sums in order; scale = rsqrtf(sum / dim + eps). Returns the

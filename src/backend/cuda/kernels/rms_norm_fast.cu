@@ -1,7 +1,6 @@
 // RMS norm for the fast and deterministic modes (not the canonical
 // arithmetic: FMA partial sums, a shuffle tree, rsqrtf; rms_fast_scale and
-// rms_fast_out_v4 in common.cuh, shared with the norm folded into
-// mv_q8_r1_n*). One block of 256 threads per row. Each row depends only on
+// rms_fast_out_v4 in common.cuh). One block of 256 threads per row. Each row depends only on
 // itself in a fixed order: batch-invariant.
 // vec4 (x, w, out 16-byte aligned and dim a multiple of 4): thread t owns
 // the float4s t, t + 256, ..., so a 4096-wide row is one round of loads
