@@ -102,10 +102,6 @@ pub struct CudaBackend {
     /// next one of the same row count will): swiglu's row count is not
     /// part of its op.
     pub(crate) last_mv_q8: std::sync::atomic::AtomicBool,
-    /// Whether the last `exact` matmul read quant_act32's 16-bit
-    /// activations (32-value block weights), so the next one of the same
-    /// model likely will: swiglu then writes them itself (`canon_out`).
-    pub(crate) last_canon32: std::sync::atomic::AtomicBool,
     /// Page-locked buffers the logits downloads land in (a copy into
     /// pageable memory pays a page fault per 4 KiB, and a second host copy
     /// costs as much as the transfer).
@@ -385,7 +381,6 @@ impl CudaBackend {
             act_cache: Mutex::new(None),
             prequant: std::env::var("QUIRE_PREQUANT").map_or(true, |v| v != "0"),
             last_mv_q8: std::sync::atomic::AtomicBool::new(false),
-            last_canon32: std::sync::atomic::AtomicBool::new(false),
             pinned: logits::PinnedPool::default(),
             dev: Device {
                 ctx,

@@ -18,8 +18,7 @@ extern "C" __global__ void paged_attention(
     int block_size, float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
     const u32* __restrict__ tables, const u32* __restrict__ table_off,
     const u32* __restrict__ row_seq, const u32* __restrict__ positions,
-    float* __restrict__ out, short* __restrict__ aq, float* __restrict__ ad,
-    float* __restrict__ as) {
+    float* __restrict__ out) {
     GRID_DEP();
     __shared__ float qs[256];
     __shared__ float ps[32];
@@ -154,18 +153,6 @@ extern "C" __global__ void paged_attention(
 #pragma unroll
     for (int u = 0; u < ATT_MAXD; u++) {
         int d = l + 32 * u;
-        if (d < hd) {
-            float v = q_div(acc[u], lsum);
-            o[d] = v;
-            // aq non-null (head_dim a multiple of 32): the output also
-            // quantized as quant_act32 would (values 32u .. 32u + 31 of the
-            // head are one block, one per lane) for the exact matmul that
-            // reads it next: aq (n_rows, n_heads * head_dim), ad, as per
-            // block.
-            if (aq) {
-                long long blk = ((long long)rh * hd) / 32 + u;
-                canon_block<1>(&v, l, aq + 32 * blk, ad + blk, as + blk);
-            }
-        }
+        if (d < hd) o[d] = q_div(acc[u], lsum);
     }
 }

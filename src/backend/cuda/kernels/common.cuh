@@ -413,59 +413,6 @@ __device__ __forceinline__ void q8_block(const float* v, int gl, signed char* __
     }
 }
 
-// quant_act32's arithmetic (matmul.cu; canon::quantize_block with the
-// activation range QUIRE_ACT_QMAX) for one 32-block held by a group of 32 /
-// V consecutive lanes with V values each (lane gl of the group holds
-// values V * gl ..): amax over |v| with NaN counted as 0, d = amax / QMAX,
-// q = round half away of v / d (NaN -> 0) clamped to +-QMAX; qs gets the
-// block's 32 shorts, *d the scale and *s d * sum(q). The maximum and the
-// integer sum do not depend on order, so a block's bytes are the same in
-// whatever kernel computes them (the quantizer, or the kernel that
-// produced the values for the exact matmul that reads them next). Every
-// lane of the group must call it together.
-template <int V>
-__device__ __forceinline__ void canon_block(const float* v, int gl, short* __restrict__ qs,
-                                            float* __restrict__ d, float* __restrict__ s) {
-    constexpr int G = 32 / V;
-    int lane = threadIdx.x & 31;
-    unsigned mask = G == 32 ? 0xffffffffu : (((1u << G) - 1u) << (lane & ~(G - 1)));
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < V; i++) amax = q_max(amax, fabsf(v[i]));
-#pragma unroll
-    for (int o = G / 2; o >= 1; o >>= 1) amax = q_max(amax, __shfl_xor_sync(mask, amax, o));
-    float db = q_div(amax, QUIRE_ACT_QMAX);
-    float id = (db == 0.0f) ? 0.0f : q_div(1.0f, db);
-    int sum = 0;
-    short q[V];
-#pragma unroll
-    for (int i = 0; i < V; i++) {
-        float r = q_round_away(q_mul(v[i], id));
-        if (q_isnan(r)) {
-            q[i] = 0;
-        } else {
-            r = fminf(fmaxf(r, -QUIRE_ACT_QMAX), QUIRE_ACT_QMAX);
-            q[i] = (short)(int)r;
-        }
-        sum += q[i];
-    }
-#pragma unroll
-    for (int o = G / 2; o >= 1; o >>= 1) sum += __shfl_xor_sync(mask, sum, o);
-    if (V == 4) {
-        uint2 p;
-        p.x = (u32)(u16)q[0] | ((u32)(u16)q[1] << 16);
-        p.y = (u32)(u16)q[2] | ((u32)(u16)q[3] << 16);
-        ((uint2*)qs)[gl] = p;
-    } else {
-#pragma unroll
-        for (int i = 0; i < V; i++) qs[V * gl + i] = q[i];
-    }
-    if (gl == 0) {
-        *d = db;
-        *s = q_mul(db, __int2float_rn(sum));
-    }
-}
-
 // The fast-mode RMS norm of one row xr (dim,) held by a whole CTA of 256
 // threads (rms_norm_fast). Not the canonical arithmetic: thread t sums x²
 // over e = t, t + 256, ... (vec4: over float4s, their four values in

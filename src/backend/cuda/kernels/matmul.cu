@@ -41,7 +41,25 @@ extern "C" __global__ void quant_act32(const float* __restrict__ x, int n, int k
     if (t >= (long long)n * nb) return;  // whole warps exit together
     int row = (int)(t / nb), b = (int)(t % nb);
     float v = x[(long long)row * k + 32 * b + i];
-    canon_block<1>(&v, i, qs + (long long)row * k + 32 * b, d + t, s + t);
+    float amax = q_max(0.0f, fabsf(v));  // a NaN counts as 0, as in quant_block
+    for (int o = 16; o >= 1; o >>= 1) amax = q_max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    float db = q_div(amax, QUIRE_ACT_QMAX);
+    float id = (db == 0.0f) ? 0.0f : q_div(1.0f, db);
+    float r = q_round_away(q_mul(v, id));
+    short q;
+    if (q_isnan(r)) {
+        q = 0;
+    } else {
+        r = fminf(fmaxf(r, -QUIRE_ACT_QMAX), QUIRE_ACT_QMAX);
+        q = (short)(int)r;
+    }
+    qs[(long long)row * k + 32 * b + i] = q;
+    int sum = q;
+    for (int o = 16; o >= 1; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (i == 0) {
+        d[t] = db;
+        s[t] = q_mul(db, __int2float_rn(sum));
+    }
 }
 
 // One thread per (row, 256-superblock). bsum: (n, k/256, 16).

@@ -28,15 +28,9 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
 // vec4: x, w, out 16-byte aligned and dim a multiple of 4: the same
 // values and order, moved with 16-byte loads and stores (one round of loads
 // for a 4096-wide row instead of several dependent ones).
-// With qs non-null (vec4, dim a multiple of 32): the output is also
-// quantized as quant_act32 would (canon_block; a 32-block is 8
-// consecutive float4s, so 8 consecutive lanes) into qs (n, dim), ad and
-// as (n, dim / 32), for the exact matmul that reads it next.
 extern "C" __global__ void rms_norm_block(const float* __restrict__ x,
                                           const float* __restrict__ w, int dim, float eps,
-                                          int vec4, float* __restrict__ out,
-                                          short* __restrict__ qs, float* __restrict__ ad,
-                                          float* __restrict__ as) {
+                                          int vec4, float* __restrict__ out) {
     if (RMS_PREFETCH) prefetch_line(w, 4LL * dim, threadIdx.x, false);  // see common.cuh
     GRID_DEP();
     extern __shared__ __align__(16) float sq[];
@@ -77,16 +71,8 @@ extern "C" __global__ void rms_norm_block(const float* __restrict__ x,
 #pragma unroll 4
         for (int e = threadIdx.x; e < dim / 4; e += blockDim.x) {
             float4 v = ((const float4*)xr)[e], g = ((const float4*)w)[e];
-            float4 r = make_float4(q_mul(q_mul(v.x, scale), g.x), q_mul(q_mul(v.y, scale), g.y),
-                                   q_mul(q_mul(v.z, scale), g.z), q_mul(q_mul(v.w, scale), g.w));
-            ((float4*)o)[e] = r;
-            if (qs) {
-                // dim / 4 is a multiple of 8: a group of 8 lanes is all in
-                // range or all out.
-                float q[4] = {r.x, r.y, r.z, r.w};
-                long long blk = (long long)blockIdx.x * (dim / 32) + (4 * e) / 32;
-                canon_block<4>(q, e & 7, qs + 32 * blk, ad + blk, as + blk);
-            }
+            ((float4*)o)[e] = make_float4(q_mul(q_mul(v.x, scale), g.x), q_mul(q_mul(v.y, scale), g.y),
+                                          q_mul(q_mul(v.z, scale), g.z), q_mul(q_mul(v.w, scale), g.w));
         }
         return;
     }

@@ -42,22 +42,6 @@ impl ActKey {
     }
 }
 
-/// Producers that write `exact` mode's 16-bit activations themselves
-/// (canon_out), as bits of QUIRE_CANON_PRE (default 0: none, quant_act32
-/// runs; an experiment, docs/PERF.md).
-pub(crate) const CANON_NORM: u8 = 1;
-pub(crate) const CANON_SWIGLU: u8 = 2;
-pub(crate) const CANON_ATTN: u8 = 4;
-fn canon_producers() -> u8 {
-    static V: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        std::env::var("QUIRE_CANON_PRE")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    })
-}
-
 pub(super) const ACT_Q8: u8 = 1;
 pub(super) const ACT_CANON: u8 = 2;
 pub(super) const ACT_F16: u8 = 3;
@@ -147,41 +131,6 @@ impl CudaBackend {
             layout: ACT_Q8,
         };
         Ok(Some((key, xq, xds)))
-    }
-
-    /// For a kernel about to write activations `out` (rows of k) in
-    /// `exact` mode, read next by an exact matmul of 32-value block weights:
-    /// the cache key to record once the producer is queued and the arena
-    /// addresses (qs, ad, as) it fills instead of quant_act32, with the same
-    /// bits (canon_block), where mat_muls_exact looks for them.
-    /// QUIRE_PREQUANT=0 turns this off.
-    pub(crate) fn canon_out(
-        &self,
-        out: &CudaViewMut<'_, f32>,
-        k: usize,
-        producer: u8,
-    ) -> Result<Option<(ActKey, u64, u64, u64)>> {
-        let len = out.len();
-        if canon_producers() & producer == 0
-            || !self.prequant || len == 0 || k == 0 || !k.is_multiple_of(32) || !len.is_multiple_of(k)
-        {
-            return Ok(None);
-        }
-        let s = self.stream();
-        let (n, nb) = (len / k, k / 32);
-        // mat_muls_exact's own request, so its regions are these.
-        let mut guard = self.arena(&[n * k * 2, n * nb * 4, n * nb * 4])?;
-        let (qs, ad, asum) =
-            arena3::<i16, f32, f32, _>(&mut guard, (n * k, n * nb, n * nb), |qs, ad, asum| {
-                Ok((dev_ptr_mut(qs, s), dev_ptr_mut(ad, s), dev_ptr_mut(asum, s)))
-            })?;
-        let key = ActKey {
-            ptr: dev_ptr_mut(out, s),
-            len,
-            k,
-            layout: ACT_CANON,
-        };
-        Ok(Some((key, qs, ad, asum)))
     }
 
     /// quant_q8: `nblk` blocks of 32 activations of x to int8 rows xq and

@@ -103,26 +103,10 @@ impl CudaBackend {
         }
         // exact: one warp per (row, head); otherwise ATT_WARPS (8) warps
         // per (row, head) splitting the keys (attention.cu).
-        let exact = mode == Mode::Exact;
-        let (kernel, threads) = if exact {
-            ("paged_attention", 32)
-        } else {
-            ("paged_attention_fast", 256)
+        let (kernel, threads) = match mode {
+            Mode::Exact => ("paged_attention", 32),
+            Mode::Fast | Mode::Deterministic => ("paged_attention_fast", 256),
         };
-        // exact, head_dim a multiple of 32, an exact matmul of 32-value
-        // block weights likely next (the o projection, like q/k/v): the
-        // kernel also writes its output's 16-bit activations (canon_out).
-        let pre = if exact
-            && hd.is_multiple_of(32)
-            && self
-                .last_canon32
-                .load(std::sync::atomic::Ordering::Relaxed)
-        {
-            self.canon_out(out, n_heads * hd, super::act_cache::CANON_ATTN)?
-        } else {
-            None
-        };
-        let (aq, ad, asum) = pre.map_or((0u64, 0u64, 0u64), |(_, q, d, s)| (q, d, s));
         let cfg = LaunchConfig {
             grid_dim: (u32::try_from(batch.n_rows * n_heads)?, 1, 1),
             block_dim: (threads, 1, 1),
@@ -142,21 +126,12 @@ impl CudaBackend {
             .arg(&batch.table_off)
             .arg(&batch.row_seq)
             .arg(&batch.positions)
-            .arg(&mut *out);
-        if exact {
-            b.arg(&aq).arg(&ad).arg(&asum);
-        }
-        // SAFETY: matches paged_attention (with its three activation
-        // pointers: null, or arena regions of n_rows*n_heads*head_dim i16
-        // and a 32nd of that in f32 each, head_dim a multiple of 32) or
-        // paged_attention_fast; every table entry a row reads was
+            .arg(out);
+        // SAFETY: matches paged_attention; every table entry a row reads was
         // validated below n_blocks at upload (DevAttnBatch::upload) for this
         // cache geometry (checked above); q/out hold n_rows*n_heads*head_dim;
         // head_dim <= 256 (shared q buffer).
         drv(unsafe { b.launch(cfg) }, "paged_attention: launch")?;
-        if let Some((key, ..)) = pre {
-            self.q8_done(key);
-        }
         Ok(())
     }
 

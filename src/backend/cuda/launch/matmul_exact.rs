@@ -46,13 +46,6 @@ fn exact_split(ctas: usize, sms: usize, ty: GgmlType) -> bool {
     ctas < waves * 4 * sms
 }
 
-/// Whether exact matmuls of `ty` weights read quant_act32's 16-bit
-/// activations (the 32-value block types; the 256-superblock types
-/// quantize per superblock, float weights read f32).
-pub(crate) fn canon32_type(ty: GgmlType) -> bool {
-    !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) && ty.block_size() == 32
-}
-
 impl CudaBackend {
     /// The canonical kernels for validated jobs (n, m, k > 0): 32-block
     /// weights quantize the activations once (cached across ops) and run
@@ -65,10 +58,7 @@ impl CudaBackend {
         jobs: &mut [MatJob<'_, Dev>],
     ) -> Result<()> {
         let ty = jobs[0].w.ty;
-        let canon32 = canon32_type(ty);
-        self.last_canon32
-            .store(canon32, std::sync::atomic::Ordering::Relaxed);
-        if !canon32 {
+        if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) || ty.block_size() == 256 {
             for j in jobs.iter_mut() {
                 self.mat_mul_exact_one(&j.w, x, n, &mut j.out, j.add)?;
             }

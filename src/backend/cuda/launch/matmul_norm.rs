@@ -10,7 +10,6 @@
 //! wave repeats the row's L2 read and block reduction before its first
 //! weight load), SmolLM2 +0.4% (docs/PERF.md).
 
-use super::matmul_exact::canon32_type;
 use crate::backend::cuda::mem::Dev;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::{validate, MatJob, Mode};
@@ -41,8 +40,7 @@ impl CudaBackend {
         // The scratch is about to be rewritten: no cached activation may
         // claim it.
         self.forget_activations();
-        let canon = mode == Mode::Exact && jobs.iter().all(|j| canon32_type(j.w.ty));
-        self.d_rms_norm_for(x, w, k, eps, out, mode, canon)?;
+        self.d_rms_norm(x, w, k, eps, out, mode)?;
         self.d_mat_muls(&out.as_view(), n, jobs, mode)
     }
 }

@@ -251,24 +251,6 @@ impl CudaBackend {
         out: &mut CudaViewMut<'_, f32>,
         mode: Mode,
     ) -> Result<()> {
-        self.d_rms_norm_for(x, w, dim, eps, out, mode, false)
-    }
-
-    /// d_rms_norm; `canon`: an exact matmul of 32-value block weights reads
-    /// `out` next, so in `exact` mode the block-per-row kernel also writes
-    /// its 16-bit activations (canon_out) and that matmul skips
-    /// quant_act32.
-    #[allow(clippy::too_many_arguments)] // the op's fields
-    pub(crate) fn d_rms_norm_for(
-        &self,
-        x: &CudaView<'_, f32>,
-        w: &CudaView<'_, f32>,
-        dim: usize,
-        eps: f32,
-        out: &mut CudaViewMut<'_, f32>,
-        mode: Mode,
-        canon: bool,
-    ) -> Result<()> {
         let n = validate::rms_norm(x.len(), w.len(), dim, out.len())?;
         if n == 0 {
             return Ok(());
@@ -321,31 +303,12 @@ impl CudaBackend {
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: (dim * 4) as u32,
             };
-            let pre = if canon && vec4 == 1 && dim.is_multiple_of(32) {
-                self.canon_out(out, dim, act_cache::CANON_NORM)?
-            } else {
-                None
-            };
-            let (qs, ad, asum) = pre.map_or((0u64, 0u64, 0u64), |(_, q, d, s)| (q, d, s));
             let mut b = self.stream().launch_builder(self.func("rms_norm_block")?);
-            b.arg(x)
-                .arg(w)
-                .arg(&di)
-                .arg(&eps)
-                .arg(&vec4)
-                .arg(&mut *out)
-                .arg(&qs)
-                .arg(&ad)
-                .arg(&asum);
+            b.arg(x).arg(w).arg(&di).arg(&eps).arg(&vec4).arg(out);
             // SAFETY: matches rms_norm_block; n*dim inputs/outputs, dim
             // weights, dim floats of dynamic shared memory; vec4 only with
-            // 16-byte aligned rows; qs / ad / as null, or (vec4, dim a
-            // multiple of 32) arena regions of n*dim i16 and n*dim/32 f32
-            // each (canon_out).
+            // 16-byte aligned rows.
             drv(unsafe { b.launch(cfg) }, "rms_norm: launch")?;
-            if let Some((key, ..)) = pre {
-                self.q8_done(key);
-            }
             return Ok(());
         }
         let mut b = self.stream().launch_builder(self.func("rms_norm")?);
@@ -419,37 +382,6 @@ impl CudaBackend {
             Some(_) => None,
             None => self.q8_out(out, None, 32, mode)?,
         };
-        let canon = match rows {
-            Some(r)
-                if mode == Mode::Exact
-                    && r > 0
-                    && out.len().is_multiple_of(r)
-                    && self
-                        .last_canon32
-                        .load(std::sync::atomic::Ordering::Relaxed) =>
-            {
-                self.canon_out(out, out.len() / r, act_cache::CANON_SWIGLU)?
-            }
-            _ => None,
-        };
-        if let Some((key, qs, ad, asum)) = canon {
-            let len = out.len() as i64;
-            let cfg = grid_1d(out.len(), 256)?;
-            let mut b = self.stream().launch_builder(self.func("swiglu_c16")?);
-            b.arg(gate)
-                .arg(up)
-                .arg(&len)
-                .arg(&mut *out)
-                .arg(&qs)
-                .arg(&ad)
-                .arg(&asum);
-            // SAFETY: matches swiglu_c16; the three buffers hold len
-            // elements (rows of k, k a multiple of 32); qs / ad / as arena
-            // regions of len i16 and len / 32 f32 each (canon_out).
-            drv(unsafe { b.launch(cfg) }, "swiglu: launch")?;
-            self.q8_done(key);
-            return Ok(());
-        }
         if let Some((key, xq, xds)) = pre {
             let len = out.len() as i64;
             let cfg = grid_1d(out.len(), 256)?;
