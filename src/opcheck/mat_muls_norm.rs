@@ -17,7 +17,7 @@ const SHAPES: &[(&[usize], usize, usize, &[bool])] = &[
     (&[96, 96], 576, 1, &[false, false]),
     (&[40, 13], 2048, 1, &[false, false]),
     (&[24], 256, 1, &[true]),
-    (&[8], 4096, 1, &[false]),
+    (&[64], 4096, 1, &[false]),
     (&[40, 24], 512, 3, &[false, false]),
     (&[32, 32], 256, 70, &[false, true]),
 ];
