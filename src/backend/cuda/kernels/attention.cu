@@ -13,12 +13,40 @@
 
 #define ATT_MAXD 8
 
+// Keys whose K and V rows a warp prefetches into L2 before GRID_DEP()'s
+// wait (tuning knob; 0: none), while the previous kernel (the KV write)
+// still runs: the start of the row's keys, which its dependent chunk loop
+// would otherwise fetch from DRAM one round trip at a time. Only
+// positions, row_seq and the block tables are read before the wait (no
+// kernel of the step writes them: they are copied from the host before
+// its first kernel); an L2 prefetch returns nothing to the SM, so a line
+// the predecessor is still writing (the row's own key) cannot be read
+// stale. Loads only: no result depends on it.
+#ifndef ATT_EXACT_PREFETCH
+#define ATT_EXACT_PREFETCH 256
+#endif
+
 extern "C" __global__ void paged_attention(
     const float* __restrict__ q, int n_rows, int n_heads, int n_kv_heads, int head_dim,
     int block_size, float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
     const u32* __restrict__ tables, const u32* __restrict__ table_off,
     const u32* __restrict__ row_seq, const u32* __restrict__ positions,
     float* __restrict__ out) {
+    if (ATT_EXACT_PREFETCH > 0 && (int)blockIdx.x < n_rows * n_heads) {
+        int r0 = blockIdx.x / n_heads;
+        int kv0 = (blockIdx.x % n_heads) / (n_heads / n_kv_heads);
+        const u32* tb = tables + table_off[row_seq[r0]];
+        int last = min((int)positions[r0], ATT_EXACT_PREFETCH - 1);
+        long long row_bytes = 2LL * head_dim;
+        for (int j = threadIdx.x; j <= last; j += 32) {
+            long long cell = (long long)tb[j / block_size] * block_size + j % block_size;
+            long long off = (cell * n_kv_heads + kv0) * head_dim;
+            for (int line = 0; line <= (int)(row_bytes / 128); line++) {
+                prefetch_line(kc + off, row_bytes, line, true);
+                prefetch_line(vc + off, row_bytes, line, true);
+            }
+        }
+    }
     GRID_DEP();
     __shared__ float qs[256];
     __shared__ float ps[32];
