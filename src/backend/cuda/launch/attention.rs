@@ -101,10 +101,11 @@ impl CudaBackend {
                 mode,
             );
         }
-        // exact: one warp per (row, head); otherwise ATT_WARPS (8) warps
-        // per (row, head) splitting the keys (attention.cu).
+        // exact: ATT_EX_W (8) warps per (row, head) over the chunks
+        // (attention.cu); otherwise ATT_WARPS (8) warps per (row, head)
+        // splitting the keys (attention_fast.cu).
         let (kernel, threads) = match mode {
-            Mode::Exact => ("paged_attention", 32),
+            Mode::Exact => ("paged_attention", 256),
             Mode::Fast | Mode::Deterministic => ("paged_attention_fast", 256),
         };
         let cfg = LaunchConfig {
@@ -127,7 +128,8 @@ impl CudaBackend {
             .arg(&batch.row_seq)
             .arg(&batch.positions)
             .arg(out);
-        // SAFETY: matches paged_attention; every table entry a row reads was
+        // SAFETY: matches paged_attention (256 threads, its launch bound) or
+        // paged_attention_fast (256); every table entry a row reads was
         // validated below n_blocks at upload (DevAttnBatch::upload) for this
         // cache geometry (checked above); q/out hold n_rows*n_heads*head_dim;
         // head_dim <= 256 (shared q buffer).
