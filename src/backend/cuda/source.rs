@@ -106,7 +106,7 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     (
         "attention",
         include_str!("kernels/attention.cu"),
-        &["paged_attention"],
+        &["paged_attention", "paged_attention_par"],
     ),
     (
         "attention_fast",

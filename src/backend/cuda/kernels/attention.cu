@@ -4,9 +4,12 @@
 // chunks of 32 key positions aligned to absolute position 0; thread j of
 // a warp computes s_j with its own 32-lane dot32 (registers); the chunk
 // max is an exact warp reduction; the sums over j are sequential in j.
-// One CTA of ATT_EX_W warps per (row, head) (see paged_attention for how
-// the chunks spread over them with the same bits). head_dim <= 256 (8
-// values per thread).
+// paged_attention: one warp per (row, head), the chunks in order, a
+// chunk's V rows queued into shared memory (cp.async) before its K rows
+// are read, so both are in flight together; paged_attention_par: a CTA
+// of ATT_EX_W warps per (row, head) over the chunks (see there), for rows
+// with more than four chunks. The same bits. head_dim <= 256 (8 values
+// per thread).
 
 #define ATT_MAXD 8
 
@@ -22,6 +25,32 @@
 #ifndef ATT_EXACT_PREFETCH
 #define ATT_EXACT_PREFETCH 256
 #endif
+
+// The L2 prefetch of ATT_EXACT_PREFETCH (above) by the CTA's threads.
+__device__ __forceinline__ void att_exact_prefetch(int n_rows, int n_heads, int n_kv_heads,
+                                                   int head_dim, int block_size,
+                                                   const u16* __restrict__ kc,
+                                                   const u16* __restrict__ vc,
+                                                   const u32* __restrict__ tables,
+                                                   const u32* __restrict__ table_off,
+                                                   const u32* __restrict__ row_seq,
+                                                   const u32* __restrict__ positions) {
+    if (ATT_EXACT_PREFETCH > 0 && (int)blockIdx.x < n_rows * n_heads) {
+        int r0 = blockIdx.x / n_heads;
+        int kv0 = (blockIdx.x % n_heads) / (n_heads / n_kv_heads);
+        const u32* tb = tables + table_off[row_seq[r0]];
+        int last = min((int)positions[r0], ATT_EXACT_PREFETCH - 1);
+        long long row_bytes = 2LL * head_dim;
+        for (int j = threadIdx.x; j <= last; j += blockDim.x) {
+            long long cell = (long long)tb[j / block_size] * block_size + j % block_size;
+            long long off = (cell * n_kv_heads + kv0) * head_dim;
+            for (int line = 0; line <= (int)(row_bytes / 128); line++) {
+                prefetch_line(kc + off, row_bytes, line, true);
+                prefetch_line(vc + off, row_bytes, line, true);
+            }
+        }
+    }
+}
 
 // The score s_j = dot32(q, k_j) * scale of key j (its K row at kr) in the
 // canonical order: element e + t lands in lane[t], in increasing e, then
@@ -73,6 +102,107 @@ __device__ __forceinline__ float att_exact_score(const float* qs, const u16* __r
     return q_mul(lane[0], scale);
 }
 
+// One warp per (row, head) (the file's header).
+extern "C" __global__ void paged_attention(
+    const float* __restrict__ q, int n_rows, int n_heads, int n_kv_heads, int head_dim,
+    int block_size, float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
+    const u32* __restrict__ tables, const u32* __restrict__ table_off,
+    const u32* __restrict__ row_seq, const u32* __restrict__ positions,
+    float* __restrict__ out) {
+    att_exact_prefetch(n_rows, n_heads, n_kv_heads, head_dim, block_size, kc, vc, tables,
+                       table_off, row_seq, positions);
+    GRID_DEP();
+    __shared__ float qs[256];
+    __shared__ float ps[32];
+    __shared__ __align__(16) u16 vsm[32 * 256];  // (32 keys, head_dim) of a chunk
+    int rh = blockIdx.x;
+    if (rh >= n_rows * n_heads) return;
+    int r = rh / n_heads, h = rh % n_heads;
+    int l = threadIdx.x;
+    int hd = head_dim;
+    int kvh = h / (n_heads / n_kv_heads);
+    const float* qv = q + (long long)rh * hd;
+    for (int d = l; d < hd; d += 32) qs[d] = qv[d];
+    __syncwarp();
+    const u32* table = tables + table_off[row_seq[r]];
+    int pos = (int)positions[r];
+    float acc[ATT_MAXD];
+#pragma unroll
+    for (int u = 0; u < ATT_MAXD; u++) acc[u] = 0.0f;
+    float m = Q_NINF, lsum = 0.0f;
+    bool vec = hd % 8 == 0;
+    int cpr = hd / 8;
+    for (int j0 = 0; j0 <= pos; j0 += 32) {
+        int cnt = min(32, pos + 1 - j0);
+        int j = j0 + l;
+        if (vec) {
+            for (int i = l; i < cnt * cpr; i += 32) {
+                int t = i / cpr, c = i - t * cpr, jt = j0 + t;
+                long long cell = (long long)table[jt / block_size] * block_size + jt % block_size;
+                cp_async16(&vsm[t * hd + 8 * c], vc + (cell * n_kv_heads + kvh) * hd + 8 * c, 16);
+            }
+            cp_async_commit();
+        }
+        float s = Q_NINF;
+        long long off = 0;
+        if (l < cnt) {
+            long long cell = (long long)table[j / block_size] * block_size + j % block_size;
+            off = (cell * n_kv_heads + kvh) * hd;
+            s = att_exact_score(qs, kc + off, hd, scale);
+        }
+        // Chunk max: NaN-ignoring, exact and order-free (starts at -inf).
+        float cmax = q_max(Q_NINF, s);
+        for (int st = 16; st >= 1; st >>= 1)
+            cmax = q_max(cmax, __shfl_xor_sync(0xffffffffu, cmax, st, 32));
+        float m_new = q_max(m, cmax);
+        float alpha = q_exp(q_sub(m, m_new));
+        float p = (l < cnt) ? q_exp(q_sub(s, m_new)) : 0.0f;
+        ps[l] = p;
+        __syncwarp();
+        float ls = 0.0f;
+        for (int t = 0; t < cnt; t++) ls = q_add(ls, ps[t]);
+        lsum = q_add(q_mul(lsum, alpha), ls);
+        // vs[d] = sum_j p_j * v_j[d], sequential in j.
+        float vs[ATT_MAXD];
+#pragma unroll
+        for (int u = 0; u < ATT_MAXD; u++) vs[u] = 0.0f;
+        if (vec) {
+            cp_async_wait_all();
+            __syncwarp();
+        }
+        int blk = j0 / block_size, within = j0 % block_size;
+        for (int t = 0; t < cnt; t++) {
+            const u16* vr;
+            if (vec) {
+                vr = &vsm[t * hd];
+            } else {
+                long long cell = (long long)table[blk] * block_size + within;
+                vr = vc + (cell * n_kv_heads + kvh) * hd;
+            }
+            float pt = ps[t];
+#pragma unroll
+            for (int u = 0; u < ATT_MAXD; u++) {
+                int d = l + 32 * u;
+                if (d < hd) vs[u] = q_add(vs[u], q_mul(pt, q_f16(vr[d])));
+            }
+            if (++within == block_size) {
+                within = 0;
+                blk++;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < ATT_MAXD; u++) acc[u] = q_add(q_mul(acc[u], alpha), vs[u]);
+        m = m_new;
+        __syncwarp();
+    }
+    float* o = out + (long long)rh * hd;
+#pragma unroll
+    for (int u = 0; u < ATT_MAXD; u++) {
+        int d = l + 32 * u;
+        if (d < hd) o[d] = q_div(acc[u], lsum);
+    }
+}
+
 // The canonical recurrence over 32-key chunks c (keys 32c .. 32c + 31 of
 // the row, up to its position) is
 //   m_c = max(m_{c-1}, max_j s_j),  alpha_c = exp(m_{c-1} - m_c),
@@ -91,27 +221,14 @@ __device__ __forceinline__ float att_exact_score(const float* qs, const u16* __r
 #define ATT_EX_W 8
 #define ATT_EX_CH 32
 
-extern "C" __global__ void __launch_bounds__(32 * ATT_EX_W) paged_attention(
+extern "C" __global__ void __launch_bounds__(32 * ATT_EX_W) paged_attention_par(
     const float* __restrict__ q, int n_rows, int n_heads, int n_kv_heads, int head_dim,
     int block_size, float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
     const u32* __restrict__ tables, const u32* __restrict__ table_off,
     const u32* __restrict__ row_seq, const u32* __restrict__ positions,
     float* __restrict__ out) {
-    if (ATT_EXACT_PREFETCH > 0 && (int)blockIdx.x < n_rows * n_heads) {
-        int r0 = blockIdx.x / n_heads;
-        int kv0 = (blockIdx.x % n_heads) / (n_heads / n_kv_heads);
-        const u32* tb = tables + table_off[row_seq[r0]];
-        int last = min((int)positions[r0], ATT_EXACT_PREFETCH - 1);
-        long long row_bytes = 2LL * head_dim;
-        for (int j = threadIdx.x; j <= last; j += blockDim.x) {
-            long long cell = (long long)tb[j / block_size] * block_size + j % block_size;
-            long long off = (cell * n_kv_heads + kv0) * head_dim;
-            for (int line = 0; line <= (int)(row_bytes / 128); line++) {
-                prefetch_line(kc + off, row_bytes, line, true);
-                prefetch_line(vc + off, row_bytes, line, true);
-            }
-        }
-    }
+    att_exact_prefetch(n_rows, n_heads, n_kv_heads, head_dim, block_size, kc, vc, tables,
+                       table_off, row_seq, positions);
     GRID_DEP();
     __shared__ float qs[256];
     __shared__ float ss[ATT_EX_CH * 32];        // the block's scores, then p

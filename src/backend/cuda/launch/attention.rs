@@ -101,11 +101,17 @@ impl CudaBackend {
                 mode,
             );
         }
-        // exact: ATT_EX_W (8) warps per (row, head) over the chunks
-        // (attention.cu); otherwise ATT_WARPS (8) warps per (row, head)
-        // splitting the keys (attention_fast.cu).
+        // exact: one warp per (row, head) while every row is before
+        // position 128 (part_ctas 1: at most four chunks), else ATT_EX_W
+        // (8) warps per (row, head) over the chunks (attention.cu; the same
+        // bits: a graph replayed past its bucket stays correct). Measured
+        // on an H100 (2026-11-26, bench-attn exact, B1, us): ctx 64 15.1 /
+        // 17.2, ctx 600 129.0 / 52.5, ctx 4,100 894.9 / 304.9. Otherwise
+        // ATT_WARPS (8) warps per (row, head) splitting the keys
+        // (attention_fast.cu).
         let (kernel, threads) = match mode {
-            Mode::Exact => ("paged_attention", 256),
+            Mode::Exact if batch.part_ctas <= 1 => ("paged_attention", 32),
+            Mode::Exact => ("paged_attention_par", 256),
             Mode::Fast | Mode::Deterministic => ("paged_attention_fast", 256),
         };
         let cfg = LaunchConfig {
@@ -128,8 +134,9 @@ impl CudaBackend {
             .arg(&batch.row_seq)
             .arg(&batch.positions)
             .arg(out);
-        // SAFETY: matches paged_attention (256 threads, its launch bound) or
-        // paged_attention_fast (256); every table entry a row reads was
+        // SAFETY: matches paged_attention (32 threads), paged_attention_par
+        // (256, its launch bound) or paged_attention_fast (256); every
+        // table entry a row reads was
         // validated below n_blocks at upload (DevAttnBatch::upload) for this
         // cache geometry (checked above); q/out hold n_rows*n_heads*head_dim;
         // head_dim <= 256 (shared q buffer).
