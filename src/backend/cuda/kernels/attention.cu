@@ -102,6 +102,16 @@ __device__ __forceinline__ float att_exact_score(const float* qs, const u16* __r
     return q_mul(lane[0], scale);
 }
 
+// vs[u] += p_t * v_t[d] for lane l's values d = l + 32u of the V row vr
+// (one step of a chunk's sequential sum over its keys).
+__device__ __forceinline__ void att_exact_pv(float* vs, float pt, const u16* vr, int l, int hd) {
+#pragma unroll
+    for (int u = 0; u < ATT_MAXD; u++) {
+        int d = l + 32 * u;
+        if (d < hd) vs[u] = q_add(vs[u], q_mul(pt, q_f16(vr[d])));
+    }
+}
+
 // One warp per (row, head) (the file's header).
 extern "C" __global__ void paged_attention(
     const float* __restrict__ q, int n_rows, int n_heads, int n_kv_heads, int head_dim,
@@ -179,12 +189,7 @@ extern "C" __global__ void paged_attention(
                 long long cell = (long long)table[blk] * block_size + within;
                 vr = vc + (cell * n_kv_heads + kvh) * hd;
             }
-            float pt = ps[t];
-#pragma unroll
-            for (int u = 0; u < ATT_MAXD; u++) {
-                int d = l + 32 * u;
-                if (d < hd) vs[u] = q_add(vs[u], q_mul(pt, q_f16(vr[d])));
-            }
+            att_exact_pv(vs, ps[t], vr, l, hd);
             if (++within == block_size) {
                 within = 0;
                 blk++;
@@ -301,12 +306,7 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_EX_W) paged_attention_par(
             for (int t = 0; t < cnt; t++) {
                 long long cell = (long long)table[blk] * block_size + within;
                 const u16* vr = vc + (cell * n_kv_heads + kvh) * hd;
-                float pt = ss[32 * c + t];
-#pragma unroll
-                for (int u = 0; u < ATT_MAXD; u++) {
-                    int d = l + 32 * u;
-                    if (d < hd) vs[u] = q_add(vs[u], q_mul(pt, q_f16(vr[d])));
-                }
+                att_exact_pv(vs, ss[32 * c + t], vr, l, hd);
                 if (++within == block_size) {
                     within = 0;
                     blk++;
