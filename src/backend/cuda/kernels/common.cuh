@@ -413,68 +413,6 @@ __device__ __forceinline__ void q8_block(const float* v, int gl, signed char* __
     }
 }
 
-// The fast-mode RMS norm of one row xr (dim,) held by a whole CTA of 256
-// threads (rms_norm_fast). Not the canonical arithmetic: thread t sums x²
-// over e = t, t + 256, ... (vec4: over float4s, their four values in
-// order) with fmaf, warps reduce by a fixed xor tree and thread 0 adds
-// the 8 warp sums in order; scale = rsqrtf(sum / dim + eps). Returns the
-// scale to every thread; contains barriers, so every thread must call it.
-__device__ __forceinline__ float rms_fast_scale(const float* __restrict__ xr, int dim, float eps,
-                                                bool vec4) {
-    __shared__ float part[8];
-    __shared__ float scale_s;
-    float s = 0.0f;
-    if (vec4) {
-#pragma unroll 4
-        for (int e = threadIdx.x; e < dim / 4; e += blockDim.x) {
-            float4 v = ((const float4*)xr)[e];
-            s = fmaf(v.x, v.x, s);
-            s = fmaf(v.y, v.y, s);
-            s = fmaf(v.z, v.z, s);
-            s = fmaf(v.w, v.w, s);
-        }
-    } else {
-#pragma unroll 4
-        for (int e = threadIdx.x; e < dim; e += blockDim.x) s = fmaf(xr[e], xr[e], s);
-    }
-#pragma unroll
-    for (int o = 16; o >= 1; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float t = 0.0f;
-        for (int i = 0; i < (int)(blockDim.x >> 5); i++) t += part[i];
-        scale_s = rsqrtf(t / (float)dim + eps);
-    }
-    __syncthreads();
-    return scale_s;
-}
-
-// The normalized row xr * scale * w by float4s (16-byte aligned, dim a
-// multiple of 4): stored to o when OUT and, with xq non-null (dim a
-// multiple of 32), quantized as quant_q8 would into the row's xq (dim
-// int8) and xds (dim / 32 float2) by q8_block (a 32-block is 8 consecutive
-// float4s, so 8 consecutive lanes).
-template <bool OUT>
-__device__ __forceinline__ void rms_fast_out_v4(const float* __restrict__ xr,
-                                                const float* __restrict__ w, int dim, float scale,
-                                                float* o, signed char* xq, float2* xds) {
-#pragma unroll 4
-    for (int e = threadIdx.x; e < dim / 4; e += blockDim.x) {
-        float4 v = ((const float4*)xr)[e], g = ((const float4*)w)[e];
-        float4 r = make_float4(v.x * scale * g.x, v.y * scale * g.y, v.z * scale * g.z,
-                               v.w * scale * g.w);
-        if (OUT) ((float4*)o)[e] = r;
-        if (xq) {
-            // dim / 4 is a multiple of 8: a group of 8 lanes is all in
-            // range or all out.
-            float q[4] = {r.x, r.y, r.z, r.w};
-            int blk = (4 * e) / 32;
-            q8_block<4>(q, e & 7, xq + 32 * blk, xds + blk);
-        }
-    }
-}
-
 // f32 -> f16 bits for the KV cache, round to nearest even. NaN keeps its
 // sign and top payload bits, quieted (as the `half` crate).
 __device__ __forceinline__ u16 kv_f16(float x) {

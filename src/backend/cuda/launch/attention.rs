@@ -135,11 +135,11 @@ impl CudaBackend {
             .arg(&batch.positions)
             .arg(out);
         // SAFETY: matches paged_attention (32 threads), paged_attention_par
-        // (256, its launch bound) or paged_attention_fast (256); every
-        // table entry a row reads was
-        // validated below n_blocks at upload (DevAttnBatch::upload) for this
-        // cache geometry (checked above); q/out hold n_rows*n_heads*head_dim;
-        // head_dim <= 256 (shared q buffer).
+        // (256, its launch bound) or paged_attention_fast (256); every table
+        // entry a row reads was validated below n_blocks at upload
+        // (DevAttnBatch::upload) for this cache geometry (checked above);
+        // q/out hold n_rows*n_heads*head_dim; head_dim <= 256 (shared q
+        // buffer).
         drv(unsafe { b.launch(cfg) }, "paged_attention: launch")?;
         Ok(())
     }
