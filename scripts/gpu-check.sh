@@ -34,7 +34,14 @@ tmp=${TMPDIR:-/tmp}/quire-gpu-check
 mkdir -p "$tmp"
 for s in "${steps[@]}"; do
   case $s in
-    ops-exact) run_step ops-exact "$QUIRE" ops --backend cuda --mode exact ;;
+    ops-exact)
+      run_step ops-exact "$QUIRE" ops --backend cuda --mode exact
+      # The exact attention's thread-block clusters (sm_90+; elsewhere one
+      # CTA per (row, head) runs the same cases): every size, bitwise.
+      for cs in 2 3 8; do
+        QUIRE_ATT_EX_CLUSTER=$cs run_step "ops-exact-attn-cluster$cs" "$QUIRE" ops --backend cuda --mode exact --op paged_attention
+      done
+      ;;
     ops-det) run_step ops-det "$QUIRE" ops --backend cuda --mode deterministic ;;
     ops-fast)
       run_step ops-fast "$QUIRE" ops --backend cuda --mode fast

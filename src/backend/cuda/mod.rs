@@ -334,11 +334,31 @@ impl CudaBackend {
                         tracing::warn!("{e}: no clusters past 8 CTAs ({why:?})");
                     }
                     for c in 2..=launch::ATT_CLUSTER_MAX {
-                        match launch::max_active_clusters(&f, &stream, smem, c) {
+                        match launch::max_active_clusters(
+                            &f,
+                            &stream,
+                            smem,
+                            c,
+                            launch::ATT_SPLIT_THREADS,
+                        ) {
                             Ok(n) => {
                                 att_clusters.insert((e, c), n);
                             }
                             // No count: the combine merges (same bits).
+                            Err(why) => tracing::warn!("{e}, clusters of {c}: {why:#}"),
+                        }
+                    }
+                }
+                // The exact kernel's clusters (attention_exact.rs):
+                // static shared memory only.
+                if clusters && e == "paged_attention_par" {
+                    let threads = launch::att_ex_threads() as usize;
+                    for c in 2..=launch::ATT_EX_CLUSTER_MAX {
+                        match launch::max_active_clusters(&f, &stream, 0, c, threads) {
+                            Ok(n) => {
+                                att_clusters.insert((e, c), n);
+                            }
+                            // No count: one CTA per (row, head) (same bits).
                             Err(why) => tracing::warn!("{e}, clusters of {c}: {why:#}"),
                         }
                     }

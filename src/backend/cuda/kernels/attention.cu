@@ -6,10 +6,10 @@
 // max is an exact warp reduction; the sums over j are sequential in j.
 // paged_attention: one warp per (row, head), the chunks in order, a
 // chunk's V rows queued into shared memory (cp.async) before its K rows
-// are read, so both are in flight together; paged_attention_par: a CTA
-// of ATT_EX_W warps per (row, head) over the chunks (see there), for rows
-// with more than four chunks. The same bits. head_dim <= 256 (8 values
-// per thread).
+// are read, so both are in flight together; paged_attention_par: CTAs
+// of ATT_EX_W warps over the chunks, one or a thread-block cluster of
+// them per (row, head) (see there), for rows with more than four chunks.
+// The same bits. head_dim <= 256 (8 values per thread).
 
 #define ATT_MAXD 8
 
@@ -27,21 +27,23 @@
 #endif
 
 // The L2 prefetch of ATT_EXACT_PREFETCH (above) by the CTA's threads.
-__device__ __forceinline__ void att_exact_prefetch(int n_rows, int n_heads, int n_kv_heads,
-                                                   int head_dim, int block_size,
+__device__ __forceinline__ void att_exact_prefetch(int rh, int n_rows, int n_heads,
+                                                   int n_kv_heads, int head_dim, int block_size,
                                                    const u16* __restrict__ kc,
                                                    const u16* __restrict__ vc,
                                                    const u32* __restrict__ tables,
                                                    const u32* __restrict__ table_off,
                                                    const u32* __restrict__ row_seq,
-                                                   const u32* __restrict__ positions) {
-    if (ATT_EXACT_PREFETCH > 0 && (int)blockIdx.x < n_rows * n_heads) {
-        int r0 = blockIdx.x / n_heads;
-        int kv0 = (blockIdx.x % n_heads) / (n_heads / n_kv_heads);
+                                                   const u32* __restrict__ positions, int k,
+                                                   int S) {
+    if (ATT_EXACT_PREFETCH > 0 && rh < n_rows * n_heads) {
+        int r0 = rh / n_heads;
+        int kv0 = (rh % n_heads) / (n_heads / n_kv_heads);
         const u32* tb = tables + table_off[row_seq[r0]];
         int last = min((int)positions[r0], ATT_EXACT_PREFETCH - 1);
         long long row_bytes = 2LL * head_dim;
-        for (int j = threadIdx.x; j <= last; j += blockDim.x) {
+        // The S CTAs of a cluster take every S-th key each.
+        for (int j = k + S * threadIdx.x; j <= last; j += S * blockDim.x) {
             long long cell = (long long)tb[j / block_size] * block_size + j % block_size;
             long long off = (cell * n_kv_heads + kv0) * head_dim;
             for (int line = 0; line <= (int)(row_bytes / 128); line++) {
@@ -52,6 +54,12 @@ __device__ __forceinline__ void att_exact_prefetch(int n_rows, int n_heads, int 
     }
 }
 
+// Groups of 32 K values a lane's loads keep in flight at once in
+// att_exact_score (tuning knob; loads only, the same bits).
+#ifndef ATT_EX_KU
+#define ATT_EX_KU 2
+#endif
+
 // The score s_j = dot32(q, k_j) * scale of key j (its K row at kr) in the
 // canonical order: element e + t lands in lane[t], in increasing e, then
 // the dot32 tree. qs: q in shared memory.
@@ -61,7 +69,8 @@ __device__ __forceinline__ float att_exact_score(const float* qs, const u16* __r
 #pragma unroll
     for (int t = 0; t < 32; t++) lane[t] = 0.0f;
     if (hd % 8 == 0) {
-#pragma unroll 2
+        constexpr int ku = ATT_EX_KU;
+#pragma unroll ku
         for (int e = 0; e < hd; e += 32) {
 #pragma unroll
             for (int c4 = 0; c4 < 4; c4++) {
@@ -112,6 +121,54 @@ __device__ __forceinline__ void att_exact_pv(float* vs, float pt, const u16* vr,
     }
 }
 
+// vs_c[d] = sum_t p_t v_t[d] of one chunk (sequential in t, as
+// att_exact_pv) for head_dim 32 G, lane l owning the G consecutive values
+// d = G l .. G l + G - 1 (which lane adds a d changes no bits): the V rows
+// of ATT_EX_VB keys at a time are loaded (one 2G-byte load per key and
+// lane, all in flight together) before their sums, so a chunk waits for
+// memory 32 / ATT_EX_VB times, not once per key. cell: lane l's cache
+// cell of key l of the chunk (shuffled to all lanes); p: the chunk's p_t
+// (shared); cnt keys; out: vs_c (shared, head_dim floats).
+#ifndef ATT_EX_VB
+#define ATT_EX_VB 16
+#endif
+template <int G> struct AttExVec;
+template <> struct AttExVec<1> { typedef unsigned short T; };
+template <> struct AttExVec<2> { typedef u32 T; };
+template <> struct AttExVec<4> { typedef uint2 T; };
+template <> struct AttExVec<8> { typedef uint4 T; };
+template <int G>
+__device__ __forceinline__ void att_exact_vs_chunk(const float* p, int cnt,
+                                                   const u16* __restrict__ vc, long long cell,
+                                                   int n_kv_heads, int kvh, int hd, int l,
+                                                   float* out) {
+    // G u16 values: one u16, u32, uint2 or uint4 load.
+    using V = typename AttExVec<G>::T;
+    constexpr int KB = G == 8 ? (ATT_EX_VB < 16 ? ATT_EX_VB : 16) : ATT_EX_VB;
+    float vs[G];
+#pragma unroll
+    for (int g = 0; g < G; g++) vs[g] = 0.0f;
+    for (int t0 = 0; t0 < cnt; t0 += KB) {
+        V buf[KB];
+#pragma unroll
+        for (int i = 0; i < KB; i++) {
+            long long ct = __shfl_sync(0xffffffffu, cell, (t0 + i) & 31);
+            if (t0 + i < cnt) buf[i] = *(const V*)(vc + (ct * n_kv_heads + kvh) * hd + G * l);
+        }
+#pragma unroll
+        for (int i = 0; i < KB; i++) {
+            if (t0 + i < cnt) {
+                float pt = p[t0 + i];
+                const u16* h = (const u16*)&buf[i];
+#pragma unroll
+                for (int g = 0; g < G; g++) vs[g] = q_add(vs[g], q_mul(pt, q_f16(h[g])));
+            }
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < G; g++) out[G * l + g] = vs[g];
+}
+
 // One warp per (row, head) (the file's header).
 extern "C" __global__ void paged_attention(
     const float* __restrict__ q, int n_rows, int n_heads, int n_kv_heads, int head_dim,
@@ -119,8 +176,8 @@ extern "C" __global__ void paged_attention(
     const u32* __restrict__ tables, const u32* __restrict__ table_off,
     const u32* __restrict__ row_seq, const u32* __restrict__ positions,
     float* __restrict__ out) {
-    att_exact_prefetch(n_rows, n_heads, n_kv_heads, head_dim, block_size, kc, vc, tables,
-                       table_off, row_seq, positions);
+    att_exact_prefetch(blockIdx.x, n_rows, n_heads, n_kv_heads, head_dim, block_size, kc, vc,
+                       tables, table_off, row_seq, positions, 0, 1);
     GRID_DEP();
     __shared__ float qs[256];
     __shared__ float ps[32];
@@ -216,32 +273,99 @@ extern "C" __global__ void paged_attention(
 //   acc[d] = acc[d] * alpha_c + vs_c[d],
 // m_{-1} = -inf. Only the last two lines chain the chunks; the scores do
 // not depend on any state, and the m_c are prefix maxima (exact and
-// order-free). So a CTA of ATT_EX_W warps per (row, head) computes the
-// same operations with the same operands in four phases over blocks of
-// ATT_EX_CH chunks: (A) every warp scores its chunks (lane j: key 32c + j)
-// and takes each chunk's maximum, (B) one thread forms the prefix maxima,
-// (C) every warp turns its chunks' scores into p, ls_c and vs_c, (D) warp
-// 0 folds the chunks in order. Bitwise the single-warp loop it replaced
-// (and the cpu): the parallel phases reorder nothing within a sum.
+// order-free). So paged_attention_par computes the same operations with
+// the same operands over rounds of ATT_EX_CH chunks, each round's chunks
+// split in contiguous ranges over the S CTAs of a thread-block cluster
+// (S = 1 without one) of ATT_EX_W warps each, in four phases: (A) every
+// warp scores its chunks (lane j: key 32c + j) and takes each chunk's
+// maximum; (B) every CTA reads all the round's chunk maxima (its cluster
+// peers' through distributed shared memory) and forms the prefix maxima;
+// (C) every warp turns its chunks' scores into p, ls_c, vs_c and alpha_c;
+// (D) CTA 0 gathers its peers' ls_c, alpha_c and vs_c and its warp 0 folds
+// the chunks in order. Bitwise the single-warp loop (and the cpu): the
+// parallel phases reorder nothing within a sum. The cluster spreads a
+// (row, head) over S SMs where a launch has too few (row, head) pairs to
+// fill the GPU (batch-1 decode: 32 CTAs on 132 SMs); the host picks S
+// and launches clusters only on sm_90+.
+#ifndef ATT_EX_W
 #define ATT_EX_W 8
+#endif
 #define ATT_EX_CH 32
 
-extern "C" __global__ void __launch_bounds__(32 * ATT_EX_W) paged_attention_par(
+// This CTA's rank in its cluster and the cluster's size (0 and 1 before
+// sm_90, where the host launches no clusters).
+__device__ __forceinline__ int att_ex_rank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return (int)r;
+#else
+    return 0;
+#endif
+}
+__device__ __forceinline__ int att_ex_csize() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    u32 n;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+    return (int)n;
+#else
+    return 1;
+#endif
+}
+// Barrier of the whole cluster (release / acquire: shared-memory writes
+// before it are visible to every CTA of the cluster after it); a CTA
+// barrier without a cluster.
+__device__ __forceinline__ void att_ex_sync(int csize) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (csize > 1) {
+        asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                     "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+        return;
+    }
+#endif
+    __syncthreads();
+}
+// The float at p (a shared address of this kernel) in the shared memory
+// of cluster CTA `rank`.
+__device__ __forceinline__ float att_ex_peer(const float* p, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    u32 a = (u32)__cvta_generic_to_shared(p), ra;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
+    return v;
+#else
+    return *p;
+#endif
+}
+
+// Minimum CTAs per SM of paged_attention_par (tuning knob: 2 caps its
+// registers at 128; the same bits).
+#ifndef ATT_EX_MINB
+#define ATT_EX_MINB 1
+#endif
+
+extern "C" __global__ void __launch_bounds__(32 * ATT_EX_W, ATT_EX_MINB) paged_attention_par(
     const float* __restrict__ q, int n_rows, int n_heads, int n_kv_heads, int head_dim,
     int block_size, float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
     const u32* __restrict__ tables, const u32* __restrict__ table_off,
     const u32* __restrict__ row_seq, const u32* __restrict__ positions,
     float* __restrict__ out) {
-    att_exact_prefetch(n_rows, n_heads, n_kv_heads, head_dim, block_size, kc, vc, tables,
-                       table_off, row_seq, positions);
+    int S = att_ex_csize(), k = att_ex_rank();
+    int rh = blockIdx.x / S;  // a cluster's CTAs are consecutive in x
+    att_exact_prefetch(rh, n_rows, n_heads, n_kv_heads, head_dim, block_size, kc, vc, tables,
+                       table_off, row_seq, positions, k, S);
     GRID_DEP();
     __shared__ float qs[256];
-    __shared__ float ss[ATT_EX_CH * 32];        // the block's scores, then p
-    __shared__ float mprev[ATT_EX_CH], mcur[ATT_EX_CH], lss[ATT_EX_CH];
+    __shared__ float ss[ATT_EX_CH * 32];        // this CTA's chunks' scores, then p
+    // Per chunk of the round: its maximum (owner's, read by the peers),
+    // all maxima gathered, the prefix maxima before / after it, ls_c and
+    // alpha_c (owner's; CTA 0 gathers them).
+    __shared__ float cmax_s[ATT_EX_CH], cm[ATT_EX_CH], mprev[ATT_EX_CH], mnew[ATT_EX_CH];
+    __shared__ float lss[ATT_EX_CH], alph[ATT_EX_CH];
     __shared__ float vss[ATT_EX_CH][256];       // vs_c[d]
     __shared__ float m_run;
-    int rh = blockIdx.x;
-    if (rh >= n_rows * n_heads) return;  // whole CTAs
+    if (rh >= n_rows * n_heads) return;  // whole clusters
     int r = rh / n_heads, h = rh % n_heads;
     int w = threadIdx.x >> 5, l = threadIdx.x & 31;
     int hd = head_dim;
@@ -252,15 +376,18 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_EX_W) paged_attention_par(
     __syncthreads();
     const u32* table = tables + table_off[row_seq[r]];
     int pos = (int)positions[r];
-    // Warp 0's state (every lane holds lsum; lane l the d = l + 32u).
+    // Warp 0's state in CTA 0 (every lane holds lsum; lane l the d = l + 32u).
     float acc[ATT_MAXD];
 #pragma unroll
     for (int u = 0; u < ATT_MAXD; u++) acc[u] = 0.0f;
     float lsum = 0.0f;
     for (int b0 = 0; b0 <= pos; b0 += 32 * ATT_EX_CH) {
         int nch = min(ATT_EX_CH, (pos - b0) / 32 + 1);
+        // This CTA's chunks of the round: [c_lo, c_hi); chunk c's owner is c / per.
+        int per = (nch + S - 1) / S;
+        int c_lo = min(nch, k * per), c_hi = min(nch, c_lo + per);
         // (A) scores and chunk maxima.
-        for (int c = w; c < nch; c += ATT_EX_W) {
+        for (int c = c_lo + w; c < c_hi; c += ATT_EX_W) {
             int j0 = b0 + 32 * c;
             int cnt = min(32, pos + 1 - j0);
             int j = j0 + l;
@@ -274,66 +401,96 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_EX_W) paged_attention_par(
             float cmax = q_max(Q_NINF, sc);
             for (int st = 16; st >= 1; st >>= 1)
                 cmax = q_max(cmax, __shfl_xor_sync(0xffffffffu, cmax, st, 32));
-            if (l == 0) mcur[c] = cmax;
+            if (l == 0) cmax_s[c] = cmax;
         }
+        att_ex_sync(S);
+        // (B) every chunk maximum of the round, then the prefix maxima
+        // (every CTA computes the same ones).
+        for (int c = threadIdx.x; c < nch; c += blockDim.x)
+            cm[c] = c / per == k ? cmax_s[c] : att_ex_peer(&cmax_s[c], c / per);
         __syncthreads();
-        // (B) prefix maxima.
         if (threadIdx.x == 0) {
             float m = m_run;
             for (int c = 0; c < nch; c++) {
-                float m_new = q_max(m, mcur[c]);
+                float m_new = q_max(m, cm[c]);
                 mprev[c] = m;
-                mcur[c] = m_new;
+                mnew[c] = m_new;
                 m = m_new;
             }
             m_run = m;
         }
         __syncthreads();
-        // (C) p, ls_c and vs_c of each chunk.
-        for (int c = w; c < nch; c += ATT_EX_W) {
+        // (C) p, ls_c, vs_c and alpha_c of each of this CTA's chunks.
+        for (int c = c_lo + w; c < c_hi; c += ATT_EX_W) {
             int j0 = b0 + 32 * c;
             int cnt = min(32, pos + 1 - j0);
-            float p = (l < cnt) ? q_exp(q_sub(ss[32 * c + l], mcur[c])) : 0.0f;
+            float p = (l < cnt) ? q_exp(q_sub(ss[32 * c + l], mnew[c])) : 0.0f;
             ss[32 * c + l] = p;
             __syncwarp();
             float ls = 0.0f;
             for (int t = 0; t < cnt; t++) ls = q_add(ls, ss[32 * c + t]);
-            if (l == 0) lss[c] = ls;
-            float vs[ATT_MAXD];
+            if (l == 0) {
+                lss[c] = ls;
+                alph[c] = q_exp(q_sub(mprev[c], mnew[c]));
+            }
+            // Lane l's cell of key j0 + l (lane t's is key t's, shuffled).
+            long long cell = 0;
+            if (l < cnt) {
+                int j = j0 + l;
+                cell = (long long)table[j / block_size] * block_size + j % block_size;
+            }
+            const float* pc = &ss[32 * c];
+            switch (hd) {
+                case 32: att_exact_vs_chunk<1>(pc, cnt, vc, cell, n_kv_heads, kvh, hd, l, vss[c]); break;
+                case 64: att_exact_vs_chunk<2>(pc, cnt, vc, cell, n_kv_heads, kvh, hd, l, vss[c]); break;
+                case 128: att_exact_vs_chunk<4>(pc, cnt, vc, cell, n_kv_heads, kvh, hd, l, vss[c]); break;
+                case 256: att_exact_vs_chunk<8>(pc, cnt, vc, cell, n_kv_heads, kvh, hd, l, vss[c]); break;
+                default: {
+                    float vs[ATT_MAXD];
 #pragma unroll
-            for (int u = 0; u < ATT_MAXD; u++) vs[u] = 0.0f;
-            int blk = j0 / block_size, within = j0 % block_size;
-            for (int t = 0; t < cnt; t++) {
-                long long cell = (long long)table[blk] * block_size + within;
-                const u16* vr = vc + (cell * n_kv_heads + kvh) * hd;
-                att_exact_pv(vs, ss[32 * c + t], vr, l, hd);
-                if (++within == block_size) {
-                    within = 0;
-                    blk++;
+                    for (int u = 0; u < ATT_MAXD; u++) vs[u] = 0.0f;
+                    for (int t = 0; t < cnt; t++) {
+                        long long ct = __shfl_sync(0xffffffffu, cell, t);
+                        att_exact_pv(vs, pc[t], vc + (ct * n_kv_heads + kvh) * hd, l, hd);
+                    }
+#pragma unroll
+                    for (int u = 0; u < ATT_MAXD; u++) {
+                        int d = l + 32 * u;
+                        if (d < hd) vss[c][d] = vs[u];
+                    }
                 }
             }
-#pragma unroll
-            for (int u = 0; u < ATT_MAXD; u++) {
-                int d = l + 32 * u;
-                if (d < hd) vss[c][d] = vs[u];
-            }
         }
-        __syncthreads();
-        // (D) the chunks folded in order.
-        if (w == 0) {
-            for (int c = 0; c < nch; c++) {
-                float alpha = q_exp(q_sub(mprev[c], mcur[c]));
-                lsum = q_add(q_mul(lsum, alpha), lss[c]);
+        att_ex_sync(S);
+        // (D) CTA 0 gathers the peers' chunks, then folds them in order.
+        if (k == 0) {
+            if (S > 1) {
+                // (Loads batched 8 per thread measured no faster.)
+                int own = min(per, nch), row = hd + 2;
+                for (int i = threadIdx.x; i < (nch - own) * row; i += blockDim.x) {
+                    int c = own + i / row, e = i % row, o = c / per;
+                    float* dst = e < hd ? &vss[c][e] : e == hd ? &lss[c] : &alph[c];
+                    *dst = att_ex_peer(dst, o);
+                }
+                __syncthreads();
+            }
+            if (w == 0) {
+                for (int c = 0; c < nch; c++) {
+                    float alpha = alph[c];
+                    lsum = q_add(q_mul(lsum, alpha), lss[c]);
 #pragma unroll
-                for (int u = 0; u < ATT_MAXD; u++) {
-                    int d = l + 32 * u;
-                    if (d < hd) acc[u] = q_add(q_mul(acc[u], alpha), vss[c][d]);
+                    for (int u = 0; u < ATT_MAXD; u++) {
+                        int d = l + 32 * u;
+                        if (d < hd) acc[u] = q_add(q_mul(acc[u], alpha), vss[c][d]);
+                    }
                 }
             }
         }
-        __syncthreads();
+        // No CTA writes its shared arrays for the next round (or exits)
+        // before CTA 0 has read them.
+        att_ex_sync(S);
     }
-    if (w != 0) return;
+    if (k != 0 || w != 0) return;
     float* o = out + (long long)rh * hd;
 #pragma unroll
     for (int u = 0; u < ATT_MAXD; u++) {

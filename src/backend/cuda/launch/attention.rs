@@ -101,25 +101,19 @@ impl CudaBackend {
                 mode,
             );
         }
-        // exact: one warp per (row, head) while every row is before
-        // position 128 (part_ctas 1: at most four chunks), else ATT_EX_W
-        // (8) warps per (row, head) over the chunks (attention.cu; the same
-        // bits: a graph replayed past its bucket stays correct). Measured
-        // on an H100 (2026-11-26, bench-attn exact, B1, us): ctx 64 15.1 /
-        // 17.2, ctx 600 129.0 / 52.5, ctx 4,100 894.9 / 304.9. Otherwise
-        // ATT_WARPS (8) warps per (row, head) splitting the keys
-        // (attention_fast.cu).
-        let (kernel, threads) = match mode {
-            Mode::Exact if batch.part_ctas <= 1 => ("paged_attention", 32),
-            Mode::Exact => ("paged_attention_par", 256),
-            Mode::Fast | Mode::Deterministic => ("paged_attention_fast", 256),
-        };
+        if mode == Mode::Exact {
+            return self.attention_exact(q, (nri, nhi, nkvi, hdi, bsi), scale, cache, batch, out);
+        }
+        // Heads not a multiple of 8: ATT_WARPS (8) warps per (row, head)
+        // splitting the keys (attention_fast.cu).
         let cfg = LaunchConfig {
             grid_dim: (u32::try_from(batch.n_rows * n_heads)?, 1, 1),
-            block_dim: (threads, 1, 1),
+            block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream().launch_builder(self.func(kernel)?);
+        let mut b = self
+            .stream()
+            .launch_builder(self.func("paged_attention_fast")?);
         b.arg(q)
             .arg(&nri)
             .arg(&nhi)
@@ -134,8 +128,7 @@ impl CudaBackend {
             .arg(&batch.row_seq)
             .arg(&batch.positions)
             .arg(out);
-        // SAFETY: matches paged_attention (32 threads), paged_attention_par
-        // (256, its launch bound) or paged_attention_fast (256); every table
+        // SAFETY: matches paged_attention_fast (256 threads); every table
         // entry a row reads was validated below n_blocks at upload
         // (DevAttnBatch::upload) for this cache geometry (checked above);
         // q/out hold n_rows*n_heads*head_dim; head_dim <= 256 (shared q

@@ -15,6 +15,7 @@
 
 mod act_cache;
 mod attention;
+mod attention_exact;
 mod matmul;
 mod matmul_blas;
 mod matmul_exact;
@@ -26,6 +27,7 @@ pub(crate) use act_cache::ActKey;
 pub(crate) use attention::{
     att_pipe_smem, att_stages, ATT_CLUSTER_MAX, ATT_SPLIT_THREADS, ATT_W_STAGES,
 };
+pub(crate) use attention_exact::{att_ex_threads, ATT_EX_CLUSTER_MAX};
 pub(crate) use matmul::{fast_uses_blas, TILE_SMEM};
 pub(crate) use matmul_mma::mq_smem_max;
 pub(crate) use matmul_wgmma::wg_smem;
@@ -134,7 +136,7 @@ fn cluster_config(
     }
 }
 
-/// Clusters of (1, `cluster_y`, 1) CTAs of ATT_SPLIT_THREADS with `smem` bytes
+/// Clusters of (1, `cluster_y`, 1) CTAs of `threads` with `smem` bytes
 /// of dynamic shared memory of kernel `f` that the device holds at once
 /// (cuOccupancyMaxActiveClusters; a GPC holds whole clusters only, so
 /// this can be less than the CTAs per SM times the SMs allow).
@@ -143,13 +145,14 @@ pub(crate) fn max_active_clusters(
     stream: &cudarc::driver::CudaStream,
     smem: usize,
     cluster_y: usize,
+    threads: usize,
 ) -> Result<usize> {
     let cy = u32::try_from(cluster_y)?;
     // SAFETY: plain data, overwritten by cluster_config.
     let mut attr = unsafe { std::mem::zeroed() };
     let cfg = cluster_config(
         (1, cy, 1),
-        (u32::try_from(ATT_SPLIT_THREADS)?, 1, 1),
+        (u32::try_from(threads)?, 1, 1),
         u32::try_from(smem)?,
         stream,
         (1, cy, 1),

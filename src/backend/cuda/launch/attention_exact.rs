@@ -1,0 +1,231 @@
+//! The canonical (`exact`) paged attention launches (attention.cu): one
+//! warp per (row, head) for short rows, else `paged_attention_par`, whose
+//! (row, head) pairs may each take a thread-block cluster of CTAs.
+
+use crate::backend::cuda::mem::{DevAttnBatch, DevKv};
+use crate::backend::cuda::{drv, CudaBackend};
+use anyhow::Result;
+use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
+use std::ffi::c_void;
+
+/// The largest cluster `paged_attention_par` is launched in (the portable
+/// limit; a round has at most 32 chunks, so more CTAs would idle).
+pub(crate) const ATT_EX_CLUSTER_MAX: usize = 8;
+
+/// Threads of `paged_attention_par`: 32 x ATT_EX_W, its launch bound (8
+/// warps, or the value a tuning run compiles in through
+/// `QUIRE_CUDA_DEFINES=ATT_EX_W=N`).
+pub(crate) fn att_ex_threads() -> u32 {
+    static T: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *T.get_or_init(|| {
+        std::env::var("QUIRE_CUDA_DEFINES")
+            .ok()
+            .and_then(|d| {
+                d.split(',')
+                    .find_map(|x| x.trim().strip_prefix("ATT_EX_W=")?.parse::<u32>().ok())
+            })
+            .filter(|w| (1..=32).contains(w))
+            .map_or(256, |w| 32 * w)
+    })
+}
+
+/// QUIRE_ATT_EX_CLUSTER=S: every `paged_attention_par` launch in clusters
+/// of S CTAs (1..=ATT_EX_CLUSTER_MAX; for parity runs and sweeps: the
+/// same bits for every S).
+fn forced_cluster() -> Option<usize> {
+    static V: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("QUIRE_ATT_EX_CLUSTER")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|s| (1..=ATT_EX_CLUSTER_MAX).contains(s))
+    })
+}
+
+/// CTAs per (row, head) of `paged_attention_par`: enough that a CTA's
+/// warps take about one chunk each of the longest row's first round
+/// (`chunks` 32-key chunks, at most 32), while the launch still fits the
+/// GPU's SMs at one CTA each (its registers hold it to one per SM).
+pub(crate) fn exact_cluster_rule(pairs: usize, chunks: usize, warps: usize, sms: usize) -> usize {
+    let want = chunks.min(32).div_ceil(warps.max(1));
+    let fits = sms / pairs.max(1);
+    want.min(fits).clamp(1, ATT_EX_CLUSTER_MAX)
+}
+
+/// The arguments of paged_attention_par, as the C types it takes, for a
+/// cuLaunchKernelEx launch.
+struct ExactArgs {
+    q: u64,
+    n_rows: i32,
+    n_heads: i32,
+    n_kv_heads: i32,
+    head_dim: i32,
+    block_size: i32,
+    scale: f32,
+    k: u64,
+    v: u64,
+    tables: u64,
+    table_off: u64,
+    row_seq: u64,
+    positions: u64,
+    out: u64,
+}
+
+impl ExactArgs {
+    /// One pointer per kernel parameter, in order (valid while self is).
+    fn params(&mut self) -> [*mut c_void; 14] {
+        fn p<T>(x: &mut T) -> *mut c_void {
+            x as *mut T as *mut c_void
+        }
+        [
+            p(&mut self.q),
+            p(&mut self.n_rows),
+            p(&mut self.n_heads),
+            p(&mut self.n_kv_heads),
+            p(&mut self.head_dim),
+            p(&mut self.block_size),
+            p(&mut self.scale),
+            p(&mut self.k),
+            p(&mut self.v),
+            p(&mut self.tables),
+            p(&mut self.table_off),
+            p(&mut self.row_seq),
+            p(&mut self.positions),
+            p(&mut self.out),
+        ]
+    }
+}
+
+impl CudaBackend {
+    /// Exact attention, arguments validated by `d_attention`. One warp per
+    /// (row, head) while every row is before position 128 (part_ctas 1:
+    /// at most four chunks), else `paged_attention_par`: ATT_EX_W (8)
+    /// warps per CTA and S CTAs (a cluster, sm_90+) per (row, head). The
+    /// same bits either way, for any S: a graph replayed past its bucket
+    /// stays correct. Measured on an H100 (2026-11-26, bench-attn exact,
+    /// B1, us, one warp / 8 warps): ctx 64 15.1 / 17.2, ctx 600 129.0 /
+    /// 52.5, ctx 4,100 894.9 / 304.9. On an H200 (2026-11-26, B1, us, 8
+    /// warps / V rows loaded 16 at a time / and clusters): ctx 600 52.5 /
+    /// 25.7 / 15.1 (S = 3), ctx 2,048 142.6 / 72.0 / 47.9 (S = 3), ctx
+    /// 4,100 295.5 / 150.9 / 104.5 (S = 3); S = 4 is slower on an H200
+    /// (its 32 clusters of 4 do not fit at once) and at B8 clusters are
+    /// slower (two waves at one CTA per SM).
+    #[allow(clippy::too_many_arguments)] // the op's fields
+    pub(super) fn attention_exact(
+        &self,
+        q: &CudaView<'_, f32>,
+        (nri, nhi, nkvi, hdi, bsi): (i32, i32, i32, i32, i32),
+        scale: f32,
+        cache: &DevKv<'_>,
+        batch: &DevAttnBatch,
+        out: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        let pairs = batch.n_rows * nhi as usize;
+        let one_warp = batch.part_ctas <= 1;
+        let (kernel, threads) = if one_warp {
+            ("paged_attention", 32)
+        } else {
+            ("paged_attention_par", att_ex_threads())
+        };
+        let csize = if one_warp {
+            1
+        } else if let Some(s) = forced_cluster() {
+            if s > 1 && self.att_clusters(kernel, s) > 0 {
+                s
+            } else {
+                1
+            }
+        } else {
+            // part_ctas: the longest row's 128-key chunks.
+            let want = exact_cluster_rule(
+                pairs,
+                4 * batch.part_ctas,
+                threads as usize / 32,
+                self.sm_count(),
+            );
+            // The largest size up to it whose clusters the GPU holds all
+            // at once (a GPC holds whole clusters only: an H200 holds 32
+            // clusters of 3 but fewer of 4 at one CTA per SM, and a
+            // second wave of clusters costs more than the split saves).
+            (2..=want)
+                .rev()
+                .find(|&s| pairs <= self.att_clusters(kernel, s))
+                .unwrap_or(1)
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (u32::try_from(pairs * csize)?, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        if csize > 1 {
+            let s = self.stream();
+            let mut a = ExactArgs {
+                q: q.device_ptr(s).0,
+                n_rows: nri,
+                n_heads: nhi,
+                n_kv_heads: nkvi,
+                head_dim: hdi,
+                block_size: bsi,
+                scale,
+                k: cache.k.device_ptr(s).0,
+                v: cache.v.device_ptr(s).0,
+                tables: batch.tables.device_ptr(s).0,
+                table_off: batch.table_off.device_ptr(s).0,
+                row_seq: batch.row_seq.device_ptr(s).0,
+                positions: batch.positions.device_ptr(s).0,
+                out: out.device_ptr(s).0,
+            };
+            // SAFETY: paged_attention_par's arguments in order and C
+            // types, the same buffers and bounds as the launch below; the
+            // cluster (csize, 1, 1) divides the grid (pairs * csize CTAs),
+            // and the device holds such clusters (att_clusters > 0:
+            // counted at load, on sm_90+ only).
+            return unsafe {
+                self.launch_clustered(kernel, cfg, (u32::try_from(csize)?, 1, 1), &mut a.params())
+            };
+        }
+        let mut b = self.stream().launch_builder(self.func(kernel)?);
+        b.arg(q)
+            .arg(&nri)
+            .arg(&nhi)
+            .arg(&nkvi)
+            .arg(&hdi)
+            .arg(&bsi)
+            .arg(&scale)
+            .arg(&cache.k)
+            .arg(&cache.v)
+            .arg(&batch.tables)
+            .arg(&batch.table_off)
+            .arg(&batch.row_seq)
+            .arg(&batch.positions)
+            .arg(out);
+        // SAFETY: matches paged_attention (32 threads) or
+        // paged_attention_par (att_ex_threads, its launch bound); every
+        // table entry a row reads was validated below n_blocks at upload
+        // (DevAttnBatch::upload) for this cache geometry (checked by
+        // d_attention); q/out hold n_rows*n_heads*head_dim; head_dim <=
+        // 256 (shared q buffer).
+        drv(unsafe { b.launch(cfg) }, "paged_attention: launch")?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exact_cluster_rule;
+
+    #[test]
+    fn cluster_spreads_batch_one_over_the_sms() {
+        // 8B heads, batch 1, 20 chunks (~640 keys), 8 warps, 132 SMs.
+        assert_eq!(exact_cluster_rule(32, 20, 8, 132), 3);
+        // Long rows: capped by the SMs (4 CTAs per pair), then the limit.
+        assert_eq!(exact_cluster_rule(32, 64, 8, 132), 4);
+        assert_eq!(exact_cluster_rule(8, 64, 8, 132), 4);
+        assert_eq!(exact_cluster_rule(2, 32, 4, 132), 8);
+        // Enough pairs to fill the GPU: no cluster.
+        assert_eq!(exact_cluster_rule(256, 20, 8, 132), 1);
+        assert_eq!(exact_cluster_rule(64, 20, 8, 132), 2);
+        // Few chunks: one CTA's warps suffice.
+        assert_eq!(exact_cluster_rule(32, 5, 8, 132), 1);
+    }
+}
