@@ -106,7 +106,11 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     (
         "attention",
         include_str!("kernels/attention.cu"),
-        &["paged_attention", "paged_attention_par"],
+        &[
+            "paged_attention",
+            "paged_attention_par",
+            "paged_attention_par2",
+        ],
     ),
     (
         "attention_fast",

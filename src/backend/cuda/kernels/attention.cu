@@ -339,13 +339,13 @@ __device__ __forceinline__ float att_ex_peer(const float* p, int rank) {
 #endif
 }
 
-// Minimum CTAs per SM of paged_attention_par (tuning knob: 2 caps its
-// registers at 128; the same bits).
-#ifndef ATT_EX_MINB
-#define ATT_EX_MINB 1
-#endif
-
-extern "C" __global__ void __launch_bounds__(32 * ATT_EX_W, ATT_EX_MINB) paged_attention_par(
+// paged_attention_par's body; its two entries differ only in their
+// launch bounds: paged_attention_par at one CTA per SM (up to 255
+// registers: the fewest stalls, for launches of at most one wave, batch-1
+// decode in clusters) and paged_attention_par2 at two (128 registers,
+// some spilled: more warps per SM for launches of several waves). The
+// same bits.
+__device__ __forceinline__ void paged_attention_par_body(
     const float* __restrict__ q, int n_rows, int n_heads, int n_kv_heads, int head_dim,
     int block_size, float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
     const u32* __restrict__ tables, const u32* __restrict__ table_off,
@@ -498,3 +498,16 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_EX_W, ATT_EX_MINB) paged_a
         if (d < hd) o[d] = q_div(acc[u], lsum);
     }
 }
+
+#define ATT_EX_PAR_ENTRY(NAME, MINB)                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_EX_W, MINB) NAME(                 \
+        const float* __restrict__ q, int n_rows, int n_heads, int n_kv_heads, int head_dim,   \
+        int block_size, float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,  \
+        const u32* __restrict__ tables, const u32* __restrict__ table_off,                   \
+        const u32* __restrict__ row_seq, const u32* __restrict__ positions,                  \
+        float* __restrict__ out) {                                                           \
+        paged_attention_par_body(q, n_rows, n_heads, n_kv_heads, head_dim, block_size, scale, \
+                                 kc, vc, tables, table_off, row_seq, positions, out);        \
+    }
+ATT_EX_PAR_ENTRY(paged_attention_par, 1)
+ATT_EX_PAR_ENTRY(paged_attention_par2, 2)

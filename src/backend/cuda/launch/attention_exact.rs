@@ -52,6 +52,16 @@ pub(crate) fn exact_cluster_rule(pairs: usize, chunks: usize, warps: usize, sms:
     want.min(fits).clamp(1, ATT_EX_CLUSTER_MAX)
 }
 
+/// Whether a launch of `pairs` one-CTA (row, head) pairs takes
+/// `paged_attention_par2` (two CTAs per SM): past one wave of
+/// `paged_attention_par` (QUIRE_ATT_EX_PAR2=0 / 1: never / always, for
+/// A/B runs; the same bits).
+fn two_per_sm(pairs: usize, sms: usize) -> bool {
+    static V: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let set = *V.get_or_init(|| std::env::var("QUIRE_ATT_EX_PAR2").ok().map(|v| v != "0"));
+    set.unwrap_or(pairs > sms)
+}
+
 /// The arguments of paged_attention_par, as the C types it takes, for a
 /// cuLaunchKernelEx launch.
 struct ExactArgs {
@@ -152,6 +162,13 @@ impl CudaBackend {
                 .find(|&s| pairs <= self.att_clusters(kernel, s))
                 .unwrap_or(1)
         };
+        // Past one wave at one CTA per SM (and not in clusters: those are
+        // sized to one wave), the entry that fits two per SM.
+        let kernel = if !one_warp && csize == 1 && two_per_sm(pairs, self.sm_count()) {
+            "paged_attention_par2"
+        } else {
+            kernel
+        };
         let cfg = LaunchConfig {
             grid_dim: (u32::try_from(pairs * csize)?, 1, 1),
             block_dim: (threads, 1, 1),
@@ -200,7 +217,8 @@ impl CudaBackend {
             .arg(&batch.positions)
             .arg(out);
         // SAFETY: matches paged_attention (32 threads) or
-        // paged_attention_par (att_ex_threads, its launch bound); every
+        // paged_attention_par / _par2 (att_ex_threads, their launch
+        // bound); every
         // table entry a row reads was validated below n_blocks at upload
         // (DevAttnBatch::upload) for this cache geometry (checked by
         // d_attention); q/out hold n_rows*n_heads*head_dim; head_dim <=
