@@ -8,8 +8,8 @@
 // chunk's V rows queued into shared memory (cp.async) before its K rows
 // are read, so both are in flight together; paged_attention_par: CTAs
 // of ATT_EX_W warps over the chunks, one or a thread-block cluster of
-// them per (row, head) (see there), for rows with more than four chunks.
-// The same bits. head_dim <= 256 (8 values per thread).
+// them per (row, head) (see there), except for rows of at most four
+// chunks in launches of more (row, head) pairs than SMs. The same bits. head_dim <= 256 (8 values per thread).
 
 #define ATT_MAXD 8
 

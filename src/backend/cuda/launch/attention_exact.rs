@@ -1,6 +1,7 @@
 //! The canonical (`exact`) paged attention launches (attention.cu): one
-//! warp per (row, head) for short rows, else `paged_attention_par`, whose
-//! (row, head) pairs may each take a thread-block cluster of CTAs.
+//! warp per (row, head) for short rows in launches of more pairs than
+//! SMs, else `paged_attention_par`, whose (row, head) pairs may each take
+//! a thread-block cluster of CTAs.
 
 use crate::backend::cuda::mem::{DevAttnBatch, DevKv};
 use crate::backend::cuda::{drv, CudaBackend};
@@ -50,6 +51,13 @@ pub(crate) fn exact_cluster_rule(pairs: usize, chunks: usize, warps: usize, sms:
     let want = chunks.min(32).div_ceil(warps.max(1));
     let fits = sms / pairs.max(1);
     want.min(fits).clamp(1, ATT_EX_CLUSTER_MAX)
+}
+
+/// QUIRE_ATT_EX_ONE_WARP=0: `paged_attention_par` for short rows in
+/// large launches too (for A/B runs; the same bits).
+fn one_warp_wanted() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("QUIRE_ATT_EX_ONE_WARP").map_or(true, |v| v != "0"))
 }
 
 /// Whether a launch of `pairs` one-CTA (row, head) pairs takes
@@ -109,8 +117,9 @@ impl ExactArgs {
 impl CudaBackend {
     /// Exact attention, arguments validated by `d_attention`. One warp per
     /// (row, head) while every row is before position 128 (part_ctas 1:
-    /// at most four chunks), else `paged_attention_par`: ATT_EX_W (8)
-    /// warps per CTA and S CTAs (a cluster, sm_90+) per (row, head). The
+    /// at most four chunks) in a launch of more pairs than SMs, else
+    /// `paged_attention_par`: ATT_EX_W (8) warps per CTA and S CTAs (a
+    /// cluster, sm_90+) per (row, head). The
     /// same bits either way, for any S: a graph replayed past its bucket
     /// stays correct. Measured on an H100 (2026-11-26, bench-attn exact,
     /// B1, us, one warp / 8 warps): ctx 64 15.1 / 17.2, ctx 600 129.0 /
@@ -131,7 +140,15 @@ impl CudaBackend {
         out: &mut CudaViewMut<'_, f32>,
     ) -> Result<()> {
         let pairs = batch.n_rows * nhi as usize;
-        let one_warp = batch.part_ctas <= 1;
+        // Short rows in a launch of more pairs than SMs: one warp each
+        // (8-warp CTAs whose rows have one or two chunks leave most
+        // warps idle and cost more there); else the 8-warp kernel, whose
+        // chunks' loads and sums run in parallel (B1 ctx 64: 15.0 ->
+        // 8.7 us). Measured on an H200 (2026-11-26, bench-attn exact, us,
+        // one warp / 8 warps): B1 ctx 16 / 64 / 127: 6.3 / 7.0, 15.0 /
+        // 8.7, 28.9 / 9.0; B8 (256 pairs): 6.5 / 10.3, 15.3 / 14.2, 29.4
+        // / 15.4; 8B Q4_0 exact tg128 278.6 -> 290.3 tok/s.
+        let one_warp = batch.part_ctas <= 1 && pairs > self.sm_count() && one_warp_wanted();
         let (kernel, threads) = if one_warp {
             ("paged_attention", 32)
         } else {
