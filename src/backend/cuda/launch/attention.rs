@@ -1,13 +1,12 @@
 //! Paged attention launches: the canonical kernel (`exact`), split-KV
 //! (`deterministic`, `fast` decode) and tensor-core prefill (`fast`).
 
-use super::arena3;
+use super::{arena3, RawArgs};
 use crate::backend::cuda::mem::{DevAttnBatch, DevKv, ATT_PARTS};
 use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
 use crate::backend::{validate, KvInfo, Mode};
 use anyhow::{ensure, Result};
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
-use std::ffi::c_void;
 
 impl CudaBackend {
     #[allow(clippy::too_many_arguments)] // the op's fields and the mode
@@ -238,27 +237,26 @@ impl CudaBackend {
                 shared_mem_bytes: u32::try_from(smem)?,
             };
             if cluster {
-                let mut a = ClusterArgs {
-                    q: q.device_ptr(s).0,
-                    n_heads: nhi,
-                    n_kv_heads: nkvi,
-                    head_dim: hdi,
-                    block_size: bsi,
-                    scale,
-                    k: cache.k.device_ptr(s).0,
-                    v: cache.v.device_ptr(s).0,
-                    tables: batch.tables.device_ptr(s).0,
-                    table_off: batch.table_off.device_ptr(s).0,
-                    row_seq: batch.row_seq.device_ptr(s).0,
-                    positions: batch.positions.device_ptr(s).0,
-                    stride: si,
-                    n_parts: pi,
-                    part: part.device_ptr(s).0,
-                    early,
-                    out: out.device_ptr(s).0,
-                    xq,
-                    xds,
-                };
+                let mut a = RawArgs::new()
+                    .ptr(q.device_ptr(s).0)
+                    .i32(nhi)
+                    .i32(nkvi)
+                    .i32(hdi)
+                    .i32(bsi)
+                    .f32(scale)
+                    .ptr(cache.k.device_ptr(s).0)
+                    .ptr(cache.v.device_ptr(s).0)
+                    .ptr(batch.tables.device_ptr(s).0)
+                    .ptr(batch.table_off.device_ptr(s).0)
+                    .ptr(batch.row_seq.device_ptr(s).0)
+                    .ptr(batch.positions.device_ptr(s).0)
+                    .i32(si)
+                    .i32(pi)
+                    .ptr(part.device_ptr(s).0)
+                    .i32(early)
+                    .ptr(out.device_ptr(s).0)
+                    .ptr(xq)
+                    .ptr(xds);
                 // SAFETY: att_pipe_c_d*_g* take att_pipe_m_'s arguments
                 // (the same buffers and bounds as the launch below
                 // documents), in this order and these C types; the
@@ -355,60 +353,6 @@ impl CudaBackend {
             self.q8_done(key);
         }
         Ok(())
-    }
-}
-
-/// The arguments of att_pipe_c_d*_g* (ATT_PIPE_ARGS, then out, xq, xds),
-/// as the C types the kernel takes, for a cuLaunchKernelEx launch.
-struct ClusterArgs {
-    q: u64,
-    n_heads: i32,
-    n_kv_heads: i32,
-    head_dim: i32,
-    block_size: i32,
-    scale: f32,
-    k: u64,
-    v: u64,
-    tables: u64,
-    table_off: u64,
-    row_seq: u64,
-    positions: u64,
-    stride: i32,
-    n_parts: i32,
-    part: u64,
-    early: i32,
-    out: u64,
-    xq: u64,
-    xds: u64,
-}
-
-impl ClusterArgs {
-    /// One pointer per kernel parameter, in order (valid while self is).
-    fn params(&mut self) -> [*mut c_void; 19] {
-        fn p<T>(x: &mut T) -> *mut c_void {
-            x as *mut T as *mut c_void
-        }
-        [
-            p(&mut self.q),
-            p(&mut self.n_heads),
-            p(&mut self.n_kv_heads),
-            p(&mut self.head_dim),
-            p(&mut self.block_size),
-            p(&mut self.scale),
-            p(&mut self.k),
-            p(&mut self.v),
-            p(&mut self.tables),
-            p(&mut self.table_off),
-            p(&mut self.row_seq),
-            p(&mut self.positions),
-            p(&mut self.stride),
-            p(&mut self.n_parts),
-            p(&mut self.part),
-            p(&mut self.early),
-            p(&mut self.out),
-            p(&mut self.xq),
-            p(&mut self.xds),
-        ]
     }
 }
 

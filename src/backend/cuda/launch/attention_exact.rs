@@ -3,11 +3,11 @@
 //! SMs, else `paged_attention_par`, whose (row, head) pairs may each take
 //! a thread-block cluster of CTAs.
 
+use super::RawArgs;
 use crate::backend::cuda::mem::{DevAttnBatch, DevKv};
 use crate::backend::cuda::{drv, CudaBackend};
 use anyhow::Result;
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
-use std::ffi::c_void;
 
 /// The largest cluster `paged_attention_par` is launched in (the portable
 /// limit; a round has at most 32 chunks, so more CTAs would idle).
@@ -68,50 +68,6 @@ fn two_per_sm(pairs: usize, sms: usize) -> bool {
     static V: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     let set = *V.get_or_init(|| std::env::var("QUIRE_ATT_EX_PAR2").ok().map(|v| v != "0"));
     set.unwrap_or(pairs > sms)
-}
-
-/// The arguments of paged_attention_par, as the C types it takes, for a
-/// cuLaunchKernelEx launch.
-struct ExactArgs {
-    q: u64,
-    n_rows: i32,
-    n_heads: i32,
-    n_kv_heads: i32,
-    head_dim: i32,
-    block_size: i32,
-    scale: f32,
-    k: u64,
-    v: u64,
-    tables: u64,
-    table_off: u64,
-    row_seq: u64,
-    positions: u64,
-    out: u64,
-}
-
-impl ExactArgs {
-    /// One pointer per kernel parameter, in order (valid while self is).
-    fn params(&mut self) -> [*mut c_void; 14] {
-        fn p<T>(x: &mut T) -> *mut c_void {
-            x as *mut T as *mut c_void
-        }
-        [
-            p(&mut self.q),
-            p(&mut self.n_rows),
-            p(&mut self.n_heads),
-            p(&mut self.n_kv_heads),
-            p(&mut self.head_dim),
-            p(&mut self.block_size),
-            p(&mut self.scale),
-            p(&mut self.k),
-            p(&mut self.v),
-            p(&mut self.tables),
-            p(&mut self.table_off),
-            p(&mut self.row_seq),
-            p(&mut self.positions),
-            p(&mut self.out),
-        ]
-    }
 }
 
 impl CudaBackend {
@@ -193,22 +149,21 @@ impl CudaBackend {
         };
         if csize > 1 {
             let s = self.stream();
-            let mut a = ExactArgs {
-                q: q.device_ptr(s).0,
-                n_rows: nri,
-                n_heads: nhi,
-                n_kv_heads: nkvi,
-                head_dim: hdi,
-                block_size: bsi,
-                scale,
-                k: cache.k.device_ptr(s).0,
-                v: cache.v.device_ptr(s).0,
-                tables: batch.tables.device_ptr(s).0,
-                table_off: batch.table_off.device_ptr(s).0,
-                row_seq: batch.row_seq.device_ptr(s).0,
-                positions: batch.positions.device_ptr(s).0,
-                out: out.device_ptr(s).0,
-            };
+            let mut a = RawArgs::new()
+                .ptr(q.device_ptr(s).0)
+                .i32(nri)
+                .i32(nhi)
+                .i32(nkvi)
+                .i32(hdi)
+                .i32(bsi)
+                .f32(scale)
+                .ptr(cache.k.device_ptr(s).0)
+                .ptr(cache.v.device_ptr(s).0)
+                .ptr(batch.tables.device_ptr(s).0)
+                .ptr(batch.table_off.device_ptr(s).0)
+                .ptr(batch.row_seq.device_ptr(s).0)
+                .ptr(batch.positions.device_ptr(s).0)
+                .ptr(out.device_ptr(s).0);
             // SAFETY: paged_attention_par's arguments in order and C
             // types, the same buffers and bounds as the launch below; the
             // cluster (csize, 1, 1) divides the grid (pairs * csize CTAs),

@@ -167,6 +167,49 @@ pub(crate) fn max_active_clusters(
     Ok(usize::try_from(n).unwrap_or(0))
 }
 
+/// Kernel arguments for a `cuLaunchKernelEx` launch (`launch_clustered`):
+/// each value in its own 8-byte slot, its bytes at the slot's start, so
+/// the pointer to a slot is a pointer to a value of the parameter's C
+/// type (`int`, `float` or a device pointer).
+pub(crate) struct RawArgs {
+    slots: Vec<[u8; 8]>,
+}
+
+impl RawArgs {
+    pub(crate) fn new() -> Self {
+        RawArgs { slots: Vec::new() }
+    }
+
+    fn put(mut self, bytes: &[u8]) -> Self {
+        let mut slot = [0u8; 8];
+        slot[..bytes.len()].copy_from_slice(bytes);
+        self.slots.push(slot);
+        self
+    }
+
+    /// A device pointer (`const T*` / `T*`).
+    pub(crate) fn ptr(self, v: u64) -> Self {
+        self.put(&v.to_ne_bytes())
+    }
+
+    pub(crate) fn i32(self, v: i32) -> Self {
+        self.put(&v.to_ne_bytes())
+    }
+
+    pub(crate) fn f32(self, v: f32) -> Self {
+        self.put(&v.to_ne_bytes())
+    }
+
+    /// One pointer per argument, in order (valid while self is and is not
+    /// changed).
+    pub(crate) fn params(&mut self) -> Vec<*mut std::ffi::c_void> {
+        self.slots
+            .iter_mut()
+            .map(|s| s.as_mut_ptr().cast::<std::ffi::c_void>())
+            .collect()
+    }
+}
+
 impl CudaBackend {
     /// The scratch arena, grown to hold regions of `bytes` (each rounded up
     /// to ARENA_ALIGN). Ops on the one stream reuse it in order, so no two
@@ -609,5 +652,23 @@ impl CudaBackend {
         // >= n_cells, so every write is inside the cache.
         drv(unsafe { b.launch(cfg) }, "kv_write: launch")?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod raw_args_tests {
+    use super::RawArgs;
+
+    #[test]
+    fn each_argument_starts_its_own_slot() {
+        let mut a = RawArgs::new().ptr(0x1122_3344_5566_7788).i32(-2).f32(1.5);
+        let p = a.params();
+        assert_eq!(p.len(), 3);
+        // SAFETY: each pointer addresses an 8-byte slot of `a`, alive here.
+        unsafe {
+            assert_eq!(p[0].cast::<u64>().read_unaligned(), 0x1122_3344_5566_7788);
+            assert_eq!(p[1].cast::<i32>().read_unaligned(), -2);
+            assert_eq!(p[2].cast::<f32>().read_unaligned(), 1.5);
+        }
     }
 }
