@@ -190,11 +190,10 @@ impl CudaBackend {
             .arg(out);
         // SAFETY: matches paged_attention (32 threads) or
         // paged_attention_par / _par2 (att_ex_threads, their launch
-        // bound); every
-        // table entry a row reads was validated below n_blocks at upload
-        // (DevAttnBatch::upload) for this cache geometry (checked by
-        // d_attention); q/out hold n_rows*n_heads*head_dim; head_dim <=
-        // 256 (shared q buffer).
+        // bound); every table entry a row reads was validated below
+        // n_blocks at upload (DevAttnBatch::upload) for this cache
+        // geometry (checked by d_attention); q/out hold
+        // n_rows*n_heads*head_dim; head_dim <= 256 (shared q buffer).
         drv(unsafe { b.launch(cfg) }, "paged_attention: launch")?;
         Ok(())
     }
