@@ -170,12 +170,7 @@ __device__ __forceinline__ void att_exact_vs_chunk(const float* p, int cnt,
 }
 
 // One warp per (row, head) (the file's header).
-extern "C" __global__ void paged_attention(
-    const float* __restrict__ q, int n_rows, int n_heads, int n_kv_heads, int head_dim,
-    int block_size, float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
-    const u32* __restrict__ tables, const u32* __restrict__ table_off,
-    const u32* __restrict__ row_seq, const u32* __restrict__ positions,
-    float* __restrict__ out) {
+extern "C" __global__ void paged_attention(ATT_ROWHEAD_PARAMS) {
     att_exact_prefetch(blockIdx.x, n_rows, n_heads, n_kv_heads, head_dim, block_size, kc, vc,
                        tables, table_off, row_seq, positions, 0, 1);
     GRID_DEP();
@@ -292,38 +287,28 @@ extern "C" __global__ void paged_attention(
 #endif
 #define ATT_EX_CH 32
 
-// This CTA's rank in its cluster and the cluster's size (0 and 1 before
+// The cluster's size, and this CTA's rank in it in *rank (1 and 0 before
 // sm_90, where the host launches no clusters).
-__device__ __forceinline__ int att_ex_rank() {
+__device__ __forceinline__ int att_ex_cluster(int* rank) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    u32 r;
+    u32 r, n;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return (int)r;
-#else
-    return 0;
-#endif
-}
-__device__ __forceinline__ int att_ex_csize() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    u32 n;
     asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+    *rank = (int)r;
     return (int)n;
 #else
+    *rank = 0;
     return 1;
 #endif
 }
-// Barrier of the whole cluster (release / acquire: shared-memory writes
-// before it are visible to every CTA of the cluster after it); a CTA
-// barrier without a cluster.
+// The cluster barrier (att_cluster_sync: shared-memory writes before it
+// are visible to every CTA of the cluster after it); a CTA barrier
+// without a cluster.
 __device__ __forceinline__ void att_ex_sync(int csize) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (csize > 1) {
-        asm volatile("barrier.cluster.arrive.release.aligned;\n"
-                     "barrier.cluster.wait.acquire.aligned;" ::: "memory");
-        return;
-    }
-#endif
-    __syncthreads();
+    if (csize > 1)
+        att_cluster_sync();
+    else
+        __syncthreads();
 }
 // The float at p (a shared address of this kernel) in the shared memory
 // of cluster CTA `rank`.
@@ -345,13 +330,9 @@ __device__ __forceinline__ float att_ex_peer(const float* p, int rank) {
 // decode in clusters) and paged_attention_par2 at two (128 registers,
 // some spilled: more warps per SM for launches of several waves). The
 // same bits.
-__device__ __forceinline__ void paged_attention_par_body(
-    const float* __restrict__ q, int n_rows, int n_heads, int n_kv_heads, int head_dim,
-    int block_size, float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
-    const u32* __restrict__ tables, const u32* __restrict__ table_off,
-    const u32* __restrict__ row_seq, const u32* __restrict__ positions,
-    float* __restrict__ out) {
-    int S = att_ex_csize(), k = att_ex_rank();
+__device__ __forceinline__ void paged_attention_par_body(ATT_ROWHEAD_PARAMS) {
+    int k;
+    int S = att_ex_cluster(&k);
     int rh = blockIdx.x / S;  // a cluster's CTAs are consecutive in x
     att_exact_prefetch(rh, n_rows, n_heads, n_kv_heads, head_dim, block_size, kc, vc, tables,
                        table_off, row_seq, positions, k, S);
@@ -499,13 +480,8 @@ __device__ __forceinline__ void paged_attention_par_body(
     }
 }
 
-#define ATT_EX_PAR_ENTRY(NAME, MINB)                                                        \
-    extern "C" __global__ void __launch_bounds__(32 * ATT_EX_W, MINB) NAME(                 \
-        const float* __restrict__ q, int n_rows, int n_heads, int n_kv_heads, int head_dim,   \
-        int block_size, float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,  \
-        const u32* __restrict__ tables, const u32* __restrict__ table_off,                   \
-        const u32* __restrict__ row_seq, const u32* __restrict__ positions,                  \
-        float* __restrict__ out) {                                                           \
+#define ATT_EX_PAR_ENTRY(NAME, MINB)                                                     \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_EX_W, MINB) NAME(ATT_ROWHEAD_PARAMS) { \
         paged_attention_par_body(q, n_rows, n_heads, n_kv_heads, head_dim, block_size, scale, \
                                  kc, vc, tables, table_off, row_seq, positions, out);        \
     }

@@ -18,12 +18,7 @@
 // KV-cache invariant, not bitwise equal to the cpu.
 #define ATT_WARPS 8
 
-extern "C" __global__ void paged_attention_fast(
-    const float* __restrict__ q, int n_rows, int n_heads, int n_kv_heads, int head_dim,
-    int block_size, float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
-    const u32* __restrict__ tables, const u32* __restrict__ table_off,
-    const u32* __restrict__ row_seq, const u32* __restrict__ positions,
-    float* __restrict__ out) {
+extern "C" __global__ void paged_attention_fast(ATT_ROWHEAD_PARAMS) {
     GRID_DEP();
     __shared__ float part_m[ATT_WARPS], part_l[ATT_WARPS];
     __shared__ float part_acc[ATT_WARPS][256];
@@ -421,19 +416,8 @@ __host__ __device__ constexpr int att_pipe_bytes(int d32, int gm, int kt, int st
 #define ATT_FUSE_NONE 0
 #define ATT_FUSE_SELF 1
 #define ATT_FUSE_CLUSTER 2
-// Hopper thread-block cluster barrier: every thread of every CTA of the
-// cluster arrives (release: its earlier writes, the partials in global
-// memory included, are visible to the cluster) and waits (acquire). Only
-// the att_pipe_c_* entries use it, and the host launches them only on
-// sm_90+ with cluster dimensions (1, gridDim.y, 1).
-__device__ __forceinline__ void att_cluster_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n"
-                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#else
-    __trap();
-#endif
-}
+// att_cluster_sync (common.cuh): only the att_pipe_c_* entries use it,
+// launched with cluster dimensions (1, gridDim.y, 1).
 template <int D32, int GM, int FUSE, int KT = 16, int ST = ATT_STAGES>
 __device__ __forceinline__ void att_pipe_gqa(
     const float* __restrict__ q, int n_heads, int n_kv_heads, int hd, int block_size,

@@ -38,6 +38,29 @@ typedef unsigned long long u64;
     } while (0)
 #endif
 
+// The parameters of the per-(row, head) paged attention kernels
+// (paged_attention, paged_attention_par / _par2, paged_attention_fast):
+// the op's fields, in the launch's order.
+#define ATT_ROWHEAD_PARAMS                                                                \
+    const float *__restrict__ q, int n_rows, int n_heads, int n_kv_heads, int head_dim,   \
+        int block_size, float scale, const u16 *__restrict__ kc,                          \
+        const u16 *__restrict__ vc, const u32 *__restrict__ tables,                       \
+        const u32 *__restrict__ table_off, const u32 *__restrict__ row_seq,               \
+        const u32 *__restrict__ positions, float *__restrict__ out
+
+// Hopper thread-block cluster barrier: every thread of every CTA of the
+// cluster arrives (release: its earlier writes, global and shared, are
+// visible to the cluster) and waits (acquire). The host launches clusters
+// only on sm_90+, so the kernels call it only there.
+__device__ __forceinline__ void att_cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+    __trap();
+#endif
+}
+
 // mbarriers and bulk copies (sm_90+: the copy engine, completing on an
 // mbarrier's transaction count). Used by the wgmma GEMM and the bulk
 // matvec (matmul_fast.cu); kernels of older devices never call them.

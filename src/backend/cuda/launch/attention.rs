@@ -105,14 +105,52 @@ impl CudaBackend {
         }
         // Heads not a multiple of 8: ATT_WARPS (8) warps per (row, head)
         // splitting the keys (attention_fast.cu).
+        // SAFETY: paged_attention_fast takes the op's arguments and 256
+        // threads.
+        unsafe {
+            self.attention_rowhead(
+                "paged_attention_fast",
+                batch.n_rows * n_heads,
+                256,
+                q,
+                (nri, nhi, nkvi, hdi, bsi),
+                scale,
+                cache,
+                batch,
+                out,
+            )
+        }
+    }
+
+    /// Launches `kernel`, whose parameters are ATT_ROWHEAD_PARAMS
+    /// (common.cuh: q, n_rows, n_heads, n_kv_heads, head_dim, block_size,
+    /// scale, k, v, tables, table_off, row_seq, positions, out), on `ctas`
+    /// CTAs of `threads`, without clusters.
+    ///
+    /// # Safety
+    /// `kernel` takes these parameters and `threads` threads (within its
+    /// launch bound) and reads no more of the batch than `d_attention`
+    /// validated: table entries below n_blocks (checked at upload for this
+    /// cache geometry), q/out of n_rows*n_heads*head_dim, head_dim <= 256.
+    #[allow(clippy::too_many_arguments)] // the op's fields
+    pub(super) unsafe fn attention_rowhead(
+        &self,
+        kernel: &str,
+        ctas: usize,
+        threads: u32,
+        q: &CudaView<'_, f32>,
+        (nri, nhi, nkvi, hdi, bsi): (i32, i32, i32, i32, i32),
+        scale: f32,
+        cache: &DevKv<'_>,
+        batch: &DevAttnBatch,
+        out: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
         let cfg = LaunchConfig {
-            grid_dim: (u32::try_from(batch.n_rows * n_heads)?, 1, 1),
-            block_dim: (256, 1, 1),
+            grid_dim: (u32::try_from(ctas)?, 1, 1),
+            block_dim: (threads, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self
-            .stream()
-            .launch_builder(self.func("paged_attention_fast")?);
+        let mut b = self.stream().launch_builder(self.func(kernel)?);
         b.arg(q)
             .arg(&nri)
             .arg(&nhi)
@@ -127,12 +165,11 @@ impl CudaBackend {
             .arg(&batch.row_seq)
             .arg(&batch.positions)
             .arg(out);
-        // SAFETY: matches paged_attention_fast (256 threads); every table
-        // entry a row reads was validated below n_blocks at upload
-        // (DevAttnBatch::upload) for this cache geometry (checked above);
-        // q/out hold n_rows*n_heads*head_dim; head_dim <= 256 (shared q
-        // buffer).
-        drv(unsafe { b.launch(cfg) }, "paged_attention: launch")?;
+        // SAFETY: the caller's contract (above).
+        drv(
+            unsafe { b.launch(cfg) },
+            &format!("paged_attention: launching {kernel}"),
+        )?;
         Ok(())
     }
 

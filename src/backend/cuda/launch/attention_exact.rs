@@ -5,9 +5,9 @@
 
 use super::RawArgs;
 use crate::backend::cuda::mem::{DevAttnBatch, DevKv};
-use crate::backend::cuda::{drv, CudaBackend};
+use crate::backend::cuda::CudaBackend;
 use anyhow::Result;
-use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, LaunchConfig};
 
 /// The largest cluster `paged_attention_par` is launched in (the portable
 /// limit; a round has at most 32 chunks, so more CTAs would idle).
@@ -142,12 +142,12 @@ impl CudaBackend {
         } else {
             kernel
         };
-        let cfg = LaunchConfig {
-            grid_dim: (u32::try_from(pairs * csize)?, 1, 1),
-            block_dim: (threads, 1, 1),
-            shared_mem_bytes: 0,
-        };
         if csize > 1 {
+            let cfg = LaunchConfig {
+                grid_dim: (u32::try_from(pairs * csize)?, 1, 1),
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: 0,
+            };
             let s = self.stream();
             let mut a = RawArgs::new()
                 .ptr(q.device_ptr(s).0)
@@ -165,7 +165,7 @@ impl CudaBackend {
                 .ptr(batch.positions.device_ptr(s).0)
                 .ptr(out.device_ptr(s).0);
             // SAFETY: paged_attention_par's arguments in order and C
-            // types, the same buffers and bounds as the launch below; the
+            // types, the same buffers and bounds as attention_rowhead's; the
             // cluster (csize, 1, 1) divides the grid (pairs * csize CTAs),
             // and the device holds such clusters (att_clusters > 0:
             // counted at load, on sm_90+ only).
@@ -173,29 +173,22 @@ impl CudaBackend {
                 self.launch_clustered(kernel, cfg, (u32::try_from(csize)?, 1, 1), &mut a.params())
             };
         }
-        let mut b = self.stream().launch_builder(self.func(kernel)?);
-        b.arg(q)
-            .arg(&nri)
-            .arg(&nhi)
-            .arg(&nkvi)
-            .arg(&hdi)
-            .arg(&bsi)
-            .arg(&scale)
-            .arg(&cache.k)
-            .arg(&cache.v)
-            .arg(&batch.tables)
-            .arg(&batch.table_off)
-            .arg(&batch.row_seq)
-            .arg(&batch.positions)
-            .arg(out);
-        // SAFETY: matches paged_attention (32 threads) or
-        // paged_attention_par / _par2 (att_ex_threads, their launch
-        // bound); every table entry a row reads was validated below
-        // n_blocks at upload (DevAttnBatch::upload) for this cache
-        // geometry (checked by d_attention); q/out hold
-        // n_rows*n_heads*head_dim; head_dim <= 256 (shared q buffer).
-        drv(unsafe { b.launch(cfg) }, "paged_attention: launch")?;
-        Ok(())
+        // SAFETY: paged_attention takes 32 threads, paged_attention_par /
+        // _par2 att_ex_threads (their launch bound); all three take the
+        // op's arguments (ATT_ROWHEAD_PARAMS), validated by d_attention.
+        unsafe {
+            self.attention_rowhead(
+                kernel,
+                pairs,
+                threads,
+                q,
+                (nri, nhi, nkvi, hdi, bsi),
+                scale,
+                cache,
+                batch,
+                out,
+            )
+        }
     }
 }
 
