@@ -65,6 +65,15 @@ for s in "${steps[@]}"; do
         done
         QUIRE_WGMMA=1 QUIRE_WR_BN=256 QUIRE_WR_SPLIT=$sp run_step "ops-fast-wgmma-n256-s$sp" "$QUIRE" ops --backend cuda --mode fast --op mat_mul
       done
+      # The wave tail (wr_tail, added by wr_tail_sum) in every CTA shape,
+      # planned for 4 and 7 SMs so that the cases' few CTAs have one (the
+      # 520 x 1024 x 300 case takes it in every shape; mat_muls: a tail
+      # across jobs and into an adding job).
+      for tsms in 4 7; do
+        for shape in QUIRE_WR_MT=1 QUIRE_WR_MT=2 QUIRE_WR_BN=256; do
+          run_step "ops-fast-wgmma-tail$tsms-${shape#QUIRE_WR_}" env QUIRE_WGMMA=1 QUIRE_WR_TAIL_SMS=$tsms "$shape" "$QUIRE" ops --backend cuda --mode fast --op mat_mul
+        done
+      done
       # The 8-key-tile split attention (att_pipe_w_*), which fast mode takes
       # only for launches past one wave (larger batches than the cases).
       QUIRE_ATT_WIDE=1 run_step ops-fast-att-wide "$QUIRE" ops --backend cuda --mode fast --op paged_attention

@@ -111,6 +111,12 @@ impl Ctx<'_> {
         }
         use GgmlType::*;
         let mode = self.opts.mode;
+        if std::env::var("QUIRE_WR_TAIL_SMS").is_ok() {
+            eprintln!(
+                "mat_muls: fused-vs-unfused bit check SKIPPED: QUIRE_WR_TAIL_SMS plans a \
+                 wave tail per launch (the cpu comparison runs)"
+            );
+        }
         let types: &[GgmlType] = if self.opts.quick {
             &[F16, Q4_0, Q8_0, Q4_K, Q6_K]
         } else {
@@ -168,6 +174,10 @@ impl Ctx<'_> {
                 );
                 let mut err = None;
                 let mut unfused_diff = None;
+                // QUIRE_WR_TAIL_SMS (CUDA, parity runs) plans a wave tail
+                // per launch, so fused and unfused launches differ in bits
+                // by design there; the cpu comparison still runs.
+                let bits = std::env::var("QUIRE_WR_TAIL_SMS").is_err();
                 if sup {
                     if let Err(e) = self.cpu.run(
                         Op::MatMuls {
@@ -191,6 +201,7 @@ impl Ctx<'_> {
                         err = Some(format!("{e:#}"));
                     } else {
                         match self.unfused(&ws, &x, n, adds, &init, &lens) {
+                            Ok(_) if !bits => {}
                             Ok(u) => {
                                 if let Some(i) = first_bit_diff(&u, y.body()) {
                                     unfused_diff = Some(format!(

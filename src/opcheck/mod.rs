@@ -486,6 +486,10 @@ impl Ctx<'_> {
             if !self.opts.quick {
                 shapes.push((2049, 2048, 1));
                 shapes.push((576, 1536, 64));
+                // Several CTA rows by several token tiles, both partial:
+                // with QUIRE_WR_TAIL_SMS=4 or 7 every wgmma CTA shape takes
+                // a wave tail (launch/matmul_wgmma.rs, wr_tail).
+                shapes.push((520, 1024, 300));
             }
             let mut shapes: Vec<(usize, usize, usize, bool)> = shapes
                 .into_iter()

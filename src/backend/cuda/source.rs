@@ -147,15 +147,17 @@ pub const WG_KERNELS: [[&str; 3]; 5] = [
     ["mm_wr_q8_0_m1", "mm_wr_q8_0_m2", "mm_wr_q8_0_n256"],
 ];
 /// Every entry of matmul_wgmma_fast.cu: the GEMMs, then to_f16_wr (their
-/// activations in the tiled layout).
-const WG_ENTRIES: [&str; 3 * WG_KERNELS.len() + 1] = {
-    let mut out = [""; 3 * WG_KERNELS.len() + 1];
+/// activations in the tiled layout) and wr_tail_sum (the wave tail's k
+/// ranges added).
+const WG_ENTRIES: [&str; 3 * WG_KERNELS.len() + 2] = {
+    let mut out = [""; 3 * WG_KERNELS.len() + 2];
     let mut i = 0;
     while i < 3 * WG_KERNELS.len() {
         out[i] = WG_KERNELS[i / 3][i % 3];
         i += 1;
     }
     out[i] = "to_f16_wr";
+    out[i + 1] = "wr_tail_sum";
     out
 };
 

@@ -48,7 +48,8 @@
 // Shared memory (dynamic, wr_smem_bytes): alignment slack, sx (SX x BN
 // tokens x 128 B), raw (SR x 128 MT rows x 8 blocks), mbarriers.
 // Grid: (ceil(n / BN), CTA rows of the job table J (128 MT weight rows
-// each), k splits). Requirements (launch/matmul_wgmma.rs): k a multiple of 256,
+// each; with a wave tail, its rows once per k range: wr_body), k splits).
+// Requirements (launch/matmul_wgmma.rs): k a multiple of 256,
 // weights 16-byte aligned, x16 ceil(n / BN) x BN / 128 tiles of 128 tokens
 // x k f16 in to_f16_wr's layout, 16-byte aligned.
 
@@ -236,7 +237,8 @@ extern "C" __global__ void to_f16_wr(const float* __restrict__ x, int n, int k, 
 
 template <int TY, int MT, int BN>
 __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__ x16, int n_all,
-                                        int k, long long pstride) {
+                                        int k, long long pstride, int tail_from, int tail_sp,
+                                        float* __restrict__ tail_part) {
     constexpr int BS = gr_type_size(TY);
     constexpr int SR = wr_stages(BS, MT, BN) / 8, SX = wr_stages(BS, MT, BN) % 8;
     static_assert(BN == 128 || (BN == 256 && MT == 1), "256 tokens: 128 accumulators, MT = 1 only");
@@ -251,17 +253,37 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
     u64* empty_x = bars + SX;     // [SX], 8 MT consumer warps
     u64* full_r = bars + 2 * SX;  // [SR], 128 producer threads' cp.async (noinc)
     u64* empty_r = full_r + SR;   // [SR], 8 MT consumer warps
-    MmJob jb = mm_job(J, blockIdx.y);
+    // The wave tail (tail_from < gridDim.y): CTA rows from tail_from on
+    // are the launch's last, partly filled wave; the host splits each of
+    // their tiles in tail_sp k ranges, grid rows tail_from + z tr .. + tr
+    // - 1 (tr = the tail's CTA rows) taking range z of CTA rows tail_from
+    // .. + tr - 1. Their partial tiles go to tail_part, tile-local (token
+    // tk, row rl at tk x 128 MT + rl), range z's at z x the tail's tiles
+    // (wr_tail_sum adds them in z order). Without a tail, tail_from =
+    // gridDim.y and tail_sp = 1.
+    int by = blockIdx.y, z = blockIdx.z, zs = gridDim.z;
+    const bool tail = by >= tail_from;
+    float* tail_tile = nullptr;
+    if (tail) {
+        const int tr = ((int)gridDim.y - tail_from) / tail_sp, t = by - tail_from;
+        z = t / tr;
+        zs = tail_sp;
+        by = tail_from + t % tr;
+        tail_tile = tail_part + ((long long)(z * tr + t % tr) * gridDim.x + blockIdx.x) *
+                                    (BN * 128 * MT);
+    }
+    MmJob jb = mm_job(J, by);
     const int m = jb.m, units = k / 32;
     const long long row_bytes = (long long)units * BS;
     const int row0 = jb.by * 128 * MT;
     const int n0 = blockIdx.x * BN;
     const int n = min(BN, n_all - n0);
-    // Split k (grid z = splits): this CTA's nk chunks start at chunk c0, a
-    // superchunk boundary (the host splits k / 256 evenly); its partial
-    // sums go to jb.out + z pstride (the host's partial buffer, added in
-    // split order by split_sum_jobs; jb.add is then 0).
-    const int nk_all = k / WG_BK, nk = nk_all / (int)gridDim.z, c0 = (int)blockIdx.z * nk;
+    // Split k (grid z = splits, or the tail's ranges): this CTA's nk chunks
+    // start at chunk c0, a superchunk boundary (the host splits k / 256
+    // evenly); grid-z partial sums go to jb.out + z pstride (the host's
+    // partial buffer, added in split order by split_sum_jobs; jb.add is
+    // then 0).
+    const int nk_all = k / WG_BK, nk = nk_all / zs, c0 = z * nk;
     jb.w += (long long)(c0 / 4) * 8 * BS;
     jb.out += (long long)blockIdx.z * pstride;
     // The CTA's BN / 128 tiles of to_f16_wr's layout (chunk c of tile T at
@@ -415,6 +437,18 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
     // Accumulator layout of m64nNk16: element 4 j + e is row 64 cw + 16 v +
     // g (+ 8 for e >= 2), token 8 j + 2 q (+ 1 for odd e).
     const int rbase = row0 + 64 * cw + 16 * v + g;
+    if (tail) {
+        // The whole tile, rows and tokens past the job's too (wr_tail_sum
+        // skips them).
+        const int rl = 64 * cw + 16 * v + g;
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                tail_tile[(8 * j + 2 * q + (e & 1)) * (128 * MT) + rl + 8 * (e >> 1)] =
+                    acc[4 * j + e];
+        return;
+    }
 #pragma unroll
     for (int j = 0; j < BN / 8; j++) {
 #pragma unroll
@@ -427,15 +461,38 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
     }
 }
 
+// The wave tail's partial tiles added in k-range order and stored (=, or
+// += for an adding job): element i of the tail's tiles x bn tokens x rpc
+// rows (rpc = 128 MT) is token tk, row rl of tail tile tt (i = (tt x bn +
+// tk) x rpc + rl; tile tt = CTA row tail_from + tt / tiles_x, token tile
+// tt % tiles_x), range z's copy at z x len. Rows and tokens past the
+// job's are skipped.
+extern "C" __global__ void wr_tail_sum(const float* __restrict__ part, long long len, int sp,
+                                       int tail_from, int tiles_x, int bn, int rpc, int n,
+                                       MmJobs J) {
+    GRID_DEP();
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= len) return;
+    const long long tile = i / ((long long)bn * rpc);
+    const int e = (int)(i - tile * bn * rpc), tk = e / rpc, rl = e - tk * rpc;
+    const MmJob jb = mm_job(J, tail_from + (int)(tile / tiles_x));
+    const int row = jb.by * rpc + rl, tok = (int)(tile % tiles_x) * bn + tk;
+    if (row >= jb.m || tok >= n) return;
+    float v = part[i];
+    for (int s = 1; s < sp; s++) v += part[s * len + i];
+    mm_store(jb.out + (long long)tok * jb.m + row, v, jb.add);
+}
+
 #define WR_ENTRY(NAME, TY, MT, BN)                                                           \
     static_assert(wr_smem_bytes(gr_type_size(TY), MT, wr_stages(gr_type_size(TY), MT, BN) / 8, \
                                 wr_stages(gr_type_size(TY), MT, BN) % 8, BN) ==                \
                       WG_SMEM_##NAME,                                                          \
                   "launch/matmul_wgmma.rs disagrees on " #NAME "'s shared memory");            \
     extern "C" __global__ void __launch_bounds__(WR_THREADS(MT), 1)                              \
-        NAME(MmJobs J, const u16* __restrict__ x16, int n, int k, long long pstride) {         \
+        NAME(MmJobs J, const u16* __restrict__ x16, int n, int k, long long pstride,           \
+             int tail_from, int tail_sp, float* __restrict__ tail_part) {                      \
         GRID_DEP();                                                                            \
-        wr_body<TY, MT, BN>(J, x16, n, k, pstride);                                            \
+        wr_body<TY, MT, BN>(J, x16, n, k, pstride, tail_from, tail_sp, tail_part);             \
     }
 // mm_wr_<type>_m<MT>: 128 MT rows x 128 tokens; _n256: 128 rows x 256.
 WR_ENTRY(mm_wr_q4_0_m1, TY_Q4_0, 1, 128)

@@ -100,6 +100,11 @@ struct WrKnobs {
     split_pen: usize,
     min_k: usize,
     min_fill: usize,
+    /// QUIRE_WR_TAIL=0: no wave-tail split (wr_tail).
+    tail: bool,
+    /// QUIRE_WR_TAIL_SMS=N: plan the wave tail as if the GPU had N SMs and
+    /// take it wherever it is possible (the parity runs' small shapes).
+    tail_sms: Option<usize>,
 }
 
 fn knobs() -> &'static WrKnobs {
@@ -122,6 +127,8 @@ fn knobs() -> &'static WrKnobs {
             split_pen: env("QUIRE_WR_SPLIT_PEN").unwrap_or(25),
             min_k: env("QUIRE_WG_MIN_K").unwrap_or(2048),
             min_fill: env("QUIRE_WG_MIN_FILL").unwrap_or(90),
+            tail: env("QUIRE_WR_TAIL") != Some(0),
+            tail_sms: env("QUIRE_WR_TAIL_SMS").filter(|&v| v > 0),
         }
     })
 }
@@ -202,6 +209,59 @@ pub(super) fn wr_plan(
         }
     }
     best
+}
+
+/// The wave tail of an unsplit launch of `ctas_y` CTA rows by `tiles_x`
+/// token tiles of shape `WR_SHAPES[v]`: Some((from, sp)) to run CTA rows
+/// `from..` (the tiles past the last whole wave, in whole CTA rows) in
+/// `sp` k ranges each, their partials added by wr_tail_sum, where that
+/// estimate is shorter than the whole launch's waves.
+///
+/// Why: the 8B's gate/up at 512 tokens is 448 CTAs of 128 x 256 on an
+/// H100's 132 SMs, 3.4 waves, the last 40% full (ncu, 2026-11-25: 217.5
+/// us against cuBLAS's 168 on f16 weights). Split in two k halves, the
+/// last 52 tiles become 104 CTAs of half the time: 3.5 wave times plus
+/// their reduction instead of 4. Estimate, in wr_plan's units: whole
+/// waves times the shape's cost, plus the cost divided by sp, plus the
+/// reduction as wr_plan counts it for the tail's output tiles; the tail's
+/// sp x tiles must fit one wave. `QUIRE_WR_TAIL=0` turns it off;
+/// `QUIRE_WR_TAIL_SMS=N` plans for N SMs and takes any possible tail (the
+/// parity runs, whose shapes fill no wave of a real GPU).
+pub(super) fn wr_tail(
+    ctas_y: usize,
+    tiles_x: usize,
+    k: usize,
+    v: usize,
+    sms: usize,
+) -> Option<(usize, usize)> {
+    let kn = knobs();
+    if !kn.tail {
+        return None;
+    }
+    let sms = kn.tail_sms.unwrap_or(sms).max(1);
+    let tiles = ctas_y * tiles_x;
+    let full = tiles / sms;
+    if full == 0 || tiles.is_multiple_of(sms) || tiles_x == 0 {
+        return None;
+    }
+    let from = full * sms / tiles_x;
+    let tail_tiles = (ctas_y - from) * tiles_x;
+    let (mt, bn) = WR_SHAPES[v];
+    let cost = [10, 15, kn.n256_cost][v];
+    let out_tiles = tail_tiles * mt * bn.div_ceil(128);
+    let whole = tiles.div_ceil(sms) * cost * 1000;
+    let mut best: Option<(usize, usize)> = None;
+    for sp in [2usize, 4] {
+        if !(k / 256).is_multiple_of(sp) || k < 256 * sp || tail_tiles * sp > sms {
+            continue;
+        }
+        let reduce = kn.split_pen * 50 * sp * out_tiles * 4096 / (sms * k.max(1));
+        let t = full * cost * 1000 + cost * 1000 / sp + reduce;
+        if (kn.tail_sms.is_some() || t < whole) && best.is_none_or(|(_, bt)| t < bt) {
+            best = Some((sp, t));
+        }
+    }
+    best.map(|(sp, _)| (from, sp))
 }
 
 /// Whether the wgmma GEMM takes an op by default (without QUIRE_WGMMA=1):
@@ -288,7 +348,20 @@ impl CudaBackend {
         // the arena, under their own cache key: the next MatMuls op of the
         // same input converts nothing.
         let padded = n.div_ceil(bn) * bn;
-        let part_len = if splits > 1 { splits * n * m_all } else { 0 };
+        let (table, ctas) = job_table(jobs, 128 * mt, s)?;
+        let tiles_x = n.div_ceil(bn);
+        let tail = if splits == 1 {
+            wr_tail(ctas as usize, tiles_x, k, v, self.sm_count())
+        } else {
+            None
+        };
+        // The tail's partial tiles: sp k ranges x its tiles x bn x 128 mt.
+        let tail_len = tail.map_or(0, |(from, _)| (ctas as usize - from) * tiles_x * bn * 128 * mt);
+        let part_len = match tail {
+            Some((_, sp)) => sp * tail_len,
+            None if splits > 1 => splits * n * m_all,
+            None => 0,
+        };
         let mut guard = self.arena(&[padded * k * 2, part_len * 4, 0])?;
         let key = ActKey::new(x, k, ACT_F16_WR, s);
         let cached = self.act_cached(key);
@@ -296,7 +369,6 @@ impl CudaBackend {
             .iter()
             .map(|j| (super::dev_ptr_mut(&j.out, s), j.out.len()))
             .collect();
-        let (table, ctas) = job_table(jobs, 128 * mt, s)?;
         let (ni, ki) = (i32_of(n, "n")?, i32_of(k, "k")?);
         arena3::<u16, f32, u8, ()>(&mut guard, (padded * k, part_len, 0), |x16, part, _| {
             if super::dev_ptr_mut(x16, s) % 16 != 0 {
@@ -317,8 +389,22 @@ impl CudaBackend {
                     "mat_mul: to_f16_wr",
                 )?;
             }
+            // With a tail, grid rows from.. hold the tail's CTA rows once
+            // per k range (wr_body).
+            let (tail_from, tail_sp) = tail.unwrap_or((ctas as usize, 1));
+            let grid_y = tail_from + tail_sp * (ctas as usize - tail_from);
+            let tail_part = if tail.is_some() {
+                super::dev_ptr_mut(part, s)
+            } else {
+                0u64
+            };
+            let (tf, tsp) = (i32_of(tail_from, "tail rows")?, i32_of(tail_sp, "tail ranges")?);
             let cfg = LaunchConfig {
-                grid_dim: (u32::try_from(n.div_ceil(bn))?, ctas, u32::try_from(splits)?),
+                grid_dim: (
+                    u32::try_from(tiles_x)?,
+                    u32::try_from(grid_y)?,
+                    u32::try_from(splits)?,
+                ),
                 block_dim: (wr_threads(mt), 1, 1),
                 shared_mem_bytes: u32::try_from(wr_smem_of(ty.type_size(), v))?,
             };
@@ -338,14 +424,40 @@ impl CudaBackend {
             }
             let mut b = s.launch_builder(self.func(name)?);
             b.arg(&kt).arg(&mut *x16).arg(&ni).arg(&ki).arg(&stride);
-            // SAFETY: matches mm_wr_* (MmJobs by value, x16, n, k): the
-            // table's weights hold m_j rows of k / 32 blocks (validated),
-            // 16-byte aligned (wg_takes), its outputs n * m_j floats, x16
-            // `padded` / 128 (whole CTAs of `bn`) tiles of 128 tokens x k
-            // halves in to_f16_wr's layout, 16-byte aligned (checked); the
-            // kernel's dynamic
-            // shared memory limit was raised to wg_smem at load.
+            b.arg(&tf).arg(&tsp).arg(&tail_part);
+            // SAFETY: matches mm_wr_* (MmJobs by value, x16, n, k, pstride,
+            // tail_from, tail_sp, tail_part): the table's weights hold m_j
+            // rows of k / 32 blocks (validated), 16-byte aligned
+            // (wg_takes), its outputs n * m_j floats, x16 `padded` / 128
+            // (whole CTAs of `bn`) tiles of 128 tokens x k halves in
+            // to_f16_wr's layout, 16-byte aligned (checked); with a tail,
+            // part holds tail_sp * tail_len floats (the tail's tiles of bn
+            // x 128 mt, once per k range) and tail_sp divides k / 256
+            // (wr_tail); without, no CTA row reaches tail_from = ctas. The
+            // kernel's dynamic shared memory limit was raised to wg_smem
+            // at load.
             drv(unsafe { b.launch(cfg) }, &format!("mat_mul: {name}"))?;
+            if let Some((from, sp)) = tail {
+                let len = i64::try_from(tail_len)?;
+                let (spi, fi) = (i32_of(sp, "tail ranges")?, i32_of(from, "tail rows")?);
+                let (txi, bni, rpc) = (
+                    i32_of(tiles_x, "token tiles")?,
+                    i32_of(bn, "bn")?,
+                    i32_of(128 * mt, "rows per CTA")?,
+                );
+                let mut b = s.launch_builder(self.func("wr_tail_sum")?);
+                let pv = part.slice(0..);
+                b.arg(&pv).arg(&len).arg(&spi).arg(&fi).arg(&txi).arg(&bni);
+                b.arg(&rpc).arg(&ni).arg(&table);
+                // SAFETY: matches wr_tail_sum (part, len, sp, tail_from,
+                // tiles_x, bn, rpc, n, MmJobs): part holds sp * len floats
+                // as the GEMM above wrote them, the table's outputs n * m_j
+                // floats (its CTA rows of rpc rows, as the GEMM's).
+                drv(
+                    unsafe { b.launch(grid_1d(tail_len, 256)?) },
+                    "mat_mul: wr_tail_sum",
+                )?;
+            }
             if splits > 1 {
                 let sp = i32_of(splits, "splits")?;
                 let len = n * m_all;
@@ -372,8 +484,8 @@ impl CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::{
-        wg_default_takes, wg_smem, wg_type_index, wr_plan, wr_smem_of, wr_stages, WG_SMEM_MAX,
-        WG_TYPES,
+        wg_default_takes, wg_smem, wg_type_index, wr_plan, wr_smem_of, wr_stages, wr_tail,
+        WG_SMEM_MAX, WG_TYPES,
     };
     use crate::quant::GgmlType;
 
@@ -454,9 +566,40 @@ mod tests {
     }
 
     #[test]
+    fn wave_tail_split_where_the_last_wave_is_thin() {
+        if ["QUIRE_WR_TAIL", "QUIRE_WR_TAIL_SMS", "QUIRE_WR_N256_COST", "QUIRE_WR_SPLIT_PEN"]
+            .iter()
+            .any(|v| std::env::var(v).is_ok())
+        {
+            eprintln!("SKIPPED: a QUIRE_WR_* knob is set");
+            return;
+        }
+        // 8B gate/up at 512 tokens, 128 x 256 CTAs (shape 2): 224 CTA rows x
+        // 2 token tiles = 448 on 132 SMs: 3 waves (198 rows), the last 26
+        // rows (52 tiles) in two k halves: 104 CTAs. 3 x 14 + 7 + 2.0
+        // against 4 x 14.
+        assert_eq!(wr_tail(224, 2, 4096, 2, 132), Some((198, 2)));
+        // Four ranges would be 208 CTAs: past one wave.
+        // Less than a wave, or whole waves: no tail.
+        assert_eq!(wr_tail(48, 2, 4096, 2, 132), None);
+        assert_eq!(wr_tail(66, 2, 4096, 2, 132), None);
+        // 1B gate/up at 512 tokens: 128 rows x 2 = 256 CTAs, a tail of 124
+        // tiles: two ranges would be 248 CTAs.
+        assert_eq!(wr_tail(128, 2, 2048, 2, 132), None);
+        // A thin tail at k = 4,096 in four ranges: 140 tiles of 128 x 128
+        // on 132 SMs leave 8 (rows 132..), 32 CTAs of a quarter's time.
+        assert_eq!(wr_tail(140, 1, 4096, 0, 132), Some((132, 4)));
+        // k / 256 must divide: k = 768 (three superchunks) takes none.
+        assert_eq!(wr_tail(140, 1, 768, 0, 132), None);
+    }
+
+    #[test]
     fn parity_shapes_plan_their_jobs_alike_together_and_alone() {
-        if std::env::var("QUIRE_WR_SPLIT").is_ok() || std::env::var("QUIRE_WR_SPLIT_PEN").is_ok() {
-            eprintln!("SKIPPED: QUIRE_WR_SPLIT or QUIRE_WR_SPLIT_PEN set");
+        if ["QUIRE_WR_SPLIT", "QUIRE_WR_SPLIT_PEN", "QUIRE_WR_TAIL_SMS"]
+            .iter()
+            .any(|v| std::env::var(v).is_ok())
+        {
+            eprintln!("SKIPPED: QUIRE_WR_SPLIT, _SPLIT_PEN or _TAIL_SMS set");
             return;
         }
         // The opcheck's fused-vs-unfused bit check of MatMuls relies on it
@@ -474,6 +617,15 @@ mod tests {
                         joint,
                         "rows {ms:?} k {k} n {n} on {sms} SMs: job {m} alone"
                     );
+                }
+                // No wave tail either (it depends on the launch's CTAs).
+                for v in 0..3 {
+                    let (mt, bn) = super::WR_SHAPES[v];
+                    let rows = |ms: &[usize]| ms.iter().map(|m| m.div_ceil(128 * mt)).sum();
+                    assert_eq!(wr_tail(rows(ms), n.div_ceil(bn), k, v, sms), None);
+                    for &m in ms {
+                        assert_eq!(wr_tail(rows(&[m]), n.div_ceil(bn), k, v, sms), None);
+                    }
                 }
             }
         }
