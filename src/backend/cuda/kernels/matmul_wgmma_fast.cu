@@ -462,25 +462,45 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
 }
 
 // The wave tail's partial tiles added in k-range order and stored (=, or
-// += for an adding job): element i of the tail's tiles x bn tokens x rpc
-// rows (rpc = 128 MT) is token tk, row rl of tail tile tt (i = (tt x bn +
-// tk) x rpc + rl; tile tt = CTA row tail_from + tt / tiles_x, token tile
-// tt % tiles_x), range z's copy at z x len. Rows and tokens past the
-// job's are skipped.
-extern "C" __global__ void wr_tail_sum(const float* __restrict__ part, long long len, int sp,
+// += for an adding job). Tail tile tt = blockIdx.y (CTA row tail_from +
+// tt / tiles_x, token tile tt % tiles_x) holds bn tokens x rpc rows (rpc
+// = 128 MT), token tk, row rl at tk x rpc + rl; range z's copy of the
+// tail at z x len (len = the tail's tiles x bn x rpc). Each thread adds
+// four consecutive rows of one token (rpc is a multiple of 4); rows and
+// tokens past the job's are skipped. 32-bit index math: the host checks
+// that sp x len fits an int.
+extern "C" __global__ void wr_tail_sum(const float* __restrict__ part, int len, int sp,
                                        int tail_from, int tiles_x, int bn, int rpc, int n,
                                        MmJobs J) {
     GRID_DEP();
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= len) return;
-    const long long tile = i / ((long long)bn * rpc);
-    const int e = (int)(i - tile * bn * rpc), tk = e / rpc, rl = e - tk * rpc;
-    const MmJob jb = mm_job(J, tail_from + (int)(tile / tiles_x));
-    const int row = jb.by * rpc + rl, tok = (int)(tile % tiles_x) * bn + tk;
+    const int tt = blockIdx.y, e = 4 * (blockIdx.x * blockDim.x + threadIdx.x);
+    if (e >= bn * rpc) return;
+    const int tk = e / rpc, rl = e - tk * rpc;
+    const MmJob jb = mm_job(J, tail_from + tt / tiles_x);
+    const int row = jb.by * rpc + rl, tok = (tt % tiles_x) * bn + tk;
     if (row >= jb.m || tok >= n) return;
-    float v = part[i];
-    for (int s = 1; s < sp; s++) v += part[s * len + i];
-    mm_store(jb.out + (long long)tok * jb.m + row, v, jb.add);
+    const int i = tt * bn * rpc + e;
+    float4 v = *(const float4*)(part + i);
+    for (int s = 1; s < sp; s++) {
+        const float4 p = *(const float4*)(part + s * len + i);
+        v.x += p.x;
+        v.y += p.y;
+        v.z += p.z;
+        v.w += p.w;
+    }
+    float* o = jb.out + (long long)tok * jb.m + row;
+    if (row + 4 <= jb.m && (jb.m & 3) == 0 && ((unsigned long long)o & 15) == 0) {
+        if (jb.add) {
+            const float4 p = *(const float4*)o;
+            v = make_float4(q_add(p.x, v.x), q_add(p.y, v.y), q_add(p.z, v.z), q_add(p.w, v.w));
+        }
+        *(float4*)o = v;
+    } else {
+        const float w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+            if (row + r < jb.m) mm_store(o + r, w[r], jb.add);
+    }
 }
 
 #define WR_ENTRY(NAME, TY, MT, BN)                                                           \

@@ -438,7 +438,9 @@ impl CudaBackend {
             // at load.
             drv(unsafe { b.launch(cfg) }, &format!("mat_mul: {name}"))?;
             if let Some((from, sp)) = tail {
-                let len = i64::try_from(tail_len)?;
+                // wr_tail_sum's 32-bit indices.
+                i32_of(sp * tail_len, "tail partials")?;
+                let len = i32_of(tail_len, "tail partials")?;
                 let (spi, fi) = (i32_of(sp, "tail ranges")?, i32_of(from, "tail rows")?);
                 let (txi, bni, rpc) = (
                     i32_of(tiles_x, "token tiles")?,
@@ -450,13 +452,20 @@ impl CudaBackend {
                 b.arg(&pv).arg(&len).arg(&spi).arg(&fi).arg(&txi).arg(&bni);
                 b.arg(&rpc).arg(&ni).arg(&table);
                 // SAFETY: matches wr_tail_sum (part, len, sp, tail_from,
-                // tiles_x, bn, rpc, n, MmJobs): part holds sp * len floats
-                // as the GEMM above wrote them, the table's outputs n * m_j
+                // tiles_x, bn, rpc, n, MmJobs), one CTA row per tail tile:
+                // part holds sp * len floats as the GEMM above wrote them
+                // (16-byte aligned: the arena), the table's outputs n * m_j
                 // floats (its CTA rows of rpc rows, as the GEMM's).
-                drv(
-                    unsafe { b.launch(grid_1d(tail_len, 256)?) },
-                    "mat_mul: wr_tail_sum",
-                )?;
+                let cfg = LaunchConfig {
+                    grid_dim: (
+                        u32::try_from((bn * 128 * mt / 4).div_ceil(256))?,
+                        u32::try_from(tail_len / (bn * 128 * mt))?,
+                        1,
+                    ),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                drv(unsafe { b.launch(cfg) }, "mat_mul: wr_tail_sum")?;
             }
             if splits > 1 {
                 let sp = i32_of(splits, "splits")?;
