@@ -103,6 +103,11 @@ for s in "${steps[@]}"; do
       for m in fast deterministic; do
         run_step "fuse-$m" "$QUIRE" check-exact --mode "$m" -m "$tmp/smollm2-q4_1.gguf" --tokens 64
       done
+      # Prefill: rms_norm and swiglu writing the wgmma GEMM's f16 tiles
+      # (k a multiple of 256: the 1B shape; a 700-token prompt in one step,
+      # a partial tile) against to_f16_wr, bitwise.
+      [ -f "$tmp/llama1b-q4_0.gguf" ] || "$QUIRE" synth --shape Llama-3.2-1B --type Q4_0 -o "$tmp/llama1b-q4_0.gguf" >"$OUT/synth-llama-q4_0.log" 2>&1
+      run_step fuse-prefill-fast "$QUIRE" check-exact --mode fast -m "$tmp/llama1b-q4_0.gguf" --prompt-tokens 700 --tokens 8
       ;;
     llama)
       "$QUIRE" synth --shape Llama-3.2-1B --type Q4_K -o "$tmp/llama1b-q4_k.gguf" >"$OUT/synth-llama.log" 2>&1

@@ -81,7 +81,7 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     (
         "swiglu",
         include_str!("kernels/swiglu.cu"),
-        &["swiglu", "swiglu_q8"],
+        &["swiglu", "swiglu_q8", "swiglu_f16wr"],
     ),
     (
         "get_rows",

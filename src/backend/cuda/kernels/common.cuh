@@ -181,6 +181,22 @@ __device__ __forceinline__ u16 q_to_f16(float x) {
     asm("{ .reg .b16 h; cvt.rn.f16.f32 h, %1; mov.b16 %0, h; }" : "=h"(r) : "f"(x));
     return r;
 }
+// The wgmma prefill GEMM's activation layout (to_f16_wr, matmul_wgmma_fast.cu;
+// also written by rms_norm_fast and swiglu_f16wr for the GEMM after them):
+// x (n, k) as f16 in tiles of 128 tokens, each tile k / 64 chunks of 16 KiB
+// (chunk c of tile T at (T k / 64 + c) x 16 KiB); token i's 16-byte piece p
+// (values 8 p .. 8 p + 7 of the chunk) at i x 128 + (p ^ (i % 8)) x 16 (the
+// 128-byte swizzle). Byte offset of piece pk (values 8 pk .. 8 pk + 7 of
+// the row) of token t; k a multiple of 64.
+__device__ __forceinline__ long long f16wr_off(int t, int k, int pk) {
+    const int c = pk >> 3, p = pk & 7, i = t & 127;
+    return ((long long)(t >> 7) * (k >> 6) + c) * (128 * 128) + i * 128 + ((p ^ (i & 7)) << 4);
+}
+// Four values as f16 (q_to_f16), packed low value first.
+__device__ __forceinline__ uint2 f16x4(float4 v) {
+    return make_uint2((u32)q_to_f16(v.x) | ((u32)q_to_f16(v.y) << 16),
+                      (u32)q_to_f16(v.z) | ((u32)q_to_f16(v.w) << 16));
+}
 __device__ __forceinline__ float q_bf16(u16 bits) { return __uint_as_float(((u32)bits) << 16); }
 __device__ __forceinline__ float q_f16_at(const u8* p) {
     return q_f16((u16)p[0] | ((u16)p[1] << 8));

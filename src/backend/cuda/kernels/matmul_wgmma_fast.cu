@@ -210,29 +210,23 @@ __device__ __forceinline__ void wr_frag(const u8* blk, int q, u32* h) {
 }
 
 // Activations for the kernel: x (n, k) f32 as f16 in the layout of its
-// shared chunks, so that one bulk copy moves a chunk. Token tile T (128
-// tokens, zeros past n) and chunk c (64 values) are 16 KiB at (T nk + c)
-// x 16 KiB; token i's 16-byte piece p of the chunk at i x 128 + (p ^ (i %
-// 8)) x 16 (the 128-byte swizzle). One thread per piece, `pieces` = tiles
-// x 128 x k / 8 (k a multiple of 256, x 16-byte aligned).
+// shared chunks (f16wr_off, common.cuh), so that one bulk copy moves a
+// chunk; zeros past n. One thread per 16-byte piece, `pieces` = tiles x
+// 128 x k / 8 (k a multiple of 256, x 16-byte aligned). rms_norm_fast
+// and swiglu_f16wr write the same bits for the matmul after them.
 extern "C" __global__ void to_f16_wr(const float* __restrict__ x, int n, int k, long long pieces,
                                      u16* __restrict__ out) {
     GRID_DEP();
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= pieces) return;
     const int t = (int)(idx / (k / 8)), pk = (int)(idx % (k / 8));
-    const int c = pk >> 3, p = pk & 7, tile = t >> 7, i = t & 127;
     uint4 h = make_uint4(0, 0, 0, 0);
     if (t < n) {
         const float4* src = (const float4*)(x + (long long)t * k + 8 * pk);
-        const float4 a = src[0], b = src[1];
-        h.x = (u32)q_to_f16(a.x) | ((u32)q_to_f16(a.y) << 16);
-        h.y = (u32)q_to_f16(a.z) | ((u32)q_to_f16(a.w) << 16);
-        h.z = (u32)q_to_f16(b.x) | ((u32)q_to_f16(b.y) << 16);
-        h.w = (u32)q_to_f16(b.z) | ((u32)q_to_f16(b.w) << 16);
+        const uint2 a = f16x4(src[0]), b = f16x4(src[1]);
+        h = make_uint4(a.x, a.y, b.x, b.y);
     }
-    const long long chunk = (long long)tile * (k / WG_BK) + c;
-    *(uint4*)((u8*)out + chunk * (WR_BN * 128) + i * 128 + ((p ^ (i & 7)) << 4)) = h;
+    *(uint4*)((u8*)out + f16wr_off(t, k, pk)) = h;
 }
 
 template <int TY, int MT, int BN>

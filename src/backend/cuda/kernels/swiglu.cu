@@ -20,3 +20,33 @@ extern "C" __global__ void swiglu_q8(const float* __restrict__ gate, const float
     out[t] = v;
     q8_block<1>(&v, (int)(t & 31), xq + (t & ~31LL), xds + (t >> 5));
 }
+
+// swiglu, and the output also as f16 in the wgmma GEMM's layout (f16wr_off;
+// to_f16_wr's bits) for the prefill GEMM that reads it next: one thread
+// per 16-byte piece of 8 values, `pieces` = whole tiles of 128 rows x k /
+// 8, zeros for rows n... k a multiple of 256; gate, up, out 16-byte
+// aligned.
+extern "C" __global__ void swiglu_f16wr(const float* __restrict__ gate,
+                                        const float* __restrict__ up, int n, int k,
+                                        long long pieces, float* __restrict__ out,
+                                        u16* __restrict__ x16) {
+    GRID_DEP();
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= pieces) return;
+    const int t = (int)(idx / (k / 8)), pk = (int)(idx % (k / 8));
+    uint4 h = make_uint4(0, 0, 0, 0);
+    if (t < n) {
+        const long long o = (long long)t * k + 8 * pk;
+        float4 r[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const float4 g = *(const float4*)(gate + o + 4 * i), u = *(const float4*)(up + o + 4 * i);
+            r[i] = make_float4(q_mul(q_silu(g.x), u.x), q_mul(q_silu(g.y), u.y),
+                               q_mul(q_silu(g.z), u.z), q_mul(q_silu(g.w), u.w));
+            *(float4*)(out + o + 4 * i) = r[i];
+        }
+        const uint2 a = f16x4(r[0]), b = f16x4(r[1]);
+        h = make_uint4(a.x, a.y, b.x, b.y);
+    }
+    *(uint4*)((u8*)x16 + f16wr_off(t, k, pk)) = h;
+}

@@ -133,6 +133,48 @@ impl CudaBackend {
         Ok(Some((key, xq, xds)))
     }
 
+    /// For rms_norm or swiglu about to write activations `out` (n rows of
+    /// k) in `fast` mode: where the next matmul of `out` would convert it
+    /// with to_f16_wr for the wgmma prefill GEMM (prefill rows, the last
+    /// matmul took that GEMM, k a multiple of 256, `out` 16-byte
+    /// aligned), the cache key to record once the producer is queued and
+    /// the arena address of the f16 tiles it writes instead (whole tiles
+    /// of 128 rows, up to a multiple of 256 rows: every CTA shape's
+    /// padding; the same bits). QUIRE_PREQUANT=0 turns this off.
+    pub(crate) fn f16wr_out(
+        &self,
+        out: &CudaViewMut<'_, f32>,
+        n: usize,
+        k: usize,
+        mode: Mode,
+    ) -> Result<Option<(ActKey, u64)>> {
+        let s = self.stream();
+        let (_, hi) = mma_rows();
+        if !self.prequant
+            || mode != Mode::Fast
+            || n <= hi
+            || n <= MV_BATCH
+            || !self.last_wgmma.load(std::sync::atomic::Ordering::Relaxed)
+            || !k.is_multiple_of(256)
+            || out.len() != n * k
+            || !dev_ptr_mut(out, s).is_multiple_of(16)
+        {
+            return Ok(None);
+        }
+        let padded = n.div_ceil(256) * 256;
+        let mut guard = self.arena(&[padded * k * 2, 0, 0])?;
+        let x16 = arena3::<u16, u8, u8, _>(&mut guard, (padded * k, 0, 0), |x16, _, _| {
+            Ok(dev_ptr_mut(x16, s))
+        })?;
+        let key = ActKey {
+            ptr: dev_ptr_mut(out, s),
+            len: out.len(),
+            k,
+            layout: ACT_F16_WR,
+        };
+        Ok(Some((key, x16)))
+    }
+
     /// quant_q8: `nblk` blocks of 32 activations of x to int8 rows xq and
     /// their float2 (scale, scaled sum) xds, as f32 pairs.
     pub(super) fn quant_q8(

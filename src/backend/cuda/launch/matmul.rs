@@ -384,6 +384,8 @@ impl CudaBackend {
             }
             return Ok(());
         }
+        self.last_wgmma
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         if mode == Mode::Exact || !k.is_multiple_of(32) {
             self.last_mv_q8
                 .store(false, std::sync::atomic::Ordering::Relaxed);
@@ -410,6 +412,8 @@ impl CudaBackend {
             return Ok(());
         }
         if wgmma {
+            self.last_wgmma
+                .store(true, std::sync::atomic::Ordering::Relaxed);
             return self.mm_wgmma(x, n, jobs);
         }
         if blas {

@@ -311,32 +311,47 @@ impl CudaBackend {
                 && dev_ptr_mut(out, st).is_multiple_of(16),
         );
         if mode != Mode::Exact {
-            let cfg = LaunchConfig {
-                grid_dim: (u32::try_from(n)?, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
             let pre = if vec4 == 1 {
                 self.q8_out(out, Some(n), dim, mode)?
             } else {
                 None
             };
             let (xq, xds) = pre.map_or((0u64, 0u64), |(_, q, d)| (q, d));
+            // The wgmma GEMM's f16 tiles (prefill rows, mutually exclusive
+            // with q8_out's decode rows); the grid then covers whole tiles.
+            let f16 = if vec4 == 1 && pre.is_none() {
+                self.f16wr_out(out, n, dim, mode)?
+            } else {
+                None
+            };
+            let (x16, rows) = f16.map_or((0u64, n), |(_, p)| (p, n.div_ceil(256) * 256));
+            let cfg = LaunchConfig {
+                grid_dim: (u32::try_from(rows)?, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
             let mut b = self.stream().launch_builder(self.func("rms_norm_fast")?);
             b.arg(x)
                 .arg(w)
+                .arg(&ni)
                 .arg(&di)
                 .arg(&eps)
                 .arg(&vec4)
                 .arg(&mut *out)
                 .arg(&xq)
-                .arg(&xds);
+                .arg(&xds)
+                .arg(&x16);
             // SAFETY: matches rms_norm_fast; n*dim inputs/outputs, dim
             // weights; vec4 only with 16-byte aligned rows; xq / xds null,
             // or (vec4, dim a multiple of 32) arena regions of n*dim bytes
-            // and n*dim/32 float2 (q8_out).
+            // and n*dim/32 float2 (q8_out); x16 null with a grid of n rows,
+            // or (vec4, dim a multiple of 256) an arena region of `rows` x
+            // dim halves with a grid of `rows` (f16wr_out).
             drv(unsafe { b.launch(cfg) }, "rms_norm: launch")?;
             if let Some((key, _, _)) = pre {
+                self.q8_done(key);
+            }
+            if let Some((key, _)) = f16 {
                 self.q8_done(key);
             }
             return Ok(());
@@ -428,6 +443,42 @@ impl CudaBackend {
             Some(_) => None,
             None => self.q8_out(out, None, 32, mode)?,
         };
+        let f16 = match rows {
+            Some(r)
+                if pre.is_none()
+                    && r > 0
+                    && out.len().is_multiple_of(r)
+                    && dev_ptr(gate, self.stream()).is_multiple_of(16)
+                    && dev_ptr(up, self.stream()).is_multiple_of(16) =>
+            {
+                self.f16wr_out(out, r, out.len() / r, mode)?
+                    .map(|(key, p)| (key, p, r))
+            }
+            _ => None,
+        };
+        if let Some((key, x16, n)) = f16 {
+            let k = out.len() / n;
+            let pieces = n.div_ceil(256) * 256 * k / 8;
+            let (ni, ki, p64) = (i32_of(n, "rows")?, i32_of(k, "k")?, i64::try_from(pieces)?);
+            let mut b = self.stream().launch_builder(self.func("swiglu_f16wr")?);
+            b.arg(gate)
+                .arg(up)
+                .arg(&ni)
+                .arg(&ki)
+                .arg(&p64)
+                .arg(&mut *out)
+                .arg(&x16);
+            // SAFETY: matches swiglu_f16wr; the three buffers hold n * k
+            // elements, 16-byte aligned (checked here and by f16wr_out), k
+            // a multiple of 256; x16 an arena region of `pieces` 16-byte
+            // pieces (whole tiles up to 256-row multiples: f16wr_out).
+            drv(
+                unsafe { b.launch(grid_1d(pieces, 256)?) },
+                "swiglu: launch",
+            )?;
+            self.q8_done(key);
+            return Ok(());
+        }
         if let Some((key, xq, xds)) = pre {
             let len = out.len() as i64;
             let cfg = grid_1d(out.len(), 256)?;
