@@ -142,9 +142,12 @@ __device__ __forceinline__ void fa_step(FaWarp& st, const u16 (*ks)[FA_MAXD + FA
     }
 }
 
-// The tile's rows of head h: O / l.
+// The tile's rows of head h: O / l; with x16 non-null also as f16 in the
+// wgmma prefill GEMM's layout (f16wr_off; to_f16_wr's bits) for the o
+// projection after it (the host zeroes the padding rows; head_dim a
+// multiple of 16, n_heads x head_dim of 256).
 __device__ __forceinline__ void fa_end(FaWarp& st, float* __restrict__ out, int n_heads, int hd,
-                                       int h, int r0, int nr) {
+                                       int h, int r0, int nr, u16* __restrict__ x16) {
     int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     float la = st.la, lb = st.lb;
 #pragma unroll
@@ -156,15 +159,24 @@ __device__ __forceinline__ void fa_end(FaWarp& st, float* __restrict__ out, int 
     for (int dn = 0; dn < FA_MAXD / 8; dn++) {
         if (dn >= hd / 8) break;
         int d = 8 * dn + 2 * t;
+        const int v = h * hd + d, k = n_heads * hd;
         if (g < nr) {
             float* op = out + ((long long)(r0 + g) * n_heads + h) * hd + d;
-            op[0] = st.o[dn][0] / la;
-            op[1] = st.o[dn][1] / la;
+            const float a = st.o[dn][0] / la, b = st.o[dn][1] / la;
+            op[0] = a;
+            op[1] = b;
+            if (x16)
+                *(u32*)((u8*)x16 + f16wr_off(r0 + g, k, v >> 3) + 2 * (v & 7)) =
+                    (u32)q_to_f16(a) | ((u32)q_to_f16(b) << 16);
         }
         if (g + 8 < nr) {
             float* op = out + ((long long)(r0 + g + 8) * n_heads + h) * hd + d;
-            op[0] = st.o[dn][2] / lb;
-            op[1] = st.o[dn][3] / lb;
+            const float a = st.o[dn][2] / lb, b = st.o[dn][3] / lb;
+            op[0] = a;
+            op[1] = b;
+            if (x16)
+                *(u32*)((u8*)x16 + f16wr_off(r0 + g + 8, k, v >> 3) + 2 * (v & 7)) =
+                    (u32)q_to_f16(a) | ((u32)q_to_f16(b) << 16);
         }
     }
 }
@@ -176,7 +188,7 @@ __device__ __forceinline__ void fa_end(FaWarp& st, float* __restrict__ out, int 
         float scale, const u16 *__restrict__ kc, const u16 *__restrict__ vc,                 \
         const u32 *__restrict__ tables, const u32 *__restrict__ table_off,                   \
         const u32 *__restrict__ row_seq, const u32 *__restrict__ positions,                  \
-        const u32 *__restrict__ tiles, float *__restrict__ out
+        const u32 *__restrict__ tiles, float *__restrict__ out, u16 *__restrict__ x16
 
 // One warp per (tile, head), loading its own K/V rows (any head grouping).
 extern "C" __global__ void flash_attention_prefill(FA_ARGS) {
@@ -209,7 +221,7 @@ extern "C" __global__ void flash_attention_prefill(FA_ARGS) {
         __syncwarp();
         fa_step(st, ks, vs, j0, hd);
     }
-    fa_end(st, out, n_heads, hd, h, r0, nr);
+    fa_end(st, out, n_heads, hd, h, r0, nr, x16);
 }
 
 // The same per-warp arithmetic (fa_begin / fa_step / fa_end: the same bits
@@ -266,5 +278,5 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention_prefill_g(FA_A
         }
         __syncthreads();  // before the next load overwrites this buffer
     }
-    fa_end(st, out, n_heads, hd, h, r0, nr);
+    fa_end(st, out, n_heads, hd, h, r0, nr, x16);
 }

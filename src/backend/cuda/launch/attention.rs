@@ -56,6 +56,31 @@ impl CudaBackend {
                 // The heads of a KV head in one CTA (K/V copied once for
                 // them, pipelined) up to 8 of them; the same bits either way.
                 let (name, grid_y, threads) = fa_kernel(n_heads, nkv, fa_grouped());
+                // The o projection's f16 tiles (f16wr_out): rows past
+                // n_rows of the last whole tiles zeroed first, the kernel
+                // writes the rest.
+                let f16 = self.f16wr_out(out, batch.n_rows, n_heads * hd, mode)?;
+                let x16 = f16.map_or(0u64, |(_, p)| p);
+                if f16.is_some() && !batch.n_rows.is_multiple_of(256) {
+                    let tile = 128 * n_heads * hd * 2;
+                    let (from, to) = (batch.n_rows / 128, batch.n_rows.div_ceil(256) * 2);
+                    // SAFETY: x16 is an arena region of n_rows.div_ceil(256)
+                    // * 256 rows of n_heads * hd halves (f16wr_out): tiles
+                    // `from..to` of 128 rows lie inside it; the memset is
+                    // queued on the backend's stream before the kernel.
+                    drv(
+                        unsafe {
+                            cudarc::driver::sys::cuMemsetD32Async(
+                                x16 + (from * tile) as u64,
+                                0,
+                                (to - from) * tile / 4,
+                                self.stream().cu_stream(),
+                            )
+                        }
+                        .result(),
+                        "paged_attention: zeroing the f16 tiles' padding",
+                    )?;
+                }
                 let cfg = LaunchConfig {
                     grid_dim: (u32::try_from(*n_tiles)?, u32::try_from(grid_y)?, 1),
                     block_dim: (u32::try_from(threads)?, 1, 1),
@@ -75,8 +100,11 @@ impl CudaBackend {
                     .arg(&batch.row_seq)
                     .arg(&batch.positions)
                     .arg(tiles)
-                    .arg(out);
-                // SAFETY: matches flash_attention_prefill{,_g}; tables
+                    .arg(&mut *out)
+                    .arg(&x16);
+                // SAFETY: matches flash_attention_prefill{,_g}; x16 null or
+                // the o projection's f16 tiles of n_rows rows of n_heads *
+                // head_dim (a multiple of 256: f16wr_out); tables
                 // validated at upload for this cache; tiles cover rows <
                 // n_rows, each of one sequence; q/out hold
                 // n_rows*n_heads*head_dim floats; head_dim a multiple of 16,
@@ -86,6 +114,9 @@ impl CudaBackend {
                     unsafe { b.launch(cfg) },
                     "paged_attention: launching the tensor-core prefill kernel",
                 )?;
+                if let Some((key, _)) = f16 {
+                    self.q8_done(key);
+                }
                 return Ok(());
             }
         }
