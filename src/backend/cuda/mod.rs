@@ -106,6 +106,9 @@ pub struct CudaBackend {
     /// of prefill rows likely will): rms_norm and swiglu then write its f16
     /// activations themselves (launch::f16wr_out).
     pub(crate) last_wgmma: std::sync::atomic::AtomicBool,
+    /// The row count of the last wgmma prefill GEMM (swiglu's row count
+    /// is not part of its op).
+    pub(crate) last_wgmma_rows: std::sync::atomic::AtomicUsize,
     /// Page-locked buffers the logits downloads land in (a copy into
     /// pageable memory pays a page fault per 4 KiB, and a second host copy
     /// costs as much as the transfer).
@@ -406,6 +409,7 @@ impl CudaBackend {
             prequant: std::env::var("QUIRE_PREQUANT").map_or(true, |v| v != "0"),
             last_mv_q8: std::sync::atomic::AtomicBool::new(false),
             last_wgmma: std::sync::atomic::AtomicBool::new(false),
+            last_wgmma_rows: std::sync::atomic::AtomicUsize::new(0),
             pinned: logits::PinnedPool::default(),
             dev: Device {
                 ctx,

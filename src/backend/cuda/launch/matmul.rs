@@ -414,6 +414,8 @@ impl CudaBackend {
         if wgmma {
             self.last_wgmma
                 .store(true, std::sync::atomic::Ordering::Relaxed);
+            self.last_wgmma_rows
+                .store(n, std::sync::atomic::Ordering::Relaxed);
             return self.mm_wgmma(x, n, jobs);
         }
         if blas {

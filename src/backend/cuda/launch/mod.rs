@@ -443,7 +443,15 @@ impl CudaBackend {
             Some(_) => None,
             None => self.q8_out(out, None, 32, mode)?,
         };
-        let f16 = match rows {
+        // The device path's op has no row count: the last wgmma GEMM's
+        // (f16wr_out requires that the last matmul was one).
+        let rows16 = rows.or_else(|| {
+            Some(
+                self.last_wgmma_rows
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            )
+        });
+        let f16 = match rows16 {
             Some(r)
                 if pre.is_none()
                     && r > 0
