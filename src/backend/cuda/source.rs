@@ -70,7 +70,7 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     (
         "rms_norm_fast",
         include_str!("kernels/rms_norm_fast.cu"),
-        &["rms_norm_fast"],
+        &["rms_norm_fast", "rms_norm_fast_f16wr"],
     ),
     ("rope", include_str!("kernels/rope.cu"), &["rope"]),
     (

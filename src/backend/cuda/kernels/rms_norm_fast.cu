@@ -44,8 +44,10 @@ __device__ __forceinline__ float rms_fast_scale(const float* __restrict__ xr, in
 // multiple of 4): stored to o and, with xq non-null (dim a multiple of
 // 32), quantized as quant_q8 would into the row's xq (dim int8) and xds
 // (dim / 32 float2) by q8_block.
-// With x16 non-null (dim a multiple of 256): also as f16 in the wgmma
-// GEMM's layout (f16wr_off), row t; to_f16_wr's bits.
+// F16 (dim a multiple of 256): also as f16 in the wgmma GEMM's layout
+// (f16wr_off) into x16, row t; to_f16_wr's bits. A template parameter, so
+// that the decode entry's loop carries none of it.
+template <bool F16>
 __device__ __forceinline__ void rms_fast_out_v4(const float* __restrict__ xr,
                                                 const float* __restrict__ w, int dim, float scale,
                                                 float* o, signed char* xq, float2* xds,
@@ -56,7 +58,7 @@ __device__ __forceinline__ void rms_fast_out_v4(const float* __restrict__ xr,
         float4 r = make_float4(v.x * scale * g.x, v.y * scale * g.y, v.z * scale * g.z,
                                v.w * scale * g.w);
         ((float4*)o)[e] = r;
-        if (x16) *(uint2*)((u8*)x16 + f16wr_off(t, dim, e >> 1) + 8 * (e & 1)) = f16x4(r);
+        if (F16) *(uint2*)((u8*)x16 + f16wr_off(t, dim, e >> 1) + 8 * (e & 1)) = f16x4(r);
         if (xq) {
             // dim / 4 is a multiple of 8: a group of 8 lanes is all in
             // range or all out.
@@ -73,24 +75,13 @@ __device__ __forceinline__ void rms_fast_out_v4(const float* __restrict__ xr,
 // With xq non-null (vec4, dim a multiple of 32): the output is also
 // quantized as quant_q8 would (q8_block; a 32-block is 8 consecutive
 // float4s, so 8 consecutive lanes), for the matmul that reads it next.
-// With x16 non-null (vec4, dim a multiple of 256; the grid then covers
-// whole tiles of 128 rows): also as f16 in the wgmma GEMM's layout, rows
-// n.. of the last tile as zeros (to_f16_wr's bits, for the prefill GEMM
-// after it). Without, the grid is n rows.
 extern "C" __global__ void rms_norm_fast(const float* __restrict__ x,
-                                         const float* __restrict__ w, int n, int dim, float eps,
+                                         const float* __restrict__ w, int dim, float eps,
                                          int vec4, float* __restrict__ out,
                                          signed char* __restrict__ xq,
-                                         float2* __restrict__ xds, u16* __restrict__ x16) {
+                                         float2* __restrict__ xds) {
     if (RMS_PREFETCH) prefetch_line(w, 4LL * dim, threadIdx.x, false);  // see common.cuh
     GRID_DEP();
-    if ((int)blockIdx.x >= n) {
-        // A padding row of the f16 tiles (x16 non-null): the whole CTA
-        // returns, before any barrier.
-        for (int pk = threadIdx.x; pk < dim / 8; pk += blockDim.x)
-            *(uint4*)((u8*)x16 + f16wr_off(blockIdx.x, dim, pk)) = make_uint4(0, 0, 0, 0);
-        return;
-    }
     const float* xr = x + (long long)blockIdx.x * dim;
     float scale = rms_fast_scale(xr, dim, eps, vec4 != 0);
     float* o = out + (long long)blockIdx.x * dim;
@@ -98,10 +89,31 @@ extern "C" __global__ void rms_norm_fast(const float* __restrict__ x,
         // xq / xds non-null only with dim a multiple of 32: this row's
         // blocks start at block blockIdx.x * dim / 32.
         long long b0 = (long long)blockIdx.x * (dim / 32);
-        rms_fast_out_v4(xr, w, dim, scale, o, xq ? xq + 32 * b0 : nullptr, xds + b0, x16,
-                        blockIdx.x);
+        rms_fast_out_v4<false>(xr, w, dim, scale, o, xq ? xq + 32 * b0 : nullptr, xds + b0,
+                               nullptr, 0);
         return;
     }
 #pragma unroll 4
     for (int e = threadIdx.x; e < dim; e += blockDim.x) o[e] = xr[e] * scale * w[e];
+}
+
+// rms_norm_fast (vec4) for the prefill GEMM after it: the output also as
+// f16 in the wgmma GEMM's layout into x16 (to_f16_wr's bits; dim a
+// multiple of 256), the grid covering whole tiles of 128 rows: rows n..
+// of the last tiles are zeros.
+extern "C" __global__ void rms_norm_fast_f16wr(const float* __restrict__ x,
+                                               const float* __restrict__ w, int n, int dim,
+                                               float eps, float* __restrict__ out,
+                                               u16* __restrict__ x16) {
+    GRID_DEP();
+    if ((int)blockIdx.x >= n) {
+        // A padding row: the whole CTA returns, before any barrier.
+        for (int pk = threadIdx.x; pk < dim / 8; pk += blockDim.x)
+            *(uint4*)((u8*)x16 + f16wr_off(blockIdx.x, dim, pk)) = make_uint4(0, 0, 0, 0);
+        return;
+    }
+    const float* xr = x + (long long)blockIdx.x * dim;
+    float scale = rms_fast_scale(xr, dim, eps, true);
+    rms_fast_out_v4<true>(xr, w, dim, scale, out + (long long)blockIdx.x * dim, nullptr, nullptr,
+                          x16, blockIdx.x);
 }

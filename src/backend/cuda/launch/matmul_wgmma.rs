@@ -356,7 +356,9 @@ impl CudaBackend {
             None
         };
         // The tail's partial tiles: sp k ranges x its tiles x bn x 128 mt.
-        let tail_len = tail.map_or(0, |(from, _)| (ctas as usize - from) * tiles_x * bn * 128 * mt);
+        let tail_len = tail.map_or(0, |(from, _)| {
+            (ctas as usize - from) * tiles_x * bn * 128 * mt
+        });
         let part_len = match tail {
             Some((_, sp)) => sp * tail_len,
             None if splits > 1 => splits * n * m_all,
@@ -398,7 +400,10 @@ impl CudaBackend {
             } else {
                 0u64
             };
-            let (tf, tsp) = (i32_of(tail_from, "tail rows")?, i32_of(tail_sp, "tail ranges")?);
+            let (tf, tsp) = (
+                i32_of(tail_from, "tail rows")?,
+                i32_of(tail_sp, "tail ranges")?,
+            );
             let cfg = LaunchConfig {
                 grid_dim: (
                     u32::try_from(tiles_x)?,
@@ -576,9 +581,14 @@ mod tests {
 
     #[test]
     fn wave_tail_split_where_the_last_wave_is_thin() {
-        if ["QUIRE_WR_TAIL", "QUIRE_WR_TAIL_SMS", "QUIRE_WR_N256_COST", "QUIRE_WR_SPLIT_PEN"]
-            .iter()
-            .any(|v| std::env::var(v).is_ok())
+        if [
+            "QUIRE_WR_TAIL",
+            "QUIRE_WR_TAIL_SMS",
+            "QUIRE_WR_N256_COST",
+            "QUIRE_WR_SPLIT_PEN",
+        ]
+        .iter()
+        .any(|v| std::env::var(v).is_ok())
         {
             eprintln!("SKIPPED: a QUIRE_WR_* knob is set");
             return;

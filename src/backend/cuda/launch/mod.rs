@@ -324,34 +324,51 @@ impl CudaBackend {
             } else {
                 None
             };
-            let (x16, rows) = f16.map_or((0u64, n), |(_, p)| (p, n.div_ceil(256) * 256));
+            if let Some((key, x16)) = f16 {
+                let rows = n.div_ceil(256) * 256;
+                let cfg = LaunchConfig {
+                    grid_dim: (u32::try_from(rows)?, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let mut b = self
+                    .stream()
+                    .launch_builder(self.func("rms_norm_fast_f16wr")?);
+                b.arg(x)
+                    .arg(w)
+                    .arg(&ni)
+                    .arg(&di)
+                    .arg(&eps)
+                    .arg(&mut *out)
+                    .arg(&x16);
+                // SAFETY: matches rms_norm_fast_f16wr; n*dim inputs/outputs,
+                // 16-byte aligned (vec4), dim weights; x16 an arena region
+                // of `rows` x dim halves, dim a multiple of 256 (f16wr_out);
+                // a grid of `rows` CTAs.
+                drv(unsafe { b.launch(cfg) }, "rms_norm: launch")?;
+                self.q8_done(key);
+                return Ok(());
+            }
             let cfg = LaunchConfig {
-                grid_dim: (u32::try_from(rows)?, 1, 1),
+                grid_dim: (u32::try_from(n)?, 1, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
             let mut b = self.stream().launch_builder(self.func("rms_norm_fast")?);
             b.arg(x)
                 .arg(w)
-                .arg(&ni)
                 .arg(&di)
                 .arg(&eps)
                 .arg(&vec4)
                 .arg(&mut *out)
                 .arg(&xq)
-                .arg(&xds)
-                .arg(&x16);
+                .arg(&xds);
             // SAFETY: matches rms_norm_fast; n*dim inputs/outputs, dim
             // weights; vec4 only with 16-byte aligned rows; xq / xds null,
             // or (vec4, dim a multiple of 32) arena regions of n*dim bytes
-            // and n*dim/32 float2 (q8_out); x16 null with a grid of n rows,
-            // or (vec4, dim a multiple of 256) an arena region of `rows` x
-            // dim halves with a grid of `rows` (f16wr_out).
+            // and n*dim/32 float2 (q8_out).
             drv(unsafe { b.launch(cfg) }, "rms_norm: launch")?;
             if let Some((key, _, _)) = pre {
-                self.q8_done(key);
-            }
-            if let Some((key, _)) = f16 {
                 self.q8_done(key);
             }
             return Ok(());
@@ -480,10 +497,7 @@ impl CudaBackend {
             // elements, 16-byte aligned (checked here and by f16wr_out), k
             // a multiple of 256; x16 an arena region of `pieces` 16-byte
             // pieces (whole tiles up to 256-row multiples: f16wr_out).
-            drv(
-                unsafe { b.launch(grid_1d(pieces, 256)?) },
-                "swiglu: launch",
-            )?;
+            drv(unsafe { b.launch(grid_1d(pieces, 256)?) }, "swiglu: launch")?;
             self.q8_done(key);
             return Ok(());
         }
