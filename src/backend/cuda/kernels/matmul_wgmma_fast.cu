@@ -215,8 +215,9 @@ __device__ __forceinline__ void wr_frag(const u8* blk, int q, u32* h) {
 // Activations for the kernel: x (n, k) f32 as f16 in the layout of its
 // shared chunks (f16wr_off, common.cuh), so that one bulk copy moves a
 // chunk; zeros past n. One thread per 16-byte piece, `pieces` = tiles x
-// 128 x k / 8 (k a multiple of 256, x 16-byte aligned). rms_norm_fast
-// and swiglu_f16wr write the same bits for the matmul after them.
+// 128 x k / 8 (k a multiple of 256, x 16-byte aligned).
+// rms_norm_fast_f16wr, swiglu_f16wr and the prefill attention write the
+// same bits for the matmul after them.
 extern "C" __global__ void to_f16_wr(const float* __restrict__ x, int n, int k, long long pieces,
                                      u16* __restrict__ out) {
     GRID_DEP();

@@ -503,6 +503,18 @@ mod tests {
     };
     use crate::quant::GgmlType;
 
+    /// Whether one of these knobs is set (it changes the plans under
+    /// test): prints SKIPPED and which.
+    fn skipped_by(knobs: &[&str]) -> bool {
+        match knobs.iter().find(|v| std::env::var(v).is_ok()) {
+            Some(k) => {
+                eprintln!("SKIPPED: {k} is set");
+                true
+            }
+            None => false,
+        }
+    }
+
     #[test]
     fn kernel_rows_follow_the_type_codes() {
         assert_eq!(wg_type_index(GgmlType::Q4_0), Some(0));
@@ -542,17 +554,13 @@ mod tests {
 
     #[test]
     fn cta_shape_and_splits_by_waves() {
-        if [
+        if skipped_by(&[
             "QUIRE_WR_MT",
             "QUIRE_WR_BN",
             "QUIRE_WR_N256_COST",
             "QUIRE_WR_SPLIT",
             "QUIRE_WR_SPLIT_PEN",
-        ]
-        .iter()
-        .any(|v| std::env::var(v).is_ok())
-        {
-            eprintln!("SKIPPED: a QUIRE_WR_* knob is set");
+        ]) {
             return;
         }
         // 8B gate and up at 512 tokens: 224 x 4 = 896 CTAs of 128 x 128 (7
@@ -581,16 +589,12 @@ mod tests {
 
     #[test]
     fn wave_tail_split_where_the_last_wave_is_thin() {
-        if [
+        if skipped_by(&[
             "QUIRE_WR_TAIL",
             "QUIRE_WR_TAIL_SMS",
             "QUIRE_WR_N256_COST",
             "QUIRE_WR_SPLIT_PEN",
-        ]
-        .iter()
-        .any(|v| std::env::var(v).is_ok())
-        {
-            eprintln!("SKIPPED: a QUIRE_WR_* knob is set");
+        ]) {
             return;
         }
         // 8B gate/up at 512 tokens, 128 x 256 CTAs (shape 2): 224 CTA rows x
@@ -614,11 +618,7 @@ mod tests {
 
     #[test]
     fn parity_shapes_plan_their_jobs_alike_together_and_alone() {
-        if ["QUIRE_WR_SPLIT", "QUIRE_WR_SPLIT_PEN", "QUIRE_WR_TAIL_SMS"]
-            .iter()
-            .any(|v| std::env::var(v).is_ok())
-        {
-            eprintln!("SKIPPED: QUIRE_WR_SPLIT, _SPLIT_PEN or _TAIL_SMS set");
+        if skipped_by(&["QUIRE_WR_SPLIT", "QUIRE_WR_SPLIT_PEN", "QUIRE_WR_TAIL_SMS"]) {
             return;
         }
         // The opcheck's fused-vs-unfused bit check of MatMuls relies on it
@@ -656,8 +656,7 @@ mod tests {
 
     #[test]
     fn default_takes_the_measured_winners() {
-        if std::env::var("QUIRE_WG_MIN_K").is_ok() || std::env::var("QUIRE_WG_MIN_FILL").is_ok() {
-            eprintln!("SKIPPED: QUIRE_WG_MIN_K or QUIRE_WG_MIN_FILL set");
+        if skipped_by(&["QUIRE_WG_MIN_K", "QUIRE_WG_MIN_FILL"]) {
             return;
         }
         let q4 = GgmlType::Q4_0;
