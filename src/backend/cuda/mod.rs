@@ -102,12 +102,10 @@ pub struct CudaBackend {
     /// next one of the same row count will): swiglu's row count is not
     /// part of its op.
     pub(crate) last_mv_q8: std::sync::atomic::AtomicBool,
-    /// Whether the last matmul ran the wgmma prefill GEMM (so the next one
-    /// of prefill rows likely will): rms_norm and swiglu then write its f16
-    /// activations themselves (launch::f16wr_out).
-    pub(crate) last_wgmma: std::sync::atomic::AtomicBool,
-    /// The row count of the last wgmma prefill GEMM (swiglu's row count
-    /// is not part of its op).
+    /// The row count of the last matmul if it ran the wgmma prefill GEMM,
+    /// else 0 (the next one of those rows likely will): the norm, swiglu
+    /// and prefill attention then write its f16 activations themselves
+    /// (launch::f16wr_out); swiglu's row count is not part of its op.
     pub(crate) last_wgmma_rows: std::sync::atomic::AtomicUsize,
     /// Page-locked buffers the logits downloads land in (a copy into
     /// pageable memory pays a page fault per 4 KiB, and a second host copy
@@ -408,7 +406,6 @@ impl CudaBackend {
             act_cache: Mutex::new(None),
             prequant: std::env::var("QUIRE_PREQUANT").map_or(true, |v| v != "0"),
             last_mv_q8: std::sync::atomic::AtomicBool::new(false),
-            last_wgmma: std::sync::atomic::AtomicBool::new(false),
             last_wgmma_rows: std::sync::atomic::AtomicUsize::new(0),
             pinned: logits::PinnedPool::default(),
             dev: Device {

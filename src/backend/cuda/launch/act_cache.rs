@@ -133,11 +133,11 @@ impl CudaBackend {
         Ok(Some((key, xq, xds)))
     }
 
-    /// For rms_norm or swiglu about to write activations `out` (n rows of
-    /// k) in `fast` mode: where the next matmul of `out` would convert it
-    /// with to_f16_wr for the wgmma prefill GEMM (prefill rows, the last
-    /// matmul took that GEMM, k a multiple of 256, `out` 16-byte
-    /// aligned), the cache key to record once the producer is queued and
+    /// For rms_norm, swiglu or the prefill attention about to write
+    /// activations `out` (n rows of k) in `fast` mode: where the next
+    /// matmul of `out` would convert it with to_f16_wr for the wgmma
+    /// prefill GEMM (the last matmul took that GEMM on n rows, k a
+    /// multiple of 256, `out` 16-byte aligned), the cache key to record once the producer is queued and
     /// the arena address of the f16 tiles it writes instead (whole tiles
     /// of 128 rows, up to a multiple of 256 rows: every CTA shape's
     /// padding; the same bits). QUIRE_PREQUANT=0 turns this off.
@@ -149,12 +149,14 @@ impl CudaBackend {
         mode: Mode,
     ) -> Result<Option<(ActKey, u64)>> {
         let s = self.stream();
-        let (_, hi) = mma_rows();
+        // The GEMM took n rows only past the decode kernels' row counts.
         if !self.prequant
             || mode != Mode::Fast
-            || n <= hi
-            || n <= MV_BATCH
-            || !self.last_wgmma.load(std::sync::atomic::Ordering::Relaxed)
+            || n == 0
+            || self
+                .last_wgmma_rows
+                .load(std::sync::atomic::Ordering::Relaxed)
+                != n
             || !k.is_multiple_of(256)
             || out.len() != n * k
             || !dev_ptr_mut(out, s).is_multiple_of(16)

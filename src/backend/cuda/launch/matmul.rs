@@ -384,8 +384,8 @@ impl CudaBackend {
             }
             return Ok(());
         }
-        self.last_wgmma
-            .store(false, std::sync::atomic::Ordering::Relaxed);
+        self.last_wgmma_rows
+            .store(0, std::sync::atomic::Ordering::Relaxed);
         if mode == Mode::Exact || !k.is_multiple_of(32) {
             self.last_mv_q8
                 .store(false, std::sync::atomic::Ordering::Relaxed);
@@ -412,8 +412,6 @@ impl CudaBackend {
             return Ok(());
         }
         if wgmma {
-            self.last_wgmma
-                .store(true, std::sync::atomic::Ordering::Relaxed);
             self.last_wgmma_rows
                 .store(n, std::sync::atomic::Ordering::Relaxed);
             return self.mm_wgmma(x, n, jobs);

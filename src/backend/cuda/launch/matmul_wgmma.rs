@@ -600,9 +600,8 @@ mod tests {
         // 8B gate/up at 512 tokens, 128 x 256 CTAs (shape 2): 224 CTA rows x
         // 2 token tiles = 448 on 132 SMs: 3 waves (198 rows), the last 26
         // rows (52 tiles) in two k halves: 104 CTAs. 3 x 14 + 7 + 2.0
-        // against 4 x 14.
+        // against 4 x 14; four ranges would be 208 CTAs, past one wave.
         assert_eq!(wr_tail(224, 2, 4096, 2, 132), Some((198, 2)));
-        // Four ranges would be 208 CTAs: past one wave.
         // Less than a wave, or whole waves: no tail.
         assert_eq!(wr_tail(48, 2, 4096, 2, 132), None);
         assert_eq!(wr_tail(66, 2, 4096, 2, 132), None);

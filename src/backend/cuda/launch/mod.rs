@@ -461,25 +461,21 @@ impl CudaBackend {
             None => self.q8_out(out, None, 32, mode)?,
         };
         // The device path's op has no row count: the last wgmma GEMM's
-        // (f16wr_out requires that the last matmul was one).
-        let rows16 = rows.or_else(|| {
-            Some(
-                self.last_wgmma_rows
-                    .load(std::sync::atomic::Ordering::Relaxed),
-            )
+        // (f16wr_out takes none other).
+        let r = rows.unwrap_or_else(|| {
+            self.last_wgmma_rows
+                .load(std::sync::atomic::Ordering::Relaxed)
         });
-        let f16 = match rows16 {
-            Some(r)
-                if pre.is_none()
-                    && r > 0
-                    && out.len().is_multiple_of(r)
-                    && dev_ptr(gate, self.stream()).is_multiple_of(16)
-                    && dev_ptr(up, self.stream()).is_multiple_of(16) =>
-            {
-                self.f16wr_out(out, r, out.len() / r, mode)?
-                    .map(|(key, p)| (key, p, r))
-            }
-            _ => None,
+        let f16 = if pre.is_none()
+            && r > 0
+            && out.len().is_multiple_of(r)
+            && dev_ptr(gate, self.stream()).is_multiple_of(16)
+            && dev_ptr(up, self.stream()).is_multiple_of(16)
+        {
+            self.f16wr_out(out, r, out.len() / r, mode)?
+                .map(|(key, p)| (key, p, r))
+        } else {
+            None
         };
         if let Some((key, x16, n)) = f16 {
             let k = out.len() / n;
