@@ -8,6 +8,34 @@ use crate::backend::{validate, KvInfo, Mode};
 use anyhow::{ensure, Result};
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
 
+impl RawArgs {
+    /// The run of arguments the attention kernels share (after q, and
+    /// for the canonical ones n_rows): n_heads, n_kv_heads, head_dim,
+    /// block_size, scale, the cache's K and V, the batch's tables, table
+    /// offsets, row sequences and positions (ATT_ROWHEAD_PARAMS,
+    /// common.cuh; att_pipe_*'s parameters).
+    pub(super) fn att_shared(
+        self,
+        (nhi, nkvi, hdi, bsi): (i32, i32, i32, i32),
+        scale: f32,
+        cache: &DevKv<'_>,
+        batch: &DevAttnBatch,
+        s: &std::sync::Arc<cudarc::driver::CudaStream>,
+    ) -> Self {
+        self.i32(nhi)
+            .i32(nkvi)
+            .i32(hdi)
+            .i32(bsi)
+            .f32(scale)
+            .ptr(cache.k.device_ptr(s).0)
+            .ptr(cache.v.device_ptr(s).0)
+            .ptr(batch.tables.device_ptr(s).0)
+            .ptr(batch.table_off.device_ptr(s).0)
+            .ptr(batch.row_seq.device_ptr(s).0)
+            .ptr(batch.positions.device_ptr(s).0)
+    }
+}
+
 impl CudaBackend {
     #[allow(clippy::too_many_arguments)] // the op's fields and the mode
     pub(crate) fn d_attention(
@@ -307,17 +335,7 @@ impl CudaBackend {
             if cluster {
                 let mut a = RawArgs::new()
                     .ptr(q.device_ptr(s).0)
-                    .i32(nhi)
-                    .i32(nkvi)
-                    .i32(hdi)
-                    .i32(bsi)
-                    .f32(scale)
-                    .ptr(cache.k.device_ptr(s).0)
-                    .ptr(cache.v.device_ptr(s).0)
-                    .ptr(batch.tables.device_ptr(s).0)
-                    .ptr(batch.table_off.device_ptr(s).0)
-                    .ptr(batch.row_seq.device_ptr(s).0)
-                    .ptr(batch.positions.device_ptr(s).0)
+                    .att_shared((nhi, nkvi, hdi, bsi), scale, cache, batch, s)
                     .i32(si)
                     .i32(pi)
                     .ptr(part.device_ptr(s).0)

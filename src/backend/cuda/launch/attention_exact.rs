@@ -152,17 +152,7 @@ impl CudaBackend {
             let mut a = RawArgs::new()
                 .ptr(q.device_ptr(s).0)
                 .i32(nri)
-                .i32(nhi)
-                .i32(nkvi)
-                .i32(hdi)
-                .i32(bsi)
-                .f32(scale)
-                .ptr(cache.k.device_ptr(s).0)
-                .ptr(cache.v.device_ptr(s).0)
-                .ptr(batch.tables.device_ptr(s).0)
-                .ptr(batch.table_off.device_ptr(s).0)
-                .ptr(batch.row_seq.device_ptr(s).0)
-                .ptr(batch.positions.device_ptr(s).0)
+                .att_shared((nhi, nkvi, hdi, bsi), scale, cache, batch, s)
                 .ptr(out.device_ptr(s).0);
             // SAFETY: paged_attention_par's arguments in order and C
             // types, the same buffers and bounds as attention_rowhead's; the
