@@ -353,6 +353,11 @@ pub fn nvrtc_options(arch: &str) -> Vec<String> {
     let wg = std::env::var("QUIRE_WG_DEFINES")
         .ok()
         .filter(|_| arch == "sm_90a");
+    if arch == "sm_90a" {
+        if let Some((sr, sx)) = super::launch::wr_stages_knob() {
+            o.push(format!("-DWR_STAGES_FORCE={}", 8 * sr + sx));
+        }
+    }
     for defs in [std::env::var("QUIRE_CUDA_DEFINES").ok(), wg]
         .into_iter()
         .flatten()

@@ -385,9 +385,10 @@ struct MmJob {
     int m;
     bool add;
     int by;
+    int j;  // the job's index in the table
 };
 __device__ __forceinline__ MmJob mm_job(const MmJobs& J, int by) {
-    MmJob r = {J.w[0], J.out[0], J.m[0], (J.add & 1) != 0, by};
+    MmJob r = {J.w[0], J.out[0], J.m[0], (J.add & 1) != 0, by, 0};
 #pragma unroll
     for (int j = 1; j < MM_JOBS; j++) {
         if (j < J.count && by >= J.end[j - 1]) {
@@ -396,6 +397,7 @@ __device__ __forceinline__ MmJob mm_job(const MmJobs& J, int by) {
             r.m = J.m[j];
             r.add = ((J.add >> j) & 1) != 0;
             r.by = by - J.end[j - 1];
+            r.j = j;
         }
     }
     return r;

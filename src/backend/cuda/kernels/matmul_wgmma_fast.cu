@@ -40,9 +40,11 @@
 // aligned when k is a multiple of 256). Activations in SX chunk stages,
 // written by to_f16_wr in the shared layout so that one bulk copy (the
 // copy engine) per 128 tokens moves a chunk; raw weights in SR superchunk
-// stages (MT x 128 rows) by cp.async from the producer's 128 threads, each
-// arriving on the stage's barrier when its own copies land (bulk copies of
-// the 144-byte rows ran the whole kernel at half speed, 2026-11-25). Each stage
+// stages (MT x 128 rows) by one 2-D bulk tensor copy each (a tensor map per
+// job, made on the host: WrMaps). The producer's 128 threads copying them
+// by cp.async instead (WR_TMA=0) ran 8B Q8_0 prefill 18-22% slower and
+// Q4_0 3-5% (H100, 2026-11-26); one bulk copy per 144-byte row ran the
+// whole kernel at half speed (2026-11-25). Each stage
 // has a full barrier and an empty barrier (one arrival per consumer warp
 // once the stage's last reader retired). Consumers commit one wgmma group
 // per 32-block (two instructions) and decode later blocks while earlier
@@ -65,6 +67,12 @@
 #endif
 #ifndef WG_NO_XCOPY
 #define WG_NO_XCOPY 0
+#endif
+// Raw weights by one 2-D bulk tensor copy per superchunk (the copy engine,
+// a tensor map per job: WrMaps) or, with WR_TMA=0, by the producer's
+// cp.async (docs/PERF.md: 2026-11-26, Q8_0 prefill).
+#ifndef WR_TMA
+#define WR_TMA 1
 #endif
 #ifndef WG_NO_WCOPY
 #define WG_NO_WCOPY 0
@@ -136,7 +144,15 @@ __host__ __device__ constexpr int wr_smem_bytes(int bs, int mt, int sr, int sx, 
 // Stage counts (raw superchunks sr, activation chunks sx): the first of
 // (3, 6), (3, 5), (2, 6), (2, 5), (2, 4) that fits; encoded as 8 sr + sx
 // (launch/matmul_wgmma.rs mirrors it; WR_ENTRY checks at compile time).
+// WR_STAGES_FORCE = 8 sr + sx (QUIRE_WR_STAGES, launch/matmul_wgmma.rs):
+// that pair wherever it fits.
+#ifndef WR_STAGES_FORCE
+#define WR_STAGES_FORCE 0
+#endif
 __host__ __device__ constexpr int wr_stages(int bs, int mt, int bn) {
+    if (WR_STAGES_FORCE &&
+        wr_smem_bytes(bs, mt, WR_STAGES_FORCE / 8, WR_STAGES_FORCE % 8, bn) <= WG_SMEM_MAX)
+        return WR_STAGES_FORCE;
     const int c[5][2] = {{3, 6}, {3, 5}, {2, 6}, {2, 5}, {2, 4}};
     for (int i = 0; i < 5; i++)
         if (wr_smem_bytes(bs, mt, c[i][0], c[i][1], bn) <= WG_SMEM_MAX)
@@ -233,9 +249,31 @@ extern "C" __global__ void to_f16_wr(const float* __restrict__ x, int n, int k, 
     *(uint4*)((u8*)out + f16wr_off(t, k, pk)) = h;
 }
 
+// A CUtensorMap (cuTensorMapEncodeTiled on the host): job j's weights as
+// (m_j rows, row_bytes / 8 u64), boxes of (128 MT rows, BS u64 = one raw
+// superchunk row), no swizzle (the box lands as the raw stage's rows of 8
+// BS bytes), rows past m_j filled with zeros. Kernel parameter (grid
+// constant): the copy engine reads it from parameter space.
+struct __align__(64) TmaMap {
+    unsigned long long v[16];
+};
+struct WrMaps {
+    TmaMap m[MM_JOBS];
+};
+// Box (x, y) of tensor map `map` (2-D, tile mode) to this CTA's shared
+// memory at dst (128-byte aligned), completing on bar's transaction count.
+__device__ __forceinline__ void tma_2d_g2s(void* dst, const TmaMap* map, int x, int y, u64* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3}], [%4];" ::"r"((u32)__cvta_generic_to_shared(dst)),
+        "l"(map), "r"(x), "r"(y), "r"((u32)__cvta_generic_to_shared(bar))
+        : "memory");
+}
+
 template <int TY, int MT, int BN>
-__device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__ x16, int n_all,
-                                        int k, long long pstride, int tail_from, int tail_sp,
+__device__ __forceinline__ void wr_body(const MmJobs& J, const WrMaps& maps,
+                                        const u16* __restrict__ x16, int n_all, int k,
+                                        long long pstride, int tail_from, int tail_sp,
                                         float* __restrict__ tail_part) {
     constexpr int BS = gr_type_size(TY);
     constexpr int SR = wr_stages(BS, MT, BN) / 8, SX = wr_stages(BS, MT, BN) % 8;
@@ -298,7 +336,7 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
             mbar_init(empty_x + i, 8 * MT);
         }
         for (int i = 0; i < SR; i++) {
-            mbar_init(full_r + i, 128);
+            mbar_init(full_r + i, WR_TMA ? 1 : 128);
             mbar_init(empty_r + i, 8 * MT);
         }
         // The copy engine (async proxy) completes on these barriers.
@@ -308,10 +346,10 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(wr_producer_regs(MT)) : "memory");
-        // Raw rows by cp.async from the warpgroup's 128 threads, each
-        // arriving on the full barrier once its own copies have landed
-        // (arrive.noinc); bulk copies of the 144-byte rows ran the kernel at
-        // half speed (docs/PERF.md). Activations by bulk copy from thread 0.
+        // Raw superchunks by one bulk tensor copy from thread 0 (WR_TMA),
+        // or by cp.async from the warpgroup's 128 threads, each arriving on
+        // the full barrier once its own copies have landed (arrive.noinc).
+        // Activations by bulk copy from thread 0.
         const int t = tid;
         for (int c = 0; c < nk; c++) {
             if ((c & 3) == 0) {
@@ -321,18 +359,31 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const u16* __restrict__
                 const int s = c / 4;
                 if (s >= SR) mbar_wait(empty_r + s % SR, ((s - SR) / SR) & 1);
                 u8* dst = SR_(s);
-                const u8* src = jb.w + (long long)s * 8 * BS;
-                constexpr int P = BS / 2;  // 16-byte pieces per row
+                if (WR_TMA) {
+                    // Box (BS u64 = 8 blocks, 128 MT rows) at superchunk
+                    // c0 / 4 + s, row row0 of the job; rows past the job's
+                    // arrive as zeros (never stored).
+                    if (t == 0) {
+                        mbar_expect(full_r + s % SR, WG_NO_WCOPY ? 0 : RAW);
+                        if (!WG_NO_WCOPY)
+                            tma_2d_g2s(dst, &maps.m[jb.j], (c0 / 4 + s) * BS, row0,
+                                       full_r + s % SR);
+                    }
+                } else {
+                    const u8* src = jb.w + (long long)s * 8 * BS;
+                    constexpr int P = BS / 2;  // 16-byte pieces per row
 #pragma unroll 1
-                for (int i = t; i < 128 * MT * P && !WG_NO_WCOPY; i += 128) {
-                    const int r = i / P, pc = i - r * P;
-                    // Rows past the job's: its first row (never stored).
-                    const int gr = row0 + r < m ? row0 + r : row0;
-                    cp_async16(dst + r * 8 * BS + 16 * pc, src + gr * row_bytes + 16 * pc, 16);
+                    for (int i = t; i < 128 * MT * P && !WG_NO_WCOPY; i += 128) {
+                        const int r = i / P, pc = i - r * P;
+                        // Rows past the job's: its first row (never stored).
+                        const int gr = row0 + r < m ? row0 + r : row0;
+                        cp_async16(dst + r * 8 * BS + 16 * pc, src + gr * row_bytes + 16 * pc,
+                                   16);
+                    }
+                    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
+                                     (u32)__cvta_generic_to_shared(full_r + s % SR))
+                                 : "memory");
                 }
-                asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
-                                 (u32)__cvta_generic_to_shared(full_r + s % SR))
-                             : "memory");
             }
             // Activation chunk c: 16 KiB, already in the shared layout. Its
             // slot's chunk c - SX was released once that one's last wgmma
@@ -508,9 +559,10 @@ extern "C" __global__ void wr_tail_sum(const float* __restrict__ part, int len, 
                   "launch/matmul_wgmma.rs disagrees on " #NAME "'s shared memory");            \
     extern "C" __global__ void __launch_bounds__(WR_THREADS(MT), 1)                              \
         NAME(MmJobs J, const u16* __restrict__ x16, int n, int k, long long pstride,           \
-             int tail_from, int tail_sp, float* __restrict__ tail_part) {                      \
+             int tail_from, int tail_sp, float* __restrict__ tail_part,                        \
+             const __grid_constant__ WrMaps maps) {                                            \
         GRID_DEP();                                                                            \
-        wr_body<TY, MT, BN>(J, x16, n, k, pstride, tail_from, tail_sp, tail_part);             \
+        wr_body<TY, MT, BN>(J, maps, x16, n, k, pstride, tail_from, tail_sp, tail_part);       \
     }
 // mm_wr_<type>_m<MT>: 128 MT rows x 128 tokens; _n256: 128 rows x 256.
 WR_ENTRY(mm_wr_q4_0_m1, TY_Q4_0, 1, 128)

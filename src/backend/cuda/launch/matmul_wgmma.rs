@@ -10,7 +10,7 @@ use super::matmul::job_table;
 use crate::backend::cuda::mem::Dev;
 use crate::backend::cuda::source::WG_KERNELS;
 use crate::backend::cuda::{drv, grid_1d, i32_of, ty_code, wgmma_use, CudaBackend, WgmmaUse};
-use crate::backend::MatJob;
+use crate::backend::{MatJob, MAX_MAT_JOBS};
 use crate::quant::GgmlType;
 use anyhow::{anyhow, Result};
 use cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
@@ -58,6 +58,103 @@ const fn wr_stages(bs: usize, mt: usize, bn: usize) -> (usize, usize) {
     (2, 4)
 }
 
+/// QUIRE_WR_STAGES=sr,sx (a tuning knob; no result changes): those stage
+/// counts for every CTA shape and type where they fit (sr >= 2 raw
+/// superchunks and sx >= 3 activation chunks keep the pipeline live:
+/// wr_body's loop). `nvrtc_options` passes the same pair to the kernel as
+/// WR_STAGES_FORCE = 8 sr + sx.
+pub(crate) fn wr_stages_knob() -> Option<(usize, usize)> {
+    static K: std::sync::OnceLock<Option<(usize, usize)>> = std::sync::OnceLock::new();
+    *K.get_or_init(|| {
+        let v = std::env::var("QUIRE_WR_STAGES").ok()?;
+        let (a, b) = v.split_once(',')?;
+        let st = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+        if (2..8).contains(&st.0) && (3..8).contains(&st.1) {
+            Some(st)
+        } else {
+            eprintln!("QUIRE_WR_STAGES={v} ignored: sr must be 2..7 and sx 3..7");
+            None
+        }
+    })
+}
+
+/// wr_smem_of with the stage knob applied where its pair fits.
+fn wr_smem_rt(bs: usize, v: usize) -> usize {
+    let (mt, bn) = WR_SHAPES[v];
+    wr_stages_knob()
+        .map(|(sr, sx)| wr_smem_bytes(bs, mt, sr, sx, bn))
+        .filter(|&b| b <= WG_SMEM_MAX)
+        .unwrap_or_else(|| wr_smem_of(bs, v))
+}
+
+/// The kernel's WrMaps (matmul_wgmma_fast.cu): one tensor map per job, by
+/// which the copy engine moves a raw superchunk (128 `mt` rows x 8 blocks)
+/// in one bulk tensor copy.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct WrMaps([cudarc::driver::sys::CUtensorMap; MAX_MAT_JOBS]);
+// SAFETY: plain data (opaque 64-byte-aligned tensor maps that hold device
+// addresses, none into host memory), laid out as the kernel's struct WrMaps
+// (MM_JOBS = MAX_MAT_JOBS maps of 128 bytes).
+unsafe impl cudarc::driver::DeviceRepr for WrMaps {}
+
+/// The geometry of one job's tensor map (`m` rows of k / 32 blocks of `bs`
+/// bytes, k a multiple of 256): dims (u64 per row, rows), the row stride in
+/// bytes, the box (u64, rows) = one raw superchunk of the CTA's 128 `mt`
+/// rows (8 blocks: `bs` u64). The driver's limits: the stride and the box's
+/// row bytes multiples of 16, box sides at most 256.
+fn wr_map_geometry(m: usize, k: usize, bs: usize, mt: usize) -> ([u64; 2], u64, [u32; 2]) {
+    let row_bytes = (k / 32 * bs) as u64;
+    ([row_bytes / 8, m as u64], row_bytes, [bs as u32, (128 * mt) as u32])
+}
+
+/// Tensor maps of the jobs' weights (`w`: device addresses, 16-byte
+/// aligned; `rows`: rows of each; `k` a multiple of 256, type size `bs`):
+/// 2-D u64 elements as wr_map_geometry says, no swizzle (a box lands as
+/// the raw stage's rows of 8 `bs` bytes), zeros past the last row.
+fn wr_maps(w: &[u64], rows: &[usize], k: usize, bs: usize, mt: usize) -> Result<WrMaps> {
+    use cudarc::driver::sys;
+    let zero = sys::CUtensorMap { opaque: [0; 16] };
+    let mut maps = WrMaps([zero; MAX_MAT_JOBS]);
+    if w.len() > MAX_MAT_JOBS || w.len() != rows.len() {
+        return Err(anyhow!(
+            "mat_mul: {} weight maps for {} slots",
+            w.len(),
+            MAX_MAT_JOBS
+        ));
+    }
+    for (j, (&addr, &m)) in w.iter().zip(rows).enumerate() {
+        let (dims, stride, boxd) = wr_map_geometry(m, k, bs, mt);
+        let strides: [u64; 1] = [stride];
+        let estr: [u32; 2] = [1, 1];
+        // SAFETY: encodes a descriptor into maps.0[j] from the arrays
+        // above (rank 2: two dims, one stride, two box sizes, two element
+        // strides); no memory is accessed at `addr` by this call.
+        let r = unsafe {
+            sys::cuTensorMapEncodeTiled(
+                &mut maps.0[j],
+                sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT64,
+                2,
+                addr as *mut std::ffi::c_void,
+                dims.as_ptr(),
+                strides.as_ptr(),
+                boxd.as_ptr(),
+                estr.as_ptr(),
+                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(anyhow!(
+                "mat_mul: cuTensorMapEncodeTiled for job {j} ({m} rows, k {k}, {bs}-byte blocks): {r:?}"
+            ));
+        }
+    }
+    Ok(maps)
+}
+
 /// The CTA shapes of a WG_KERNELS row, in its order: (MT, tokens), 128 MT
 /// weight rows (2 MT consumer warpgroups) by that many tokens.
 const WR_SHAPES: [(usize, usize); 3] = [(1, 128), (2, 128), (1, 256)];
@@ -75,7 +172,7 @@ pub(crate) fn wg_smem(name: &str) -> Option<usize> {
     WG_KERNELS.iter().enumerate().find_map(|(t, row)| {
         row.iter()
             .position(|n| *n == name)
-            .map(|v| wr_smem_of(WG_TYPES[t].type_size(), v))
+            .map(|v| wr_smem_rt(WG_TYPES[t].type_size(), v))
     })
 }
 
@@ -349,6 +446,8 @@ impl CudaBackend {
         // same input converts nothing.
         let padded = n.div_ceil(bn) * bn;
         let (table, ctas) = job_table(jobs, 128 * mt, s)?;
+        let w_addrs: Vec<u64> = jobs.iter().map(|j| super::dev_ptr(&j.w.data, s)).collect();
+        let maps = wr_maps(&w_addrs, &rows, k, ty.type_size(), mt)?;
         let tiles_x = n.div_ceil(bn);
         let tail = if splits == 1 {
             wr_tail(ctas as usize, tiles_x, k, v, self.sm_count())
@@ -411,7 +510,7 @@ impl CudaBackend {
                     u32::try_from(splits)?,
                 ),
                 block_dim: (wr_threads(mt), 1, 1),
-                shared_mem_bytes: u32::try_from(wr_smem_of(ty.type_size(), v))?,
+                shared_mem_bytes: u32::try_from(wr_smem_rt(ty.type_size(), v))?,
             };
             // Split: the kernel's table stores each job's partial sums
             // (no add) at its place in split 0's part of the buffer, job j
@@ -429,9 +528,10 @@ impl CudaBackend {
             }
             let mut b = s.launch_builder(self.func(name)?);
             b.arg(&kt).arg(&mut *x16).arg(&ni).arg(&ki).arg(&stride);
-            b.arg(&tf).arg(&tsp).arg(&tail_part);
+            b.arg(&tf).arg(&tsp).arg(&tail_part).arg(&maps);
             // SAFETY: matches mm_wr_* (MmJobs by value, x16, n, k, pstride,
-            // tail_from, tail_sp, tail_part): the table's weights hold m_j
+            // tail_from, tail_sp, tail_part, WrMaps by value; the maps
+            // describe the table's weights as wr_maps says): the table's weights hold m_j
             // rows of k / 32 blocks (validated), 16-byte aligned
             // (wg_takes), its outputs n * m_j floats, x16 `padded` / 128
             // (whole CTAs of `bn`) tiles of 128 tokens x k halves in
@@ -498,8 +598,8 @@ impl CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::{
-        wg_default_takes, wg_smem, wg_type_index, wr_plan, wr_smem_of, wr_stages, wr_tail,
-        WG_SMEM_MAX, WG_TYPES,
+        wg_default_takes, wg_smem, wg_type_index, wr_map_geometry, wr_plan, wr_smem_of,
+        wr_stages, wr_tail, WG_SMEM_MAX, WG_TYPES, WR_SHAPES,
     };
     use crate::quant::GgmlType;
 
@@ -522,6 +622,31 @@ mod tests {
         assert_eq!(wg_type_index(GgmlType::Q8_0), Some(4));
         assert_eq!(wg_type_index(GgmlType::Q4_K), None);
         assert_eq!(wg_type_index(GgmlType::F16), None);
+    }
+
+    #[test]
+    fn weight_tensor_maps_fit_the_drivers_limits() {
+        // Every type and CTA shape at the 8B's and 1B's k: the box is one
+        // raw superchunk row (8 blocks) of 16-byte multiples, its sides at
+        // most 256, the row stride a 16-byte multiple, and the box bytes
+        // those of the kernel's raw stage (the mbarrier's expected bytes).
+        for ty in WG_TYPES {
+            let bs = ty.type_size();
+            for (v, &(mt, _)) in WR_SHAPES.iter().enumerate() {
+                for k in [2048, 4096, 14336] {
+                    let (dims, stride, boxd) = wr_map_geometry(1000, k, bs, mt);
+                    assert_eq!(stride, (k / 32 * bs) as u64, "{ty:?} k {k}");
+                    assert_eq!(stride % 16, 0, "{ty:?} k {k}");
+                    assert_eq!(dims, [stride / 8, 1000]);
+                    assert_eq!(boxd[0] as usize * 8, 8 * bs, "{ty:?}");
+                    assert_eq!((boxd[0] * 8) % 16, 0, "{ty:?}");
+                    assert!(boxd[0] <= 256 && boxd[1] <= 256, "{ty:?} shape {v}");
+                    assert_eq!(boxd[1] as usize, 128 * mt);
+                    // k / 256 superchunks of boxd[0] u64 per row.
+                    assert_eq!(dims[0], (k / 256) as u64 * boxd[0] as u64);
+                }
+            }
+        }
     }
 
     #[test]

@@ -30,7 +30,7 @@ pub(crate) use attention::{
 pub(crate) use attention_exact::{att_ex_threads, ATT_EX_CLUSTER_MAX};
 pub(crate) use matmul::{fast_uses_blas, TILE_SMEM};
 pub(crate) use matmul_mma::mq_smem_max;
-pub(crate) use matmul_wgmma::wg_smem;
+pub(crate) use matmul_wgmma::{wg_smem, wr_stages_knob};
 
 use super::mem::{DevKvMut, DevMatrix};
 use super::{drv, grid_1d, i32_of, ty_code, CudaBackend};
