@@ -16,7 +16,8 @@
 // decode's loads), docs/PERF.md. 2026-11-26, with the thin last wave split
 // in k (wr_tail) and the f16 activations written by the kernels before
 // (no to_f16_wr in a prefill): 8B Q4_0 pp512 29.2k against F16's 27.8k
-// (1.05x), Q8_0 23.4k (H100).
+// (1.05x), Q8_0 23.4k (H100). Later that morning, with the raw weights
+// by bulk tensor copies: Q4_0 31.0k, Q8_0 28.6k, F16 28.4k (H100).
 //
 // CTA: 128 + 256 MT threads, warpgroup 0 the producer (setmaxnreg down to
 // 40 registers at MT = 1, 24 at MT = 2), warpgroups 1 .. 2 MT the consumers
