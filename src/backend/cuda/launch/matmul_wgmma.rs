@@ -105,7 +105,11 @@ unsafe impl cudarc::driver::DeviceRepr for WrMaps {}
 /// row bytes multiples of 16, box sides at most 256.
 fn wr_map_geometry(m: usize, k: usize, bs: usize, mt: usize) -> ([u64; 2], u64, [u32; 2]) {
     let row_bytes = (k / 32 * bs) as u64;
-    ([row_bytes / 8, m as u64], row_bytes, [bs as u32, (128 * mt) as u32])
+    (
+        [row_bytes / 8, m as u64],
+        row_bytes,
+        [bs as u32, (128 * mt) as u32],
+    )
 }
 
 /// Tensor maps of the jobs' weights (`w`: device addresses, 16-byte
@@ -598,8 +602,8 @@ impl CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::{
-        wg_default_takes, wg_smem, wg_type_index, wr_map_geometry, wr_plan, wr_smem_of,
-        wr_stages, wr_tail, WG_SMEM_MAX, WG_TYPES, WR_SHAPES,
+        wg_default_takes, wg_smem, wg_type_index, wr_map_geometry, wr_plan, wr_smem_of, wr_stages,
+        wr_tail, WG_SMEM_MAX, WG_TYPES, WR_SHAPES,
     };
     use crate::quant::GgmlType;
 
