@@ -92,6 +92,16 @@ __device__ __forceinline__ void bulk_g2s(void* dst, const void* src, u32 bytes, 
         "l"(src), "r"(bytes), "r"((u32)__cvta_generic_to_shared(bar))
         : "memory");
 }
+struct TmaMap;  // below, with the job tables
+// Box (x, y) of tensor map `map` (2-D, tile mode) to this CTA's shared
+// memory at dst (128-byte aligned), completing on bar's transaction count.
+__device__ __forceinline__ void tma_2d_g2s(void* dst, const TmaMap* map, int x, int y, u64* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3}], [%4];" ::"r"((u32)__cvta_generic_to_shared(dst)),
+        "l"(map), "r"(x), "r"(y), "r"((u32)__cvta_generic_to_shared(bar))
+        : "memory");
+}
 // Waits until the phase of parity `par` of the barrier has completed.
 __device__ __forceinline__ void mbar_wait(u64* bar, u32 par) {
     u32 a = (u32)__cvta_generic_to_shared(bar), done;
@@ -374,6 +384,19 @@ struct MmJobs {
     int add;
     int count;
     int prefetch;  // 1: prefetch the weight rows before griddepcontrol.wait
+};
+
+// One CUtensorMap per job of a MatMuls table (cuTensorMapEncodeTiled on
+// the host, launch/matmul_wgmma.rs job_maps): job j's weights as (m_j rows,
+// row_bytes / 8 u64), boxes of (one CTA's rows, 8 blocks of a row), no
+// swizzle, rows past m_j filled with zeros. A kernel takes it as a grid
+// constant parameter (the copy engine reads it from parameter space);
+// zeros where no copy uses it (devices before sm_90).
+struct __align__(64) TmaMap {
+    unsigned long long v[16];
+};
+struct JobMaps {
+    TmaMap m[MM_JOBS];
 };
 
 // The job of CTA row `by`: its weights, output, rows, whether it adds, and

@@ -53,6 +53,18 @@
 //                  other's sums in a fixed order before the store)
 //   mm_q8_mma_t16_k2 the same at one CTA per SM (Q8_0: 161 KiB)
 //   mm_q8_mma_t8_k2b TOK 8, STAGES 3, KS 2, two CTAs (Q8_0 up to 8 rows)
+// Raw weights of Q4_0 / Q8_0 by one 2-D bulk tensor copy per chunk (sm_90+:
+// the copy engine, a tensor map per job, completing on the stage's
+// mbarrier) instead of every thread's cp.async (MQ_TMA=0; Q4_1's padded
+// rows and older devices always take cp.async).
+#ifndef MQ_TMA
+#define MQ_TMA 1
+#endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define MQ_TMA_ON MQ_TMA
+#else
+#define MQ_TMA_ON 0
+#endif
 #define MQ_THREADS(WN) (128 * (WN))
 #define MQ_ROWS 128
 #define MQ_KB 8
@@ -106,28 +118,44 @@ __device__ __forceinline__ u32 lds_word(const u8* p) {
 // tid copies weight pieces tid + MQ_THREADS(WN) j (row r, piece p of the
 // flattened rows: consecutive lanes read consecutive 16-byte pieces),
 // walked incrementally (no division per copy).
+// With the bulk tensor copy (mq_tma<TY>), thread 0 queues the weights on
+// the stage's barrier `bar` by job `map` (rows past m arrive as zeros).
+template <int TY>
+__device__ constexpr bool mq_tma() {
+    return MQ_TMA_ON && TY != TY_Q4_1;
+}
 template <int TY, int WN, int TOK, int KS>
 __device__ __forceinline__ void mq_issue(const u8* __restrict__ w, int m, long long rb,
                                          const signed char* __restrict__ xq,
                                          const float2* __restrict__ xds, int k, int n, int b0,
-                                         int by, u8* st) {
+                                         int by, u8* st, const TmaMap* map, u64* bar) {
     constexpr int BS = gr_type_size(TY), WLD = mq_wld(TY), WP = 8 * BS / 16;
     constexpr int T = MQ_THREADS(WN) * KS;
     constexpr int DR = T / WP, DP = T % WP;
     constexpr int JW = (MQ_ROWS * WP + T - 1) / T;
     int tid = threadIdx.x;
-    int rows = min(MQ_ROWS, m - by * MQ_ROWS);
-    const u8* wb = w + (long long)by * MQ_ROWS * rb + (long long)b0 * BS;
-    int r = tid / WP, p = tid % WP;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (mq_tma<TY>()) {
+        if (tid == 0) {
+            mbar_expect(bar, MQ_ROWS * WLD);
+            tma_2d_g2s(st, map, b0 / 8 * BS, by * MQ_ROWS, bar);
+        }
+    } else
+#endif
+    {
+        int rows = min(MQ_ROWS, m - by * MQ_ROWS);
+        const u8* wb = w + (long long)by * MQ_ROWS * rb + (long long)b0 * BS;
+        int r = tid / WP, p = tid % WP;
 #pragma unroll
-    for (int j = 0; j < JW; j++) {
-        // r passes MQ_ROWS (>= rows) once the pieces run out.
-        if (r < rows) cp_async16(st + r * WLD + 16 * p, wb + r * rb + 16 * p, 16);
-        r += DR;
-        p += DP;
-        if (p >= WP) {
-            p -= WP;
-            r++;
+        for (int j = 0; j < JW; j++) {
+            // r passes MQ_ROWS (>= rows) once the pieces run out.
+            if (r < rows) cp_async16(st + r * WLD + 16 * p, wb + r * rb + 16 * p, 16);
+            r += DR;
+            p += DP;
+            if (p >= WP) {
+                p -= WP;
+                r++;
+            }
         }
     }
     u8* sx = st + MQ_ROWS * WLD;
@@ -267,8 +295,22 @@ __device__ __forceinline__ void mq_body(const u8* __restrict__ w, int m, long lo
                                         const signed char* __restrict__ xq,
                                         const float2* __restrict__ xds, int k, int n, int ba,
                                         int bb, int by, u8* smem,
-                                        float (*acc)[mq_ntw(WN, TOK)][4]) {
+                                        float (*acc)[mq_ntw(WN, TOK)][4], const TmaMap* map) {
     constexpr int STAGE = mq_stage_bytes(TY, TOK), NTW = mq_ntw(WN, TOK);
+    // The stages' barriers (bulk tensor copies), after the stages.
+    u64* bars = (u64*)(smem + STAGES * STAGE);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    static_assert(STAGE % 128 == 0, "bulk tensor copies land 128-byte aligned");
+    if (mq_tma<TY>()) {
+        if (threadIdx.x == 0) {
+            // The stages start 128-byte aligned (the shared window's start).
+            if ((__cvta_generic_to_shared(smem) & 127) != 0) __trap();
+            for (int i = 0; i < STAGES; i++) mbar_init(bars + i, 1);
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+        __syncthreads();
+    }
+#endif
     // This warp's live tiles of 8 activation rows.
     int nl = min(NTW, max(0, (n - 8 * NTW * (((threadIdx.x >> 5) >> 2) % WN) + 7) / 8));
     int nch = (bb - ba) / MQ_KB;
@@ -276,13 +318,18 @@ __device__ __forceinline__ void mq_body(const u8* __restrict__ w, int m, long lo
     for (int c = 0; c < STAGES - 1; c++) {
         if (c < nch)
             mq_issue<TY, WN, TOK, KS>(w, m, rb, xq, xds, k, n, ba + MQ_KB * c, by,
-                                      smem + c * STAGE);
+                                      smem + c * STAGE, map, bars + c);
         cp_async_commit();
     }
     for (int c = 0; c < nch; c++) {
         u8* st = smem + (c % STAGES) * STAGE;
         // Every group but the newest STAGES - 2 is complete: chunk c.
         asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 2));
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        // Its weights' bulk copy too (the stage's barrier completes once per
+        // use: phase c / STAGES).
+        if (mq_tma<TY>()) mbar_wait(bars + c % STAGES, (c / STAGES) & 1);
+#endif
         // Chunk c landed for every thread, and every warp is done with the
         // stage the next issue overwrites (chunk c - 1's).
         __syncthreads();
@@ -293,7 +340,7 @@ __device__ __forceinline__ void mq_body(const u8* __restrict__ w, int m, long lo
         int nx = c + STAGES - 1;
         if (nx < nch)
             mq_issue<TY, WN, TOK, KS>(w, m, rb, xq, xds, k, n, ba + MQ_KB * nx, by,
-                                      smem + (nx % STAGES) * STAGE);
+                                      smem + (nx % STAGES) * STAGE, map, bars + nx % STAGES);
         cp_async_commit();
         // Tiles of 8 activation rows: 1, 2, 4 or NTW (past n: never
         // stored).
@@ -318,12 +365,13 @@ __device__ __forceinline__ void mq_body(const u8* __restrict__ w, int m, long lo
 // sums of job j at part + z * part_stride + n * (m_0 + .. + m_{j-1}) as an
 // (n, m_j) block, for split_sum. Grid: (ceil(n / TOK), the table's
 // CTAs, splits); MQ_THREADS(WN) threads; bpc a multiple of MQ_KB. Dynamic
-// shared memory: STAGES * mq_stage_bytes(ty, TOK).
+// shared memory: STAGES * mq_stage_bytes(ty, TOK), then STAGES mbarriers.
 template <int WN, int TOK, int STAGES, int KS>
 __device__ __forceinline__ void mq_kernel(const MmJobs& J, int k, long long rb, int ty,
                                           const signed char* __restrict__ xq,
                                           const float2* __restrict__ xds, int n_all, int bpc,
-                                          long long part_stride, float* __restrict__ part) {
+                                          long long part_stride, float* __restrict__ part,
+                                          const JobMaps& maps) {
     GRID_DEP();
     extern __shared__ __align__(16) u8 mq_smem[];
     MmJob jb = mm_job(J, blockIdx.y);
@@ -349,11 +397,14 @@ __device__ __forceinline__ void mq_kernel(const MmJobs& J, int k, long long rb, 
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
     if (ty == TY_Q4_0)
-        mq_body<TY_Q4_0, WN, TOK, STAGES, KS>(jb.w, m, rb, xq, xds, k, n, ba, bb, jb.by, mq_smem, acc);
+        mq_body<TY_Q4_0, WN, TOK, STAGES, KS>(jb.w, m, rb, xq, xds, k, n, ba, bb, jb.by, mq_smem, acc,
+                                           &maps.m[jb.j]);
     else if (ty == TY_Q4_1)
-        mq_body<TY_Q4_1, WN, TOK, STAGES, KS>(jb.w, m, rb, xq, xds, k, n, ba, bb, jb.by, mq_smem, acc);
+        mq_body<TY_Q4_1, WN, TOK, STAGES, KS>(jb.w, m, rb, xq, xds, k, n, ba, bb, jb.by, mq_smem, acc,
+                                           &maps.m[jb.j]);
     else
-        mq_body<TY_Q8_0, WN, TOK, STAGES, KS>(jb.w, m, rb, xq, xds, k, n, ba, bb, jb.by, mq_smem, acc);
+        mq_body<TY_Q8_0, WN, TOK, STAGES, KS>(jb.w, m, rb, xq, xds, k, n, ba, bb, jb.by, mq_smem, acc,
+                                           &maps.m[jb.j]);
     int wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 2, t = lane & 3;
     if (KS > 1) {
@@ -395,8 +446,8 @@ __device__ __forceinline__ void mq_kernel(const MmJobs& J, int k, long long rb, 
 #define MQ_ARGS                                                                              \
     MmJobs J, int k, long long rb, int ty, const signed char *__restrict__ xq,               \
         const float2 *__restrict__ xds, int n_all, int bpc, long long part_stride,           \
-        float *__restrict__ part
-#define MQ_PASS J, k, rb, ty, xq, xds, n_all, bpc, part_stride, part
+        float *__restrict__ part, const __grid_constant__ JobMaps maps
+#define MQ_PASS J, k, rb, ty, xq, xds, n_all, bpc, part_stride, part, maps
 extern "C" __global__ void __launch_bounds__(MQ_THREADS(1), 2) mm_q8_mma(MQ_ARGS) {
     mq_kernel<1, 64, 2, 1>(MQ_PASS);
 }

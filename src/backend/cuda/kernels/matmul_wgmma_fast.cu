@@ -42,7 +42,7 @@
 // written by to_f16_wr in the shared layout so that one bulk copy (the
 // copy engine) per 128 tokens moves a chunk; raw weights in SR superchunk
 // stages (MT x 128 rows) by one 2-D bulk tensor copy each (a tensor map per
-// job, made on the host: WrMaps). The producer's 128 threads copying them
+// job, made on the host: JobMaps). The producer's 128 threads copying them
 // by cp.async instead (WR_TMA=0) ran 8B Q8_0 prefill 18-22% slower and
 // Q4_0 3-5% (H100, 2026-11-26); one bulk copy per 144-byte row ran the
 // whole kernel at half speed (2026-11-25). Each stage
@@ -70,7 +70,7 @@
 #define WG_NO_XCOPY 0
 #endif
 // Raw weights by one 2-D bulk tensor copy per superchunk (the copy engine,
-// a tensor map per job: WrMaps) or, with WR_TMA=0, by the producer's
+// a tensor map per job: JobMaps) or, with WR_TMA=0, by the producer's
 // cp.async (docs/PERF.md: 2026-11-26, Q8_0 prefill).
 #ifndef WR_TMA
 #define WR_TMA 1
@@ -250,29 +250,8 @@ extern "C" __global__ void to_f16_wr(const float* __restrict__ x, int n, int k, 
     *(uint4*)((u8*)out + f16wr_off(t, k, pk)) = h;
 }
 
-// A CUtensorMap (cuTensorMapEncodeTiled on the host): job j's weights as
-// (m_j rows, row_bytes / 8 u64), boxes of (128 MT rows, BS u64 = one raw
-// superchunk row), no swizzle (the box lands as the raw stage's rows of 8
-// BS bytes), rows past m_j filled with zeros. Kernel parameter (grid
-// constant): the copy engine reads it from parameter space.
-struct __align__(64) TmaMap {
-    unsigned long long v[16];
-};
-struct WrMaps {
-    TmaMap m[MM_JOBS];
-};
-// Box (x, y) of tensor map `map` (2-D, tile mode) to this CTA's shared
-// memory at dst (128-byte aligned), completing on bar's transaction count.
-__device__ __forceinline__ void tma_2d_g2s(void* dst, const TmaMap* map, int x, int y, u64* bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-        " [%0], [%1, {%2, %3}], [%4];" ::"r"((u32)__cvta_generic_to_shared(dst)),
-        "l"(map), "r"(x), "r"(y), "r"((u32)__cvta_generic_to_shared(bar))
-        : "memory");
-}
-
 template <int TY, int MT, int BN>
-__device__ __forceinline__ void wr_body(const MmJobs& J, const WrMaps& maps,
+__device__ __forceinline__ void wr_body(const MmJobs& J, const JobMaps& maps,
                                         const u16* __restrict__ x16, int n_all, int k,
                                         long long pstride, int tail_from, int tail_sp,
                                         float* __restrict__ tail_part) {
@@ -561,7 +540,7 @@ extern "C" __global__ void wr_tail_sum(const float* __restrict__ part, int len, 
     extern "C" __global__ void __launch_bounds__(WR_THREADS(MT), 1)                              \
         NAME(MmJobs J, const u16* __restrict__ x16, int n, int k, long long pstride,           \
              int tail_from, int tail_sp, float* __restrict__ tail_part,                        \
-             const __grid_constant__ WrMaps maps) {                                            \
+             const __grid_constant__ JobMaps maps) {                                            \
         GRID_DEP();                                                                            \
         wr_body<TY, MT, BN>(J, maps, x16, n, k, pstride, tail_from, tail_sp, tail_part);       \
     }

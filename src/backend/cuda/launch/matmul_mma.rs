@@ -6,7 +6,9 @@
 
 use super::act_cache::{ActKey, ACT_Q8};
 use super::arena3;
+use super::dev_ptr;
 use super::matmul::{ctas_per_sm_knob, job_table, mm_dims, split_k};
+use super::matmul_wgmma::{job_maps, JobMaps};
 use crate::backend::cuda::mem::Dev;
 use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
 use crate::backend::MatJob;
@@ -149,7 +151,8 @@ pub(crate) fn mq_smem(ty: GgmlType, kern: MqKernel) -> Option<usize> {
         GgmlType::Q8_0 => 8 * 34,
         _ => return None,
     };
-    Some(kern.stages * (MQ_ROWS * wld + kern.tok * MQ_XLD + MQ_KB * kern.tok * 8))
+    // The stages, then one mbarrier per stage (the bulk tensor copies).
+    Some(kern.stages * (MQ_ROWS * wld + kern.tok * MQ_XLD + MQ_KB * kern.tok * 8 + 8))
 }
 
 /// The most shared memory a launch of the kernel called `name` asks for
@@ -225,6 +228,14 @@ impl CudaBackend {
         let rows: Vec<usize> = jobs.iter().map(|j| j.w.rows).collect();
         let m_all: usize = rows.iter().sum();
         let (table, ctas) = job_table(jobs, MQ_ROWS, s)?;
+        // The weights' tensor maps (sm_90+: the bulk tensor copies of the
+        // Q4_0 / Q8_0 chunks, boxes of MQ_ROWS = 128 rows x 8 blocks).
+        let maps = if crate::backend::cuda::pdl::arch_major(&self.arch) >= 9 {
+            let w: Vec<u64> = jobs.iter().map(|j| dev_ptr(&j.w.data, s)).collect();
+            job_maps(&w, &rows, k, ty.type_size(), 1)?
+        } else {
+            JobMaps::none()
+        };
         let (splits, bpc) = mq_splits(
             ctas as usize * MQ_ROWS,
             n,
@@ -263,7 +274,8 @@ impl CudaBackend {
                 .arg(&d.ni)
                 .arg(&bpci)
                 .arg(&stride)
-                .arg(&mut *part);
+                .arg(&mut *part)
+                .arg(&maps);
             // SAFETY: matches every mq_kernel instantiation (MQ_KERNELS;
             // kern's block size and shared memory; MQ_ROWS weight rows per
             // CTA row, as the job table); each job's weights hold m rows
@@ -271,7 +283,9 @@ impl CudaBackend {
             // allocation 256-byte aligned) and its output n*m floats; xq
             // n*k bytes and xds n*k/32 float2 (arena, 256-byte aligned);
             // part splits*n*m_all floats when split (split z writes at
-            // z*stride), unused otherwise.
+            // z*stride), unused otherwise; maps by value: job_maps's
+            // description of the jobs' weights (or zeros before sm_90,
+            // where the kernel copies by cp.async).
             drv(unsafe { b.launch(cfg) }, "mat_mul: mm_q8_mma")?;
             if splits > 1 && table.vec4_ok(n) && split_sum_jobs_on() {
                 // One launch for every job, four floats per thread (the
@@ -368,11 +382,12 @@ mod tests {
         );
         assert_eq!(mq_smem(GgmlType::Q4_K, MQ_BASE), None);
         assert_eq!(mq_smem_max("mm_f16_tile"), 0);
-        // t16_k2b: four buffers of Q4_0 (95 KiB) and Q4_1 fit twice, Q8_0's
-        // only once (t16_k2); three Q8_0 buffers of 8 rows fit twice.
+        // t16_k2b: four buffers of Q4_0 (95 KiB, and a barrier each) and
+        // Q4_1 fit twice, Q8_0's only once (t16_k2); three Q8_0 buffers of
+        // 8 rows fit twice.
         assert_eq!(
             mq_smem(GgmlType::Q4_0, MQ_T16_K2B),
-            Some(4 * (128 * 144 + 16 * 272 + 1024))
+            Some(4 * (128 * 144 + 16 * 272 + 1024 + 8))
         );
         assert!(!ctas_fit(mq_smem(GgmlType::Q8_0, MQ_T16_K2B).unwrap(), 2));
         assert_eq!(

@@ -87,16 +87,24 @@ fn wr_smem_rt(bs: usize, v: usize) -> usize {
         .unwrap_or_else(|| wr_smem_of(bs, v))
 }
 
-/// The kernel's WrMaps (matmul_wgmma_fast.cu): one tensor map per job, by
-/// which the copy engine moves a raw superchunk (128 `mt` rows x 8 blocks)
-/// in one bulk tensor copy.
+/// The kernels' JobMaps (common.cuh): one tensor map per job, by which the
+/// copy engine moves a raw superchunk (a CTA's rows x 8 blocks) in one bulk
+/// tensor copy (the wgmma GEMM, the batched-decode mq kernels).
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct WrMaps([cudarc::driver::sys::CUtensorMap; MAX_MAT_JOBS]);
+pub(super) struct JobMaps([cudarc::driver::sys::CUtensorMap; MAX_MAT_JOBS]);
 // SAFETY: plain data (opaque 64-byte-aligned tensor maps that hold device
-// addresses, none into host memory), laid out as the kernel's struct WrMaps
-// (MM_JOBS = MAX_MAT_JOBS maps of 128 bytes).
-unsafe impl cudarc::driver::DeviceRepr for WrMaps {}
+// addresses, none into host memory), laid out as the kernels' struct
+// JobMaps (MM_JOBS = MAX_MAT_JOBS maps of 128 bytes).
+unsafe impl cudarc::driver::DeviceRepr for JobMaps {}
+
+impl JobMaps {
+    /// All zeros: for launches whose kernels copy no weights by tensor
+    /// map (devices before sm_90).
+    pub(super) fn none() -> Self {
+        JobMaps([cudarc::driver::sys::CUtensorMap { opaque: [0; 16] }; MAX_MAT_JOBS])
+    }
+}
 
 /// The geometry of one job's tensor map (`m` rows of k / 32 blocks of `bs`
 /// bytes, k a multiple of 256): dims (u64 per row, rows), the row stride in
@@ -114,12 +122,17 @@ fn wr_map_geometry(m: usize, k: usize, bs: usize, mt: usize) -> ([u64; 2], u64, 
 
 /// Tensor maps of the jobs' weights (`w`: device addresses, 16-byte
 /// aligned; `rows`: rows of each; `k` a multiple of 256, type size `bs`):
-/// 2-D u64 elements as wr_map_geometry says, no swizzle (a box lands as
+/// (`mt`: CTA rows of 128) 2-D u64 elements as wr_map_geometry says, no swizzle (a box lands as
 /// the raw stage's rows of 8 `bs` bytes), zeros past the last row.
-fn wr_maps(w: &[u64], rows: &[usize], k: usize, bs: usize, mt: usize) -> Result<WrMaps> {
+pub(super) fn job_maps(
+    w: &[u64],
+    rows: &[usize],
+    k: usize,
+    bs: usize,
+    mt: usize,
+) -> Result<JobMaps> {
     use cudarc::driver::sys;
-    let zero = sys::CUtensorMap { opaque: [0; 16] };
-    let mut maps = WrMaps([zero; MAX_MAT_JOBS]);
+    let mut maps = JobMaps::none();
     if w.len() > MAX_MAT_JOBS || w.len() != rows.len() {
         return Err(anyhow!(
             "mat_mul: {} weight maps for {} slots",
@@ -451,7 +464,7 @@ impl CudaBackend {
         let padded = n.div_ceil(bn) * bn;
         let (table, ctas) = job_table(jobs, 128 * mt, s)?;
         let w_addrs: Vec<u64> = jobs.iter().map(|j| super::dev_ptr(&j.w.data, s)).collect();
-        let maps = wr_maps(&w_addrs, &rows, k, ty.type_size(), mt)?;
+        let maps = job_maps(&w_addrs, &rows, k, ty.type_size(), mt)?;
         let tiles_x = n.div_ceil(bn);
         let tail = if splits == 1 {
             wr_tail(ctas as usize, tiles_x, k, v, self.sm_count())
@@ -534,8 +547,8 @@ impl CudaBackend {
             b.arg(&kt).arg(&mut *x16).arg(&ni).arg(&ki).arg(&stride);
             b.arg(&tf).arg(&tsp).arg(&tail_part).arg(&maps);
             // SAFETY: matches mm_wr_* (MmJobs by value, x16, n, k, pstride,
-            // tail_from, tail_sp, tail_part, WrMaps by value; the maps
-            // describe the table's weights as wr_maps says): the table's weights hold m_j
+            // tail_from, tail_sp, tail_part, JobMaps by value; the maps
+            // describe the table's weights as job_maps says): the table's weights hold m_j
             // rows of k / 32 blocks (validated), 16-byte aligned
             // (wg_takes), its outputs n * m_j floats, x16 `padded` / 128
             // (whole CTAs of `bn`) tiles of 128 tokens x k halves in
