@@ -148,10 +148,11 @@ fn ty_code(ty: GgmlType) -> Option<i32> {
 /// How the wgmma prefill GEMM (kernels/matmul_wgmma_fast.cu, sm_90 only)
 /// is used, from QUIRE_WGMMA: unset, for the types and shapes where it beats
 /// the cuBLAS path (launch/matmul_wgmma.rs, `wg_default_takes`: on an H100,
-/// 2026-11-25, 8B pp512 Q4_0 1.30x, Q8_0 1.09x; Q4_1 1.06x at 128 tokens
-/// per CTA); `1` for every type it decodes and every shape (comparisons:
-/// Q5_0 0.93x in the first pipelined form); `0` never (its kernels are not
-/// even compiled).
+/// 8B pp512 Q4_0 31.0k and Q8_0 28.6k tokens/s on 2026-11-26 against the
+/// cuBLAS path's 20.9k and 20.1k of 2026-11-25; Q5_0 1.34x and Q5_1 1.20x
+/// side by side on 2026-11-26);
+/// `1` for every type it decodes and every shape (comparisons); `0` never
+/// (its kernels are not even compiled).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum WgmmaUse {
     Off,

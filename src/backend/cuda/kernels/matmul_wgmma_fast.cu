@@ -5,19 +5,21 @@
 // whole f16 copy of every matrix per call: about a quarter of an 8B
 // model's prefill) nor to a shared f16 tile.
 //
-// Status: the default prefill GEMM for Q4_0, Q4_1 and Q8_0 on sm_90 (every
-// type it decodes with QUIRE_WGMMA=1, none with 0: cuda/mod.rs, wgmma_use).
+// Status: the default prefill GEMM on sm_90 for every type it decodes
+// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; every shape with QUIRE_WGMMA=1, none with
+// 0: cuda/mod.rs, wgmma_use).
 // On an H100 (2026-11-25) 8B Q4_0 pp512 ran at 27.0-27.3k tokens/s (with k
 // splits for o and down) against the cuBLAS path's 20.9k and the F16
-// model's 27.7-28.4k; 8B Q8_0 at 22.0k against 20.1k; Q5_0 stays on the
-// cuBLAS path (0.93x at 128 tokens per CTA, not re-measured since). With decode and copies
+// model's 27.7-28.4k; 8B Q8_0 at 22.0k against 20.1k (Q5_0 then ran at
+// 0.93x the cuBLAS path at 128 tokens per CTA). With decode and copies
 // left out (timing only) 29.7k at 128 x 128: what binds is shared-memory
 // bandwidth (the B reads of the wgmma, the activation and raw copies, the
 // decode's loads), docs/PERF.md. 2026-11-26, with the thin last wave split
 // in k (wr_tail) and the f16 activations written by the kernels before
 // (no to_f16_wr in a prefill): 8B Q4_0 pp512 29.2k against F16's 27.8k
 // (1.05x), Q8_0 23.4k (H100). Later that morning, with the raw weights
-// by bulk tensor copies: Q4_0 31.0k, Q8_0 28.6k, F16 28.4k (H100).
+// by bulk tensor copies: Q4_0 31.0k, Q8_0 28.6k, F16 28.4k; Q5_0 27.9k
+// and Q5_1 24.9k against their cuBLAS path's 20.8k and 20.7k (H100).
 //
 // CTA: 128 + 256 MT threads, warpgroup 0 the producer (setmaxnreg down to
 // 40 registers at MT = 1, 24 at MT = 2), warpgroups 1 .. 2 MT the consumers

@@ -380,7 +380,9 @@ pub(super) fn wr_tail(
 
 /// Whether the wgmma GEMM takes an op by default (without QUIRE_WGMMA=1):
 /// where it measured faster than the cuBLAS path on an H100 (2026-11-25):
-/// Q4_0, Q4_1 and Q8_0 (not Q5_0, Q5_1: unmeasured since the 0.93x of the
+/// every type it decodes (Q5_0 and Q5_1 since 2026-11-26: 8B pp512 27.9k
+/// and 24.9k against the cuBLAS path's 20.8k and 20.7k, pp2048 24.6k and
+/// 22.4k against 18.9k and 18.8k; they had stayed out at the 0.93x of the
 /// first pipelined form), k of at least 2,048 (the smallest measured: the
 /// 1B) and at least 0.9 of a wave of 128-row CTAs (taking also the 1B's o
 /// and down at 512 tokens, 64 CTAs on 132 SMs, ran its Q4_0 prefill at
@@ -397,9 +399,7 @@ pub(super) fn wg_default_takes(
     sms: usize,
 ) -> bool {
     let ctas: usize = rows.iter().map(|r| r.div_ceil(128)).sum::<usize>() * n.div_ceil(WR_BN);
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
-        && k >= knobs().min_k
-        && 100 * ctas >= knobs().min_fill * sms.max(1)
+    wg_type_index(ty).is_some() && k >= knobs().min_k && 100 * ctas >= knobs().min_fill * sms.max(1)
 }
 
 impl CudaBackend {
@@ -806,7 +806,7 @@ mod tests {
         assert!(wg_default_takes(q4, 4096, &[4096, 1024, 1024], 512, 132));
         assert!(wg_default_takes(q4, 4096, &[4096], 512, 132));
         assert!(wg_default_takes(GgmlType::Q4_1, 14336, &[4096], 512, 132));
-        // Q8_0 too (8B gate/up); Q5_0 and Q5_1 stay on the cuBLAS path.
+        // Q8_0 too (8B gate/up), and Q5_0 / Q5_1 since 2026-11-26.
         assert!(wg_default_takes(
             GgmlType::Q8_0,
             4096,
@@ -815,8 +815,12 @@ mod tests {
             132
         ));
         assert!(!wg_default_takes(GgmlType::Q8_0, 2048, &[2048], 512, 132));
-        assert!(!wg_default_takes(GgmlType::Q5_0, 4096, &[4096], 512, 132));
-        assert!(!wg_default_takes(GgmlType::Q5_1, 4096, &[4096], 512, 132));
+        assert!(wg_default_takes(GgmlType::Q5_0, 4096, &[4096], 512, 132));
+        assert!(wg_default_takes(GgmlType::Q5_1, 4096, &[4096], 512, 132));
+        assert!(!wg_default_takes(GgmlType::Q5_1, 2048, &[2048], 512, 132));
+        // Types the kernel does not decode: never.
+        assert!(!wg_default_takes(GgmlType::Q4_K, 4096, &[4096], 512, 132));
+        assert!(!wg_default_takes(GgmlType::F16, 4096, &[4096], 512, 132));
         // 1B at 512 tokens: gate/up (128 x 4 CTAs) yes, o and down (16 x
         // 4 = 64) no; at 2,048 tokens down too (256).
         assert!(wg_default_takes(q4, 2048, &[8192, 8192], 512, 132));
