@@ -51,6 +51,9 @@ for s in "${steps[@]}"; do
       for wn in 1 2; do
         QUIRE_MQ_WN=$wn QUIRE_MMA_MIN_ROWS=0 QUIRE_MMA_MAX_ROWS=100000 run_step "ops-fast-mma-w$wn" "$QUIRE" ops --backend cuda --mode fast --op mat_mul
       done
+      # The mq kernels' cp.async weight copies (sm_90 moves Q4_0 / Q8_0
+      # chunks by bulk tensor copy; MQ_TMA=0 is the other path).
+      QUIRE_CUDA_DEFINES=MQ_TMA=0 QUIRE_MMA_MIN_ROWS=0 QUIRE_MMA_MAX_ROWS=100000 run_step ops-fast-mma-cpasync "$QUIRE" ops --backend cuda --mode fast --op mat_mul
       QUIRE_MQ=0 QUIRE_MMA_MIN_ROWS=0 QUIRE_MMA_MAX_ROWS=100000 run_step ops-fast-tile "$QUIRE" ops --backend cuda --mode fast --op mat_mul
       # The wgmma prefill GEMM (sm_90 only; elsewhere the same cases run the
       # cuBLAS path): by default it takes Q4_0, Q4_1 and Q8_0, QUIRE_WGMMA=1 every
@@ -65,6 +68,8 @@ for s in "${steps[@]}"; do
         done
         QUIRE_WGMMA=1 QUIRE_WR_BN=256 QUIRE_WR_SPLIT=$sp run_step "ops-fast-wgmma-n256-s$sp" "$QUIRE" ops --backend cuda --mode fast --op mat_mul
       done
+      # The producer's cp.async raw copies instead of the bulk tensor copies.
+      QUIRE_WGMMA=1 QUIRE_WR_BN=256 QUIRE_WG_DEFINES=WR_TMA=0 run_step ops-fast-wgmma-cpasync "$QUIRE" ops --backend cuda --mode fast --op mat_mul
       # The wave tail (wr_tail, added by wr_tail_sum) in every CTA shape,
       # planned for 4 and 7 SMs so that the cases' few CTAs have one (the
       # 520 x 1024 x 300 case takes it in every shape; mat_muls: a tail
