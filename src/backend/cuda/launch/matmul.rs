@@ -231,6 +231,12 @@ pub(super) struct MmJobs {
 unsafe impl cudarc::driver::DeviceRepr for MmJobs {}
 
 impl MmJobs {
+    /// Each job's weight address and rows, in table order.
+    pub(super) fn weights(&self) -> impl Iterator<Item = (u64, usize)> + '_ {
+        let count = (self.count.max(0) as usize).min(MAX_MAT_JOBS);
+        (0..count).map(|j| (self.w[j], self.m[j].max(0) as usize))
+    }
+
     /// Points job `j`'s output at device address `addr`.
     pub(super) fn set_out(&mut self, j: usize, addr: u64) {
         self.out[j] = addr;

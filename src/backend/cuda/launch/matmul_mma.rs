@@ -6,7 +6,6 @@
 
 use super::act_cache::{ActKey, ACT_Q8};
 use super::arena3;
-use super::dev_ptr;
 use super::matmul::{ctas_per_sm_knob, job_table, mm_dims, split_k};
 use super::matmul_wgmma::{job_maps, JobMaps};
 use crate::backend::cuda::mem::Dev;
@@ -231,8 +230,7 @@ impl CudaBackend {
         // The weights' tensor maps (sm_90+: the bulk tensor copies of the
         // Q4_0 / Q8_0 chunks, boxes of MQ_ROWS = 128 rows x 8 blocks).
         let maps = if crate::backend::cuda::pdl::arch_major(&self.arch) >= 9 {
-            let w: Vec<u64> = jobs.iter().map(|j| dev_ptr(&j.w.data, s)).collect();
-            job_maps(&w, &rows, k, ty.type_size(), 1)?
+            job_maps(&table, k, ty.type_size(), 1)?
         } else {
             JobMaps::none()
         };

@@ -6,7 +6,7 @@
 
 use super::act_cache::{ActKey, ACT_F16_WR};
 use super::arena3;
-use super::matmul::job_table;
+use super::matmul::{job_table, MmJobs};
 use crate::backend::cuda::mem::Dev;
 use crate::backend::cuda::source::WG_KERNELS;
 use crate::backend::cuda::{drv, grid_1d, i32_of, ty_code, wgmma_use, CudaBackend, WgmmaUse};
@@ -120,27 +120,14 @@ fn wr_map_geometry(m: usize, k: usize, bs: usize, mt: usize) -> ([u64; 2], u64, 
     )
 }
 
-/// Tensor maps of the jobs' weights (`w`: device addresses, 16-byte
-/// aligned; `rows`: rows of each; `k` a multiple of 256, type size `bs`):
-/// (`mt`: CTA rows of 128) 2-D u64 elements as wr_map_geometry says, no swizzle (a box lands as
+/// Tensor maps of a job table's weights (16-byte aligned, rows of k / 32
+/// blocks of `bs` bytes, k a multiple of 256), for CTAs of 128 `mt` rows:
+/// 2-D u64 elements as wr_map_geometry says, no swizzle (a box lands as
 /// the raw stage's rows of 8 `bs` bytes), zeros past the last row.
-pub(super) fn job_maps(
-    w: &[u64],
-    rows: &[usize],
-    k: usize,
-    bs: usize,
-    mt: usize,
-) -> Result<JobMaps> {
+pub(super) fn job_maps(table: &MmJobs, k: usize, bs: usize, mt: usize) -> Result<JobMaps> {
     use cudarc::driver::sys;
     let mut maps = JobMaps::none();
-    if w.len() > MAX_MAT_JOBS || w.len() != rows.len() {
-        return Err(anyhow!(
-            "mat_mul: {} weight maps for {} slots",
-            w.len(),
-            MAX_MAT_JOBS
-        ));
-    }
-    for (j, (&addr, &m)) in w.iter().zip(rows).enumerate() {
+    for (j, (addr, m)) in table.weights().enumerate() {
         let (dims, stride, boxd) = wr_map_geometry(m, k, bs, mt);
         let strides: [u64; 1] = [stride];
         let estr: [u32; 2] = [1, 1];
@@ -463,8 +450,7 @@ impl CudaBackend {
         // same input converts nothing.
         let padded = n.div_ceil(bn) * bn;
         let (table, ctas) = job_table(jobs, 128 * mt, s)?;
-        let w_addrs: Vec<u64> = jobs.iter().map(|j| super::dev_ptr(&j.w.data, s)).collect();
-        let maps = job_maps(&w_addrs, &rows, k, ty.type_size(), mt)?;
+        let maps = job_maps(&table, k, ty.type_size(), mt)?;
         let tiles_x = n.div_ceil(bn);
         let tail = if splits == 1 {
             wr_tail(ctas as usize, tiles_x, k, v, self.sm_count())
