@@ -207,6 +207,26 @@ __device__ __forceinline__ uint2 f16x4(float4 v) {
     return make_uint2((u32)q_to_f16(v.x) | ((u32)q_to_f16(v.y) << 16),
                       (u32)q_to_f16(v.z) | ((u32)q_to_f16(v.w) << 16));
 }
+// The body of one thread of a kernel that writes the f16 tiles (to_f16_wr,
+// swiglu_f16wr: one thread per 16-byte piece, `pieces` = whole tiles of 128
+// rows x k / 8): piece pk of row t, its values 8 pk .. 8 pk + 7 made by
+// vals(o, r) into r[0], r[1] (o = t k + 8 pk, the row-major index of the
+// first) for rows t < n; zeros past n.
+template <class F>
+__device__ __forceinline__ void f16wr_piece(u16* __restrict__ out, int n, int k, long long pieces,
+                                            F vals) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= pieces) return;
+    const int t = (int)(idx / (k / 8)), pk = (int)(idx % (k / 8));
+    uint4 h = make_uint4(0, 0, 0, 0);
+    if (t < n) {
+        float4 r[2];
+        vals((long long)t * k + 8 * pk, r);
+        const uint2 a = f16x4(r[0]), b = f16x4(r[1]);
+        h = make_uint4(a.x, a.y, b.x, b.y);
+    }
+    *(uint4*)((u8*)out + f16wr_off(t, k, pk)) = h;
+}
 __device__ __forceinline__ float q_bf16(u16 bits) { return __uint_as_float(((u32)bits) << 16); }
 __device__ __forceinline__ float q_f16_at(const u8* p) {
     return q_f16((u16)p[0] | ((u16)p[1] << 8));

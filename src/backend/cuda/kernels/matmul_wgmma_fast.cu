@@ -240,16 +240,11 @@ __device__ __forceinline__ void wr_frag(const u8* blk, int q, u32* h) {
 extern "C" __global__ void to_f16_wr(const float* __restrict__ x, int n, int k, long long pieces,
                                      u16* __restrict__ out) {
     GRID_DEP();
-    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= pieces) return;
-    const int t = (int)(idx / (k / 8)), pk = (int)(idx % (k / 8));
-    uint4 h = make_uint4(0, 0, 0, 0);
-    if (t < n) {
-        const float4* src = (const float4*)(x + (long long)t * k + 8 * pk);
-        const uint2 a = f16x4(src[0]), b = f16x4(src[1]);
-        h = make_uint4(a.x, a.y, b.x, b.y);
-    }
-    *(uint4*)((u8*)out + f16wr_off(t, k, pk)) = h;
+    f16wr_piece(out, n, k, pieces, [&](long long o, float4* r) {
+        const float4* src = (const float4*)(x + o);
+        r[0] = src[0];
+        r[1] = src[1];
+    });
 }
 
 template <int TY, int MT, int BN>

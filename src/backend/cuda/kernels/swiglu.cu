@@ -31,13 +31,7 @@ extern "C" __global__ void swiglu_f16wr(const float* __restrict__ gate,
                                         long long pieces, float* __restrict__ out,
                                         u16* __restrict__ x16) {
     GRID_DEP();
-    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= pieces) return;
-    const int t = (int)(idx / (k / 8)), pk = (int)(idx % (k / 8));
-    uint4 h = make_uint4(0, 0, 0, 0);
-    if (t < n) {
-        const long long o = (long long)t * k + 8 * pk;
-        float4 r[2];
+    f16wr_piece(x16, n, k, pieces, [&](long long o, float4* r) {
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             const float4 g = *(const float4*)(gate + o + 4 * i), u = *(const float4*)(up + o + 4 * i);
@@ -45,8 +39,5 @@ extern "C" __global__ void swiglu_f16wr(const float* __restrict__ gate,
                                q_mul(q_silu(g.z), u.z), q_mul(q_silu(g.w), u.w));
             *(float4*)(out + o + 4 * i) = r[i];
         }
-        const uint2 a = f16x4(r[0]), b = f16x4(r[1]);
-        h = make_uint4(a.x, a.y, b.x, b.y);
-    }
-    *(uint4*)((u8*)x16 + f16wr_off(t, k, pk)) = h;
+    });
 }
