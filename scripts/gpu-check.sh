@@ -86,6 +86,13 @@ for s in "${steps[@]}"; do
       # unit's cluster (att_pipe_c_*, the default for small launches of 2-16
       # CTAs per unit).
       QUIRE_ATT_CLUSTER=0 run_step ops-fast-att-combine "$QUIRE" ops --backend cuda --mode fast --op paged_attention
+      # One CTA per row folding 2-16 chunks at 3 stages (att_pipe_m3_*,
+      # which fast mode takes only for batches that fill the GPU), and the
+      # K/V copies by every lane's cp.async instead of bulk tensor copies
+      # (sm_90+), in every form.
+      QUIRE_ATT_DEEP=1 run_step ops-fast-att-deep "$QUIRE" ops --backend cuda --mode fast --op paged_attention
+      QUIRE_ATT_TMA=0 run_step ops-fast-att-cpasync "$QUIRE" ops --backend cuda --mode fast --op paged_attention
+      QUIRE_ATT_TMA=1 run_step ops-fast-att-tma "$QUIRE" ops --backend cuda --mode fast --op paged_attention
       ;;
     attn)
       # Paged decode attention over scattered blocks at long contexts

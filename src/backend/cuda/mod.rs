@@ -314,9 +314,11 @@ impl CudaBackend {
                 }
                 // The partials-only kernels (16- and 8-key tiles): fast_parts
                 // sizes the partition by them (their att_pipe_m_ forms run
-                // the same partition).
+                // the same partition); and the deep merging form, whose
+                // occupancy deep_rule weighs.
                 if e.starts_with("att_pipe_d")
                     || e.starts_with("att_pipe_w_d")
+                    || e.starts_with("att_pipe_m3_d")
                     || e == "paged_attention_split"
                 {
                     let smem = launch::att_pipe_smem(e).unwrap_or(0);

@@ -162,10 +162,12 @@ const WG_ENTRIES: [&str; 3 * WG_KERNELS.len() + 2] = {
 };
 
 /// The pipelined split-attention entries of attention_fast.cu, indexed
-/// [form][head_dim class][group class]: `att_pipe{,_m,_w,_c}_d{2,4}_g{1,2,4,8}`
-/// (form: partials, merging, partials with 8-key tiles, merging by a
-/// cluster; launch/attention.rs, gqa_split_kernel, picks one).
-pub const ATT_PIPE: [[[&str; 4]; 2]; 4] = [
+/// [form][head_dim class][group class]:
+/// `att_pipe{,_m,_w,_c,_m3}_d{2,4}_g{1,2,4,8}` (form: partials, merging,
+/// partials with 8-key tiles, merging by a cluster, merging at
+/// ATT_M3_STAGES stages; launch/attention.rs, gqa_split_kernel, picks
+/// one).
+pub const ATT_PIPE: [[[&str; 4]; 2]; 5] = [
     [
         [
             "att_pipe_d2_g1",
@@ -220,6 +222,20 @@ pub const ATT_PIPE: [[[&str; 4]; 2]; 4] = [
             "att_pipe_c_d4_g2",
             "att_pipe_c_d4_g4",
             "att_pipe_c_d4_g8",
+        ],
+    ],
+    [
+        [
+            "att_pipe_m3_d2_g1",
+            "att_pipe_m3_d2_g2",
+            "att_pipe_m3_d2_g4",
+            "att_pipe_m3_d2_g8",
+        ],
+        [
+            "att_pipe_m3_d4_g1",
+            "att_pipe_m3_d4_g2",
+            "att_pipe_m3_d4_g4",
+            "att_pipe_m3_d4_g8",
         ],
     ],
 ];
@@ -284,9 +300,10 @@ pub fn prelude() -> String {
     ));
     s.push_str(&format!("#define MV_EXACT_WR {MV_EXACT_WR}\n"));
     s.push_str(&format!(
-        "#define ATT_STAGES {}\n#define ATT_W_STAGES {}\n#define ATT_SPLIT_THREADS {}\n",
+        "#define ATT_STAGES {}\n#define ATT_W_STAGES {}\n#define ATT_M3_STAGES {}\n#define ATT_SPLIT_THREADS {}\n",
         crate::backend::cuda::launch::att_stages(),
-        crate::backend::cuda::launch::ATT_W_STAGES,
+        crate::backend::cuda::launch::att_w_stages(),
+        crate::backend::cuda::launch::ATT_M3_STAGES,
         crate::backend::cuda::launch::ATT_SPLIT_THREADS
     ));
     // The dynamic shared memory the host launches each split-attention

@@ -408,7 +408,49 @@ __device__ __forceinline__ void att_combine_rh(const float* __restrict__ part, i
 // ATT_PIPE_GQA checks them against the host's att_pipe_smem.
 __host__ __device__ constexpr int att_pipe_bytes(int d32, int gm, int kt, int st) {
     return 2 * ATT_SPLIT_WARPS * st * kt * 32 * d32 * 2 + gm * 32 * d32 * 4 +
-           ATT_SPLIT_WARPS * gm * kt * 4 + 2 * ATT_SPLIT_WARPS * gm * 4;
+           ATT_SPLIT_WARPS * gm * kt * 4 + 2 * ATT_SPLIT_WARPS * gm * 4 + 8 * ATT_SPLIT_WARPS * st;
+}
+// K and V by bulk tensor copies (sm_90+, the host's `tma` flag: head_dim
+// 32 * D32 exactly and block_size a multiple of the tile's KT keys, so a
+// tile is KT consecutive cells of one page): the cache as 3-D tensors
+// (head_dim, n_kv_heads, cells) of u16, one map for K (boxes of (64, 1,
+// KT), 128-byte swizzle: the layout att_k_at describes) and one for V
+// (boxes of (head_dim, 1, KT), no swizzle: rows as the cp.async path
+// stores them). launch/attention.rs att_maps encodes them; zeros (never
+// read) when `tma` is 0.
+struct AttMaps {
+    TmaMap k, v;
+};
+#ifndef ATT_TMA
+#define ATT_TMA 1
+#endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define ATT_TMA_ON ATT_TMA
+#else
+#define ATT_TMA_ON 0
+#endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Box (x, y, z) of the 3-D tensor map `map` to this CTA's shared memory at
+// dst, completing on bar's transaction count.
+__device__ __forceinline__ void tma_3d_g2s(void* dst, const TmaMap* map, int x, int y, int z,
+                                           u64* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4}], [%5];" ::"r"((u32)__cvta_generic_to_shared(dst)),
+        "l"(map), "r"(x), "r"(y), "r"(z), "r"((u32)__cvta_generic_to_shared(bar))
+        : "memory");
+}
+#endif
+// Byte offset, in a K stage of KT rows, of 16-byte piece c of row kk. The
+// stage holds head_dim / 64 halves of (KT, 64) f16, 128 bytes a row, and
+// piece c % 8 of a row of half c / 8 sits at slot (c % 8) ^ (kk % 8): the
+// copy engine's 128-byte swizzle (the XOR of address bits 4-6 with bits
+// 7-9), given stages 1024-byte aligned, which the cp.async path writes
+// too. So the eight lanes of a quarter warp, reading one piece of eight
+// keys, hit eight different bank groups.
+template <int KT>
+__device__ __forceinline__ int att_k_at(int kk, int c) {
+    return (c >> 3) * (KT * 128) + kk * 128 + (((c & 7) ^ (kk & 7)) << 4);
 }
 // FUSE: ATT_FUSE_NONE (partials only), ATT_FUSE_SELF (one CTA per unit
 // merges what it wrote), ATT_FUSE_CLUSTER (a thread-block cluster per unit,
@@ -424,22 +466,29 @@ __device__ __forceinline__ void att_pipe_gqa(
     float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
     const u32* __restrict__ tables, const u32* __restrict__ table_off,
     const u32* __restrict__ row_seq, const u32* __restrict__ positions, int stride,
-    int n_parts, float* __restrict__ part, int early, float* __restrict__ out,
-    signed char* __restrict__ xq, float2* __restrict__ xds) {
+    int n_parts, float* __restrict__ part, int early, const AttMaps& maps, int tma,
+    float* __restrict__ out, signed char* __restrict__ xq, float2* __restrict__ xds) {
     constexpr int HD = 32 * D32;  // the largest head_dim served; the smem row stride
     // NH = 32 / KT lanes per key, TPC tiles per warp and chunk.
     static_assert(KT == 8 || KT == 16, "KT is 8 or 16");
     constexpr int W = ATT_SPLIT_WARPS, NH = 32 / KT, TPC = 32 / KT;
     extern __shared__ __align__(16) unsigned char att_smem[];
     // Layout (bytes): kst, vst: (W, ST, KT, HD) u16 each; qs: (GM, HD) f32;
-    // wp: (W, GM, KT) f32; wm, wl: (W, GM) f32. wacc (W, GM, HD) f32
-    // aliases kst after the key loop.
+    // wp: (W, GM, KT) f32; wm, wl: (W, GM) f32; bars: (W, ST) u64 (the
+    // stages' mbarriers, `tma` only). wacc (W, GM, HD) f32 aliases kst
+    // after the key loop. A K stage's rows are laid out as att_k_at says.
     u16(*kst)[ST][KT][HD] = (u16(*)[ST][KT][HD])att_smem;
     u16(*vst)[ST][KT][HD] = (u16(*)[ST][KT][HD])(att_smem + W * ST * KT * HD * 2);
     float(*qs)[HD] = (float(*)[HD])(att_smem + 2 * W * ST * KT * HD * 2);
     float(*wp)[GM][KT] = (float(*)[GM][KT])(att_smem + 2 * W * ST * KT * HD * 2 + GM * HD * 4);
     float(*wm)[GM] = (float(*)[GM])((unsigned char*)wp + W * GM * KT * 4);
     float(*wl)[GM] = (float(*)[GM])((unsigned char*)wm + W * GM * 4);
+    u64(*bars)[ST] = (u64(*)[ST])((unsigned char*)wl + W * GM * 4);
+    static_assert((2 * W * ST * KT * HD * 2 + GM * HD * 4 + W * GM * KT * 4 + 2 * W * GM * 4) % 8 ==
+                      0,
+                  "the mbarriers are 8-byte aligned");
+    static_assert((KT * HD * 2) % 1024 == 0 && (KT * 128) % 1024 == 0,
+                  "K stages and halves 1024-byte aligned (the 128-byte swizzle)");
     float(*wacc)[GM][HD] = (float(*)[GM][HD])att_smem;
     static_assert(W * GM * HD * 4 <= W * ST * KT * HD * 2, "wacc fits in kst");
     int group = n_heads / n_kv_heads;
@@ -468,6 +517,23 @@ __device__ __forceinline__ void att_pipe_gqa(
     if (FUSE != ATT_FUSE_CLUSTER && (int)blockIdx.y >= np) return;
     const u32* table = tables + table_off[seq];
     bool waited = false;
+    tma = ATT_TMA_ON ? tma : 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (tma) {
+        if (threadIdx.x == 0) {
+            // The K stages must sit where the copy engine's swizzle expects
+            // them (att_k_at): the shared window's start, 1024-aligned.
+            if ((__cvta_generic_to_shared(att_smem) & 1023) != 0) __trap();
+        }
+        if (l == 0) {
+            for (int i = 0; i < ST; i++) mbar_init(&bars[w][i], 1);
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+        __syncwarp();
+    }
+#endif
+    // `tma`: bit i is the parity of stage i's next barrier phase.
+    u32 phase = 0;
     for (int p = blockIdx.y; p < np; p += gridDim.y) {
         // Tile t of this warp starts at key tile_k0(t); tiles are in
         // increasing key order, so the first past pos ends the walk.
@@ -476,19 +542,38 @@ __device__ __forceinline__ void att_pipe_gqa(
         };
         int n_tiles = 0;
         while (tile_k0(n_tiles) <= pos) n_tiles++;
-        // Lane kk's key of tile t: its K/V offset (0 past pos or the last tile).
+        // Lane kk's key of tile t: its K/V offset (0 past pos or the last
+        // tile). `tma`: the cell of the tile's first key (every lane the
+        // same; the tile's KT cells are consecutive in one page).
         auto tile_off = [&](int t) {
             long long off = 0;
-            int j = tile_k0(t) + kk;
+            int j = tile_k0(t) + (tma ? 0 : kk);
             if (t < n_tiles && j <= pos) {
                 long long cell = (long long)table[j / block_size] * block_size + j % block_size;
-                off = (cell * n_kv_heads + kvh) * hd;
+                off = tma ? cell : (cell * n_kv_heads + kvh) * hd;
             }
             return off;
         };
         // Copies tile t (lane kk's key at off) into stage t % ST: one commit
-        // group, empty past the last tile.
+        // group, empty past the last tile. `tma`: lane 0 queues the tile's
+        // whole K and V boxes (cells past pos too: never used) on the
+        // stage's barrier.
         auto issue = [&](int t, long long off) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            if (tma) {
+                if (t < n_tiles && l == 0) {
+                    int st = t % ST;
+                    u64* bar = &bars[w][st];
+                    mbar_expect(bar, 2 * KT * HD * 2);
+#pragma unroll
+                    for (int hf = 0; hf < HD / 64; hf++)
+                        tma_3d_g2s((unsigned char*)&kst[w][st][0][0] + hf * KT * 128, &maps.k,
+                                   64 * hf, kvh, (int)off, bar);
+                    tma_3d_g2s(&vst[w][st][0][0], &maps.v, 0, kvh, (int)off, bar);
+                }
+                return;
+            }
+#endif
             if (t < n_tiles) {
                 int k0 = tile_k0(t), st = t % ST;
                 for (int base = 0; base < KT * cpr; base += 32) {
@@ -496,7 +581,8 @@ __device__ __forceinline__ void att_pipe_gqa(
                     int row = min(idx / cpr, KT - 1), c = idx - row * cpr;
                     long long ro = __shfl_sync(0xffffffffu, off, row);
                     if (idx < KT * cpr && k0 + row <= pos) {
-                        cp_async16(&kst[w][st][row][8 * (c ^ (row & 7))], kc + ro + 8 * c, 16);
+                        cp_async16((unsigned char*)&kst[w][st][0][0] + att_k_at<KT>(row, c),
+                                   kc + ro + 8 * c, 16);
                         cp_async16(&vst[w][st][row][8 * c], vc + ro + 8 * c, 16);
                     }
                 }
@@ -544,9 +630,15 @@ __device__ __forceinline__ void att_pipe_gqa(
             long long o = off_next;
             off_next = tile_off(t + ST);
             issue(t + ST - 1, o);
-            cp_async_wait_group<ST - 1>();  // tile t's copies are done
-            __syncwarp();
             int st = t % ST, k0 = tile_k0(t);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            if (tma) {
+                mbar_wait(&bars[w][st], (phase >> st) & 1);
+                phase ^= 1u << st;
+            } else
+#endif
+                cp_async_wait_group<ST - 1>();  // tile t's copies are done
+            __syncwarp();
             bool ok = k0 + kk <= pos;
             int nk = min(KT, pos - k0 + 1);
             float sc[GM];
@@ -556,7 +648,8 @@ __device__ __forceinline__ void att_pipe_gqa(
             for (int i = 0; i < HD / (8 * NH); i++) {
                 int c = NH * i + hv;
                 if (c < cpr) {
-                    uint4 kv = *(const uint4*)&kst[w][st][kk][8 * (c ^ (kk & 7))];
+                    uint4 kv = *(const uint4*)((const unsigned char*)&kst[w][st][0][0] +
+                                               att_k_at<KT>(kk, c));
                     float2 k0f = q_f16x2(kv.x), k1f = q_f16x2(kv.y);
                     float2 k2f = q_f16x2(kv.z), k3f = q_f16x2(kv.w);
 #pragma unroll
@@ -662,6 +755,11 @@ __device__ __forceinline__ void att_pipe_gqa(
                 for (int u = 0; u < D32; u++) pp[2 + d0 + u] = o[u];
             }
         }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        // The next partial's bulk copies (async proxy) overwrite kst, which
+        // wacc (generic stores) aliases.
+        if (tma) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
         __syncthreads();  // before the next partial reuses the shared state
     }
     if constexpr (FUSE == ATT_FUSE_CLUSTER) {
@@ -698,17 +796,21 @@ __device__ __forceinline__ void att_pipe_gqa(
         float scale, const u16 *__restrict__ kc, const u16 *__restrict__ vc,                   \
         const u32 *__restrict__ tables, const u32 *__restrict__ table_off,                     \
         const u32 *__restrict__ row_seq, const u32 *__restrict__ positions, int stride,        \
-        int n_parts, float *__restrict__ part, int early
+        int n_parts, float *__restrict__ part, int early,                                      \
+        const __grid_constant__ AttMaps maps, int tma
 #define ATT_PIPE_PASS                                                                          \
     q, n_heads, n_kv_heads, head_dim, block_size, scale, kc, vc, tables, table_off, row_seq,   \
-        positions, stride, n_parts, part, early
+        positions, stride, n_parts, part, early, maps, tma
 // att_pipe_d*_g*: partials only (attention_combine merges them);
 // GRID_DEP() is inside att_pipe_gqa (some loads go before its wait);
 // att_pipe_m_d*_g*: one CTA per (row, KV head) that also merges them and
 // writes the output (and its int8 copy, as attention_combine does);
 // att_pipe_c_d*_g*: a cluster of CTAs per (row, KV head) that merge
 // them after the cluster barrier (sm_90+);
-// att_pipe_w_d*_g*: partials only, 8-key tiles (see att_pipe_gqa).
+// att_pipe_w_d*_g*: partials only, 8-key tiles (see att_pipe_gqa);
+// att_pipe_m3_d*_g*: att_pipe_m_'s merging form at ATT_M3_STAGES stages,
+// for launches where one CTA per (row, KV head) folds rows of several
+// chunks (`fast`: launch/attention.rs, deep_rule).
 // ATT_SMEM_<name> (host prelude): the bytes launch/attention.rs launches
 // each entry with (att_pipe_smem); it must equal the kernel's layout.
 #define ATT_PIPE_CHECK(NAME, D32, GM, KT, ST)                                                  \
@@ -719,6 +821,7 @@ __device__ __forceinline__ void att_pipe_gqa(
     ATT_PIPE_CHECK(att_pipe_m_d##D32##_g##GM, D32, GM, 16, ATT_STAGES)                         \
     ATT_PIPE_CHECK(att_pipe_c_d##D32##_g##GM, D32, GM, 16, ATT_STAGES)                         \
     ATT_PIPE_CHECK(att_pipe_w_d##D32##_g##GM, D32, GM, 8, ATT_W_STAGES)                        \
+    ATT_PIPE_CHECK(att_pipe_m3_d##D32##_g##GM, D32, GM, 16, ATT_M3_STAGES)                     \
     extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS)                         \
         att_pipe_d##D32##_g##GM(ATT_PIPE_ARGS) {                                               \
         att_pipe_gqa<D32, GM, ATT_FUSE_NONE>(ATT_PIPE_PASS, nullptr, nullptr, nullptr);        \
@@ -737,6 +840,11 @@ __device__ __forceinline__ void att_pipe_gqa(
         att_pipe_w_d##D32##_g##GM(ATT_PIPE_ARGS) {                                             \
         att_pipe_gqa<D32, GM, ATT_FUSE_NONE, 8, ATT_W_STAGES>(ATT_PIPE_PASS, nullptr, nullptr, \
                                                               nullptr);                        \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS)                         \
+        att_pipe_m3_d##D32##_g##GM(ATT_PIPE_ARGS, float* __restrict__ out,                     \
+                                   signed char* __restrict__ xq, float2* __restrict__ xds) {   \
+        att_pipe_gqa<D32, GM, ATT_FUSE_SELF, 16, ATT_M3_STAGES>(ATT_PIPE_PASS, out, xq, xds);  \
     }
 ATT_PIPE_GQA(2, 1)
 ATT_PIPE_GQA(2, 2)

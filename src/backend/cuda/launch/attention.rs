@@ -1,6 +1,7 @@
 //! Paged attention launches: the canonical kernel (`exact`), split-KV
 //! (`deterministic`, `fast` decode) and tensor-core prefill (`fast`).
 
+use super::att_maps::{att_maps, att_tma_wanted, AttMaps};
 use super::{arena3, RawArgs};
 use crate::backend::cuda::mem::{DevAttnBatch, DevKv, ATT_PARTS};
 use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
@@ -259,11 +260,28 @@ impl CudaBackend {
             Mode::Fast => fast_parts(units, slots),
             _ => ATT_PARTS,
         };
+        // `fast`, rows of 2 to 16 chunks and units enough to fill the GPU
+        // at the deep merging kernel's occupancy: one partial per row,
+        // folded by one CTA per unit (att_pipe_m3_* when the merge is
+        // fused; else the partials kernel and the combine, the same bits).
+        let deep_name = gqa_split_kernel(group, hd, Pipe::Deep);
+        let deep = match (mode, deep_name) {
+            (Mode::Fast, Some(dn)) => deep_wanted(
+                units,
+                batch.part_ctas,
+                self.att_per_sm(dn)? * self.sm_count(),
+            ),
+            _ => false,
+        };
+        if deep {
+            parts = 1;
+        }
         // `fast`, more than one wave: the 8-key-tile form, its partition
         // sized by its own resident CTAs (a function of the batch shape
         // only, like fast_parts).
         let wide = mode == Mode::Fast
             && gqa.is_some()
+            && !deep
             && wide_wanted(units, parts, slots, batch.part_ctas);
         if wide {
             let wname = gqa_split_kernel(group, hd, Pipe::Wide).unwrap_or(name);
@@ -295,6 +313,7 @@ impl CudaBackend {
                 .is_some_and(|c| units <= self.att_clusters(c, ctas_y));
         let form = match (wide, merge, cluster) {
             (true, _, _) => Pipe::Wide,
+            (false, true, _) if deep => Pipe::Deep,
             (false, true, _) => Pipe::Merge,
             (false, false, true) => Pipe::Cluster,
             (false, false, false) => Pipe::Partials,
@@ -320,6 +339,26 @@ impl CudaBackend {
         let mut guard = self.arena(&sizes)?;
         let smem = att_pipe_smem(name).unwrap_or(0);
         let early = i32::from(batch.one_row_per_seq && early_kv());
+        // K and V by bulk tensor copies where a tile is one page's cells
+        // (att_maps.rs): 8-key tiles in the wide form, else 16.
+        let kt = if wide { 8 } else { 16 };
+        let cells = cache.k.len() / (nkvi as usize * hd).max(1);
+        let arch_major = crate::backend::cuda::pdl::arch_major(&self.arch);
+        let ctas = units * ctas_y;
+        let tma = gqa.is_some()
+            && tma_form_wanted(form, ctas, slots, self.sm_count())
+            && att_tma_wanted(arch_major, hd, bsi as usize, kt, cells);
+        let maps = if tma {
+            att_maps(cache, cache.k.device_ptr(s).0, cache.v.device_ptr(s).0, kt)?
+        } else {
+            AttMaps::none()
+        };
+        let tmai = i32::from(tma);
+        att_trace(&format!(
+            "{name}: {} rows x {nkvi} kv heads, {ctas_y} CTAs per unit, {parts} partials, \
+             {slots} slots of the partials kernel, tma {tma}",
+            batch.n_rows
+        ));
         let regions = (qlen, qlen / 32 * 8, plen);
         let res = arena3::<u8, u8, f32, ()>(&mut guard, regions, |_, _, part| {
             let ctas_x = if gqa.is_some() {
@@ -340,6 +379,8 @@ impl CudaBackend {
                     .i32(pi)
                     .ptr(part.device_ptr(s).0)
                     .i32(early)
+                    .bytes(&maps.to_bytes())
+                    .i32(tmai)
                     .ptr(out.device_ptr(s).0)
                     .ptr(xq)
                     .ptr(xds);
@@ -379,7 +420,7 @@ impl CudaBackend {
                 .arg(&pi)
                 .arg(&mut *part);
             if gqa.is_some() {
-                b.arg(&early);
+                b.arg(&early).arg(&maps).arg(&tmai);
             }
             if merge {
                 b.arg(&mut *out).arg(&xq).arg(&xds);
@@ -395,9 +436,12 @@ impl CudaBackend {
             // for the grouped kernels at most 32*D32 with at most GM query
             // heads per KV head (gqa_split_kernel), whose `early` is set
             // only when every row is its sequence's only row (what their
-            // reads before the programmatic wait rely on); att_pipe_m_* (merge:
-            // gridDim.y == 1) also take out and xq / xds as the combine
-            // below does.
+            // reads before the programmatic wait rely on), and whose
+            // AttMaps (by value) describe this layer's K and V with boxes of
+            // the form's tile when `tma` is 1 (att_tma_wanted: sm_90+,
+            // head_dim 32*D32, pages a multiple of the tile), else are
+            // never read; att_pipe_m_* (merge: gridDim.y == 1) also take
+            // out and xq / xds as the combine below does.
             drv(
                 unsafe { b.launch(cfg) },
                 "paged_attention: launching the split kernel",
@@ -553,6 +597,74 @@ fn early_kv() -> bool {
     *V.get_or_init(|| std::env::var("QUIRE_ATT_EARLY").map_or(true, |v| v != "0"))
 }
 
+/// Whether a launch of `ctas` CTAs of form `form` takes the bulk tensor
+/// copies (where att_tma_wanted allows them): QUIRE_ATT_TMA=1 every
+/// launch, else tma_rule.
+fn tma_form_wanted(form: Pipe, ctas: usize, slots: usize, sms: usize) -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("QUIRE_ATT_TMA").is_ok_and(|v| v == "1"))
+        || tma_rule(form, ctas, slots, sms)
+}
+
+/// Every form but one: the partials kernel launched as a single wave of
+/// more than two CTAs per SM (of its `slots` resident), where each lane's
+/// cp.async measured faster. H100, bench-attn, 8B heads, 16-token pages,
+/// us per call with PDL, bulk copies / cp.async, two rounds
+/// (2026-11-26): B=8 (384 CTAs, 396 slots) ctx 2,048 32.9 / 32.4, ctx
+/// 8,192 102.5 / 99.3; but B=1 (256 CTAs) ctx 8,192 17.5 / 19.6 and ctx
+/// 2,048 9.0 / 9.9, B=64 ctx 8,192 (1,536 CTAs) 736 / 760-800, B=32 ctx
+/// 8,192 (768) 377 / 377.
+fn tma_rule(form: Pipe, ctas: usize, slots: usize, sms: usize) -> bool {
+    form != Pipe::Partials || ctas > slots || ctas <= 2 * sms
+}
+
+/// Whether a `fast` launch of `units` (row, KV head) pairs whose longest
+/// row has `part_ctas` chunks (at most ATT_PARTS) folds each row in one
+/// CTA at ATT_M3_STAGES stages: deep_rule (QUIRE_ATT_DEEP=0: never;
+/// =1: for every row count, so the op parity harness, whose batches are
+/// small, checks it; the partition changes, so the bits do).
+fn deep_wanted(units: usize, part_ctas: usize, deep_slots: usize) -> bool {
+    static V: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    match *V.get_or_init(|| match std::env::var("QUIRE_ATT_DEEP").as_deref() {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
+    }) {
+        Some(false) => false,
+        Some(true) => (2..=ATT_PARTS / 2).contains(&part_ctas),
+        None => deep_rule(units, part_ctas, deep_slots),
+    }
+}
+
+/// Rows of 2 to 16 chunks (a decode graph's bucket fixes the count: up to
+/// 2,048 keys) and units that fill the deep kernel's `deep_slots` resident
+/// CTAs by themselves (one partial is what fast_parts would pick there).
+/// Measured on an H100 (2026-11-26, bench-attn, 8B heads, us per call
+/// with PDL; this form / the 8-key split and its combine): B=32 ctx 512
+/// 29.8 / 33.3, ctx 2,048 98.9 / 104.4; B=64 58.1 / 58.7, 197.3 / 203.3;
+/// but at ctx 8,192 385.4 / 378.6 and 741.5 / 734.6 (the split form
+/// stays there).
+fn deep_rule(units: usize, part_ctas: usize, deep_slots: usize) -> bool {
+    (2..=ATT_PARTS / 2).contains(&part_ctas) && parts_for_slots(units, deep_slots) == 1
+}
+
+/// QUIRE_ATT_TRACE=1: each distinct split-attention launch shape (the
+/// kernel, its grid and partition), once, on stderr: which form a
+/// benchmark's shapes take.
+fn att_trace(line: &str) {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    static SEEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    if !*ON.get_or_init(|| std::env::var("QUIRE_ATT_TRACE").is_ok_and(|v| v == "1")) {
+        return;
+    }
+    if let Ok(mut seen) = SEEN.lock() {
+        if !seen.iter().any(|l| l == line) {
+            eprintln!("attention: {line}");
+            seen.push(line.to_string());
+        }
+    }
+}
+
 fn env_usize(name: &str) -> Option<usize> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
@@ -568,18 +680,30 @@ pub(crate) fn att_stages() -> usize {
 /// only (16-key tiles), partials merged by the CTA itself (att_pipe_m_*,
 /// one CTA per (row, KV head)), partials with 8-key tiles at
 /// ATT_W_STAGES stages (att_pipe_w_*: `fast` mode, multi-wave launches),
-/// and partials merged by the unit's thread-block cluster of
-/// 2..=ATT_CLUSTER_MAX CTAs (att_pipe_c_*, sm_90+).
+/// partials merged by the unit's thread-block cluster of
+/// 2..=ATT_CLUSTER_MAX CTAs (att_pipe_c_*, sm_90+), and the merging form
+/// at ATT_M3_STAGES stages (att_pipe_m3_*, deep_rule).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Pipe {
     Partials = 0,
     Merge = 1,
     Wide = 2,
     Cluster = 3,
+    Deep = 4,
 }
 
-/// Stages of the att_pipe_w_* kernels (ATT_W_STAGES in the prelude).
-pub(crate) const ATT_W_STAGES: usize = 3;
+/// Stages of the att_pipe_m3_* kernels (ATT_M3_STAGES in the prelude): the
+/// merging form for rows of several chunks folded by one CTA (deep_rule),
+/// where a tile's copies have a tile's compute less to hide behind than
+/// in the split forms.
+pub(crate) const ATT_M3_STAGES: usize = 3;
+
+/// Stages of the att_pipe_w_* kernels (ATT_W_STAGES in the prelude):
+/// QUIRE_ATT_W_STAGES, 2..=4, default 3.
+pub(crate) fn att_w_stages() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| env_usize("QUIRE_ATT_W_STAGES").unwrap_or(3).clamp(2, 4))
+}
 
 /// Threads per CTA of the split-attention kernels (paged_attention_split,
 /// att_pipe_*: 32 * ATT_SPLIT_WARPS, which attention_fast.cu checks against
@@ -590,12 +714,15 @@ pub(crate) const ATT_SPLIT_THREADS: usize = 128;
 /// Dynamic shared memory of the pipelined kernel `name`
 /// (att_pipe_{,m_,w_}d{D32}_g{GM}; the layout of att_pipe_gqa): K and V
 /// stages (4 warps, stages of KT rows of 32*D32 f16 each: 16 rows at
-/// ATT_STAGES stages, or for att_pipe_w_* 8 rows at ATT_W_STAGES), the
-/// queries (GM x 32*D32 f32), the tile weights (4 x GM x KT) and the
-/// warps' (m, l). None for any other kernel.
+/// ATT_STAGES stages, or for att_pipe_w_* 8 rows at att_w_stages()), the
+/// queries (GM x 32*D32 f32), the tile weights (4 x GM x KT), the
+/// warps' (m, l) and the stages' mbarriers (4 x stages u64, the bulk
+/// tensor copies'). None for any other kernel.
 pub(crate) fn att_pipe_smem(name: &str) -> Option<usize> {
     let (rest, kt, st) = if let Some(r) = name.strip_prefix("att_pipe_w_d") {
-        (r, 8, ATT_W_STAGES)
+        (r, 8, att_w_stages())
+    } else if let Some(r) = name.strip_prefix("att_pipe_m3_d") {
+        (r, 16, ATT_M3_STAGES)
     } else {
         let r = name
             .strip_prefix("att_pipe_d")
@@ -606,7 +733,7 @@ pub(crate) fn att_pipe_smem(name: &str) -> Option<usize> {
     let (d32, gm) = rest.split_once("_g")?;
     let (d32, gm): (usize, usize) = (d32.parse().ok()?, gm.parse().ok()?);
     let (w, hd) = (4, 32 * d32);
-    Some(2 * w * st * kt * hd * 2 + gm * hd * 4 + w * gm * kt * 4 + 2 * w * gm * 4)
+    Some(2 * w * st * kt * hd * 2 + gm * hd * 4 + w * gm * kt * 4 + 2 * w * gm * 4 + 8 * w * st)
 }
 
 /// The GQA-grouped split kernel of form `form` for `group` query heads per
@@ -668,7 +795,10 @@ fn wide_rule(units: usize, parts: usize, slots: usize, part_ctas: usize) -> bool
 
 #[cfg(test)]
 mod tests {
-    use super::{att_pipe_smem, cluster_rule, gqa_split_kernel, parts_for_slots, wide_rule, Pipe};
+    use super::{
+        att_pipe_smem, cluster_rule, deep_rule, gqa_split_kernel, parts_for_slots, tma_rule,
+        wide_rule, Pipe,
+    };
 
     #[test]
     fn cluster_form_for_two_to_sixteen_ctas_per_unit() {
@@ -701,6 +831,40 @@ mod tests {
         // Past 8 heads per KV head (the launch bound), or switched off.
         assert_eq!(fa_kernel(12, 1, true), ("flash_attention_prefill", 12, 32));
         assert_eq!(fa_kernel(32, 8, false), ("flash_attention_prefill", 32, 32));
+    }
+
+    #[test]
+    fn deep_form_for_rows_of_two_to_sixteen_chunks_that_fill_the_gpu() {
+        // An H100's 132 SMs at 2 deep CTAs per SM: 264 slots.
+        let slots = 264;
+        // B=32 and B=64 of 8 KV heads at 512 and 2,048 keys.
+        for units in [256, 512] {
+            for chunks in [4, 16] {
+                assert!(deep_rule(units, chunks, slots), "{units} {chunks}");
+            }
+            // One chunk (the plain merging form) and past 16 chunks (the
+            // split form) stay.
+            assert!(!deep_rule(units, 1, slots));
+            assert!(!deep_rule(units, 17, slots));
+            assert!(!deep_rule(units, 32, slots));
+        }
+        // Too few units to fill a wave: B=8 and B=16.
+        assert!(!deep_rule(64, 16, slots));
+        assert!(!deep_rule(128, 16, slots));
+    }
+
+    #[test]
+    fn bulk_copies_except_one_full_wave_of_the_partials_kernel() {
+        let (slots, sms) = (396, 132);
+        // B=8: 384 CTAs in one wave of 396 slots.
+        assert!(!tma_rule(Pipe::Partials, 384, slots, sms));
+        // B=1 (256 CTAs) and multi-wave launches.
+        assert!(tma_rule(Pipe::Partials, 256, slots, sms));
+        assert!(tma_rule(Pipe::Partials, 768, slots, sms));
+        // Every other form.
+        for f in [Pipe::Merge, Pipe::Wide, Pipe::Cluster, Pipe::Deep] {
+            assert!(tma_rule(f, 384, slots, sms));
+        }
     }
 
     #[test]
@@ -749,7 +913,7 @@ mod tests {
 
     #[test]
     fn gqa_kernel_is_the_smallest_that_fits() {
-        use Pipe::{Cluster, Merge, Partials, Wide};
+        use Pipe::{Cluster, Deep, Merge, Partials, Wide};
         assert_eq!(gqa_split_kernel(4, 128, Partials), Some("att_pipe_d4_g4"));
         assert_eq!(gqa_split_kernel(3, 64, Partials), Some("att_pipe_d2_g4"));
         assert_eq!(gqa_split_kernel(8, 80, Partials), Some("att_pipe_d4_g8"));
@@ -757,6 +921,7 @@ mod tests {
         assert_eq!(gqa_split_kernel(3, 64, Merge), Some("att_pipe_m_d2_g4"));
         assert_eq!(gqa_split_kernel(4, 128, Wide), Some("att_pipe_w_d4_g4"));
         assert_eq!(gqa_split_kernel(3, 64, Cluster), Some("att_pipe_c_d2_g4"));
+        assert_eq!(gqa_split_kernel(4, 128, Deep), Some("att_pipe_m3_d4_g4"));
         assert_eq!(gqa_split_kernel(9, 128, Partials), None);
         assert_eq!(gqa_split_kernel(4, 256, Merge), None);
         // Every pipelined kernel's shared memory fits an H100's 227 KiB
@@ -764,7 +929,7 @@ mod tests {
         // loads).
         for g in 1..=8 {
             for hd in (8..=128).step_by(8) {
-                for form in [Partials, Merge, Wide, Cluster] {
+                for form in [Partials, Merge, Wide, Cluster, Deep] {
                     let n = gqa_split_kernel(g, hd, form).unwrap();
                     let smem = att_pipe_smem(n).expect("a pipelined kernel");
                     assert!(smem <= 227 * 1024, "{n}");
@@ -772,23 +937,33 @@ mod tests {
             }
         }
         assert_eq!(att_pipe_smem("paged_attention_split"), None);
+        // The deep merging form: 3 stages of 16 keys (96 KiB of K/V) + 2
+        // KiB of queries + 1 KiB of weights + 128 bytes of (m, l) + 12
+        // mbarriers: two CTAs per SM of an H100.
+        assert_eq!(
+            att_pipe_smem("att_pipe_m3_d4_g4"),
+            Some(98_304 + 2_048 + 1_024 + 128 + 96)
+        );
         // The merging forms share the partials kernel's layout.
         assert_eq!(
             att_pipe_smem("att_pipe_c_d4_g4"),
             att_pipe_smem("att_pipe_d4_g4")
         );
         // The 8-key form at 3 stages: 48 KiB of K/V stages + 2 KiB of
-        // queries + 512 bytes of weights + 128 bytes of (m, l).
-        assert_eq!(
-            att_pipe_smem("att_pipe_w_d4_g4"),
-            Some(49_152 + 2_048 + 512 + 128)
-        );
+        // queries + 512 bytes of weights + 128 bytes of (m, l) + 12
+        // mbarriers.
+        if super::att_w_stages() == 3 {
+            assert_eq!(
+                att_pipe_smem("att_pipe_w_d4_g4"),
+                Some(49_152 + 2_048 + 512 + 128 + 96)
+            );
+        }
         // d4_g8 at 2 stages: 64 KiB of K/V stages + 4 KiB of queries +
-        // 2 KiB of weights + 256 bytes of (m, l).
+        // 2 KiB of weights + 256 bytes of (m, l) + 8 mbarriers.
         if super::att_stages() == 2 {
             assert_eq!(
                 att_pipe_smem("att_pipe_d4_g8"),
-                Some(65_536 + 4_096 + 2_048 + 256)
+                Some(65_536 + 4_096 + 2_048 + 256 + 64)
             );
         }
     }

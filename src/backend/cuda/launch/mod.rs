@@ -14,6 +14,7 @@
 //! and the element-wise ops.
 
 mod act_cache;
+mod att_maps;
 mod attention;
 mod attention_exact;
 mod matmul;
@@ -25,7 +26,7 @@ mod matmul_wgmma;
 
 pub(crate) use act_cache::ActKey;
 pub(crate) use attention::{
-    att_pipe_smem, att_stages, ATT_CLUSTER_MAX, ATT_SPLIT_THREADS, ATT_W_STAGES,
+    att_pipe_smem, att_stages, att_w_stages, ATT_CLUSTER_MAX, ATT_M3_STAGES, ATT_SPLIT_THREADS,
 };
 pub(crate) use attention_exact::{att_ex_threads, ATT_EX_CLUSTER_MAX};
 pub(crate) use matmul::{fast_uses_blas, TILE_SMEM};
@@ -168,11 +169,13 @@ pub(crate) fn max_active_clusters(
 }
 
 /// Kernel arguments for a `cuLaunchKernelEx` launch (`launch_clustered`):
-/// each value in its own 8-byte slot, its bytes at the slot's start, so
-/// the pointer to a slot is a pointer to a value of the parameter's C
-/// type (`int`, `float` or a device pointer).
+/// each value in its own slot (8 bytes, or a struct's size), its bytes at
+/// the slot's start, so the pointer to a slot is a pointer to a value of
+/// the parameter's C type (`int`, `float`, a device pointer, a struct
+/// passed by value). The driver copies the bytes, so a slot needs no
+/// alignment beyond its own.
 pub(crate) struct RawArgs {
-    slots: Vec<[u8; 8]>,
+    slots: Vec<Box<[u8]>>,
 }
 
 impl RawArgs {
@@ -181,10 +184,15 @@ impl RawArgs {
     }
 
     fn put(mut self, bytes: &[u8]) -> Self {
-        let mut slot = [0u8; 8];
+        let mut slot = vec![0u8; bytes.len().max(8)].into_boxed_slice();
         slot[..bytes.len()].copy_from_slice(bytes);
         self.slots.push(slot);
         self
+    }
+
+    /// A struct passed by value, as its bytes (`bytes.len()` its C size).
+    pub(crate) fn bytes(self, bytes: &[u8]) -> Self {
+        self.put(bytes)
     }
 
     /// A device pointer (`const T*` / `T*`).
@@ -738,6 +746,22 @@ mod raw_args_tests {
             assert_eq!(p[0].cast::<u64>().read_unaligned(), 0x1122_3344_5566_7788);
             assert_eq!(p[1].cast::<i32>().read_unaligned(), -2);
             assert_eq!(p[2].cast::<f32>().read_unaligned(), 1.5);
+        }
+    }
+
+    #[test]
+    fn a_struct_argument_keeps_all_its_bytes() {
+        let blob: Vec<u8> = (0..=255u8).collect();
+        let mut a = RawArgs::new().i32(7).bytes(&blob).i32(9);
+        let p = a.params();
+        assert_eq!(p.len(), 3);
+        // SAFETY: p[1] addresses a 256-byte slot of `a`, p[0] and p[2]
+        // 8-byte ones, all alive here.
+        unsafe {
+            assert_eq!(p[0].cast::<i32>().read_unaligned(), 7);
+            let got = std::slice::from_raw_parts(p[1].cast::<u8>(), 256);
+            assert_eq!(got, &blob[..]);
+            assert_eq!(p[2].cast::<i32>().read_unaligned(), 9);
         }
     }
 }

@@ -1,0 +1,185 @@
+//! Tensor maps of one layer's paged KV cache, by which the split-attention
+//! kernels (attention_fast.cu, att_pipe_*) copy a tile's K and V rows with
+//! the copy engine (one bulk tensor copy per tile and half row) instead of
+//! each lane's 16-byte `cp.async` (sm_90+).
+
+use crate::backend::cuda::mem::DevKv;
+use anyhow::{anyhow, Result};
+use cudarc::driver::sys;
+
+/// The kernels' AttMaps (attention_fast.cu): the K map, then the V map.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct AttMaps([sys::CUtensorMap; 2]);
+// SAFETY: plain data (opaque 64-byte-aligned tensor maps that hold device
+// addresses, none into host memory), laid out as the kernels' struct
+// AttMaps (two maps of 128 bytes).
+unsafe impl cudarc::driver::DeviceRepr for AttMaps {}
+
+impl AttMaps {
+    /// All zeros: for launches that copy by `cp.async` (the kernel's `tma`
+    /// argument 0; it never reads the maps).
+    pub(crate) fn none() -> Self {
+        AttMaps([sys::CUtensorMap { opaque: [0; 16] }; 2])
+    }
+
+    /// The bytes of the struct, for a raw (clustered) launch.
+    pub(crate) fn to_bytes(self) -> Vec<u8> {
+        self.0
+            .iter()
+            .flat_map(|m| m.opaque.iter().flat_map(|w| w.to_ne_bytes()))
+            .collect()
+    }
+}
+
+/// Whether a launch of the pipelined split kernel with tiles of `kt` keys
+/// may take the bulk tensor copies (QUIRE_ATT_TMA=0: every lane's
+/// cp.async, for comparisons; the same bits either way; which launches
+/// do: launch/attention.rs, tma_rule): sm_90+, head_dim 64 or 128
+/// (the kernel's row width exactly, so a box lands as its stage's rows),
+/// pages a multiple of the tile (a tile is `kt` consecutive cells of one
+/// page) and cells addressable by the kernel's 32-bit coordinate.
+pub(crate) fn att_tma_wanted(
+    arch_major: u32,
+    hd: usize,
+    bs: usize,
+    kt: usize,
+    cells: usize,
+) -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *V.get_or_init(|| std::env::var("QUIRE_ATT_TMA").map_or(true, |v| v != "0"));
+    on && att_tma_fits(arch_major, hd, bs, kt, cells)
+}
+
+fn att_tma_fits(arch_major: u32, hd: usize, bs: usize, kt: usize, cells: usize) -> bool {
+    arch_major >= 9
+        && (hd == 64 || hd == 128)
+        && kt > 0
+        && bs.is_multiple_of(kt)
+        && i32::try_from(cells).is_ok()
+}
+
+/// The maps' L2 promotion (QUIRE_ATT_TMA_L2=0|64|128|256, default 256:
+/// a K or V row of the 8B's heads is 256 contiguous bytes).
+fn att_l2_promotion() -> sys::CUtensorMapL2promotion {
+    use sys::CUtensorMapL2promotion as P;
+    match std::env::var("QUIRE_ATT_TMA_L2").as_deref() {
+        Ok("0") => P::CU_TENSOR_MAP_L2_PROMOTION_NONE,
+        Ok("64") => P::CU_TENSOR_MAP_L2_PROMOTION_L2_64B,
+        Ok("128") => P::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        _ => P::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+    }
+}
+
+/// One map's geometry over `cells` cells of `nkv` heads of `hd` u16: dims
+/// (head_dim, kv heads, cells), strides in bytes of a head and a cell, the
+/// box (`box_x` u16 of one head, `kt` cells). The driver's limits: strides
+/// multiples of 16, box sides at most 256, a swizzled box's row at most
+/// the swizzle span (128 bytes).
+fn att_map_geometry(
+    cells: usize,
+    nkv: usize,
+    hd: usize,
+    box_x: usize,
+    kt: usize,
+) -> ([u64; 3], [u64; 2], [u32; 3]) {
+    (
+        [hd as u64, nkv as u64, cells as u64],
+        [(hd * 2) as u64, (nkv * hd * 2) as u64],
+        [box_x as u32, 1, kt as u32],
+    )
+}
+
+/// The K and V maps of `cache` for tiles of `kt` keys: K in boxes of 64
+/// u16 (half a 128-wide row) with the 128-byte swizzle, V in whole rows
+/// unswizzled (attention_fast.cu, att_k_at and the V stages).
+pub(crate) fn att_maps(cache: &DevKv<'_>, k_addr: u64, v_addr: u64, kt: usize) -> Result<AttMaps> {
+    let (bs, nkv, hd) = (cache.block_size, cache.n_kv_heads, cache.head_dim);
+    let cells = cache.k.len() / (nkv * hd).max(1);
+    let mut maps = AttMaps::none();
+    let sides = [
+        (
+            k_addr,
+            64,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+        ),
+        (
+            v_addr,
+            hd,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+        ),
+    ];
+    for (i, (addr, box_x, swizzle)) in sides.into_iter().enumerate() {
+        let (dims, strides, boxd) = att_map_geometry(cells, nkv, hd, box_x, kt);
+        let estr: [u32; 3] = [1, 1, 1];
+        // SAFETY: encodes a descriptor into maps.0[i] from the arrays above
+        // (rank 3: three dims, two strides, three box sizes, three element
+        // strides); no memory is accessed at `addr` by this call.
+        let r = unsafe {
+            sys::cuTensorMapEncodeTiled(
+                &mut maps.0[i],
+                sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+                3,
+                addr as *mut std::ffi::c_void,
+                dims.as_ptr(),
+                strides.as_ptr(),
+                boxd.as_ptr(),
+                estr.as_ptr(),
+                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                swizzle,
+                att_l2_promotion(),
+                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            let side = if i == 0 { "K" } else { "V" };
+            return Err(anyhow!(
+                "paged_attention: cuTensorMapEncodeTiled for the {side} cache ({cells} cells of \
+                 {nkv} x {hd}, {bs}-cell pages, {kt}-key tiles): {r:?}"
+            ));
+        }
+    }
+    Ok(maps)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{att_map_geometry, att_tma_fits};
+
+    #[test]
+    fn kv_maps_fit_the_drivers_limits() {
+        // The 8B's and SmolLM2's heads, tiles of 16 and 8 keys.
+        for (nkv, hd) in [(8, 128), (3, 64), (8, 64)] {
+            for kt in [8, 16] {
+                for box_x in [64, hd] {
+                    let (dims, strides, boxd) = att_map_geometry(1 << 20, nkv, hd, box_x, kt);
+                    assert_eq!(dims, [hd as u64, nkv as u64, 1 << 20]);
+                    assert!(strides.iter().all(|s| s % 16 == 0));
+                    // Strides grow with the dimension (a head inside a cell).
+                    assert!(strides[0] < strides[1]);
+                    assert!(boxd.iter().all(|&b| (1..=256).contains(&b)));
+                    assert_eq!(boxd, [box_x as u32, 1, kt as u32]);
+                    // A box's row bytes: a multiple of 16; the swizzled K
+                    // box's exactly the 128-byte span.
+                    assert_eq!((boxd[0] * 2) % 16, 0);
+                }
+            }
+        }
+        assert_eq!(att_map_geometry(64, 8, 128, 64, 16).2[0] * 2, 128);
+    }
+
+    #[test]
+    fn bulk_copies_only_where_a_tile_is_one_page_of_whole_rows() {
+        assert!(att_tma_fits(9, 128, 16, 16, 1 << 20));
+        assert!(att_tma_fits(9, 64, 32, 16, 1 << 20));
+        assert!(att_tma_fits(10, 128, 8, 8, 1 << 20));
+        // Before sm_90, other head sizes, pages that split a tile, and
+        // cells past the kernel's 32-bit coordinate take cp.async.
+        assert!(!att_tma_fits(8, 128, 16, 16, 1 << 20));
+        assert!(!att_tma_fits(9, 96, 16, 16, 1 << 20));
+        assert!(!att_tma_fits(9, 80, 16, 16, 1 << 20));
+        assert!(!att_tma_fits(9, 128, 8, 16, 1 << 20));
+        assert!(!att_tma_fits(9, 128, 24, 16, 1 << 20));
+        assert!(!att_tma_fits(9, 128, 16, 16, 1 << 31));
+    }
+}
