@@ -17,6 +17,7 @@ mod act_cache;
 mod att_maps;
 mod attention;
 mod attention_exact;
+mod attention_forms;
 mod matmul;
 mod matmul_blas;
 mod matmul_exact;
@@ -25,10 +26,10 @@ mod matmul_norm;
 mod matmul_wgmma;
 
 pub(crate) use act_cache::ActKey;
-pub(crate) use attention::{
+pub(crate) use attention_exact::{att_ex_threads, ATT_EX_CLUSTER_MAX};
+pub(crate) use attention_forms::{
     att_pipe_smem, att_stages, att_w_stages, ATT_CLUSTER_MAX, ATT_M3_STAGES, ATT_SPLIT_THREADS,
 };
-pub(crate) use attention_exact::{att_ex_threads, ATT_EX_CLUSTER_MAX};
 pub(crate) use matmul::{fast_uses_blas, TILE_SMEM};
 pub(crate) use matmul_mma::mq_smem_max;
 pub(crate) use matmul_wgmma::{wg_smem, wr_stages_knob};

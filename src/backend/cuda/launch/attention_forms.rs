@@ -1,0 +1,449 @@
+//! The split-attention kernels' forms and partition (attention_fast.cu,
+//! att_pipe_*): which entry a decode launch takes, how many partials a
+//! row's keys are cut into, and the shared memory each entry is launched
+//! with. Pure functions of the batch shape and the device's occupancy, so
+//! tested here without a device.
+
+use crate::backend::cuda::mem::ATT_PARTS;
+
+/// Whether a unit's `ctas` CTAs take the cluster-merging form: 2 to
+/// ATT_CLUSTER_MAX of them (one takes att_pipe_m_, more than a cluster
+/// holds take attention_combine). QUIRE_ATT_CLUSTER=0 turns it
+/// off (attention_combine merges, for comparisons: the same bits).
+pub(super) fn cluster_wanted(ctas: usize) -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *V.get_or_init(|| std::env::var("QUIRE_ATT_CLUSTER").map_or(true, |v| v != "0"));
+    on && cluster_rule(ctas)
+}
+
+fn cluster_rule(ctas: usize) -> bool {
+    (2..=ATT_CLUSTER_MAX).contains(&ctas)
+}
+
+/// The most CTAs of one cluster-merging unit: an H100's largest cluster
+/// (past the portable 8, the kernels opt in at load; where the device
+/// refuses, its count of resident clusters is 0 and the combine merges).
+pub(crate) const ATT_CLUSTER_MAX: usize = 16;
+
+/// The most CTAs (units x CTAs per unit) a cluster-merging launch takes
+/// (QUIRE_ATT_CLUSTER_CTAS overrides, for sweeps): past it placing the
+/// clusters costs more than the combine launch saves. Measured on an H100
+/// (2026-11-24, bench-attn fast, 8B heads, us per call with PDL, combine /
+/// cluster, units x CTAs): faster at 8 x 5 (8.97 / 8.63), 8 x 9 (9.14 /
+/// 8.73), 16 x 5 (9.05 / 8.63), 24 x 5 (9.15 / 8.77); slower at 8 x 13
+/// (9.39 / 10.89), 16 x 9 (9.28 / 10.21), 32 x 5 (9.11 / 9.82); in the
+/// decode graphs faster at 3 x 16 (SmolLM2 ctx 1,024) and 8 x 8 (1B ctx
+/// 512), slower at 8 x 16 (1B ctx 1,024).
+pub(super) fn cluster_ctas() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| env_usize("QUIRE_ATT_CLUSTER_CTAS").unwrap_or(80))
+}
+
+/// Partials per row in `fast` mode, from `units` (rows x KV heads: the
+/// split kernel's CTAs per partial) and `slots` (its CTAs resident on the
+/// whole GPU at once, from the occupancy): all ATT_PARTS while they fit in
+/// one wave; else the fewest partials whose CTAs fill their last wave to
+/// at least 95% (or make 8 waves), so no wave runs mostly empty and each
+/// CTA walks as many tiles as the GPU allows. QUIRE_ATT_PARTS fixes the
+/// count (for sweeps). A function of the batch shape only, so a captured
+/// graph keeps its value. Measured on an H100 (2026-11-23, bench-attn
+/// fast, 8B heads, att_pipe_d4_g4 at 3 CTAs per SM: 396 slots), us per
+/// call at ctx 512 / 2048 / 8192 for the partials this picks vs the
+/// former rule (about 8 CTAs per SM): B=8 (6 vs 17 partials) 12.3 / 34.6
+/// / 101.9 vs 12.3 / 42.9 / 116.9; B=32 (3 vs 5) 37.1 / 105.7 / 377.8 vs
+/// 41.5 / 116.5 / 403.2; B=64 (3, the same); B=1: 32.
+pub(super) fn fast_parts(units: usize, slots: usize) -> usize {
+    static V: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    match *V.get_or_init(|| env_usize("QUIRE_ATT_PARTS")) {
+        Some(p) => p.clamp(1, ATT_PARTS),
+        None => parts_for_slots(units, slots),
+    }
+}
+
+fn parts_for_slots(units: usize, slots: usize) -> usize {
+    let (units, slots) = (units.max(1), slots.max(1));
+    if units * ATT_PARTS <= slots {
+        return ATT_PARTS;
+    }
+    // Share of the last wave's slots in use (1.0: whole waves).
+    let fill = |p: usize| {
+        let ctas = units * p;
+        ctas as f64 / (ctas.div_ceil(slots) * slots) as f64
+    };
+    (1..=ATT_PARTS)
+        .find(|&p| fill(p) >= 0.95 || units * p >= 8 * slots)
+        .unwrap_or_else(|| {
+            // No count fills its waves: the best fill (the fewest on a tie).
+            (1..=ATT_PARTS).fold(1, |b, p| if fill(p) > fill(b) { p } else { b })
+        })
+}
+
+/// Whether a one-CTA-per-unit launch of the pipelined kernels merges
+/// its own partials (QUIRE_ATT_FUSE=0: attention_combine does, for
+/// comparisons; the same arithmetic and order either way).
+pub(super) fn fuse_merge() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("QUIRE_ATT_FUSE").map_or(true, |v| v != "0"))
+}
+
+/// Whether decode batches' split attention copies its first K/V tiles
+/// before its programmatic wait (QUIRE_ATT_EARLY=0: after it, for
+/// comparisons; the start-up loads of positions and block tables go
+/// before it either way; the same bits).
+pub(super) fn early_kv() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("QUIRE_ATT_EARLY").map_or(true, |v| v != "0"))
+}
+
+/// Whether a launch of `ctas` CTAs of form `form` takes the bulk tensor
+/// copies (where att_tma_wanted allows them): QUIRE_ATT_TMA=1 every
+/// launch, else tma_rule.
+pub(super) fn tma_form_wanted(form: Pipe, ctas: usize, slots: usize, sms: usize) -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("QUIRE_ATT_TMA").is_ok_and(|v| v == "1"))
+        || tma_rule(form, ctas, slots, sms)
+}
+
+/// Every form but one: the partials kernel launched as a single wave of
+/// more than two CTAs per SM (of its `slots` resident), where each lane's
+/// cp.async measured faster. H100, bench-attn, 8B heads, 16-token pages,
+/// us per call with PDL, bulk copies / cp.async, two rounds
+/// (2026-11-26): B=8 (384 CTAs, 396 slots) ctx 2,048 32.9 / 32.4, ctx
+/// 8,192 102.5 / 99.3; but B=1 (256 CTAs) ctx 8,192 17.5 / 19.6 and ctx
+/// 2,048 9.0 / 9.9, B=64 ctx 8,192 (1,536 CTAs) 736 / 760-800, B=32 ctx
+/// 8,192 (768) 377 / 377.
+fn tma_rule(form: Pipe, ctas: usize, slots: usize, sms: usize) -> bool {
+    form != Pipe::Partials || ctas > slots || ctas <= 2 * sms
+}
+
+/// Whether a `fast` launch of `units` (row, KV head) pairs whose longest
+/// row has `part_ctas` chunks (at most ATT_PARTS) folds each row in one
+/// CTA at ATT_M3_STAGES stages: deep_rule (QUIRE_ATT_DEEP=0: never;
+/// =1: for every row count, so the op parity harness, whose batches are
+/// small, checks it; the partition changes, so the bits do).
+pub(super) fn deep_wanted(units: usize, part_ctas: usize, deep_slots: usize) -> bool {
+    static V: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    match *V.get_or_init(|| match std::env::var("QUIRE_ATT_DEEP").as_deref() {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
+    }) {
+        Some(false) => false,
+        Some(true) => (2..=ATT_PARTS / 2).contains(&part_ctas),
+        None => deep_rule(units, part_ctas, deep_slots),
+    }
+}
+
+/// Rows of 2 to 16 chunks (a decode graph's bucket fixes the count: up to
+/// 2,048 keys) and units that fill the deep kernel's `deep_slots` resident
+/// CTAs by themselves (one partial is what fast_parts would pick there).
+/// Measured on an H100 (2026-11-26, bench-attn, 8B heads, us per call
+/// with PDL; this form / the 8-key split and its combine): B=32 ctx 512
+/// 29.8 / 33.3, ctx 2,048 98.9 / 104.4; B=64 58.1 / 58.7, 197.3 / 203.3;
+/// but at ctx 8,192 385.4 / 378.6 and 741.5 / 734.6 (the split form
+/// stays there).
+fn deep_rule(units: usize, part_ctas: usize, deep_slots: usize) -> bool {
+    (2..=ATT_PARTS / 2).contains(&part_ctas) && parts_for_slots(units, deep_slots) == 1
+}
+
+/// QUIRE_ATT_TRACE=1: each distinct split-attention launch shape (the
+/// kernel, its grid and partition), once, on stderr: which form a
+/// benchmark's shapes take.
+pub(super) fn att_trace(line: &str) {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    static SEEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    if !*ON.get_or_init(|| std::env::var("QUIRE_ATT_TRACE").is_ok_and(|v| v == "1")) {
+        return;
+    }
+    if let Ok(mut seen) = SEEN.lock() {
+        if !seen.iter().any(|l| l == line) {
+            eprintln!("attention: {line}");
+            seen.push(line.to_string());
+        }
+    }
+}
+
+fn env_usize(name: &str) -> Option<usize> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+/// Pipeline depth of the att_pipe kernels (ATT_STAGES in the prelude):
+/// QUIRE_ATT_STAGES, 2..=4, default 2.
+pub(crate) fn att_stages() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| env_usize("QUIRE_ATT_STAGES").unwrap_or(2).clamp(2, 4))
+}
+
+/// The forms of the pipelined split kernel (attention_fast.cu): partials
+/// only (16-key tiles), partials merged by the CTA itself (att_pipe_m_*,
+/// one CTA per (row, KV head)), partials with 8-key tiles at
+/// ATT_W_STAGES stages (att_pipe_w_*: `fast` mode, multi-wave launches),
+/// partials merged by the unit's thread-block cluster of
+/// 2..=ATT_CLUSTER_MAX CTAs (att_pipe_c_*, sm_90+), and the merging form
+/// at ATT_M3_STAGES stages (att_pipe_m3_*, deep_rule).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pipe {
+    Partials = 0,
+    Merge = 1,
+    Wide = 2,
+    Cluster = 3,
+    Deep = 4,
+}
+
+/// Stages of the att_pipe_m3_* kernels (ATT_M3_STAGES in the prelude): the
+/// merging form for rows of several chunks folded by one CTA (deep_rule),
+/// where a tile's copies have a tile's compute less to hide behind than
+/// in the split forms.
+pub(crate) const ATT_M3_STAGES: usize = 3;
+
+/// Stages of the att_pipe_w_* kernels (ATT_W_STAGES in the prelude):
+/// QUIRE_ATT_W_STAGES, 2..=4, default 3.
+pub(crate) fn att_w_stages() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| env_usize("QUIRE_ATT_W_STAGES").unwrap_or(3).clamp(2, 4))
+}
+
+/// Threads per CTA of the split-attention kernels (paged_attention_split,
+/// att_pipe_*: 32 * ATT_SPLIT_WARPS, which attention_fast.cu checks against
+/// the prelude's ATT_SPLIT_THREADS): their launches and the occupancy
+/// counts taken at load.
+pub(crate) const ATT_SPLIT_THREADS: usize = 128;
+
+/// Dynamic shared memory of the pipelined kernel `name`
+/// (att_pipe_{,m_,w_}d{D32}_g{GM}; the layout of att_pipe_gqa): K and V
+/// stages (4 warps, stages of KT rows of 32*D32 f16 each: 16 rows at
+/// ATT_STAGES stages, or for att_pipe_w_* 8 rows at att_w_stages()), the
+/// queries (GM x 32*D32 f32), the tile weights (4 x GM x KT), the
+/// warps' (m, l) and the stages' mbarriers (4 x stages u64, the bulk
+/// tensor copies'). None for any other kernel.
+pub(crate) fn att_pipe_smem(name: &str) -> Option<usize> {
+    let (rest, kt, st) = if let Some(r) = name.strip_prefix("att_pipe_w_d") {
+        (r, 8, att_w_stages())
+    } else if let Some(r) = name.strip_prefix("att_pipe_m3_d") {
+        (r, 16, ATT_M3_STAGES)
+    } else {
+        let r = name
+            .strip_prefix("att_pipe_d")
+            .or_else(|| name.strip_prefix("att_pipe_m_d"))
+            .or_else(|| name.strip_prefix("att_pipe_c_d"))?;
+        (r, 16, att_stages())
+    };
+    let (d32, gm) = rest.split_once("_g")?;
+    let (d32, gm): (usize, usize) = (d32.parse().ok()?, gm.parse().ok()?);
+    let (w, hd) = (4, 32 * d32);
+    Some(2 * w * st * kt * hd * 2 + gm * hd * 4 + w * gm * kt * 4 + 2 * w * gm * 4 + 8 * w * st)
+}
+
+/// The GQA-grouped split kernel of form `form` for `group` query heads per
+/// KV head and `head_dim` (a multiple of 8): `att_pipe_d{D32}_g{GM}` (or
+/// its `_m_` / `_w_` form) with head_dim <= 32 * D32 and group <= GM, the
+/// smallest instantiated (attention_fast.cu); None past 8 heads per group
+/// or head_dim 128 (the per-head kernel).
+pub(super) fn gqa_split_kernel(group: usize, head_dim: usize, form: Pipe) -> Option<&'static str> {
+    let d = match head_dim {
+        1..=64 => 0,
+        65..=128 => 1,
+        _ => return None,
+    };
+    let g = match group {
+        1 => 0,
+        2 => 1,
+        3..=4 => 2,
+        5..=8 => 3,
+        _ => return None,
+    };
+    Some(crate::backend::cuda::source::ATT_PIPE[form as usize][d][g])
+}
+
+/// Whether a `fast` launch of `units` (row, KV head) pairs with `parts`
+/// partials each takes the 8-key-tile kernel: when the 16-key kernel's
+/// grid would run in more than one wave of its `slots` resident CTAs,
+/// each unit has more than one CTA (the merging form stays for one), and
+/// rows reach at most 16 chunks (`part_ctas`, the longest row's, which a
+/// decode graph's bucket fixes: 2,048 keys). There the smaller stages let
+/// more CTAs share an SM, which short CTAs need. Measured on an H100
+/// (2026-11-24, bench-attn, 8B heads, us per call with PDL, 16-key / 8-key
+/// at 3 stages): B=64 ctx 512 66.8 / 52.6, ctx 2,048 207.4 / 194.1; B=32
+/// 35.1 / 32.6, 108.1 / 103.9; but at ctx 8,192 (32 chunks) 741.8 / 764.8
+/// and 381.4 / 383.2, and one-wave launches lose (B=1 ctx 512 8.9 / 10.0,
+/// B=8 10.1 / 11.6). QUIRE_ATT_WIDE=0 turns it off; =1 takes it for every launch
+/// with more than one CTA per unit (so the op parity harness, whose
+/// batches are small, checks it).
+pub(super) fn wide_wanted(units: usize, parts: usize, slots: usize, part_ctas: usize) -> bool {
+    static V: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    match *V.get_or_init(|| match std::env::var("QUIRE_ATT_WIDE").as_deref() {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
+    }) {
+        Some(false) => false,
+        Some(true) => several_ctas(parts, part_ctas),
+        None => wide_rule(units, parts, slots, part_ctas),
+    }
+}
+
+/// More than one CTA per (row, KV head): else the merging form runs.
+fn several_ctas(parts: usize, part_ctas: usize) -> bool {
+    part_ctas.min(parts) > 1
+}
+
+fn wide_rule(units: usize, parts: usize, slots: usize, part_ctas: usize) -> bool {
+    units * parts > slots && several_ctas(parts, part_ctas) && part_ctas <= ATT_PARTS / 2
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{
+        att_pipe_smem, cluster_rule, deep_rule, gqa_split_kernel, parts_for_slots, tma_rule,
+        wide_rule, Pipe,
+    };
+
+    #[test]
+    fn cluster_form_for_two_to_sixteen_ctas_per_unit() {
+        // One CTA merges its own partials (att_pipe_m_); past an H100's
+        // largest cluster attention_combine merges.
+        assert!(!cluster_rule(0));
+        assert!(!cluster_rule(1));
+        assert!(cluster_rule(2));
+        assert!(cluster_rule(5));
+        assert!(cluster_rule(8));
+        assert!(cluster_rule(16));
+        assert!(!cluster_rule(17));
+        assert!(!cluster_rule(32));
+    }
+
+    #[test]
+    fn deep_form_for_rows_of_two_to_sixteen_chunks_that_fill_the_gpu() {
+        // An H100's 132 SMs at 2 deep CTAs per SM: 264 slots.
+        let slots = 264;
+        // B=32 and B=64 of 8 KV heads at 512 and 2,048 keys.
+        for units in [256, 512] {
+            for chunks in [4, 16] {
+                assert!(deep_rule(units, chunks, slots), "{units} {chunks}");
+            }
+            // One chunk (the plain merging form) and past 16 chunks (the
+            // split form) stay.
+            assert!(!deep_rule(units, 1, slots));
+            assert!(!deep_rule(units, 17, slots));
+            assert!(!deep_rule(units, 32, slots));
+        }
+        // Too few units to fill a wave: B=8 and B=16.
+        assert!(!deep_rule(64, 16, slots));
+        assert!(!deep_rule(128, 16, slots));
+    }
+
+    #[test]
+    fn bulk_copies_except_one_full_wave_of_the_partials_kernel() {
+        let (slots, sms) = (396, 132);
+        // B=8: 384 CTAs in one wave of 396 slots.
+        assert!(!tma_rule(Pipe::Partials, 384, slots, sms));
+        // B=1 (256 CTAs) and multi-wave launches.
+        assert!(tma_rule(Pipe::Partials, 256, slots, sms));
+        assert!(tma_rule(Pipe::Partials, 768, slots, sms));
+        // Every other form.
+        for f in [Pipe::Merge, Pipe::Wide, Pipe::Cluster, Pipe::Deep] {
+            assert!(tma_rule(f, 384, slots, sms));
+        }
+    }
+
+    #[test]
+    fn fast_parts_fill_the_last_wave() {
+        // Llama-3.1-8B (8 KV heads) on 132 SMs at 3 CTAs per SM.
+        let parts = |units| parts_for_slots(units, 396);
+        // B=1: 8 x 32 CTAs fit in one wave.
+        assert_eq!(parts(8), 32);
+        // B=8: 6 x 64 = 384 of 396 slots; 1..5 leave the wave emptier.
+        assert_eq!(parts(8 * 8), 6);
+        // B=32: 3 x 256 = 768 of 792 (two waves); 1 and 2 fill 65%.
+        assert_eq!(parts(32 * 8), 3);
+        // B=64: 1 fills 65% of 2 waves, 2 86% of 3, 3 97% of 4.
+        assert_eq!(parts(64 * 8), 3);
+        // 8 waves or more with one partial.
+        assert_eq!(parts(10_000), 1);
+        assert_eq!(parts(0), 32);
+        // One slot: any count fills it.
+        assert_eq!(parts_for_slots(5, 1), 1);
+    }
+
+    #[test]
+    fn wide_form_only_past_one_wave_with_several_ctas_per_unit() {
+        // Llama-3.1-8B on 132 SMs at 3 CTAs per SM (396 slots), the
+        // partials parts_for_slots picks.
+        let wide = |b: usize, part_ctas| {
+            let units = 8 * b;
+            wide_rule(units, parts_for_slots(units, 396), 396, part_ctas)
+        };
+        // B=1 (8 x 32 = 256 CTAs) and B=8 (64 x 6 = 384): one wave.
+        assert!(!wide(1, 64));
+        assert!(!wide(8, 64));
+        // B=32 (256 x 3 = 768) and B=64 (512 x 3): more than one.
+        assert!(wide(32, 4));
+        assert!(wide(64, 8));
+        // Contexts of at most 128 keys: one CTA per unit (the merging form).
+        assert!(!wide(64, 1));
+        // Past 16 chunks (2,048 keys) per row: the 16-key form.
+        assert!(wide(64, 16));
+        assert!(!wide(64, 17));
+        assert!(!wide(32, 32));
+        // Many units with one partial each but more than one wave.
+        assert!(wide_rule(1000, 2, 396, 2));
+        assert!(!wide_rule(1000, 1, 396, 4));
+    }
+
+    #[test]
+    fn gqa_kernel_is_the_smallest_that_fits() {
+        use Pipe::{Cluster, Deep, Merge, Partials, Wide};
+        assert_eq!(gqa_split_kernel(4, 128, Partials), Some("att_pipe_d4_g4"));
+        assert_eq!(gqa_split_kernel(3, 64, Partials), Some("att_pipe_d2_g4"));
+        assert_eq!(gqa_split_kernel(8, 80, Partials), Some("att_pipe_d4_g8"));
+        assert_eq!(gqa_split_kernel(1, 8, Partials), Some("att_pipe_d2_g1"));
+        assert_eq!(gqa_split_kernel(3, 64, Merge), Some("att_pipe_m_d2_g4"));
+        assert_eq!(gqa_split_kernel(4, 128, Wide), Some("att_pipe_w_d4_g4"));
+        assert_eq!(gqa_split_kernel(3, 64, Cluster), Some("att_pipe_c_d2_g4"));
+        assert_eq!(gqa_split_kernel(4, 128, Deep), Some("att_pipe_m3_d4_g4"));
+        assert_eq!(gqa_split_kernel(9, 128, Partials), None);
+        assert_eq!(gqa_split_kernel(4, 256, Merge), None);
+        // Every pipelined kernel's shared memory fits an H100's 227 KiB
+        // per CTA (the names come from source::ATT_PIPE, which KERNELS
+        // loads).
+        for g in 1..=8 {
+            for hd in (8..=128).step_by(8) {
+                for form in [Partials, Merge, Wide, Cluster, Deep] {
+                    let n = gqa_split_kernel(g, hd, form).unwrap();
+                    let smem = att_pipe_smem(n).expect("a pipelined kernel");
+                    assert!(smem <= 227 * 1024, "{n}");
+                }
+            }
+        }
+        assert_eq!(att_pipe_smem("paged_attention_split"), None);
+        // The deep merging form: 3 stages of 16 keys (96 KiB of K/V) + 2
+        // KiB of queries + 1 KiB of weights + 128 bytes of (m, l) + 12
+        // mbarriers: two CTAs per SM of an H100.
+        assert_eq!(
+            att_pipe_smem("att_pipe_m3_d4_g4"),
+            Some(98_304 + 2_048 + 1_024 + 128 + 96)
+        );
+        // The merging forms share the partials kernel's layout.
+        assert_eq!(
+            att_pipe_smem("att_pipe_c_d4_g4"),
+            att_pipe_smem("att_pipe_d4_g4")
+        );
+        // The 8-key form at 3 stages: 48 KiB of K/V stages + 2 KiB of
+        // queries + 512 bytes of weights + 128 bytes of (m, l) + 12
+        // mbarriers.
+        if super::att_w_stages() == 3 {
+            assert_eq!(
+                att_pipe_smem("att_pipe_w_d4_g4"),
+                Some(49_152 + 2_048 + 512 + 128 + 96)
+            );
+        }
+        // d4_g8 at 2 stages: 64 KiB of K/V stages + 4 KiB of queries +
+        // 2 KiB of weights + 256 bytes of (m, l) + 8 mbarriers.
+        if super::att_stages() == 2 {
+            assert_eq!(
+                att_pipe_smem("att_pipe_d4_g8"),
+                Some(65_536 + 4_096 + 2_048 + 256 + 64)
+            );
+        }
+    }
+}
