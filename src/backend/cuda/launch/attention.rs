@@ -350,7 +350,7 @@ impl CudaBackend {
         let arch_major = crate::backend::cuda::pdl::arch_major(&self.arch);
         let ctas = units * ctas_y;
         let tma = gqa.is_some()
-            && tma_form_wanted(form, ctas, slots, self.sm_count())
+            && tma_form_wanted(form, (ctas, slots, self.sm_count()), batch.part_ctas, parts)
             && att_tma_wanted(arch_major, hd, bsi as usize, kt, cells);
         let maps = if tma {
             att_maps(cache, cache.k.device_ptr(s).0, cache.v.device_ptr(s).0, kt)?

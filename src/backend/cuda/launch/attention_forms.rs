@@ -97,23 +97,36 @@ pub(super) fn early_kv() -> bool {
 
 /// Whether a launch of `ctas` CTAs of form `form` takes the bulk tensor
 /// copies (where att_tma_wanted allows them): QUIRE_ATT_TMA=1 every
-/// launch, else tma_rule.
-pub(super) fn tma_form_wanted(form: Pipe, ctas: usize, slots: usize, sms: usize) -> bool {
+/// launch, else tma_rule. `chunks`: the longest row's chunks (part_ctas,
+/// at most ATT_PARTS), `parts` the partials they are dealt to.
+pub(super) fn tma_form_wanted(
+    form: Pipe,
+    (ctas, slots, sms): (usize, usize, usize),
+    chunks: usize,
+    parts: usize,
+) -> bool {
     static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *V.get_or_init(|| std::env::var("QUIRE_ATT_TMA").is_ok_and(|v| v == "1"))
-        || tma_rule(form, ctas, slots, sms)
+        || tma_rule(form, (ctas, slots, sms), chunks, parts)
 }
 
-/// Every form but one: the partials kernel launched as a single wave of
-/// more than two CTAs per SM (of its `slots` resident), where each lane's
-/// cp.async measured faster. H100, bench-attn, 8B heads, 16-token pages,
-/// us per call with PDL, bulk copies / cp.async, two rounds
-/// (2026-11-26): B=8 (384 CTAs, 396 slots) ctx 2,048 32.9 / 32.4, ctx
-/// 8,192 102.5 / 99.3; but B=1 (256 CTAs) ctx 8,192 17.5 / 19.6 and ctx
-/// 2,048 9.0 / 9.9, B=64 ctx 8,192 (1,536 CTAs) 736 / 760-800, B=32 ctx
-/// 8,192 (768) 377 / 377.
-fn tma_rule(form: Pipe, ctas: usize, slots: usize, sms: usize) -> bool {
-    form != Pipe::Partials || ctas > slots || ctas <= 2 * sms
+/// Every launch but one kind: the partials kernel as a single wave of
+/// more than two CTAs per SM (of its `slots` resident) whose CTAs fold
+/// more than two chunks each, where each lane's cp.async measured faster.
+/// H100, bench-attn, 8B heads, 16-token pages, us per call with PDL, bulk
+/// copies / cp.async, two rounds (2026-11-26): B=8 (384 CTAs of 396
+/// slots, 6 partials) ctx 2,048 (3 chunks a CTA) 33.4 / 32.3, ctx 4,096
+/// 57.0 / 56.9, ctx 8,192 100.9 / 98.4; but ctx 1,024 (2 chunks) 16.5 /
+/// 19.0, B=1 (256 CTAs) ctx 8,192 17.5 / 19.6 and ctx 2,048 9.0 / 9.9,
+/// B=64 ctx 8,192 (1,536 CTAs) 736 / 760-800, B=32 ctx 8,192 (768) 377 /
+/// 377.
+fn tma_rule(
+    form: Pipe,
+    (ctas, slots, sms): (usize, usize, usize),
+    chunks: usize,
+    parts: usize,
+) -> bool {
+    form != Pipe::Partials || ctas > slots || ctas <= 2 * sms || chunks.div_ceil(parts.max(1)) <= 2
 }
 
 /// Whether a `fast` launch of `units` (row, KV head) pairs whose longest
@@ -333,16 +346,20 @@ mod tests {
     }
 
     #[test]
-    fn bulk_copies_except_one_full_wave_of_the_partials_kernel() {
+    fn bulk_copies_except_one_full_wave_of_long_partials() {
         let (slots, sms) = (396, 132);
-        // B=8: 384 CTAs in one wave of 396 slots.
-        assert!(!tma_rule(Pipe::Partials, 384, slots, sms));
+        // B=8: 384 CTAs in one wave of 396 slots, 6 partials of rows of
+        // 16 and 32 chunks (2,048 and 8,192 keys).
+        assert!(!tma_rule(Pipe::Partials, (384, slots, sms), 16, 6));
+        assert!(!tma_rule(Pipe::Partials, (384, slots, sms), 32, 6));
+        // The same launch over 8 chunks (1,024 keys): two a CTA.
+        assert!(tma_rule(Pipe::Partials, (384, slots, sms), 8, 6));
         // B=1 (256 CTAs) and multi-wave launches.
-        assert!(tma_rule(Pipe::Partials, 256, slots, sms));
-        assert!(tma_rule(Pipe::Partials, 768, slots, sms));
+        assert!(tma_rule(Pipe::Partials, (256, slots, sms), 32, 32));
+        assert!(tma_rule(Pipe::Partials, (768, slots, sms), 32, 3));
         // Every other form.
         for f in [Pipe::Merge, Pipe::Wide, Pipe::Cluster, Pipe::Deep] {
-            assert!(tma_rule(f, 384, slots, sms));
+            assert!(tma_rule(f, (384, slots, sms), 16, 6));
         }
     }
 
