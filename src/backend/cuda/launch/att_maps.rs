@@ -4,7 +4,7 @@
 //! each lane's 16-byte `cp.async` (sm_90+).
 
 use crate::backend::cuda::mem::DevKv;
-use anyhow::{anyhow, Result};
+use anyhow::Result;
 use cudarc::driver::sys;
 
 /// The kernels' AttMaps (attention_fast.cu): the K map, then the V map.
@@ -111,33 +111,21 @@ pub(crate) fn att_maps(cache: &DevKv<'_>, k_addr: u64, v_addr: u64, kt: usize) -
     ];
     for (i, (addr, box_x, swizzle)) in sides.into_iter().enumerate() {
         let (dims, strides, boxd) = att_map_geometry(cells, nkv, hd, box_x, kt);
-        let estr: [u32; 3] = [1, 1, 1];
-        // SAFETY: encodes a descriptor into maps.0[i] from the arrays above
-        // (rank 3: three dims, two strides, three box sizes, three element
-        // strides); no memory is accessed at `addr` by this call.
-        let r = unsafe {
-            sys::cuTensorMapEncodeTiled(
-                &mut maps.0[i],
-                sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
-                3,
-                addr as *mut std::ffi::c_void,
-                dims.as_ptr(),
-                strides.as_ptr(),
-                boxd.as_ptr(),
-                estr.as_ptr(),
-                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                swizzle,
-                att_l2_promotion(),
-                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-            )
-        };
-        if r != sys::CUresult::CUDA_SUCCESS {
-            let side = if i == 0 { "K" } else { "V" };
-            return Err(anyhow!(
-                "paged_attention: cuTensorMapEncodeTiled for the {side} cache ({cells} cells of \
-                 {nkv} x {hd}, {bs}-cell pages, {kt}-key tiles): {r:?}"
-            ));
-        }
+        super::encode_tiled_map(
+            &mut maps.0[i],
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+            addr,
+            (&dims, &strides, &boxd),
+            swizzle,
+            att_l2_promotion(),
+            &|| {
+                let side = if i == 0 { "K" } else { "V" };
+                format!(
+                    "paged_attention: the {side} cache's tensor map ({cells} cells of {nkv} x \
+                     {hd}, {bs}-cell pages, {kt}-key tiles)"
+                )
+            },
+        )?;
     }
     Ok(maps)
 }

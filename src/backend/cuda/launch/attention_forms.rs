@@ -136,11 +136,7 @@ fn tma_rule(
 /// small, checks it; the partition changes, so the bits do).
 pub(super) fn deep_wanted(units: usize, part_ctas: usize, deep_slots: usize) -> bool {
     static V: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    match *V.get_or_init(|| match std::env::var("QUIRE_ATT_DEEP").as_deref() {
-        Ok("0") => Some(false),
-        Ok("1") => Some(true),
-        _ => None,
-    }) {
+    match *V.get_or_init(|| env_switch("QUIRE_ATT_DEEP")) {
         Some(false) => false,
         Some(true) => (2..=ATT_PARTS / 2).contains(&part_ctas),
         None => deep_rule(units, part_ctas, deep_slots),
@@ -178,6 +174,16 @@ pub(super) fn att_trace(line: &str) {
 
 fn env_usize(name: &str) -> Option<usize> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+/// A form's comparison switch: `0` never, `1` wherever it can run, else
+/// (unset or anything else) None: the form's rule decides.
+fn env_switch(name: &str) -> Option<bool> {
+    match std::env::var(name).as_deref() {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
+    }
 }
 
 /// Pipeline depth of the att_pipe kernels (ATT_STAGES in the prelude):
@@ -284,11 +290,7 @@ pub(super) fn gqa_split_kernel(group: usize, head_dim: usize, form: Pipe) -> Opt
 /// batches are small, checks it).
 pub(super) fn wide_wanted(units: usize, parts: usize, slots: usize, part_ctas: usize) -> bool {
     static V: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    match *V.get_or_init(|| match std::env::var("QUIRE_ATT_WIDE").as_deref() {
-        Ok("0") => Some(false),
-        Ok("1") => Some(true),
-        _ => None,
-    }) {
+    match *V.get_or_init(|| env_switch("QUIRE_ATT_WIDE")) {
         Some(false) => false,
         Some(true) => several_ctas(parts, part_ctas),
         None => wide_rule(units, parts, slots, part_ctas),

@@ -129,32 +129,15 @@ pub(super) fn job_maps(table: &MmJobs, k: usize, bs: usize, mt: usize) -> Result
     let mut maps = JobMaps::none();
     for (j, (addr, m)) in table.weights().enumerate() {
         let (dims, stride, boxd) = wr_map_geometry(m, k, bs, mt);
-        let strides: [u64; 1] = [stride];
-        let estr: [u32; 2] = [1, 1];
-        // SAFETY: encodes a descriptor into maps.0[j] from the arrays
-        // above (rank 2: two dims, one stride, two box sizes, two element
-        // strides); no memory is accessed at `addr` by this call.
-        let r = unsafe {
-            sys::cuTensorMapEncodeTiled(
-                &mut maps.0[j],
-                sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT64,
-                2,
-                addr as *mut std::ffi::c_void,
-                dims.as_ptr(),
-                strides.as_ptr(),
-                boxd.as_ptr(),
-                estr.as_ptr(),
-                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
-                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-            )
-        };
-        if r != sys::CUresult::CUDA_SUCCESS {
-            return Err(anyhow!(
-                "mat_mul: cuTensorMapEncodeTiled for job {j} ({m} rows, k {k}, {bs}-byte blocks): {r:?}"
-            ));
-        }
+        super::encode_tiled_map(
+            &mut maps.0[j],
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT64,
+            addr,
+            (&dims, &[stride], &boxd),
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            &|| format!("mat_mul: job {j}'s weights ({m} rows, k {k}, {bs}-byte blocks)"),
+        )?;
     }
     Ok(maps)
 }

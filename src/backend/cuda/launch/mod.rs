@@ -169,6 +169,56 @@ pub(crate) fn max_active_clusters(
     Ok(usize::try_from(n).unwrap_or(0))
 }
 
+/// Encodes a tiled tensor map (cuTensorMapEncodeTiled) of `dims` elements
+/// of `dtype` at device address `addr`, with byte `strides` for the dims
+/// past the first and boxes of `boxd`: unit element strides, no
+/// interleave, zeros past the edges. `what` names the tensor in the error.
+pub(super) fn encode_tiled_map(
+    map: &mut cudarc::driver::sys::CUtensorMap,
+    dtype: cudarc::driver::sys::CUtensorMapDataType,
+    addr: u64,
+    (dims, strides, boxd): (&[u64], &[u64], &[u32]),
+    swizzle: cudarc::driver::sys::CUtensorMapSwizzle,
+    l2: cudarc::driver::sys::CUtensorMapL2promotion,
+    what: &dyn Fn() -> String,
+) -> Result<()> {
+    use cudarc::driver::sys;
+    let rank = dims.len();
+    if !(1..=5).contains(&rank) || strides.len() + 1 != rank || boxd.len() != rank {
+        bail!(
+            "{}: a tensor map of rank {rank} needs {} strides and {rank} box sides (got {}, {})",
+            what(),
+            rank.saturating_sub(1),
+            strides.len(),
+            boxd.len()
+        );
+    }
+    let estr = [1u32; 5];
+    // SAFETY: encodes a descriptor into `map` from the slices above (rank
+    // dims, rank - 1 strides, rank box sides and element strides, checked
+    // just above); no memory is accessed at `addr` by this call.
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            map,
+            dtype,
+            rank as u32,
+            addr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxd.as_ptr(),
+            estr.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            swizzle,
+            l2,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        bail!("{}: cuTensorMapEncodeTiled: {r:?}", what());
+    }
+    Ok(())
+}
+
 /// Kernel arguments for a `cuLaunchKernelEx` launch (`launch_clustered`):
 /// each value in its own slot (8 bytes, or a struct's size), its bytes at
 /// the slot's start, so the pointer to a slot is a pointer to a value of
