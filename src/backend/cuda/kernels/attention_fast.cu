@@ -429,18 +429,6 @@ struct AttMaps {
 #else
 #define ATT_TMA_ON 0
 #endif
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// Box (x, y, z) of the 3-D tensor map `map` to this CTA's shared memory at
-// dst, completing on bar's transaction count.
-__device__ __forceinline__ void tma_3d_g2s(void* dst, const TmaMap* map, int x, int y, int z,
-                                           u64* bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-        " [%0], [%1, {%2, %3, %4}], [%5];" ::"r"((u32)__cvta_generic_to_shared(dst)),
-        "l"(map), "r"(x), "r"(y), "r"(z), "r"((u32)__cvta_generic_to_shared(bar))
-        : "memory");
-}
-#endif
 // Byte offset, in a K stage of KT rows, of 16-byte piece c of row kk. The
 // stage holds head_dim / 64 halves of (KT, 64) f16, 128 bytes a row, and
 // piece c % 8 of a row of half c / 8 sits at slot (c % 8) ^ (kk % 8): the
@@ -484,9 +472,8 @@ __device__ __forceinline__ void att_pipe_gqa(
     float(*wm)[GM] = (float(*)[GM])((unsigned char*)wp + W * GM * KT * 4);
     float(*wl)[GM] = (float(*)[GM])((unsigned char*)wm + W * GM * 4);
     u64(*bars)[ST] = (u64(*)[ST])((unsigned char*)wl + W * GM * 4);
-    static_assert((2 * W * ST * KT * HD * 2 + GM * HD * 4 + W * GM * KT * 4 + 2 * W * GM * 4) % 8 ==
-                      0,
-                  "the mbarriers are 8-byte aligned");
+    static_assert((att_pipe_bytes(D32, GM, KT, ST) - 8 * W * ST) % 8 == 0,
+                  "the mbarriers (the layout's last 8 W ST bytes) are 8-byte aligned");
     static_assert((KT * HD * 2) % 1024 == 0 && (KT * 128) % 1024 == 0,
                   "K stages and halves 1024-byte aligned (the 128-byte swizzle)");
     float(*wacc)[GM][HD] = (float(*)[GM][HD])att_smem;

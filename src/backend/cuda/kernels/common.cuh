@@ -102,6 +102,16 @@ __device__ __forceinline__ void tma_2d_g2s(void* dst, const TmaMap* map, int x, 
         "l"(map), "r"(x), "r"(y), "r"((u32)__cvta_generic_to_shared(bar))
         : "memory");
 }
+// The same for box (x, y, z) of a 3-D tensor map (the split attention's
+// K/V tiles: attention_fast.cu).
+__device__ __forceinline__ void tma_3d_g2s(void* dst, const TmaMap* map, int x, int y, int z,
+                                           u64* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4}], [%5];" ::"r"((u32)__cvta_generic_to_shared(dst)),
+        "l"(map), "r"(x), "r"(y), "r"(z), "r"((u32)__cvta_generic_to_shared(bar))
+        : "memory");
+}
 // Waits until the phase of parity `par` of the barrier has completed.
 __device__ __forceinline__ void mbar_wait(u64* bar, u32 par) {
     u32 a = (u32)__cvta_generic_to_shared(bar), done;

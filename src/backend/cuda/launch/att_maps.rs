@@ -33,22 +33,24 @@ impl AttMaps {
 }
 
 /// Whether a launch of the pipelined split kernel with tiles of `kt` keys
-/// may take the bulk tensor copies (QUIRE_ATT_TMA=0: every lane's
-/// cp.async, for comparisons; the same bits either way; which launches
-/// do: launch/attention.rs, tma_rule): sm_90+, head_dim 64 or 128
-/// (the kernel's row width exactly, so a box lands as its stage's rows),
-/// pages a multiple of the tile (a tile is `kt` consecutive cells of one
-/// page) and cells addressable by the kernel's 32-bit coordinate.
-pub(crate) fn att_tma_wanted(
-    arch_major: u32,
-    hd: usize,
-    bs: usize,
-    kt: usize,
-    cells: usize,
-) -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = *V.get_or_init(|| std::env::var("QUIRE_ATT_TMA").map_or(true, |v| v != "0"));
-    on && att_tma_fits(arch_major, hd, bs, kt, cells)
+/// over `cache` can take the bulk tensor copies (which launches do:
+/// attention_forms.rs, tma_wanted): sm_90+, head_dim 64 or 128 (the
+/// kernel's row width exactly, so a box lands as its stage's rows), pages
+/// a multiple of the tile (a tile is `kt` consecutive cells of one page)
+/// and cells addressable by the kernel's 32-bit coordinate.
+pub(crate) fn att_tma_fits_cache(arch_major: u32, cache: &DevKv<'_>, kt: usize) -> bool {
+    att_tma_fits(
+        arch_major,
+        cache.head_dim,
+        cache.block_size,
+        kt,
+        kv_cells(cache),
+    )
+}
+
+/// The cells (block_size-cell pages x pages) of one layer's cache.
+fn kv_cells(cache: &DevKv<'_>) -> usize {
+    cache.k.len() / (cache.n_kv_heads * cache.head_dim).max(1)
 }
 
 fn att_tma_fits(arch_major: u32, hd: usize, bs: usize, kt: usize, cells: usize) -> bool {
@@ -93,9 +95,15 @@ fn att_map_geometry(
 /// The K and V maps of `cache` for tiles of `kt` keys: K in boxes of 64
 /// u16 (half a 128-wide row) with the 128-byte swizzle, V in whole rows
 /// unswizzled (attention_fast.cu, att_k_at and the V stages).
-pub(crate) fn att_maps(cache: &DevKv<'_>, k_addr: u64, v_addr: u64, kt: usize) -> Result<AttMaps> {
+pub(crate) fn att_maps(
+    cache: &DevKv<'_>,
+    s: &std::sync::Arc<cudarc::driver::CudaStream>,
+    kt: usize,
+) -> Result<AttMaps> {
+    use cudarc::driver::DevicePtr;
     let (bs, nkv, hd) = (cache.block_size, cache.n_kv_heads, cache.head_dim);
-    let cells = cache.k.len() / (nkv * hd).max(1);
+    let cells = kv_cells(cache);
+    let (k_addr, v_addr) = (cache.k.device_ptr(s).0, cache.v.device_ptr(s).0);
     let mut maps = AttMaps::none();
     let sides = [
         (

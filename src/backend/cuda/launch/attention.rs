@@ -1,10 +1,10 @@
 //! Paged attention launches: the canonical kernel (`exact`), split-KV
 //! (`deterministic`, `fast` decode) and tensor-core prefill (`fast`).
 
-use super::att_maps::{att_maps, att_tma_wanted, AttMaps};
+use super::att_maps::{att_maps, att_tma_fits_cache, AttMaps};
 use super::attention_forms::{
     att_pipe_smem, att_trace, cluster_ctas, cluster_wanted, deep_wanted, early_kv, fast_parts,
-    fuse_merge, gqa_split_kernel, tma_form_wanted, wide_wanted, Pipe, ATT_SPLIT_THREADS,
+    fuse_merge, gqa_split_kernel, tma_wanted, wide_wanted, Pipe, ATT_SPLIT_THREADS,
 };
 use super::{arena3, RawArgs};
 use crate::backend::cuda::mem::{DevAttnBatch, DevKv, ATT_PARTS};
@@ -346,14 +346,17 @@ impl CudaBackend {
         // K and V by bulk tensor copies where a tile is one page's cells
         // (att_maps.rs): 8-key tiles in the wide form, else 16.
         let kt = if wide { 8 } else { 16 };
-        let cells = cache.k.len() / (nkvi as usize * hd).max(1);
         let arch_major = crate::backend::cuda::pdl::arch_major(&self.arch);
-        let ctas = units * ctas_y;
         let tma = gqa.is_some()
-            && tma_form_wanted(form, (ctas, slots, self.sm_count()), batch.part_ctas, parts)
-            && att_tma_wanted(arch_major, hd, bsi as usize, kt, cells);
+            && tma_wanted(
+                form,
+                (units * ctas_y, slots, self.sm_count()),
+                batch.part_ctas,
+                parts,
+                att_tma_fits_cache(arch_major, cache, kt),
+            );
         let maps = if tma {
-            att_maps(cache, cache.k.device_ptr(s).0, cache.v.device_ptr(s).0, kt)?
+            att_maps(cache, s, kt)?
         } else {
             AttMaps::none()
         };
@@ -442,7 +445,7 @@ impl CudaBackend {
             // only when every row is its sequence's only row (what their
             // reads before the programmatic wait rely on), and whose
             // AttMaps (by value) describe this layer's K and V with boxes of
-            // the form's tile when `tma` is 1 (att_tma_wanted: sm_90+,
+            // the form's tile when `tma` is 1 (att_tma_fits_cache: sm_90+,
             // head_dim 32*D32, pages a multiple of the tile), else are
             // never read; att_pipe_m_* (merge: gridDim.y == 1) also take
             // out and xq / xds as the combine below does.

@@ -96,18 +96,22 @@ pub(super) fn early_kv() -> bool {
 }
 
 /// Whether a launch of `ctas` CTAs of form `form` takes the bulk tensor
-/// copies (where att_tma_wanted allows them): QUIRE_ATT_TMA=1 every
-/// launch, else tma_rule. `chunks`: the longest row's chunks (part_ctas,
-/// at most ATT_PARTS), `parts` the partials they are dealt to.
-pub(super) fn tma_form_wanted(
+/// copies, `fits` saying it can (att_maps.rs, att_tma_fits_cache):
+/// QUIRE_ATT_TMA=0 never (every lane's cp.async, for comparisons; the
+/// same bits either way), =1 wherever it fits, else where tma_rule says.
+/// `chunks`: the longest row's chunks (part_ctas, at most ATT_PARTS),
+/// `parts` the partials they are dealt to.
+pub(super) fn tma_wanted(
     form: Pipe,
     (ctas, slots, sms): (usize, usize, usize),
     chunks: usize,
     parts: usize,
+    fits: bool,
 ) -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("QUIRE_ATT_TMA").is_ok_and(|v| v == "1"))
-        || tma_rule(form, (ctas, slots, sms), chunks, parts)
+    static V: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    fits && V
+        .get_or_init(|| env_switch("QUIRE_ATT_TMA"))
+        .unwrap_or_else(|| tma_rule(form, (ctas, slots, sms), chunks, parts))
 }
 
 /// Every launch but one kind: the partials kernel as a single wave of
