@@ -118,6 +118,12 @@ fn generate_inner(
     // Decode steps' logits are sampled where the device wrote them (no copy
     // into a vector per token: 0.5 MB for a 128k vocabulary).
     let mut step: Option<crate::runner::Logits> = None;
+    // Greedy with no penalty reads nothing but the logits: its tokens can
+    // be chosen on the device.
+    let p = opts.sampling;
+    let chain = p.temperature == 0.0
+        && (p.repetition_penalty == 1.0 || p.repeat_last_n == 0)
+        && runner.greedy_on_device();
     while out.len() < max_tokens {
         let logits = match &step {
             Some(l) => l.seq(0),
@@ -140,6 +146,25 @@ fn generate_inner(
             break;
         }
         let pos = history.len() - 1;
+        if chain {
+            // The rest on the device, one step ahead of the host
+            // (runner/greedy.rs): the same tokens as sampling here.
+            let left = max_tokens - out.len();
+            let mut take = |t: u32| -> Result<bool> {
+                out.push(t);
+                history.push(t);
+                stats.generated_tokens += 1;
+                let keep_going = on_token(t)?;
+                if opts.stop_ids.contains(&t) || !keep_going {
+                    stats.finish_reason = "stop";
+                    return Ok(false);
+                }
+                Ok(true)
+            };
+            drop(step.take());
+            runner.decode_greedy(seq, tok, pos, left, &mut take)?;
+            break;
+        }
         drop(step.take()); // its page-locked buffer back to the pool first
         step = Some(runner.step_flat(&[SeqWork {
             seq,

@@ -16,6 +16,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::path::Path;
 use std::sync::Arc;
 
+mod greedy;
+
 /// Which logits a sequence wants from a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogitsWanted {

@@ -47,6 +47,13 @@ pub struct BenchArgs {
     /// sequence's blocks are spread over random physical blocks).
     #[arg(long, value_enum, default_value_t = KvLayout::InOrder)]
     pub kv_layout: KvLayout,
+    /// The tg and tg@d tests generate their tokens greedily
+    /// (`Runner::decode_greedy`: on the GPU each token is chosen on the
+    /// device and the host stays one step ahead, as `quire run
+    /// --temperature 0` decodes) instead of feeding random tokens and
+    /// reading every step's logits on the host; rows marked "greedy".
+    #[arg(long)]
+    pub greedy: bool,
     /// Write a PNG plot of decode tokens/s against batch size and against
     /// context length (from the tg, --batch and --depth tests).
     #[arg(long)]
@@ -174,6 +181,35 @@ fn time_tg(r: &mut Runner, toks: &[u32], seq: SeqId) -> Result<f64> {
     Ok(toks.len() as f64 / dt)
 }
 
+/// Greedy decode tokens/s: `gen` steps after a prompt of `depth` random
+/// tokens (prefilled first, not timed), fed `first` and then their own
+/// choices.
+fn time_greedy(
+    r: &mut Runner,
+    depth: usize,
+    gen: usize,
+    ubatch: usize,
+    seq: SeqId,
+) -> Result<f64> {
+    let vocab = r.config().vocab_size;
+    let toks = random_tokens(depth + 1, vocab, 7);
+    let res = (|| {
+        if depth > 0 {
+            crate::engine::prefill(r, seq, &toks[..depth], 0, ubatch)?;
+        }
+        let t0 = Instant::now();
+        let out = r.decode_greedy(seq, toks[depth], depth, gen, &mut |_| Ok(true))?;
+        anyhow::ensure!(
+            out.len() == gen,
+            "greedy decode: {} of {gen} tokens",
+            out.len()
+        );
+        Ok(gen as f64 / t0.elapsed().as_secs_f64())
+    })();
+    r.free(seq);
+    res
+}
+
 fn mean_std(v: &[f64]) -> (f64, f64) {
     let m = v.iter().sum::<f64>() / v.len().max(1) as f64;
     let var = v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / v.len().max(1) as f64;
@@ -215,32 +251,45 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     }
     if a.gen_tokens > 0 {
         let toks = random_tokens(a.gen_tokens, vocab, 2);
-        time_tg(&mut r, &toks[..toks.len().min(8)], SeqId(100))?; // warm-up
+        let (g, ub) = (a.gen_tokens, a.ubatch);
+        // The greedy form (--greedy) from an empty cache and after a prompt.
+        let greedy = a.greedy;
+        let tg = move |r: &mut Runner, depth: usize, gen: usize, seq: SeqId| {
+            if greedy {
+                time_greedy(r, depth, gen, ub, seq)
+            } else if depth == 0 {
+                time_tg(r, &toks[..gen], seq)
+            } else {
+                time_depth(r, depth, gen, ub)
+            }
+        };
+        let tag = if greedy { " greedy" } else { "" };
+        tg(&mut r, 0, g.min(8), SeqId(100))?; // warm-up
         let v: Vec<f64> = (0..a.reps.max(1))
             .map(|i| {
                 prep(&mut r)?;
-                time_tg(&mut r, &toks, SeqId(101 + i as u64))
+                tg(&mut r, 0, g, SeqId(101 + i as u64))
             })
             .collect::<Result<_>>()?;
         let ms = mean_std(&v);
         batch_pts.push((1.0, ms.0));
         ctx_pts.push((a.gen_tokens as f64, ms.0));
-        rows.push((format!("tg{}", a.gen_tokens), ms));
-    }
-    if a.gen_tokens > 0 {
+        rows.push((format!("tg{g}{tag}"), ms));
         for &d in &a.depth {
             prep(&mut r)?;
-            time_depth(&mut r, d, a.gen_tokens.min(8), a.ubatch)?; // warm-up
+            tg(&mut r, d, g.min(8), SeqId(200))?; // warm-up
             let v: Vec<f64> = (0..a.reps.max(1))
-                .map(|_| {
+                .map(|i| {
                     prep(&mut r)?;
-                    time_depth(&mut r, d, a.gen_tokens, a.ubatch)
+                    tg(&mut r, d, g, SeqId(201 + i as u64))
                 })
                 .collect::<Result<_>>()?;
             let ms = mean_std(&v);
-            ctx_pts.push(((d + a.gen_tokens) as f64, ms.0));
-            rows.push((format!("tg{}@d{d}", a.gen_tokens), ms));
+            ctx_pts.push(((d + g) as f64, ms.0));
+            rows.push((format!("tg{g}@d{d}{tag}"), ms));
         }
+    }
+    if a.gen_tokens > 0 {
         for &b in &a.batch {
             anyhow::ensure!(b > 0, "--batch sizes must be at least 1");
             let need = b * (a.batch_prompt + a.gen_tokens);

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod bench_attn;
+pub mod check_greedy;
 pub mod generate;
 pub mod inspect;
 pub mod ops; // h-cuda
@@ -55,6 +56,10 @@ pub enum Command {
     /// at every step (--mode fast / deterministic: the GPU with its fusions
     /// against the GPU without).
     CheckExact(ops::CheckExactArgs),
+    /// Greedy decoding with the tokens chosen on the device against the
+    /// same steps sampled on the host (and the device's argmax against the
+    /// sampler on crafted rows): identical tokens.
+    CheckGreedy(check_greedy::CheckGreedyArgs),
 }
 
 /// Options shared by every command that loads a model.
@@ -187,5 +192,6 @@ pub fn main_with(cli: Cli) -> Result<()> {
         Command::Serve(a) => serve::serve(a),
         Command::Ops(a) => ops::ops(a),
         Command::CheckExact(a) => ops::check_exact(a),
+        Command::CheckGreedy(a) => check_greedy::check_greedy(a),
     }
 }

@@ -4,6 +4,9 @@
 //! inputs (token ids, positions, slots, block tables: a few KB) and
 //! downloads only the logits of the rows that asked for them.
 
+mod greedy;
+pub use greedy::GreedyTicket;
+
 use super::{Exec, StepBufs};
 use crate::backend::cuda::mem::{zeros, Dev, DevAttnBatch, DevKv, DevKvMut, DevMatrix};
 use crate::backend::cuda::{drv, CudaBackend, PdlExec};
@@ -199,7 +202,17 @@ pub struct CudaExec {
     capturing: AtomicBool,
     /// CUDA graphs for decode steps (QUIRE_NO_GRAPHS=1 turns them off).
     use_graphs: bool,
+    /// Greedy steps' results (greedy.rs), made by the first such step.
+    greedy: Mutex<Option<greedy::Greedy>>,
 }
+
+/// A decode step's ops on fixed buffers (`forward_bufs`): its logits.
+pub type DecodeFn<'f> = dyn FnMut(
+        &CudaExec,
+        &mut DevKvCache,
+        &StepBufs<DevIdx<'_>, DevBatch<'_>>,
+    ) -> Result<Option<DevBuf>>
+    + 'f;
 
 /// A captured, instantiated graph, and on sm_90+ the same graph
 /// instantiated with programmatic kernel-to-kernel edges, which is the one
@@ -285,6 +298,7 @@ impl CudaExec {
             stage: Mutex::new(Staging::default()),
             capturing: AtomicBool::new(false),
             use_graphs: !std::env::var("QUIRE_NO_GRAPHS").is_ok_and(|v| v == "1"),
+            greedy: Mutex::new(None),
         }
     }
 
@@ -365,12 +379,29 @@ impl CudaExec {
         vocab: usize,
         input: &crate::model::StepInput<'_>,
         kv: &mut DevKvCache,
-        step: &mut dyn FnMut(
-            &CudaExec,
-            &mut DevKvCache,
-            &StepBufs<DevIdx<'_>, DevBatch<'_>>,
-        ) -> Result<Option<DevBuf>>,
+        step: &mut DecodeFn<'_>,
     ) -> Result<super::HostLogits> {
+        let b = input.tokens.len();
+        self.decode_run(vocab, input, kv, step, None, |be, g| {
+            be.down_logits(&g.out, b * vocab, "decode step logits")
+        })
+    }
+
+    /// The body of [`CudaExec::decode_step`]: stages the inputs, captures
+    /// or replays the batch size's graph, then runs `after` on the graph
+    /// (its logits in `out`) under the graphs lock. With `dev_tokens`, the
+    /// step's tokens are not uploaded: they are copied from that device
+    /// buffer (the previous greedy step's choices; `input.tokens` only
+    /// gives their count).
+    fn decode_run<R>(
+        &self,
+        vocab: usize,
+        input: &crate::model::StepInput<'_>,
+        kv: &mut DevKvCache,
+        step: &mut DecodeFn<'_>,
+        dev_tokens: Option<&CudaView<'_, u32>>,
+        after: impl FnOnce(&CudaBackend, &DecodeGraph) -> Result<R>,
+    ) -> Result<R> {
         let b = input.tokens.len();
         input.validate(vocab)?;
         crate::backend::validate::kv_slots(input.slots, Self::kv_cells(kv))?;
@@ -423,7 +454,13 @@ impl CudaExec {
         let (tok, slot) = tok_slot.split_at_mut(b);
         tok.copy_from_slice(input.tokens);
         slot.copy_from_slice(input.slots);
-        drv(st.memcpy_htod(&*tok, &mut g.tokens), "decode tokens")?;
+        match dev_tokens {
+            Some(d) => drv(
+                st.memcpy_dtod(&d.slice(0..b), &mut g.tokens.slice_mut(0..b)),
+                "decode tokens from the device",
+            )?,
+            None => drv(st.memcpy_htod(&*tok, &mut g.tokens), "decode tokens")?,
+        }
         drv(st.memcpy_htod(&*slot, &mut g.slots), "decode slots")?;
         g.batch.refill(
             &self.be,
@@ -521,7 +558,7 @@ impl CudaExec {
                 c.entry("decode_graph").or_insert((0, 0.0)).0 += 1;
             }
         }
-        self.be.down_logits(&g.out, b * vocab, "decode step logits")
+        after(&self.be, g)
     }
 
     /// Whether QUIRE_PROFILE_OPS=1 (per-op device time, no graphs).

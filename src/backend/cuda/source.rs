@@ -89,6 +89,11 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
         &["get_rows"],
     ),
     (
+        "argmax",
+        include_str!("kernels/argmax.cu"),
+        &["argmax_rows"],
+    ),
+    (
         "select_rows",
         include_str!("kernels/select_rows.cu"),
         &["select_rows"],

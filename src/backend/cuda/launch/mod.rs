@@ -14,6 +14,7 @@
 //! and the element-wise ops.
 
 mod act_cache;
+mod argmax;
 mod att_maps;
 mod attention;
 mod attention_exact;

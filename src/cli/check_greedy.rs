@@ -1,0 +1,179 @@
+//! `quire check-greedy`: the device's greedy token choice against the
+//! sampler's. First on crafted logits rows (ties, signed zeros, all -inf,
+//! NaN, +inf, random rows, both load paths of argmax_rows), then on a
+//! model: greedy decoding with the tokens chosen on the device, one step
+//! ahead of the host (runner/greedy.rs), against the same steps with
+//! every step's logits downloaded and sampled on the host. Same logits,
+//! so the tokens must be identical.
+
+use crate::backend::{GpuMode, Mode};
+use crate::kv::SeqId;
+use crate::runner::{Compute, Runner, RunnerOptions};
+use crate::sampler::{Sampler, SamplingParams};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use rand::{Rng, SeedableRng};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+pub struct CheckGreedyArgs {
+    /// GGUF model.
+    #[arg(long, short = 'm')]
+    pub model: PathBuf,
+    /// Greedy tokens to generate after the prompt.
+    #[arg(long, default_value_t = 256)]
+    pub tokens: usize,
+    /// Random prompt tokens.
+    #[arg(long, default_value_t = 40)]
+    pub prompt_tokens: usize,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(long, default_value = "fast", value_parser = ["exact", "deterministic", "fast"])]
+    pub mode: String,
+}
+
+/// Crafted rows of `vocab` logits and what the sampler makes of each.
+fn crafted_rows(vocab: usize, rng: &mut rand_chacha::ChaCha8Rng) -> Vec<Vec<f32>> {
+    let rand_row =
+        |rng: &mut rand_chacha::ChaCha8Rng| -> Vec<f32> { (0..vocab).map(|_| rng.random_range(-8.0f32..8.0)).collect() };
+    let mut rows = Vec::new();
+    for _ in 0..16 {
+        rows.push(rand_row(rng));
+    }
+    // Two equal maxima: the lower id.
+    let mut r = rand_row(rng);
+    r[vocab - 3] = 9.5;
+    r[17] = 9.5;
+    rows.push(r);
+    // The maximum at the last id (the scalar tail of a vocab not a
+    // multiple of 4, and the last float4 otherwise).
+    let mut r = rand_row(rng);
+    r[vocab - 1] = 20.0;
+    rows.push(r);
+    // -0.0 and +0.0 tie: the lower id, whichever sign it has.
+    let mut r: Vec<f32> = (0..vocab).map(|_| rng.random_range(-8.0f32..-1.0)).collect();
+    r[9] = -0.0;
+    r[4] = 0.0;
+    r[2] = -0.0;
+    rows.push(r);
+    // All -inf: id 0.
+    rows.push(vec![f32::NEG_INFINITY; vocab]);
+    // A NaN, and a +inf: errors.
+    let mut r = rand_row(rng);
+    r[vocab / 2] = f32::NAN;
+    rows.push(r);
+    let mut r = rand_row(rng);
+    r[3] = f32::INFINITY;
+    rows.push(r);
+    rows
+}
+
+/// The device's argmax_rows on crafted rows against the sampler: returns
+/// the number of rows checked.
+fn check_rows(r: &Runner, vocab: usize, seed: u64) -> Result<usize> {
+    let Compute::Cuda { exec, .. } = &r.compute else {
+        bail!("check-greedy: the model is not on the device");
+    };
+    let be = exec.backend();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let rows = crafted_rows(vocab, &mut rng);
+    let n = rows.len();
+    let flat: Vec<f32> = rows.concat();
+    let d = be.up(&flat, "check-greedy: logits")?;
+    let mut toks = be.up(&vec![u32::MAX; n], "check-greedy: tokens")?;
+    let mut stat = be.up(&vec![u32::MAX; n], "check-greedy: status")?;
+    be.d_argmax_rows(
+        &d.slice(0..n * vocab),
+        n,
+        vocab,
+        &mut toks.slice_mut(0..n),
+        &mut stat.slice_mut(0..n),
+    )?;
+    let toks = be.stream().clone_dtoh(&toks)?;
+    let stat = be.stream().clone_dtoh(&stat)?;
+    for (i, row) in rows.iter().enumerate() {
+        let want = Sampler::new(SamplingParams::greedy())?.sample(row, &[]);
+        match (want, stat[i]) {
+            (Ok(t), 0) if toks[i] == t => {}
+            (Err(_), 1) => {}
+            (w, s) => bail!(
+                "check-greedy: vocab {vocab}, row {i}: the sampler gives {w:?}, the device token {} status {s}",
+                toks[i]
+            ),
+        }
+    }
+    Ok(n)
+}
+
+pub fn check_greedy(a: CheckGreedyArgs) -> Result<()> {
+    let mode = match a.mode.as_str() {
+        "deterministic" => Mode::Deterministic,
+        "exact" => Mode::Exact,
+        _ => Mode::Fast,
+    };
+    let mut r = Runner::load(
+        &a.model,
+        &RunnerOptions {
+            gpu: GpuMode::Required,
+            kv_tokens: 2 * (a.prompt_tokens + a.tokens + 16),
+            mode,
+            ..Default::default()
+        },
+    )
+    .context("loading the model with --gpu required")?;
+    if !r.greedy_on_device() {
+        bail!("check-greedy: decode steps here do not run as CUDA graphs (QUIRE_NO_GRAPHS or QUIRE_GREEDY_CHAIN=0?)");
+    }
+    let vocab = r.config().vocab_size;
+    let mut rows = 0;
+    for v in [vocab, 1001, 4096] {
+        rows += check_rows(&r, v, a.seed)?;
+    }
+    println!("check-greedy: argmax_rows agrees with the sampler on {rows} crafted rows");
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed);
+    let prompt: Vec<u32> = (0..a.prompt_tokens.max(1))
+        .map(|_| rng.random_range(0..vocab as u32))
+        .collect();
+    let (p, last) = (prompt.len() - 1, prompt[prompt.len() - 1]);
+    let run = |r: &mut Runner, seq: SeqId, device: bool| -> Result<(Vec<u32>, f64)> {
+        crate::engine::prefill(r, seq, &prompt[..p], 0, 512)?;
+        let t = Instant::now();
+        let out = if device {
+            r.decode_greedy(seq, last, p, a.tokens, &mut |_| Ok(true))
+        } else {
+            r.decode_greedy_host(seq, last, p, a.tokens, &mut |_| Ok(true))
+        };
+        let dt = t.elapsed().as_secs_f64();
+        r.free(seq);
+        Ok((out?, dt))
+    };
+    let (dev, t_dev) = run(&mut r, SeqId(1), true)?;
+    let (host, t_host) = run(&mut r, SeqId(2), false)?;
+    let n = dev.len().min(host.len());
+    if let Some(i) = (0..n).find(|&i| dev[i] != host[i]) {
+        bail!(
+            "check-greedy: token {i} differs: device {} host {} (device {:?}.., host {:?}..)",
+            dev[i],
+            host[i],
+            &dev[..=i],
+            &host[..=i]
+        );
+    }
+    if dev.len() != a.tokens || host.len() != a.tokens {
+        bail!(
+            "check-greedy: {} device and {} host tokens of {}",
+            dev.len(),
+            host.len(),
+            a.tokens
+        );
+    }
+    println!(
+        "check-greedy: {mode:?} mode, {} tokens after a {}-token prompt identical; device chain {:.1} tok/s, host sampling {:.1} tok/s",
+        a.tokens,
+        prompt.len(),
+        a.tokens as f64 / t_dev,
+        a.tokens as f64 / t_host
+    );
+    Ok(())
+}
