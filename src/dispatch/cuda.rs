@@ -193,8 +193,8 @@ pub struct CudaExec {
     counts: Mutex<BTreeMap<&'static str, (u64, f64)>>,
     profile: bool,
     pool: BufPool,
-    /// Decode graphs by (batch size, split-KV CTAs per row and head).
-    graphs: Mutex<HashMap<(usize, usize), DecodeGraph>>,
+    /// Decode graphs by [`GraphKey`].
+    graphs: Mutex<HashMap<GraphKey, DecodeGraph>>,
     /// Page-locked staging of a decode step's inputs, shared by every
     /// graph (taken under the `graphs` lock: one step at a time).
     stage: Mutex<Staging>,
@@ -202,8 +202,31 @@ pub struct CudaExec {
     capturing: AtomicBool,
     /// CUDA graphs for decode steps (QUIRE_NO_GRAPHS=1 turns them off).
     use_graphs: bool,
-    /// Greedy steps' results (greedy.rs), made by the first such step.
-    greedy: Mutex<Option<greedy::Greedy>>,
+    /// Greedy steps in flight (greedy.rs).
+    greedy: Mutex<greedy::Greedy>,
+}
+
+/// A decode graph's key: (batch size, split-KV CTAs per row and head,
+/// greedy: its last node chooses the next tokens instead of copying the
+/// logits out).
+type GraphKey = (usize, usize, bool);
+
+/// Where a greedy graph's argmax_rows writes (decode_finish).
+struct GreedyOut<'g> {
+    b: usize,
+    vocab: usize,
+    /// Device address of the graph's tokens: (b tokens, b statuses).
+    tokens: u64,
+    ring: &'g crate::backend::cuda::GreedyRing,
+    positions: CudaView<'g, u32>,
+}
+
+/// How a greedy step feeds its graph (greedy.rs).
+#[derive(Clone, Copy)]
+struct GreedyFeed {
+    /// The previous greedy step's graph, whose tokens are this step's
+    /// (None: uploaded from `input.tokens`).
+    chain: Option<GraphKey>,
 }
 
 /// A decode step's ops on fixed buffers (`forward_bufs`): its logits.
@@ -273,8 +296,11 @@ struct DecodeGraph {
     slots: CudaSlice<u32>,
     rows: CudaSlice<u32>,
     batch: DevAttnBatch,
-    /// (B, vocab) logits, written by the graph's last node.
+    /// (B, vocab) logits, written by the graph's last node (greedy graphs:
+    /// unused).
     out: CudaSlice<f32>,
+    /// Greedy graphs: the page-locked ring their argmax writes.
+    ring: Option<crate::backend::cuda::GreedyRing>,
     graph: Option<SendGraph>,
     /// One uncaptured step ran with these inputs (it filled the buffer
     /// pool, so the capture allocates nothing).
@@ -298,7 +324,7 @@ impl CudaExec {
             stage: Mutex::new(Staging::default()),
             capturing: AtomicBool::new(false),
             use_graphs: !std::env::var("QUIRE_NO_GRAPHS").is_ok_and(|v| v == "1"),
-            greedy: Mutex::new(None),
+            greedy: Mutex::new(greedy::Greedy::default()),
         }
     }
 
@@ -387,19 +413,33 @@ impl CudaExec {
         })
     }
 
+    /// The graph key of a step: (rows, split-KV CTAs per row and head,
+    /// greedy).
+    fn graph_key(input: &crate::model::StepInput<'_>, greedy: bool) -> GraphKey {
+        // Split-KV CTAs are baked into a graph: one graph per power-of-two
+        // bucket of the longest row's partial count.
+        let max_pos = input.positions.iter().copied().max().unwrap_or(0) as usize;
+        let ctas = crate::backend::cuda::mem::att_parts(max_pos).next_power_of_two();
+        (input.tokens.len(), ctas, greedy)
+    }
+
     /// The body of [`CudaExec::decode_step`]: stages the inputs, captures
     /// or replays the batch size's graph, then runs `after` on the graph
-    /// (its logits in `out`) under the graphs lock. With `dev_tokens`, the
-    /// step's tokens are not uploaded: they are copied from that device
-    /// buffer (the previous greedy step's choices; `input.tokens` only
-    /// gives their count).
+    /// under the graphs lock. Without `greedy` the graph's last node copies
+    /// the logits into `out`. With it (greedy.rs), its last node is
+    /// argmax_rows writing each row's next token into `tokens` (the next
+    /// replay's input), its status after them, and both into the graph's
+    /// host `ring`; with `greedy.chain` the step's tokens
+    /// are not uploaded (`input.tokens` only gives their count): they are
+    /// the previous greedy step's, already in place or copied from that
+    /// step's graph.
     fn decode_run<R>(
         &self,
         vocab: usize,
         input: &crate::model::StepInput<'_>,
         kv: &mut DevKvCache,
         step: &mut DecodeFn<'_>,
-        dev_tokens: Option<&CudaView<'_, u32>>,
+        greedy: Option<GreedyFeed>,
         after: impl FnOnce(&CudaBackend, &DecodeGraph) -> Result<R>,
     ) -> Result<R> {
         let b = input.tokens.len();
@@ -415,15 +455,18 @@ impl CudaExec {
             .graphs
             .lock()
             .map_err(|_| anyhow!("cuda: graph lock poisoned"))?;
-        // Split-KV CTAs are baked into a graph: one graph per power-of-two
-        // bucket of the longest row's partial count.
-        let max_pos = input.positions.iter().copied().max().unwrap_or(0) as usize;
-        let ctas = crate::backend::cuda::mem::att_parts(max_pos).next_power_of_two();
-        let key = (b, ctas);
+        let key = Self::graph_key(input, greedy.is_some());
+        let ctas = key.1;
         if let std::collections::hash_map::Entry::Vacant(slot) = graphs.entry(key) {
             let rows: Vec<u32> = (0..b as u32).collect();
+            // Greedy graphs: tokens (b), then argmax_rows' status (b); no
+            // logits copy.
+            let (nt, nl) = match greedy {
+                Some(_) => (2 * b, 1),
+                None => (b, b * vocab),
+            };
             slot.insert(DecodeGraph {
-                tokens: zeros::<u32>(&self.be, b, "decode tokens")?,
+                tokens: zeros::<u32>(&self.be, nt, "decode tokens")?,
                 slots: zeros::<u32>(&self.be, b, "decode slots")?,
                 rows: self.be.up(&rows, "decode rows")?,
                 batch: DevAttnBatch::fixed(
@@ -434,17 +477,38 @@ impl CudaExec {
                     kv.n_blocks,
                     ctas,
                 )?,
-                out: zeros::<f32>(&self.be, b * vocab, "decode logits")?,
+                out: zeros::<f32>(&self.be, nl, "decode logits")?,
+                ring: match greedy {
+                    Some(_) => Some(self.be.greedy_ring(b)?),
+                    None => None,
+                },
                 graph: None,
                 warm: false,
                 capture_failed: false,
                 arena_len: 0,
             });
         }
+        let st = self.be.stream();
+        // A chained step whose previous greedy step replayed another graph
+        // (its split bucket changed): that graph's tokens are this one's.
+        if let Some(GreedyFeed {
+            chain: Some(pk), ..
+        }) = greedy
+        {
+            if pk != key {
+                let [p, c] = graphs.get_disjoint_mut([&pk, &key]);
+                let (p, c) = p
+                    .zip(c)
+                    .ok_or_else(|| anyhow!("greedy decode: the previous step's graph is gone"))?;
+                drv(
+                    st.memcpy_dtod(&p.tokens.slice(0..b), &mut c.tokens.slice_mut(0..b)),
+                    "greedy decode: tokens from the previous graph",
+                )?;
+            }
+        }
         let g = graphs
             .get_mut(&key)
             .ok_or_else(|| anyhow!("cuda: decode graph missing"))?;
-        let st = self.be.stream();
         let mut staging = self
             .stage
             .lock()
@@ -454,12 +518,11 @@ impl CudaExec {
         let (tok, slot) = tok_slot.split_at_mut(b);
         tok.copy_from_slice(input.tokens);
         slot.copy_from_slice(input.slots);
-        match dev_tokens {
-            Some(d) => drv(
-                st.memcpy_dtod(&d.slice(0..b), &mut g.tokens.slice_mut(0..b)),
-                "decode tokens from the device",
-            )?,
-            None => drv(st.memcpy_htod(&*tok, &mut g.tokens), "decode tokens")?,
+        if !greedy.is_some_and(|f| f.chain.is_some()) {
+            drv(
+                st.memcpy_htod(&*tok, &mut g.tokens.slice_mut(0..b)),
+                "decode tokens",
+            )?;
         }
         drv(st.memcpy_htod(&*slot, &mut g.slots), "decode slots")?;
         g.batch.refill(
@@ -477,6 +540,21 @@ impl CudaExec {
         if g.graph.is_some() && g.arena_len != self.be.arena_len() {
             g.graph = None;
         }
+        // Greedy graphs end with argmax_rows into their own token input.
+        let fin = match (&greedy, &g.ring) {
+            (Some(_), Some(ring)) => Some(GreedyOut {
+                b,
+                vocab,
+                tokens: {
+                    use cudarc::driver::DevicePtr;
+                    g.tokens.device_ptr(st).0
+                },
+                ring,
+                positions: g.batch.positions(),
+            }),
+            (Some(_), None) => bail!("greedy decode graph without its ring"),
+            (None, _) => None,
+        };
         if g.graph.is_none() {
             let bufs = StepBufs {
                 n: b,
@@ -492,10 +570,7 @@ impl CudaExec {
             if !g.warm || g.capture_failed {
                 let logits = step(self, kv, &bufs)?
                     .ok_or_else(|| anyhow!("decode step returned no logits"))?;
-                drv(
-                    st.memcpy_dtod(&Self::rd(&logits), &mut g.out),
-                    "decode logits",
-                )?;
+                self.decode_finish(&logits, &mut g.out, fin.as_ref())?;
                 g.warm = true;
             } else {
                 drv(
@@ -507,7 +582,7 @@ impl CudaExec {
                 self.capturing.store(true, Ordering::Relaxed);
                 let r = step(self, kv, &bufs).and_then(|l| {
                     let l = l.ok_or_else(|| anyhow!("decode step returned no logits"))?;
-                    drv(st.memcpy_dtod(&Self::rd(&l), &mut g.out), "decode logits")
+                    self.decode_finish(&l, &mut g.out, fin.as_ref())
                 });
                 self.capturing.store(false, Ordering::Relaxed);
                 let graph = drv(
@@ -541,10 +616,7 @@ impl CudaExec {
                         g.capture_failed = true;
                         let logits = step(self, kv, &bufs)?
                             .ok_or_else(|| anyhow!("decode step returned no logits"))?;
-                        drv(
-                            st.memcpy_dtod(&Self::rd(&logits), &mut g.out),
-                            "decode logits",
-                        )?;
+                        self.decode_finish(&logits, &mut g.out, fin.as_ref())?;
                     }
                 }
             }
@@ -559,6 +631,32 @@ impl CudaExec {
             }
         }
         after(&self.be, g)
+    }
+
+    /// A decode step's last node: its logits copied into the graph's
+    /// `out`, or (`greedy`) argmax_rows into the graph's tokens and ring.
+    fn decode_finish(
+        &self,
+        logits: &DevBuf,
+        out: &mut CudaSlice<f32>,
+        greedy: Option<&GreedyOut<'_>>,
+    ) -> Result<()> {
+        let l = Self::rd(logits);
+        match greedy {
+            // SAFETY: the graph's tokens buffer holds (b tokens, b
+            // statuses); the step read its tokens first (stream order).
+            Some(f) => unsafe {
+                self.be.d_argmax_rows_at(
+                    &l,
+                    f.b,
+                    f.vocab,
+                    f.tokens,
+                    f.tokens + 4 * f.b as u64,
+                    Some((f.ring, &f.positions)),
+                )
+            },
+            None => drv(self.be.stream().memcpy_dtod(&l, out), "decode logits"),
+        }
     }
 
     /// Whether QUIRE_PROFILE_OPS=1 (per-op device time, no graphs).

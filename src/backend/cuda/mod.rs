@@ -23,6 +23,7 @@ mod logits;
 pub use logits::PinnedLogits;
 
 pub(crate) use launch::fast_uses_blas;
+pub(crate) use launch::{GreedyRing, GREEDY_SLOTS};
 pub mod mem;
 mod pdl;
 pub use pdl::PdlExec;

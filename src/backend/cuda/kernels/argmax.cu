@@ -7,6 +7,11 @@
 // tree picks the same id.
 // One CTA of ARGMAX_THREADS threads per row.
 // logits: (n, vocab) f32; tokens: (n,) u32; status: (n,) u32 (0: ok).
+// ring (may be null): page-locked host memory mapped for the device,
+// nslots slots of (tokens (cap), status (cap)); the step's tokens and
+// statuses also go to slot positions[0] % nslots (the step's first row's
+// position: consecutive greedy steps take consecutive slots, and the host,
+// knowing the position, reads the slot once the step has completed).
 #define ARGMAX_THREADS 1024
 
 // (v, i) replaces (bv, bi) when it comes first in the order: larger value,
@@ -20,7 +25,8 @@ __device__ __forceinline__ void argmax_take(float& bv, int& bi, float v, int i) 
 
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
     argmax_rows(const float* __restrict__ logits, int vocab, unsigned* __restrict__ tokens,
-                unsigned* __restrict__ status) {
+                unsigned* __restrict__ status, unsigned* __restrict__ ring,
+                const unsigned* __restrict__ positions, int cap, int nslots) {
     GRID_DEP();
     __shared__ float sv[ARGMAX_THREADS / 32];
     __shared__ int si[ARGMAX_THREADS / 32];
@@ -71,5 +77,10 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
         }
         tokens[blockIdx.x] = (unsigned)bi;
         status[blockIdx.x] = bad ? 1u : 0u;
+        if (ring) {
+            unsigned* sl = ring + (long long)(positions[0] % (unsigned)nslots) * 2 * cap;
+            sl[blockIdx.x] = (unsigned)bi;
+            sl[cap + blockIdx.x] = bad ? 1u : 0u;
+        }
     }
 }
