@@ -6,7 +6,7 @@
 # Llama-3.2-1B Q4_K models. Writes logs and summary.txt to $OUT (or ./gpu-check-out).
 #
 #   QUIRE=./.devbin/quire scripts/gpu-check.sh [steps...]
-# steps: ops-exact ops-det ops-fast attn perf smollm fuse llama bench (default: all)
+# steps: ops-exact ops-det ops-fast attn perf smollm fuse greedy llama bench (default: all)
 set -uo pipefail
 QUIRE="${QUIRE:-./target/release/quire}"
 OUT="${OUT:-./gpu-check-out}"
@@ -15,7 +15,7 @@ mkdir -p "$OUT"
 summary="$OUT/summary.txt"
 : >"$summary"
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(ops-exact ops-det ops-fast attn perf smollm fuse llama bench)
+[ ${#steps[@]} -eq 0 ] && steps=(ops-exact ops-det ops-fast attn perf smollm fuse greedy llama bench)
 note() { echo "$*" | tee -a "$summary"; }
 note "gpu-check: $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 status=0
@@ -26,7 +26,7 @@ run_step() {
   "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
   local last
-  last=$(grep -E "passed, .* failed|check-exact:|error:" "$OUT/$name.log" | tail -2 | tr '\n' ' ')
+  last=$(grep -E "passed, .* failed|check-exact:|check-greedy:|error:" "$OUT/$name.log" | tail -2 | tr '\n' ' ')
   note "$name: rc=$rc ($((SECONDS - t0)) s) $last"
   [ $rc -eq 0 ] || status=1
 }
@@ -120,6 +120,17 @@ for s in "${steps[@]}"; do
       # a partial tile) against to_f16_wr, bitwise.
       [ -f "$tmp/llama1b-q4_0.gguf" ] || "$QUIRE" synth --shape Llama-3.2-1B --type Q4_0 -o "$tmp/llama1b-q4_0.gguf" >"$OUT/synth-llama-q4_0.log" 2>&1
       run_step fuse-prefill-fast "$QUIRE" check-exact --mode fast -m "$tmp/llama1b-q4_0.gguf" --prompt-tokens 700 --tokens 8
+      ;;
+    greedy)
+      # Greedy decoding with the tokens chosen on the device (argmax_rows in
+      # the decode graph, the host one step ahead) against the same steps
+      # sampled on the host: identical tokens, in every mode; and
+      # argmax_rows against the sampler on crafted rows (ties, signed
+      # zeros, all -inf, NaN, +inf).
+      [ -f "$tmp/smollm2-q4_1.gguf" ] || "$QUIRE" synth --shape SmolLM2-135M --type Q4_1 -o "$tmp/smollm2-q4_1.gguf" >"$OUT/synth-smollm.log" 2>&1
+      for m in fast deterministic exact; do
+        run_step "greedy-$m" "$QUIRE" check-greedy --mode "$m" -m "$tmp/smollm2-q4_1.gguf" --tokens 300 --prompt-tokens 200
+      done
       ;;
     llama)
       "$QUIRE" synth --shape Llama-3.2-1B --type Q4_K -o "$tmp/llama1b-q4_k.gguf" >"$OUT/synth-llama.log" 2>&1

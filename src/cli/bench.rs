@@ -184,13 +184,7 @@ fn time_tg(r: &mut Runner, toks: &[u32], seq: SeqId) -> Result<f64> {
 /// Greedy decode tokens/s: `gen` steps after a prompt of `depth` random
 /// tokens (prefilled first, not timed), fed `first` and then their own
 /// choices.
-fn time_greedy(
-    r: &mut Runner,
-    depth: usize,
-    gen: usize,
-    ubatch: usize,
-    seq: SeqId,
-) -> Result<f64> {
+fn time_greedy(r: &mut Runner, depth: usize, gen: usize, ubatch: usize, seq: SeqId) -> Result<f64> {
     let vocab = r.config().vocab_size;
     let toks = random_tokens(depth + 1, vocab, 7);
     let res = (|| {

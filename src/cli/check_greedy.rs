@@ -35,8 +35,9 @@ pub struct CheckGreedyArgs {
 
 /// Crafted rows of `vocab` logits and what the sampler makes of each.
 fn crafted_rows(vocab: usize, rng: &mut rand_chacha::ChaCha8Rng) -> Vec<Vec<f32>> {
-    let rand_row =
-        |rng: &mut rand_chacha::ChaCha8Rng| -> Vec<f32> { (0..vocab).map(|_| rng.random_range(-8.0f32..8.0)).collect() };
+    let rand_row = |rng: &mut rand_chacha::ChaCha8Rng| -> Vec<f32> {
+        (0..vocab).map(|_| rng.random_range(-8.0f32..8.0)).collect()
+    };
     let mut rows = Vec::new();
     for _ in 0..16 {
         rows.push(rand_row(rng));
@@ -52,7 +53,9 @@ fn crafted_rows(vocab: usize, rng: &mut rand_chacha::ChaCha8Rng) -> Vec<Vec<f32>
     r[vocab - 1] = 20.0;
     rows.push(r);
     // -0.0 and +0.0 tie: the lower id, whichever sign it has.
-    let mut r: Vec<f32> = (0..vocab).map(|_| rng.random_range(-8.0f32..-1.0)).collect();
+    let mut r: Vec<f32> = (0..vocab)
+        .map(|_| rng.random_range(-8.0f32..-1.0))
+        .collect();
     r[9] = -0.0;
     r[4] = 0.0;
     r[2] = -0.0;

@@ -230,11 +230,7 @@ struct GreedyFeed {
 }
 
 /// A decode step's ops on fixed buffers (`forward_bufs`): its logits.
-pub type DecodeFn<'f> = dyn FnMut(
-        &CudaExec,
-        &mut DevKvCache,
-        &StepBufs<DevIdx<'_>, DevBatch<'_>>,
-    ) -> Result<Option<DevBuf>>
+pub type DecodeFn<'f> = dyn FnMut(&CudaExec, &mut DevKvCache, &StepBufs<DevIdx<'_>, DevBatch<'_>>) -> Result<Option<DevBuf>>
     + 'f;
 
 /// A captured, instantiated graph, and on sm_90+ the same graph
@@ -518,7 +514,7 @@ impl CudaExec {
         let (tok, slot) = tok_slot.split_at_mut(b);
         tok.copy_from_slice(input.tokens);
         slot.copy_from_slice(input.slots);
-        if !greedy.is_some_and(|f| f.chain.is_some()) {
+        if greedy.is_none_or(|f| f.chain.is_none()) {
             drv(
                 st.memcpy_htod(&*tok, &mut g.tokens.slice_mut(0..b)),
                 "decode tokens",

@@ -96,7 +96,8 @@ impl CudaExec {
         let st = self.be.stream();
         let i = (g.issued % GREEDY_SLOTS as u64) as usize;
         if g.done.len() <= i {
-            g.done.push(drv(st.record_event(None), "greedy decode: events")?);
+            g.done
+                .push(drv(st.record_event(None), "greedy decode: events")?);
         } else {
             drv(g.done[i].record(st), "greedy decode: events")?;
         }

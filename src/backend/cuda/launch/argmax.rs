@@ -56,7 +56,9 @@ impl CudaBackend {
         // SAFETY: hp points at the mapped allocation just made; flags 0.
         let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, hp.as_mut_ptr().cast(), 0) };
         if r != sys::CUresult::CUDA_SUCCESS {
-            return Err(anyhow!("greedy ring: cuMemHostGetDevicePointer failed: {r:?}"));
+            return Err(anyhow!(
+                "greedy ring: cuMemHostGetDevicePointer failed: {r:?}"
+            ));
         }
         Ok(GreedyRing {
             host,

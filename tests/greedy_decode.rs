@@ -1,0 +1,107 @@
+//! `Runner::decode_greedy` on the CPU (the host path; the device path is
+//! checked on a GPU by `quire check-greedy`): the tokens of stepping and
+//! sampling greedily by hand, `on_token` ending the run, and the sequence
+//! usable again afterwards.
+
+use quire::kv::SeqId;
+use quire::runner::{LogitsWanted, Runner, RunnerOptions, SeqWork};
+use quire::sampler::{Sampler, SamplingParams};
+
+fn runner() -> Runner {
+    let path = quire::fetch::default_model_path().expect("default model");
+    Runner::load(
+        &path,
+        &RunnerOptions {
+            threads: Some(2),
+            ..Default::default()
+        },
+    )
+    .expect("loading the default model")
+}
+
+/// Prefills `prompt` minus its last token into `seq`.
+fn prefill(r: &mut Runner, seq: SeqId, prompt: &[u32]) {
+    r.step(&[SeqWork {
+        seq,
+        tokens: &prompt[..prompt.len() - 1],
+        start_pos: 0,
+        logits: LogitsWanted::None,
+    }])
+    .unwrap();
+}
+
+#[test]
+fn greedy_matches_stepping_by_hand_and_stops_on_request() {
+    let mut r = runner();
+    let prompt: Vec<u32> = vec![1, 504, 3458, 282, 4649, 314, 5046, 30];
+    let (p, last) = (prompt.len() - 1, prompt[prompt.len() - 1]);
+    let n = 12;
+
+    // By hand: one step, then the sampler's greedy choice.
+    prefill(&mut r, SeqId(1), &prompt);
+    let mut sampler = Sampler::new(SamplingParams::greedy()).unwrap();
+    let (mut want, mut tok) = (Vec::new(), last);
+    for i in 0..n {
+        let l = r
+            .step(&[SeqWork {
+                seq: SeqId(1),
+                tokens: &[tok],
+                start_pos: p + i,
+                logits: LogitsWanted::Last,
+            }])
+            .unwrap();
+        tok = sampler.sample(&l[0], &[]).unwrap();
+        want.push(tok);
+    }
+    r.free(SeqId(1));
+
+    prefill(&mut r, SeqId(2), &prompt);
+    let mut seen = Vec::new();
+    let got = r
+        .decode_greedy(SeqId(2), last, p, n, &mut |t| {
+            seen.push(t);
+            Ok(true)
+        })
+        .unwrap();
+    r.free(SeqId(2));
+    assert_eq!(got, want);
+    assert_eq!(seen, want);
+    // Not a constant stream: the check can fail.
+    assert!(want.iter().any(|&t| t != want[0]), "{want:?}");
+
+    // on_token ends the run: exactly the tokens it received.
+    prefill(&mut r, SeqId(3), &prompt);
+    let mut calls = 0;
+    let got = r
+        .decode_greedy(SeqId(3), last, p, n, &mut |_| {
+            calls += 1;
+            Ok(calls < 3)
+        })
+        .unwrap();
+    assert_eq!(got, want[..3]);
+    assert_eq!(calls, 3);
+    r.free(SeqId(3));
+
+    // An error from on_token comes back, and a later run is unaffected.
+    prefill(&mut r, SeqId(4), &prompt);
+    let e = r
+        .decode_greedy(SeqId(4), last, p, n, &mut |_| anyhow::bail!("client gone"))
+        .unwrap_err();
+    assert!(format!("{e:#}").contains("client gone"), "{e:#}");
+    r.free(SeqId(4));
+    prefill(&mut r, SeqId(5), &prompt);
+    let got = r
+        .decode_greedy(SeqId(5), last, p, 4, &mut |_| Ok(true))
+        .unwrap();
+    assert_eq!(got, want[..4]);
+}
+
+#[test]
+fn greedy_past_the_context_is_an_error() {
+    let mut r = runner();
+    let ctx = r.config().context_length;
+    let e = r
+        .decode_greedy(SeqId(9), 1, ctx, 1, &mut |_| Ok(true))
+        .unwrap_err();
+    assert!(format!("{e:#}").contains("context length"), "{e:#}");
+}
