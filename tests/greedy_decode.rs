@@ -105,3 +105,45 @@ fn greedy_past_the_context_is_an_error() {
         .unwrap_err();
     assert!(format!("{e:#}").contains("context length"), "{e:#}");
 }
+
+#[test]
+fn greedy_batch_rows_match_each_sequence_alone() {
+    let mut r = runner();
+    let a: Vec<u32> = vec![1, 504, 3458, 282, 4649, 314, 5046, 30];
+    let b: Vec<u32> = vec![1, 9690, 28, 1691, 8801, 1390, 43];
+    let n = 6;
+    let mut alone = Vec::new();
+    for (i, p) in [&a, &b].into_iter().enumerate() {
+        let seq = SeqId(20 + i as u64);
+        prefill(&mut r, seq, p);
+        alone.push(
+            r.decode_greedy(seq, p[p.len() - 1], p.len() - 1, n, &mut |_| Ok(true))
+                .unwrap(),
+        );
+        r.free(seq);
+    }
+    assert_ne!(alone[0], alone[1]);
+    let seqs = [SeqId(30), SeqId(31)];
+    prefill(&mut r, seqs[0], &a);
+    prefill(&mut r, seqs[1], &b);
+    let mut steps = 0;
+    let got = r
+        .decode_greedy_batch(
+            &seqs,
+            &[a[a.len() - 1], b[b.len() - 1]],
+            &[a.len() - 1, b.len() - 1],
+            n,
+            &mut |t| {
+                assert_eq!(t.len(), 2);
+                steps += 1;
+                Ok(true)
+            },
+        )
+        .unwrap();
+    assert_eq!(steps, n);
+    assert_eq!(got, alone);
+    // Mismatched inputs are an error, not a panic.
+    assert!(r
+        .decode_greedy_batch(&seqs, &[1], &[9, 9], 1, &mut |_| Ok(true))
+        .is_err());
+}

@@ -47,7 +47,7 @@ pub struct BenchArgs {
     /// sequence's blocks are spread over random physical blocks).
     #[arg(long, value_enum, default_value_t = KvLayout::InOrder)]
     pub kv_layout: KvLayout,
-    /// The tg and tg@d tests generate their tokens greedily
+    /// The tg, tg@d and batched tests generate their tokens greedily
     /// (`Runner::decode_greedy`: on the GPU each token is chosen on the
     /// device and the host stays one step ahead, as `quire run
     /// --temperature 0` decodes) instead of feeding random tokens and
@@ -96,6 +96,7 @@ fn time_batched(
     gen: usize,
     ubatch: usize,
     seed: u64,
+    greedy: bool,
 ) -> Result<f64> {
     let vocab = r.config().vocab_size;
     let seqs: Vec<SeqId> = (0..b as u64).map(|i| SeqId(5000 + i)).collect();
@@ -105,6 +106,20 @@ fn time_batched(
     let res = (|| {
         for (s, t) in seqs.iter().zip(&toks) {
             crate::engine::prefill(r, *s, &t[..prompt], 0, ubatch)?;
+        }
+        if greedy {
+            // The rows' own greedy tokens, chosen on the device where the
+            // steps run as graphs (Runner::decode_greedy_batch).
+            let firsts: Vec<u32> = toks.iter().map(|t| t[prompt]).collect();
+            let t0 = Instant::now();
+            let out = r.decode_greedy_batch(&seqs, &firsts, &vec![prompt; b], gen, &mut |_| {
+                Ok(true)
+            })?;
+            anyhow::ensure!(
+                out.iter().all(|o| o.len() == gen),
+                "greedy batched decode: fewer than {gen} tokens"
+            );
+            return Ok((b * gen) as f64 / t0.elapsed().as_secs_f64());
         }
         // QUIRE_NCU_STEP=i: the profiler collects decode step i only
         // (`ncu --profile-from-start off`).
@@ -142,7 +157,7 @@ fn time_batched(
 
 /// Decode tokens/s at batch 1 after a prompt of `depth` tokens.
 fn time_depth(r: &mut Runner, depth: usize, gen: usize, ubatch: usize) -> Result<f64> {
-    time_batched(r, 1, depth, gen, ubatch, 7)
+    time_batched(r, 1, depth, gen, ubatch, 7, false)
 }
 
 fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
@@ -292,7 +307,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 "batched decode at B={b} needs {need} KV tokens; pass --kv-tokens {need} or more"
             );
             prep(&mut r)?;
-            time_batched(&mut r, b, a.batch_prompt, 4, a.ubatch, 11)?; // warm-up
+            time_batched(&mut r, b, a.batch_prompt, 4, a.ubatch, 11, a.greedy)?; // warm-up
             let v: Vec<f64> = (0..a.reps.max(1))
                 .map(|i| {
                     prep(&mut r)?;
@@ -303,12 +318,14 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                         a.gen_tokens,
                         a.ubatch,
                         100 * i as u64,
+                        a.greedy,
                     )
                 })
                 .collect::<Result<_>>()?;
             let ms = mean_std(&v);
             batch_pts.push((b as f64, ms.0));
-            rows.push((format!("tg{} B{b} p{}", a.gen_tokens, a.batch_prompt), ms));
+            let tag = if a.greedy { " greedy" } else { "" };
+            rows.push((format!("tg{} B{b} p{}{tag}", a.gen_tokens, a.batch_prompt), ms));
         }
     }
     if a.json {

@@ -145,7 +145,7 @@ pub fn check_greedy(a: CheckGreedyArgs) -> Result<()> {
         let out = if device {
             r.decode_greedy(seq, last, p, a.tokens, &mut |_| Ok(true))
         } else {
-            r.decode_greedy_host(seq, last, p, a.tokens, &mut |_| Ok(true))
+            r.decode_greedy_host_one(seq, last, p, a.tokens, &mut |_| Ok(true))
         };
         let dt = t.elapsed().as_secs_f64();
         r.free(seq);
@@ -177,6 +177,42 @@ pub fn check_greedy(a: CheckGreedyArgs) -> Result<()> {
         prompt.len(),
         a.tokens as f64 / t_dev,
         a.tokens as f64 / t_host
+    );
+    // Four sequences in lockstep, prompts of different lengths.
+    let b = 4;
+    let prompts: Vec<Vec<u32>> = (0..b)
+        .map(|i| {
+            (0..a.prompt_tokens.max(12) - 3 * i)
+                .map(|_| rng.random_range(0..vocab as u32))
+                .collect()
+        })
+        .collect();
+    let batch = |r: &mut Runner, base: u64, device: bool| -> Result<Vec<Vec<u32>>> {
+        let seqs: Vec<SeqId> = (0..b as u64).map(|i| SeqId(base + i)).collect();
+        for (s, p) in seqs.iter().zip(&prompts) {
+            crate::engine::prefill(r, *s, &p[..p.len() - 1], 0, 512)?;
+        }
+        let firsts: Vec<u32> = prompts.iter().map(|p| p[p.len() - 1]).collect();
+        let starts: Vec<usize> = prompts.iter().map(|p| p.len() - 1).collect();
+        let n = a.tokens.min(64);
+        let out = if device {
+            r.decode_greedy_batch(&seqs, &firsts, &starts, n, &mut |_| Ok(true))
+        } else {
+            r.decode_greedy_batch_host(&seqs, &firsts, &starts, n)
+        };
+        for s in &seqs {
+            r.free(*s);
+        }
+        out
+    };
+    let dev = batch(&mut r, 10, true)?;
+    let host = batch(&mut r, 20, false)?;
+    if dev != host {
+        bail!("check-greedy: {b} sequences in lockstep: device {dev:?} host {host:?}");
+    }
+    println!(
+        "check-greedy: {b} sequences in lockstep, {} tokens each identical",
+        dev[0].len()
     );
     Ok(())
 }

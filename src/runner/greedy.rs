@@ -16,6 +16,13 @@ use crate::sampler::{Sampler, SamplingParams};
 use anyhow::{bail, Context, Result};
 use std::collections::VecDeque;
 
+/// The rows of a greedy run: sequence, first token, first position.
+struct Rows<'r> {
+    seqs: &'r [SeqId],
+    firsts: &'r [u32],
+    starts: &'r [usize],
+}
+
 /// Whether greedy decoding may keep its tokens on the device
 /// (QUIRE_GREEDY_CHAIN=0: never, for comparisons; the same tokens).
 fn chain_wanted() -> bool {
@@ -28,7 +35,9 @@ impl Runner {
     /// then each step's greedy token, for at most `max` steps. `on_token`
     /// receives the chosen tokens in order and ends the run by returning
     /// false. Returns the tokens it received. Earlier positions must be in
-    /// the KV cache; the run's positions are allocated here.
+    /// the KV cache; the run's positions are allocated here (on the device
+    /// path, a run that `on_token` ends has computed and cached one
+    /// position past its last token).
     pub fn decode_greedy(
         &mut self,
         seq: SeqId,
@@ -37,51 +46,112 @@ impl Runner {
         max: usize,
         on_token: &mut dyn FnMut(u32) -> Result<bool>,
     ) -> Result<Vec<u32>> {
-        if self.greedy_on_device() {
-            self.decode_greedy_device(seq, first, start_pos, max, on_token)
+        let mut out = self.decode_greedy_batch(&[seq], &[first], &[start_pos], max, &mut |t| {
+            on_token(t[0])
+        })?;
+        Ok(out.pop().unwrap_or_default())
+    }
+
+    /// [`Runner::decode_greedy`] for several sequences in lockstep: row r
+    /// feeds `firsts[r]` at `starts[r]`, then its own greedy tokens; every
+    /// step is one decode step of all rows. `on_tokens` receives each
+    /// step's tokens (one per row) and ends the run for all by returning
+    /// false. Returns each row's tokens.
+    pub fn decode_greedy_batch(
+        &mut self,
+        seqs: &[SeqId],
+        firsts: &[u32],
+        starts: &[usize],
+        max: usize,
+        on_tokens: &mut dyn FnMut(&[u32]) -> Result<bool>,
+    ) -> Result<Vec<Vec<u32>>> {
+        if seqs.len() != firsts.len() || seqs.len() != starts.len() || seqs.is_empty() {
+            bail!(
+                "greedy decode: {} sequences, {} first tokens, {} start positions",
+                seqs.len(),
+                firsts.len(),
+                starts.len()
+            );
+        }
+        let rows = Rows {
+            seqs,
+            firsts,
+            starts,
+        };
+        if self.greedy_on_device_rows(seqs.len()) {
+            self.decode_greedy_device(&rows, max, on_tokens)
         } else {
-            self.decode_greedy_host(seq, first, start_pos, max, on_token)
+            self.decode_greedy_host(&rows, max, on_tokens)
         }
     }
 
     /// Whether a one-row decode step here runs as a CUDA graph (and the
     /// chain is wanted).
     pub fn greedy_on_device(&self) -> bool {
+        self.greedy_on_device_rows(1)
+    }
+
+    fn greedy_on_device_rows(&self, b: usize) -> bool {
         match &self.compute {
-            Compute::Cuda { exec, .. } => chain_wanted() && exec.graphable(1),
+            Compute::Cuda { exec, .. } => chain_wanted() && exec.graphable(b),
             Compute::Host { .. } => false,
         }
     }
 
-    pub(crate) fn decode_greedy_host(
+    fn decode_greedy_host(
         &mut self,
-        seq: SeqId,
-        first: u32,
-        start_pos: usize,
+        rows: &Rows<'_>,
         max: usize,
-        on_token: &mut dyn FnMut(u32) -> Result<bool>,
-    ) -> Result<Vec<u32>> {
+        on_tokens: &mut dyn FnMut(&[u32]) -> Result<bool>,
+    ) -> Result<Vec<Vec<u32>>> {
+        let b = rows.seqs.len();
         let mut sampler = Sampler::new(SamplingParams::greedy())?;
-        let mut out = Vec::new();
-        let mut tok = first;
+        let mut out = vec![Vec::new(); b];
+        let mut toks = rows.firsts.to_vec();
         for i in 0..max {
-            let logits = self.step_flat(&[SeqWork {
-                seq,
-                tokens: std::slice::from_ref(&tok),
-                start_pos: start_pos + i,
-                logits: LogitsWanted::Last,
-            }])?;
-            // Greedy with the penalty off reads no history.
-            tok = sampler.sample(logits.seq(0), &[])?;
-            out.push(tok);
-            if !on_token(tok)? {
+            let work: Vec<SeqWork<'_>> = (0..b)
+                .map(|r| SeqWork {
+                    seq: rows.seqs[r],
+                    tokens: std::slice::from_ref(&toks[r]),
+                    start_pos: rows.starts[r] + i,
+                    logits: LogitsWanted::Last,
+                })
+                .collect();
+            let logits = self.step_flat(&work)?;
+            drop(work);
+            for (r, t) in toks.iter_mut().enumerate() {
+                // Greedy with the penalty off reads no history.
+                *t = sampler.sample(logits.seq(r), &[])?;
+                out[r].push(*t);
+            }
+            if !on_tokens(&toks)? {
                 break;
             }
         }
         Ok(out)
     }
 
-    fn decode_greedy_device(
+    /// The host path of [`Runner::decode_greedy_batch`] whatever the
+    /// backend (`quire check-greedy`'s reference).
+    pub(crate) fn decode_greedy_batch_host(
+        &mut self,
+        seqs: &[SeqId],
+        firsts: &[u32],
+        starts: &[usize],
+        max: usize,
+    ) -> Result<Vec<Vec<u32>>> {
+        let rows = Rows {
+            seqs,
+            firsts,
+            starts,
+        };
+        self.decode_greedy_host(&rows, max, &mut |_| Ok(true))
+    }
+
+    /// The host path of [`Runner::decode_greedy`] whatever the backend:
+    /// each step's logits downloaded and sampled here (`quire
+    /// check-greedy`'s reference).
+    pub(crate) fn decode_greedy_host_one(
         &mut self,
         seq: SeqId,
         first: u32,
@@ -89,10 +159,25 @@ impl Runner {
         max: usize,
         on_token: &mut dyn FnMut(u32) -> Result<bool>,
     ) -> Result<Vec<u32>> {
+        let rows = Rows {
+            seqs: &[seq],
+            firsts: &[first],
+            starts: &[start_pos],
+        };
+        let mut out = self.decode_greedy_host(&rows, max, &mut |t| on_token(t[0]))?;
+        Ok(out.pop().unwrap_or_default())
+    }
+
+    fn decode_greedy_device(
+        &mut self,
+        rows: &Rows<'_>,
+        max: usize,
+        on_tokens: &mut dyn FnMut(&[u32]) -> Result<bool>,
+    ) -> Result<Vec<Vec<u32>>> {
         let mut pending: VecDeque<GreedyTicket> = VecDeque::new();
-        let r = self.greedy_device_loop(seq, first, start_pos, max, on_token, &mut pending);
-        // After an error, the steps still in flight are waited for (and
-        // their tokens dropped): the next run starts with none out.
+        let r = self.greedy_device_loop(rows, max, on_tokens, &mut pending);
+        // After an error or a stop, the steps still in flight are waited
+        // for (and their tokens dropped): the next run starts with none out.
         while let Some(t) = pending.pop_front() {
             let _ = self.greedy_wait(t);
         }
@@ -101,80 +186,83 @@ impl Runner {
 
     fn greedy_device_loop(
         &mut self,
-        seq: SeqId,
-        first: u32,
-        start_pos: usize,
+        rows: &Rows<'_>,
         max: usize,
-        on_token: &mut dyn FnMut(u32) -> Result<bool>,
+        on_tokens: &mut dyn FnMut(&[u32]) -> Result<bool>,
         pending: &mut VecDeque<GreedyTicket>,
-    ) -> Result<Vec<u32>> {
-        let mut out = Vec::new();
-        let mut stopped = false;
+    ) -> Result<Vec<Vec<u32>>> {
+        let mut out = vec![Vec::new(); rows.seqs.len()];
+        let mut take = |toks: Vec<u32>, out: &mut Vec<Vec<u32>>| -> Result<bool> {
+            for (o, &t) in out.iter_mut().zip(&toks) {
+                o.push(t);
+            }
+            on_tokens(&toks)
+        };
         for i in 0..max {
-            pending.push_back(self.greedy_enqueue(seq, first, start_pos + i, i > 0)?);
-            // One step ahead: step i is queued before step i - 1's token
-            // is read.
+            pending.push_back(self.greedy_enqueue(rows, i)?);
+            // One step ahead: step i is queued before step i - 1's tokens
+            // are read.
             if pending.len() > 1 {
                 let t = pending.pop_front().context("greedy ticket")?;
-                let tok = self.greedy_wait(t)?;
-                out.push(tok);
-                if !on_token(tok)? {
-                    stopped = true;
-                    break;
+                let toks = self.greedy_wait(t)?;
+                if !take(toks, &mut out)? {
+                    return Ok(out);
                 }
             }
         }
-        // The last step's token; after a stop, the step queued past it is
-        // waited for by the caller and its token dropped.
-        if !stopped {
-            if let Some(t) = pending.pop_front() {
-                let tok = self.greedy_wait(t)?;
-                out.push(tok);
-                on_token(tok)?;
-            }
+        if let Some(t) = pending.pop_front() {
+            let toks = self.greedy_wait(t)?;
+            take(toks, &mut out)?;
         }
         Ok(out)
     }
 
-    /// Allocates position `pos` of `seq` and enqueues its step: token
-    /// `first`, or with `chain` the previous greedy step's choice.
-    fn greedy_enqueue(
-        &mut self,
-        seq: SeqId,
-        first: u32,
-        pos: usize,
-        chain: bool,
-    ) -> Result<GreedyTicket> {
+    /// Allocates step `i`'s positions (`starts[r] + i`) and enqueues the
+    /// step: the first tokens, or from step 1 on the previous step's
+    /// choices on the device.
+    fn greedy_enqueue(&mut self, rows: &Rows<'_>, i: usize) -> Result<GreedyTicket> {
         let ctx = self.model.cfg.context_length;
-        if pos + 1 > ctx {
-            bail!(
-                "sequence {seq:?} reaches position {}, past the model's context length {ctx}",
-                pos + 1
+        let b = rows.seqs.len();
+        let mut slots = Vec::with_capacity(b);
+        let mut positions = Vec::with_capacity(b);
+        for r in 0..b {
+            let (seq, pos) = (rows.seqs[r], rows.starts[r] + i);
+            if pos + 1 > ctx {
+                bail!(
+                    "sequence {seq:?} reaches position {}, past the model's context length {ctx}",
+                    pos + 1
+                );
+            }
+            let copies = self.kv.allocate(seq, pos + 1).with_context(|| {
+                format!("allocating KV blocks for {} tokens of {seq:?}", pos + 1)
+            })?;
+            for c in copies {
+                self.copy_block(c.src, c.dst)?;
+            }
+            let s = self
+                .kv
+                .slot_mapping(seq, pos, 1)
+                .with_context(|| format!("slot mapping of {seq:?}"))?;
+            slots.extend_from_slice(&s);
+            positions.push(u32::try_from(pos)?);
+        }
+        let mut tables = Vec::with_capacity(b);
+        for &seq in rows.seqs {
+            tables.push(
+                self.kv
+                    .block_table(seq)
+                    .with_context(|| format!("no block table for {seq:?}"))?,
             );
         }
-        let copies = self
-            .kv
-            .allocate(seq, pos + 1)
-            .with_context(|| format!("allocating KV blocks for {} tokens of {seq:?}", pos + 1))?;
-        for c in copies {
-            self.copy_block(c.src, c.dst)?;
-        }
-        let slots = self
-            .kv
-            .slot_mapping(seq, pos, 1)
-            .with_context(|| format!("slot mapping of {seq:?}"))?;
-        let table = self
-            .kv
-            .block_table(seq)
-            .with_context(|| format!("no block table for {seq:?}"))?;
+        let row_seq: Vec<u32> = (0..b as u32).collect();
         let input = StepInput {
-            // With `chain`, only the count: the token is on the device.
-            tokens: &[first],
-            positions: &[pos as u32],
-            row_seq: &[0],
+            // From step 1 on, only the count: the tokens are on the device.
+            tokens: rows.firsts,
+            positions: &positions,
+            row_seq: &row_seq,
             slots: &slots,
-            block_tables: &[table],
-            logit_rows: &[0],
+            block_tables: &tables,
+            logit_rows: &(0..b).collect::<Vec<_>>(),
         };
         let model = &self.model;
         match &mut self.compute {
@@ -189,15 +277,15 @@ impl Runner {
                 &mut |e, kv, bufs| {
                     crate::model::arch::llama::forward_bufs(&model.cfg, weights, e, kv, bufs)
                 },
-                chain,
+                i > 0,
             ),
             Compute::Host { .. } => bail!("greedy decode on the device: the model is on the host"),
         }
     }
 
-    fn greedy_wait(&self, t: GreedyTicket) -> Result<u32> {
+    fn greedy_wait(&self, t: GreedyTicket) -> Result<Vec<u32>> {
         match &self.compute {
-            Compute::Cuda { exec, .. } => Ok(exec.greedy_wait(t)?[0]),
+            Compute::Cuda { exec, .. } => exec.greedy_wait(t),
             Compute::Host { .. } => bail!("greedy decode on the device: the model is on the host"),
         }
     }
