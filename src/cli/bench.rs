@@ -112,9 +112,8 @@ fn time_batched(
             // steps run as graphs (Runner::decode_greedy_batch).
             let firsts: Vec<u32> = toks.iter().map(|t| t[prompt]).collect();
             let t0 = Instant::now();
-            let out = r.decode_greedy_batch(&seqs, &firsts, &vec![prompt; b], gen, &mut |_| {
-                Ok(true)
-            })?;
+            let out =
+                r.decode_greedy_batch(&seqs, &firsts, &vec![prompt; b], gen, &mut |_| Ok(true))?;
             anyhow::ensure!(
                 out.iter().all(|o| o.len() == gen),
                 "greedy batched decode: fewer than {gen} tokens"
@@ -325,7 +324,10 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             let ms = mean_std(&v);
             batch_pts.push((b as f64, ms.0));
             let tag = if a.greedy { " greedy" } else { "" };
-            rows.push((format!("tg{} B{b} p{}{tag}", a.gen_tokens, a.batch_prompt), ms));
+            rows.push((
+                format!("tg{} B{b} p{}{tag}", a.gen_tokens, a.batch_prompt),
+                ms,
+            ));
         }
     }
     if a.json {

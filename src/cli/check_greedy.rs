@@ -119,7 +119,8 @@ pub fn check_greedy(a: CheckGreedyArgs) -> Result<()> {
         &a.model,
         &RunnerOptions {
             gpu: GpuMode::Required,
-            kv_tokens: 2 * (a.prompt_tokens + a.tokens + 16),
+            // The single run twice, then four sequences of up to 64 tokens.
+            kv_tokens: 2 * (a.prompt_tokens + a.tokens + 16) + 4 * (a.prompt_tokens.max(12) + 80),
             mode,
             ..Default::default()
         },

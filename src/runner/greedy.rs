@@ -46,9 +46,8 @@ impl Runner {
         max: usize,
         on_token: &mut dyn FnMut(u32) -> Result<bool>,
     ) -> Result<Vec<u32>> {
-        let mut out = self.decode_greedy_batch(&[seq], &[first], &[start_pos], max, &mut |t| {
-            on_token(t[0])
-        })?;
+        let mut out =
+            self.decode_greedy_batch(&[seq], &[first], &[start_pos], max, &mut |t| on_token(t[0]))?;
         Ok(out.pop().unwrap_or_default())
     }
 
