@@ -318,15 +318,36 @@ impl Runner {
     }
 }
 
-/// Builds the step's batch inputs from the block tables of `kv` (slot
-/// mapping, positions, which rows want logits) and runs the model.
-fn forward_batch(
+/// A step's batch inputs built from the block tables of `kv`: slot
+/// mapping, positions, which rows want logits (`wanted`: per work item).
+struct BatchInput<'k> {
+    tokens: Vec<u32>,
+    positions: Vec<u32>,
+    row_seq: Vec<u32>,
+    slots: Vec<u32>,
+    logit_rows: Vec<usize>,
+    wanted: Vec<usize>,
+    tables: Vec<&'k [u32]>,
+}
+
+impl BatchInput<'_> {
+    fn input(&self) -> StepInput<'_> {
+        StepInput {
+            tokens: &self.tokens,
+            positions: &self.positions,
+            row_seq: &self.row_seq,
+            slots: &self.slots,
+            block_tables: &self.tables,
+            logit_rows: &self.logit_rows,
+        }
+    }
+}
+
+fn batch_input<'k>(
     model: &LlamaModel,
-    gguf: &GgufFile,
-    compute: &mut Compute,
-    kv: &KvManager,
+    kv: &'k KvManager,
     work: &[SeqWork<'_>],
-) -> Result<Logits> {
+) -> Result<BatchInput<'k>> {
     let ctx = model.cfg.context_length;
     let n_rows: usize = work.iter().map(|w| w.tokens.len()).sum();
     let mut tokens = Vec::with_capacity(n_rows);
@@ -368,14 +389,28 @@ fn forward_batch(
         wanted.push(n_want);
         tables.push(table);
     }
-    let input = StepInput {
-        tokens: &tokens,
-        positions: &positions,
-        row_seq: &row_seq,
-        slots: &slots,
-        block_tables: &tables,
-        logit_rows: &logit_rows,
-    };
+    Ok(BatchInput {
+        tokens,
+        positions,
+        row_seq,
+        slots,
+        logit_rows,
+        wanted,
+        tables,
+    })
+}
+
+/// Builds the step's batch inputs ([`batch_input`]) and runs the model.
+fn forward_batch(
+    model: &LlamaModel,
+    gguf: &GgufFile,
+    compute: &mut Compute,
+    kv: &KvManager,
+    work: &[SeqWork<'_>],
+) -> Result<Logits> {
+    let bi = batch_input(model, kv, work)?;
+    let input = bi.input();
+    let (n_rows, logit_rows, wanted) = (bi.tokens.len(), &bi.logit_rows, &bi.wanted);
     let t_step = std::time::Instant::now();
     let logits = match compute {
         Compute::Host { dx, storage } => {

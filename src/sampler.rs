@@ -107,6 +107,15 @@ impl Sampler {
         &self.params
     }
 
+    /// Whether this sampler picks the argmax of the logits and nothing
+    /// else (temperature 0, no repetition penalty): then it reads no
+    /// history and draws nothing from its RNG, so the device may choose
+    /// for it (`Runner::step_greedy_with_kv`).
+    pub fn is_plain_greedy(&self) -> bool {
+        let p = &self.params;
+        p.temperature == 0.0 && (p.repetition_penalty == 1.0 || p.repeat_last_n == 0)
+    }
+
     /// A uniform in [0, 1) from the top 53 bits of one RNG word (exact in
     /// f64, independent of `rand`'s float conversion).
     fn uniform(&mut self) -> f64 {

@@ -204,6 +204,9 @@ pub struct CudaExec {
     use_graphs: bool,
     /// Greedy steps in flight (greedy.rs).
     greedy: Mutex<greedy::Greedy>,
+    /// The ring every greedy graph of up to SHARED_RING_ROWS rows writes
+    /// (greedy.rs), made by the first.
+    shared_ring: Mutex<Option<Arc<crate::backend::cuda::GreedyRing>>>,
 }
 
 /// A decode graph's key: (batch size, split-KV CTAs per row and head,
@@ -217,7 +220,7 @@ struct GreedyOut<'g> {
     vocab: usize,
     /// Device address of the graph's tokens: (b tokens, b statuses).
     tokens: u64,
-    ring: &'g crate::backend::cuda::GreedyRing,
+    ring: &'g Arc<crate::backend::cuda::GreedyRing>,
     positions: CudaView<'g, u32>,
 }
 
@@ -296,7 +299,7 @@ struct DecodeGraph {
     /// unused).
     out: CudaSlice<f32>,
     /// Greedy graphs: the page-locked ring their argmax writes.
-    ring: Option<crate::backend::cuda::GreedyRing>,
+    ring: Option<Arc<crate::backend::cuda::GreedyRing>>,
     graph: Option<SendGraph>,
     /// One uncaptured step ran with these inputs (it filled the buffer
     /// pool, so the capture allocates nothing).
@@ -321,6 +324,7 @@ impl CudaExec {
             capturing: AtomicBool::new(false),
             use_graphs: !std::env::var("QUIRE_NO_GRAPHS").is_ok_and(|v| v == "1"),
             greedy: Mutex::new(greedy::Greedy::default()),
+            shared_ring: Mutex::new(None),
         }
     }
 
@@ -475,7 +479,7 @@ impl CudaExec {
                 )?,
                 out: zeros::<f32>(&self.be, nl, "decode logits")?,
                 ring: match greedy {
-                    Some(_) => Some(self.be.greedy_ring(b)?),
+                    Some(_) => Some(self.greedy_ring(b)?),
                     None => None,
                 },
                 graph: None,

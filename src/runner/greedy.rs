@@ -10,6 +10,7 @@
 
 use super::{Compute, LogitsWanted, Runner, SeqWork};
 use crate::dispatch::cuda::GreedyTicket;
+use crate::kv::KvManager;
 use crate::kv::SeqId;
 use crate::model::StepInput;
 use crate::sampler::{Sampler, SamplingParams};
@@ -84,13 +85,57 @@ impl Runner {
         }
     }
 
+    /// A decode step of `work` (one token per sequence, each wanting its
+    /// logits), with blocks already allocated in `kv` (as
+    /// [`Runner::step_with_kv`]), whose next tokens are chosen greedily on
+    /// the device: one per sequence, the logits never downloaded. None
+    /// where the step cannot run as a greedy decode graph here (the caller
+    /// then steps with logits and samples on the host).
+    pub fn step_greedy_with_kv(
+        &mut self,
+        kv: &KvManager,
+        work: &[SeqWork<'_>],
+    ) -> Result<Option<Vec<u32>>> {
+        let b = work.len();
+        let decode = work
+            .iter()
+            .all(|w| w.tokens.len() == 1 && w.logits == LogitsWanted::Last);
+        if b == 0 || !decode || !self.greedy_on_device_rows(b) {
+            return Ok(None);
+        }
+        let bi = super::batch_input(&self.model, kv, work)?;
+        let input = bi.input();
+        let model = &self.model;
+        match &mut self.compute {
+            Compute::Cuda {
+                exec,
+                weights,
+                kv: dev_kv,
+            } => {
+                let t = exec.decode_step_greedy(
+                    model.cfg.vocab_size,
+                    &input,
+                    dev_kv,
+                    &mut |e, kv, bufs| {
+                        crate::model::arch::llama::forward_bufs(&model.cfg, weights, e, kv, bufs)
+                    },
+                    false,
+                )?;
+                Ok(Some(exec.greedy_wait(t)?))
+            }
+            Compute::Host { .. } => Ok(None),
+        }
+    }
+
     /// Whether a one-row decode step here runs as a CUDA graph (and the
     /// chain is wanted).
     pub fn greedy_on_device(&self) -> bool {
         self.greedy_on_device_rows(1)
     }
 
-    fn greedy_on_device_rows(&self, b: usize) -> bool {
+    /// Whether a decode step of `b` rows here runs as a CUDA graph (and
+    /// the chain is wanted).
+    pub fn greedy_on_device_rows(&self, b: usize) -> bool {
         match &self.compute {
             Compute::Cuda { exec, .. } => chain_wanted() && exec.graphable(b),
             Compute::Host { .. } => false,

@@ -9,7 +9,7 @@
 //! return to the pool at once.
 
 use super::metrics::EndKind;
-use super::step::run_plan;
+use super::step::{run_plan, run_plan_greedy};
 use super::{
     EngineConfig, EngineHandle, EngineLimits, Event, FinishReason, Metrics, Msg, Submission,
     TokenLogprobs,
@@ -117,6 +117,13 @@ impl Seq {
                 .get(self.index)
                 .is_some_and(|c| c.load(Ordering::Relaxed))
     }
+}
+
+/// A step's result: every planned row's logits, or (a greedy step on the
+/// device) each planned sequence's chosen token.
+enum StepOut {
+    Logits(crate::runner::Logits),
+    Tokens(Vec<u32>),
 }
 
 /// A sibling choice held back until its leader's prompt is prefilled, so
@@ -400,7 +407,28 @@ impl Engine {
             m.computed_prompt_tokens_total += prefilled;
             m.preemptions_total = preemptions;
         });
-        let outs = match run_plan(&mut self.runner, self.sched.kv(), &plan) {
+        // Every planned row a decode row of a plain greedy request without
+        // logprobs: the device chooses the tokens and no logits come down
+        // (Runner::step_greedy_with_kv). If that fails, the step runs again
+        // with logits (it rewrites the same cells) and each sequence
+        // samples, and fails, on its own.
+        let all_greedy = plan.seqs.iter().all(|ss| {
+            self.seqs
+                .get(&ss.seq)
+                .is_some_and(|s| s.sampler.is_plain_greedy() && s.req.top_logprobs.is_none())
+        });
+        let mut chosen = None;
+        if all_greedy {
+            match run_plan_greedy(&mut self.runner, self.sched.kv(), &plan) {
+                Ok(t) => chosen = t,
+                Err(e) => tracing::debug!("greedy step on the device: {e:#}; stepping with logits"),
+            }
+        }
+        let outs = match chosen {
+            Some(t) => Ok(StepOut::Tokens(t)),
+            None => run_plan(&mut self.runner, self.sched.kv(), &plan).map(StepOut::Logits),
+        };
+        let outs = match outs {
             Ok(o) => o,
             Err(e) => {
                 // The step's cells are undefined: end its sequences.
@@ -425,7 +453,6 @@ impl Engine {
         let mut sampled = Vec::new();
         let mut ended: Vec<(SeqId, EndKind, Event)> = Vec::new();
         for (i, ss) in plan.seqs.iter().enumerate() {
-            let logits = outs.seq(i);
             if !ss.sample {
                 continue;
             }
@@ -433,7 +460,11 @@ impl Engine {
             else {
                 continue;
             };
-            match sample_one(s, logits, history, now, &self.metrics) {
+            let picked = match &outs {
+                StepOut::Logits(l) => sample_one(s, l.seq(i), history, now, &self.metrics),
+                StepOut::Tokens(t) => Ok(emit_token(s, t[i], None, history, now, &self.metrics)),
+            };
+            match picked {
                 Ok((tok, end)) => {
                     sampled.push((ss.seq, tok));
                     if let Some((kind, ev)) = end {
@@ -509,6 +540,19 @@ fn sample_one(
         let (logprob, top) = logprobs(logits, tok, k);
         TokenLogprobs { logprob, top }
     });
+    Ok(emit_token(s, tok, lp, history, now, metrics))
+}
+
+/// Counts and sends a sequence's chosen token (with its logprobs, if
+/// asked), and says whether and how the sequence ends with it.
+fn emit_token(
+    s: &mut Seq,
+    tok: u32,
+    lp: Option<TokenLogprobs>,
+    history: &[u32],
+    now: Instant,
+    metrics: &Metrics,
+) -> (u32, Option<(EndKind, Event)>) {
     s.generated += 1;
     let since = s.last_token_at.unwrap_or(s.req.arrival);
     let first = s.generated == 1;
@@ -528,7 +572,7 @@ fn sample_one(
             reason: FinishReason::Stop,
             completion_tokens: s.generated,
         };
-        return Ok((tok, Some((EndKind::Stop, ev))));
+        return (tok, Some((EndKind::Stop, ev)));
     }
     let sent = s.req.tx.send(Event::Token {
         index,
@@ -536,7 +580,7 @@ fn sample_one(
         logprobs: lp,
     });
     if sent.is_err() {
-        return Ok((
+        return (
             tok,
             Some((
                 EndKind::Cancelled,
@@ -545,7 +589,7 @@ fn sample_one(
                     message: "client gone".into(),
                 },
             )),
-        ));
+        );
     }
     if s.generated >= s.max_tokens || history.len() + 1 >= s.max_len {
         let ev = Event::Finished {
@@ -553,7 +597,7 @@ fn sample_one(
             reason: FinishReason::Length,
             completion_tokens: s.generated,
         };
-        return Ok((tok, Some((EndKind::Length, ev))));
+        return (tok, Some((EndKind::Length, ev)));
     }
-    Ok((tok, None))
+    (tok, None)
 }

@@ -11,6 +11,30 @@ use anyhow::{Context, Result};
 /// planned sequence in plan order, the logits of its last row when it is
 /// due for sampling (`sample`), else an empty slice.
 pub fn run_plan(runner: &mut Runner, kv: &KvManager, plan: &StepPlan) -> Result<Logits> {
+    let work = plan_work(runner, plan)?;
+    runner.step_with_kv(kv, &work)
+}
+
+/// Runs a plan of decode rows only, each due for sampling, with the next
+/// tokens chosen greedily on the device (`Runner::step_greedy_with_kv`):
+/// one per planned sequence, in plan order. None where that cannot run
+/// (not a pure decode plan, or no decode graph here).
+pub fn run_plan_greedy(
+    runner: &mut Runner,
+    kv: &KvManager,
+    plan: &StepPlan,
+) -> Result<Option<Vec<u32>>> {
+    if !plan.seqs.iter().all(|s| s.sample && s.tokens.len() == 1)
+        || !runner.greedy_on_device_rows(plan.seqs.len())
+    {
+        return Ok(None);
+    }
+    let work = plan_work(runner, plan)?;
+    runner.step_greedy_with_kv(kv, &work)
+}
+
+/// The plan's copy-on-write block copies, done, and its work list.
+fn plan_work<'p>(runner: &mut Runner, plan: &'p StepPlan) -> Result<Vec<SeqWork<'p>>> {
     // Copy-on-write copies first: a later sequence may read a block that an
     // earlier one's copy fills.
     for s in &plan.seqs {
@@ -34,5 +58,5 @@ pub fn run_plan(runner: &mut Runner, kv: &KvManager, plan: &StepPlan) -> Result<
             },
         })
         .collect();
-    runner.step_with_kv(kv, &work)
+    Ok(work)
 }
