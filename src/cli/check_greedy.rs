@@ -13,22 +13,12 @@ use crate::sampler::{Sampler, SamplingParams};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use rand::{Rng, SeedableRng};
-use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(Args, Debug)]
 pub struct CheckGreedyArgs {
-    /// GGUF model.
-    #[arg(long, short = 'm')]
-    pub model: PathBuf,
-    /// Greedy tokens to generate after the prompt.
-    #[arg(long, default_value_t = 256)]
-    pub tokens: usize,
-    /// Random prompt tokens.
-    #[arg(long, default_value_t = 40)]
-    pub prompt_tokens: usize,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    #[command(flatten)]
+    pub run: super::ops::GreedyRunArgs,
     #[arg(long, default_value = "fast", value_parser = ["exact", "deterministic", "fast"])]
     pub mode: String,
 }
@@ -116,11 +106,12 @@ pub fn check_greedy(a: CheckGreedyArgs) -> Result<()> {
         _ => Mode::Fast,
     };
     let mut r = Runner::load(
-        &a.model,
+        &a.run.model,
         &RunnerOptions {
             gpu: GpuMode::Required,
             // The single run twice, then four sequences of up to 64 tokens.
-            kv_tokens: 2 * (a.prompt_tokens + a.tokens + 16) + 4 * (a.prompt_tokens.max(12) + 80),
+            kv_tokens: 2 * (a.run.prompt_tokens + a.run.tokens + 16)
+                + 4 * (a.run.prompt_tokens.max(12) + 80),
             mode,
             ..Default::default()
         },
@@ -132,11 +123,11 @@ pub fn check_greedy(a: CheckGreedyArgs) -> Result<()> {
     let vocab = r.config().vocab_size;
     let mut rows = 0;
     for v in [vocab, 1001, 4096] {
-        rows += check_rows(&r, v, a.seed)?;
+        rows += check_rows(&r, v, a.run.seed)?;
     }
     println!("check-greedy: argmax_rows agrees with the sampler on {rows} crafted rows");
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed);
-    let prompt: Vec<u32> = (0..a.prompt_tokens.max(1))
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.run.seed);
+    let prompt: Vec<u32> = (0..a.run.prompt_tokens.max(1))
         .map(|_| rng.random_range(0..vocab as u32))
         .collect();
     let (p, last) = (prompt.len() - 1, prompt[prompt.len() - 1]);
@@ -144,9 +135,10 @@ pub fn check_greedy(a: CheckGreedyArgs) -> Result<()> {
         crate::engine::prefill(r, seq, &prompt[..p], 0, 512)?;
         let t = Instant::now();
         let out = if device {
-            r.decode_greedy(seq, last, p, a.tokens, &mut |_| Ok(true))
+            r.decode_greedy(seq, last, p, a.run.tokens, &mut |_| Ok(true))
         } else {
-            r.decode_greedy_host_one(seq, last, p, a.tokens, &mut |_| Ok(true))
+            r.decode_greedy_batch_host(&[seq], &[last], &[p], a.run.tokens)
+                .map(|mut o| o.pop().unwrap_or_default())
         };
         let dt = t.elapsed().as_secs_f64();
         r.free(seq);
@@ -164,26 +156,26 @@ pub fn check_greedy(a: CheckGreedyArgs) -> Result<()> {
             &host[..=i]
         );
     }
-    if dev.len() != a.tokens || host.len() != a.tokens {
+    if dev.len() != a.run.tokens || host.len() != a.run.tokens {
         bail!(
             "check-greedy: {} device and {} host tokens of {}",
             dev.len(),
             host.len(),
-            a.tokens
+            a.run.tokens
         );
     }
     println!(
         "check-greedy: {mode:?} mode, {} tokens after a {}-token prompt identical; device chain {:.1} tok/s, host sampling {:.1} tok/s",
-        a.tokens,
+        a.run.tokens,
         prompt.len(),
-        a.tokens as f64 / t_dev,
-        a.tokens as f64 / t_host
+        a.run.tokens as f64 / t_dev,
+        a.run.tokens as f64 / t_host
     );
     // Four sequences in lockstep, prompts of different lengths.
     let b = 4;
     let prompts: Vec<Vec<u32>> = (0..b)
         .map(|i| {
-            (0..a.prompt_tokens.max(12) - 3 * i)
+            (0..a.run.prompt_tokens.max(12) - 3 * i)
                 .map(|_| rng.random_range(0..vocab as u32))
                 .collect()
         })
@@ -195,7 +187,7 @@ pub fn check_greedy(a: CheckGreedyArgs) -> Result<()> {
         }
         let firsts: Vec<u32> = prompts.iter().map(|p| p[p.len() - 1]).collect();
         let starts: Vec<usize> = prompts.iter().map(|p| p.len() - 1).collect();
-        let n = a.tokens.min(64);
+        let n = a.run.tokens.min(64);
         let out = if device {
             r.decode_greedy_batch(&seqs, &firsts, &starts, n, &mut |_| Ok(true))
         } else {

@@ -91,8 +91,10 @@ pub fn ops(a: OpsArgs) -> Result<()> {
     Ok(())
 }
 
+/// A model and a greedy run on it: a random prompt, then greedy tokens
+/// (check-exact, check-greedy).
 #[derive(Args, Debug)]
-pub struct CheckExactArgs {
+pub struct GreedyRunArgs {
     /// GGUF model.
     #[arg(long, short = 'm')]
     pub model: PathBuf,
@@ -105,6 +107,12 @@ pub struct CheckExactArgs {
     pub prompt_tokens: usize,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct CheckExactArgs {
+    #[command(flatten)]
+    pub run: GreedyRunArgs,
     /// CPU threads.
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
@@ -135,12 +143,12 @@ pub fn check_exact(a: CheckExactArgs) -> Result<()> {
     };
     let base = RunnerOptions {
         threads: a.threads,
-        kv_tokens: (a.prompt_tokens + a.tokens + 16).max(64),
+        kv_tokens: (a.run.prompt_tokens + a.run.tokens + 16).max(64),
         mode,
         ..Default::default()
     };
     let mut gpu = Runner::load(
-        &a.model,
+        &a.run.model,
         &RunnerOptions {
             gpu: GpuMode::Required,
             ..base.clone()
@@ -161,11 +169,11 @@ pub fn check_exact(a: CheckExactArgs) -> Result<()> {
         )
     };
     println!("check-exact: {mode:?} mode, gpu against {ref_name}");
-    let mut cpu = Runner::load(&a.model, &ref_opts)
+    let mut cpu = Runner::load(&a.run.model, &ref_opts)
         .with_context(|| format!("loading the reference model ({ref_name})"))?;
     let vocab = cpu.config().vocab_size;
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed);
-    let prompt: Vec<u32> = (0..a.prompt_tokens.max(1))
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.run.seed);
+    let prompt: Vec<u32> = (0..a.run.prompt_tokens.max(1))
         .map(|_| rng.random_range(0..vocab as u32))
         .collect();
     let seq = SeqId(1);
@@ -173,7 +181,7 @@ pub fn check_exact(a: CheckExactArgs) -> Result<()> {
     let (mut t_gpu, mut t_cpu) = (0f64, 0f64);
     let mut mismatches = 0usize;
     let mut first_bad: Option<usize> = None;
-    for step in 0..=a.tokens {
+    for step in 0..=a.run.tokens {
         let (chunk, start) = if step == 0 {
             (prompt.clone(), 0)
         } else {
@@ -221,17 +229,17 @@ pub fn check_exact(a: CheckExactArgs) -> Result<()> {
             }
         }
         // Both continue with the CPU's greedy token.
-        if step < a.tokens {
+        if step < a.run.tokens {
             toks.push(argmax(c));
         }
     }
     gpu.report_backends_to_stdout();
     println!(
         "check-exact: {} steps ({} prompt tokens + {} greedy), {} bitwise equal, {} differ; gpu {:.2}s, {ref_name} {:.2}s",
-        a.tokens + 1,
+        a.run.tokens + 1,
         prompt.len(),
-        a.tokens,
-        a.tokens + 1 - mismatches,
+        a.run.tokens,
+        a.run.tokens + 1 - mismatches,
         mismatches,
         t_gpu,
         t_cpu

@@ -104,27 +104,8 @@ impl Runner {
             return Ok(None);
         }
         let bi = super::batch_input(&self.model, kv, work)?;
-        let input = bi.input();
-        let model = &self.model;
-        match &mut self.compute {
-            Compute::Cuda {
-                exec,
-                weights,
-                kv: dev_kv,
-            } => {
-                let t = exec.decode_step_greedy(
-                    model.cfg.vocab_size,
-                    &input,
-                    dev_kv,
-                    &mut |e, kv, bufs| {
-                        crate::model::arch::llama::forward_bufs(&model.cfg, weights, e, kv, bufs)
-                    },
-                    false,
-                )?;
-                Ok(Some(exec.greedy_wait(t)?))
-            }
-            Compute::Host { .. } => Ok(None),
-        }
+        let t = enqueue(&self.model, &mut self.compute, &bi.input(), false)?;
+        self.greedy_wait(t).map(Some)
     }
 
     /// Whether a one-row decode step here runs as a CUDA graph (and the
@@ -190,26 +171,6 @@ impl Runner {
             starts,
         };
         self.decode_greedy_host(&rows, max, &mut |_| Ok(true))
-    }
-
-    /// The host path of [`Runner::decode_greedy`] whatever the backend:
-    /// each step's logits downloaded and sampled here (`quire
-    /// check-greedy`'s reference).
-    pub(crate) fn decode_greedy_host_one(
-        &mut self,
-        seq: SeqId,
-        first: u32,
-        start_pos: usize,
-        max: usize,
-        on_token: &mut dyn FnMut(u32) -> Result<bool>,
-    ) -> Result<Vec<u32>> {
-        let rows = Rows {
-            seqs: &[seq],
-            firsts: &[first],
-            starts: &[start_pos],
-        };
-        let mut out = self.decode_greedy_host(&rows, max, &mut |t| on_token(t[0]))?;
-        Ok(out.pop().unwrap_or_default())
     }
 
     fn decode_greedy_device(
@@ -308,23 +269,7 @@ impl Runner {
             block_tables: &tables,
             logit_rows: &(0..b).collect::<Vec<_>>(),
         };
-        let model = &self.model;
-        match &mut self.compute {
-            Compute::Cuda {
-                exec,
-                weights,
-                kv: dev_kv,
-            } => exec.decode_step_greedy(
-                model.cfg.vocab_size,
-                &input,
-                dev_kv,
-                &mut |e, kv, bufs| {
-                    crate::model::arch::llama::forward_bufs(&model.cfg, weights, e, kv, bufs)
-                },
-                i > 0,
-            ),
-            Compute::Host { .. } => bail!("greedy decode on the device: the model is on the host"),
-        }
+        enqueue(&self.model, &mut self.compute, &input, i > 0)
     }
 
     fn greedy_wait(&self, t: GreedyTicket) -> Result<Vec<u32>> {
@@ -332,5 +277,32 @@ impl Runner {
             Compute::Cuda { exec, .. } => exec.greedy_wait(t),
             Compute::Host { .. } => bail!("greedy decode on the device: the model is on the host"),
         }
+    }
+}
+
+/// Enqueues a greedy decode step of `input` on the device (see
+/// `CudaExec::decode_step_greedy`; `chain`: its tokens are the previous
+/// greedy step's).
+fn enqueue(
+    model: &crate::model::LlamaModel,
+    compute: &mut Compute,
+    input: &StepInput<'_>,
+    chain: bool,
+) -> Result<GreedyTicket> {
+    match compute {
+        Compute::Cuda {
+            exec,
+            weights,
+            kv: dev_kv,
+        } => exec.decode_step_greedy(
+            model.cfg.vocab_size,
+            input,
+            dev_kv,
+            &mut |e, kv, bufs| {
+                crate::model::arch::llama::forward_bufs(&model.cfg, weights, e, kv, bufs)
+            },
+            chain,
+        ),
+        Compute::Host { .. } => bail!("greedy decode on the device: the model is on the host"),
     }
 }
