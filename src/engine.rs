@@ -120,10 +120,7 @@ fn generate_inner(
     let mut step: Option<crate::runner::Logits> = None;
     // Greedy with no penalty reads nothing but the logits: its tokens can
     // be chosen on the device.
-    let p = opts.sampling;
-    let chain = p.temperature == 0.0
-        && (p.repetition_penalty == 1.0 || p.repeat_last_n == 0)
-        && runner.greedy_on_device();
+    let chain = opts.sampling.is_plain_greedy() && runner.greedy_on_device();
     while out.len() < max_tokens {
         let logits = match &step {
             Some(l) => l.seq(0),

@@ -57,6 +57,14 @@ impl SamplingParams {
         }
     }
 
+    /// Whether these parameters pick the argmax of the logits and nothing
+    /// else (temperature 0, no repetition penalty): then sampling reads no
+    /// history and draws nothing from the RNG, so the device may choose
+    /// (`Runner::decode_greedy`, `Runner::step_greedy_with_kv`).
+    pub fn is_plain_greedy(&self) -> bool {
+        self.temperature == 0.0 && (self.repetition_penalty == 1.0 || self.repeat_last_n == 0)
+    }
+
     /// Rejects values outside their meaningful ranges.
     pub fn validate(&self) -> Result<()> {
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
@@ -108,12 +116,9 @@ impl Sampler {
     }
 
     /// Whether this sampler picks the argmax of the logits and nothing
-    /// else (temperature 0, no repetition penalty): then it reads no
-    /// history and draws nothing from its RNG, so the device may choose
-    /// for it (`Runner::step_greedy_with_kv`).
+    /// else ([`SamplingParams::is_plain_greedy`]).
     pub fn is_plain_greedy(&self) -> bool {
-        let p = &self.params;
-        p.temperature == 0.0 && (p.repetition_penalty == 1.0 || p.repeat_last_n == 0)
+        self.params.is_plain_greedy()
     }
 
     /// A uniform in [0, 1) from the top 53 bits of one RNG word (exact in

@@ -408,7 +408,8 @@ impl CudaExec {
         step: &mut DecodeFn<'_>,
     ) -> Result<super::HostLogits> {
         let b = input.tokens.len();
-        self.decode_run(vocab, input, kv, step, None, |be, g| {
+        let key = Self::graph_key(input, false);
+        self.decode_run(vocab, input, kv, step, key, None, |be, g| {
             be.down_logits(&g.out, b * vocab, "decode step logits")
         })
     }
@@ -424,7 +425,7 @@ impl CudaExec {
     }
 
     /// The body of [`CudaExec::decode_step`]: stages the inputs, captures
-    /// or replays the batch size's graph, then runs `after` on the graph
+    /// or replays graph `key` (`graph_key`), then runs `after` on the graph
     /// under the graphs lock. Without `greedy` the graph's last node copies
     /// the logits into `out`. With it (greedy.rs), its last node is
     /// argmax_rows writing each row's next token into `tokens` (the next
@@ -439,6 +440,7 @@ impl CudaExec {
         input: &crate::model::StepInput<'_>,
         kv: &mut DevKvCache,
         step: &mut DecodeFn<'_>,
+        key: GraphKey,
         greedy: Option<GreedyFeed>,
         after: impl FnOnce(&CudaBackend, &DecodeGraph) -> Result<R>,
     ) -> Result<R> {
@@ -455,7 +457,7 @@ impl CudaExec {
             .graphs
             .lock()
             .map_err(|_| anyhow!("cuda: graph lock poisoned"))?;
-        let key = Self::graph_key(input, greedy.is_some());
+        // The caller's graph_key(input, greedy.is_some()).
         let ctas = key.1;
         if let std::collections::hash_map::Entry::Vacant(slot) = graphs.entry(key) {
             let rows: Vec<u32> = (0..b as u32).collect();
@@ -540,22 +542,22 @@ impl CudaExec {
         if g.graph.is_some() && g.arena_len != self.be.arena_len() {
             g.graph = None;
         }
-        // Greedy graphs end with argmax_rows into their own token input.
-        let fin = match (&greedy, &g.ring) {
-            (Some(_), Some(ring)) => Some(GreedyOut {
-                b,
-                vocab,
-                tokens: {
-                    use cudarc::driver::DevicePtr;
-                    g.tokens.device_ptr(st).0
-                },
-                ring,
-                positions: g.batch.positions(),
-            }),
-            (Some(_), None) => bail!("greedy decode graph without its ring"),
-            (None, _) => None,
-        };
         if g.graph.is_none() {
+            // Greedy graphs end with argmax_rows into their own token input.
+            let fin = match (&greedy, &g.ring) {
+                (Some(_), Some(ring)) => Some(GreedyOut {
+                    b,
+                    vocab,
+                    tokens: {
+                        use cudarc::driver::DevicePtr;
+                        g.tokens.device_ptr(st).0
+                    },
+                    ring,
+                    positions: g.batch.positions(),
+                }),
+                (Some(_), None) => bail!("greedy decode graph without its ring"),
+                (None, _) => None,
+            };
             let bufs = StepBufs {
                 n: b,
                 n_rows: b,

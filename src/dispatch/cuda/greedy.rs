@@ -2,7 +2,8 @@
 //! critical path. A greedy decode graph ends with `argmax_rows`
 //! (backend/cuda/launch/argmax.rs, the sampler's greedy rule) instead of
 //! the logits copy: each row's token goes into the graph's own token input
-//! (the next replay's) and into a slot of the graph's page-locked ring,
+//! (the next replay's) and into a slot of a page-locked ring mapped for
+//! the device (one shared by the graphs of up to SHARED_RING_ROWS rows),
 //! which the host reads once the step has completed. So a chained step
 //! uploads no token, and the host can enqueue step i + 1 before step i's
 //! token has reached it (`Runner::decode_greedy` keeps one step ahead):
@@ -118,6 +119,7 @@ impl CudaExec {
             input,
             kv,
             step,
+            key,
             Some(GreedyFeed { chain: from }),
             |_, _| Ok(()),
         )?;
