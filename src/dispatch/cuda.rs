@@ -224,11 +224,13 @@ struct GreedyOut<'g> {
     positions: CudaView<'g, u32>,
 }
 
-/// How a greedy step feeds its graph (greedy.rs).
+/// Which graph a decode step replays, and where its tokens come from.
 #[derive(Clone, Copy)]
-struct GreedyFeed {
-    /// The previous greedy step's graph, whose tokens are this step's
-    /// (None: uploaded from `input.tokens`).
+struct GraphSel {
+    /// `graph_key` of the step (`.2`: a greedy graph, greedy.rs).
+    key: GraphKey,
+    /// A greedy step's previous greedy step's graph, whose tokens are this
+    /// step's (None: uploaded from `input.tokens`).
     chain: Option<GraphKey>,
 }
 
@@ -408,8 +410,11 @@ impl CudaExec {
         step: &mut DecodeFn<'_>,
     ) -> Result<super::HostLogits> {
         let b = input.tokens.len();
-        let key = Self::graph_key(input, false);
-        self.decode_run(vocab, input, kv, step, key, None, |be, g| {
+        let sel = GraphSel {
+            key: Self::graph_key(input, false),
+            chain: None,
+        };
+        self.decode_run(vocab, input, kv, step, sel, |be, g| {
             be.down_logits(&g.out, b * vocab, "decode step logits")
         })
     }
@@ -430,7 +435,7 @@ impl CudaExec {
     /// the logits into `out`. With it (greedy.rs), its last node is
     /// argmax_rows writing each row's next token into `tokens` (the next
     /// replay's input), its status after them, and both into the graph's
-    /// host `ring`; with `greedy.chain` the step's tokens
+    /// host `ring`; with `sel.chain` the step's tokens
     /// are not uploaded (`input.tokens` only gives their count): they are
     /// the previous greedy step's, already in place or copied from that
     /// step's graph.
@@ -440,8 +445,7 @@ impl CudaExec {
         input: &crate::model::StepInput<'_>,
         kv: &mut DevKvCache,
         step: &mut DecodeFn<'_>,
-        key: GraphKey,
-        greedy: Option<GreedyFeed>,
+        sel: GraphSel,
         after: impl FnOnce(&CudaBackend, &DecodeGraph) -> Result<R>,
     ) -> Result<R> {
         let b = input.tokens.len();
@@ -457,16 +461,13 @@ impl CudaExec {
             .graphs
             .lock()
             .map_err(|_| anyhow!("cuda: graph lock poisoned"))?;
-        // The caller's graph_key(input, greedy.is_some()).
+        let (key, greedy) = (sel.key, sel.key.2);
         let ctas = key.1;
         if let std::collections::hash_map::Entry::Vacant(slot) = graphs.entry(key) {
             let rows: Vec<u32> = (0..b as u32).collect();
             // Greedy graphs: tokens (b), then argmax_rows' status (b); no
             // logits copy.
-            let (nt, nl) = match greedy {
-                Some(_) => (2 * b, 1),
-                None => (b, b * vocab),
-            };
+            let (nt, nl) = if greedy { (2 * b, 1) } else { (b, b * vocab) };
             slot.insert(DecodeGraph {
                 tokens: zeros::<u32>(&self.be, nt, "decode tokens")?,
                 slots: zeros::<u32>(&self.be, b, "decode slots")?,
@@ -480,9 +481,10 @@ impl CudaExec {
                     ctas,
                 )?,
                 out: zeros::<f32>(&self.be, nl, "decode logits")?,
-                ring: match greedy {
-                    Some(_) => Some(self.greedy_ring(b)?),
-                    None => None,
+                ring: if greedy {
+                    Some(self.greedy_ring(b)?)
+                } else {
+                    None
                 },
                 graph: None,
                 warm: false,
@@ -493,10 +495,7 @@ impl CudaExec {
         let st = self.be.stream();
         // A chained step whose previous greedy step replayed another graph
         // (its split bucket changed): that graph's tokens are this one's.
-        if let Some(GreedyFeed {
-            chain: Some(pk), ..
-        }) = greedy
-        {
+        if let Some(pk) = sel.chain {
             if pk != key {
                 let [p, c] = graphs.get_disjoint_mut([&pk, &key]);
                 let (p, c) = p
@@ -520,7 +519,7 @@ impl CudaExec {
         let (tok, slot) = tok_slot.split_at_mut(b);
         tok.copy_from_slice(input.tokens);
         slot.copy_from_slice(input.slots);
-        if greedy.is_none_or(|f| f.chain.is_none()) {
+        if sel.chain.is_none() {
             drv(
                 st.memcpy_htod(&*tok, &mut g.tokens.slice_mut(0..b)),
                 "decode tokens",
@@ -544,8 +543,8 @@ impl CudaExec {
         }
         if g.graph.is_none() {
             // Greedy graphs end with argmax_rows into their own token input.
-            let fin = match (&greedy, &g.ring) {
-                (Some(_), Some(ring)) => Some(GreedyOut {
+            let fin = match (greedy, &g.ring) {
+                (true, Some(ring)) => Some(GreedyOut {
                     b,
                     vocab,
                     tokens: {
@@ -555,8 +554,8 @@ impl CudaExec {
                     ring,
                     positions: g.batch.positions(),
                 }),
-                (Some(_), None) => bail!("greedy decode graph without its ring"),
-                (None, _) => None,
+                (true, None) => bail!("greedy decode graph without its ring"),
+                (false, _) => None,
             };
             let bufs = StepBufs {
                 n: b,

@@ -17,7 +17,7 @@
 //! graph) has completed, and at most GREEDY_SLOTS steps, of consecutive
 //! positions, are out at once, so no step rewrites a slot still unread.
 
-use super::{CudaExec, DecodeFn, DevKvCache, GraphKey, GreedyFeed};
+use super::{CudaExec, DecodeFn, DevKvCache, GraphKey, GraphSel};
 use crate::backend::cuda::{drv, GreedyRing, GREEDY_SLOTS};
 use anyhow::{anyhow, bail, ensure, Result};
 use cudarc::driver::CudaEvent;
@@ -119,8 +119,7 @@ impl CudaExec {
             input,
             kv,
             step,
-            key,
-            Some(GreedyFeed { chain: from }),
+            GraphSel { key, chain: from },
             |_, _| Ok(()),
         )?;
         let st = self.be.stream();
