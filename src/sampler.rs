@@ -2,9 +2,13 @@
 //!
 //! Reproducible by construction: each request owns a ChaCha20 RNG seeded from
 //! its `seed`, every step draws exactly one 53-bit uniform (none when
-//! greedy), candidates are kept in a total order (logit descending, id
-//! ascending) and all sums run in that fixed order in f64. The same logits,
-//! history and seed therefore give the same token on every platform.
+//! greedy), and the draw (`draw.rs`) runs fixed IEEE double operations in a
+//! fixed order, which the CUDA sampler repeats. The same logits, history and
+//! seed therefore give the same token on every platform and backend.
+
+mod draw;
+
+pub use draw::{cand_key, det_exp, draw as draw_token, id_order, DrawParams, CHUNK};
 
 use anyhow::{bail, Result};
 use rand_chacha::rand_core::{RngCore, SeedableRng};
@@ -62,7 +66,24 @@ impl SamplingParams {
     /// history and draws nothing from the RNG, so the device may choose
     /// (`Runner::decode_greedy`, `Runner::step_greedy_with_kv`).
     pub fn is_plain_greedy(&self) -> bool {
-        self.temperature == 0.0 && (self.repetition_penalty == 1.0 || self.repeat_last_n == 0)
+        self.temperature == 0.0 && self.logits_only()
+    }
+
+    /// What the draw of a sampled token reads (temperature and filters).
+    pub fn draw_params(&self) -> DrawParams {
+        DrawParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+        }
+    }
+
+    /// Whether the draw reads the logits alone (no repetition penalty,
+    /// which reads the history): then the device may draw, given the
+    /// step's uniform ([`Sampler::next_uniform`]).
+    pub fn logits_only(&self) -> bool {
+        self.repetition_penalty == 1.0 || self.repeat_last_n == 0
     }
 
     /// Rejects values outside their meaningful ranges.
@@ -121,6 +142,14 @@ impl Sampler {
         self.params.is_plain_greedy()
     }
 
+    /// The uniform of the next sampled step, drawn here for a draw made
+    /// elsewhere (the device): exactly the value [`Sampler::sample`] would
+    /// draw, so the stream continues as if the host had sampled. Greedy
+    /// parameters draw nothing; call it only for temperature > 0.
+    pub fn next_uniform(&mut self) -> f64 {
+        self.uniform()
+    }
+
     /// A uniform in [0, 1) from the top 53 bits of one RNG word (exact in
     /// f64, independent of `rand`'s float conversion).
     fn uniform(&mut self) -> f64 {
@@ -161,61 +190,8 @@ impl Sampler {
             }
             return Ok(best as u32);
         }
-        let mut cands: Vec<(u32, f32)> = work
-            .iter()
-            .enumerate()
-            .filter(|(_, &v)| v != f32::NEG_INFINITY)
-            .map(|(i, &v)| (i as u32, v))
-            .collect();
-        if cands.is_empty() {
-            bail!("sample: every logit is -inf");
-        }
-        if p.top_k > 0 && p.top_k < cands.len() {
-            cands.select_nth_unstable_by(p.top_k - 1, cand_cmp);
-            cands.truncate(p.top_k);
-        }
-        cands.sort_unstable_by(cand_cmp);
-
-        // Softmax at temperature T, summed in candidate order.
-        let t = f64::from(p.temperature);
-        let max = f64::from(cands[0].1);
-        let mut probs: Vec<f64> = cands
-            .iter()
-            .map(|&(_, l)| ((f64::from(l) - max) / t).exp())
-            .collect();
-        let sum: f64 = probs.iter().sum();
-        for q in &mut probs {
-            *q /= sum;
-        }
-        let mut keep = probs.len();
-        if p.top_p < 1.0 {
-            // Smallest prefix whose mass reaches top_p (at least one token).
-            let mut cum = 0.0;
-            for (i, q) in probs.iter().enumerate() {
-                cum += q;
-                if cum >= f64::from(p.top_p) {
-                    keep = i + 1;
-                    break;
-                }
-            }
-        }
-        if p.min_p > 0.0 {
-            // probs[0] is the maximum; it always survives.
-            let floor = f64::from(p.min_p) * probs[0];
-            keep = probs[..keep].iter().take_while(|&&q| q >= floor).count();
-        }
-        let kept = &probs[..keep];
-        let total: f64 = kept.iter().sum();
-        let u = self.uniform() * total;
-        let mut cum = 0.0;
-        for (i, q) in kept.iter().enumerate() {
-            cum += q;
-            if u < cum {
-                return Ok(cands[i].0);
-            }
-        }
-        // Rounding can leave u == cum at the very end: the last kept token.
-        Ok(cands[keep - 1].0)
+        let u = self.uniform();
+        draw::draw(&work, &p.draw_params(), u)
     }
 
     /// llama.cpp semantics: each distinct token among the last
