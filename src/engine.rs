@@ -118,9 +118,9 @@ fn generate_inner(
     // Decode steps' logits are sampled where the device wrote them (no copy
     // into a vector per token: 0.5 MB for a 128k vocabulary).
     let mut step: Option<crate::runner::Logits> = None;
-    // Greedy with no penalty reads nothing but the logits: its tokens can
-    // be chosen on the device.
-    let chain = opts.sampling.is_plain_greedy() && runner.greedy_on_device();
+    // Without a penalty the draw reads nothing but the logits (and the
+    // step's uniform): its tokens can be chosen on the device.
+    let chain = runner.draws_on_device(std::slice::from_ref(&sampler));
     while out.len() < max_tokens {
         let logits = match &step {
             Some(l) => l.seq(0),
@@ -159,7 +159,14 @@ fn generate_inner(
                 Ok(true)
             };
             drop(step.take());
-            runner.decode_greedy(seq, tok, pos, left, &mut take)?;
+            runner.decode_sampled_batch(
+                &[seq],
+                &[tok],
+                &[pos],
+                left,
+                std::slice::from_mut(&mut sampler),
+                &mut |t| take(t[0]),
+            )?;
             break;
         }
         drop(step.take()); // its page-locked buffer back to the pool first

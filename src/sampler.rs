@@ -160,6 +160,13 @@ impl Sampler {
     /// generated tokens), read only by the repetition penalty, which applies
     /// in greedy mode too (as in llama.cpp; it is off in `greedy()`).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Result<u32> {
+        self.sample_with(logits, history, None)
+    }
+
+    /// [`Sampler::sample`] with the step's uniform already drawn (`u`,
+    /// from [`Sampler::next_uniform`], when a device draw was planned and
+    /// the host draws after all); None draws it here.
+    pub fn sample_with(&mut self, logits: &[f32], history: &[u32], u: Option<f64>) -> Result<u32> {
         if logits.is_empty() {
             bail!("sample: empty logits");
         }
@@ -190,7 +197,10 @@ impl Sampler {
             }
             return Ok(best as u32);
         }
-        let u = self.uniform();
+        let u = match u {
+            Some(u) => u,
+            None => self.uniform(),
+        };
         draw::draw(&work, &p.draw_params(), u)
     }
 

@@ -76,10 +76,15 @@ fn check_rows(r: &Runner, vocab: usize, seed: u64) -> Result<usize> {
     let d = be.up(&flat, "check-greedy: logits")?;
     let mut toks = be.up(&vec![u32::MAX; n], "check-greedy: tokens")?;
     let mut stat = be.up(&vec![u32::MAX; n], "check-greedy: status")?;
-    be.d_argmax_rows(
+    let recs = be.up(
+        &vec![0u32; n * crate::backend::cuda::DRAW_WORDS],
+        "check-greedy: draws",
+    )?;
+    be.d_sample_rows(
         &d.slice(0..n * vocab),
         n,
         vocab,
+        &recs.slice(0..recs.len()),
         &mut toks.slice_mut(0..n),
         &mut stat.slice_mut(0..n),
     )?;
@@ -137,7 +142,8 @@ pub fn check_greedy(a: CheckGreedyArgs) -> Result<()> {
         let out = if device {
             r.decode_greedy(seq, last, p, a.run.tokens, &mut |_| Ok(true))
         } else {
-            r.decode_greedy_batch_host(&[seq], &[last], &[p], a.run.tokens)
+            let mut g = vec![Sampler::new(SamplingParams::greedy())?];
+            r.decode_greedy_batch_host(&[seq], &[last], &[p], a.run.tokens, &mut g)
                 .map(|mut o| o.pop().unwrap_or_default())
         };
         let dt = t.elapsed().as_secs_f64();
@@ -191,7 +197,10 @@ pub fn check_greedy(a: CheckGreedyArgs) -> Result<()> {
         let out = if device {
             r.decode_greedy_batch(&seqs, &firsts, &starts, n, &mut |_| Ok(true))
         } else {
-            r.decode_greedy_batch_host(&seqs, &firsts, &starts, n)
+            let mut g: Vec<Sampler> = (0..b)
+                .map(|_| Sampler::new(SamplingParams::greedy()))
+                .collect::<Result<_>>()?;
+            r.decode_greedy_batch_host(&seqs, &firsts, &starts, n, &mut g)
         };
         for s in &seqs {
             r.free(*s);

@@ -13,7 +13,7 @@ use crate::backend::cuda::{drv, CudaBackend, PdlExec};
 use crate::backend::{AttnBatch, Backend, Mode, OpT};
 use crate::model::weights::{Store, WeightRef};
 use crate::quant::GgmlType;
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, ensure, Context, Result};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaView, CudaViewMut, PinnedHostSlice};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -214,10 +214,13 @@ pub struct CudaExec {
 /// logits out).
 type GraphKey = (usize, usize, bool);
 
-/// Where a greedy graph's argmax_rows writes (decode_finish).
+/// Where a greedy graph's sample_rows reads its draw records and writes
+/// (decode_finish).
 struct GreedyOut<'g> {
     b: usize,
     vocab: usize,
+    /// Device address of the graph's draw records (b, DRAW_WORDS).
+    draws: u64,
     /// Device address of the graph's tokens: (b tokens, b statuses).
     tokens: u64,
     ring: &'g Arc<crate::backend::cuda::GreedyRing>,
@@ -226,12 +229,15 @@ struct GreedyOut<'g> {
 
 /// Which graph a decode step replays, and where its tokens come from.
 #[derive(Clone, Copy)]
-struct GraphSel {
+struct GraphSel<'d> {
     /// `graph_key` of the step (`.2`: a greedy graph, greedy.rs).
     key: GraphKey,
     /// A greedy step's previous greedy step's graph, whose tokens are this
     /// step's (None: uploaded from `input.tokens`).
     chain: Option<GraphKey>,
+    /// A greedy graph's draw records (b, DRAW_WORDS), uploaded where they
+    /// differ from the graph's last ones; empty: every row greedy.
+    draws: &'d [u32],
 }
 
 /// A decode step's ops on fixed buffers (`forward_bufs`): its logits.
@@ -300,8 +306,11 @@ struct DecodeGraph {
     /// (B, vocab) logits, written by the graph's last node (greedy graphs:
     /// unused).
     out: CudaSlice<f32>,
-    /// Greedy graphs: the page-locked ring their argmax writes.
+    /// Greedy graphs: the page-locked ring their sample_rows writes.
     ring: Option<Arc<crate::backend::cuda::GreedyRing>>,
+    /// Greedy graphs: the draw records sample_rows reads (b, DRAW_WORDS),
+    /// and the host's copy of what they hold (zeros: every row greedy).
+    draws: Option<(CudaSlice<u32>, Vec<u32>)>,
     graph: Option<SendGraph>,
     /// One uncaptured step ran with these inputs (it filled the buffer
     /// pool, so the capture allocates nothing).
@@ -413,6 +422,7 @@ impl CudaExec {
         let sel = GraphSel {
             key: Self::graph_key(input, false),
             chain: None,
+            draws: &[],
         };
         self.decode_run(vocab, input, kv, step, sel, |be, g| {
             be.down_logits(&g.out, b * vocab, "decode step logits")
@@ -445,7 +455,7 @@ impl CudaExec {
         input: &crate::model::StepInput<'_>,
         kv: &mut DevKvCache,
         step: &mut DecodeFn<'_>,
-        sel: GraphSel,
+        sel: GraphSel<'_>,
         after: impl FnOnce(&CudaBackend, &DecodeGraph) -> Result<R>,
     ) -> Result<R> {
         let b = input.tokens.len();
@@ -486,6 +496,12 @@ impl CudaExec {
                 } else {
                     None
                 },
+                draws: if greedy {
+                    let n = b * crate::backend::cuda::DRAW_WORDS;
+                    Some((zeros::<u32>(&self.be, n, "decode draws")?, vec![0; n]))
+                } else {
+                    None
+                },
                 graph: None,
                 warm: false,
                 capture_failed: false,
@@ -514,7 +530,9 @@ impl CudaExec {
             .stage
             .lock()
             .map_err(|_| anyhow!("cuda: staging lock poisoned"))?;
-        let stage = staging.take(&self.be, b * (kv.n_blocks + 3))?;
+        let nd = b * crate::backend::cuda::DRAW_WORDS;
+        let stage = staging.take(&self.be, b * (kv.n_blocks + 3) + nd)?;
+        let (stage, draw_stage) = stage.split_at_mut(b * (kv.n_blocks + 3));
         let (tok_slot, rest) = stage.split_at_mut(2 * b);
         let (tok, slot) = tok_slot.split_at_mut(b);
         tok.copy_from_slice(input.tokens);
@@ -526,6 +544,23 @@ impl CudaExec {
             )?;
         }
         drv(st.memcpy_htod(&*slot, &mut g.slots), "decode slots")?;
+        if let Some((d, held)) = g.draws.as_mut() {
+            // Only what changed goes up: a greedy chain's records stay zero.
+            if sel.draws.is_empty() {
+                draw_stage.fill(0);
+            } else {
+                ensure!(
+                    sel.draws.len() == nd,
+                    "decode step: {} draw words for {b} rows",
+                    sel.draws.len()
+                );
+                draw_stage.copy_from_slice(sel.draws);
+            }
+            if *draw_stage != *held {
+                drv(st.memcpy_htod(&*draw_stage, d), "decode draws")?;
+                held.copy_from_slice(draw_stage);
+            }
+        }
         g.batch.refill(
             &self.be,
             &AttnBatch {
@@ -543,10 +578,14 @@ impl CudaExec {
         }
         if g.graph.is_none() {
             // Greedy graphs end with argmax_rows into their own token input.
-            let fin = match (greedy, &g.ring) {
-                (true, Some(ring)) => Some(GreedyOut {
+            let fin = match (greedy, &g.ring, &g.draws) {
+                (true, Some(ring), Some((d, _))) => Some(GreedyOut {
                     b,
                     vocab,
+                    draws: {
+                        use cudarc::driver::DevicePtr;
+                        d.device_ptr(st).0
+                    },
                     tokens: {
                         use cudarc::driver::DevicePtr;
                         g.tokens.device_ptr(st).0
@@ -554,8 +593,8 @@ impl CudaExec {
                     ring,
                     positions: g.batch.positions(),
                 }),
-                (true, None) => bail!("greedy decode graph without its ring"),
-                (false, _) => None,
+                (true, _, _) => bail!("greedy decode graph without its ring or draws"),
+                (false, _, _) => None,
             };
             let bufs = StepBufs {
                 n: b,
@@ -645,12 +684,15 @@ impl CudaExec {
         let l = Self::rd(logits);
         match greedy {
             // SAFETY: the graph's tokens buffer holds (b tokens, b
-            // statuses); the step read its tokens first (stream order).
+            // statuses); the step read its tokens first (stream order);
+            // its draws buffer holds b records, written only by uploads
+            // ordered before the graph on this stream.
             Some(f) => unsafe {
-                self.be.d_argmax_rows_at(
+                self.be.d_sample_rows_at(
                     &l,
                     f.b,
                     f.vocab,
+                    f.draws,
                     f.tokens,
                     f.tokens + 4 * f.b as u64,
                     Some((f.ring, &f.positions)),

@@ -1,18 +1,22 @@
-//! Greedy decoding of one sequence. Where its steps run as a CUDA decode
+//! Decoding whose tokens depend on the logits alone (greedy, or sampled
+//! without a repetition penalty). Where its steps run as a CUDA decode
 //! graph, each step's token is chosen on the device and fed to the next
 //! step there (dispatch/cuda/greedy.rs), and the host stays one step
-//! ahead: it allocates and enqueues step i + 1 before it waits for step
-//! i's token, so its per-step work (KV allocation, input staging, graph
-//! launch) overlaps the device's, and no step waits on a logits download.
-//! Elsewhere (cpu, op-by-op cuda, QUIRE_GREEDY_CHAIN=0) it samples each
-//! step's logits on the host. Either way the tokens are those of
-//! `Sampler` with `SamplingParams::greedy()` on the same logits.
+//! ahead: it allocates and enqueues step i + 1 (with its uniform, drawn
+//! from the row's sampler in order) before it waits for step i's token,
+//! so its per-step work (KV allocation, input staging, graph launch)
+//! overlaps the device's, and no step waits on a logits download.
+//! Elsewhere (cpu, op-by-op cuda, parameters the device cannot draw,
+//! QUIRE_GREEDY_CHAIN=0) it samples each step's logits on the host.
+//! Either way the tokens are those of the rows' `Sampler`s on the same
+//! logits.
 
 use super::{Compute, LogitsWanted, Runner, SeqWork};
 use crate::dispatch::cuda::GreedyTicket;
 use crate::kv::KvManager;
 use crate::kv::SeqId;
 use crate::model::StepInput;
+use crate::backend::cuda::{device_draws, draw_record, DRAW_WORDS};
 use crate::sampler::{Sampler, SamplingParams};
 use anyhow::{bail, Context, Result};
 use std::collections::VecDeque;
@@ -65,12 +69,41 @@ impl Runner {
         max: usize,
         on_tokens: &mut dyn FnMut(&[u32]) -> Result<bool>,
     ) -> Result<Vec<Vec<u32>>> {
-        if seqs.len() != firsts.len() || seqs.len() != starts.len() || seqs.is_empty() {
+        let mut samplers = greedy_samplers(seqs.len())?;
+        self.decode_sampled_batch(seqs, firsts, starts, max, &mut samplers, on_tokens)
+    }
+
+    /// [`Runner::decode_greedy_batch`] with each row's tokens drawn by its
+    /// own sampler (`samplers[r]`, which must read the logits alone:
+    /// [`SamplingParams::logits_only`]); the samplers' streams advance as
+    /// if the host had sampled every step (on the device path, one step
+    /// further when `on_tokens` ends the run).
+    pub fn decode_sampled_batch(
+        &mut self,
+        seqs: &[SeqId],
+        firsts: &[u32],
+        starts: &[usize],
+        max: usize,
+        samplers: &mut [Sampler],
+        on_tokens: &mut dyn FnMut(&[u32]) -> Result<bool>,
+    ) -> Result<Vec<Vec<u32>>> {
+        if seqs.len() != firsts.len()
+            || seqs.len() != starts.len()
+            || seqs.len() != samplers.len()
+            || seqs.is_empty()
+        {
             bail!(
-                "greedy decode: {} sequences, {} first tokens, {} start positions",
+                "decode: {} sequences, {} first tokens, {} start positions, {} samplers",
                 seqs.len(),
                 firsts.len(),
-                starts.len()
+                starts.len(),
+                samplers.len()
+            );
+        }
+        if let Some(s) = samplers.iter().find(|s| !s.params().logits_only()) {
+            bail!(
+                "decode: a chained run needs samplers that read the logits alone (got {:?})",
+                s.params()
             );
         }
         let rows = Rows {
@@ -78,33 +111,59 @@ impl Runner {
             firsts,
             starts,
         };
-        if self.greedy_on_device_rows(seqs.len()) {
-            self.decode_greedy_device(&rows, max, on_tokens)
+        if self.draws_on_device(samplers) {
+            self.decode_greedy_device(&rows, max, samplers, on_tokens)
         } else {
-            self.decode_greedy_host(&rows, max, on_tokens)
+            self.decode_greedy_host(&rows, max, samplers, on_tokens)
         }
+    }
+
+    /// Whether a decode step of these rows' samplers runs as a CUDA graph
+    /// (and the chain is wanted) and the device can draw for every row.
+    pub fn draws_on_device(&self, samplers: &[Sampler]) -> bool {
+        let vocab = self.model.cfg.vocab_size;
+        self.greedy_on_device_rows(samplers.len())
+            && samplers.iter().all(|s| {
+                s.params().logits_only() && device_draws(&s.params().draw_params(), vocab)
+            })
     }
 
     /// A decode step of `work` (one token per sequence, each wanting its
     /// logits), with blocks already allocated in `kv` (as
-    /// [`Runner::step_with_kv`]), whose next tokens are chosen greedily on
-    /// the device: one per sequence, the logits never downloaded. None
-    /// where the step cannot run as a greedy decode graph here (the caller
-    /// then steps with logits and samples on the host).
+    /// [`Runner::step_with_kv`]), whose next tokens are chosen on the
+    /// device: one per sequence, the logits never downloaded. `draws`:
+    /// per row, None (greedy) or its draw parameters and this step's
+    /// uniform (drawn by the caller from the row's sampler). None where
+    /// the step cannot run as such a decode graph here (the caller then
+    /// steps with logits and samples on the host, with the same uniforms).
     pub fn step_greedy_with_kv(
         &mut self,
         kv: &KvManager,
         work: &[SeqWork<'_>],
+        draws: &[Option<(crate::sampler::DrawParams, f64)>],
     ) -> Result<Option<Vec<u32>>> {
         let b = work.len();
+        let vocab = self.model.cfg.vocab_size;
         let decode = work
             .iter()
             .all(|w| w.tokens.len() == 1 && w.logits == LogitsWanted::Last);
-        if b == 0 || !decode || !self.greedy_on_device_rows(b) {
+        let drawable = draws.len() == b
+            && draws
+                .iter()
+                .all(|d| d.as_ref().is_none_or(|(p, _)| device_draws(p, vocab)));
+        if b == 0 || !decode || !drawable || !self.greedy_on_device_rows(b) {
             return Ok(None);
         }
+        let recs: Vec<u32> = if draws.iter().all(Option::is_none) {
+            Vec::new()
+        } else {
+            draws
+                .iter()
+                .flat_map(|d| draw_record(d.as_ref().map(|(p, u)| (p, *u))))
+                .collect()
+        };
         let bi = super::batch_input(&self.model, kv, work)?;
-        let t = enqueue(&self.model, &mut self.compute, &bi.input(), false)?;
+        let t = enqueue(&self.model, &mut self.compute, &bi.input(), false, &recs)?;
         self.greedy_wait(t).map(Some)
     }
 
@@ -127,10 +186,10 @@ impl Runner {
         &mut self,
         rows: &Rows<'_>,
         max: usize,
+        samplers: &mut [Sampler],
         on_tokens: &mut dyn FnMut(&[u32]) -> Result<bool>,
     ) -> Result<Vec<Vec<u32>>> {
         let b = rows.seqs.len();
-        let mut sampler = Sampler::new(SamplingParams::greedy())?;
         let mut out = vec![Vec::new(); b];
         let mut toks = rows.firsts.to_vec();
         for i in 0..max {
@@ -145,8 +204,8 @@ impl Runner {
             let logits = self.step_flat(&work)?;
             drop(work);
             for (r, t) in toks.iter_mut().enumerate() {
-                // Greedy with the penalty off reads no history.
-                *t = sampler.sample(logits.seq(r), &[])?;
+                // Without the penalty the sampler reads no history.
+                *t = samplers[r].sample(logits.seq(r), &[])?;
                 out[r].push(*t);
             }
             if !on_tokens(&toks)? {
@@ -164,23 +223,25 @@ impl Runner {
         firsts: &[u32],
         starts: &[usize],
         max: usize,
+        samplers: &mut [Sampler],
     ) -> Result<Vec<Vec<u32>>> {
         let rows = Rows {
             seqs,
             firsts,
             starts,
         };
-        self.decode_greedy_host(&rows, max, &mut |_| Ok(true))
+        self.decode_greedy_host(&rows, max, samplers, &mut |_| Ok(true))
     }
 
     fn decode_greedy_device(
         &mut self,
         rows: &Rows<'_>,
         max: usize,
+        samplers: &mut [Sampler],
         on_tokens: &mut dyn FnMut(&[u32]) -> Result<bool>,
     ) -> Result<Vec<Vec<u32>>> {
         let mut pending: VecDeque<GreedyTicket> = VecDeque::new();
-        let r = self.greedy_device_loop(rows, max, on_tokens, &mut pending);
+        let r = self.greedy_device_loop(rows, max, samplers, on_tokens, &mut pending);
         // After an error or a stop, the steps still in flight are waited
         // for (and their tokens dropped): the next run starts with none out.
         while let Some(t) = pending.pop_front() {
@@ -193,9 +254,12 @@ impl Runner {
         &mut self,
         rows: &Rows<'_>,
         max: usize,
+        samplers: &mut [Sampler],
         on_tokens: &mut dyn FnMut(&[u32]) -> Result<bool>,
         pending: &mut VecDeque<GreedyTicket>,
     ) -> Result<Vec<Vec<u32>>> {
+        let greedy = samplers.iter().all(|s| s.params().temperature == 0.0);
+        let mut recs = Vec::with_capacity(if greedy { 0 } else { samplers.len() * DRAW_WORDS });
         let mut out = vec![Vec::new(); rows.seqs.len()];
         let mut take = |toks: Vec<u32>, out: &mut Vec<Vec<u32>>| -> Result<bool> {
             for (o, &t) in out.iter_mut().zip(&toks) {
@@ -204,7 +268,21 @@ impl Runner {
             on_tokens(&toks)
         };
         for i in 0..max {
-            pending.push_back(self.greedy_enqueue(rows, i)?);
+            // Each sampled row's uniform for step i, in step order (the
+            // host path draws the same ones, one per step).
+            recs.clear();
+            if !greedy {
+                for s in samplers.iter_mut() {
+                    let d = s.params().draw_params();
+                    let u = if d.temperature != 0.0 {
+                        s.next_uniform()
+                    } else {
+                        0.0
+                    };
+                    recs.extend(draw_record(Some((&d, u))));
+                }
+            }
+            pending.push_back(self.greedy_enqueue(rows, i, &recs)?);
             // One step ahead: step i is queued before step i - 1's tokens
             // are read.
             if pending.len() > 1 {
@@ -225,7 +303,12 @@ impl Runner {
     /// Allocates step `i`'s positions (`starts[r] + i`) and enqueues the
     /// step: the first tokens, or from step 1 on the previous step's
     /// choices on the device.
-    fn greedy_enqueue(&mut self, rows: &Rows<'_>, i: usize) -> Result<GreedyTicket> {
+    fn greedy_enqueue(
+        &mut self,
+        rows: &Rows<'_>,
+        i: usize,
+        draws: &[u32],
+    ) -> Result<GreedyTicket> {
         let ctx = self.model.cfg.context_length;
         let b = rows.seqs.len();
         let mut slots = Vec::with_capacity(b);
@@ -269,7 +352,7 @@ impl Runner {
             block_tables: &tables,
             logit_rows: &(0..b).collect::<Vec<_>>(),
         };
-        enqueue(&self.model, &mut self.compute, &input, i > 0)
+        enqueue(&self.model, &mut self.compute, &input, i > 0, draws)
     }
 
     fn greedy_wait(&self, t: GreedyTicket) -> Result<Vec<u32>> {
@@ -280,14 +363,22 @@ impl Runner {
     }
 }
 
-/// Enqueues a greedy decode step of `input` on the device (see
-/// `CudaExec::decode_step_greedy`; `chain`: its tokens are the previous
-/// greedy step's).
+/// Greedy samplers for `b` rows.
+fn greedy_samplers(b: usize) -> Result<Vec<Sampler>> {
+    (0..b)
+        .map(|_| Sampler::new(SamplingParams::greedy()))
+        .collect()
+}
+
+/// Enqueues a decode step of `input` whose tokens are chosen on the device
+/// (see `CudaExec::decode_step_greedy`; `chain`: its tokens are the
+/// previous such step's; `draws`: the rows' draw records, empty: greedy).
 fn enqueue(
     model: &crate::model::LlamaModel,
     compute: &mut Compute,
     input: &StepInput<'_>,
     chain: bool,
+    draws: &[u32],
 ) -> Result<GreedyTicket> {
     match compute {
         Compute::Cuda {
@@ -302,6 +393,7 @@ fn enqueue(
                 crate::model::arch::llama::forward_bufs(&model.cfg, weights, e, kv, bufs)
             },
             chain,
+            draws,
         ),
         Compute::Host { .. } => bail!("greedy decode on the device: the model is on the host"),
     }

@@ -407,21 +407,36 @@ impl Engine {
             m.computed_prompt_tokens_total += prefilled;
             m.preemptions_total = preemptions;
         });
-        // Every planned row a decode row of a plain greedy request without
+        // Every planned row a decode row whose draw reads the logits alone
+        // (greedy, or sampled without a repetition penalty), without
         // logprobs: the device chooses the tokens and no logits come down
-        // (Runner::step_greedy_with_kv). If that fails, the step runs again
-        // with logits (it rewrites the same cells) and each sequence
-        // samples, and fails, on its own.
-        let all_greedy = plan.seqs.iter().all(|ss| {
-            self.seqs
-                .get(&ss.seq)
-                .is_some_and(|s| s.sampler.is_plain_greedy() && s.req.top_logprobs.is_none())
+        // (Runner::step_greedy_with_kv). Sampled rows' uniforms are drawn
+        // here, once: if the device step cannot run or fails, the step runs
+        // again with logits (it rewrites the same cells) and each sequence
+        // samples with its uniform, and fails, on its own.
+        let on_device = plan.seqs.iter().all(|ss| {
+            self.seqs.get(&ss.seq).is_some_and(|s| {
+                s.sampler.params().logits_only() && s.req.top_logprobs.is_none()
+            })
         });
+        let mut uniforms: Vec<Option<f64>> = vec![None; plan.seqs.len()];
         let mut chosen = None;
-        if all_greedy {
-            match run_plan_greedy(&mut self.runner, self.sched.kv(), &plan) {
+        if on_device {
+            let mut draws = Vec::with_capacity(plan.seqs.len());
+            for (i, ss) in plan.seqs.iter().enumerate() {
+                let s = self.seqs.get_mut(&ss.seq).context("planned sequence")?;
+                let p = s.sampler.params().draw_params();
+                draws.push(if ss.sample && p.temperature != 0.0 {
+                    let u = s.sampler.next_uniform();
+                    uniforms[i] = Some(u);
+                    Some((p, u))
+                } else {
+                    None
+                });
+            }
+            match run_plan_greedy(&mut self.runner, self.sched.kv(), &plan, &draws) {
                 Ok(t) => chosen = t,
-                Err(e) => tracing::debug!("greedy step on the device: {e:#}; stepping with logits"),
+                Err(e) => tracing::debug!("decode step drawing on the device: {e:#}; stepping with logits"),
             }
         }
         let outs = match chosen {
@@ -461,7 +476,9 @@ impl Engine {
                 continue;
             };
             let picked = match &outs {
-                StepOut::Logits(l) => sample_one(s, l.seq(i), history, now, &self.metrics),
+                StepOut::Logits(l) => {
+                    sample_one(s, l.seq(i), history, uniforms[i], now, &self.metrics)
+                }
                 StepOut::Tokens(t) => Ok(emit_token(s, t[i], None, history, now, &self.metrics)),
             };
             match picked {
@@ -529,12 +546,13 @@ fn sample_one(
     s: &mut Seq,
     logits: &[f32],
     history: &[u32],
+    u: Option<f64>,
     now: Instant,
     metrics: &Metrics,
 ) -> Result<(u32, Option<(EndKind, Event)>), String> {
     let tok = s
         .sampler
-        .sample(logits, history)
+        .sample_with(logits, history, u)
         .map_err(|e| format!("sampling failed: {e:#}"))?;
     let lp = s.req.top_logprobs.map(|k| {
         let (logprob, top) = logprobs(logits, tok, k);

@@ -16,13 +16,16 @@ pub fn run_plan(runner: &mut Runner, kv: &KvManager, plan: &StepPlan) -> Result<
 }
 
 /// Runs a plan of decode rows only, each due for sampling, with the next
-/// tokens chosen greedily on the device (`Runner::step_greedy_with_kv`):
+/// tokens chosen on the device (`Runner::step_greedy_with_kv`; `draws`
+/// per planned sequence: None greedy, or its draw parameters and uniform):
 /// one per planned sequence, in plan order. None where that cannot run
-/// (not a pure decode plan, or no decode graph here).
+/// (not a pure decode plan, no decode graph here, or parameters the device
+/// cannot draw).
 pub fn run_plan_greedy(
     runner: &mut Runner,
     kv: &KvManager,
     plan: &StepPlan,
+    draws: &[Option<(crate::sampler::DrawParams, f64)>],
 ) -> Result<Option<Vec<u32>>> {
     if !plan.seqs.iter().all(|s| s.sample && s.tokens.len() == 1)
         || !runner.greedy_on_device_rows(plan.seqs.len())
@@ -30,7 +33,7 @@ pub fn run_plan_greedy(
         return Ok(None);
     }
     let work = plan_work(runner, plan)?;
-    runner.step_greedy_with_kv(kv, &work)
+    runner.step_greedy_with_kv(kv, &work, draws)
 }
 
 /// The plan's copy-on-write block copies, done, and its work list.

@@ -89,9 +89,9 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
         &["get_rows"],
     ),
     (
-        "argmax",
-        include_str!("kernels/argmax.cu"),
-        &["argmax_rows"],
+        "sample",
+        include_str!("kernels/sample.cu"),
+        &["sample_rows"],
     ),
     (
         "select_rows",

@@ -1,7 +1,8 @@
-//! Greedy decode steps whose next tokens never leave the device on the
-//! critical path. A greedy decode graph ends with `argmax_rows`
-//! (backend/cuda/launch/argmax.rs, the sampler's greedy rule) instead of
-//! the logits copy: each row's token goes into the graph's own token input
+//! Decode steps whose next tokens are chosen on the device and never
+//! leave it on the critical path ("greedy" graphs, named for their first
+//! use; rows may also sample). Such a graph ends with `sample_rows`
+//! (backend/cuda/launch/sample.rs: the sampler's greedy rule, or its draw
+//! given the step's uniform, bit for bit) instead of the logits copy: each row's token goes into the graph's own token input
 //! (the next replay's) and into a slot of a page-locked ring mapped for
 //! the device (one shared by the graphs of up to SHARED_RING_ROWS rows),
 //! which the host reads once the step has completed. So a chained step
@@ -76,6 +77,8 @@ impl CudaExec {
     /// waiting for it. With `chain`, the step's tokens are the previous
     /// greedy step's choices: that step must have had as many rows and
     /// positions one lower; `input.tokens` then only gives the row count.
+    /// `draws`: each row's draw record (`draw_record`, DRAW_WORDS words a
+    /// row, each within `device_draws`); empty: every row greedy.
     pub fn decode_step_greedy(
         &self,
         vocab: usize,
@@ -83,6 +86,7 @@ impl CudaExec {
         kv: &mut DevKvCache,
         step: &mut DecodeFn<'_>,
         chain: bool,
+        draws: &[u32],
     ) -> Result<GreedyTicket> {
         let b = input.tokens.len();
         let pos0 = *input
@@ -119,7 +123,11 @@ impl CudaExec {
             input,
             kv,
             step,
-            GraphSel { key, chain: from },
+            GraphSel {
+                key,
+                chain: from,
+                draws,
+            },
             |_, _| Ok(()),
         )?;
         let st = self.be.stream();
@@ -140,8 +148,8 @@ impl CudaExec {
     }
 
     /// Waits for a greedy step (tickets in the order issued) and returns
-    /// its tokens, one per row. A row whose logits held a NaN or +inf is
-    /// an error, as the sampler makes it.
+    /// its tokens, one per row. A row whose logits held a NaN or +inf (or,
+    /// sampled, only -inf) is an error, as the sampler makes it.
     pub fn greedy_wait(&self, t: GreedyTicket) -> Result<Vec<u32>> {
         let mut g = self
             .greedy
@@ -171,7 +179,11 @@ impl CudaExec {
         let (b, cap) = (t.key.0, ring.cap);
         let slot = ring.slot(t.slot)?;
         if let Some(r) = slot[cap..cap + b].iter().position(|&v| v != 0) {
-            bail!("sample: row {r}'s logits hold a NaN or +inf (greedy choice on the device)");
+            match slot[cap + r] {
+                1 => bail!("sample: row {r}'s logits hold a NaN or +inf (choice on the device)"),
+                2 => bail!("sample: every logit of row {r} is -inf (draw on the device)"),
+                s => bail!("sample: row {r}: the device could not draw (status {s})"),
+            }
         }
         Ok(slot[..b].to_vec())
     }

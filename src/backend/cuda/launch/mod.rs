@@ -14,7 +14,7 @@
 //! and the element-wise ops.
 
 mod act_cache;
-mod argmax;
+mod sample;
 mod att_maps;
 mod attention;
 mod attention_exact;
@@ -27,7 +27,9 @@ mod matmul_norm;
 mod matmul_wgmma;
 
 pub(crate) use act_cache::ActKey;
-pub(crate) use argmax::{GreedyRing, GREEDY_SLOTS};
+pub(crate) use sample::{
+    device_draws, draw_record, GreedyRing, DRAW_WORDS, GREEDY_SLOTS,
+};
 pub(crate) use attention_exact::{att_ex_threads, ATT_EX_CLUSTER_MAX};
 pub(crate) use attention_forms::{
     att_pipe_smem, att_stages, att_w_stages, ATT_CLUSTER_MAX, ATT_M3_STAGES, ATT_SPLIT_THREADS,

@@ -1,0 +1,391 @@
+// Token choice on the device, sampler.rs and sampler/draw.rs operation for
+// operation: the host and the device pick the same token from the same
+// logits (and, when sampling, the same uniform).
+//
+// Per row a draw record of 6 u32 (params): temperature (f32 bits), top_k,
+// top_p (f32 bits), min_p (f32 bits), the step's uniform u (f64: low word,
+// high word). Temperature 0: the greedy rule, the first maximum in id
+// order (ties go to the lowest id; -0.0 and +0.0 compare equal). Otherwise
+// draw.rs's draw: weights det_exp((l - max) / T) in IEEE double operations
+// (__d*_rn: never contracted), summed in id order over chunks of
+// SAMPLE_CHUNK ids (no top-k, top_p = 1) or over the top-k candidates in
+// descending order (found by a radix select on the candidate key, then
+// sorted). Which thread scans which ids changes no result: the maximum,
+// the counts and the candidate set are order-free, and every floating sum
+// runs in draw.rs's order in one thread.
+//
+// status: 0 ok; 1 a NaN or +inf logit (the sampler's error); 2 every logit
+// -inf at temperature > 0 (the sampler's error); 3 more than SAMPLE_KMAX
+// sorted candidates (the host draws such rows: launch/sample.rs).
+// One CTA of SAMPLE_THREADS threads per row.
+// logits: (n, vocab) f32; params: (n, 6) u32; tokens, status: (n,) u32.
+// ring (may be null): page-locked host memory mapped for the device,
+// nslots slots of (tokens (cap), status (cap)); the step's tokens and
+// statuses also go to slot positions[0] % nslots (the step's first row's
+// position: consecutive steps take consecutive slots, and the host,
+// knowing the position, reads the slot once the step has completed).
+#define SAMPLE_THREADS 1024
+#define SAMPLE_KMAX 1024
+#define SAMPLE_CHUNK 256
+#define SAMPLE_MAX_CHUNKS 2048
+
+// (v, i) replaces (bv, bi) when it comes first in the order: larger value,
+// then lower id. A NaN v never does (the comparisons are false).
+__device__ __forceinline__ void argmax_take(float& bv, int& bi, float v, int i) {
+    if (v > bv || (v == bv && i < bi)) {
+        bv = v;
+        bi = i;
+    }
+}
+
+// draw.rs's det_exp: the same constants (bit patterns) and operations.
+__device__ __forceinline__ double det_exp(double x) {
+    if (!(x >= -708.0)) return 0.0;
+    const double c[14] = {
+        __longlong_as_double(0x3FF0000000000000ll), __longlong_as_double(0x3FF0000000000000ll),
+        __longlong_as_double(0x3FE0000000000000ll), __longlong_as_double(0x3FC5555555555555ll),
+        __longlong_as_double(0x3FA5555555555555ll), __longlong_as_double(0x3F81111111111111ll),
+        __longlong_as_double(0x3F56C16C16C16C17ll), __longlong_as_double(0x3F2A01A01A01A01All),
+        __longlong_as_double(0x3EFA01A01A01A01All), __longlong_as_double(0x3EC71DE3A556C734ll),
+        __longlong_as_double(0x3E927E4FB7789F5Cll), __longlong_as_double(0x3E5AE64567F544E4ll),
+        __longlong_as_double(0x3E21EED8EFF8D898ll), __longlong_as_double(0x3DE6124613A86D09ll)};
+    double k = round(__dmul_rn(x, __longlong_as_double(0x3FF71547652B82FEll)));
+    double r = __dsub_rn(__dsub_rn(x, __dmul_rn(k, __longlong_as_double(0x3FE62E42FEE00000ll))),
+                         __dmul_rn(k, __longlong_as_double(0x3DEA39EF35793C76ll)));
+    double p = c[13];
+#pragma unroll
+    for (int i = 12; i >= 0; i--) p = __dadd_rn(__dmul_rn(p, r), c[i]);
+    return __dmul_rn(p, __longlong_as_double((long long)(k + 1023.0) << 52));
+}
+
+__device__ __forceinline__ double sample_weight(float l, double mx, double t) {
+    return det_exp(__ddiv_rn(__dsub_rn((double)l, mx), t));
+}
+
+// The sampler's `x + 0.0`: -0.0 becomes +0.0.
+__device__ __forceinline__ float pos_zero(float v) { return v == 0.0f ? 0.0f : v; }
+
+// The high word of draw.rs's cand_key: ascending = value descending.
+__device__ __forceinline__ unsigned desc_key(float v) {
+    unsigned b = __float_as_uint(v);
+    unsigned ord = (b >> 31) ? ~b : (b | 0x80000000u);
+    return ~ord;
+}
+
+// Block-wide exclusive prefix sum of v (blockDim.x threads); tot gets the
+// sum. Uses ws (blockDim.x / 32 u32 of shared memory).
+__device__ __forceinline__ unsigned block_excl_scan(unsigned v, unsigned* ws, unsigned& tot) {
+    int l = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    unsigned x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        unsigned y = __shfl_up_sync(0xffffffffu, x, o);
+        if (l >= o) x += y;
+    }
+    __syncthreads();
+    if (l == 31) ws[w] = x;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned s = 0;
+        for (int i = 0; i < nw; i++) {
+            unsigned t = ws[i];
+            ws[i] = s;
+            s += t;
+        }
+        ws[nw] = s;
+    }
+    __syncthreads();
+    tot = ws[nw];
+    return ws[w] + x - v;
+}
+
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+    sample_rows(const float* __restrict__ logits, int vocab, const unsigned* __restrict__ params,
+                unsigned* __restrict__ tokens, unsigned* __restrict__ status,
+                unsigned* __restrict__ ring, const unsigned* __restrict__ positions, int cap,
+                int nslots) {
+    GRID_DEP();
+    __shared__ float sv[SAMPLE_THREADS / 32];
+    __shared__ int si[SAMPLE_THREADS / 32];
+    __shared__ int sbad[SAMPLE_THREADS / 32];
+    __shared__ int sfin[SAMPLE_THREADS / 32];
+    __shared__ unsigned ws[SAMPLE_THREADS / 32 + 1];
+    __shared__ unsigned hist[256];
+    __shared__ unsigned long long cand[SAMPLE_KMAX];
+    __shared__ double wsh[SAMPLE_KMAX];
+    __shared__ double csum[SAMPLE_MAX_CHUNKS];
+    __shared__ int s_res[4];
+    __shared__ double s_cum, s_target;
+    const float* row = logits + (long long)blockIdx.x * vocab;
+    const unsigned* pr = params + 6 * (long long)blockIdx.x;
+    const float temp = __uint_as_float(pr[0]);
+    const unsigned top_k = pr[1];
+    const float top_p = __uint_as_float(pr[2]);
+    const float min_p = __uint_as_float(pr[3]);
+    const double u = __hiloint2double((int)pr[5], (int)pr[4]);
+    const int tid = threadIdx.x, nt = blockDim.x;
+
+    // Pass 1: the first maximum (-inf with an id past every real one: the
+    // first real id of equal value replaces it; an all -inf row gives id
+    // 0, as the sampler's greedy rule), bad values, the finite count.
+    float bv = Q_NINF;
+    int bi = 0x7fffffff;
+    int bad = 0, fin = 0;
+    if ((vocab & 3) == 0) {
+        const float4* r4 = (const float4*)row;
+        for (int e = tid; e < vocab / 4; e += nt) {
+            float4 v = r4[e];
+            float q[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                bad |= (q[j] != q[j]) | (q[j] == Q_INF);
+                fin += q[j] != Q_NINF;
+                argmax_take(bv, bi, q[j], 4 * e + j);
+            }
+        }
+    } else {
+        for (int e = tid; e < vocab; e += nt) {
+            float v = row[e];
+            bad |= (v != v) | (v == Q_INF);
+            fin += v != Q_NINF;
+            argmax_take(bv, bi, v, e);
+        }
+    }
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        argmax_take(bv, bi, ov, oi);
+        bad |= __shfl_xor_sync(0xffffffffu, bad, o);
+        fin += __shfl_xor_sync(0xffffffffu, fin, o);
+    }
+    if ((tid & 31) == 0) {
+        sv[tid >> 5] = bv;
+        si[tid >> 5] = bi;
+        sbad[tid >> 5] = bad;
+        sfin[tid >> 5] = fin;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        for (int k = 1; k < nt >> 5; k++) {
+            argmax_take(bv, bi, sv[k], si[k]);
+            bad |= sbad[k];
+            fin += sfin[k];
+        }
+        s_res[0] = bi;
+        s_res[1] = bad ? 1 : (temp != 0.0f && fin == 0) ? 2 : 0;
+        s_res[2] = fin;
+        sv[0] = pos_zero(bv);
+    }
+    __syncthreads();
+    unsigned tok = (unsigned)s_res[0];
+    int st = s_res[1];
+    fin = s_res[2];
+    const double mx = (double)sv[0];
+    const double t = (double)temp, mp = (double)min_p;
+    if (st == 0 && temp != 0.0f) {
+        bool id_order = top_p >= 1.0f && (top_k == 0 || top_k >= (unsigned)fin);
+        int nch = (vocab + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK;
+        int K = (top_k > 0 && top_k < (unsigned)fin) ? (int)top_k : fin;
+        if (id_order && nch > SAMPLE_MAX_CHUNKS) st = 3;
+        if (!id_order && K > SAMPLE_KMAX) st = 3;
+        if (st == 0 && id_order) {
+            // Chunk sums of the kept weights (w >= min_p), each left to right.
+            for (int c = tid; c < nch; c += nt) {
+                double s = 0.0;
+                int end = min(vocab, (c + 1) * SAMPLE_CHUNK);
+                for (int i = c * SAMPLE_CHUNK; i < end; i++) {
+                    double w = sample_weight(pos_zero(row[i]), mx, t);
+                    s = __dadd_rn(s, w >= mp ? w : 0.0);
+                }
+                csum[c] = s;
+            }
+            __syncthreads();
+            if (tid == 0) {
+                double total = 0.0;
+                for (int c = 0; c < nch; c++) total = __dadd_rn(total, csum[c]);
+                double target = __dmul_rn(u, total), cum = 0.0;
+                int ci = -1, fallback = 0;
+                for (int c = 0; c < nch; c++) {
+                    if (target < __dadd_rn(cum, csum[c])) {
+                        ci = c;
+                        break;
+                    }
+                    cum = __dadd_rn(cum, csum[c]);
+                }
+                if (ci < 0) {
+                    // u * total rounded up to the total: the last chunk of
+                    // positive weight, its last positive token.
+                    fallback = 1;
+                    for (int c = nch - 1; c >= 0; c--)
+                        if (csum[c] > 0.0) {
+                            ci = c;
+                            break;
+                        }
+                }
+                s_res[3] = ci;
+                s_res[2] = fallback;
+                s_cum = cum;
+                s_target = target;
+            }
+            __syncthreads();
+            int ci = s_res[3];
+            int base = ci * SAMPLE_CHUNK, len = min(SAMPLE_CHUNK, vocab - base);
+            if (tid < len) {
+                double w = sample_weight(pos_zero(row[base + tid]), mx, t);
+                wsh[tid] = w >= mp ? w : 0.0;
+            }
+            __syncthreads();
+            if (tid == 0) {
+                double cum = s_cum, target = s_target;
+                int last = -1, pick = -1;
+                for (int j = 0; j < len; j++) {
+                    double w = wsh[j];
+                    if (w > 0.0) {
+                        cum = __dadd_rn(cum, w);
+                        last = j;
+                        if (!s_res[2] && target < cum) {
+                            pick = j;
+                            break;
+                        }
+                    }
+                }
+                s_res[0] = base + (pick >= 0 ? pick : last);
+            }
+        } else if (st == 0) {
+            // Radix select: the K-th smallest high key T among the finite
+            // logits, 8 bits at a time from the top.
+            unsigned prefix = 0, pmask = 0, rem = (unsigned)K;
+            for (int pass = 0; pass < 4; pass++) {
+                int sh = 24 - 8 * pass;
+                for (int i = tid; i < 256; i += nt) hist[i] = 0;
+                __syncthreads();
+                for (int e = tid; e < vocab; e += nt) {
+                    float v = row[e];
+                    if (v == Q_NINF) continue;
+                    unsigned kh = desc_key(pos_zero(v));
+                    if ((kh & pmask) == prefix) atomicAdd(&hist[(kh >> sh) & 255u], 1u);
+                }
+                __syncthreads();
+                if (tid == 0) {
+                    unsigned c = 0;
+                    for (int b = 0; b < 256; b++) {
+                        if (c + hist[b] >= rem) {
+                            s_res[3] = b;
+                            s_res[2] = (int)(rem - c);
+                            break;
+                        }
+                        c += hist[b];
+                    }
+                }
+                __syncthreads();
+                prefix |= (unsigned)s_res[3] << sh;
+                pmask |= 255u << sh;
+                rem = (unsigned)s_res[2];
+                __syncthreads();
+            }
+            // Every key below T, and the rem lowest ids of key T, in id
+            // order by contiguous ranges (positions by prefix sums).
+            int per = (vocab + nt - 1) / nt;
+            int lo = min(vocab, tid * per), hi = min(vocab, lo + per);
+            unsigned nl = 0, ne = 0;
+            for (int i = lo; i < hi; i++) {
+                float v = row[i];
+                if (v == Q_NINF) continue;
+                unsigned kh = desc_key(pos_zero(v));
+                nl += kh < prefix;
+                ne += kh == prefix;
+            }
+            unsigned tl, te;
+            unsigned ol = block_excl_scan(nl, ws, tl);
+            unsigned oe = block_excl_scan(ne, ws, te);
+            for (int i = lo; i < hi; i++) {
+                float v = row[i];
+                if (v == Q_NINF) continue;
+                unsigned kh = desc_key(pos_zero(v));
+                unsigned long long key = ((unsigned long long)kh << 32) | (unsigned)i;
+                if (kh < prefix) {
+                    cand[ol++] = key;
+                } else if (kh == prefix) {
+                    if (oe < rem) cand[tl + oe] = key;
+                    oe++;
+                }
+            }
+            // Bitonic sort of the K keys (padded with the largest key).
+            int P = 1;
+            while (P < K) P <<= 1;
+            for (int i = K + tid; i < P; i += nt) cand[i] = ~0ull;
+            __syncthreads();
+            for (int k = 2; k <= P; k <<= 1) {
+                for (int j = k >> 1; j > 0; j >>= 1) {
+                    for (int i = tid; i < P; i += nt) {
+                        int ij = i ^ j;
+                        if (ij > i) {
+                            unsigned long long a = cand[i], b = cand[ij];
+                            bool up = (i & k) == 0;
+                            if ((a > b) == up) {
+                                cand[i] = b;
+                                cand[ij] = a;
+                            }
+                        }
+                    }
+                    __syncthreads();
+                }
+            }
+            const double m0 = (double)pos_zero(row[(unsigned)cand[0]]);
+            for (int i = tid; i < K; i += nt)
+                wsh[i] = sample_weight(pos_zero(row[(unsigned)cand[i]]), m0, t);
+            __syncthreads();
+            if (tid == 0) {
+                int keep = K;
+                if (top_p < 1.0f) {
+                    double s = 0.0;
+                    for (int i = 0; i < K; i++) s = __dadd_rn(s, wsh[i]);
+                    double need = __dmul_rn((double)top_p, s), cum = 0.0;
+                    for (int i = 0; i < K; i++) {
+                        cum = __dadd_rn(cum, wsh[i]);
+                        if (cum >= need) {
+                            keep = i + 1;
+                            break;
+                        }
+                    }
+                }
+                int kk = 0;
+                while (kk < keep && wsh[kk] >= mp) kk++;
+                keep = kk;
+                double total = 0.0;
+                for (int i = 0; i < keep; i++) total = __dadd_rn(total, wsh[i]);
+                double target = __dmul_rn(u, total), cum = 0.0;
+                int pick = -1;
+                for (int i = 0; i < keep; i++) {
+                    cum = __dadd_rn(cum, wsh[i]);
+                    if (target < cum) {
+                        pick = i;
+                        break;
+                    }
+                }
+                if (pick < 0) {
+                    pick = 0;
+                    for (int i = keep - 1; i >= 0; i--)
+                        if (wsh[i] > 0.0) {
+                            pick = i;
+                            break;
+                        }
+                }
+                s_res[0] = (int)(unsigned)cand[pick];
+            }
+        }
+        __syncthreads();
+        tok = (unsigned)s_res[0];
+    }
+    if (tid == 0) {
+        if (st != 0) tok = 0;
+        tokens[blockIdx.x] = tok;
+        status[blockIdx.x] = (unsigned)st;
+        if (ring) {
+            unsigned* sl = ring + (long long)(positions[0] % (unsigned)nslots) * 2 * cap;
+            sl[blockIdx.x] = tok;
+            sl[cap + blockIdx.x] = (unsigned)st;
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! The token choice on the device (kernels/sample.cu): a decode step's
+//! next token without downloading its logits. The rule is the sampler's,
+//! bit for bit: at temperature 0 the first maximum in id order; above it,
+//! sampler/draw.rs's draw given the step's uniform. A row with a NaN or
+//! +inf logit (or, sampled, only -inf logits) is flagged, not chosen from.
+
+use super::{dev_ptr, dev_ptr_mut};
+use crate::backend::cuda::{drv, CudaBackend};
+use anyhow::{anyhow, ensure, Result};
+use cudarc::driver::{sys, CudaView, CudaViewMut, LaunchConfig, PinnedHostSlice, PushKernelArg};
+
+/// Threads per row (SAMPLE_THREADS in sample.cu).
+const SAMPLE_THREADS: u32 = 1024;
+
+/// Sorted candidates a device draw handles (SAMPLE_KMAX in sample.cu):
+/// top-k up to this many; a row with more is drawn on the host.
+pub const SAMPLE_KMAX: usize = 1024;
+
+/// Vocabulary a device draw in id order handles (SAMPLE_MAX_CHUNKS chunks
+/// of SAMPLE_CHUNK ids in sample.cu).
+pub const SAMPLE_MAX_VOCAB: usize = 2048 * crate::sampler::CHUNK;
+
+/// u32 words of one row's draw record (sample.cu's params).
+pub const DRAW_WORDS: usize = 6;
+
+/// A row's draw record: temperature, top-k, top-p, min-p and the uniform;
+/// `None` (or temperature 0): the greedy rule.
+pub fn draw_record(p: Option<(&crate::sampler::DrawParams, f64)>) -> [u32; DRAW_WORDS] {
+    match p {
+        Some((d, u)) if d.temperature != 0.0 => {
+            let ub = u.to_bits();
+            [
+                d.temperature.to_bits(),
+                u32::try_from(d.top_k).unwrap_or(u32::MAX),
+                d.top_p.to_bits(),
+                d.min_p.to_bits(),
+                ub as u32,
+                (ub >> 32) as u32,
+            ]
+        }
+        _ => [0; DRAW_WORDS],
+    }
+}
+
+/// Whether the device can draw for these parameters over `vocab` logits
+/// whatever the logits are (status 3 never set): greedy; top-k within
+/// SAMPLE_KMAX; or neither top-k (below the vocabulary) nor top-p, with
+/// the vocabulary within SAMPLE_MAX_VOCAB.
+pub fn device_draws(d: &crate::sampler::DrawParams, vocab: usize) -> bool {
+    d.temperature == 0.0
+        || (1..=SAMPLE_KMAX).contains(&d.top_k)
+        || ((d.top_k == 0 || d.top_k >= vocab) && d.top_p >= 1.0 && vocab <= SAMPLE_MAX_VOCAB)
+}
+
+/// Slots of a [`GreedyRing`]: greedy steps whose results may be unread.
+pub const GREEDY_SLOTS: usize = 4;
+
+/// Page-locked host memory the device writes greedy tokens into (no copy
+/// on the stream): GREEDY_SLOTS slots of (tokens (cap), status (cap)) u32,
+/// slot = the step's first position % GREEDY_SLOTS. The host reads a slot
+/// once the step that wrote it has completed, before the step
+/// GREEDY_SLOTS positions later is enqueued.
+pub struct GreedyRing {
+    host: PinnedHostSlice<u32>,
+    dev_ptr: u64,
+    pub cap: usize,
+}
+
+impl GreedyRing {
+    /// Slot `s` (tokens, then statuses) of a completed step.
+    pub fn slot(&self, s: usize) -> Result<&[u32]> {
+        let all = drv(self.host.as_slice(), "greedy ring")?;
+        Ok(&all[2 * self.cap * s..2 * self.cap * (s + 1)])
+    }
+}
+
+// SAFETY: the ring's memory is plain page-locked host memory, not tied to
+// a thread; the device writes it only inside steps the owner orders.
+unsafe impl Send for GreedyRing {}
+impl CudaBackend {
+    /// A zeroed [`GreedyRing`] of `cap` rows per slot.
+    pub(crate) fn greedy_ring(&self, cap: usize) -> Result<GreedyRing> {
+        let len = 2 * cap.max(1) * GREEDY_SLOTS;
+        // SAFETY: u32 has no invalid bit patterns and the buffer is zeroed
+        // below before anything reads it; DEVICEMAP: the device may write
+        // it through the pointer queried next.
+        let p = unsafe {
+            self.dev
+                .ctx
+                .alloc_pinned_with_flags::<u32>(len, sys::CU_MEMHOSTALLOC_DEVICEMAP)
+        };
+        let mut host = drv(p, "allocating the greedy ring")?;
+        let hp = drv(host.as_mut_slice(), "greedy ring")?;
+        hp.fill(0);
+        let mut d: sys::CUdeviceptr = 0;
+        // SAFETY: hp points at the mapped allocation just made; flags 0.
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, hp.as_mut_ptr().cast(), 0) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(anyhow!(
+                "greedy ring: cuMemHostGetDevicePointer failed: {r:?}"
+            ));
+        }
+        Ok(GreedyRing {
+            host,
+            dev_ptr: d,
+            cap: cap.max(1),
+        })
+    }
+
+    /// For each of the `n` rows of `logits` (n, vocab), with its draw
+    /// record in `params` (n, DRAW_WORDS): `tokens[i]` its token,
+    /// `status[i]` 0, or (`tokens[i]` then 0) 1 where the row holds a NaN
+    /// or +inf, 2 where a sampled row is all -inf, 3 where a sampled row
+    /// has more sorted candidates than SAMPLE_KMAX.
+    pub(crate) fn d_sample_rows(
+        &self,
+        logits: &CudaView<'_, f32>,
+        n: usize,
+        vocab: usize,
+        params: &CudaView<'_, u32>,
+        tokens: &mut CudaViewMut<'_, u32>,
+        status: &mut CudaViewMut<'_, u32>,
+    ) -> Result<()> {
+        ensure!(
+            tokens.len() >= n && status.len() >= n,
+            "sample_rows: {n} rows need tokens and status >= {n} (got {}, {})",
+            tokens.len(),
+            status.len()
+        );
+        let st = self.stream();
+        let (t, s) = (dev_ptr_mut(tokens, st), dev_ptr_mut(status, st));
+        let p = dev_ptr(params, st);
+        ensure!(
+            params.len() >= n * DRAW_WORDS,
+            "sample_rows: {n} rows need {} draw words (got {})",
+            n * DRAW_WORDS,
+            params.len()
+        );
+        // SAFETY: t and s hold n u32 each (checked), borrowed mutably here;
+        // params holds n records (checked), borrowed.
+        unsafe { self.d_sample_rows_at(logits, n, vocab, p, t, s, None) }
+    }
+
+    /// [`CudaBackend::d_sample_rows`] with device addresses (a decode
+    /// graph's draw records, and its token input, which the step's
+    /// embedding reads first), and with `ring`, also into the slot of that
+    /// host ring (see [`GreedyRing`]) that `positions[0]` names.
+    ///
+    /// # Safety
+    /// `params` must be the address of n draw records (n * DRAW_WORDS
+    /// u32), `tokens` and `status` each of n u32, of device memory that
+    /// nothing writes (params) or reads or writes (tokens, status)
+    /// concurrently with this launch (stream order).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn d_sample_rows_at(
+        &self,
+        logits: &CudaView<'_, f32>,
+        n: usize,
+        vocab: usize,
+        params: u64,
+        tokens: u64,
+        status: u64,
+        ring: Option<(&GreedyRing, &CudaView<'_, u32>)>,
+    ) -> Result<()> {
+        ensure!(
+            vocab > 0 && logits.len() >= n * vocab,
+            "sample_rows: {n} rows of {vocab} logits need logits >= {} (got {})",
+            n * vocab,
+            logits.len()
+        );
+        if n == 0 {
+            return Ok(());
+        }
+        if let Some((r, pos)) = ring {
+            ensure!(
+                n <= r.cap && !pos.is_empty(),
+                "sample_rows: {n} rows into a ring of {} per slot",
+                r.cap
+            );
+        }
+        let vi = i32::try_from(vocab)?;
+        let (rp, pp, cap, ns) = match ring {
+            Some((r, pos)) => (
+                r.dev_ptr,
+                dev_ptr(pos, self.stream()),
+                i32::try_from(r.cap)?,
+                GREEDY_SLOTS as i32,
+            ),
+            None => (0u64, 0u64, 0i32, 1i32),
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (u32::try_from(n)?, 1, 1),
+            block_dim: (SAMPLE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream().launch_builder(self.func("sample_rows")?);
+        b.arg(logits)
+            .arg(&vi)
+            .arg(&params)
+            .arg(&tokens)
+            .arg(&status)
+            .arg(&rp)
+            .arg(&pp)
+            .arg(&cap)
+            .arg(&ns);
+        // SAFETY: matches sample_rows (logits, vocab, params, tokens,
+        // status, ring, positions, cap, nslots); the grid has one CTA per
+        // row, and each buffer holds the n rows checked above or promised
+        // by the caller; the ring (when not null)
+        // is GREEDY_SLOTS slots of 2 cap u32 of mapped host memory that
+        // lives as long as the graphs that capture this launch.
+        drv(unsafe { b.launch(cfg) }, "sample_rows: launch")?;
+        Ok(())
+    }
+}
