@@ -26,7 +26,7 @@ run_step() {
   "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
   local last
-  last=$(grep -E "passed, .* failed|check-exact:|check-greedy:|error:" "$OUT/$name.log" | tail -2 | tr '\n' ' ')
+  last=$(grep -E "passed, .* failed|check-exact:|check-greedy:|check-sample:|error:" "$OUT/$name.log" | tail -2 | tr '\n' ' ')
   note "$name: rc=$rc ($((SECONDS - t0)) s) $last"
   [ $rc -eq 0 ] || status=1
 }
@@ -122,11 +122,12 @@ for s in "${steps[@]}"; do
       run_step fuse-prefill-fast "$QUIRE" check-exact --mode fast -m "$tmp/llama1b-q4_0.gguf" --prompt-tokens 700 --tokens 8
       ;;
     greedy)
-      # Greedy decoding with the tokens chosen on the device (argmax_rows in
-      # the decode graph, the host one step ahead) against the same steps
-      # sampled on the host: identical tokens, in every mode; and
-      # argmax_rows against the sampler on crafted rows (ties, signed
-      # zeros, all -inf, NaN, +inf).
+      # Greedy and sampled decoding with the tokens chosen on the device
+      # (sample_rows in the decode graph, the host one step ahead) against
+      # the same steps (same seeds) sampled on the host: identical tokens,
+      # in every mode; and sample_rows against the sampler on crafted rows
+      # (ties, signed zeros, -inf runs, NaN, +inf) for every parameter
+      # shape the device draws.
       [ -f "$tmp/smollm2-q4_1.gguf" ] || "$QUIRE" synth --shape SmolLM2-135M --type Q4_1 -o "$tmp/smollm2-q4_1.gguf" >"$OUT/synth-smollm.log" 2>&1
       for m in fast deterministic exact; do
         run_step "greedy-$m" "$QUIRE" check-greedy --mode "$m" -m "$tmp/smollm2-q4_1.gguf" --tokens 300 --prompt-tokens 200

@@ -8,6 +8,7 @@
 use super::ModelArgs;
 use crate::kv::SeqId;
 use crate::runner::{LogitsWanted, Runner, SeqWork};
+use crate::sampler::{Sampler, SamplingParams};
 use anyhow::Result;
 use clap::Args;
 use rand::{Rng, SeedableRng};
@@ -54,10 +55,49 @@ pub struct BenchArgs {
     /// reading every step's logits on the host; rows marked "greedy".
     #[arg(long)]
     pub greedy: bool,
+    /// As --greedy, but the tokens are sampled with these parameters,
+    /// `TEMPERATURE,TOP_K,TOP_P,MIN_P` (e.g. `0.8,40,0.95,0.05`, the `run`
+    /// defaults; seeded per sequence): on the GPU drawn on the device
+    /// where it can (kernels/sample.cu), else on the host
+    /// (QUIRE_GREEDY_CHAIN=0: always on the host). Rows marked "sampled".
+    #[arg(long, value_parser = parse_sample)]
+    pub sample: Option<SamplingParams>,
     /// Write a PNG plot of decode tokens/s against batch size and against
     /// context length (from the tg, --batch and --depth tests).
     #[arg(long)]
     pub plot: Option<std::path::PathBuf>,
+}
+
+/// `--sample`'s `TEMPERATURE,TOP_K,TOP_P,MIN_P`.
+fn parse_sample(s: &str) -> Result<SamplingParams, String> {
+    let v: Vec<&str> = s.split(',').collect();
+    let [t, k, p, m] = v[..] else {
+        return Err(format!("expected TEMPERATURE,TOP_K,TOP_P,MIN_P, got {s:?}"));
+    };
+    let f = |x: &str| x.trim().parse::<f32>().map_err(|e| format!("{x:?}: {e}"));
+    let params = SamplingParams {
+        temperature: f(t)?,
+        top_k: k.trim().parse().map_err(|e| format!("{k:?}: {e}"))?,
+        top_p: f(p)?,
+        min_p: f(m)?,
+        repetition_penalty: 1.0,
+        repeat_last_n: 0,
+        seed: 0,
+    };
+    params.validate().map_err(|e| format!("{e:#}"))?;
+    Ok(params)
+}
+
+/// The samplers of a chained decode test: one per sequence, seeded apart.
+fn chain_samplers(p: &SamplingParams, b: usize, seed: u64) -> Result<Vec<Sampler>> {
+    (0..b)
+        .map(|i| {
+            Sampler::new(SamplingParams {
+                seed: seed + i as u64,
+                ..*p
+            })
+        })
+        .collect()
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,7 +136,7 @@ fn time_batched(
     gen: usize,
     ubatch: usize,
     seed: u64,
-    greedy: bool,
+    chain: Option<&SamplingParams>,
 ) -> Result<f64> {
     let vocab = r.config().vocab_size;
     let seqs: Vec<SeqId> = (0..b as u64).map(|i| SeqId(5000 + i)).collect();
@@ -107,13 +147,20 @@ fn time_batched(
         for (s, t) in seqs.iter().zip(&toks) {
             crate::engine::prefill(r, *s, &t[..prompt], 0, ubatch)?;
         }
-        if greedy {
-            // The rows' own greedy tokens, chosen on the device where the
-            // steps run as graphs (Runner::decode_greedy_batch).
+        if let Some(p) = chain {
+            // The rows' own greedy or sampled tokens, chosen on the device
+            // where the steps run as graphs (Runner::decode_sampled_batch).
             let firsts: Vec<u32> = toks.iter().map(|t| t[prompt]).collect();
+            let mut sm = chain_samplers(p, b, seed)?;
             let t0 = Instant::now();
-            let out =
-                r.decode_greedy_batch(&seqs, &firsts, &vec![prompt; b], gen, &mut |_| Ok(true))?;
+            let out = r.decode_sampled_batch(
+                &seqs,
+                &firsts,
+                &vec![prompt; b],
+                gen,
+                &mut sm,
+                &mut |_| Ok(true),
+            )?;
             anyhow::ensure!(
                 out.iter().all(|o| o.len() == gen),
                 "greedy batched decode: fewer than {gen} tokens"
@@ -156,7 +203,7 @@ fn time_batched(
 
 /// Decode tokens/s at batch 1 after a prompt of `depth` tokens.
 fn time_depth(r: &mut Runner, depth: usize, gen: usize, ubatch: usize) -> Result<f64> {
-    time_batched(r, 1, depth, gen, ubatch, 7, false)
+    time_batched(r, 1, depth, gen, ubatch, 7, None)
 }
 
 fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
@@ -195,10 +242,17 @@ fn time_tg(r: &mut Runner, toks: &[u32], seq: SeqId) -> Result<f64> {
     Ok(toks.len() as f64 / dt)
 }
 
-/// Greedy decode tokens/s: `gen` steps after a prompt of `depth` random
-/// tokens (prefilled first, not timed), fed `first` and then their own
-/// choices.
-fn time_greedy(r: &mut Runner, depth: usize, gen: usize, ubatch: usize, seq: SeqId) -> Result<f64> {
+/// Greedy (or sampled with `p`) decode tokens/s: `gen` steps after a
+/// prompt of `depth` random tokens (prefilled first, not timed), fed
+/// `first` and then their own choices.
+fn time_greedy(
+    r: &mut Runner,
+    depth: usize,
+    gen: usize,
+    ubatch: usize,
+    seq: SeqId,
+    p: &SamplingParams,
+) -> Result<f64> {
     let vocab = r.config().vocab_size;
     let toks = random_tokens(depth + 1, vocab, 7);
     let res = (|| {
@@ -206,7 +260,13 @@ fn time_greedy(r: &mut Runner, depth: usize, gen: usize, ubatch: usize, seq: Seq
             crate::engine::prefill(r, seq, &toks[..depth], 0, ubatch)?;
         }
         let t0 = Instant::now();
-        let out = r.decode_greedy(seq, toks[depth], depth, gen, &mut |_| Ok(true))?;
+        let mut sm = chain_samplers(p, 1, 7)?;
+        let out = r
+            .decode_sampled_batch(&[seq], &[toks[depth]], &[depth], gen, &mut sm, &mut |_| {
+                Ok(true)
+            })?
+            .pop()
+            .unwrap_or_default();
         anyhow::ensure!(
             out.len() == gen,
             "greedy decode: {} of {gen} tokens",
@@ -216,6 +276,20 @@ fn time_greedy(r: &mut Runner, depth: usize, gen: usize, ubatch: usize, seq: Seq
     })();
     r.free(seq);
     res
+}
+
+/// The chained decode tests' parameters: --sample's, --greedy's, or none
+/// (random tokens fed, logits read on the host).
+fn chain_params(a: &BenchArgs) -> Option<SamplingParams> {
+    a.sample.or(a.greedy.then(SamplingParams::greedy))
+}
+
+fn chain_tag(a: &BenchArgs) -> &'static str {
+    match (a.sample.is_some(), a.greedy) {
+        (true, _) => " sampled",
+        (false, true) => " greedy",
+        _ => "",
+    }
 }
 
 fn mean_std(v: &[f64]) -> (f64, f64) {
@@ -260,18 +334,19 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     if a.gen_tokens > 0 {
         let toks = random_tokens(a.gen_tokens, vocab, 2);
         let (g, ub) = (a.gen_tokens, a.ubatch);
-        // The greedy form (--greedy) from an empty cache and after a prompt.
-        let greedy = a.greedy;
+        // The greedy or sampled form (--greedy, --sample) from an empty
+        // cache and after a prompt.
+        let chain = chain_params(&a);
         let tg = move |r: &mut Runner, depth: usize, gen: usize, seq: SeqId| {
-            if greedy {
-                time_greedy(r, depth, gen, ub, seq)
+            if let Some(p) = &chain {
+                time_greedy(r, depth, gen, ub, seq, p)
             } else if depth == 0 {
                 time_tg(r, &toks[..gen], seq)
             } else {
                 time_depth(r, depth, gen, ub)
             }
         };
-        let tag = if greedy { " greedy" } else { "" };
+        let tag = chain_tag(&a);
         tg(&mut r, 0, g.min(8), SeqId(100))?; // warm-up
         let v: Vec<f64> = (0..a.reps.max(1))
             .map(|i| {
@@ -306,7 +381,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 "batched decode at B={b} needs {need} KV tokens; pass --kv-tokens {need} or more"
             );
             prep(&mut r)?;
-            time_batched(&mut r, b, a.batch_prompt, 4, a.ubatch, 11, a.greedy)?; // warm-up
+            let chain = chain_params(&a);
+            time_batched(&mut r, b, a.batch_prompt, 4, a.ubatch, 11, chain.as_ref())?; // warm-up
             let v: Vec<f64> = (0..a.reps.max(1))
                 .map(|i| {
                     prep(&mut r)?;
@@ -317,13 +393,13 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                         a.gen_tokens,
                         a.ubatch,
                         100 * i as u64,
-                        a.greedy,
+                        chain.as_ref(),
                     )
                 })
                 .collect::<Result<_>>()?;
             let ms = mean_std(&v);
             batch_pts.push((b as f64, ms.0));
-            let tag = if a.greedy { " greedy" } else { "" };
+            let tag = chain_tag(&a);
             rows.push((
                 format!("tg{} B{b} p{}{tag}", a.gen_tokens, a.batch_prompt),
                 ms,

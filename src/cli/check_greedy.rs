@@ -4,7 +4,8 @@
 //! model: greedy decoding with the tokens chosen on the device, one step
 //! ahead of the host (runner/greedy.rs), against the same steps with
 //! every step's logits downloaded and sampled on the host. Same logits,
-//! so the tokens must be identical.
+//! so the tokens must be identical. Then the same for sampled decoding
+//! (check_sample.rs).
 
 use crate::backend::{GpuMode, Mode};
 use crate::kv::SeqId;
@@ -216,5 +217,5 @@ pub fn check_greedy(a: CheckGreedyArgs) -> Result<()> {
         "check-greedy: {b} sequences in lockstep, {} tokens each identical",
         dev[0].len()
     );
-    Ok(())
+    super::check_sample::check_sampled(&mut r, &a.run, mode)
 }

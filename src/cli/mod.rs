@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod bench_attn;
 pub mod check_greedy;
+mod check_sample;
 pub mod generate;
 pub mod inspect;
 pub mod ops; // h-cuda
@@ -56,9 +57,9 @@ pub enum Command {
     /// at every step (--mode fast / deterministic: the GPU with its fusions
     /// against the GPU without).
     CheckExact(ops::CheckExactArgs),
-    /// Greedy decoding with the tokens chosen on the device against the
-    /// same steps sampled on the host (and the device's argmax against the
-    /// sampler on crafted rows): identical tokens.
+    /// Greedy and sampled decoding with the tokens chosen on the device
+    /// against the same steps sampled on the host (and the device's choice
+    /// against the sampler on crafted rows): identical tokens.
     CheckGreedy(check_greedy::CheckGreedyArgs),
 }
 

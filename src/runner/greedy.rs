@@ -12,11 +12,11 @@
 //! logits.
 
 use super::{Compute, LogitsWanted, Runner, SeqWork};
+use crate::backend::cuda::{device_draws, draw_record, DRAW_WORDS};
 use crate::dispatch::cuda::GreedyTicket;
 use crate::kv::KvManager;
 use crate::kv::SeqId;
 use crate::model::StepInput;
-use crate::backend::cuda::{device_draws, draw_record, DRAW_WORDS};
 use crate::sampler::{Sampler, SamplingParams};
 use anyhow::{bail, Context, Result};
 use std::collections::VecDeque;
@@ -123,9 +123,9 @@ impl Runner {
     pub fn draws_on_device(&self, samplers: &[Sampler]) -> bool {
         let vocab = self.model.cfg.vocab_size;
         self.greedy_on_device_rows(samplers.len())
-            && samplers.iter().all(|s| {
-                s.params().logits_only() && device_draws(&s.params().draw_params(), vocab)
-            })
+            && samplers
+                .iter()
+                .all(|s| s.params().logits_only() && device_draws(&s.params().draw_params(), vocab))
     }
 
     /// A decode step of `work` (one token per sequence, each wanting its
@@ -259,7 +259,11 @@ impl Runner {
         pending: &mut VecDeque<GreedyTicket>,
     ) -> Result<Vec<Vec<u32>>> {
         let greedy = samplers.iter().all(|s| s.params().temperature == 0.0);
-        let mut recs = Vec::with_capacity(if greedy { 0 } else { samplers.len() * DRAW_WORDS });
+        let mut recs = Vec::with_capacity(if greedy {
+            0
+        } else {
+            samplers.len() * DRAW_WORDS
+        });
         let mut out = vec![Vec::new(); rows.seqs.len()];
         let mut take = |toks: Vec<u32>, out: &mut Vec<Vec<u32>>| -> Result<bool> {
             for (o, &t) in out.iter_mut().zip(&toks) {
@@ -303,12 +307,7 @@ impl Runner {
     /// Allocates step `i`'s positions (`starts[r] + i`) and enqueues the
     /// step: the first tokens, or from step 1 on the previous step's
     /// choices on the device.
-    fn greedy_enqueue(
-        &mut self,
-        rows: &Rows<'_>,
-        i: usize,
-        draws: &[u32],
-    ) -> Result<GreedyTicket> {
+    fn greedy_enqueue(&mut self, rows: &Rows<'_>, i: usize, draws: &[u32]) -> Result<GreedyTicket> {
         let ctx = self.model.cfg.context_length;
         let b = rows.seqs.len();
         let mut slots = Vec::with_capacity(b);

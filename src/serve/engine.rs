@@ -415,9 +415,9 @@ impl Engine {
         // again with logits (it rewrites the same cells) and each sequence
         // samples with its uniform, and fails, on its own.
         let on_device = plan.seqs.iter().all(|ss| {
-            self.seqs.get(&ss.seq).is_some_and(|s| {
-                s.sampler.params().logits_only() && s.req.top_logprobs.is_none()
-            })
+            self.seqs
+                .get(&ss.seq)
+                .is_some_and(|s| s.sampler.params().logits_only() && s.req.top_logprobs.is_none())
         });
         let mut uniforms: Vec<Option<f64>> = vec![None; plan.seqs.len()];
         let mut chosen = None;
@@ -436,7 +436,9 @@ impl Engine {
             }
             match run_plan_greedy(&mut self.runner, self.sched.kv(), &plan, &draws) {
                 Ok(t) => chosen = t,
-                Err(e) => tracing::debug!("decode step drawing on the device: {e:#}; stepping with logits"),
+                Err(e) => tracing::debug!(
+                    "decode step drawing on the device: {e:#}; stepping with logits"
+                ),
             }
         }
         let outs = match chosen {

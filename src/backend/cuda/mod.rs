@@ -23,9 +23,7 @@ mod logits;
 pub use logits::PinnedLogits;
 
 pub(crate) use launch::fast_uses_blas;
-pub(crate) use launch::{
-    device_draws, draw_record, GreedyRing, DRAW_WORDS, GREEDY_SLOTS,
-};
+pub(crate) use launch::{device_draws, draw_record, GreedyRing, DRAW_WORDS, GREEDY_SLOTS};
 pub mod mem;
 mod pdl;
 pub use pdl::PdlExec;

@@ -14,7 +14,6 @@
 //! and the element-wise ops.
 
 mod act_cache;
-mod sample;
 mod att_maps;
 mod attention;
 mod attention_exact;
@@ -25,11 +24,9 @@ mod matmul_exact;
 mod matmul_mma;
 mod matmul_norm;
 mod matmul_wgmma;
+mod sample;
 
 pub(crate) use act_cache::ActKey;
-pub(crate) use sample::{
-    device_draws, draw_record, GreedyRing, DRAW_WORDS, GREEDY_SLOTS,
-};
 pub(crate) use attention_exact::{att_ex_threads, ATT_EX_CLUSTER_MAX};
 pub(crate) use attention_forms::{
     att_pipe_smem, att_stages, att_w_stages, ATT_CLUSTER_MAX, ATT_M3_STAGES, ATT_SPLIT_THREADS,
@@ -37,6 +34,7 @@ pub(crate) use attention_forms::{
 pub(crate) use matmul::{fast_uses_blas, TILE_SMEM};
 pub(crate) use matmul_mma::mq_smem_max;
 pub(crate) use matmul_wgmma::{wg_smem, wr_stages_knob};
+pub(crate) use sample::{device_draws, draw_record, GreedyRing, DRAW_WORDS, GREEDY_SLOTS};
 
 use super::mem::{DevKvMut, DevMatrix};
 use super::{drv, grid_1d, i32_of, ty_code, CudaBackend};
