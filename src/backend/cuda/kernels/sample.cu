@@ -6,7 +6,7 @@
 // top_p (f32 bits), min_p (f32 bits), the step's uniform u (f64: low word,
 // high word). Temperature 0: the greedy rule, the first maximum in id
 // order (ties go to the lowest id; -0.0 and +0.0 compare equal). Otherwise
-// draw.rs's draw: weights det_exp((l - max) / T) in IEEE double operations
+// draw.rs's draw: weights det_exp((l - max) * (1 / T)) in IEEE double operations
 // (__d*_rn: never contracted), summed in id order over chunks of
 // SAMPLE_CHUNK ids (no top-k, top_p = 1) or over the top-k candidates in
 // descending order (found by a radix select on the candidate key, then
@@ -41,25 +41,36 @@ __device__ __forceinline__ void argmax_take(float& bv, int& bi, float v, int i) 
 // draw.rs's det_exp: the same constants (bit patterns) and operations.
 __device__ __forceinline__ double det_exp(double x) {
     if (!(x >= -708.0)) return 0.0;
-    const double c[14] = {
+    // 1 / i! for i = 0..=10.
+    const double c[11] = {
         __longlong_as_double(0x3FF0000000000000ll), __longlong_as_double(0x3FF0000000000000ll),
         __longlong_as_double(0x3FE0000000000000ll), __longlong_as_double(0x3FC5555555555555ll),
         __longlong_as_double(0x3FA5555555555555ll), __longlong_as_double(0x3F81111111111111ll),
         __longlong_as_double(0x3F56C16C16C16C17ll), __longlong_as_double(0x3F2A01A01A01A01All),
         __longlong_as_double(0x3EFA01A01A01A01All), __longlong_as_double(0x3EC71DE3A556C734ll),
-        __longlong_as_double(0x3E927E4FB7789F5Cll), __longlong_as_double(0x3E5AE64567F544E4ll),
-        __longlong_as_double(0x3E21EED8EFF8D898ll), __longlong_as_double(0x3DE6124613A86D09ll)};
+        __longlong_as_double(0x3E927E4FB7789F5Cll)};
     double k = round(__dmul_rn(x, __longlong_as_double(0x3FF71547652B82FEll)));
     double r = __dsub_rn(__dsub_rn(x, __dmul_rn(k, __longlong_as_double(0x3FE62E42FEE00000ll))),
                          __dmul_rn(k, __longlong_as_double(0x3DEA39EF35793C76ll)));
-    double p = c[13];
+    double p = c[10];
 #pragma unroll
-    for (int i = 12; i >= 0; i--) p = __dadd_rn(__dmul_rn(p, r), c[i]);
+    for (int i = 9; i >= 0; i--) p = __dadd_rn(__dmul_rn(p, r), c[i]);
     return __dmul_rn(p, __longlong_as_double((long long)(k + 1023.0) << 52));
 }
 
-__device__ __forceinline__ double sample_weight(float l, double mx, double t) {
-    return det_exp(__ddiv_rn(__dsub_rn((double)l, mx), t));
+// it: 1 / temperature, one division a row (draw.rs's weight).
+__device__ __forceinline__ double sample_weight(float l, double mx, double it) {
+    return det_exp(__dmul_rn(__dsub_rn((double)l, mx), it));
+}
+
+// Adds one to bin b of the shared histogram h, one atomic per distinct
+// bin in the warp (the lanes of a warp often share a bin: without this
+// the first radix pass serializes on one address).
+__device__ __forceinline__ void hist_add(unsigned* h, unsigned b, bool on) {
+    unsigned act = __ballot_sync(0xffffffffu, on);
+    if (!on) return;
+    unsigned peers = __match_any_sync(act, b);
+    if ((threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&h[b], __popc(peers));
 }
 
 // The sampler's `x + 0.0`: -0.0 becomes +0.0.
@@ -182,7 +193,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     int st = s_res[1];
     fin = s_res[2];
     const double mx = (double)sv[0];
-    const double t = (double)temp, mp = (double)min_p;
+    const double t = __ddiv_rn(1.0, (double)temp), mp = (double)min_p;
     if (st == 0 && temp != 0.0f) {
         bool id_order = top_p >= 1.0f && (top_k == 0 || top_k >= (unsigned)fin);
         int nch = (vocab + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK;
@@ -190,13 +201,21 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
         if (id_order && nch > SAMPLE_MAX_CHUNKS) st = 3;
         if (!id_order && K > SAMPLE_KMAX) st = 3;
         if (st == 0 && id_order) {
-            // Chunk sums of the kept weights (w >= min_p), each left to right.
+            // Chunk sums of the kept weights (w >= min_p), each left to
+            // right; 8 weights at a time in flight (past the row's end a
+            // weight of +0.0, which leaves a non-negative sum unchanged).
             for (int c = tid; c < nch; c += nt) {
                 double s = 0.0;
                 int end = min(vocab, (c + 1) * SAMPLE_CHUNK);
-                for (int i = c * SAMPLE_CHUNK; i < end; i++) {
-                    double w = sample_weight(pos_zero(row[i]), mx, t);
-                    s = __dadd_rn(s, w >= mp ? w : 0.0);
+                for (int i = c * SAMPLE_CHUNK; i < end; i += 8) {
+                    double w[8];
+#pragma unroll
+                    for (int j = 0; j < 8; j++) {
+                        double x = i + j < end ? sample_weight(pos_zero(row[i + j]), mx, t) : 0.0;
+                        w[j] = x >= mp ? x : 0.0;
+                    }
+#pragma unroll
+                    for (int j = 0; j < 8; j++) s = __dadd_rn(s, w[j]);
                 }
                 csum[c] = s;
             }
@@ -260,11 +279,12 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                 int sh = 24 - 8 * pass;
                 for (int i = tid; i < 256; i += nt) hist[i] = 0;
                 __syncthreads();
-                for (int e = tid; e < vocab; e += nt) {
-                    float v = row[e];
-                    if (v == Q_NINF) continue;
+                // Whole warps per round (hist_add's ballot).
+                for (int e0 = tid - (tid & 31); e0 < vocab; e0 += nt) {
+                    int e = e0 + (tid & 31);
+                    float v = e < vocab ? row[e] : Q_NINF;
                     unsigned kh = desc_key(pos_zero(v));
-                    if ((kh & pmask) == prefix) atomicAdd(&hist[(kh >> sh) & 255u], 1u);
+                    hist_add(hist, (kh >> sh) & 255u, v != Q_NINF && (kh & pmask) == prefix);
                 }
                 __syncthreads();
                 if (tid == 0) {
