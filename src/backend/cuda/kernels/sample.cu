@@ -110,6 +110,75 @@ __device__ __forceinline__ unsigned block_excl_scan(unsigned v, unsigned* ws, un
     return ws[w] + x - v;
 }
 
+// Calls f(v, e, live) for every id e of the row, whole warps per round
+// (live is false past the end, where f must still run for its warp-wide
+// intrinsics, with v = -inf); four loads in flight per lane, 16-byte ones
+// when vocab % 4 == 0 (rows then start 16-byte aligned). The order of the
+// calls is unspecified: f must be order-free (counts, maxima).
+template <class F>
+__device__ __forceinline__ void row_rounds(const float* __restrict__ row, int vocab, F f) {
+    const int nt = blockDim.x, lane = threadIdx.x & 31, wb = threadIdx.x - lane;
+    if ((vocab & 3) == 0) {
+        const float4* r4 = (const float4*)row;
+        const int n4 = vocab / 4;
+        for (int b = wb; b < n4; b += 4 * nt) {
+            float4 v[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int ix = b + j * nt + lane;
+                v[j] = ix < n4 ? r4[ix] : make_float4(Q_NINF, Q_NINF, Q_NINF, Q_NINF);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int ix = b + j * nt + lane;
+                bool live = ix < n4;
+                f(v[j].x, 4 * ix, live);
+                f(v[j].y, 4 * ix + 1, live);
+                f(v[j].z, 4 * ix + 2, live);
+                f(v[j].w, 4 * ix + 3, live);
+            }
+        }
+    } else {
+        for (int b = wb; b < vocab; b += 4 * nt) {
+            float v[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int ix = b + j * nt + lane;
+                v[j] = ix < vocab ? row[ix] : Q_NINF;
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) f(v[j], b + j * nt + lane, b + j * nt + lane < vocab);
+        }
+    }
+}
+
+// Calls f(v, e) for the ids e of [lo, hi) in increasing order, four loads
+// in flight, 16-byte ones when lo and hi are multiples of 4 and the row is
+// 16-byte aligned (vocab % 4 == 0).
+template <class F>
+__device__ __forceinline__ void range_in_order(const float* __restrict__ row, int vocab, int lo,
+                                               int hi, F f) {
+    if ((vocab & 3) == 0 && (lo & 3) == 0 && (hi & 3) == 0) {
+        const float4* r4 = (const float4*)row;
+        for (int i = lo; i < hi; i += 16) {
+            float4 v[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                v[j] = i + 4 * j < hi ? r4[(i >> 2) + j] : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                if (i + 4 * j >= hi) break;
+                f(v[j].x, i + 4 * j);
+                f(v[j].y, i + 4 * j + 1);
+                f(v[j].z, i + 4 * j + 2);
+                f(v[j].w, i + 4 * j + 3);
+            }
+        }
+    } else {
+        for (int i = lo; i < hi; i++) f(row[i], i);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_rows(const float* __restrict__ logits, int vocab, const unsigned* __restrict__ params,
                 unsigned* __restrict__ tokens, unsigned* __restrict__ status,
@@ -142,26 +211,12 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     float bv = Q_NINF;
     int bi = 0x7fffffff;
     int bad = 0, fin = 0;
-    if ((vocab & 3) == 0) {
-        const float4* r4 = (const float4*)row;
-        for (int e = tid; e < vocab / 4; e += nt) {
-            float4 v = r4[e];
-            float q[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                bad |= (q[j] != q[j]) | (q[j] == Q_INF);
-                fin += q[j] != Q_NINF;
-                argmax_take(bv, bi, q[j], 4 * e + j);
-            }
-        }
-    } else {
-        for (int e = tid; e < vocab; e += nt) {
-            float v = row[e];
-            bad |= (v != v) | (v == Q_INF);
-            fin += v != Q_NINF;
-            argmax_take(bv, bi, v, e);
-        }
-    }
+    row_rounds(row, vocab, [&](float v, int e, bool live) {
+        if (!live) return;
+        bad |= (v != v) | (v == Q_INF);
+        fin += v != Q_NINF;
+        argmax_take(bv, bi, v, e);
+    });
 #pragma unroll
     for (int o = 16; o >= 1; o >>= 1) {
         float ov = __shfl_xor_sync(0xffffffffu, bv, o);
@@ -207,15 +262,40 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
             for (int c = tid; c < nch; c += nt) {
                 double s = 0.0;
                 int end = min(vocab, (c + 1) * SAMPLE_CHUNK);
-                for (int i = c * SAMPLE_CHUNK; i < end; i += 8) {
-                    double w[8];
+                if ((vocab & 3) == 0) {
+                    // 16 weights a round from four 16-byte loads.
+                    const float4* r4 = (const float4*)row;
+                    for (int i = c * SAMPLE_CHUNK; i < end; i += 16) {
+                        float4 v[4];
 #pragma unroll
-                    for (int j = 0; j < 8; j++) {
-                        double x = i + j < end ? sample_weight(pos_zero(row[i + j]), mx, t) : 0.0;
-                        w[j] = x >= mp ? x : 0.0;
+                        for (int j = 0; j < 4; j++)
+                            v[j] = i + 4 * j < end ? r4[(i >> 2) + j]
+                                                   : make_float4(Q_NINF, Q_NINF, Q_NINF, Q_NINF);
+                        double w[16];
+#pragma unroll
+                        for (int j = 0; j < 4; j++) {
+                            float q[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+#pragma unroll
+                            for (int h = 0; h < 4; h++) {
+                                double x = sample_weight(pos_zero(q[h]), mx, t);
+                                w[4 * j + h] = x >= mp ? x : 0.0;
+                            }
+                        }
+#pragma unroll
+                        for (int j = 0; j < 16; j++) s = __dadd_rn(s, w[j]);
                     }
+                } else {
+                    for (int i = c * SAMPLE_CHUNK; i < end; i += 8) {
+                        double w[8];
 #pragma unroll
-                    for (int j = 0; j < 8; j++) s = __dadd_rn(s, w[j]);
+                        for (int j = 0; j < 8; j++) {
+                            double x =
+                                i + j < end ? sample_weight(pos_zero(row[i + j]), mx, t) : 0.0;
+                            w[j] = x >= mp ? x : 0.0;
+                        }
+#pragma unroll
+                        for (int j = 0; j < 8; j++) s = __dadd_rn(s, w[j]);
+                    }
                 }
                 csum[c] = s;
             }
@@ -279,13 +359,12 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                 int sh = 24 - 8 * pass;
                 for (int i = tid; i < 256; i += nt) hist[i] = 0;
                 __syncthreads();
-                // Whole warps per round (hist_add's ballot).
-                for (int e0 = tid - (tid & 31); e0 < vocab; e0 += nt) {
-                    int e = e0 + (tid & 31);
-                    float v = e < vocab ? row[e] : Q_NINF;
+                // Whole warps per round (hist_add's ballot); -inf past the
+                // end, which hist_add skips like any -inf.
+                row_rounds(row, vocab, [&](float v, int, bool) {
                     unsigned kh = desc_key(pos_zero(v));
                     hist_add(hist, (kh >> sh) & 255u, v != Q_NINF && (kh & pmask) == prefix);
-                }
+                });
                 __syncthreads();
                 if (tid == 0) {
                     unsigned c = 0;
@@ -306,22 +385,20 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
             }
             // Every key below T, and the rem lowest ids of key T, in id
             // order by contiguous ranges (positions by prefix sums).
-            int per = (vocab + nt - 1) / nt;
+            int per = ((vocab + nt - 1) / nt + 3) & ~3;
             int lo = min(vocab, tid * per), hi = min(vocab, lo + per);
             unsigned nl = 0, ne = 0;
-            for (int i = lo; i < hi; i++) {
-                float v = row[i];
-                if (v == Q_NINF) continue;
+            range_in_order(row, vocab, lo, hi, [&](float v, int) {
+                if (v == Q_NINF) return;
                 unsigned kh = desc_key(pos_zero(v));
                 nl += kh < prefix;
                 ne += kh == prefix;
-            }
+            });
             unsigned tl, te;
             unsigned ol = block_excl_scan(nl, ws, tl);
             unsigned oe = block_excl_scan(ne, ws, te);
-            for (int i = lo; i < hi; i++) {
-                float v = row[i];
-                if (v == Q_NINF) continue;
+            range_in_order(row, vocab, lo, hi, [&](float v, int i) {
+                if (v == Q_NINF) return;
                 unsigned kh = desc_key(pos_zero(v));
                 unsigned long long key = ((unsigned long long)kh << 32) | (unsigned)i;
                 if (kh < prefix) {
@@ -330,7 +407,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                     if (oe < rem) cand[tl + oe] = key;
                     oe++;
                 }
-            }
+            });
             // Bitonic sort of the K keys (padded with the largest key).
             int P = 1;
             while (P < K) P <<= 1;
