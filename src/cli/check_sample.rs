@@ -144,6 +144,49 @@ fn check_rows(r: &Runner, vocab: usize, seed: u64) -> Result<usize> {
     Ok(n)
 }
 
+/// Device time of sample_rows (CUDA events, 100 launches) on `n` random
+/// rows of `vocab` logits per parameter shape: what a step pays for its
+/// draw. Printed, not checked.
+fn time_rows(r: &Runner, vocab: usize, n: usize) -> Result<String> {
+    let Compute::Cuda { exec, .. } = &r.compute else {
+        bail!("check-sample: the model is not on the device");
+    };
+    let be = exec.backend();
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let flat: Vec<f32> = (0..n * vocab).map(|_| rng.random_range(-8.0f32..8.0)).collect();
+    let d = be.up(&flat, "check-sample: logits")?;
+    let mut toks = be.up(&vec![0u32; n], "check-sample: tokens")?;
+    let mut stat = be.up(&vec![0u32; n], "check-sample: status")?;
+    let mut out = Vec::new();
+    for (name, idx) in [("greedy", 0), ("T0.7", 1), ("T0.8 k40 p.95", 4), ("k1024 p.9", 7)] {
+        let p = shapes(vocab)[idx];
+        let recs: Vec<u32> = (0..n)
+            .flat_map(|_| draw_record(Some((&p.draw_params(), 0.5))))
+            .collect();
+        let dr = be.up(&recs, "check-sample: draws")?;
+        let mut launch = || {
+            be.d_sample_rows(
+                &d.slice(0..n * vocab),
+                n,
+                vocab,
+                &dr.slice(0..n * DRAW_WORDS),
+                &mut toks.slice_mut(0..n),
+                &mut stat.slice_mut(0..n),
+            )
+        };
+        launch()?;
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let st = be.stream();
+        let e0 = st.record_event(flags)?;
+        for _ in 0..100 {
+            launch()?;
+        }
+        let e1 = st.record_event(flags)?;
+        out.push(format!("{name} {:.1} us", e0.elapsed_ms(&e1)? * 10.0));
+    }
+    Ok(format!("{n} row(s) of {vocab}: {}", out.join(", ")))
+}
+
 /// Crafted rows at several widths, then sampled decoding on the device
 /// against the host with the same seeds: one sequence, and four in
 /// lockstep with different parameters.
@@ -158,6 +201,9 @@ pub(super) fn check_sampled(
         n += check_rows(r, v, a.run_seed())?;
     }
     println!("check-sample: sample_rows agrees with the sampler on {n} crafted cases");
+    for (v, rows) in [(vocab, 1), (128_256, 1), (128_256, 64)] {
+        println!("check-sample: sample_rows time, {}", time_rows(r, v, rows)?);
+    }
     let mut rng = ChaCha8Rng::seed_from_u64(a.run_seed().wrapping_add(99));
     let b = 4;
     let prompts: Vec<Vec<u32>> = (0..b)

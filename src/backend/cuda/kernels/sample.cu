@@ -24,7 +24,9 @@
 // statuses also go to slot positions[0] % nslots (the step's first row's
 // position: consecutive steps take consecutive slots, and the host,
 // knowing the position, reads the slot once the step has completed).
-#define SAMPLE_THREADS 1024
+// 512 threads: 128 registers each, room for the 16 weights in flight
+// of the chunk sums without spilling.
+#define SAMPLE_THREADS 512
 #define SAMPLE_KMAX 1024
 #define SAMPLE_CHUNK 256
 #define SAMPLE_MAX_CHUNKS 2048
@@ -81,6 +83,47 @@ __device__ __forceinline__ unsigned desc_key(float v) {
     unsigned b = __float_as_uint(v);
     unsigned ord = (b >> 31) ? ~b : (b | 0x80000000u);
     return ~ord;
+}
+
+// Left-to-right sum of a[0..n) (shared memory), eight loads ahead of the
+// adds (the same additions in the same order as a plain loop).
+__device__ __forceinline__ double seq_sum(const double* a, int n) {
+    double s = 0.0;
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        double x[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) x[j] = a[i + j];
+#pragma unroll
+        for (int j = 0; j < 8; j++) s = __dadd_rn(s, x[j]);
+    }
+    for (; i < n; i++) s = __dadd_rn(s, a[i]);
+    return s;
+}
+
+// The first i in [0, n) whose running sum cum + a[0] + ... + a[i] (added
+// left to right) satisfies stop: returns i, with cum the sum before a[i];
+// -1 if none, with cum the whole sum. Eight loads ahead of the adds.
+template <class P>
+__device__ __forceinline__ int seq_find(const double* a, int n, double& cum, P stop) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        double x[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) x[j] = a[i + j];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            double nx = __dadd_rn(cum, x[j]);
+            if (stop(nx)) return i + j;
+            cum = nx;
+        }
+    }
+    for (; i < n; i++) {
+        double nx = __dadd_rn(cum, a[i]);
+        if (stop(nx)) return i;
+        cum = nx;
+    }
+    return -1;
 }
 
 // Block-wide exclusive prefix sum of v (blockDim.x threads); tot gets the
@@ -301,17 +344,10 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
             }
             __syncthreads();
             if (tid == 0) {
-                double total = 0.0;
-                for (int c = 0; c < nch; c++) total = __dadd_rn(total, csum[c]);
+                double total = seq_sum(csum, nch);
                 double target = __dmul_rn(u, total), cum = 0.0;
-                int ci = -1, fallback = 0;
-                for (int c = 0; c < nch; c++) {
-                    if (target < __dadd_rn(cum, csum[c])) {
-                        ci = c;
-                        break;
-                    }
-                    cum = __dadd_rn(cum, csum[c]);
-                }
+                int fallback = 0;
+                int ci = seq_find(csum, nch, cum, [&](double x) { return target < x; });
                 if (ci < 0) {
                     // u * total rounded up to the total: the last chunk of
                     // positive weight, its last positive token.
@@ -336,20 +372,20 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
             }
             __syncthreads();
             if (tid == 0) {
+                // draw.rs adds only the positive weights; adding a zero
+                // leaves the running sum (>= 0) and the stop test as they
+                // were, so the first stop is the same token.
                 double cum = s_cum, target = s_target;
-                int last = -1, pick = -1;
-                for (int j = 0; j < len; j++) {
-                    double w = wsh[j];
-                    if (w > 0.0) {
-                        cum = __dadd_rn(cum, w);
-                        last = j;
-                        if (!s_res[2] && target < cum) {
+                int pick = s_res[2] ? -1 : seq_find(wsh, len, cum, [&](double x) {
+                    return target < x;
+                });
+                if (pick < 0)
+                    for (int j = len - 1; j >= 0; j--)
+                        if (wsh[j] > 0.0) {
                             pick = j;
                             break;
                         }
-                    }
-                }
-                s_res[0] = base + (pick >= 0 ? pick : last);
+                s_res[0] = base + pick;
             }
         } else if (st == 0) {
             // Radix select: the K-th smallest high key T among the finite
@@ -436,31 +472,16 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
             if (tid == 0) {
                 int keep = K;
                 if (top_p < 1.0f) {
-                    double s = 0.0;
-                    for (int i = 0; i < K; i++) s = __dadd_rn(s, wsh[i]);
-                    double need = __dmul_rn((double)top_p, s), cum = 0.0;
-                    for (int i = 0; i < K; i++) {
-                        cum = __dadd_rn(cum, wsh[i]);
-                        if (cum >= need) {
-                            keep = i + 1;
-                            break;
-                        }
-                    }
+                    double need = __dmul_rn((double)top_p, seq_sum(wsh, K)), cum = 0.0;
+                    int i = seq_find(wsh, K, cum, [&](double x) { return x >= need; });
+                    if (i >= 0) keep = i + 1;
                 }
                 int kk = 0;
                 while (kk < keep && wsh[kk] >= mp) kk++;
                 keep = kk;
-                double total = 0.0;
-                for (int i = 0; i < keep; i++) total = __dadd_rn(total, wsh[i]);
+                double total = seq_sum(wsh, keep);
                 double target = __dmul_rn(u, total), cum = 0.0;
-                int pick = -1;
-                for (int i = 0; i < keep; i++) {
-                    cum = __dadd_rn(cum, wsh[i]);
-                    if (target < cum) {
-                        pick = i;
-                        break;
-                    }
-                }
+                int pick = seq_find(wsh, keep, cum, [&](double x) { return target < x; });
                 if (pick < 0) {
                     pick = 0;
                     for (int i = keep - 1; i >= 0; i--)

@@ -10,7 +10,7 @@ use anyhow::{anyhow, ensure, Result};
 use cudarc::driver::{sys, CudaView, CudaViewMut, LaunchConfig, PinnedHostSlice, PushKernelArg};
 
 /// Threads per row (SAMPLE_THREADS in sample.cu).
-const SAMPLE_THREADS: u32 = 1024;
+const SAMPLE_THREADS: u32 = 512;
 
 /// Sorted candidates a device draw handles (SAMPLE_KMAX in sample.cu):
 /// top-k up to this many; a row with more is drawn on the host.
