@@ -17,7 +17,10 @@
 // status: 0 ok; 1 a NaN or +inf logit (the sampler's error); 2 every logit
 // -inf at temperature > 0 (the sampler's error); 3 more than SAMPLE_KMAX
 // sorted candidates (the host draws such rows: launch/sample.rs).
-// One CTA of SAMPLE_THREADS threads per row.
+// A cluster of CTAs per row (grid (csize, n); on sm_90, csize up to 8,
+// else 1): CTA rank r reads the r-th run of whole chunks of the row; the
+// maximum, counts, chunk sums, histograms and candidates meet through
+// distributed shared memory, and rank 0 draws. Each CTA: SAMPLE_THREADS.
 // logits: (n, vocab) f32; params: (n, 6) u32; tokens, status: (n,) u32.
 // ring (may be null): page-locked host memory mapped for the device,
 // nslots slots of (tokens (cap), status (cap)); the step's tokens and
@@ -29,7 +32,7 @@
 #define SAMPLE_THREADS 512
 #define SAMPLE_KMAX 1024
 #define SAMPLE_CHUNK 256
-#define SAMPLE_MAX_CHUNKS 2048
+#define SAMPLE_MAX_CHUNKS 1024
 
 // (v, i) replaces (bv, bi) when it comes first in the order: larger value,
 // then lower id. A NaN v never does (the comparisons are false).
@@ -153,17 +156,19 @@ __device__ __forceinline__ unsigned block_excl_scan(unsigned v, unsigned* ws, un
     return ws[w] + x - v;
 }
 
-// Calls f(v, e, live) for every id e of the row, whole warps per round
+// Calls f(v, e, live) for every id e of [lo, hi), whole warps per round
 // (live is false past the end, where f must still run for its warp-wide
 // intrinsics, with v = -inf); four loads in flight per lane, 16-byte ones
-// when vocab % 4 == 0 (rows then start 16-byte aligned). The order of the
-// calls is unspecified: f must be order-free (counts, maxima).
+// when lo, hi and vocab are multiples of 4 (rows then start 16-byte
+// aligned). The order of the calls is unspecified: f must be order-free
+// (counts, maxima).
 template <class F>
-__device__ __forceinline__ void row_rounds(const float* __restrict__ row, int vocab, F f) {
+__device__ __forceinline__ void row_rounds(const float* __restrict__ row, int vocab, int lo,
+                                           int hi, F f) {
     const int nt = blockDim.x, lane = threadIdx.x & 31, wb = threadIdx.x - lane;
-    if ((vocab & 3) == 0) {
-        const float4* r4 = (const float4*)row;
-        const int n4 = vocab / 4;
+    if ((vocab & 3) == 0 && (lo & 3) == 0 && (hi & 3) == 0) {
+        const float4* r4 = (const float4*)row + lo / 4;
+        const int n4 = (hi - lo) / 4;
         for (int b = wb; b < n4; b += 4 * nt) {
             float4 v[4];
 #pragma unroll
@@ -173,24 +178,24 @@ __device__ __forceinline__ void row_rounds(const float* __restrict__ row, int vo
             }
 #pragma unroll
             for (int j = 0; j < 4; j++) {
-                int ix = b + j * nt + lane;
+                int ix = b + j * nt + lane, e = lo + 4 * ix;
                 bool live = ix < n4;
-                f(v[j].x, 4 * ix, live);
-                f(v[j].y, 4 * ix + 1, live);
-                f(v[j].z, 4 * ix + 2, live);
-                f(v[j].w, 4 * ix + 3, live);
+                f(v[j].x, e, live);
+                f(v[j].y, e + 1, live);
+                f(v[j].z, e + 2, live);
+                f(v[j].w, e + 3, live);
             }
         }
     } else {
-        for (int b = wb; b < vocab; b += 4 * nt) {
+        for (int b = lo + wb; b < hi; b += 4 * nt) {
             float v[4];
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 int ix = b + j * nt + lane;
-                v[j] = ix < vocab ? row[ix] : Q_NINF;
+                v[j] = ix < hi ? row[ix] : Q_NINF;
             }
 #pragma unroll
-            for (int j = 0; j < 4; j++) f(v[j], b + j * nt + lane, b + j * nt + lane < vocab);
+            for (int j = 0; j < 4; j++) f(v[j], b + j * nt + lane, b + j * nt + lane < hi);
         }
     }
 }
@@ -222,6 +227,66 @@ __device__ __forceinline__ void range_in_order(const float* __restrict__ row, in
     }
 }
 
+// The cluster's size, and this CTA's rank in *rank (1 and 0 before sm_90,
+// where the host launches no clusters).
+__device__ __forceinline__ int smp_cluster(int* rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    u32 r, n;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+    *rank = (int)r;
+    return (int)n;
+#else
+    *rank = 0;
+    return 1;
+#endif
+}
+// The cluster barrier (shared-memory writes before it visible to every
+// CTA of the cluster after it); a CTA barrier without a cluster.
+__device__ __forceinline__ void smp_sync(int csize) {
+    if (csize > 1)
+        att_cluster_sync();
+    else
+        __syncthreads();
+}
+// The shared address of p (this kernel's shared memory) in cluster CTA
+// `rank`.
+__device__ __forceinline__ u32 smp_peer(const void* p, int rank) {
+    u32 a = (u32)__cvta_generic_to_shared(p);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    u32 ra;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+    return ra;
+#else
+    return a;
+#endif
+}
+__device__ __forceinline__ u32 smp_ld_u32(u32 a) {
+    u32 v;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(a) : "memory");
+#else
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a) : "memory");
+#endif
+    return v;
+}
+__device__ __forceinline__ double smp_ld_f64(u32 a) {
+    double v;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(a) : "memory");
+#else
+    asm volatile("ld.shared.f64 %0, [%1];" : "=d"(v) : "r"(a) : "memory");
+#endif
+    return v;
+}
+__device__ __forceinline__ void smp_st_u64(u32 a, unsigned long long v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("st.shared::cluster.u64 [%0], %1;" ::"r"(a), "l"(v) : "memory");
+#else
+    asm volatile("st.shared.u64 [%0], %1;" ::"r"(a), "l"(v) : "memory");
+#endif
+}
+
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_rows(const float* __restrict__ logits, int vocab, const unsigned* __restrict__ params,
                 unsigned* __restrict__ tokens, unsigned* __restrict__ status,
@@ -234,19 +299,30 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     __shared__ int sfin[SAMPLE_THREADS / 32];
     __shared__ unsigned ws[SAMPLE_THREADS / 32 + 1];
     __shared__ unsigned hist[256];
+    __shared__ unsigned hsum[256];
     __shared__ unsigned long long cand[SAMPLE_KMAX];
     __shared__ double wsh[SAMPLE_KMAX];
     __shared__ double csum[SAMPLE_MAX_CHUNKS];
+    __shared__ double call[SAMPLE_MAX_CHUNKS];
     __shared__ int s_res[4];
+    __shared__ unsigned s_cnt[2];
     __shared__ double s_cum, s_target;
-    const float* row = logits + (long long)blockIdx.x * vocab;
-    const unsigned* pr = params + 6 * (long long)blockIdx.x;
+    int rank;
+    const int csize = smp_cluster(&rank);
+    const int ri = blockIdx.y;
+    const float* row = logits + (long long)ri * vocab;
+    const unsigned* pr = params + 6 * (long long)ri;
     const float temp = __uint_as_float(pr[0]);
     const unsigned top_k = pr[1];
     const float top_p = __uint_as_float(pr[2]);
     const float min_p = __uint_as_float(pr[3]);
     const double u = __hiloint2double((int)pr[5], (int)pr[4]);
     const int tid = threadIdx.x, nt = blockDim.x;
+    // This CTA's run of the row: whole chunks (so 16-byte aligned).
+    const int nch = (vocab + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK;
+    const int cper = (nch + csize - 1) / csize;
+    const int c0 = min(nch, rank * cper), c1 = min(nch, c0 + cper);
+    const int s0 = min(vocab, c0 * SAMPLE_CHUNK), s1 = min(vocab, c1 * SAMPLE_CHUNK);
 
     // Pass 1: the first maximum (-inf with an id past every real one: the
     // first real id of equal value replaces it; an all -inf row gives id
@@ -254,7 +330,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     float bv = Q_NINF;
     int bi = 0x7fffffff;
     int bad = 0, fin = 0;
-    row_rounds(row, vocab, [&](float v, int e, bool live) {
+    row_rounds(row, vocab, s0, s1, [&](float v, int e, bool live) {
         if (!live) return;
         bad |= (v != v) | (v == Q_INF);
         fin += v != Q_NINF;
@@ -281,32 +357,50 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
             bad |= sbad[k];
             fin += sfin[k];
         }
+        sv[0] = bv;
+        si[0] = bi;
+        sbad[0] = bad;
+        sfin[0] = fin;
+    }
+    smp_sync(csize);
+    if (tid == 0) {
+        // Every CTA combines every CTA's part (an order-free result).
+        bv = Q_NINF;
+        bi = 0x7fffffff;
+        bad = 0;
+        fin = 0;
+        for (int r = 0; r < csize; r++) {
+            float v = __uint_as_float(smp_ld_u32(smp_peer(&sv[0], r)));
+            int i = (int)smp_ld_u32(smp_peer(&si[0], r));
+            argmax_take(bv, bi, v, i);
+            bad |= (int)smp_ld_u32(smp_peer(&sbad[0], r));
+            fin += (int)smp_ld_u32(smp_peer(&sfin[0], r));
+        }
         s_res[0] = bi;
         s_res[1] = bad ? 1 : (temp != 0.0f && fin == 0) ? 2 : 0;
         s_res[2] = fin;
-        sv[0] = pos_zero(bv);
+        ws[0] = __float_as_uint(pos_zero(bv));
     }
-    __syncthreads();
+    // Every peer read of sv..sfin done before any CTA moves on.
+    smp_sync(csize);
     unsigned tok = (unsigned)s_res[0];
     int st = s_res[1];
     fin = s_res[2];
-    const double mx = (double)sv[0];
+    const double mx = (double)__uint_as_float(ws[0]);
     const double t = __ddiv_rn(1.0, (double)temp), mp = (double)min_p;
     if (st == 0 && temp != 0.0f) {
         bool id_order = top_p >= 1.0f && (top_k == 0 || top_k >= (unsigned)fin);
-        int nch = (vocab + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK;
         int K = (top_k > 0 && top_k < (unsigned)fin) ? (int)top_k : fin;
         if (id_order && nch > SAMPLE_MAX_CHUNKS) st = 3;
         if (!id_order && K > SAMPLE_KMAX) st = 3;
         if (st == 0 && id_order) {
             // Chunk sums of the kept weights (w >= min_p), each left to
-            // right; 8 weights at a time in flight (past the row's end a
+            // right; 16 weights at a time in flight (past the row's end a
             // weight of +0.0, which leaves a non-negative sum unchanged).
-            for (int c = tid; c < nch; c += nt) {
+            for (int c = c0 + tid; c < c1; c += nt) {
                 double s = 0.0;
                 int end = min(vocab, (c + 1) * SAMPLE_CHUNK);
                 if ((vocab & 3) == 0) {
-                    // 16 weights a round from four 16-byte loads.
                     const float4* r4 = (const float4*)row;
                     for (int i = c * SAMPLE_CHUNK; i < end; i += 16) {
                         float4 v[4];
@@ -340,20 +434,26 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                         for (int j = 0; j < 8; j++) s = __dadd_rn(s, w[j]);
                     }
                 }
-                csum[c] = s;
+                csum[c - c0] = s;
             }
-            __syncthreads();
+            smp_sync(csize);
+            // Rank 0 gathers every chunk sum, in chunk order.
+            if (rank == 0)
+                for (int c = tid; c < nch; c += nt)
+                    call[c] = smp_ld_f64(smp_peer(&csum[c % cper], c / cper));
+            smp_sync(csize);
+            if (rank != 0) return;
             if (tid == 0) {
-                double total = seq_sum(csum, nch);
+                double total = seq_sum(call, nch);
                 double target = __dmul_rn(u, total), cum = 0.0;
                 int fallback = 0;
-                int ci = seq_find(csum, nch, cum, [&](double x) { return target < x; });
+                int ci = seq_find(call, nch, cum, [&](double x) { return target < x; });
                 if (ci < 0) {
                     // u * total rounded up to the total: the last chunk of
                     // positive weight, its last positive token.
                     fallback = 1;
                     for (int c = nch - 1; c >= 0; c--)
-                        if (csum[c] > 0.0) {
+                        if (call[c] > 0.0) {
                             ci = c;
                             break;
                         }
@@ -389,7 +489,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
             }
         } else if (st == 0) {
             // Radix select: the K-th smallest high key T among the finite
-            // logits, 8 bits at a time from the top.
+            // logits, 8 bits at a time from the top; every CTA sums the
+            // cluster's histograms (in rank order) and decides alike.
             unsigned prefix = 0, pmask = 0, rem = (unsigned)K;
             for (int pass = 0; pass < 4; pass++) {
                 int sh = 24 - 8 * pass;
@@ -397,20 +498,27 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                 __syncthreads();
                 // Whole warps per round (hist_add's ballot); -inf past the
                 // end, which hist_add skips like any -inf.
-                row_rounds(row, vocab, [&](float v, int, bool) {
+                row_rounds(row, vocab, s0, s1, [&](float v, int, bool) {
                     unsigned kh = desc_key(pos_zero(v));
                     hist_add(hist, (kh >> sh) & 255u, v != Q_NINF && (kh & pmask) == prefix);
                 });
-                __syncthreads();
+                smp_sync(csize);
+                for (int i = tid; i < 256; i += nt) {
+                    unsigned h = 0;
+                    for (int r = 0; r < csize; r++) h += smp_ld_u32(smp_peer(&hist[i], r));
+                    hsum[i] = h;
+                }
+                // Peers' histograms read before any CTA clears its own.
+                smp_sync(csize);
                 if (tid == 0) {
                     unsigned c = 0;
                     for (int b = 0; b < 256; b++) {
-                        if (c + hist[b] >= rem) {
+                        if (c + hsum[b] >= rem) {
                             s_res[3] = b;
                             s_res[2] = (int)(rem - c);
                             break;
                         }
-                        c += hist[b];
+                        c += hsum[b];
                     }
                 }
                 __syncthreads();
@@ -420,9 +528,11 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                 __syncthreads();
             }
             // Every key below T, and the rem lowest ids of key T, in id
-            // order by contiguous ranges (positions by prefix sums).
-            int per = ((vocab + nt - 1) / nt + 3) & ~3;
-            int lo = min(vocab, tid * per), hi = min(vocab, lo + per);
+            // order by contiguous ranges (positions by prefix sums over the
+            // threads, then over the cluster's CTAs in rank order), stored
+            // into rank 0's candidates.
+            int per = ((s1 - s0 + nt - 1) / nt + 3) & ~3;
+            int lo = min(s1, s0 + tid * per), hi = min(s1, lo + per);
             unsigned nl = 0, ne = 0;
             range_in_order(row, vocab, lo, hi, [&](float v, int) {
                 if (v == Q_NINF) return;
@@ -433,17 +543,38 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
             unsigned tl, te;
             unsigned ol = block_excl_scan(nl, ws, tl);
             unsigned oe = block_excl_scan(ne, ws, te);
+            if (tid == 0) {
+                s_cnt[0] = tl;
+                s_cnt[1] = te;
+            }
+            smp_sync(csize);
+            unsigned lb = 0, eb = 0, ltot = 0;
+            for (int r = 0; r < csize; r++) {
+                unsigned a = smp_ld_u32(smp_peer(&s_cnt[0], r));
+                unsigned b = smp_ld_u32(smp_peer(&s_cnt[1], r));
+                if (r < rank) {
+                    lb += a;
+                    eb += b;
+                }
+                ltot += a;
+            }
+            ol += lb;
+            oe += eb;
             range_in_order(row, vocab, lo, hi, [&](float v, int i) {
                 if (v == Q_NINF) return;
                 unsigned kh = desc_key(pos_zero(v));
                 unsigned long long key = ((unsigned long long)kh << 32) | (unsigned)i;
                 if (kh < prefix) {
-                    cand[ol++] = key;
+                    smp_st_u64(smp_peer(&cand[ol++], 0), key);
                 } else if (kh == prefix) {
-                    if (oe < rem) cand[tl + oe] = key;
+                    if (oe < rem) smp_st_u64(smp_peer(&cand[ltot + oe], 0), key);
                     oe++;
                 }
             });
+            // Every candidate in rank 0 (and every count read) before
+            // rank 0 sorts and the others leave.
+            smp_sync(csize);
+            if (rank != 0) return;
             // Bitonic sort of the K keys (padded with the largest key).
             int P = 1;
             while (P < K) P <<= 1;
@@ -496,14 +627,14 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
         __syncthreads();
         tok = (unsigned)s_res[0];
     }
-    if (tid == 0) {
+    if (rank == 0 && tid == 0) {
         if (st != 0) tok = 0;
-        tokens[blockIdx.x] = tok;
-        status[blockIdx.x] = (unsigned)st;
+        tokens[ri] = tok;
+        status[ri] = (unsigned)st;
         if (ring) {
             unsigned* sl = ring + (long long)(positions[0] % (unsigned)nslots) * 2 * cap;
-            sl[blockIdx.x] = tok;
-            sl[cap + blockIdx.x] = (unsigned)st;
+            sl[ri] = tok;
+            sl[cap + ri] = (unsigned)st;
         }
     }
 }

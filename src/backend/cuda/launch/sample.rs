@@ -12,13 +12,16 @@ use cudarc::driver::{sys, CudaView, CudaViewMut, LaunchConfig, PinnedHostSlice, 
 /// Threads per row (SAMPLE_THREADS in sample.cu).
 const SAMPLE_THREADS: u32 = 512;
 
+/// CTAs per row on sm_90+ (a thread-block cluster; 8 is portable).
+const SAMPLE_CLUSTER: u32 = 8;
+
 /// Sorted candidates a device draw handles (SAMPLE_KMAX in sample.cu):
 /// top-k up to this many; a row with more is drawn on the host.
 pub const SAMPLE_KMAX: usize = 1024;
 
 /// Vocabulary a device draw in id order handles (SAMPLE_MAX_CHUNKS chunks
 /// of SAMPLE_CHUNK ids in sample.cu).
-pub const SAMPLE_MAX_VOCAB: usize = 2048 * crate::sampler::CHUNK;
+pub const SAMPLE_MAX_VOCAB: usize = 1024 * crate::sampler::CHUNK;
 
 /// u32 words of one row's draw record (sample.cu's params).
 pub const DRAW_WORDS: usize = 6;
@@ -188,11 +191,53 @@ impl CudaBackend {
             ),
             None => (0u64, 0u64, 0i32, 1i32),
         };
+        // A cluster of SAMPLE_CLUSTER CTAs per row on sm_90+ (one row's
+        // passes over the logits spread over as many SMs), else one CTA.
+        let cl = if crate::backend::cuda::pdl::arch_major(&self.arch) >= 9
+            && std::env::var("QUIRE_SAMPLE_CLUSTER").map_or(true, |v| v != "0")
+        {
+            SAMPLE_CLUSTER
+        } else {
+            1
+        };
         let cfg = LaunchConfig {
-            grid_dim: (u32::try_from(n)?, 1, 1),
+            grid_dim: (cl, u32::try_from(n)?, 1),
             block_dim: (SAMPLE_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
+        if cl > 1 {
+            let mut ptrs: [u64; 7] = [
+                dev_ptr(logits, self.stream()),
+                params,
+                tokens,
+                status,
+                rp,
+                pp,
+                0,
+            ];
+            let mut ints: [i32; 3] = [vi, cap, ns];
+            let [lp, prm, tp, sp, rpp, ppp, _] = &mut ptrs;
+            let [vip, capp, nsp] = &mut ints;
+            let mut args: [*mut std::ffi::c_void; 9] = [
+                (lp as *mut u64).cast(),
+                (vip as *mut i32).cast(),
+                (prm as *mut u64).cast(),
+                (tp as *mut u64).cast(),
+                (sp as *mut u64).cast(),
+                (rpp as *mut u64).cast(),
+                (ppp as *mut u64).cast(),
+                (capp as *mut i32).cast(),
+                (nsp as *mut i32).cast(),
+            ];
+            // SAFETY: one pointer per sample_rows parameter (logits, vocab,
+            // params, tokens, status, ring, positions, cap, nslots), each to
+            // a value of its C type living through the call; the buffers
+            // hold the n rows checked above or promised by the caller; the
+            // cluster (SAMPLE_CLUSTER along x) divides the grid and is a
+            // portable size on sm_90.
+            unsafe { self.launch_clustered("sample_rows", cfg, (cl, 1, 1), &mut args)? };
+            return Ok(());
+        }
         let mut b = self.stream().launch_builder(self.func("sample_rows")?);
         b.arg(logits)
             .arg(&vi)
@@ -206,9 +251,9 @@ impl CudaBackend {
         // SAFETY: matches sample_rows (logits, vocab, params, tokens,
         // status, ring, positions, cap, nslots); the grid has one CTA per
         // row, and each buffer holds the n rows checked above or promised
-        // by the caller; the ring (when not null)
-        // is GREEDY_SLOTS slots of 2 cap u32 of mapped host memory that
-        // lives as long as the graphs that capture this launch.
+        // by the caller; the ring (when not null) is GREEDY_SLOTS slots of
+        // 2 cap u32 of mapped host memory that lives as long as the graphs
+        // that capture this launch.
         drv(unsafe { b.launch(cfg) }, "sample_rows: launch")?;
         Ok(())
     }
