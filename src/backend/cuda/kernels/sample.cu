@@ -46,20 +46,24 @@ __device__ __forceinline__ void argmax_take(float& bv, int& bi, float v, int i) 
 // draw.rs's det_exp: the same constants (bit patterns) and operations.
 __device__ __forceinline__ double det_exp(double x) {
     if (!(x >= -708.0)) return 0.0;
-    // 1 / i! for i = 0..=10.
-    const double c[11] = {
-        __longlong_as_double(0x3FF0000000000000ll), __longlong_as_double(0x3FF0000000000000ll),
-        __longlong_as_double(0x3FE0000000000000ll), __longlong_as_double(0x3FC5555555555555ll),
-        __longlong_as_double(0x3FA5555555555555ll), __longlong_as_double(0x3F81111111111111ll),
-        __longlong_as_double(0x3F56C16C16C16C17ll), __longlong_as_double(0x3F2A01A01A01A01All),
-        __longlong_as_double(0x3EFA01A01A01A01All), __longlong_as_double(0x3EC71DE3A556C734ll),
-        __longlong_as_double(0x3E927E4FB7789F5Cll)};
+    // Horner over 1 / i! for i = 10 down to 0, written out (an array of
+    // the constants would live in local memory).
     double k = round(__dmul_rn(x, __longlong_as_double(0x3FF71547652B82FEll)));
     double r = __dsub_rn(__dsub_rn(x, __dmul_rn(k, __longlong_as_double(0x3FE62E42FEE00000ll))),
                          __dmul_rn(k, __longlong_as_double(0x3DEA39EF35793C76ll)));
-    double p = c[10];
-#pragma unroll
-    for (int i = 9; i >= 0; i--) p = __dadd_rn(__dmul_rn(p, r), c[i]);
+#define DEXP_STEP(bits) p = __dadd_rn(__dmul_rn(p, r), __longlong_as_double(bits))
+    double p = __longlong_as_double(0x3E927E4FB7789F5Cll);
+    DEXP_STEP(0x3EC71DE3A556C734ll);
+    DEXP_STEP(0x3EFA01A01A01A01All);
+    DEXP_STEP(0x3F2A01A01A01A01All);
+    DEXP_STEP(0x3F56C16C16C16C17ll);
+    DEXP_STEP(0x3F81111111111111ll);
+    DEXP_STEP(0x3FA5555555555555ll);
+    DEXP_STEP(0x3FC5555555555555ll);
+    DEXP_STEP(0x3FE0000000000000ll);
+    DEXP_STEP(0x3FF0000000000000ll);
+    DEXP_STEP(0x3FF0000000000000ll);
+#undef DEXP_STEP
     return __dmul_rn(p, __longlong_as_double((long long)(k + 1023.0) << 52));
 }
 
@@ -510,16 +514,13 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                 }
                 // Peers' histograms read before any CTA clears its own.
                 smp_sync(csize);
-                if (tid == 0) {
-                    unsigned c = 0;
-                    for (int b = 0; b < 256; b++) {
-                        if (c + hsum[b] >= rem) {
-                            s_res[3] = b;
-                            s_res[2] = (int)(rem - c);
-                            break;
-                        }
-                        c += hsum[b];
-                    }
+                // The bin where the running count reaches rem (exactly one
+                // bin: 1 <= rem <= the matching count), by a block scan.
+                unsigned hb = tid < 256 ? hsum[tid] : 0u, htot;
+                unsigned before = block_excl_scan(hb, ws, htot);
+                if (tid < 256 && before < rem && rem <= before + hb) {
+                    s_res[3] = tid;
+                    s_res[2] = (int)(rem - before);
                 }
                 __syncthreads();
                 prefix |= (unsigned)s_res[3] << sh;
