@@ -1,6 +1,6 @@
 //! `quire check-greedy`: the device's greedy token choice against the
 //! sampler's. First on crafted logits rows (ties, signed zeros, all -inf,
-//! NaN, +inf, random rows, both load paths of argmax_rows), then on a
+//! NaN, +inf, random rows, both load paths of sample_rows), then on a
 //! model: greedy decoding with the tokens chosen on the device, one step
 //! ahead of the host (runner/greedy.rs), against the same steps with
 //! every step's logits downloaded and sampled on the host. Same logits,
@@ -63,7 +63,7 @@ fn crafted_rows(vocab: usize, rng: &mut rand_chacha::ChaCha8Rng) -> Vec<Vec<f32>
     rows
 }
 
-/// The device's argmax_rows on crafted rows against the sampler: returns
+/// The device's greedy rule (sample_rows) on crafted rows against the sampler: returns
 /// the number of rows checked.
 fn check_rows(r: &Runner, vocab: usize, seed: u64) -> Result<usize> {
     let Compute::Cuda { exec, .. } = &r.compute else {
@@ -131,7 +131,7 @@ pub fn check_greedy(a: CheckGreedyArgs) -> Result<()> {
     for v in [vocab, 1001, 4096] {
         rows += check_rows(&r, v, a.run.seed)?;
     }
-    println!("check-greedy: argmax_rows agrees with the sampler on {rows} crafted rows");
+    println!("check-greedy: sample_rows (greedy rule) agrees with the sampler on {rows} crafted rows");
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.run.seed);
     let prompt: Vec<u32> = (0..a.run.prompt_tokens.max(1))
         .map(|_| rng.random_range(0..vocab as u32))

@@ -443,7 +443,7 @@ impl CudaExec {
     /// or replays graph `key` (`graph_key`), then runs `after` on the graph
     /// under the graphs lock. Without `greedy` the graph's last node copies
     /// the logits into `out`. With it (greedy.rs), its last node is
-    /// argmax_rows writing each row's next token into `tokens` (the next
+    /// sample_rows writing each row's next token into `tokens` (the next
     /// replay's input), its status after them, and both into the graph's
     /// host `ring`; with `sel.chain` the step's tokens
     /// are not uploaded (`input.tokens` only gives their count): they are
@@ -475,7 +475,7 @@ impl CudaExec {
         let ctas = key.1;
         if let std::collections::hash_map::Entry::Vacant(slot) = graphs.entry(key) {
             let rows: Vec<u32> = (0..b as u32).collect();
-            // Greedy graphs: tokens (b), then argmax_rows' status (b); no
+            // Greedy graphs: tokens (b), then sample_rows' status (b); no
             // logits copy.
             let (nt, nl) = if greedy { (2 * b, 1) } else { (b, b * vocab) };
             slot.insert(DecodeGraph {
@@ -577,7 +577,7 @@ impl CudaExec {
             g.graph = None;
         }
         if g.graph.is_none() {
-            // Greedy graphs end with argmax_rows into their own token input.
+            // Greedy graphs end with sample_rows into their own token input.
             let fin = match (greedy, &g.ring, &g.draws) {
                 (true, Some(ring), Some((d, _))) => Some(GreedyOut {
                     b,
@@ -674,7 +674,7 @@ impl CudaExec {
     }
 
     /// A decode step's last node: its logits copied into the graph's
-    /// `out`, or (`greedy`) argmax_rows into the graph's tokens and ring.
+    /// `out`, or (`greedy`) sample_rows into the graph's tokens and ring.
     fn decode_finish(
         &self,
         logits: &DevBuf,

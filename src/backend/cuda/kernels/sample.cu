@@ -45,7 +45,11 @@ __device__ __forceinline__ void argmax_take(float& bv, int& bi, float v, int i) 
 
 // draw.rs's det_exp: the same constants (bit patterns) and operations.
 __device__ __forceinline__ double det_exp(double x) {
-    if (!(x >= -708.0)) return 0.0;
+    // Branch-free (so the 16 weights of a chunk round interleave): the
+    // polynomial of max(x, -708), then 0 where x < -708 (draw.rs returns
+    // 0 there first; elsewhere the same operations on x itself).
+    const bool live = x >= -708.0;
+    x = fmax(x, -708.0);
     // Horner over 1 / i! for i = 10 down to 0, written out (an array of
     // the constants would live in local memory).
     double k = round(__dmul_rn(x, __longlong_as_double(0x3FF71547652B82FEll)));
@@ -64,7 +68,8 @@ __device__ __forceinline__ double det_exp(double x) {
     DEXP_STEP(0x3FF0000000000000ll);
     DEXP_STEP(0x3FF0000000000000ll);
 #undef DEXP_STEP
-    return __dmul_rn(p, __longlong_as_double((long long)(k + 1023.0) << 52));
+    double e = __dmul_rn(p, __longlong_as_double((long long)(k + 1023.0) << 52));
+    return live ? e : 0.0;
 }
 
 // it: 1 / temperature, one division a row (draw.rs's weight).
