@@ -131,7 +131,9 @@ pub fn check_greedy(a: CheckGreedyArgs) -> Result<()> {
     for v in [vocab, 1001, 4096] {
         rows += check_rows(&r, v, a.run.seed)?;
     }
-    println!("check-greedy: sample_rows (greedy rule) agrees with the sampler on {rows} crafted rows");
+    println!(
+        "check-greedy: sample_rows (greedy rule) agrees with the sampler on {rows} crafted rows"
+    );
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.run.seed);
     let prompt: Vec<u32> = (0..a.run.prompt_tokens.max(1))
         .map(|_| rng.random_range(0..vocab as u32))

@@ -153,12 +153,19 @@ fn time_rows(r: &Runner, vocab: usize, n: usize) -> Result<String> {
     };
     let be = exec.backend();
     let mut rng = ChaCha8Rng::seed_from_u64(5);
-    let flat: Vec<f32> = (0..n * vocab).map(|_| rng.random_range(-8.0f32..8.0)).collect();
+    let flat: Vec<f32> = (0..n * vocab)
+        .map(|_| rng.random_range(-8.0f32..8.0))
+        .collect();
     let d = be.up(&flat, "check-sample: logits")?;
     let mut toks = be.up(&vec![0u32; n], "check-sample: tokens")?;
     let mut stat = be.up(&vec![0u32; n], "check-sample: status")?;
     let mut out = Vec::new();
-    for (name, idx) in [("greedy", 0), ("T0.7", 1), ("T0.8 k40 p.95", 4), ("k1024 p.9", 7)] {
+    for (name, idx) in [
+        ("greedy", 0),
+        ("T0.7", 1),
+        ("T0.8 k40 p.95", 4),
+        ("k1024 p.9", 7),
+    ] {
         let p = shapes(vocab)[idx];
         let recs: Vec<u32> = (0..n)
             .flat_map(|_| draw_record(Some((&p.draw_params(), 0.5))))

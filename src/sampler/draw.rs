@@ -51,7 +51,7 @@ const INV_FACT: [f64; 11] = [
 /// of the device's draw); exactly 1 at 0; 0 below -708 (never subnormal)
 /// and at -inf.
 pub fn det_exp(x: f64) -> f64 {
-    if !(x >= -708.0) {
+    if x.is_nan() || x < -708.0 {
         return 0.0;
     }
     let k = (x * f64::from_bits(LOG2E)).round();
