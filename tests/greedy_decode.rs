@@ -1,4 +1,5 @@
-//! `Runner::decode_greedy` on the CPU (the host path; the device path is
+//! `Runner::decode_greedy` and `decode_sampled_batch` on the CPU (the host
+//! path; the device path is
 //! checked on a GPU by `quire check-greedy`): the tokens of stepping and
 //! sampling greedily by hand, `on_token` ending the run, and the sequence
 //! usable again afterwards.
@@ -145,5 +146,91 @@ fn greedy_batch_rows_match_each_sequence_alone() {
     // Mismatched inputs are an error, not a panic.
     assert!(r
         .decode_greedy_batch(&seqs, &[1], &[9, 9], 1, &mut |_| Ok(true))
+        .is_err());
+}
+
+/// Sampled rows (no repetition penalty) through `decode_sampled_batch`:
+/// the tokens of stepping by hand with samplers of the same seeds, and a
+/// sampler's stream continued with pre-drawn uniforms (the server's
+/// fallback) the same as drawing them in `sample`.
+#[test]
+fn sampled_batch_matches_stepping_by_hand() {
+    let mut r = runner();
+    let prompts: [Vec<u32>; 2] = [
+        vec![1, 504, 3458, 282, 4649, 314, 5046, 30],
+        vec![1, 2683, 314, 253, 1345, 30],
+    ];
+    let params = [
+        SamplingParams {
+            temperature: 1.2,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            repeat_last_n: 0,
+            seed: 7,
+        },
+        SamplingParams {
+            seed: 8,
+            repetition_penalty: 1.0,
+            ..SamplingParams::default()
+        },
+    ];
+    let n = 10;
+    let mut want = vec![Vec::new(), Vec::new()];
+    for (k, prompt) in prompts.iter().enumerate() {
+        let seq = SeqId(10 + k as u64);
+        prefill(&mut r, seq, prompt);
+        let mut s = Sampler::new(params[k]).unwrap();
+        let (p, mut tok) = (prompt.len() - 1, prompt[prompt.len() - 1]);
+        for i in 0..n {
+            let l = r
+                .step(&[SeqWork {
+                    seq,
+                    tokens: &[tok],
+                    start_pos: p + i,
+                    logits: LogitsWanted::Last,
+                }])
+                .unwrap();
+            // Every other step with the uniform drawn first.
+            tok = if i % 2 == 0 {
+                s.sample(&l[0], &[]).unwrap()
+            } else {
+                let u = s.next_uniform();
+                s.sample_with(&l[0], &[], Some(u)).unwrap()
+            };
+            want[k].push(tok);
+        }
+        r.free(seq);
+    }
+    let seqs = [SeqId(20), SeqId(21)];
+    for (s, p) in seqs.iter().zip(&prompts) {
+        prefill(&mut r, *s, p);
+    }
+    let mut samplers: Vec<Sampler> = params.iter().map(|p| Sampler::new(*p).unwrap()).collect();
+    let firsts: Vec<u32> = prompts.iter().map(|p| p[p.len() - 1]).collect();
+    let starts: Vec<usize> = prompts.iter().map(|p| p.len() - 1).collect();
+    let got = r
+        .decode_sampled_batch(&seqs, &firsts, &starts, n, &mut samplers, &mut |_| Ok(true))
+        .unwrap();
+    assert_eq!(got, want);
+    // The draws really are random: not the greedy tokens.
+    assert!(want[0].iter().any(|&t| t != want[0][0]), "{want:?}");
+    // A repetition penalty reads the history: not chained.
+    let mut pen = vec![Sampler::new(SamplingParams {
+        repetition_penalty: 1.1,
+        repeat_last_n: 8,
+        ..params[0]
+    })
+    .unwrap()];
+    assert!(r
+        .decode_sampled_batch(
+            &seqs[..1],
+            &firsts[..1],
+            &starts[..1],
+            2,
+            &mut pen,
+            &mut |_| Ok(true)
+        )
         .is_err());
 }
