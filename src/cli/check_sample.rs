@@ -13,6 +13,7 @@ use crate::kv::SeqId;
 use crate::runner::{Compute, Runner};
 use crate::sampler::{DrawParams, Sampler, SamplingParams};
 use anyhow::{bail, Result};
+use cudarc::driver::CudaSlice;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -81,6 +82,25 @@ fn rows(vocab: usize, rng: &mut ChaCha8Rng) -> Vec<Vec<f32>> {
     out
 }
 
+/// sample_rows over the `n` rows of `vocab` logits and draw records in
+/// (logits, draws), into (tokens, statuses).
+fn sample_on(
+    be: &crate::backend::cuda::CudaBackend,
+    (d, dr): (&CudaSlice<f32>, &CudaSlice<u32>),
+    n: usize,
+    vocab: usize,
+    (toks, stat): (&mut CudaSlice<u32>, &mut CudaSlice<u32>),
+) -> Result<()> {
+    be.d_sample_rows(
+        &d.slice(0..n * vocab),
+        n,
+        vocab,
+        &dr.slice(0..n * DRAW_WORDS),
+        &mut toks.slice_mut(0..n),
+        &mut stat.slice_mut(0..n),
+    )
+}
+
 /// The device's draws on crafted rows against `Sampler::sample_with`:
 /// returns the number of (row, parameters, uniform) cases checked.
 fn check_rows(r: &Runner, vocab: usize, seed: u64) -> Result<usize> {
@@ -118,14 +138,7 @@ fn check_rows(r: &Runner, vocab: usize, seed: u64) -> Result<usize> {
     let dr = be.up(&recs, "check-sample: draws")?;
     let mut toks = be.up(&vec![u32::MAX; n], "check-sample: tokens")?;
     let mut stat = be.up(&vec![u32::MAX; n], "check-sample: status")?;
-    be.d_sample_rows(
-        &d.slice(0..n * vocab),
-        n,
-        vocab,
-        &dr.slice(0..n * DRAW_WORDS),
-        &mut toks.slice_mut(0..n),
-        &mut stat.slice_mut(0..n),
-    )?;
+    sample_on(be, (&d, &dr), n, vocab, (&mut toks, &mut stat))?;
     let toks = be.stream().clone_dtoh(&toks)?;
     let stat = be.stream().clone_dtoh(&stat)?;
     for (i, (ri, p, u)) in cases.iter().enumerate() {
@@ -171,16 +184,7 @@ fn time_rows(r: &Runner, vocab: usize, n: usize) -> Result<String> {
             .flat_map(|_| draw_record(Some((&p.draw_params(), 0.5))))
             .collect();
         let dr = be.up(&recs, "check-sample: draws")?;
-        let mut launch = || {
-            be.d_sample_rows(
-                &d.slice(0..n * vocab),
-                n,
-                vocab,
-                &dr.slice(0..n * DRAW_WORDS),
-                &mut toks.slice_mut(0..n),
-                &mut stat.slice_mut(0..n),
-            )
-        };
+        let mut launch = || sample_on(be, (&d, &dr), n, vocab, (&mut toks, &mut stat));
         launch()?;
         let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
         let st = be.stream();

@@ -287,36 +287,12 @@ extern "C" __global__ void paged_attention(ATT_ROWHEAD_PARAMS) {
 #endif
 #define ATT_EX_CH 32
 
-// The cluster's size, and this CTA's rank in it in *rank (1 and 0 before
-// sm_90, where the host launches no clusters).
-__device__ __forceinline__ int att_ex_cluster(int* rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    u32 r, n;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
-    *rank = (int)r;
-    return (int)n;
-#else
-    *rank = 0;
-    return 1;
-#endif
-}
-// The cluster barrier (att_cluster_sync: shared-memory writes before it
-// are visible to every CTA of the cluster after it); a CTA barrier
-// without a cluster.
-__device__ __forceinline__ void att_ex_sync(int csize) {
-    if (csize > 1)
-        att_cluster_sync();
-    else
-        __syncthreads();
-}
 // The float at p (a shared address of this kernel) in the shared memory
 // of cluster CTA `rank`.
 __device__ __forceinline__ float att_ex_peer(const float* p, int rank) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    u32 a = (u32)__cvta_generic_to_shared(p), ra;
+    u32 ra = cl_peer(p, rank);
     float v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
     asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
     return v;
 #else
@@ -332,7 +308,7 @@ __device__ __forceinline__ float att_ex_peer(const float* p, int rank) {
 // same bits.
 __device__ __forceinline__ void paged_attention_par_body(ATT_ROWHEAD_PARAMS) {
     int k;
-    int S = att_ex_cluster(&k);
+    int S = cl_shape(&k);
     int rh = blockIdx.x / S;  // a cluster's CTAs are consecutive in x
     att_exact_prefetch(rh, n_rows, n_heads, n_kv_heads, head_dim, block_size, kc, vc, tables,
                        table_off, row_seq, positions, k, S);
@@ -384,7 +360,7 @@ __device__ __forceinline__ void paged_attention_par_body(ATT_ROWHEAD_PARAMS) {
                 cmax = q_max(cmax, __shfl_xor_sync(0xffffffffu, cmax, st, 32));
             if (l == 0) cmax_s[c] = cmax;
         }
-        att_ex_sync(S);
+        cl_sync(S);
         // (B) every chunk maximum of the round, then the prefix maxima
         // (every CTA computes the same ones).
         for (int c = threadIdx.x; c < nch; c += blockDim.x)
@@ -442,7 +418,7 @@ __device__ __forceinline__ void paged_attention_par_body(ATT_ROWHEAD_PARAMS) {
                 }
             }
         }
-        att_ex_sync(S);
+        cl_sync(S);
         // (D) CTA 0 gathers the peers' chunks, then folds them in order.
         if (k == 0) {
             if (S > 1) {
@@ -469,7 +445,7 @@ __device__ __forceinline__ void paged_attention_par_body(ATT_ROWHEAD_PARAMS) {
         }
         // No CTA writes its shared arrays for the next round (or exits)
         // before CTA 0 has read them.
-        att_ex_sync(S);
+        cl_sync(S);
     }
     if (k != 0 || w != 0) return;
     float* o = out + (long long)rh * hd;

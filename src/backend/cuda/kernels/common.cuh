@@ -61,6 +61,42 @@ __device__ __forceinline__ void att_cluster_sync() {
 #endif
 }
 
+// The cluster's size, and this CTA's rank in *rank (1 and 0 before sm_90,
+// where the host launches no clusters).
+__device__ __forceinline__ int cl_shape(int* rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    u32 r, n;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+    *rank = (int)r;
+    return (int)n;
+#else
+    *rank = 0;
+    return 1;
+#endif
+}
+// The cluster barrier (att_cluster_sync: shared-memory writes before it
+// are visible to every CTA of the cluster after it); a CTA barrier
+// without a cluster.
+__device__ __forceinline__ void cl_sync(int csize) {
+    if (csize > 1)
+        att_cluster_sync();
+    else
+        __syncthreads();
+}
+// The shared address of p (this kernel's shared memory) in cluster CTA
+// `rank` (before sm_90: p's own, the only CTA).
+__device__ __forceinline__ u32 cl_peer(const void* p, int rank) {
+    u32 a = (u32)__cvta_generic_to_shared(p);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    u32 ra;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+    return ra;
+#else
+    return a;
+#endif
+}
+
 // mbarriers and bulk copies (sm_90+: the copy engine, completing on an
 // mbarrier's transaction count). Used by the wgmma GEMM and the bulk
 // matvec (matmul_fast.cu); kernels of older devices never call them.

@@ -236,40 +236,13 @@ __device__ __forceinline__ void range_in_order(const float* __restrict__ row, in
     }
 }
 
-// The cluster's size, and this CTA's rank in *rank (1 and 0 before sm_90,
-// where the host launches no clusters).
-__device__ __forceinline__ int smp_cluster(int* rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    u32 r, n;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
-    *rank = (int)r;
-    return (int)n;
-#else
-    *rank = 0;
-    return 1;
-#endif
+// The last index of a[0..n) holding a positive value, or -1.
+__device__ __forceinline__ int last_positive(const double* a, int n) {
+    for (int i = n - 1; i >= 0; i--)
+        if (a[i] > 0.0) return i;
+    return -1;
 }
-// The cluster barrier (shared-memory writes before it visible to every
-// CTA of the cluster after it); a CTA barrier without a cluster.
-__device__ __forceinline__ void smp_sync(int csize) {
-    if (csize > 1)
-        att_cluster_sync();
-    else
-        __syncthreads();
-}
-// The shared address of p (this kernel's shared memory) in cluster CTA
-// `rank`.
-__device__ __forceinline__ u32 smp_peer(const void* p, int rank) {
-    u32 a = (u32)__cvta_generic_to_shared(p);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    u32 ra;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
-    return ra;
-#else
-    return a;
-#endif
-}
+
 __device__ __forceinline__ u32 smp_ld_u32(u32 a) {
     u32 v;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -317,7 +290,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     __shared__ unsigned s_cnt[2];
     __shared__ double s_cum, s_target;
     int rank;
-    const int csize = smp_cluster(&rank);
+    const int csize = cl_shape(&rank);
     const int ri = blockIdx.y;
     const float* row = logits + (long long)ri * vocab;
     const unsigned* pr = params + 6 * (long long)ri;
@@ -371,7 +344,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
         sbad[0] = bad;
         sfin[0] = fin;
     }
-    smp_sync(csize);
+    cl_sync(csize);
     if (tid == 0) {
         // Every CTA combines every CTA's part (an order-free result).
         bv = Q_NINF;
@@ -379,11 +352,11 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
         bad = 0;
         fin = 0;
         for (int r = 0; r < csize; r++) {
-            float v = __uint_as_float(smp_ld_u32(smp_peer(&sv[0], r)));
-            int i = (int)smp_ld_u32(smp_peer(&si[0], r));
+            float v = __uint_as_float(smp_ld_u32(cl_peer(&sv[0], r)));
+            int i = (int)smp_ld_u32(cl_peer(&si[0], r));
             argmax_take(bv, bi, v, i);
-            bad |= (int)smp_ld_u32(smp_peer(&sbad[0], r));
-            fin += (int)smp_ld_u32(smp_peer(&sfin[0], r));
+            bad |= (int)smp_ld_u32(cl_peer(&sbad[0], r));
+            fin += (int)smp_ld_u32(cl_peer(&sfin[0], r));
         }
         s_res[0] = bi;
         s_res[1] = bad ? 1 : (temp != 0.0f && fin == 0) ? 2 : 0;
@@ -391,7 +364,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
         ws[0] = __float_as_uint(pos_zero(bv));
     }
     // Every peer read of sv..sfin done before any CTA moves on.
-    smp_sync(csize);
+    cl_sync(csize);
     unsigned tok = (unsigned)s_res[0];
     int st = s_res[1];
     fin = s_res[2];
@@ -445,12 +418,12 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                 }
                 csum[c - c0] = s;
             }
-            smp_sync(csize);
+            cl_sync(csize);
             // Rank 0 gathers every chunk sum, in chunk order.
             if (rank == 0)
                 for (int c = tid; c < nch; c += nt)
-                    call[c] = smp_ld_f64(smp_peer(&csum[c % cper], c / cper));
-            smp_sync(csize);
+                    call[c] = smp_ld_f64(cl_peer(&csum[c % cper], c / cper));
+            cl_sync(csize);
             if (rank != 0) return;
             if (tid == 0) {
                 double total = seq_sum(call, nch);
@@ -461,11 +434,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                     // u * total rounded up to the total: the last chunk of
                     // positive weight, its last positive token.
                     fallback = 1;
-                    for (int c = nch - 1; c >= 0; c--)
-                        if (call[c] > 0.0) {
-                            ci = c;
-                            break;
-                        }
+                    ci = last_positive(call, nch);
                 }
                 s_res[3] = ci;
                 s_res[2] = fallback;
@@ -488,12 +457,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                 int pick = s_res[2] ? -1 : seq_find(wsh, len, cum, [&](double x) {
                     return target < x;
                 });
-                if (pick < 0)
-                    for (int j = len - 1; j >= 0; j--)
-                        if (wsh[j] > 0.0) {
-                            pick = j;
-                            break;
-                        }
+                if (pick < 0) pick = last_positive(wsh, len);
                 s_res[0] = base + pick;
             }
         } else if (st == 0) {
@@ -511,14 +475,14 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                     unsigned kh = desc_key(pos_zero(v));
                     hist_add(hist, (kh >> sh) & 255u, v != Q_NINF && (kh & pmask) == prefix);
                 });
-                smp_sync(csize);
+                cl_sync(csize);
                 for (int i = tid; i < 256; i += nt) {
                     unsigned h = 0;
-                    for (int r = 0; r < csize; r++) h += smp_ld_u32(smp_peer(&hist[i], r));
+                    for (int r = 0; r < csize; r++) h += smp_ld_u32(cl_peer(&hist[i], r));
                     hsum[i] = h;
                 }
                 // Peers' histograms read before any CTA clears its own.
-                smp_sync(csize);
+                cl_sync(csize);
                 // The bin where the running count reaches rem (exactly one
                 // bin: 1 <= rem <= the matching count), by a block scan.
                 unsigned hb = tid < 256 ? hsum[tid] : 0u, htot;
@@ -553,11 +517,11 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                 s_cnt[0] = tl;
                 s_cnt[1] = te;
             }
-            smp_sync(csize);
+            cl_sync(csize);
             unsigned lb = 0, eb = 0, ltot = 0;
             for (int r = 0; r < csize; r++) {
-                unsigned a = smp_ld_u32(smp_peer(&s_cnt[0], r));
-                unsigned b = smp_ld_u32(smp_peer(&s_cnt[1], r));
+                unsigned a = smp_ld_u32(cl_peer(&s_cnt[0], r));
+                unsigned b = smp_ld_u32(cl_peer(&s_cnt[1], r));
                 if (r < rank) {
                     lb += a;
                     eb += b;
@@ -571,15 +535,15 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                 unsigned kh = desc_key(pos_zero(v));
                 unsigned long long key = ((unsigned long long)kh << 32) | (unsigned)i;
                 if (kh < prefix) {
-                    smp_st_u64(smp_peer(&cand[ol++], 0), key);
+                    smp_st_u64(cl_peer(&cand[ol++], 0), key);
                 } else if (kh == prefix) {
-                    if (oe < rem) smp_st_u64(smp_peer(&cand[ltot + oe], 0), key);
+                    if (oe < rem) smp_st_u64(cl_peer(&cand[ltot + oe], 0), key);
                     oe++;
                 }
             });
             // Every candidate in rank 0 (and every count read) before
             // rank 0 sorts and the others leave.
-            smp_sync(csize);
+            cl_sync(csize);
             if (rank != 0) return;
             // Bitonic sort of the K keys (padded with the largest key).
             int P = 1;
@@ -619,14 +583,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                 double total = seq_sum(wsh, keep);
                 double target = __dmul_rn(u, total), cum = 0.0;
                 int pick = seq_find(wsh, keep, cum, [&](double x) { return target < x; });
-                if (pick < 0) {
-                    pick = 0;
-                    for (int i = keep - 1; i >= 0; i--)
-                        if (wsh[i] > 0.0) {
-                            pick = i;
-                            break;
-                        }
-                }
+                if (pick < 0) pick = max(0, last_positive(wsh, keep));
                 s_res[0] = (int)(unsigned)cand[pick];
             }
         }
