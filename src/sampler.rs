@@ -8,7 +8,7 @@
 
 mod draw;
 
-pub use draw::{cand_key, det_exp, draw as draw_token, id_order, DrawParams, CHUNK};
+pub use draw::{cand_key, det_exp, draw as draw_token, DrawParams, CHUNK};
 
 use anyhow::{bail, Result};
 use rand_chacha::rand_core::{RngCore, SeedableRng};
@@ -59,14 +59,6 @@ impl SamplingParams {
             repeat_last_n: 0,
             seed: 0,
         }
-    }
-
-    /// Whether these parameters pick the argmax of the logits and nothing
-    /// else (temperature 0, no repetition penalty): then sampling reads no
-    /// history and draws nothing from the RNG, so the device may choose
-    /// (`Runner::decode_greedy`, `Runner::step_greedy_with_kv`).
-    pub fn is_plain_greedy(&self) -> bool {
-        self.temperature == 0.0 && self.logits_only()
     }
 
     /// What the draw of a sampled token reads (temperature and filters).
@@ -134,12 +126,6 @@ impl Sampler {
 
     pub fn params(&self) -> &SamplingParams {
         &self.params
-    }
-
-    /// Whether this sampler picks the argmax of the logits and nothing
-    /// else ([`SamplingParams::is_plain_greedy`]).
-    pub fn is_plain_greedy(&self) -> bool {
-        self.params.is_plain_greedy()
     }
 
     /// The uniform of the next sampled step, drawn here for a draw made

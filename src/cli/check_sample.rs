@@ -209,13 +209,13 @@ pub(super) fn check_sampled(
     let vocab = r.config().vocab_size;
     let mut n = 0;
     for v in [vocab, 1001, 4096, 300] {
-        n += check_rows(r, v, a.run_seed())?;
+        n += check_rows(r, v, a.seed)?;
     }
     println!("check-sample: sample_rows agrees with the sampler on {n} crafted cases");
     for (v, rows) in [(vocab, 1), (128_256, 1), (128_256, 64)] {
         println!("check-sample: sample_rows time, {}", time_rows(r, v, rows)?);
     }
-    let mut rng = ChaCha8Rng::seed_from_u64(a.run_seed().wrapping_add(99));
+    let mut rng = ChaCha8Rng::seed_from_u64(a.seed.wrapping_add(99));
     let b = 4;
     let prompts: Vec<Vec<u32>> = (0..b)
         .map(|i| {
@@ -247,7 +247,7 @@ pub(super) fn check_sampled(
             let firsts: Vec<u32> = prompts.iter().map(|p| p[p.len() - 1]).collect();
             let starts: Vec<usize> = prompts.iter().map(|p| p.len() - 1).collect();
             let steps = a.tokens.min(64);
-            let mut sm = samplers(a.run_seed() + 1000 * k as u64)?;
+            let mut sm = samplers(a.seed + 1000 * k as u64)?;
             let out = if device {
                 if !r.draws_on_device(&sm) {
                     bail!("check-sample: these rows would not draw on the device");

@@ -109,13 +109,6 @@ pub struct GreedyRunArgs {
     pub seed: u64,
 }
 
-impl GreedyRunArgs {
-    /// The run's seed (prompts, crafted rows, samplers).
-    pub fn run_seed(&self) -> u64 {
-        self.seed
-    }
-}
-
 #[derive(Args, Debug)]
 pub struct CheckExactArgs {
     #[command(flatten)]

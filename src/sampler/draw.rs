@@ -91,7 +91,7 @@ pub fn cand_key(id: u32, l: f32) -> u64 {
 
 /// Whether these parameters draw in id order for a row with `finite`
 /// non--inf logits (else: sorted candidates).
-pub fn id_order(p: &DrawParams, finite: usize) -> bool {
+fn id_order(p: &DrawParams, finite: usize) -> bool {
     p.top_p >= 1.0 && (p.top_k == 0 || p.top_k >= finite)
 }
 
