@@ -151,6 +151,9 @@ fn sorted_draw_matches_its_weights() {
         params(1.0, 40, 1.0, 0.0),
         params(0.8, 40, 0.95, 0.05),
         params(1.0, 0, 0.9, 0.0),
+        // The nucleus form: no top-k cut (none, or past the finite count).
+        params(0.7, 0, 0.5, 0.02),
+        params(1.2, 800, 0.97, 0.0),
         params(1.5, 3, 0.5, 0.0),
         params(1.0, 1, 1.0, 0.0),
     ] {

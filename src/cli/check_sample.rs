@@ -4,7 +4,8 @@
 //! +inf, random rows of several widths) for every parameter shape the
 //! device draws (id order with and without min-p, top-k with and without
 //! top-p and min-p, top-k of 1 and of SAMPLE_KMAX, top-k past the finite
-//! count) and uniforms at both ends of [0, 1); then on a model: sampled
+//! count, top-p alone: the nucleus, within one batch and over many) and
+//! uniforms at both ends of [0, 1); then on a model: sampled
 //! decoding with the tokens drawn on the device, one step ahead of the
 //! host, against the same seeds sampled on the host.
 
@@ -39,6 +40,10 @@ fn shapes(vocab: usize) -> Vec<SamplingParams> {
         p(1.0, 1024, 0.9, 0.0),
         p(0.5, 300, 0.5, 0.01),
         p(1.0, 1000, 1.0, 0.0),
+        p(0.7, 0, 0.9, 0.0),
+        p(1.0, 0, 0.95, 0.02),
+        p(1.5, 0, 0.999, 0.0),
+        p(0.8, vocab, 0.3, 0.0),
     ]
 }
 
@@ -178,6 +183,8 @@ fn time_rows(r: &Runner, vocab: usize, n: usize) -> Result<String> {
         ("T0.7", 1),
         ("T0.8 k40 p.95", 4),
         ("k1024 p.9", 7),
+        ("T0.7 p.9", 10),
+        ("T1.5 p.999", 12),
     ] {
         let p = shapes(vocab)[idx];
         let recs: Vec<u32> = (0..n)

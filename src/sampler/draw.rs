@@ -7,7 +7,9 @@
 //!   token weighs exactly 1), never normalized;
 //! - **sorted** candidates (top-k active, or top-p < 1): the finite logits
 //!   in descending order (ties by id), cut to the top k; every sum runs in
-//!   that order, one addition at a time;
+//!   that order, one addition at a time, except top-p's reference mass
+//!   without a top-k cut (the **nucleus** form), which is the id-order sum
+//!   of every weight below (so the device sorts only up to the cut);
 //! - **id order** (no top-k or top_k at least the finite count, top_p = 1):
 //!   every id; sums run over chunks of [`CHUNK`] ids, each chunk left to
 //!   right, then the chunk sums left to right (a fixed shape the device
@@ -126,10 +128,7 @@ fn draw_id_order(logits: &[f32], p: &DrawParams, u: f64) -> u32 {
             0.0
         }
     };
-    let sums: Vec<f64> = logits
-        .chunks(CHUNK)
-        .map(|c| c.iter().fold(0.0f64, |s, &l| s + kept(l)))
-        .collect();
+    let sums = chunk_sums(logits, kept);
     let total = sums.iter().fold(0.0f64, |s, &c| s + c);
     let target = u * total;
     let mut cum = 0.0f64;
@@ -161,6 +160,14 @@ fn draw_id_order(logits: &[f32], p: &DrawParams, u: f64) -> u32 {
     last.expect("the maximum weighs 1") as u32
 }
 
+/// Per chunk of [`CHUNK`] ids, the sum of `w(l)` left to right.
+fn chunk_sums(logits: &[f32], w: impl Fn(f32) -> f64) -> Vec<f64> {
+    logits
+        .chunks(CHUNK)
+        .map(|c| c.iter().fold(0.0f64, |s, &l| s + w(l)))
+        .collect()
+}
+
 fn draw_sorted(logits: &[f32], p: &DrawParams, u: f64) -> u32 {
     let mut keys: Vec<u64> = logits
         .iter()
@@ -168,7 +175,9 @@ fn draw_sorted(logits: &[f32], p: &DrawParams, u: f64) -> u32 {
         .filter(|(_, &l)| l != f32::NEG_INFINITY)
         .map(|(i, &l)| cand_key(i as u32, l))
         .collect();
-    if p.top_k > 0 && p.top_k < keys.len() {
+    // Nucleus: top-p with no top-k cut.
+    let nucleus = !(p.top_k > 0 && p.top_k < keys.len());
+    if !nucleus {
         keys.select_nth_unstable(p.top_k - 1);
         keys.truncate(p.top_k);
     }
@@ -182,7 +191,15 @@ fn draw_sorted(logits: &[f32], p: &DrawParams, u: f64) -> u32 {
         .collect();
     let mut keep = w.len();
     if p.top_p < 1.0 {
-        let s = w.iter().fold(0.0f64, |s, &x| s + x);
+        // The mass top-p measures against: over the top-k in their order,
+        // or (nucleus) over every id in id order by chunks, as the id-order
+        // draw sums (the device then never sorts more than the nucleus).
+        let s = if nucleus {
+            let sums = chunk_sums(logits, |l| weight(l, max, t));
+            sums.iter().fold(0.0f64, |s, &c| s + c)
+        } else {
+            w.iter().fold(0.0f64, |s, &x| s + x)
+        };
         let need = f64::from(p.top_p) * s;
         let mut cum = 0.0f64;
         for (i, &x) in w.iter().enumerate() {

@@ -10,13 +10,19 @@
 // (__d*_rn: never contracted), summed in id order over chunks of
 // SAMPLE_CHUNK ids (no top-k, top_p = 1) or over the top-k candidates in
 // descending order (found by a radix select on the candidate key, then
-// sorted). Which thread scans which ids changes no result: the maximum,
-// the counts and the candidate set are order-free, and every floating sum
-// runs in draw.rs's order in one thread.
+// sorted). Top-p without a top-k cut (the nucleus) takes its reference
+// mass in id order by chunks, then walks the candidates in descending
+// order a batch of SAMPLE_KMAX at a time (each batch the SAMPLE_KMAX
+// smallest keys above the previous batch's last, by the same select)
+// until the cut; a pick in an earlier batch selects that batch again.
+// Which thread scans which ids changes no result: the maximum, the counts
+// and the candidate sets are order-free, and every floating sum runs in
+// draw.rs's order in one thread.
 //
 // status: 0 ok; 1 a NaN or +inf logit (the sampler's error); 2 every logit
 // -inf at temperature > 0 (the sampler's error); 3 more than SAMPLE_KMAX
-// sorted candidates (the host draws such rows: launch/sample.rs).
+// top-k candidates, or an id-order / nucleus row past SAMPLE_MAX_CHUNKS
+// chunks (the host draws such rows: launch/sample.rs).
 // A cluster of CTAs per row (grid (csize, n); on sm_90, csize up to 8,
 // else 1): CTA rank r reads the r-th run of whole chunks of the row; the
 // maximum, counts, chunk sums, histograms and candidates meet through
@@ -243,6 +249,53 @@ __device__ __forceinline__ int last_positive(const double* a, int n) {
     return -1;
 }
 
+// csum[c - c0] = the sum of the weights w >= thr (others 0) of chunk c,
+// for the chunks c of [c0, c1), each left to right (draw.rs's chunk
+// sums), one thread a chunk, 16 weights at a time in flight (past the
+// row's end a weight of +0.0, which leaves a non-negative sum unchanged).
+__device__ __forceinline__ void chunk_sums(const float* __restrict__ row, int vocab, int c0, int c1,
+                                           double mx, double t, double thr, double* csum) {
+    const int tid = threadIdx.x, nt = blockDim.x;
+    for (int c = c0 + tid; c < c1; c += nt) {
+        double s = 0.0;
+        int end = min(vocab, (c + 1) * SAMPLE_CHUNK);
+        if ((vocab & 3) == 0) {
+            const float4* r4 = (const float4*)row;
+            for (int i = c * SAMPLE_CHUNK; i < end; i += 16) {
+                float4 v[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    v[j] = i + 4 * j < end ? r4[(i >> 2) + j]
+                                           : make_float4(Q_NINF, Q_NINF, Q_NINF, Q_NINF);
+                double w[16];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    float q[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+#pragma unroll
+                    for (int h = 0; h < 4; h++) {
+                        double x = sample_weight(pos_zero(q[h]), mx, t);
+                        w[4 * j + h] = x >= thr ? x : 0.0;
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < 16; j++) s = __dadd_rn(s, w[j]);
+            }
+        } else {
+            for (int i = c * SAMPLE_CHUNK; i < end; i += 8) {
+                double w[8];
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    double x = i + j < end ? sample_weight(pos_zero(row[i + j]), mx, t) : 0.0;
+                    w[j] = x >= thr ? x : 0.0;
+                }
+#pragma unroll
+                for (int j = 0; j < 8; j++) s = __dadd_rn(s, w[j]);
+            }
+        }
+        csum[c - c0] = s;
+    }
+}
+
 __device__ __forceinline__ u32 smp_ld_u32(u32 a) {
     u32 v;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -288,7 +341,12 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     __shared__ double call[SAMPLE_MAX_CHUNKS];
     __shared__ int s_res[4];
     __shared__ unsigned s_cnt[2];
-    __shared__ double s_cum, s_target;
+    __shared__ double s_cum, s_target, s_need;
+    // Nucleus batches: the running sum before batch j, and the key below
+    // its first candidate (the previous batch's last).
+    __shared__ double s_bcum[SAMPLE_MAX_CHUNKS * SAMPLE_CHUNK / SAMPLE_KMAX + 1];
+    __shared__ unsigned long long s_bkey[SAMPLE_MAX_CHUNKS * SAMPLE_CHUNK / SAMPLE_KMAX];
+    __shared__ unsigned long long s_ctl[2];
     int rank;
     const int csize = cl_shape(&rank);
     const int ri = blockIdx.y;
@@ -373,51 +431,14 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     if (st == 0 && temp != 0.0f) {
         bool id_order = top_p >= 1.0f && (top_k == 0 || top_k >= (unsigned)fin);
         int K = (top_k > 0 && top_k < (unsigned)fin) ? (int)top_k : fin;
-        if (id_order && nch > SAMPLE_MAX_CHUNKS) st = 3;
-        if (!id_order && K > SAMPLE_KMAX) st = 3;
+        // Nucleus: top-p without a top-k cut, drawn over batches of
+        // SAMPLE_KMAX candidates in descending order until the cut.
+        const bool nucleus = !id_order && K == fin;
+        if ((id_order || nucleus) && nch > SAMPLE_MAX_CHUNKS) st = 3;
+        if (!id_order && !nucleus && K > SAMPLE_KMAX) st = 3;
         if (st == 0 && id_order) {
-            // Chunk sums of the kept weights (w >= min_p), each left to
-            // right; 16 weights at a time in flight (past the row's end a
-            // weight of +0.0, which leaves a non-negative sum unchanged).
-            for (int c = c0 + tid; c < c1; c += nt) {
-                double s = 0.0;
-                int end = min(vocab, (c + 1) * SAMPLE_CHUNK);
-                if ((vocab & 3) == 0) {
-                    const float4* r4 = (const float4*)row;
-                    for (int i = c * SAMPLE_CHUNK; i < end; i += 16) {
-                        float4 v[4];
-#pragma unroll
-                        for (int j = 0; j < 4; j++)
-                            v[j] = i + 4 * j < end ? r4[(i >> 2) + j]
-                                                   : make_float4(Q_NINF, Q_NINF, Q_NINF, Q_NINF);
-                        double w[16];
-#pragma unroll
-                        for (int j = 0; j < 4; j++) {
-                            float q[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
-#pragma unroll
-                            for (int h = 0; h < 4; h++) {
-                                double x = sample_weight(pos_zero(q[h]), mx, t);
-                                w[4 * j + h] = x >= mp ? x : 0.0;
-                            }
-                        }
-#pragma unroll
-                        for (int j = 0; j < 16; j++) s = __dadd_rn(s, w[j]);
-                    }
-                } else {
-                    for (int i = c * SAMPLE_CHUNK; i < end; i += 8) {
-                        double w[8];
-#pragma unroll
-                        for (int j = 0; j < 8; j++) {
-                            double x =
-                                i + j < end ? sample_weight(pos_zero(row[i + j]), mx, t) : 0.0;
-                            w[j] = x >= mp ? x : 0.0;
-                        }
-#pragma unroll
-                        for (int j = 0; j < 8; j++) s = __dadd_rn(s, w[j]);
-                    }
-                }
-                csum[c - c0] = s;
-            }
+            // Chunk sums of the kept weights (w >= min_p).
+            chunk_sums(row, vocab, c0, c1, mx, t, mp, csum);
             cl_sync(csize);
             // Rank 0 gathers every chunk sum, in chunk order.
             if (rank == 0)
@@ -461,131 +482,242 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                 s_res[0] = base + pick;
             }
         } else if (st == 0) {
-            // Radix select: the K-th smallest high key T among the finite
-            // logits, 8 bits at a time from the top; every CTA sums the
-            // cluster's histograms (in rank order) and decides alike.
-            unsigned prefix = 0, pmask = 0, rem = (unsigned)K;
-            for (int pass = 0; pass < 4; pass++) {
-                int sh = 24 - 8 * pass;
-                for (int i = tid; i < 256; i += nt) hist[i] = 0;
-                __syncthreads();
-                // Whole warps per round (hist_add's ballot); -inf past the
-                // end, which hist_add skips like any -inf.
-                row_rounds(row, vocab, s0, s1, [&](float v, int, bool) {
-                    unsigned kh = desc_key(pos_zero(v));
-                    hist_add(hist, (kh >> sh) & 255u, v != Q_NINF && (kh & pmask) == prefix);
-                });
+            if (nucleus) {
+                // draw.rs's nucleus mass: every weight, id order, by chunks.
+                chunk_sums(row, vocab, c0, c1, mx, t, 0.0, csum);
                 cl_sync(csize);
-                for (int i = tid; i < 256; i += nt) {
-                    unsigned h = 0;
-                    for (int r = 0; r < csize; r++) h += smp_ld_u32(cl_peer(&hist[i], r));
-                    hsum[i] = h;
+                if (rank == 0) {
+                    for (int c = tid; c < nch; c += nt)
+                        call[c] = smp_ld_f64(cl_peer(&csum[c % cper], c / cper));
+                    __syncthreads();
+                    if (tid == 0) s_need = __dmul_rn((double)top_p, seq_sum(call, nch));
                 }
-                // Peers' histograms read before any CTA clears its own.
-                cl_sync(csize);
-                // The bin where the running count reaches rem (exactly one
-                // bin: 1 <= rem <= the matching count), by a block scan.
-                unsigned hb = tid < 256 ? hsum[tid] : 0u, htot;
-                unsigned before = block_excl_scan(hb, ws, htot);
-                if (tid < 256 && before < rem && rem <= before + hb) {
-                    s_res[3] = tid;
-                    s_res[2] = (int)(rem - before);
-                }
-                __syncthreads();
-                prefix |= (unsigned)s_res[3] << sh;
-                pmask |= 255u << sh;
-                rem = (unsigned)s_res[2];
-                __syncthreads();
+                // No peer's csum is read again (rank 0's reads are done
+                // before it reaches the first histogram's cluster barrier).
             }
-            // Every key below T, and the rem lowest ids of key T, in id
-            // order by contiguous ranges (positions by prefix sums over the
-            // threads, then over the cluster's CTAs in rank order), stored
-            // into rank 0's candidates.
-            int per = ((s1 - s0 + nt - 1) / nt + 3) & ~3;
-            int lo = min(s1, s0 + tid * per), hi = min(s1, lo + per);
-            unsigned nl = 0, ne = 0;
-            range_in_order(row, vocab, lo, hi, [&](float v, int) {
-                if (v == Q_NINF) return;
-                unsigned kh = desc_key(pos_zero(v));
-                nl += kh < prefix;
-                ne += kh == prefix;
-            });
-            unsigned tl, te;
-            unsigned ol = block_excl_scan(nl, ws, tl);
-            unsigned oe = block_excl_scan(ne, ws, te);
-            if (tid == 0) {
-                s_cnt[0] = tl;
-                s_cnt[1] = te;
-            }
-            cl_sync(csize);
-            unsigned lb = 0, eb = 0, ltot = 0;
-            for (int r = 0; r < csize; r++) {
-                unsigned a = smp_ld_u32(cl_peer(&s_cnt[0], r));
-                unsigned b = smp_ld_u32(cl_peer(&s_cnt[1], r));
-                if (r < rank) {
-                    lb += a;
-                    eb += b;
-                }
-                ltot += a;
-            }
-            ol += lb;
-            oe += eb;
-            range_in_order(row, vocab, lo, hi, [&](float v, int i) {
-                if (v == Q_NINF) return;
-                unsigned kh = desc_key(pos_zero(v));
-                unsigned long long key = ((unsigned long long)kh << 32) | (unsigned)i;
-                if (kh < prefix) {
-                    smp_st_u64(cl_peer(&cand[ol++], 0), key);
-                } else if (kh == prefix) {
-                    if (oe < rem) smp_st_u64(cl_peer(&cand[ltot + oe], 0), key);
-                    oe++;
-                }
-            });
-            // Every candidate in rank 0 (and every count read) before
-            // rank 0 sorts and the others leave.
-            cl_sync(csize);
-            if (rank != 0) return;
-            // Bitonic sort of the K keys (padded with the largest key).
-            int P = 1;
-            while (P < K) P <<= 1;
-            for (int i = K + tid; i < P; i += nt) cand[i] = ~0ull;
-            __syncthreads();
-            for (int k = 2; k <= P; k <<= 1) {
-                for (int j = k >> 1; j > 0; j >>= 1) {
-                    for (int i = tid; i < P; i += nt) {
-                        int ij = i ^ j;
-                        if (ij > i) {
-                            unsigned long long a = cand[i], b = cand[ij];
-                            bool up = (i & k) == 0;
-                            if ((a > b) == up) {
-                                cand[i] = b;
-                                cand[ij] = a;
-                            }
-                        }
+            // Batch loop (one pass without nucleus): the Kb smallest keys
+            // above lo_key (0: below every key; keys of finite logits are
+            // at least 2^55) land sorted in rank 0's cand. Rank 0 decides
+            // what comes next and writes it into every CTA's s_ctl.
+            unsigned long long lo_key = 0;
+            int base = 0;
+            // Rank 0, thread 0 only: the scan's state across batches.
+            double cum = 0.0, total = 0.0, target = 0.0;
+            unsigned long long lastpos = 0;
+            bool picking = false;
+            for (;;) {
+                const int Kb = nucleus ? min(SAMPLE_KMAX, fin - base) : K;
+                // Radix select: the Kb-th smallest high key T among the
+                // finite logits above lo_key, 8 bits at a time from the
+                // top; every CTA sums the cluster's histograms (in rank
+                // order) and decides alike.
+                unsigned prefix = 0, pmask = 0, rem = (unsigned)Kb;
+                for (int pass = 0; pass < 4; pass++) {
+                    int sh = 24 - 8 * pass;
+                    for (int i = tid; i < 256; i += nt) hist[i] = 0;
+                    __syncthreads();
+                    // Whole warps per round (hist_add's ballot); -inf past
+                    // the end, which hist_add skips like any -inf.
+                    row_rounds(row, vocab, s0, s1, [&](float v, int e, bool) {
+                        unsigned kh = desc_key(pos_zero(v));
+                        bool above = (((unsigned long long)kh << 32) | (unsigned)e) > lo_key;
+                        hist_add(hist, (kh >> sh) & 255u,
+                                 v != Q_NINF && (kh & pmask) == prefix && above);
+                    });
+                    cl_sync(csize);
+                    for (int i = tid; i < 256; i += nt) {
+                        unsigned h = 0;
+                        for (int r = 0; r < csize; r++) h += smp_ld_u32(cl_peer(&hist[i], r));
+                        hsum[i] = h;
+                    }
+                    // Peers' histograms read before any CTA clears its own.
+                    cl_sync(csize);
+                    // The bin where the running count reaches rem (exactly
+                    // one bin: 1 <= rem <= the matching count), by a block
+                    // scan.
+                    unsigned hb = tid < 256 ? hsum[tid] : 0u, htot;
+                    unsigned before = block_excl_scan(hb, ws, htot);
+                    if (tid < 256 && before < rem && rem <= before + hb) {
+                        s_res[3] = tid;
+                        s_res[2] = (int)(rem - before);
                     }
                     __syncthreads();
+                    prefix |= (unsigned)s_res[3] << sh;
+                    pmask |= 255u << sh;
+                    rem = (unsigned)s_res[2];
+                    __syncthreads();
                 }
-            }
-            const double m0 = (double)pos_zero(row[(unsigned)cand[0]]);
-            for (int i = tid; i < K; i += nt)
-                wsh[i] = sample_weight(pos_zero(row[(unsigned)cand[i]]), m0, t);
-            __syncthreads();
-            if (tid == 0) {
-                int keep = K;
-                if (top_p < 1.0f) {
-                    double need = __dmul_rn((double)top_p, seq_sum(wsh, K)), cum = 0.0;
-                    int i = seq_find(wsh, K, cum, [&](double x) { return x >= need; });
-                    if (i >= 0) keep = i + 1;
+                // Every key above lo_key below T, and the rem lowest ids of
+                // key T above it, in id order by contiguous ranges
+                // (positions by prefix sums over the threads, then over
+                // the cluster's CTAs in rank order), stored into rank 0's
+                // candidates.
+                int per = ((s1 - s0 + nt - 1) / nt + 3) & ~3;
+                int lo = min(s1, s0 + tid * per), hi = min(s1, lo + per);
+                unsigned nl = 0, ne = 0;
+                range_in_order(row, vocab, lo, hi, [&](float v, int i) {
+                    if (v == Q_NINF) return;
+                    unsigned kh = desc_key(pos_zero(v));
+                    if ((((unsigned long long)kh << 32) | (unsigned)i) <= lo_key) return;
+                    nl += kh < prefix;
+                    ne += kh == prefix;
+                });
+                unsigned tl, te;
+                unsigned ol = block_excl_scan(nl, ws, tl);
+                unsigned oe = block_excl_scan(ne, ws, te);
+                if (tid == 0) {
+                    s_cnt[0] = tl;
+                    s_cnt[1] = te;
                 }
-                int kk = 0;
-                while (kk < keep && wsh[kk] >= mp) kk++;
-                keep = kk;
-                double total = seq_sum(wsh, keep);
-                double target = __dmul_rn(u, total), cum = 0.0;
-                int pick = seq_find(wsh, keep, cum, [&](double x) { return target < x; });
-                if (pick < 0) pick = max(0, last_positive(wsh, keep));
-                s_res[0] = (int)(unsigned)cand[pick];
+                cl_sync(csize);
+                unsigned lb = 0, eb = 0, ltot = 0;
+                for (int r = 0; r < csize; r++) {
+                    unsigned a = smp_ld_u32(cl_peer(&s_cnt[0], r));
+                    unsigned b = smp_ld_u32(cl_peer(&s_cnt[1], r));
+                    if (r < rank) {
+                        lb += a;
+                        eb += b;
+                    }
+                    ltot += a;
+                }
+                ol += lb;
+                oe += eb;
+                range_in_order(row, vocab, lo, hi, [&](float v, int i) {
+                    if (v == Q_NINF) return;
+                    unsigned kh = desc_key(pos_zero(v));
+                    unsigned long long key = ((unsigned long long)kh << 32) | (unsigned)i;
+                    if (key <= lo_key) return;
+                    if (kh < prefix) {
+                        smp_st_u64(cl_peer(&cand[ol++], 0), key);
+                    } else if (kh == prefix) {
+                        if (oe < rem) smp_st_u64(cl_peer(&cand[ltot + oe], 0), key);
+                        oe++;
+                    }
+                });
+                // Every candidate in rank 0 (and every count read) before
+                // rank 0 sorts.
+                cl_sync(csize);
+                if (rank != 0 && !nucleus) return;
+                if (rank == 0) {
+                    // Bitonic sort of the Kb keys (padded with the largest
+                    // key), then their weights.
+                    int P = 1;
+                    while (P < Kb) P <<= 1;
+                    for (int i = Kb + tid; i < P; i += nt) cand[i] = ~0ull;
+                    __syncthreads();
+                    for (int k = 2; k <= P; k <<= 1) {
+                        for (int j = k >> 1; j > 0; j >>= 1) {
+                            for (int i = tid; i < P; i += nt) {
+                                int ij = i ^ j;
+                                if (ij > i) {
+                                    unsigned long long a = cand[i], b = cand[ij];
+                                    bool up = (i & k) == 0;
+                                    if ((a > b) == up) {
+                                        cand[i] = b;
+                                        cand[ij] = a;
+                                    }
+                                }
+                            }
+                            __syncthreads();
+                        }
+                    }
+                    for (int i = tid; i < Kb; i += nt)
+                        wsh[i] = sample_weight(pos_zero(row[(unsigned)cand[i]]), mx, t);
+                    __syncthreads();
+                }
+                if (!nucleus) {
+                    if (tid == 0) {
+                        int keep = K;
+                        if (top_p < 1.0f) {
+                            double need = __dmul_rn((double)top_p, seq_sum(wsh, K)), c = 0.0;
+                            int i = seq_find(wsh, K, c, [&](double x) { return x >= need; });
+                            if (i >= 0) keep = i + 1;
+                        }
+                        int kk = 0;
+                        while (kk < keep && wsh[kk] >= mp) kk++;
+                        keep = kk;
+                        double tot = seq_sum(wsh, keep);
+                        double tg = __dmul_rn(u, tot), c = 0.0;
+                        int pick = seq_find(wsh, keep, c, [&](double x) { return tg < x; });
+                        if (pick < 0) pick = max(0, last_positive(wsh, keep));
+                        s_res[0] = (int)(unsigned)cand[pick];
+                    }
+                    break;
+                }
+                if (rank == 0 && tid == 0) {
+                    // Batch j holds the candidates ranked [base, base + Kb).
+                    const int j = base / SAMPLE_KMAX;
+                    unsigned long long next = 0;  // 0: done; else lo_key + 1
+                    int nbase = 0;
+                    if (!picking) {
+                        // The cut: draw.rs's top-p stop (cum >= need) and
+                        // min-p stop (w < min_p) in one left-to-right pass,
+                        // the running sum the same additions as draw.rs's.
+                        s_bcum[j] = cum;
+                        s_bkey[j] = lo_key;
+                        if (j == 0) lastpos = cand[0];
+                        const double need = s_need;
+                        int keep = -1;
+                        for (int i = 0; i < Kb; i++) {
+                            double w = wsh[i];
+                            if (w < mp) {
+                                keep = i;
+                                total = cum;
+                                break;
+                            }
+                            double nx = __dadd_rn(cum, w);
+                            if (w > 0.0) lastpos = cand[i];
+                            cum = nx;
+                            if (nx >= need) {
+                                keep = i + 1;
+                                total = nx;
+                                break;
+                            }
+                        }
+                        if (keep < 0 && base + Kb < fin) {
+                            next = cand[Kb - 1] + 1;
+                            nbase = base + Kb;
+                        } else {
+                            if (keep < 0) {
+                                keep = Kb;
+                                total = cum;
+                            }
+                            target = __dmul_rn(u, total);
+                            // The first earlier batch whose running sum
+                            // passes the target holds the pick.
+                            int p = -1;
+                            for (int jj = 0; jj < j && p < 0; jj++)
+                                if (target < s_bcum[jj + 1]) p = jj;
+                            if (p < 0) {
+                                double c = s_bcum[j];
+                                int pick = seq_find(wsh, keep, c, [&](double x) { return target < x; });
+                                s_res[0] = (int)(unsigned)(pick >= 0 ? cand[pick] : lastpos);
+                            } else {
+                                picking = true;
+                                next = s_bkey[p] + 1;
+                                nbase = p * SAMPLE_KMAX;
+                            }
+                        }
+                    } else {
+                        // The reselected batch of the pick (found: its
+                        // running sum passes the target).
+                        double c = s_bcum[j];
+                        int pick = seq_find(wsh, Kb, c, [&](double x) { return target < x; });
+                        s_res[0] = (int)(unsigned)(pick >= 0 ? cand[pick] : lastpos);
+                    }
+                    for (int r = 0; r < csize; r++) {
+                        smp_st_u64(cl_peer(&s_ctl[0], r), next);
+                        smp_st_u64(cl_peer(&s_ctl[1], r), (unsigned long long)nbase);
+                    }
+                }
+                // s_ctl written in every CTA (rank 0 reads no peer's memory
+                // after this, and no peer rank 0's).
+                cl_sync(csize);
+                if (s_ctl[0] == 0) break;
+                lo_key = s_ctl[0] - 1;
+                base = (int)s_ctl[1];
             }
+            if (rank != 0) return;
         }
         __syncthreads();
         tok = (unsigned)s_res[0];

@@ -47,12 +47,15 @@ pub fn draw_record(p: Option<(&crate::sampler::DrawParams, f64)>) -> [u32; DRAW_
 
 /// Whether the device can draw for these parameters over `vocab` logits
 /// whatever the logits are (status 3 never set): greedy; top-k within
-/// SAMPLE_KMAX; or neither top-k (below the vocabulary) nor top-p, with
-/// the vocabulary within SAMPLE_MAX_VOCAB.
+/// SAMPLE_KMAX (with top-p, a row of at most top-k finite logits draws
+/// as a nucleus: the vocabulary within SAMPLE_MAX_VOCAB); or no top-k
+/// below the vocabulary (id order, or the nucleus of top-p), with the
+/// vocabulary within SAMPLE_MAX_VOCAB.
 pub fn device_draws(d: &crate::sampler::DrawParams, vocab: usize) -> bool {
+    let small = vocab <= SAMPLE_MAX_VOCAB;
     d.temperature == 0.0
-        || (1..=SAMPLE_KMAX).contains(&d.top_k)
-        || ((d.top_k == 0 || d.top_k >= vocab) && d.top_p >= 1.0 && vocab <= SAMPLE_MAX_VOCAB)
+        || ((1..=SAMPLE_KMAX).contains(&d.top_k) && (d.top_p >= 1.0 || small))
+        || ((d.top_k == 0 || d.top_k >= vocab) && small)
 }
 
 /// Slots of a [`GreedyRing`]: greedy steps whose results may be unread.
