@@ -182,6 +182,8 @@ fn time_rows(r: &Runner, vocab: usize, n: usize) -> Result<String> {
         ("greedy", 0),
         ("T0.7", 1),
         ("T0.8 k40 p.95", 4),
+        ("k40", 5),
+        ("k1000", 9),
         ("k1024 p.9", 7),
         ("T0.7 p.9", 10),
         ("T1.5 p.999", 12),

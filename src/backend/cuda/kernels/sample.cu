@@ -39,6 +39,10 @@
 #define SAMPLE_KMAX 1024
 #define SAMPLE_CHUNK 256
 #define SAMPLE_MAX_CHUNKS 1024
+// Nucleus batches: the first NUC_FIRST candidates, then SAMPLE_KMAX at a
+// time; at most NUC_MAXB batches over SAMPLE_MAX_CHUNKS chunks.
+#define NUC_FIRST 64
+#define NUC_MAXB ((SAMPLE_MAX_CHUNKS * SAMPLE_CHUNK - NUC_FIRST) / SAMPLE_KMAX + 2)
 
 // (v, i) replaces (bv, bi) when it comes first in the order: larger value,
 // then lower id. A NaN v never does (the comparisons are false).
@@ -142,6 +146,58 @@ __device__ __forceinline__ int seq_find(const double* a, int n, double& cum, P s
         cum = nx;
     }
     return -1;
+}
+
+// pre[i] = c + a[0] + ... + a[i] for i in [0, n), added left to right (one
+// thread), eight loads ahead of the adds.
+__device__ __forceinline__ void seq_prefix(const double* a, double* pre, int n, double c) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        double x[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) x[j] = a[i + j];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            c = __dadd_rn(c, x[j]);
+            pre[i + j] = c;
+        }
+    }
+    for (; i < n; i++) {
+        c = __dadd_rn(c, a[i]);
+        pre[i] = c;
+    }
+}
+
+// The least i in [0, n) with pred(i), or n; every thread of the block
+// calls it and gets the answer (slot: a shared int of its own).
+template <class P>
+__device__ __forceinline__ int block_first(int n, P pred, int* slot) {
+    if (threadIdx.x == 0) *slot = n;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        if (pred(i)) {
+            atomicMin(slot, i);
+            break;
+        }
+    __syncthreads();
+    int r = *slot;
+    __syncthreads();
+    return r;
+}
+
+// The greatest i in [0, n) with pred(i), or -1 (as block_first).
+template <class P>
+__device__ __forceinline__ int block_last(int n, P pred, int* slot) {
+    if (threadIdx.x == 0) *slot = -1;
+    __syncthreads();
+    int best = -1;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        if (pred(i)) best = i;
+    if (best >= 0) atomicMax(slot, best);
+    __syncthreads();
+    int r = *slot;
+    __syncthreads();
+    return r;
 }
 
 // Block-wide exclusive prefix sum of v (blockDim.x threads); tot gets the
@@ -344,9 +400,10 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     __shared__ double s_cum, s_target, s_need;
     // Nucleus batches: the running sum before batch j, and the key below
     // its first candidate (the previous batch's last).
-    __shared__ double s_bcum[SAMPLE_MAX_CHUNKS * SAMPLE_CHUNK / SAMPLE_KMAX + 1];
-    __shared__ unsigned long long s_bkey[SAMPLE_MAX_CHUNKS * SAMPLE_CHUNK / SAMPLE_KMAX];
+    __shared__ double s_bcum[NUC_MAXB + 1];
+    __shared__ unsigned long long s_bkey[NUC_MAXB];
     __shared__ unsigned long long s_ctl[2];
+    __shared__ int s_blk;
     int rank;
     const int csize = cl_shape(&rank);
     const int ri = blockIdx.y;
@@ -500,13 +557,19 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
             // at least 2^55) land sorted in rank 0's cand. Rank 0 decides
             // what comes next and writes it into every CTA's s_ctl.
             unsigned long long lo_key = 0;
-            int base = 0;
-            // Rank 0, thread 0 only: the scan's state across batches.
+            int base = 0, batch = 0;
+            // Rank 0 only (alike in its threads): the walk's state.
             double cum = 0.0, total = 0.0, target = 0.0;
             unsigned long long lastpos = 0;
             bool picking = false;
+            // Rank 0's running sums of a batch (call is free here: the
+            // id-order path alone keeps it, and the nucleus mass is taken).
+            double* pre = call;
             for (;;) {
-                const int Kb = nucleus ? min(SAMPLE_KMAX, fin - base) : K;
+                // The first nucleus batch is short (a peaked distribution's
+                // nucleus fits it: a small sort), the later ones full.
+                const int Kb = !nucleus ? K
+                               : min(batch == 0 ? NUC_FIRST : SAMPLE_KMAX, fin - base);
                 // Radix select: the Kb-th smallest high key T among the
                 // finite logits above lo_key, 8 bits at a time from the
                 // top; every CTA sums the cluster's histograms (in rank
@@ -600,7 +663,9 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                 if (rank != 0 && !nucleus) return;
                 if (rank == 0) {
                     // Bitonic sort of the Kb keys (padded with the largest
-                    // key), then their weights.
+                    // key), their weights, then their running sums (pre,
+                    // one thread: draw.rs's additions in its order; every
+                    // cut and pick below is a block-wide search of them).
                     int P = 1;
                     while (P < Kb) P <<= 1;
                     for (int i = Kb + tid; i < P; i += nt) cand[i] = ~0ull;
@@ -624,59 +689,60 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                     for (int i = tid; i < Kb; i += nt)
                         wsh[i] = sample_weight(pos_zero(row[(unsigned)cand[i]]), mx, t);
                     __syncthreads();
+                    // The running sum before this batch: 0 (top-k), the
+                    // nucleus's so far, or the reselected batch's.
+                    const double c0 = !nucleus ? 0.0 : picking ? s_bcum[batch] : cum;
+                    if (tid == 0) seq_prefix(wsh, pre, Kb, c0);
+                    __syncthreads();
                 }
                 if (!nucleus) {
-                    if (tid == 0) {
-                        int keep = K;
-                        if (top_p < 1.0f) {
-                            double need = __dmul_rn((double)top_p, seq_sum(wsh, K)), c = 0.0;
-                            int i = seq_find(wsh, K, c, [&](double x) { return x >= need; });
-                            if (i >= 0) keep = i + 1;
-                        }
-                        int kk = 0;
-                        while (kk < keep && wsh[kk] >= mp) kk++;
-                        keep = kk;
-                        double tot = seq_sum(wsh, keep);
-                        double tg = __dmul_rn(u, tot), c = 0.0;
-                        int pick = seq_find(wsh, keep, c, [&](double x) { return tg < x; });
-                        if (pick < 0) pick = max(0, last_positive(wsh, keep));
-                        s_res[0] = (int)(unsigned)cand[pick];
+                    // draw.rs's sorted draw over the top K: top-p against
+                    // their whole sum, then min-p, then the pick.
+                    int keep = K;
+                    if (top_p < 1.0f) {
+                        const double need = __dmul_rn((double)top_p, pre[K - 1]);
+                        keep = min(keep, block_first(K, [&](int i) { return pre[i] >= need; }, &s_blk) + 1);
                     }
+                    keep = min(keep, block_first(keep, [&](int i) { return wsh[i] < mp; }, &s_blk));
+                    const double tg = __dmul_rn(u, keep > 0 ? pre[keep - 1] : 0.0);
+                    int pick = block_first(keep, [&](int i) { return tg < pre[i]; }, &s_blk);
+                    if (pick == keep)
+                        pick = max(0, block_last(keep, [&](int i) { return wsh[i] > 0.0; }, &s_blk));
+                    if (tid == 0) s_res[0] = (int)(unsigned)cand[pick];
                     break;
                 }
-                if (rank == 0 && tid == 0) {
-                    // Batch j holds the candidates ranked [base, base + Kb).
-                    const int j = base / SAMPLE_KMAX;
-                    unsigned long long next = 0;  // 0: done; else lo_key + 1
-                    int nbase = 0;
+                unsigned long long next = 0;  // 0: done; else lo_key + 1
+                int nbase = 0, nbatch = 0;
+                if (rank == 0) {
+                    // Every thread of rank 0 decides alike (block-wide
+                    // searches); thread 0 writes.
                     if (!picking) {
-                        // The cut: draw.rs's top-p stop (cum >= need) and
-                        // min-p stop (w < min_p) in one left-to-right pass,
-                        // the running sum the same additions as draw.rs's.
-                        s_bcum[j] = cum;
-                        s_bkey[j] = lo_key;
-                        if (j == 0) lastpos = cand[0];
-                        const double need = s_need;
-                        int keep = -1;
-                        for (int i = 0; i < Kb; i++) {
-                            double w = wsh[i];
-                            if (w < mp) {
-                                keep = i;
-                                total = cum;
-                                break;
-                            }
-                            double nx = __dadd_rn(cum, w);
-                            if (w > 0.0) lastpos = cand[i];
-                            cum = nx;
-                            if (nx >= need) {
-                                keep = i + 1;
-                                total = nx;
-                                break;
-                            }
+                        // The cut: draw.rs's min-p stop (w < min_p, tested
+                        // first) and top-p stop (running sum >= need).
+                        if (tid == 0) {
+                            s_bcum[batch] = cum;
+                            s_bkey[batch] = lo_key;
                         }
+                        if (batch == 0) lastpos = cand[0];
+                        const double need = s_need;
+                        const int mc = block_first(Kb, [&](int i) { return wsh[i] < mp; }, &s_blk);
+                        const int pc = block_first(Kb, [&](int i) { return pre[i] >= need; }, &s_blk);
+                        int keep = -1;
+                        if (mc <= pc && mc < Kb) {
+                            keep = mc;
+                            total = mc > 0 ? pre[mc - 1] : cum;
+                        } else if (pc < Kb) {
+                            keep = pc + 1;
+                            total = pre[pc];
+                        }
+                        const int lp = block_last(keep < 0 ? Kb : keep,
+                                                  [&](int i) { return wsh[i] > 0.0; }, &s_blk);
+                        if (lp >= 0) lastpos = cand[lp];
+                        if (keep < 0) cum = pre[Kb - 1];
                         if (keep < 0 && base + Kb < fin) {
                             next = cand[Kb - 1] + 1;
                             nbase = base + Kb;
+                            nbatch = batch + 1;
                         } else {
                             if (keep < 0) {
                                 keep = Kb;
@@ -685,37 +751,39 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                             target = __dmul_rn(u, total);
                             // The first earlier batch whose running sum
                             // passes the target holds the pick.
-                            int p = -1;
-                            for (int jj = 0; jj < j && p < 0; jj++)
-                                if (target < s_bcum[jj + 1]) p = jj;
-                            if (p < 0) {
-                                double c = s_bcum[j];
-                                int pick = seq_find(wsh, keep, c, [&](double x) { return target < x; });
-                                s_res[0] = (int)(unsigned)(pick >= 0 ? cand[pick] : lastpos);
+                            const int pb = block_first(batch, [&](int jj) {
+                                return target < s_bcum[jj + 1];
+                            }, &s_blk);
+                            if (pb == batch) {
+                                int pick = block_first(keep, [&](int i) { return target < pre[i]; }, &s_blk);
+                                if (tid == 0) s_res[0] = (int)(unsigned)(pick < keep ? cand[pick] : lastpos);
                             } else {
                                 picking = true;
-                                next = s_bkey[p] + 1;
-                                nbase = p * SAMPLE_KMAX;
+                                next = s_bkey[pb] + 1;
+                                nbase = pb == 0 ? 0 : NUC_FIRST + (pb - 1) * SAMPLE_KMAX;
+                                nbatch = pb;
                             }
                         }
                     } else {
                         // The reselected batch of the pick (found: its
                         // running sum passes the target).
-                        double c = s_bcum[j];
-                        int pick = seq_find(wsh, Kb, c, [&](double x) { return target < x; });
-                        s_res[0] = (int)(unsigned)(pick >= 0 ? cand[pick] : lastpos);
+                        int pick = block_first(Kb, [&](int i) { return target < pre[i]; }, &s_blk);
+                        if (tid == 0) s_res[0] = (int)(unsigned)(pick < Kb ? cand[pick] : lastpos);
                     }
-                    for (int r = 0; r < csize; r++) {
-                        smp_st_u64(cl_peer(&s_ctl[0], r), next);
-                        smp_st_u64(cl_peer(&s_ctl[1], r), (unsigned long long)nbase);
-                    }
+                    if (tid == 0)
+                        for (int r = 0; r < csize; r++) {
+                            smp_st_u64(cl_peer(&s_ctl[0], r), next);
+                            smp_st_u64(cl_peer(&s_ctl[1], r),
+                                       (unsigned long long)nbase | ((unsigned long long)nbatch << 32));
+                        }
                 }
                 // s_ctl written in every CTA (rank 0 reads no peer's memory
                 // after this, and no peer rank 0's).
                 cl_sync(csize);
                 if (s_ctl[0] == 0) break;
                 lo_key = s_ctl[0] - 1;
-                base = (int)s_ctl[1];
+                base = (int)(unsigned)s_ctl[1];
+                batch = (int)(s_ctl[1] >> 32);
             }
             if (rank != 0) return;
         }
