@@ -174,26 +174,41 @@ fn time_rows(r: &Runner, vocab: usize, n: usize) -> Result<String> {
     let flat: Vec<f32> = (0..n * vocab)
         .map(|_| rng.random_range(-8.0f32..8.0))
         .collect();
+    // Peaked rows, as a trained model's usually are: 16 ids well above
+    // the rest (a nucleus of a few tokens instead of thousands).
+    let mut peaked: Vec<f32> = (0..n * vocab)
+        .map(|_| rng.random_range(-4.0f32..4.0))
+        .collect();
+    for row in peaked.chunks_mut(vocab) {
+        for j in 0..16 {
+            row[rng.random_range(0..vocab)] = 16.0 - j as f32 * 0.5;
+        }
+    }
     let d = be.up(&flat, "check-sample: logits")?;
+    let dp = be.up(&peaked, "check-sample: peaked logits")?;
     let mut toks = be.up(&vec![0u32; n], "check-sample: tokens")?;
     let mut stat = be.up(&vec![0u32; n], "check-sample: status")?;
     let mut out = Vec::new();
-    for (name, idx) in [
-        ("greedy", 0),
-        ("T0.7", 1),
-        ("T0.8 k40 p.95", 4),
-        ("k40", 5),
-        ("k1000", 9),
-        ("k1024 p.9", 7),
-        ("T0.7 p.9", 10),
-        ("T1.5 p.999", 12),
+    for (name, idx, peak) in [
+        ("greedy", 0, false),
+        ("T0.7", 1, false),
+        ("T0.8 k40 p.95", 4, false),
+        ("k40", 5, false),
+        ("k1000", 9, false),
+        ("k1024 p.9", 7, false),
+        ("T0.7 p.9", 10, false),
+        ("T1.5 p.999", 12, false),
+        ("peaked: T0.7", 1, true),
+        ("T0.7 p.9", 10, true),
+        ("T1 p.95 min-p.02", 11, true),
     ] {
+        let d = if peak { &dp } else { &d };
         let p = shapes(vocab)[idx];
         let recs: Vec<u32> = (0..n)
             .flat_map(|_| draw_record(Some((&p.draw_params(), 0.5))))
             .collect();
         let dr = be.up(&recs, "check-sample: draws")?;
-        let mut launch = || sample_on(be, (&d, &dr), n, vocab, (&mut toks, &mut stat));
+        let mut launch = || sample_on(be, (d, &dr), n, vocab, (&mut toks, &mut stat));
         launch()?;
         let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
         let st = be.stream();
