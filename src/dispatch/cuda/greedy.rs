@@ -18,7 +18,8 @@
 //! graph) has completed, and at most GREEDY_SLOTS steps, of consecutive
 //! positions, are out at once, so no step rewrites a slot still unread.
 
-use super::{CudaExec, DecodeFn, DevKvCache, GraphKey, GraphSel};
+use super::graph::{GraphKey, GraphSel};
+use super::{CudaExec, DecodeFn, DevKvCache};
 use crate::backend::cuda::{drv, GreedyRing, GREEDY_SLOTS};
 use anyhow::{anyhow, bail, ensure, Result};
 use cudarc::driver::CudaEvent;

@@ -1,0 +1,426 @@
+//! Decode graphs: a decode step's inputs staged into fixed device
+//! buffers, the step captured once per (batch size, split-KV bucket,
+//! greedy) as a CUDA graph (on sm_90+ instantiated with programmatic
+//! edges) and replayed after; a greedy graph's last node chooses the
+//! next tokens (greedy.rs), any other's copies the logits out.
+
+use super::{CudaExec, DevBatch, DevBuf, DevIdx, DevKvCache, StepBufs};
+use crate::backend::cuda::mem::{zeros, DevAttnBatch};
+use crate::backend::cuda::{drv, CudaBackend, PdlExec};
+use crate::backend::AttnBatch;
+use crate::dispatch::Exec;
+use anyhow::{anyhow, bail, ensure, Result};
+use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaView, PinnedHostSlice};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// A decode graph's key: (batch size, split-KV CTAs per row and head,
+/// greedy: its last node chooses the next tokens instead of copying the
+/// logits out).
+pub(super) type GraphKey = (usize, usize, bool);
+
+/// Where a greedy graph's sample_rows reads its draw records and writes
+/// (decode_finish).
+pub(super) struct GreedyOut<'g> {
+    pub(super) b: usize,
+    pub(super) vocab: usize,
+    /// Device address of the graph's draw records (b, DRAW_WORDS).
+    pub(super) draws: u64,
+    /// Device address of the graph's tokens: (b tokens, b statuses).
+    pub(super) tokens: u64,
+    pub(super) ring: &'g Arc<crate::backend::cuda::GreedyRing>,
+    pub(super) positions: CudaView<'g, u32>,
+}
+
+/// Which graph a decode step replays, and where its tokens come from.
+#[derive(Clone, Copy)]
+pub(super) struct GraphSel<'d> {
+    /// `graph_key` of the step (`.2`: a greedy graph, greedy.rs).
+    pub(super) key: GraphKey,
+    /// A greedy step's previous greedy step's graph, whose tokens are this
+    /// step's (None: uploaded from `input.tokens`).
+    pub(super) chain: Option<GraphKey>,
+    /// A greedy graph's draw records (b, DRAW_WORDS), uploaded where they
+    /// differ from the graph's last ones; empty: every row greedy.
+    pub(super) draws: &'d [u32],
+}
+
+/// A decode step's ops on fixed buffers (`forward_bufs`): its logits.
+pub type DecodeFn<'f> = dyn FnMut(&CudaExec, &mut DevKvCache, &StepBufs<DevIdx<'_>, DevBatch<'_>>) -> Result<Option<DevBuf>>
+    + 'f;
+
+/// A captured, instantiated graph, and on sm_90+ the same graph
+/// instantiated with programmatic kernel-to-kernel edges, which is the one
+/// launched (`backend::cuda::pdl`).
+pub(super) struct SendGraph(CudaGraph, Option<PdlExec>);
+
+// SAFETY: CUDA graph handles are not tied to a thread; every use (launch,
+// destroy) binds the context first and is serialized by `CudaExec::graphs`.
+unsafe impl Send for SendGraph {}
+
+/// Page-locked staging of decode inputs: tokens, slots, then the block
+/// tables and positions (DevAttnBatch::refill), (B * (stride + 3),) for a
+/// step of B rows. One async copy each (from pageable memory each upload
+/// cost the host a staging copy of its own: about 14 of a SmolLM2 step's
+/// 700 us on an H100). Invariant: the host writes the buffer only after
+/// `done`, recorded behind the last copies that read it, has completed.
+#[derive(Default)]
+pub(super) struct Staging {
+    pub(super) buf: Option<PinnedHostSlice<u32>>,
+    pub(super) done: Option<CudaEvent>,
+}
+
+impl Staging {
+    /// The first `len` values of the buffer (grown when too small), once
+    /// the copies of its last use have run (long done when that step
+    /// synchronized on its logits; not if it failed half way).
+    fn take(&mut self, be: &CudaBackend, len: usize) -> Result<&mut [u32]> {
+        if let Some(e) = &self.done {
+            drv(e.synchronize(), "decode inputs")?;
+        }
+        let buf = match self.buf.take() {
+            Some(b) if b.len() >= len => b,
+            // Sized for the next batch sizes too (steps grow one sequence
+            // at a time while a server fills up).
+            _ => be.pinned_u32(len.next_power_of_two())?,
+        };
+        let buf = self.buf.insert(buf);
+        Ok(&mut drv(buf.as_mut_slice(), "decode inputs")?[..len])
+    }
+
+    /// Records, on `st`, that the copies just issued from the buffer are
+    /// the last to read it.
+    fn mark(&mut self, st: &Arc<cudarc::driver::CudaStream>) -> Result<()> {
+        match &self.done {
+            Some(e) => drv(e.record(st), "decode inputs"),
+            None => {
+                self.done = Some(drv(st.record_event(None), "decode inputs")?);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Fixed inputs, fixed logits buffer and the captured graph of the decode
+/// steps of one batch size (one row per sequence, every row's logits).
+pub(super) struct DecodeGraph {
+    pub(super) tokens: CudaSlice<u32>,
+    pub(super) slots: CudaSlice<u32>,
+    pub(super) rows: CudaSlice<u32>,
+    pub(super) batch: DevAttnBatch,
+    /// (B, vocab) logits, written by the graph's last node (greedy graphs:
+    /// unused).
+    pub(super) out: CudaSlice<f32>,
+    /// Greedy graphs: the page-locked ring their sample_rows writes.
+    pub(super) ring: Option<Arc<crate::backend::cuda::GreedyRing>>,
+    /// Greedy graphs: the draw records sample_rows reads (b, DRAW_WORDS),
+    /// and the host's copy of what they hold (zeros: every row greedy).
+    pub(super) draws: Option<(CudaSlice<u32>, Vec<u32>)>,
+    pub(super) graph: Option<SendGraph>,
+    /// One uncaptured step ran with these inputs (it filled the buffer
+    /// pool, so the capture allocates nothing).
+    pub(super) warm: bool,
+    /// A capture of this size failed: run its steps op by op.
+    pub(super) capture_failed: bool,
+    /// Scratch arena size at capture: a larger arena is a new allocation,
+    /// and the graph must be captured again.
+    pub(super) arena_len: usize,
+}
+
+impl CudaExec {
+    /// Runs a decode step (one row per sequence, every row's logits) with
+    /// fixed input buffers, as a CUDA graph captured on the second step of
+    /// a batch size and replayed after. `step` runs the model's ops on the
+    /// given inputs and returns its logits buffer (forward_bufs).
+    #[allow(clippy::type_complexity)]
+    pub fn decode_step(
+        &self,
+        vocab: usize,
+        input: &crate::model::StepInput<'_>,
+        kv: &mut DevKvCache,
+        step: &mut DecodeFn<'_>,
+    ) -> Result<crate::dispatch::HostLogits> {
+        let b = input.tokens.len();
+        let sel = GraphSel {
+            key: Self::graph_key(input, false),
+            chain: None,
+            draws: &[],
+        };
+        self.decode_run(vocab, input, kv, step, sel, |be, g| {
+            be.down_logits(&g.out, b * vocab, "decode step logits")
+        })
+    }
+
+    /// The graph key of a step: (rows, split-KV CTAs per row and head,
+    /// greedy).
+    pub(super) fn graph_key(input: &crate::model::StepInput<'_>, greedy: bool) -> GraphKey {
+        // Split-KV CTAs are baked into a graph: one graph per power-of-two
+        // bucket of the longest row's partial count.
+        let max_pos = input.positions.iter().copied().max().unwrap_or(0) as usize;
+        let ctas = crate::backend::cuda::mem::att_parts(max_pos).next_power_of_two();
+        (input.tokens.len(), ctas, greedy)
+    }
+
+    /// The body of [`CudaExec::decode_step`]: stages the inputs, captures
+    /// or replays graph `key` (`graph_key`), then runs `after` on the graph
+    /// under the graphs lock. Without `greedy` the graph's last node copies
+    /// the logits into `out`. With it (greedy.rs), its last node is
+    /// sample_rows writing each row's next token into `tokens` (the next
+    /// replay's input), its status after them, and both into the graph's
+    /// host `ring`; with `sel.chain` the step's tokens
+    /// are not uploaded (`input.tokens` only gives their count): they are
+    /// the previous greedy step's, already in place or copied from that
+    /// step's graph.
+    pub(super) fn decode_run<R>(
+        &self,
+        vocab: usize,
+        input: &crate::model::StepInput<'_>,
+        kv: &mut DevKvCache,
+        step: &mut DecodeFn<'_>,
+        sel: GraphSel<'_>,
+        after: impl FnOnce(&CudaBackend, &DecodeGraph) -> Result<R>,
+    ) -> Result<R> {
+        let b = input.tokens.len();
+        input.validate(vocab)?;
+        crate::backend::validate::kv_slots(input.slots, Self::kv_cells(kv))?;
+        anyhow::ensure!(
+            input.logit_rows.len() == b
+                && input.logit_rows.iter().enumerate().all(|(i, &r)| r == i),
+            "decode graph: every row must want its logits, in order"
+        );
+        self.be.bind()?;
+        let mut graphs = self
+            .graphs
+            .lock()
+            .map_err(|_| anyhow!("cuda: graph lock poisoned"))?;
+        let (key, greedy) = (sel.key, sel.key.2);
+        let ctas = key.1;
+        if let std::collections::hash_map::Entry::Vacant(slot) = graphs.entry(key) {
+            let rows: Vec<u32> = (0..b as u32).collect();
+            // Greedy graphs: tokens (b), then sample_rows' status (b); no
+            // logits copy.
+            let (nt, nl) = if greedy { (2 * b, 1) } else { (b, b * vocab) };
+            slot.insert(DecodeGraph {
+                tokens: zeros::<u32>(&self.be, nt, "decode tokens")?,
+                slots: zeros::<u32>(&self.be, b, "decode slots")?,
+                rows: self.be.up(&rows, "decode rows")?,
+                batch: DevAttnBatch::fixed(
+                    &self.be,
+                    b,
+                    kv.n_blocks,
+                    kv.block_size,
+                    kv.n_blocks,
+                    ctas,
+                )?,
+                out: zeros::<f32>(&self.be, nl, "decode logits")?,
+                ring: if greedy {
+                    Some(self.greedy_ring(b)?)
+                } else {
+                    None
+                },
+                draws: if greedy {
+                    let n = b * crate::backend::cuda::DRAW_WORDS;
+                    Some((zeros::<u32>(&self.be, n, "decode draws")?, vec![0; n]))
+                } else {
+                    None
+                },
+                graph: None,
+                warm: false,
+                capture_failed: false,
+                arena_len: 0,
+            });
+        }
+        let st = self.be.stream();
+        // A chained step whose previous greedy step replayed another graph
+        // (its split bucket changed): that graph's tokens are this one's.
+        if let Some(pk) = sel.chain {
+            if pk != key {
+                let [p, c] = graphs.get_disjoint_mut([&pk, &key]);
+                let (p, c) = p
+                    .zip(c)
+                    .ok_or_else(|| anyhow!("greedy decode: the previous step's graph is gone"))?;
+                drv(
+                    st.memcpy_dtod(&p.tokens.slice(0..b), &mut c.tokens.slice_mut(0..b)),
+                    "greedy decode: tokens from the previous graph",
+                )?;
+            }
+        }
+        let g = graphs
+            .get_mut(&key)
+            .ok_or_else(|| anyhow!("cuda: decode graph missing"))?;
+        let mut staging = self
+            .stage
+            .lock()
+            .map_err(|_| anyhow!("cuda: staging lock poisoned"))?;
+        let nd = b * crate::backend::cuda::DRAW_WORDS;
+        let stage = staging.take(&self.be, b * (kv.n_blocks + 3) + nd)?;
+        let (stage, draw_stage) = stage.split_at_mut(b * (kv.n_blocks + 3));
+        let (tok_slot, rest) = stage.split_at_mut(2 * b);
+        let (tok, slot) = tok_slot.split_at_mut(b);
+        tok.copy_from_slice(input.tokens);
+        slot.copy_from_slice(input.slots);
+        if sel.chain.is_none() {
+            drv(
+                st.memcpy_htod(&*tok, &mut g.tokens.slice_mut(0..b)),
+                "decode tokens",
+            )?;
+        }
+        drv(st.memcpy_htod(&*slot, &mut g.slots), "decode slots")?;
+        if let Some((d, held)) = g.draws.as_mut() {
+            // Only what changed goes up: a greedy chain's records stay zero.
+            if sel.draws.is_empty() {
+                draw_stage.fill(0);
+            } else {
+                ensure!(
+                    sel.draws.len() == nd,
+                    "decode step: {} draw words for {b} rows",
+                    sel.draws.len()
+                );
+                draw_stage.copy_from_slice(sel.draws);
+            }
+            if *draw_stage != *held {
+                drv(st.memcpy_htod(&*draw_stage, d), "decode draws")?;
+                held.copy_from_slice(draw_stage);
+            }
+        }
+        g.batch.refill(
+            &self.be,
+            &AttnBatch {
+                block_tables: input.block_tables,
+                row_seq: input.row_seq,
+                positions: input.positions,
+            },
+            kv.n_blocks,
+            rest,
+        )?;
+        staging.mark(st)?;
+        drop(staging);
+        if g.graph.is_some() && g.arena_len != self.be.arena_len() {
+            g.graph = None;
+        }
+        if g.graph.is_none() {
+            // Greedy graphs end with sample_rows into their own token input.
+            let fin = match (greedy, &g.ring, &g.draws) {
+                (true, Some(ring), Some((d, _))) => Some(GreedyOut {
+                    b,
+                    vocab,
+                    draws: {
+                        use cudarc::driver::DevicePtr;
+                        d.device_ptr(st).0
+                    },
+                    tokens: {
+                        use cudarc::driver::DevicePtr;
+                        g.tokens.device_ptr(st).0
+                    },
+                    ring,
+                    positions: g.batch.positions(),
+                }),
+                (true, _, _) => bail!("greedy decode graph without its ring or draws"),
+                (false, _, _) => None,
+            };
+            let bufs = StepBufs {
+                n: b,
+                n_rows: b,
+                tokens: DevIdx::View(g.tokens.slice(0..b)),
+                // The attention batch's positions serve rope and the KV
+                // write too: one upload.
+                positions: DevIdx::View(g.batch.positions()),
+                slots: DevIdx::View(g.slots.slice(0..b)),
+                rows: DevIdx::View(g.rows.slice(0..b)),
+                batch: DevBatch::Fixed(&g.batch),
+            };
+            if !g.warm || g.capture_failed {
+                let logits = step(self, kv, &bufs)?
+                    .ok_or_else(|| anyhow!("decode step returned no logits"))?;
+                self.decode_finish(&logits, &mut g.out, fin.as_ref())?;
+                g.warm = true;
+            } else {
+                drv(
+                    st.begin_capture(
+                        cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                    ),
+                    "beginning graph capture",
+                )?;
+                self.capturing.store(true, Ordering::Relaxed);
+                let r = step(self, kv, &bufs).and_then(|l| {
+                    let l = l.ok_or_else(|| anyhow!("decode step returned no logits"))?;
+                    self.decode_finish(&l, &mut g.out, fin.as_ref())
+                });
+                self.capturing.store(false, Ordering::Relaxed);
+                let graph = drv(
+                    st.end_capture(
+                        cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
+                    ),
+                    "ending graph capture",
+                );
+                let captured = r.and_then(|()| {
+                    graph?.ok_or_else(|| anyhow!("graph capture produced no graph"))
+                });
+                let captured = captured.and_then(|graph| {
+                    if !self.be.pdl_enabled() {
+                        return Ok(SendGraph(graph, None));
+                    }
+                    let (exec, edges) = self.be.instantiate_pdl(graph.cu_graph())?;
+                    tracing::debug!("decode graph for batch {b}: {edges} programmatic edges");
+                    Ok(SendGraph(graph, Some(exec)))
+                });
+                match captured {
+                    Ok(graph) => {
+                        g.arena_len = self.be.arena_len();
+                        g.graph = Some(graph);
+                    }
+                    Err(e) => {
+                        // Nothing ran during the failed capture: run this
+                        // step (and later ones of this size) op by op.
+                        tracing::warn!(
+                            "cuda graph capture for batch {b} failed ({e:#}); running op by op"
+                        );
+                        g.capture_failed = true;
+                        let logits = step(self, kv, &bufs)?
+                            .ok_or_else(|| anyhow!("decode step returned no logits"))?;
+                        self.decode_finish(&logits, &mut g.out, fin.as_ref())?;
+                    }
+                }
+            }
+        }
+        if let Some(SendGraph(graph, pdl)) = &g.graph {
+            match pdl {
+                Some(exec) => self.be.launch_pdl(exec)?,
+                None => drv(graph.launch(), "launching a decode graph")?,
+            }
+            if let Ok(mut c) = self.counts.lock() {
+                c.entry("decode_graph").or_insert((0, 0.0)).0 += 1;
+            }
+        }
+        after(&self.be, g)
+    }
+
+    /// A decode step's last node: its logits copied into the graph's
+    /// `out`, or (`greedy`) sample_rows into the graph's tokens and ring.
+    pub(super) fn decode_finish(
+        &self,
+        logits: &DevBuf,
+        out: &mut CudaSlice<f32>,
+        greedy: Option<&GreedyOut<'_>>,
+    ) -> Result<()> {
+        let l = Self::rd(logits);
+        match greedy {
+            // SAFETY: the graph's tokens buffer holds (b tokens, b
+            // statuses); the step read its tokens first (stream order);
+            // its draws buffer holds b records, written only by uploads
+            // ordered before the graph on this stream.
+            Some(f) => unsafe {
+                self.be.d_sample_rows_at(
+                    &l,
+                    f.b,
+                    f.vocab,
+                    f.draws,
+                    f.tokens,
+                    f.tokens + 4 * f.b as u64,
+                    Some((f.ring, &f.positions)),
+                )
+            },
+            None => drv(self.be.stream().memcpy_dtod(&l, out), "decode logits"),
+        }
+    }
+}
