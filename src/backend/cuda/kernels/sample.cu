@@ -107,27 +107,13 @@ __device__ __forceinline__ unsigned desc_key(float v) {
     return ~ord;
 }
 
-// Left-to-right sum of a[0..n) (shared memory), eight loads ahead of the
-// adds (the same additions in the same order as a plain loop).
-__device__ __forceinline__ double seq_sum(const double* a, int n) {
-    double s = 0.0;
-    int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        double x[8];
-#pragma unroll
-        for (int j = 0; j < 8; j++) x[j] = a[i + j];
-#pragma unroll
-        for (int j = 0; j < 8; j++) s = __dadd_rn(s, x[j]);
-    }
-    for (; i < n; i++) s = __dadd_rn(s, a[i]);
-    return s;
-}
-
-// The first i in [0, n) whose running sum cum + a[0] + ... + a[i] (added
-// left to right) satisfies stop: returns i, with cum the sum before a[i];
-// -1 if none, with cum the whole sum. Eight loads ahead of the adds.
-template <class P>
-__device__ __forceinline__ int seq_find(const double* a, int n, double& cum, P stop) {
+// Walks a[0..n) (shared memory) left to right, adding each to cum, eight
+// loads ahead of the adds (the same additions in the same order as a plain
+// loop): calls f(i, the sum through a[i]) and stops at the first i where
+// it returns true, returning i with cum the sum before a[i]; -1 if none,
+// with cum the whole sum.
+template <class F>
+__device__ __forceinline__ int seq_walk(const double* a, int n, double& cum, F f) {
     int i = 0;
     for (; i + 8 <= n; i += 8) {
         double x[8];
@@ -136,36 +122,38 @@ __device__ __forceinline__ int seq_find(const double* a, int n, double& cum, P s
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             double nx = __dadd_rn(cum, x[j]);
-            if (stop(nx)) return i + j;
+            if (f(i + j, nx)) return i + j;
             cum = nx;
         }
     }
     for (; i < n; i++) {
         double nx = __dadd_rn(cum, a[i]);
-        if (stop(nx)) return i;
+        if (f(i, nx)) return i;
         cum = nx;
     }
     return -1;
 }
 
-// pre[i] = c + a[0] + ... + a[i] for i in [0, n), added left to right (one
-// thread), eight loads ahead of the adds.
+// Left-to-right sum of a[0..n).
+__device__ __forceinline__ double seq_sum(const double* a, int n) {
+    double s = 0.0;
+    seq_walk(a, n, s, [](int, double) { return false; });
+    return s;
+}
+
+// The first i in [0, n) whose running sum cum + a[0] + ... + a[i]
+// satisfies stop (seq_walk's result and cum).
+template <class P>
+__device__ __forceinline__ int seq_find(const double* a, int n, double& cum, P stop) {
+    return seq_walk(a, n, cum, [&](int, double x) { return stop(x); });
+}
+
+// pre[i] = c + a[0] + ... + a[i] for i in [0, n), added left to right.
 __device__ __forceinline__ void seq_prefix(const double* a, double* pre, int n, double c) {
-    int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        double x[8];
-#pragma unroll
-        for (int j = 0; j < 8; j++) x[j] = a[i + j];
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            c = __dadd_rn(c, x[j]);
-            pre[i + j] = c;
-        }
-    }
-    for (; i < n; i++) {
-        c = __dadd_rn(c, a[i]);
-        pre[i] = c;
-    }
+    seq_walk(a, n, c, [&](int i, double x) {
+        pre[i] = x;
+        return false;
+    });
 }
 
 // The least i in [0, n) with pred(i), or n; every thread of the block
