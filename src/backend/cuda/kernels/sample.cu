@@ -481,14 +481,19 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
         const bool nucleus = !id_order && K == fin;
         if ((id_order || nucleus) && nch > SAMPLE_MAX_CHUNKS) st = 3;
         if (!id_order && !nucleus && K > SAMPLE_KMAX) st = 3;
-        if (st == 0 && id_order) {
-            // Chunk sums of the kept weights (w >= min_p).
-            chunk_sums(row, vocab, c0, c1, mx, t, mp, csum);
+        if (st == 0 && (id_order || nucleus)) {
+            // Chunk sums: of the kept weights (id order: w >= min_p), or of
+            // every weight (the nucleus mass); rank 0 gathers them in chunk
+            // order.
+            chunk_sums(row, vocab, c0, c1, mx, t, id_order ? mp : 0.0, csum);
             cl_sync(csize);
-            // Rank 0 gathers every chunk sum, in chunk order.
             if (rank == 0)
                 for (int c = tid; c < nch; c += nt)
                     call[c] = smp_ld_f64(cl_peer(&csum[c % cper], c / cper));
+            __syncthreads();
+        }
+        if (st == 0 && id_order) {
+            // Peers leave once rank 0 has read their sums.
             cl_sync(csize);
             if (rank != 0) return;
             if (tid == 0) {
@@ -527,27 +532,21 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                 s_res[0] = base + pick;
             }
         } else if (st == 0) {
-            if (nucleus) {
-                // draw.rs's nucleus mass: every weight, id order, by chunks.
-                chunk_sums(row, vocab, c0, c1, mx, t, 0.0, csum);
-                cl_sync(csize);
-                if (rank == 0) {
-                    for (int c = tid; c < nch; c += nt)
-                        call[c] = smp_ld_f64(cl_peer(&csum[c % cper], c / cper));
-                    __syncthreads();
-                    if (tid == 0) s_need = __dmul_rn((double)top_p, seq_sum(call, nch));
-                }
-                // No peer's csum is read again (rank 0's reads are done
-                // before it reaches the first histogram's cluster barrier).
-            }
-            // Batch loop (one pass without nucleus): the Kb smallest keys
-            // above lo_key (0: below every key; keys of finite logits are
-            // at least 2^55) land sorted in rank 0's cand. Rank 0 decides
-            // what comes next and writes it into every CTA's s_ctl.
+            // draw.rs's nucleus mass (no peer's csum is read again: rank 0's
+            // reads are done before its first histogram's cluster barrier).
+            if (nucleus && rank == 0 && tid == 0)
+                s_need = __dmul_rn((double)top_p, seq_sum(call, nch));
+            // The walk over the sorted candidates, in batches: the Kb
+            // smallest keys above lo_key (0: below every key; keys of finite
+            // logits are at least 2^55) land sorted in rank 0's cand, which
+            // finds the cut and the pick. Top-k is one batch of K; the
+            // nucleus takes NUC_FIRST, then SAMPLE_KMAX at a time, until the
+            // cut (rank 0 writes what comes next into every CTA's s_ctl).
+            const int ncand = nucleus ? fin : K;
             unsigned long long lo_key = 0;
-            int base = 0, batch = 0;
+            int batch = 0;
             // Rank 0 only (alike in its threads): the walk's state.
-            double cum = 0.0, total = 0.0, target = 0.0;
+            double cum = 0.0, target = 0.0;
             unsigned long long lastpos = 0;
             bool picking = false;
             // Rank 0's running sums of a batch (call is free here: the
@@ -556,8 +555,9 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
             for (;;) {
                 // The first nucleus batch is short (a peaked distribution's
                 // nucleus fits it: a small sort), the later ones full.
+                const int base = batch == 0 ? 0 : NUC_FIRST + (batch - 1) * SAMPLE_KMAX;
                 const int Kb = !nucleus ? K
-                               : min(batch == 0 ? NUC_FIRST : SAMPLE_KMAX, fin - base);
+                               : min(batch == 0 ? NUC_FIRST : SAMPLE_KMAX, ncand - base);
                 // Radix select: the Kb-th smallest high key T among the
                 // finite logits above lo_key, 8 bits at a time from the
                 // top; every CTA sums the cluster's histograms (in rank
@@ -677,65 +677,41 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                     for (int i = tid; i < Kb; i += nt)
                         wsh[i] = sample_weight(pos_zero(row[(unsigned)cand[i]]), mx, t);
                     __syncthreads();
-                    // The running sum before this batch: 0 (top-k), the
-                    // nucleus's so far, or the reselected batch's.
-                    const double c0 = !nucleus ? 0.0 : picking ? s_bcum[batch] : cum;
-                    if (tid == 0) seq_prefix(wsh, pre, Kb, c0);
+                    // The running sum before this batch: the walk's so far
+                    // (0 at the first), or the reselected batch's.
+                    if (tid == 0) seq_prefix(wsh, pre, Kb, picking ? s_bcum[batch] : cum);
                     __syncthreads();
                 }
-                if (!nucleus) {
-                    // draw.rs's sorted draw over the top K: top-p against
-                    // their whole sum, then min-p, then the pick.
-                    int keep = K;
-                    if (top_p < 1.0f) {
-                        const double need = __dmul_rn((double)top_p, pre[K - 1]);
-                        keep = min(keep, block_first(K, [&](int i) { return pre[i] >= need; }, &s_blk) + 1);
-                    }
-                    keep = min(keep, block_first(keep, [&](int i) { return wsh[i] < mp; }, &s_blk));
-                    const double tg = __dmul_rn(u, keep > 0 ? pre[keep - 1] : 0.0);
-                    int pick = block_first(keep, [&](int i) { return tg < pre[i]; }, &s_blk);
-                    if (pick == keep)
-                        pick = max(0, block_last(keep, [&](int i) { return wsh[i] > 0.0; }, &s_blk));
-                    if (tid == 0) s_res[0] = (int)(unsigned)cand[pick];
-                    break;
-                }
                 unsigned long long next = 0;  // 0: done; else lo_key + 1
-                int nbase = 0, nbatch = 0;
+                int nbatch = 0;
                 if (rank == 0) {
                     // Every thread of rank 0 decides alike (block-wide
                     // searches); thread 0 writes.
                     if (!picking) {
                         // The cut: draw.rs's min-p stop (w < min_p, tested
-                        // first) and top-p stop (running sum >= need).
+                        // first at an index) and top-p stop (running sum >=
+                        // need: the nucleus mass's share, or top-k's own
+                        // sum's; +inf without top-p).
                         if (tid == 0) {
                             s_bcum[batch] = cum;
                             s_bkey[batch] = lo_key;
                         }
                         if (batch == 0) lastpos = cand[0];
-                        const double need = s_need;
+                        const double need = nucleus ? s_need
+                                            : top_p < 1.0f ? __dmul_rn((double)top_p, pre[K - 1])
+                                                           : (double)Q_INF;
                         const int mc = block_first(Kb, [&](int i) { return wsh[i] < mp; }, &s_blk);
                         const int pc = block_first(Kb, [&](int i) { return pre[i] >= need; }, &s_blk);
-                        int keep = -1;
-                        if (mc <= pc && mc < Kb) {
-                            keep = mc;
-                            total = mc > 0 ? pre[mc - 1] : cum;
-                        } else if (pc < Kb) {
-                            keep = pc + 1;
-                            total = pre[pc];
-                        }
-                        const int lp = block_last(keep < 0 ? Kb : keep,
-                                                  [&](int i) { return wsh[i] > 0.0; }, &s_blk);
+                        const bool stop = mc < Kb || pc < Kb;
+                        const int keep = min(mc, pc + 1);  // Kb without a stop
+                        const double total = keep > 0 ? pre[keep - 1] : cum;
+                        const int lp = block_last(keep, [&](int i) { return wsh[i] > 0.0; }, &s_blk);
                         if (lp >= 0) lastpos = cand[lp];
-                        if (keep < 0) cum = pre[Kb - 1];
-                        if (keep < 0 && base + Kb < fin) {
+                        if (!stop && base + Kb < ncand) {
+                            cum = total;
                             next = cand[Kb - 1] + 1;
-                            nbase = base + Kb;
                             nbatch = batch + 1;
                         } else {
-                            if (keep < 0) {
-                                keep = Kb;
-                                total = cum;
-                            }
                             target = __dmul_rn(u, total);
                             // The first earlier batch whose running sum
                             // passes the target holds the pick.
@@ -748,7 +724,6 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                             } else {
                                 picking = true;
                                 next = s_bkey[pb] + 1;
-                                nbase = pb == 0 ? 0 : NUC_FIRST + (pb - 1) * SAMPLE_KMAX;
                                 nbatch = pb;
                             }
                         }
@@ -758,11 +733,12 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                         int pick = block_first(Kb, [&](int i) { return target < pre[i]; }, &s_blk);
                         if (tid == 0) s_res[0] = (int)(unsigned)(pick < Kb ? cand[pick] : lastpos);
                     }
+                    // Top-k's peers have left: one batch, nothing to tell.
+                    if (!nucleus) break;
                     if (tid == 0)
                         for (int r = 0; r < csize; r++) {
                             smp_st_u64(cl_peer(&s_ctl[0], r), next);
-                            smp_st_u64(cl_peer(&s_ctl[1], r),
-                                       (unsigned long long)nbase | ((unsigned long long)nbatch << 32));
+                            smp_st_u64(cl_peer(&s_ctl[1], r), (unsigned long long)nbatch);
                         }
                 }
                 // s_ctl written in every CTA (rank 0 reads no peer's memory
@@ -770,8 +746,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                 cl_sync(csize);
                 if (s_ctl[0] == 0) break;
                 lo_key = s_ctl[0] - 1;
-                base = (int)(unsigned)s_ctl[1];
-                batch = (int)(s_ctl[1] >> 32);
+                batch = (int)s_ctl[1];
             }
             if (rank != 0) return;
         }
