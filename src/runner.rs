@@ -93,6 +93,11 @@ pub struct RunnerOptions {
     /// on the device (the same bits; false runs the separate quantize
     /// kernels, the reference of `check-exact --mode fast`).
     pub cuda_prequant: bool,
+    /// Whether a one-row `fast` decode step runs every layer in one fused
+    /// launch on the device (experimental, slower today: docs/PERF.md).
+    /// None: QUIRE_FUSED_LAYERS=1 turns it on, else off; `check-exact
+    /// --mode fast-layers` sets it both ways.
+    pub cuda_fused_layers: Option<bool>,
 }
 
 impl Default for RunnerOptions {
@@ -105,6 +110,7 @@ impl Default for RunnerOptions {
             progress: false,
             gpu: GpuMode::Off,
             cuda_prequant: true,
+            cuda_fused_layers: None,
         }
     }
 }
@@ -496,6 +502,9 @@ fn load_cuda(
 ) -> Result<std::result::Result<Compute, (CudaBackend, String)>> {
     let mut cuda = CudaBackend::new(opts.gpu)?;
     cuda.prequant &= opts.cuda_prequant;
+    if let Some(on) = opts.cuda_fused_layers {
+        cuda.fused_layers = on;
+    }
     for info in model.op_infos() {
         if let Err(why) = cuda.capability(&info, opts.mode) {
             let why = format!(

@@ -119,7 +119,9 @@ pub struct CheckExactArgs {
     /// exact: the GPU against the CPU. deterministic / fast: the GPU with
     /// its fusions (norm and swiglu quantizing for the next matmul) against
     /// the GPU without them, same mode: the fusions must not change a bit.
-    #[arg(long, default_value = "exact", value_parser = ["exact", "deterministic", "fast"])]
+    /// fast-layers: the fused decode layers against the op-by-op graph,
+    /// both against the CPU (NMSE, not bitwise).
+    #[arg(long, default_value = "exact", value_parser = ["exact", "deterministic", "fast", "fast-layers"])]
     pub mode: String,
 }
 
@@ -136,6 +138,9 @@ fn argmax(v: &[f32]) -> u32 {
 /// Loads the model twice (GPU required + exact, and CPU), prefills a random
 /// prompt and decodes greedily, comparing every step's logits bitwise.
 pub fn check_exact(a: CheckExactArgs) -> Result<()> {
+    if a.mode == "fast-layers" {
+        return super::check_fused::check_fused_layers(&a);
+    }
     let mode = match a.mode.as_str() {
         "deterministic" => Mode::Deterministic,
         "fast" => Mode::Fast,
@@ -145,6 +150,9 @@ pub fn check_exact(a: CheckExactArgs) -> Result<()> {
         threads: a.threads,
         kv_tokens: (a.run.prompt_tokens + a.run.tokens + 16).max(64),
         mode,
+        // The prequant fusions are checked on the op-by-op graph (the
+        // fused decode layers have their own check, `fast-layers`).
+        cuda_fused_layers: Some(false),
         ..Default::default()
     };
     let mut gpu = Runner::load(

@@ -4,6 +4,7 @@
 //! inputs (token ids, positions, slots, block tables: a few KB) and
 //! downloads only the logits of the rows that asked for them.
 
+mod fused;
 mod graph;
 mod greedy;
 pub use graph::DecodeFn;
@@ -494,6 +495,16 @@ impl Exec for CudaExec {
             e.1 += dt;
         }
         Ok(())
+    }
+    fn fused_layers(
+        &self,
+        c: &crate::model::config::ModelConfig,
+        w: &crate::model::arch::llama::LlamaWeights<DevStore>,
+        kv: &mut DevKvCache,
+        b: &StepBufs<DevIdx<'_>, DevBatch<'_>>,
+        x: &mut DevBuf,
+    ) -> Result<bool> {
+        self.run_fused_layers(c, w, kv, b, x)
     }
     fn download(&self, b: DevBuf) -> Result<super::HostLogits> {
         let t0 = std::time::Instant::now();

@@ -6,6 +6,8 @@ pub mod cuda;
 
 use crate::backend::{AttnBatch, Backend, Host, KvLayer, KvLayerMut, Mem, Mode, Op, OpT, QMatrix};
 use crate::gguf::GgufFile;
+use crate::model::arch::llama::LlamaWeights;
+use crate::model::config::ModelConfig;
 use crate::model::weights::{HostStore, Store, WeightRef};
 use crate::model::KvStorage;
 use anyhow::{anyhow, Context, Result};
@@ -119,6 +121,22 @@ pub trait Exec {
     fn run(&self, op: OpT<'_, Self::M>) -> Result<()>;
     /// Moves an activation to the host (waits for every queued op).
     fn download(&self, b: Self::Buf) -> Result<HostLogits>;
+    /// Runs every layer of a llama-family step on the residual stream `x`
+    /// (n, dim) in one fused launch where the executor has one for this
+    /// model and step (the `cuda` executor: `fast` mode, one row;
+    /// launch/decode_layers.rs), writing each layer's K/V as the op-by-op
+    /// graph would. Ok(false): not taken, nothing was run, and the graph
+    /// runs the layers op by op.
+    fn fused_layers(
+        &self,
+        _c: &ModelConfig,
+        _w: &LlamaWeights<Self::S>,
+        _kv: &mut Self::Kv,
+        _b: &StepBufs<Self::IdxBuf<'_>, Self::BatchBuf<'_>>,
+        _x: &mut Self::Buf,
+    ) -> Result<bool> {
+        Ok(false)
+    }
 }
 
 /// Host-memory execution: every op goes through the [`Dispatcher`], which

@@ -24,6 +24,7 @@ pub use logits::PinnedLogits;
 
 pub(crate) use launch::fast_uses_blas;
 pub(crate) use launch::{device_draws, draw_record, GreedyRing, DRAW_WORDS, GREEDY_SLOTS};
+pub(crate) use launch::{DlLayerPtrs, DlModel};
 pub mod mem;
 mod pdl;
 pub use pdl::PdlExec;
@@ -99,6 +100,11 @@ pub struct CudaBackend {
     /// matmul themselves (launch::q8_out; QUIRE_PREQUANT=0 turns it off:
     /// the same bits, one more kernel per norm and swiglu).
     pub(crate) prequant: bool,
+    /// Whether a one-row `fast` decode step may run every layer in one
+    /// fused launch (launch/decode_layers.rs). Off by default: measured
+    /// slower than the op-by-op graph (docs/PERF.md); QUIRE_FUSED_LAYERS=1
+    /// or `RunnerOptions::cuda_fused_layers` turns it on.
+    pub(crate) fused_layers: bool,
     /// Whether the last matmul ran the warp-per-row quantized kernel (so the
     /// next one of the same row count will): swiglu's row count is not
     /// part of its op.
@@ -358,6 +364,35 @@ impl CudaBackend {
                         }
                     }
                 }
+                // The fused decode layers (launch/decode_layers.rs): one
+                // cluster of 16 (opt-in past 8) or 8 CTAs, one per SM.
+                if clusters && e.starts_with("decode_layers_") {
+                    let loaded = (|| -> Result<()> {
+                        allow_smem(&f, launch::DL_SMEM, e)?;
+                        drv(
+                            f.set_attribute(
+                                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                                1,
+                            ),
+                            &format!("{e}: clusters past 8 CTAs"),
+                        )?;
+                        for c in launch::DL_CLUSTERS {
+                            let n = launch::max_active_clusters(
+                                &f,
+                                &stream,
+                                launch::DL_SMEM,
+                                c,
+                                launch::DL_THREADS,
+                            )?;
+                            att_clusters.insert((e, c), n);
+                        }
+                        Ok(())
+                    })();
+                    // Not counted: the layers run op by op (no fused step).
+                    if let Err(why) = loaded {
+                        tracing::warn!("{e}: no fused decode layers ({why:#})");
+                    }
+                }
                 // The exact kernel's clusters (attention_exact.rs):
                 // static shared memory only.
                 if clusters && e == "paged_attention_par" {
@@ -409,6 +444,7 @@ impl CudaBackend {
             arena: Mutex::new(arena),
             act_cache: Mutex::new(None),
             prequant: std::env::var("QUIRE_PREQUANT").map_or(true, |v| v != "0"),
+            fused_layers: std::env::var("QUIRE_FUSED_LAYERS").is_ok_and(|v| v == "1"),
             last_mv_q8: std::sync::atomic::AtomicBool::new(false),
             last_wgmma_rows: std::sync::atomic::AtomicUsize::new(0),
             pinned: logits::PinnedPool::default(),

@@ -127,6 +127,11 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
         include_str!("kernels/attention_prefill_fast.cu"),
         &["flash_attention_prefill", "flash_attention_prefill_g"],
     ),
+    (
+        "decode_layers_fast",
+        include_str!("kernels/decode_layers_fast.cu"),
+        &super::launch::DL_ENTRIES,
+    ),
 ];
 
 /// Kernel files that use Hopper-only instructions (wgmma): compiled for

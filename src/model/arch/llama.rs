@@ -17,32 +17,32 @@ use anyhow::{bail, Context, Result};
 
 /// One transformer block's weights, wherever they live.
 pub struct Layer<S: Store> {
-    attn_norm: S::Vec,
-    wq: S::Mat,
-    wk: S::Mat,
-    wv: S::Mat,
-    wo: S::Mat,
-    bq: Option<S::Vec>,
-    bk: Option<S::Vec>,
-    bv: Option<S::Vec>,
-    q_norm: Option<S::Vec>,
-    k_norm: Option<S::Vec>,
-    ffn_norm: S::Vec,
-    w_gate: S::Mat,
-    w_up: S::Mat,
-    w_down: S::Mat,
+    pub(crate) attn_norm: S::Vec,
+    pub(crate) wq: S::Mat,
+    pub(crate) wk: S::Mat,
+    pub(crate) wv: S::Mat,
+    pub(crate) wo: S::Mat,
+    pub(crate) bq: Option<S::Vec>,
+    pub(crate) bk: Option<S::Vec>,
+    pub(crate) bv: Option<S::Vec>,
+    pub(crate) q_norm: Option<S::Vec>,
+    pub(crate) k_norm: Option<S::Vec>,
+    pub(crate) ffn_norm: S::Vec,
+    pub(crate) w_gate: S::Mat,
+    pub(crate) w_up: S::Mat,
+    pub(crate) w_down: S::Mat,
 }
 
 /// All weights of a llama-family model, wherever they live.
 pub struct LlamaWeights<S: Store> {
-    token_embd: S::Mat,
-    output_norm: S::Vec,
+    pub(crate) token_embd: S::Mat,
+    pub(crate) output_norm: S::Vec,
     /// `output.weight`, or `token_embd.weight` when tied.
-    output: S::Mat,
-    layers: Vec<Layer<S>>,
+    pub(crate) output: S::Mat,
+    pub(crate) layers: Vec<Layer<S>>,
     /// (rope_dim / 2,) inverse frequencies, computed once in f64 then
     /// rounded to f32 so every backend gets the same table.
-    inv_freq: S::Vec,
+    pub(crate) inv_freq: S::Vec,
 }
 
 impl<S: Store> LlamaWeights<S> {
@@ -367,98 +367,100 @@ pub fn forward_bufs<E: Exec>(
         ids: E::idx_view(tokens),
         out: E::wr(&mut x),
     })?;
-    let mut h = e.zeros(n * d)?; // (n, dim)
-    let mut q = e.zeros(n * qd)?; // (n, n_heads, head_dim)
-    let mut k = e.zeros(n * kvd)?; // (n, n_kv_heads, head_dim)
-    let mut v = e.zeros(n * kvd)?;
-    // Pre-norm q/k when the model has per-head q/k norms (Qwen3).
-    let mut q_raw = e.zeros(if c.arch == Arch::Qwen3 { n * qd } else { 0 })?;
-    let mut k_raw = e.zeros(if c.arch == Arch::Qwen3 { n * kvd } else { 0 })?;
-    let mut att = e.zeros(n * qd)?; // (n, n_heads, head_dim)
-    let mut gate = e.zeros(n * c.ffn_dim)?; // (n, ffn)
-    let mut up = e.zeros(n * c.ffn_dim)?;
-    let mut act = e.zeros(n * c.ffn_dim)?;
-    let scale = 1.0f32 / (hd as f32).sqrt();
-    for (li, l) in w.layers.iter().enumerate() {
-        let qk_norm = match (&l.q_norm, &l.k_norm) {
-            (Some(qn), Some(kn)) => Some((qn, kn)),
-            _ => None,
-        };
-        // With q/k norms the projections land in q_raw / k_raw first.
-        let (q_dst, k_dst) = if qk_norm.is_some() {
-            (&mut q_raw, &mut k_raw)
-        } else {
-            (&mut q, &mut k)
-        };
-        // q/k/v of rms_norm(x) (the attention norm rides on the op).
-        mat_muls(
-            e,
-            &x,
-            n,
-            vec![
-                (&l.wq, &mut *q_dst, false),
-                (&l.wk, &mut *k_dst, false),
-                (&l.wv, &mut v, false),
-            ],
-            Some((&l.attn_norm, c.rms_eps, &mut h)),
-        )?;
-        for (b, out) in [(&l.bq, q_dst), (&l.bk, k_dst), (&l.bv, &mut v)] {
-            if let Some(b) = b {
-                e.run(OpT::AddBias {
-                    x: E::wr(out),
-                    bias: E::param(b),
-                })?;
+    if !e.fused_layers(c, w, kv, b, &mut x)? {
+        let mut h = e.zeros(n * d)?; // (n, dim)
+        let mut q = e.zeros(n * qd)?; // (n, n_heads, head_dim)
+        let mut k = e.zeros(n * kvd)?; // (n, n_kv_heads, head_dim)
+        let mut v = e.zeros(n * kvd)?;
+        // Pre-norm q/k when the model has per-head q/k norms (Qwen3).
+        let mut q_raw = e.zeros(if c.arch == Arch::Qwen3 { n * qd } else { 0 })?;
+        let mut k_raw = e.zeros(if c.arch == Arch::Qwen3 { n * kvd } else { 0 })?;
+        let mut att = e.zeros(n * qd)?; // (n, n_heads, head_dim)
+        let mut gate = e.zeros(n * c.ffn_dim)?; // (n, ffn)
+        let mut up = e.zeros(n * c.ffn_dim)?;
+        let mut act = e.zeros(n * c.ffn_dim)?;
+        let scale = 1.0f32 / (hd as f32).sqrt();
+        for (li, l) in w.layers.iter().enumerate() {
+            let qk_norm = match (&l.q_norm, &l.k_norm) {
+                (Some(qn), Some(kn)) => Some((qn, kn)),
+                _ => None,
+            };
+            // With q/k norms the projections land in q_raw / k_raw first.
+            let (q_dst, k_dst) = if qk_norm.is_some() {
+                (&mut q_raw, &mut k_raw)
+            } else {
+                (&mut q, &mut k)
+            };
+            // q/k/v of rms_norm(x) (the attention norm rides on the op).
+            mat_muls(
+                e,
+                &x,
+                n,
+                vec![
+                    (&l.wq, &mut *q_dst, false),
+                    (&l.wk, &mut *k_dst, false),
+                    (&l.wv, &mut v, false),
+                ],
+                Some((&l.attn_norm, c.rms_eps, &mut h)),
+            )?;
+            for (b, out) in [(&l.bq, q_dst), (&l.bk, k_dst), (&l.bv, &mut v)] {
+                if let Some(b) = b {
+                    e.run(OpT::AddBias {
+                        x: E::wr(out),
+                        bias: E::param(b),
+                    })?;
+                }
             }
-        }
-        if let Some((qn, kn)) = qk_norm {
-            // Per-head RMS norm: view (n, heads, hd) as (n * heads, hd).
-            for (src, nw, dst) in [(&q_raw, qn, &mut q), (&k_raw, kn, &mut k)] {
-                e.run(OpT::RmsNorm {
-                    x: E::rd(src),
-                    w: E::param(nw),
-                    dim: hd,
-                    eps: c.rms_eps,
-                    out: E::wr(dst),
-                })?;
+            if let Some((qn, kn)) = qk_norm {
+                // Per-head RMS norm: view (n, heads, hd) as (n * heads, hd).
+                for (src, nw, dst) in [(&q_raw, qn, &mut q), (&k_raw, kn, &mut k)] {
+                    e.run(OpT::RmsNorm {
+                        x: E::rd(src),
+                        w: E::param(nw),
+                        dim: hd,
+                        eps: c.rms_eps,
+                        out: E::wr(dst),
+                    })?;
+                }
             }
+            e.run(OpT::RopeKvWrite {
+                q: E::wr(&mut q),
+                k: E::wr(&mut k),
+                v: E::rd(&v),
+                n_heads: c.n_heads,
+                rope_dim: c.rope_dim,
+                positions: E::idx_view(positions),
+                inv_freq: E::param(&w.inv_freq),
+                neox: c.arch.neox_rope(),
+                slots: E::idx_view(slots),
+                cache: E::kv_layer_mut(kv, li)?,
+            })
+            .with_context(|| format!("layer {li}"))?;
+            e.run(OpT::PagedAttention {
+                q: E::rd(&q),
+                n_heads: c.n_heads,
+                scale,
+                cache: E::kv_layer(kv, li)?,
+                batch: E::batch_view(batch),
+                out: E::wr(&mut att),
+            })
+            .with_context(|| format!("layer {li}"))?;
+            // x += att · woᵀ (the residual add folded into the matmul).
+            mat_muls(e, &att, n, vec![(&l.wo, &mut x, true)], None)?;
+            mat_muls(
+                e,
+                &x,
+                n,
+                vec![(&l.w_gate, &mut gate, false), (&l.w_up, &mut up, false)],
+                Some((&l.ffn_norm, c.rms_eps, &mut h)),
+            )?;
+            e.run(OpT::SwiGlu {
+                gate: E::rd(&gate),
+                up: E::rd(&up),
+                out: E::wr(&mut act),
+            })?;
+            mat_muls(e, &act, n, vec![(&l.w_down, &mut x, true)], None)?;
         }
-        e.run(OpT::RopeKvWrite {
-            q: E::wr(&mut q),
-            k: E::wr(&mut k),
-            v: E::rd(&v),
-            n_heads: c.n_heads,
-            rope_dim: c.rope_dim,
-            positions: E::idx_view(positions),
-            inv_freq: E::param(&w.inv_freq),
-            neox: c.arch.neox_rope(),
-            slots: E::idx_view(slots),
-            cache: E::kv_layer_mut(kv, li)?,
-        })
-        .with_context(|| format!("layer {li}"))?;
-        e.run(OpT::PagedAttention {
-            q: E::rd(&q),
-            n_heads: c.n_heads,
-            scale,
-            cache: E::kv_layer(kv, li)?,
-            batch: E::batch_view(batch),
-            out: E::wr(&mut att),
-        })
-        .with_context(|| format!("layer {li}"))?;
-        // x += att · woᵀ (the residual add folded into the matmul).
-        mat_muls(e, &att, n, vec![(&l.wo, &mut x, true)], None)?;
-        mat_muls(
-            e,
-            &x,
-            n,
-            vec![(&l.w_gate, &mut gate, false), (&l.w_up, &mut up, false)],
-            Some((&l.ffn_norm, c.rms_eps, &mut h)),
-        )?;
-        e.run(OpT::SwiGlu {
-            gate: E::rd(&gate),
-            up: E::rd(&up),
-            out: E::wr(&mut act),
-        })?;
-        mat_muls(e, &act, n, vec![(&l.w_down, &mut x, true)], None)?;
     }
     // Only the rows that want logits go through the output head.
     if m == 0 {

@@ -18,6 +18,7 @@ mod att_maps;
 mod attention;
 mod attention_exact;
 mod attention_forms;
+mod decode_layers;
 mod matmul;
 mod matmul_blas;
 mod matmul_exact;
@@ -30,6 +31,9 @@ pub(crate) use act_cache::ActKey;
 pub(crate) use attention_exact::{att_ex_threads, ATT_EX_CLUSTER_MAX};
 pub(crate) use attention_forms::{
     att_pipe_smem, att_stages, att_w_stages, ATT_CLUSTER_MAX, ATT_M3_STAGES, ATT_SPLIT_THREADS,
+};
+pub(crate) use decode_layers::{
+    DlLayerPtrs, DlModel, DL_CLUSTERS, DL_ENTRIES, DL_SMEM, DL_THREADS,
 };
 pub(crate) use matmul::{fast_uses_blas, TILE_SMEM};
 pub(crate) use matmul_mma::mq_smem_max;

@@ -1,0 +1,130 @@
+//! `quire check-exact --mode fast-layers`: the fused decode layers
+//! (one launch for every layer of a one-row `fast` step,
+//! launch/decode_layers.rs) against the op-by-op `fast` graph, both against
+//! the cpu's exact logits. Their arithmetic differs (norm, attention and
+//! residual order), so the check is not bitwise: at every step the fused
+//! logits must agree on NaN/Inf and be no farther from the cpu's than a
+//! bound derived from the op-by-op path's own distance.
+
+use super::ops::CheckExactArgs;
+use crate::backend::{GpuMode, Mode};
+use crate::kv::SeqId;
+use crate::opcheck::compare;
+use crate::runner::{LogitsWanted, Runner, RunnerOptions, SeqWork};
+use anyhow::{bail, Context, Result};
+use rand::{Rng, SeedableRng};
+
+fn argmax(v: &[f32]) -> usize {
+    let mut best = 0usize;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// A step's fused NMSE passes when it is at most this many times the
+/// op-by-op path's NMSE (both against the cpu), or below the floor: the
+/// fused path may round differently, not worse.
+const RATIO: f64 = 4.0;
+const FLOOR: f64 = 1e-4;
+
+pub fn check_fused_layers(a: &CheckExactArgs) -> Result<()> {
+    let base = RunnerOptions {
+        threads: a.threads,
+        kv_tokens: (a.run.prompt_tokens + a.run.tokens + 16).max(64),
+        mode: Mode::Fast,
+        ..Default::default()
+    };
+    let gpu_opts = |fused| RunnerOptions {
+        gpu: GpuMode::Required,
+        cuda_fused_layers: Some(fused),
+        ..base.clone()
+    };
+    let mut fused = Runner::load(&a.run.model, &gpu_opts(true)).context("loading (fused)")?;
+    let mut plain = Runner::load(&a.run.model, &gpu_opts(false)).context("loading (op by op)")?;
+    let mut cpu = Runner::load(
+        &a.run.model,
+        &RunnerOptions {
+            mode: Mode::Exact,
+            ..base.clone()
+        },
+    )
+    .context("loading the cpu reference")?;
+    println!("check-exact: fast mode, fused decode layers against op by op, both against the cpu (exact)");
+    let vocab = cpu.config().vocab_size;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.run.seed);
+    let prompt: Vec<u32> = (0..a.run.prompt_tokens.max(1))
+        .map(|_| rng.random_range(0..vocab as u32))
+        .collect();
+    let seq = SeqId(1);
+    let mut toks = prompt.clone();
+    let (mut worst, mut sum_f, mut sum_p) = (0f64, 0f64, 0f64);
+    let (mut top_f, mut top_p) = (0usize, 0usize);
+    let mut bad: Option<String> = None;
+    for step in 0..=a.run.tokens {
+        let (chunk, start) = if step == 0 {
+            (prompt.clone(), 0)
+        } else {
+            (vec![*toks.last().unwrap_or(&0)], toks.len() - 1)
+        };
+        let work = [SeqWork {
+            seq,
+            tokens: &chunk,
+            start_pos: start,
+            logits: LogitsWanted::Last,
+        }];
+        let lf = fused
+            .step(&work)
+            .with_context(|| format!("fused step {step}"))?;
+        let lp = plain
+            .step(&work)
+            .with_context(|| format!("op-by-op step {step}"))?;
+        let lc = cpu
+            .step(&work)
+            .with_context(|| format!("cpu step {step}"))?;
+        let (f, p, c) = (&lf[0], &lp[0], &lc[0]);
+        let (cf, cp) = (compare(f, c), compare(p, c));
+        if step > 0 {
+            sum_f += cf.nmse;
+            sum_p += cp.nmse;
+            worst = worst.max(cf.nmse / cp.nmse.max(1e-30));
+            top_f += usize::from(argmax(f) == argmax(c));
+            top_p += usize::from(argmax(p) == argmax(c));
+        }
+        let ok = cf.nan_inf_ok && (cf.nmse <= RATIO * cp.nmse || cf.nmse <= FLOOR);
+        if !ok && bad.is_none() {
+            bad = Some(format!(
+                "step {step}: fused NMSE {:.3e} vs op-by-op {:.3e} (NaN/Inf agree: {})",
+                cf.nmse, cp.nmse, cf.nan_inf_ok
+            ));
+        }
+        if step < a.run.tokens {
+            toks.push(argmax(c) as u32);
+        }
+    }
+    let n = a.run.tokens.max(1) as f64;
+    let ran = fused
+        .backend_report()
+        .iter()
+        .find(|(op, _, _)| op == "decode_layers")
+        .map_or(0, |r| r.2);
+    println!(
+        "check-exact: {} decode steps: mean NMSE vs cpu fused {:.3e}, op by op {:.3e} (worst step ratio {:.2}); greedy token as the cpu's: fused {top_f}, op by op {top_p}; fused launches {ran}",
+        a.run.tokens,
+        sum_f / n,
+        sum_p / n,
+        worst
+    );
+    // Decode graphs replay the captured launch without going through the
+    // executor, so the count is of steps run op by op or captured.
+    if ran == 0 && a.run.tokens > 0 {
+        bail!("the fused decode layers never ran (not taken for this model or device: see RUST_LOG=debug)");
+    }
+    if let Some(why) = bad {
+        bail!("fused decode layers: {why}");
+    }
+    println!("check-exact: PASS (fused within {RATIO}x the op-by-op NMSE or below {FLOOR:e} at every step)");
+    Ok(())
+}
