@@ -338,7 +338,7 @@ mod tests {
         assert_eq!(granularity(row_bytes(GgmlType::Q4_0, 576).unwrap()), 4);
         assert_eq!(granularity(row_bytes(GgmlType::Q4_0, 2048).unwrap()), 1);
         assert_eq!(granularity(row_bytes(GgmlType::Q4_1, 576).unwrap()), 2);
-        assert_eq!(granularity(row_bytes(GgmlType::Q8_0, 576).unwrap()), 8);
+        assert_eq!(granularity(row_bytes(GgmlType::Q8_0, 576).unwrap()), 4);
         for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
             for k in (32..4096).step_by(32) {
                 let rb = row_bytes(ty, k).unwrap();
