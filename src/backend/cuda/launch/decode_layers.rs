@@ -156,6 +156,93 @@ fn granularity(rb: usize) -> usize {
     (1..=16).find(|g| (g * rb).is_multiple_of(16)).unwrap_or(16)
 }
 
+/// The plan of entry `name` in clusters of `csize` CTAs for model `m`
+/// (the device-independent part of `dl_plan`).
+fn plan_for(
+    m: &DlModel,
+    name: &'static str,
+    csize: usize,
+    block_size: usize,
+    n_cells: usize,
+) -> std::result::Result<DlPlan, String> {
+    if m.n_layers == 0 || m.n_layers > DL_MAX_LAYERS {
+        return Err(format!("{} layers", m.n_layers));
+    }
+    let hd = m.head_dim;
+    let (qd, kvd) = (m.n_heads * hd, m.n_kv * hd);
+    if m.n_kv == 0 || !m.n_heads.is_multiple_of(m.n_kv) || m.n_heads / m.n_kv > 8 {
+        return Err(format!("{} heads over {} KV heads", m.n_heads, m.n_kv));
+    }
+    if !m.rope_dim.is_multiple_of(2) || m.rope_dim > hd {
+        return Err(format!("rope_dim {}", m.rope_dim));
+    }
+    for k in [m.dim, qd, m.ffn] {
+        if !k.is_multiple_of(32) || k == 0 {
+            return Err(format!("a row of {k} values"));
+        }
+    }
+    let rb = |k| row_bytes(m.ty, k).expect("type checked by entry");
+    let (rb_d, rb_q, rb_f) = (rb(m.dim), rb(qd), rb(m.ffn));
+    let (g_d, g_q, g_f) = (granularity(rb_d), granularity(rb_q), granularity(rb_f));
+    for (rows, g, rbytes) in [
+        (qd, g_d, rb_d),
+        (kvd, g_d, rb_d),
+        (m.dim, g_q, rb_q),
+        (m.ffn, g_d, rb_d),
+        (m.dim, g_f, rb_f),
+    ] {
+        if !rows.is_multiple_of(g) || g * rbytes > DL_SLOT {
+            return Err(format!("{rows} rows of {rbytes} bytes in groups of {g}"));
+        }
+    }
+    if DL_SLOT / rb_d > 512 {
+        return Err(format!("rows of {} values are too short", m.dim));
+    }
+    let g = m.n_heads / m.n_kv;
+    let kmax = m.dim.max(qd).max(m.ffn);
+    let act_bytes = kmax.next_multiple_of(16) + kmax / 32 * 8;
+    let att_bytes = (g * hd + hd + DL_NW * g * (hd + 2)) * 4;
+    // The ring starts 128-byte aligned (bulk copies into shared memory
+    // that is only 16-byte aligned measured several times slower).
+    let work = (DL_HEAD + act_bytes.max(att_bytes)).next_multiple_of(128) - DL_HEAD;
+    let room = DL_SMEM.saturating_sub(DL_HEAD + work + 16);
+    let n_slots = (room / DL_SLOT).min(DL_MAX_SLOTS);
+    if n_slots < 4 {
+        return Err(format!(
+            "{work} bytes of work area leave {n_slots} ring slots"
+        ));
+    }
+    let splits = (csize / m.n_kv).max(1);
+    let shape = DlShape {
+        n_layers: m.n_layers as i32,
+        dim: m.dim as i32,
+        n_heads: m.n_heads as i32,
+        n_kv: m.n_kv as i32,
+        hd: hd as i32,
+        ffn: m.ffn as i32,
+        rope_dim: m.rope_dim as i32,
+        neox: i32::from(m.neox),
+        block_size: block_size as i32,
+        n_slots: n_slots as i32,
+        csize: csize as i32,
+        g_qkv: g_d as i32,
+        g_o: g_q as i32,
+        g_gu: g_d as i32,
+        g_down: g_f as i32,
+        eps: m.eps,
+        scale: 1.0 / (hd as f32).sqrt(),
+        n_cells: n_cells as i64,
+        work_bytes: work as i32,
+    };
+    Ok(DlPlan {
+        name,
+        csize,
+        shape,
+        smem: DL_HEAD + work + n_slots * DL_SLOT + 16,
+        scratch_len: qd + 2 * kvd + m.ffn + m.n_heads * splits * (hd + 2),
+    })
+}
+
 impl CudaBackend {
     /// The fused step's plan for model `m` with a KV cache of `n_cells`
     /// cells in pages of `block_size`, or why it does not apply (the caller
@@ -178,84 +265,8 @@ impl CudaBackend {
             .into_iter()
             .find(|&c| self.att_clusters(name, c) > 0)
             .ok_or_else(|| "no cluster of 8 or 16 CTAs fits".to_string())?;
-        if m.n_layers == 0 || m.n_layers > DL_MAX_LAYERS {
-            return Err(format!("{} layers", m.n_layers));
-        }
-        let hd = m.head_dim;
-        let (qd, kvd) = (m.n_heads * hd, m.n_kv * hd);
-        if m.n_kv == 0 || !m.n_heads.is_multiple_of(m.n_kv) || m.n_heads / m.n_kv > 8 {
-            return Err(format!("{} heads over {} KV heads", m.n_heads, m.n_kv));
-        }
-        if !m.rope_dim.is_multiple_of(2) || m.rope_dim > hd {
-            return Err(format!("rope_dim {}", m.rope_dim));
-        }
-        for k in [m.dim, qd, m.ffn] {
-            if !k.is_multiple_of(32) || k == 0 {
-                return Err(format!("a row of {k} values"));
-            }
-        }
-        let rb = |k| row_bytes(m.ty, k).expect("type checked by entry");
-        let (rb_d, rb_q, rb_f) = (rb(m.dim), rb(qd), rb(m.ffn));
-        let (g_d, g_q, g_f) = (granularity(rb_d), granularity(rb_q), granularity(rb_f));
-        for (rows, g, rbytes) in [
-            (qd, g_d, rb_d),
-            (kvd, g_d, rb_d),
-            (m.dim, g_q, rb_q),
-            (m.ffn, g_d, rb_d),
-            (m.dim, g_f, rb_f),
-        ] {
-            if !rows.is_multiple_of(g) || g * rbytes > DL_SLOT {
-                return Err(format!("{rows} rows of {rbytes} bytes in groups of {g}"));
-            }
-        }
-        if DL_SLOT / rb_d > 512 {
-            return Err(format!("rows of {} values are too short", m.dim));
-        }
-        let g = m.n_heads / m.n_kv;
-        let kmax = m.dim.max(qd).max(m.ffn);
-        let act_bytes = kmax.next_multiple_of(16) + kmax / 32 * 8;
-        let att_bytes = (g * hd + hd + DL_NW * g * (hd + 2)) * 4;
-        // The ring starts 128-byte aligned (bulk copies into shared memory
-        // that is only 16-byte aligned measured several times slower).
-        let work = (DL_HEAD + act_bytes.max(att_bytes)).next_multiple_of(128) - DL_HEAD;
-        let room = DL_SMEM.saturating_sub(DL_HEAD + work + 16);
-        let n_slots = (room / DL_SLOT).min(DL_MAX_SLOTS);
-        if n_slots < 4 {
-            return Err(format!(
-                "{work} bytes of work area leave {n_slots} ring slots"
-            ));
-        }
-        let splits = (csize / m.n_kv).max(1);
-        let shape = DlShape {
-            n_layers: m.n_layers as i32,
-            dim: m.dim as i32,
-            n_heads: m.n_heads as i32,
-            n_kv: m.n_kv as i32,
-            hd: hd as i32,
-            ffn: m.ffn as i32,
-            rope_dim: m.rope_dim as i32,
-            neox: i32::from(m.neox),
-            block_size: block_size as i32,
-            n_slots: n_slots as i32,
-            csize: csize as i32,
-            g_qkv: g_d as i32,
-            g_o: g_q as i32,
-            g_gu: g_d as i32,
-            g_down: g_f as i32,
-            eps: m.eps,
-            scale: 1.0 / (hd as f32).sqrt(),
-            n_cells: n_cells as i64,
-            work_bytes: work as i32,
-        };
-        Ok(DlPlan {
-            name,
-            csize,
-            shape,
-            smem: DL_HEAD + work + n_slots * DL_SLOT + 16,
-            scratch_len: qd + 2 * kvd + m.ffn + m.n_heads * splits * (hd + 2),
-        })
+        plan_for(m, name, csize, block_size, n_cells)
     }
-
     /// Runs every layer of a one-row decode step: x (dim,) in place, the
     /// row's K/V written into each layer's cache. `layers` holds one entry
     /// per layer (DlLayerPtrs: weights of the plan's type and the model's
@@ -345,6 +356,70 @@ mod tests {
                 assert_eq!((granularity(rb) * rb) % 16, 0, "{ty:?} k {k}");
             }
         }
+    }
+
+    fn model(ty: GgmlType, dim: usize, heads: usize, kv: usize, hd: usize, ffn: usize) -> DlModel {
+        DlModel {
+            ty,
+            n_layers: 30,
+            dim,
+            n_heads: heads,
+            n_kv: kv,
+            head_dim: hd,
+            ffn,
+            rope_dim: hd,
+            neox: false,
+            eps: 1e-5,
+        }
+    }
+
+    #[test]
+    fn plans_of_the_issue_shapes() {
+        // SmolLM2-135M: 9 heads over 3 KV heads, 5 splits of 16 CTAs.
+        let s = model(GgmlType::Q4_0, 576, 9, 3, 64, 1536);
+        let p = plan_for(&s, DL_ENTRIES[0], 16, 16, 4096).unwrap();
+        assert_eq!((p.shape.g_qkv, p.shape.g_o, p.shape.g_down), (4, 4, 1));
+        assert_eq!(p.scratch_len, 576 + 2 * 192 + 1536 + 9 * 5 * 66);
+        // The ring starts 128-byte aligned and everything fits.
+        assert_eq!((DL_HEAD + p.shape.work_bytes as usize) % 128, 0);
+        assert!(p.smem <= DL_SMEM);
+        assert_eq!(
+            p.smem,
+            DL_HEAD + p.shape.work_bytes as usize + p.shape.n_slots as usize * DL_SLOT + 16
+        );
+        assert!(p.shape.n_slots >= 12);
+        // Llama-3.2-1B and the 8B (head_dim 64 / 128, 4 heads per KV head).
+        let b1 = model(GgmlType::Q4_0, 2048, 32, 8, 64, 8192);
+        assert!(plan_for(&b1, DL_ENTRIES[0], 16, 16, 4096).is_ok());
+        let b8 = model(GgmlType::Q8_0, 4096, 32, 8, 128, 14336);
+        let p8 = plan_for(&b8, DL_ENTRIES[5], 8, 16, 4096).unwrap();
+        assert!(p8.smem <= DL_SMEM && p8.shape.n_slots >= 4);
+    }
+
+    #[test]
+    fn plans_refuse_what_the_kernel_cannot_run() {
+        let ok = model(GgmlType::Q4_0, 576, 9, 3, 64, 1536);
+        // More than 8 query heads per KV head, uneven groups, odd rope.
+        assert!(plan_for(
+            &model(GgmlType::Q4_0, 576, 18, 1, 64, 1536),
+            "x",
+            16,
+            16,
+            64
+        )
+        .is_err());
+        assert!(plan_for(&model(GgmlType::Q4_0, 576, 9, 2, 64, 1536), "x", 16, 16, 64).is_err());
+        let odd = DlModel { rope_dim: 63, ..ok };
+        assert!(plan_for(&odd, "x", 16, 16, 64).is_err());
+        let many = DlModel {
+            n_layers: DL_MAX_LAYERS + 1,
+            ..ok
+        };
+        assert!(plan_for(&many, "x", 16, 16, 64).is_err());
+        // Rows too short for the gate buffer of a slot.
+        assert!(plan_for(&model(GgmlType::Q4_0, 32, 1, 1, 32, 256), "x", 16, 16, 64).is_err());
+        assert!(entry(GgmlType::Q4_K, 64).is_none());
+        assert!(entry(GgmlType::Q4_0, 96).is_none());
     }
 
     #[test]
