@@ -6,7 +6,7 @@
 # Llama-3.2-1B Q4_K models. Writes logs and summary.txt to $OUT (or ./gpu-check-out).
 #
 #   QUIRE=./.devbin/quire scripts/gpu-check.sh [steps...]
-# steps: ops-exact ops-det ops-fast attn perf smollm fuse greedy llama bench (default: all)
+# steps: ops-exact ops-det ops-fast attn perf smollm fuse layers greedy llama bench (default: all)
 set -uo pipefail
 QUIRE="${QUIRE:-./target/release/quire}"
 OUT="${OUT:-./gpu-check-out}"
@@ -15,7 +15,7 @@ mkdir -p "$OUT"
 summary="$OUT/summary.txt"
 : >"$summary"
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(ops-exact ops-det ops-fast attn perf smollm fuse greedy llama bench)
+[ ${#steps[@]} -eq 0 ] && steps=(ops-exact ops-det ops-fast attn perf smollm fuse layers greedy llama bench)
 note() { echo "$*" | tee -a "$summary"; }
 note "gpu-check: $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 status=0
@@ -120,6 +120,15 @@ for s in "${steps[@]}"; do
       # a partial tile) against to_f16_wr, bitwise.
       [ -f "$tmp/llama1b-q4_0.gguf" ] || "$QUIRE" synth --shape Llama-3.2-1B --type Q4_0 -o "$tmp/llama1b-q4_0.gguf" >"$OUT/synth-llama-q4_0.log" 2>&1
       run_step fuse-prefill-fast "$QUIRE" check-exact --mode fast -m "$tmp/llama1b-q4_0.gguf" --prompt-tokens 700 --tokens 8
+      ;;
+    layers)
+      # The fused decode layers (experimental, QUIRE_FUSED_LAYERS) against
+      # the op-by-op fast graph, both against the cpu (NMSE): Q4_1 and Q4_0,
+      # a prompt long enough for every key split.
+      [ -f "$tmp/smollm2-q4_1.gguf" ] || "$QUIRE" synth --shape SmolLM2-135M --type Q4_1 -o "$tmp/smollm2-q4_1.gguf" >"$OUT/synth-smollm.log" 2>&1
+      [ -f "$tmp/llama1b-q4_0.gguf" ] || "$QUIRE" synth --shape Llama-3.2-1B --type Q4_0 -o "$tmp/llama1b-q4_0.gguf" >"$OUT/synth-llama-q4_0.log" 2>&1
+      run_step layers-smollm "$QUIRE" check-exact --mode fast-layers -m "$tmp/smollm2-q4_1.gguf" --prompt-tokens 300 --tokens 32
+      run_step layers-llama "$QUIRE" check-exact --mode fast-layers -m "$tmp/llama1b-q4_0.gguf" --prompt-tokens 200 --tokens 16
       ;;
     greedy)
       # Greedy and sampled decoding with the tokens chosen on the device
