@@ -1,6 +1,9 @@
 // Every transformer layer of a one-row decode step in one launch: one
-// thread-block cluster (DL_CS CTAs, one per SM) runs the layers in order
-// (`fast` mode only; sm_90+; launch/decode_layers.rs picks it).
+// thread-block cluster (16 or 8 CTAs, one per SM) runs the layers in order
+// (`fast` mode only; sm_90+; launch/decode_layers.rs plans it).
+// EXPERIMENTAL, off unless QUIRE_FUSED_LAYERS=1: correct (check-exact
+// --mode fast-layers) but measured 4-14x slower than the op-by-op graph;
+// docs/PERF.md says where the time goes and what to change next.
 //
 // Why: at batch 1 a small model's step is a chain of about ten dependent
 // kernels per layer, each costing its launch boundary and a few memory
@@ -727,9 +730,8 @@ __device__ void decode_layers_body(const DlLayer* __restrict__ layers, const DlS
                                    positions, slots, inv_freq);                                 \
     }
 
+// Only the form checked on a device (check-exact --mode fast-layers,
+// docs/PERF.md): the body is written for any 32-value block type and
+// head_dim 64 or 128; add an entry (and launch/decode_layers.rs's
+// `entry`) once its form has been checked.
 DL_ENTRY(decode_layers_q4_0_h64, TY_Q4_0, 64)
-DL_ENTRY(decode_layers_q4_1_h64, TY_Q4_1, 64)
-DL_ENTRY(decode_layers_q8_0_h64, TY_Q8_0, 64)
-DL_ENTRY(decode_layers_q4_0_h128, TY_Q4_0, 128)
-DL_ENTRY(decode_layers_q4_1_h128, TY_Q4_1, 128)
-DL_ENTRY(decode_layers_q8_0_h128, TY_Q8_0, 128)
