@@ -6,23 +6,11 @@
 //! logits must agree on NaN/Inf and be no farther from the cpu's than a
 //! bound derived from the op-by-op path's own distance.
 
-use super::ops::CheckExactArgs;
+use super::ops::{argmax, greedy_chunk, last_logits, random_prompt, CheckExactArgs};
 use crate::backend::{GpuMode, Mode};
-use crate::kv::SeqId;
 use crate::opcheck::compare;
-use crate::runner::{LogitsWanted, Runner, RunnerOptions, SeqWork};
+use crate::runner::{Runner, RunnerOptions};
 use anyhow::{bail, Context, Result};
-use rand::{Rng, SeedableRng};
-
-fn argmax(v: &[f32]) -> usize {
-    let mut best = 0usize;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best
-}
 
 /// A step's fused NMSE passes when it is at most this many times the
 /// op-by-op path's NMSE (both against the cpu), or below the floor: the
@@ -54,27 +42,14 @@ pub fn check_fused_layers(a: &CheckExactArgs) -> Result<()> {
     .context("loading the cpu reference")?;
     println!("check-exact: fast mode, fused decode layers against op by op, both against the cpu (exact)");
     let vocab = cpu.config().vocab_size;
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.run.seed);
-    let prompt: Vec<u32> = (0..a.run.prompt_tokens.max(1))
-        .map(|_| rng.random_range(0..vocab as u32))
-        .collect();
-    let seq = SeqId(1);
+    let prompt = random_prompt(a.run.seed, a.run.prompt_tokens, vocab);
     let mut toks = prompt.clone();
     let (mut worst, mut sum_f, mut sum_p) = (0f64, 0f64, 0f64);
     let (mut top_f, mut top_p) = (0usize, 0usize);
     let mut bad: Option<String> = None;
     for step in 0..=a.run.tokens {
-        let (chunk, start) = if step == 0 {
-            (prompt.clone(), 0)
-        } else {
-            (vec![*toks.last().unwrap_or(&0)], toks.len() - 1)
-        };
-        let work = [SeqWork {
-            seq,
-            tokens: &chunk,
-            start_pos: start,
-            logits: LogitsWanted::Last,
-        }];
+        let (chunk, start) = greedy_chunk(&prompt, &toks, step);
+        let work = last_logits(&chunk, start);
         let lf = fused
             .step(&work)
             .with_context(|| format!("fused step {step}"))?;
@@ -101,7 +76,7 @@ pub fn check_fused_layers(a: &CheckExactArgs) -> Result<()> {
             ));
         }
         if step < a.run.tokens {
-            toks.push(argmax(c) as u32);
+            toks.push(argmax(c));
         }
     }
     let n = a.run.tokens.max(1) as f64;

@@ -125,7 +125,8 @@ pub struct CheckExactArgs {
     pub mode: String,
 }
 
-fn argmax(v: &[f32]) -> u32 {
+/// The first maximum's index (check-exact continues with it).
+pub(super) fn argmax(v: &[f32]) -> u32 {
     let mut best = 0usize;
     for (i, &x) in v.iter().enumerate() {
         if x > v[best] {
@@ -133,6 +134,34 @@ fn argmax(v: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// `n` (at least 1) random token ids below `vocab`, from `seed`.
+pub(super) fn random_prompt(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    (0..n.max(1))
+        .map(|_| rng.random_range(0..vocab as u32))
+        .collect()
+}
+
+/// Step `step` of a greedy run whose tokens so far are `toks` (the prompt,
+/// then one token per step): the step's tokens and first position.
+pub(super) fn greedy_chunk(prompt: &[u32], toks: &[u32], step: usize) -> (Vec<u32>, usize) {
+    if step == 0 {
+        (prompt.to_vec(), 0)
+    } else {
+        (vec![*toks.last().unwrap_or(&0)], toks.len() - 1)
+    }
+}
+
+/// One sequence's step asking for its last row's logits.
+pub(super) fn last_logits(tokens: &[u32], start: usize) -> [SeqWork<'_>; 1] {
+    [SeqWork {
+        seq: SeqId(1),
+        tokens,
+        start_pos: start,
+        logits: LogitsWanted::Last,
+    }]
 }
 
 /// Loads the model twice (GPU required + exact, and CPU), prefills a random
@@ -180,27 +209,14 @@ pub fn check_exact(a: CheckExactArgs) -> Result<()> {
     let mut cpu = Runner::load(&a.run.model, &ref_opts)
         .with_context(|| format!("loading the reference model ({ref_name})"))?;
     let vocab = cpu.config().vocab_size;
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.run.seed);
-    let prompt: Vec<u32> = (0..a.run.prompt_tokens.max(1))
-        .map(|_| rng.random_range(0..vocab as u32))
-        .collect();
-    let seq = SeqId(1);
+    let prompt = random_prompt(a.run.seed, a.run.prompt_tokens, vocab);
     let mut toks = prompt.clone();
     let (mut t_gpu, mut t_cpu) = (0f64, 0f64);
     let mut mismatches = 0usize;
     let mut first_bad: Option<usize> = None;
     for step in 0..=a.run.tokens {
-        let (chunk, start) = if step == 0 {
-            (prompt.clone(), 0)
-        } else {
-            (vec![*toks.last().unwrap_or(&0)], toks.len() - 1)
-        };
-        let work = [SeqWork {
-            seq,
-            tokens: &chunk,
-            start_pos: start,
-            logits: LogitsWanted::Last,
-        }];
+        let (chunk, start) = greedy_chunk(&prompt, &toks, step);
+        let work = last_logits(&chunk, start);
         let t = Instant::now();
         let lg = gpu
             .step(&work)

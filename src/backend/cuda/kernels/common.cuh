@@ -148,17 +148,22 @@ __device__ __forceinline__ void tma_3d_g2s(void* dst, const TmaMap* map, int x, 
         "l"(map), "r"(x), "r"(y), "r"(z), "r"((u32)__cvta_generic_to_shared(bar))
         : "memory");
 }
+// Whether the phase of parity `par` of the barrier has completed (waits
+// a system-dependent while first).
+__device__ __forceinline__ bool mbar_try(u64* bar, u32 par) {
+    u32 a = (u32)__cvta_generic_to_shared(bar), done;
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(a), "r"(par)
+        : "memory");
+    return done != 0;
+}
 // Waits until the phase of parity `par` of the barrier has completed.
 __device__ __forceinline__ void mbar_wait(u64* bar, u32 par) {
-    u32 a = (u32)__cvta_generic_to_shared(bar), done;
-    do {
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-            "selp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(a), "r"(par)
-            : "memory");
-    } while (!done);
+    while (!mbar_try(bar, par)) {
+    }
 }
 #endif
 

@@ -202,18 +202,8 @@ __device__ __forceinline__ void dl_spin_check(long long t0, int what, int n) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // mbar_wait with the spin guard.
 __device__ __forceinline__ void dl_wait(u64* bar, u32 par, int what, int n) {
-    u32 a = (u32)__cvta_generic_to_shared(bar), done;
     long long t0 = clock64();
-    for (;;) {
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-            "selp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(a), "r"(par)
-            : "memory");
-        if (done) return;
-        dl_spin_check(t0, what, n);
-    }
+    while (!mbar_try(bar, par)) dl_spin_check(t0, what, n);
 }
 #endif
 
@@ -296,16 +286,8 @@ __device__ __forceinline__ float dl_row_dot(const u8* row, int k, const signed c
         int w[8];
         float a0, a1, b;
         decode_unit<TY>(row, u, w, a0, a1, b);
-        const int4* xa = (const int4*)(xq + 32 * u);
-        int4 x0 = xa[0], x1 = xa[1];
-        int i0 = __dp4a(w[0], x0.x, 0);
-        i0 = __dp4a(w[1], x0.y, i0);
-        i0 = __dp4a(w[2], x0.z, i0);
-        i0 = __dp4a(w[3], x0.w, i0);
-        int i1 = __dp4a(w[4], x1.x, 0);
-        i1 = __dp4a(w[5], x1.y, i1);
-        i1 = __dp4a(w[6], x1.z, i1);
-        i1 = __dp4a(w[7], x1.w, i1);
+        int i0, i1;
+        unit_idot(w, xq + 32 * u, &i0, &i1);
         float2 ds = xds[u];
         float t = fmaf(a0, (float)i0, a1 * (float)i1);
         acc = fmaf(ds.x, t, fmaf(b, ds.y, acc));

@@ -157,6 +157,24 @@ __device__ __forceinline__ int spread4(u32 t) {
 
 __device__ __forceinline__ float f16_at2(const u8* p) { return q_f16(*(const u16*)p); }
 
+// The integer dots of a decoded unit w[8] with its 32 int8 activations at
+// xq (16-byte aligned): *i0 of values 0..15, *i1 of 16..31 (__dp4a, in
+// order; integers, so any order gives the same bits).
+__device__ __forceinline__ void unit_idot(const int* w, const signed char* xq, int* i0, int* i1) {
+    const int4* xa = (const int4*)xq;
+    int4 x0 = xa[0], x1 = xa[1];
+    int s0 = __dp4a(w[0], x0.x, 0);
+    s0 = __dp4a(w[1], x0.y, s0);
+    s0 = __dp4a(w[2], x0.z, s0);
+    s0 = __dp4a(w[3], x0.w, s0);
+    int s1 = __dp4a(w[4], x1.x, 0);
+    s1 = __dp4a(w[5], x1.y, s1);
+    s1 = __dp4a(w[6], x1.z, s1);
+    s1 = __dp4a(w[7], x1.w, s1);
+    *i0 = s0;
+    *i1 = s1;
+}
+
 // Decodes unit `u` of a weight row into w[8] (values 4i..4i+3 in word i, as
 // signed int8), the scales A0 (values 0..15), A1 (16..31) and the minimum B.
 template <int TY>
