@@ -28,7 +28,8 @@ impl CudaExec {
         b: &StepBufs<<Self as Exec>::IdxBuf<'_>, <Self as Exec>::BatchBuf<'_>>,
         x: &mut DevBuf,
     ) -> Result<bool> {
-        if self.mode != Mode::Fast || b.n != 1 || self.profile {
+        // The switch first: off (the default), a step pays no other check.
+        if !self.be.fused_layers || self.mode != Mode::Fast || b.n != 1 || self.profile {
             return Ok(false);
         }
         let Some(l0) = w.layers.first() else {

@@ -35,10 +35,10 @@ pub struct Layer<S: Store> {
 
 /// All weights of a llama-family model, wherever they live.
 pub struct LlamaWeights<S: Store> {
-    pub(crate) token_embd: S::Mat,
-    pub(crate) output_norm: S::Vec,
+    token_embd: S::Mat,
+    output_norm: S::Vec,
     /// `output.weight`, or `token_embd.weight` when tied.
-    pub(crate) output: S::Mat,
+    output: S::Mat,
     pub(crate) layers: Vec<Layer<S>>,
     /// (rope_dim / 2,) inverse frequencies, computed once in f64 then
     /// rounded to f32 so every backend gets the same table.

@@ -32,7 +32,7 @@
 // A CTA's share of a matrix is a contiguous run of rows (whole groups of
 // `g` rows, so every copy starts 16-byte aligned), cut into chunks of at
 // most one slot. Producer and consumers walk the same chunk sequence
-// (dl_walk). The matvec arithmetic is mv_q8_r1's (int8 activations per
+// (dl_next). The matvec arithmetic is mv_q8_r1's (int8 activations per
 // 32-block, one warp per row, lane l units l, l + 32, ..., __dp4a, xor
 // tree); norm, rope and attention are this file's own (run-to-run
 // deterministic: fixed orders, no atomics on values).
@@ -81,10 +81,9 @@ __device__ __forceinline__ void dl_share(int rows, int g, int rank, int cs, int*
     *r1 = (int)((long long)ng * (rank + 1) / cs) * g;
 }
 
-// Bytes of one stored row of k values of type TY (units of 32 values).
+// Bytes of one stored row of k values of a 32-value block type TY.
 template <int TY>
 __device__ __forceinline__ int dl_row_bytes(int k) {
-    if (TY == TY_Q4_K || TY == TY_Q5_K || TY == TY_Q6_K) return (k / 256) * gr_type_size(TY);
     return (k / 32) * gr_type_size(TY);
 }
 
@@ -207,18 +206,20 @@ __device__ __forceinline__ void dl_wait(u64* bar, u32 par, int what, int n) {
 }
 #endif
 
+// Named barrier of the consumer warps only.
+__device__ __forceinline__ void dl_sync() {
+    asm volatile("bar.sync 1, %0;" ::"r"(DL_NW * 32) : "memory");
+}
+
 // The cluster barrier of the consumer warps: every CTA adds 1 to every
 // CTA's counter (release, cluster scope; after the consumers' named
 // barrier, so it is cumulative over their writes), then waits until its
 // own counter reaches `target` (acquire). Counters only grow, so no phase
 // can be confused with the next. The producer warp never takes part.
 __device__ __forceinline__ void dl_bar(u32* ctr, int cs, u32 target) {
-    if (DL_SKIP & 8) {
-        asm volatile("bar.sync 1, %0;" ::"r"(DL_NW * 32) : "memory");
-        return;
-    }
+    dl_sync();
+    if (DL_SKIP & 8) return;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("bar.sync 1, %0;" ::"r"(DL_NW * 32) : "memory");
     if (threadIdx.x < (unsigned)cs) {
         u32 a = cl_peer(ctr, (int)threadIdx.x);
         asm volatile("red.release.cluster.shared::cluster.add.u32 [%0], 1;" ::"r"(a) : "memory");
@@ -235,9 +236,16 @@ __device__ __forceinline__ void dl_bar(u32* ctr, int cs, u32 target) {
 #endif
 }
 
-// Named barrier of the consumer warps only.
-__device__ __forceinline__ void dl_sync() {
-    asm volatile("bar.sync 1, %0;" ::"r"(DL_NW * 32) : "memory");
+// Values val(0..len) -> int8 blocks (q8_block) in xq / xds: warp w takes
+// 32-blocks w, w + NW, ...; ends with the consumers' barrier.
+template <class F>
+__device__ __forceinline__ void dl_q8_by(int len, signed char* xq, float2* xds, F val) {
+    int l = threadIdx.x & 31, wp = threadIdx.x >> 5;
+    for (int b = wp; b < len / 32; b += DL_NW) {
+        float v = val(32 * b + l);
+        q8_block<1>(&v, l, xq + 32 * b, xds + b);
+    }
+    dl_sync();
 }
 
 // rms_norm(x) * w -> int8 blocks (q8_block) in xq / xds; x read from L2
@@ -258,21 +266,12 @@ __device__ __forceinline__ void dl_norm_q8(const float* x, const float* __restri
 #pragma unroll
     for (int i = 0; i < DL_NW; i++) tot += red[i];
     float rs = rsqrtf(tot / (float)dim + eps);
-    for (int b = wp; b < dim / 32; b += DL_NW) {
-        float v = __ldcg(x + 32 * b + l) * rs * nw[32 * b + l];
-        q8_block<1>(&v, l, xq + 32 * b, xds + b);
-    }
-    dl_sync();
+    dl_q8_by(dim, xq, xds, [&](int i) { return __ldcg(x + i) * rs * nw[i]; });
 }
 
 // Plain vector -> int8 blocks (act of the FFN).
 __device__ __forceinline__ void dl_q8(const float* a, int len, signed char* xq, float2* xds) {
-    int l = threadIdx.x & 31, wp = threadIdx.x >> 5;
-    for (int b = wp; b < len / 32; b += DL_NW) {
-        float v = __ldcg(a + 32 * b + l);
-        q8_block<1>(&v, l, xq + 32 * b, xds + b);
-    }
-    dl_sync();
+    dl_q8_by(len, xq, xds, [&](int i) { return __ldcg(a + i); });
 }
 
 // One weight row (in shared memory) dotted with the int8 activations:
@@ -313,9 +312,10 @@ __device__ __noinline__ void dl_attention(const DlShape& P, const DlLayer& L, in
     per = (per + 31) & ~31;
     const int k0 = s * per, k1 = min(n_keys, k0 + per);
     const bool own = k0 <= (int)pos && (int)pos < k1;
-    // Rope of the G query heads (and of the new key, in kn) with
-    // rope_kv_write's arithmetic; values past rope_dim copied.
-    for (int i = t; i < (G + 1) * HD; i += DL_NW * 32) {
+    // Rope of the G query heads (and, where this unit writes the new K/V
+    // cell, of the new key, in kn) with rope_kv_write's arithmetic; values
+    // past rope_dim copied.
+    for (int i = t; i < (own ? G + 1 : G) * HD; i += DL_NW * 32) {
         int h = i / HD, e = i % HD;
         const float* src = h < G ? q + (long long)(g * G + h) * HD : k + (long long)g * HD;
         float* dst = h < G ? qs + h * HD : kn;
@@ -521,6 +521,12 @@ struct DlCtx {
     int rank, cs, S;
 };
 
+// The consumers' next cluster barrier (the nbar-th: every CTA's counter
+// reaches nbar x cs).
+__device__ __forceinline__ void dl_next_bar(DlCtx& c) {
+    c.nbar++;
+    dl_bar(c.ctr, c.cs, c.nbar * c.cs);
+}
 
 // The consumers' step into weight stage `st` of layer `li`: the cluster
 // barrier that ends the stage before (none before stage 0: the layer's
@@ -530,14 +536,10 @@ template <int HD>
 __device__ __noinline__ void dl_enter(DlCtx& c, int li, int st) {
     const DlShape& P = *c.P;
     if (st > 0) {
-        c.nbar++;
-        dl_bar(c.ctr, c.cs, c.nbar * c.cs);
+        dl_next_bar(c);
     }
     if (DL_SKIP & 4) {
-        if (st == 1) {
-            c.nbar++;
-            dl_bar(c.ctr, c.cs, c.nbar * c.cs);
-        }
+        if (st == 1) dl_next_bar(c);
     } else if (st == 0) {
         dl_norm_q8(c.x, c.layers[li].attn_norm, P.dim, P.eps, c.xq, c.xds, c.red);
     } else if (st == 1) {
@@ -546,8 +548,7 @@ __device__ __noinline__ void dl_enter(DlCtx& c, int li, int st) {
                 dl_attention<HD>(P, c.layers[li], u / c.S, u % c.S, c.S, c.q, c.k, c.v, c.table,
                                  c.pos, c.slot, c.inv_freq, c.qs, c.kn, c.wpart, c.parts);
         }
-        c.nbar++;
-        dl_bar(c.ctr, c.cs, c.nbar * c.cs);
+        dl_next_bar(c);
         dl_merge_q8<HD>(c.parts, P.n_heads, c.S, c.xq, c.xds);
     } else if (st == 2) {
         dl_norm_q8(c.x, c.layers[li].ffn_norm, P.dim, P.eps, c.xq, c.xds, c.red);
@@ -563,8 +564,7 @@ __device__ __forceinline__ void dl_advance(DlCtx& c, int* layer, int* stage, int
     while (*layer < li || *stage < st) {
         if (*stage == 3) {
             if (*layer >= 0) {
-                c.nbar++;
-                dl_bar(c.ctr, c.cs, c.nbar * c.cs);
+                dl_next_bar(c);
             }
             ++*layer;
             *stage = 0;
@@ -692,8 +692,7 @@ __device__ void decode_layers_body(const DlLayer* __restrict__ layers, const DlS
         // Stages and layers this CTA had no rows of still take their
         // barriers; then the last layer's end.
         dl_advance<HD>(c, &layer, &stage, P.n_layers - 1, 3);
-        c.nbar++;
-        dl_bar(c.ctr, c.cs, c.nbar * c.cs);
+        dl_next_bar(c);
     }
     // No CTA leaves while another may still add to its counter.
     att_cluster_sync();

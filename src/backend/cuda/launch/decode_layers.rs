@@ -110,10 +110,10 @@ pub struct DlModel {
     pub eps: f32,
 }
 
-/// What the fused step was planned with: entry, cluster size, shape.
+/// What the fused step was planned with: entry, shape (with the cluster
+/// size), shared bytes.
 pub struct DlPlan {
     name: &'static str,
-    csize: usize,
     shape: DlShape,
     smem: usize,
     /// f32 scratch the step needs: q, k, v, act and the attention partials.
@@ -125,17 +125,6 @@ fn entry(ty: GgmlType, hd: usize) -> Option<&'static str> {
         (GgmlType::Q4_0, 64) => Some(DL_ENTRIES[0]),
         _ => None,
     }
-}
-
-/// Bytes of a stored row of k values (32-value blocks).
-fn row_bytes(ty: GgmlType, k: usize) -> Option<usize> {
-    let b = match ty {
-        GgmlType::Q4_0 => 18,
-        GgmlType::Q4_1 => 20,
-        GgmlType::Q8_0 => 34,
-        _ => return None,
-    };
-    Some(k / 32 * b)
 }
 
 /// The fewest rows whose bytes are a multiple of 16 (every bulk copy
@@ -169,8 +158,11 @@ fn plan_for(
             return Err(format!("a row of {k} values"));
         }
     }
-    let rb = |k| row_bytes(m.ty, k).expect("type checked by entry");
-    let (rb_d, rb_q, rb_f) = (rb(m.dim), rb(qd), rb(m.ffn));
+    let rb = |k: usize| {
+        m.ty.row_bytes(k)
+            .map_err(|e| format!("{:?} rows of {k}: {e}", m.ty))
+    };
+    let (rb_d, rb_q, rb_f) = (rb(m.dim)?, rb(qd)?, rb(m.ffn)?);
     let (g_d, g_q, g_f) = (granularity(rb_d), granularity(rb_q), granularity(rb_f));
     for (rows, g, rbytes) in [
         (qd, g_d, rb_d),
@@ -224,7 +216,6 @@ fn plan_for(
     };
     Ok(DlPlan {
         name,
-        csize,
         shape,
         smem: DL_HEAD + work + n_slots * DL_SLOT + 16,
         scratch_len: qd + 2 * kvd + m.ffn + m.n_heads * splits * (hd + 2),
@@ -234,16 +225,13 @@ fn plan_for(
 impl CudaBackend {
     /// The fused step's plan for model `m` with a KV cache of `n_cells`
     /// cells in pages of `block_size`, or why it does not apply (the caller
-    /// then runs the layers op by op).
+    /// then runs the layers op by op; it checks `fused_layers` first).
     pub(crate) fn dl_plan(
         &self,
         m: &DlModel,
         block_size: usize,
         n_cells: usize,
     ) -> std::result::Result<DlPlan, String> {
-        if !self.fused_layers {
-            return Err("turned off".into());
-        }
         let name = entry(m.ty, m.head_dim)
             .ok_or_else(|| format!("type {:?} / head_dim {}", m.ty, m.head_dim))?;
         if self.func(name).is_err() {
@@ -255,6 +243,7 @@ impl CudaBackend {
             .ok_or_else(|| "no cluster of 8 or 16 CTAs fits".to_string())?;
         plan_for(m, name, csize, block_size, n_cells)
     }
+
     /// Runs every layer of a one-row decode step: x (dim,) in place, the
     /// row's K/V written into each layer's cache. `layers` holds one entry
     /// per layer (DlLayerPtrs: weights of the plan's type and the model's
@@ -310,7 +299,7 @@ impl CudaBackend {
             .ptr(dev_ptr(&batch.positions.slice(..), s))
             .ptr(dev_ptr(slots, s))
             .ptr(dev_ptr(inv_freq, s));
-        let cs = u32::try_from(plan.csize)?;
+        let cs = u32::try_from(sh.csize)?;
         let cfg = LaunchConfig {
             grid_dim: (1, cs, 1),
             block_dim: (DL_THREADS as u32, 1, 1),
@@ -334,13 +323,13 @@ mod tests {
     #[test]
     fn granularity_makes_16_byte_runs() {
         // SmolLM2's dim 576 in Q4_0: 324-byte rows, groups of 4.
-        assert_eq!(granularity(row_bytes(GgmlType::Q4_0, 576).unwrap()), 4);
-        assert_eq!(granularity(row_bytes(GgmlType::Q4_0, 2048).unwrap()), 1);
-        assert_eq!(granularity(row_bytes(GgmlType::Q4_1, 576).unwrap()), 2);
-        assert_eq!(granularity(row_bytes(GgmlType::Q8_0, 576).unwrap()), 4);
+        assert_eq!(granularity(GgmlType::Q4_0.row_bytes(576).unwrap()), 4);
+        assert_eq!(granularity(GgmlType::Q4_0.row_bytes(2048).unwrap()), 1);
+        assert_eq!(granularity(GgmlType::Q4_1.row_bytes(576).unwrap()), 2);
+        assert_eq!(granularity(GgmlType::Q8_0.row_bytes(576).unwrap()), 4);
         for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
             for k in (32..4096).step_by(32) {
-                let rb = row_bytes(ty, k).unwrap();
+                let rb = ty.row_bytes(k).unwrap();
                 assert_eq!((granularity(rb) * rb) % 16, 0, "{ty:?} k {k}");
             }
         }
