@@ -24,7 +24,7 @@ pub use logits::PinnedLogits;
 
 pub(crate) use launch::fast_uses_blas;
 pub(crate) use launch::{device_draws, draw_record, GreedyRing, DRAW_WORDS, GREEDY_SLOTS};
-pub(crate) use launch::{DlLayerPtrs, DlModel};
+pub(crate) use launch::{DlLayerPtrs, DlModel, L2Bufs};
 pub mod mem;
 mod pdl;
 pub use pdl::PdlExec;
@@ -96,6 +96,9 @@ pub struct CudaBackend {
     /// gate, up) quantize it once. Cleared by every other op, every
     /// activation allocation and arena growth.
     act_cache: Mutex<Option<launch::ActKey>>,
+    /// While a decode graph is captured with the L2 read-ahead: the weights
+    /// its matvecs read, in order (launch/l2_ahead.rs).
+    l2_log: Mutex<Option<launch::L2Log>>,
     /// Whether rms_norm and swiglu quantize their output for the next
     /// matmul themselves (launch::q8_out; QUIRE_PREQUANT=0 turns it off:
     /// the same bits, one more kernel per norm and swiglu).
@@ -443,6 +446,7 @@ impl CudaBackend {
             blas,
             arena: Mutex::new(arena),
             act_cache: Mutex::new(None),
+            l2_log: Mutex::new(None),
             prequant: std::env::var("QUIRE_PREQUANT").map_or(true, |v| v != "0"),
             fused_layers: std::env::var("QUIRE_FUSED_LAYERS").is_ok_and(|v| v == "1"),
             last_mv_q8: std::sync::atomic::AtomicBool::new(false),

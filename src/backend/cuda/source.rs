@@ -132,6 +132,11 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
         include_str!("kernels/decode_layers_fast.cu"),
         &super::launch::DL_ENTRIES,
     ),
+    (
+        "l2_ahead_fast",
+        include_str!("kernels/l2_ahead_fast.cu"),
+        &["l2_ahead"],
+    ),
 ];
 
 /// Kernel files that use Hopper-only instructions (wgmma): compiled for

@@ -125,6 +125,8 @@ pub(super) struct DecodeGraph {
     /// Scratch arena size at capture: a larger arena is a new allocation,
     /// and the graph must be captured again.
     pub(super) arena_len: usize,
+    /// The L2 read-ahead branch's buffers (QUIRE_L2_AHEAD_MB; None: off).
+    pub(super) l2: Option<crate::backend::cuda::L2Bufs>,
 }
 
 impl CudaExec {
@@ -228,6 +230,7 @@ impl CudaExec {
                 warm: false,
                 capture_failed: false,
                 arena_len: 0,
+                l2: None,
             });
         }
         let st = self.be.stream();
@@ -335,6 +338,7 @@ impl CudaExec {
                 self.decode_finish(&logits, &mut g.out, fin.as_ref())?;
                 g.warm = true;
             } else {
+                let l2_on = self.be.l2_prepare(&mut g.l2)?;
                 drv(
                     st.begin_capture(
                         cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
@@ -342,10 +346,24 @@ impl CudaExec {
                     "beginning graph capture",
                 )?;
                 self.capturing.store(true, Ordering::Relaxed);
-                let r = step(self, kv, &bufs).and_then(|l| {
+                // The read-ahead branch (launch/l2_ahead.rs) forks first and
+                // is joined last, after a failed step too.
+                let mut l2 = g.l2.as_mut().filter(|_| l2_on);
+                let r = match &mut l2 {
+                    Some(b) => self.be.l2_begin(b),
+                    None => Ok(()),
+                };
+                let r = r.and_then(|()| step(self, kv, &bufs)).and_then(|l| {
                     let l = l.ok_or_else(|| anyhow!("decode step returned no logits"))?;
                     self.decode_finish(&l, &mut g.out, fin.as_ref())
                 });
+                let (r, l2_segs) = match &l2 {
+                    Some(b) => match self.be.l2_end(b) {
+                        Ok(segs) => (r, Some(segs)),
+                        Err(e) => (r.and(Err(e)), None),
+                    },
+                    None => (r, None),
+                };
                 self.capturing.store(false, Ordering::Relaxed);
                 let graph = drv(
                     st.end_capture(
@@ -355,6 +373,13 @@ impl CudaExec {
                 );
                 let captured = r.and_then(|()| {
                     graph?.ok_or_else(|| anyhow!("graph capture produced no graph"))
+                });
+                let captured = captured.and_then(|graph| {
+                    if let (Some(segs), Some(l2)) = (l2_segs, l2) {
+                        let n = self.be.l2_upload(l2, &segs)?;
+                        tracing::debug!("decode graph for batch {b}: l2 read-ahead of {n} pieces");
+                    }
+                    Ok(graph)
                 });
                 let captured = captured.and_then(|graph| {
                     if !self.be.pdl_enabled() {

@@ -450,11 +450,16 @@ __device__ __forceinline__ float2 q_f16x2(u32 v) {
 struct MmJobs {
     const u8* w[MM_JOBS];
     float* out[MM_JOBS];
+    // The L2 read-ahead's progress word (l2_ahead_fast.cu), or null: the
+    // one-row matvecs publish there how far the chain has read (mv_mark).
+    int* mark_ptr;
     int m[MM_JOBS];
     int end[MM_JOBS];
     int add;
     int count;
     int prefetch;  // 1: prefetch the weight rows before griddepcontrol.wait
+    int mark;      // job 0's first byte in the step's weight stream, in 256-byte units
+    int mark_rb;   // the bytes of one weight row (every job's)
 };
 
 // One CUtensorMap per job of a MatMuls table (cuTensorMapEncodeTiled on
@@ -495,6 +500,21 @@ __device__ __forceinline__ MmJob mm_job(const MmJobs& J, int by) {
         }
     }
     return r;
+}
+
+// The L2 read-ahead's progress (launch/l2_ahead.rs): every 16th CTA of a
+// job (thread 0) raises the progress word to where its rows start in the
+// step's weight stream (jobs are consecutive there, in table order), so
+// the read-ahead stays a fixed distance ahead of the chain's reads. Only a
+// hint: it orders nothing and no result depends on it. Called before
+// griddepcontrol.wait (PDL places CTAs early, which only moves it ahead).
+__device__ __forceinline__ void mv_mark(const MmJobs& J, const MmJob& jb, int rows_per_cta) {
+    if (J.mark_ptr == nullptr || threadIdx.x != 0 || blockIdx.x != 0 || (jb.by & 15) != 0) return;
+    long long rows = (long long)jb.by * rows_per_cta;
+#pragma unroll
+    for (int j = 0; j < MM_JOBS - 1; j++)
+        if (j < jb.j) rows += J.m[j];
+    atomicMax(J.mark_ptr, J.mark + (int)((rows * J.mark_rb) >> 8));
 }
 
 // Stores a finished product: out = v, or out += v for an adding job.

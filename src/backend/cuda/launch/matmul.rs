@@ -217,6 +217,8 @@ pub(super) fn mv_grid(n: usize, ctas: u32) -> Result<LaunchConfig> {
 pub(super) struct MmJobs {
     w: [u64; MAX_MAT_JOBS],
     out: [u64; MAX_MAT_JOBS],
+    /// The L2 read-ahead's progress word, or 0 (l2_ahead.rs).
+    mark_ptr: u64,
     m: [i32; MAX_MAT_JOBS],
     end: [i32; MAX_MAT_JOBS],
     add: i32,
@@ -224,6 +226,10 @@ pub(super) struct MmJobs {
     /// 1: the kernel prefetches its weight rows before waiting for its
     /// predecessor (see mv_prefetch).
     prefetch: i32,
+    /// Job 0's first byte in the step's weight stream, in 256-byte units.
+    mark: i32,
+    /// Bytes per weight row (every job's).
+    mark_rb: i32,
 }
 // SAFETY: MmJobs is #[repr(C)] plain data (u64 addresses and i32s) laid out
 // like the kernels' struct MmJobs (8-byte fields first, no pointers into
@@ -240,6 +246,15 @@ impl MmJobs {
     /// Points job `j`'s output at device address `addr`.
     pub(super) fn set_out(&mut self, j: usize, addr: u64) {
         self.out[j] = addr;
+    }
+
+    /// Points the one-row matvecs' progress marks (mv_mark) at device
+    /// address `ptr`: job 0 starts at `mark` (256-byte units) of the
+    /// step's weight stream, rows are `rb` bytes.
+    pub(super) fn set_marks(&mut self, ptr: u64, mark: i32, rb: i32) {
+        self.mark_ptr = ptr;
+        self.mark = mark;
+        self.mark_rb = rb;
     }
 
     /// Sets the table's add bits (bit j: job j adds into its output).
@@ -447,7 +462,8 @@ impl CudaBackend {
         let d = mm_dims(w0, n)?;
         let float_w = matches!(w0.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
         let s = self.stream();
-        let (table, ctas) = job_table(jobs, 8 / warps, s)?;
+        let (mut table, ctas) = job_table(jobs, 8 / warps, s)?;
+        self.l2_record(jobs, &mut table)?;
         let cfg = mv_grid(n, ctas)?;
         if float_w {
             let name = mv_name(n, warps, MV_FLOAT);

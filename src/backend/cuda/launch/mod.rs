@@ -19,6 +19,7 @@ mod attention;
 mod attention_exact;
 mod attention_forms;
 mod decode_layers;
+mod l2_ahead;
 mod matmul;
 mod matmul_blas;
 mod matmul_exact;
@@ -35,6 +36,7 @@ pub(crate) use attention_forms::{
 pub(crate) use decode_layers::{
     DlLayerPtrs, DlModel, DL_CLUSTERS, DL_ENTRIES, DL_SMEM, DL_THREADS,
 };
+pub(crate) use l2_ahead::{L2Bufs, L2Log};
 pub(crate) use matmul::{fast_uses_blas, TILE_SMEM};
 pub(crate) use matmul_mma::mq_smem_max;
 pub(crate) use matmul_wgmma::{wg_smem, wr_stages_knob};

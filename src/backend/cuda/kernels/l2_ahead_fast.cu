@@ -1,0 +1,68 @@
+// The L2 read-ahead of a captured one-row decode step (launch/l2_ahead.rs).
+//
+// Why: a decode step is a chain of dependent kernels, and between (and
+// inside) the weight-streaming matvecs sit latency-bound ones (norms, rope,
+// attention, the small q/k/v and o matvecs) during which DRAM is mostly
+// idle. This kernel runs beside the chain, in its own graph branch, and
+// streams the step's weights into L2 a bounded distance ahead of where the
+// chain reads them, so the chain finds them there.
+//
+// pieces: (2 + 2 n,) u64: pieces[0] = n; piece i is pieces[2 + 2 i] (its
+//   device address, 16-byte aligned) and pieces[3 + 2 i] (low 32 bits: its
+//   bytes, a multiple of 16; high 32 bits: where it ends in the step's
+//   weight stream, in 256-byte units), in stream order.
+// progress: the chain's read position in the same units (mv_mark in
+//   common.cuh raises it; zeroed before the step).
+// ahead: how far past `progress` a piece may end, in 256-byte units.
+//
+// CTA c (one warp) takes pieces c, c + gridDim.x, ... A piece is fetched
+// once progress + ahead reaches its end. Nothing the chain computes depends
+// on this kernel: it only reads, and a prefetch returns no data. A chain
+// that stops publishing progress (a step some of whose matmuls run another
+// kernel) would leave it waiting: after L2A_PATIENCE_NS without progress it
+// gives up, so the graph still completes.
+#ifndef L2A_PATIENCE_NS
+#define L2A_PATIENCE_NS 20000000ull
+#endif
+
+__device__ __forceinline__ unsigned long long l2a_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+extern "C" __global__ void __launch_bounds__(32) l2_ahead(const unsigned long long* __restrict__ pieces,
+                                                          const int* progress, int ahead) {
+    // Its only predecessor is the memset of `progress` (a full graph edge),
+    // so the wait returns at once; kept for the rule every entry follows.
+    GRID_DEP();
+    long long n = (long long)pieces[0];
+    int lane = threadIdx.x & 31;
+    int seen = -1;
+    unsigned long long since = l2a_now();
+    for (long long i = blockIdx.x; i < n; i += gridDim.x) {
+        unsigned long long a = pieces[2 + 2 * i];
+        unsigned long long wd = pieces[3 + 2 * i];
+        long long end = (long long)(wd >> 32);
+        unsigned bytes = (unsigned)(wd & 0xffffffffull);
+        for (;;) {
+            int p = *(volatile const int*)progress;
+            if ((long long)p + ahead >= end) break;
+            unsigned long long t = l2a_now();
+            if (p != seen) {
+                seen = p;
+                since = t;
+            } else if (t - since > L2A_PATIENCE_NS) {
+                return;
+            }
+            __nanosleep(256);
+        }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        if (lane == 0)
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(bytes) : "memory");
+#else
+        for (unsigned off = 128u * lane; off < bytes; off += 128u * 32u)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(a + off));
+#endif
+    }
+}

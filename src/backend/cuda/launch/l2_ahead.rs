@@ -1,0 +1,260 @@
+//! The L2 read-ahead of captured decode graphs (kernels/l2_ahead_fast.cu).
+//!
+//! A decode step reads every weight once, in a fixed order, through a
+//! chain of dependent kernels; while the latency-bound ones run (norms,
+//! rope, attention, the small matvecs) DRAM idles. When a decode graph is
+//! captured with the read-ahead on, the graph gets a second branch: after
+//! a memset of a progress word, one `l2_ahead` grid of a few one-warp CTAs
+//! runs beside the whole chain and prefetches the step's weights into L2,
+//! at most `QUIRE_L2_AHEAD_MB` past the chain's read position, which the
+//! one-row matvecs publish (`mv_mark`, common.cuh). The weights' order is
+//! recorded while the step is captured (`l2_record`, called by the matvec
+//! launch) and uploaded once after the capture, before the first replay.
+//!
+//! The branch writes nothing the chain reads, and the chain never waits
+//! for it (it joins the stream only at the graph's end): results are the
+//! same bits with it on or off.
+
+use super::matmul::MmJobs;
+use super::{dev_ptr, i32_of};
+use crate::backend::cuda::mem::Dev;
+use crate::backend::cuda::{drv, CudaBackend};
+use crate::backend::MatJob;
+use anyhow::{bail, Result};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use std::sync::Arc;
+
+/// Bytes per unit of the progress word and the pieces' end marks.
+const UNIT: u64 = 256;
+
+/// The knobs, read once: how far ahead (bytes; 0: off), bytes per bulk
+/// prefetch, and CTAs of the read-ahead grid.
+fn knobs() -> (u64, u64, u32) {
+    static K: std::sync::OnceLock<(u64, u64, u32)> = std::sync::OnceLock::new();
+    *K.get_or_init(|| {
+        let num = |var: &str, default: u64| -> u64 {
+            std::env::var(var)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(default)
+        };
+        (
+            num("QUIRE_L2_AHEAD_MB", 0) << 20,
+            (num("QUIRE_L2_PIECE_KB", 64) << 10).clamp(4 << 10, 1 << 30),
+            num("QUIRE_L2_CTAS", 16).clamp(1, 1024) as u32,
+        )
+    })
+}
+
+/// The weights a captured step read, in order, while it is captured.
+pub(crate) struct L2Log {
+    /// Device address of the progress word the matvecs raise.
+    mark_ptr: u64,
+    /// Bytes of the weight stream so far.
+    pos: u64,
+    /// (device address, bytes) of each weight matrix, in stream order.
+    segs: Vec<(u64, u64)>,
+}
+
+/// A decode graph's read-ahead buffers (reused by its recaptures).
+pub(crate) struct L2Bufs {
+    /// (2 + 2 n,) u64: the piece table (l2_ahead_fast.cu).
+    pieces: CudaSlice<u64>,
+    /// The chain's read position, in 256-byte units.
+    progress: CudaSlice<i32>,
+    /// The stream of the read-ahead's branch while the step is captured.
+    side: Arc<CudaStream>,
+    fork: CudaEvent,
+    join: CudaEvent,
+}
+
+/// The piece table of a stream of weight matrices (address, bytes):
+/// pieces of at most `piece` bytes (a multiple of 16), each with its end
+/// in the stream in 256-byte units, rounded up; whole 16-byte runs only
+/// (a bulk prefetch moves multiples of 16 bytes; a tail under 16 bytes is
+/// left to the chain). pieces[0] is the count.
+pub(crate) fn piece_table(segs: &[(u64, u64)], piece: u64) -> Result<Vec<u64>> {
+    let piece = (piece / 16).max(1) * 16;
+    let mut t = vec![0u64, 0u64];
+    let mut pos = 0u64;
+    for &(addr, bytes) in segs {
+        if !addr.is_multiple_of(16) {
+            bail!("l2 read-ahead: weights at {addr:#x} are not 16-byte aligned");
+        }
+        let mut off = 0u64;
+        while off + 16 <= bytes {
+            let len = (bytes - off).min(piece) / 16 * 16;
+            let end = (pos + off + len).div_ceil(UNIT);
+            if end > i32::MAX as u64 {
+                bail!("l2 read-ahead: a step of more than 512 GiB of weights");
+            }
+            t.push(addr + off);
+            t.push((end << 32) | len);
+            off += len;
+        }
+        pos += bytes;
+    }
+    t[0] = ((t.len() - 2) / 2) as u64;
+    Ok(t)
+}
+
+impl CudaBackend {
+    /// Whether decode graphs get the read-ahead: `QUIRE_L2_AHEAD_MB` > 0
+    /// (default 0, off) on a device with bulk prefetches (sm_90+).
+    pub(crate) fn l2_ahead_on(&self) -> bool {
+        knobs().0 > 0 && self.pdl_enabled()
+    }
+
+    /// A launch of the one-row matvec with job table `table` during a
+    /// capture with the read-ahead: the jobs' weights join the stream and
+    /// the table points the kernel's marks at the progress word.
+    pub(super) fn l2_record(&self, jobs: &[MatJob<'_, Dev>], table: &mut MmJobs) -> Result<()> {
+        let mut log = self.l2_log.lock().map_err(|_| anyhow::anyhow!("l2 log poisoned"))?;
+        let Some(log) = log.as_mut() else {
+            return Ok(());
+        };
+        let Some(j0) = jobs.first() else {
+            return Ok(());
+        };
+        let rb = j0.w.data.len() / j0.w.rows.max(1);
+        let s = self.stream();
+        let start = log.pos;
+        for j in jobs {
+            let bytes = (j.w.rows * rb) as u64;
+            log.segs.push((dev_ptr(&j.w.data, s), bytes));
+            log.pos += bytes;
+        }
+        table.set_marks(log.mark_ptr, i32_of((start / UNIT) as usize, "l2 mark")?, i32_of(rb, "row bytes")?);
+        Ok(())
+    }
+
+    /// Before a capture: the graph's read-ahead buffers, made or reused;
+    /// false when the read-ahead is off.
+    pub(crate) fn l2_prepare(&self, bufs: &mut Option<L2Bufs>) -> Result<bool> {
+        if !self.l2_ahead_on() {
+            return Ok(false);
+        }
+        let total: u64 = match self.weights.lock() {
+            Ok(w) => w.values().map(|b| b.len() as u64).sum(),
+            Err(_) => bail!("weights map poisoned"),
+        };
+        // Every matrix adds at most one short piece.
+        let want = 2 + 2 * (total / knobs().1 + 8192) as usize;
+        if bufs.as_ref().is_some_and(|b| b.pieces.len() >= want) {
+            return Ok(true);
+        }
+        let s = self.stream();
+        let ctx = s.context();
+        *bufs = Some(L2Bufs {
+            pieces: drv(s.alloc_zeros::<u64>(want), "l2 read-ahead pieces")?,
+            progress: drv(s.alloc_zeros::<i32>(1), "l2 read-ahead progress")?,
+            side: drv(ctx.new_stream(), "l2 read-ahead stream")?,
+            fork: drv(ctx.new_event(None), "l2 read-ahead event")?,
+            join: drv(ctx.new_event(None), "l2 read-ahead event")?,
+        });
+        Ok(true)
+    }
+
+    /// In a capture, first: the progress word zeroed, then the read-ahead
+    /// branch forked off the stream; the matvecs captured after this record
+    /// their weights (`l2_record`).
+    pub(crate) fn l2_begin(&self, b: &mut L2Bufs) -> Result<()> {
+        let s = self.stream();
+        drv(s.memset_zeros(&mut b.progress), "l2 read-ahead: progress")?;
+        drv(b.fork.record(s), "l2 read-ahead: fork")?;
+        drv(b.side.wait(&b.fork), "l2 read-ahead: fork")?;
+        let (ahead, _, ctas) = knobs();
+        let ahead = i32_of(ahead.div_ceil(UNIT) as usize, "l2 read-ahead distance")?;
+        let cfg = LaunchConfig {
+            grid_dim: (ctas, 1, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = b.side.launch_builder(self.func("l2_ahead")?);
+        l.arg(&b.pieces).arg(&b.progress).arg(&ahead);
+        // SAFETY: matches l2_ahead (pieces, progress, ahead): pieces holds
+        // a count and that many (address, word) pairs (zero until
+        // l2_upload fills it; uploaded before any replay), progress one i32.
+        drv(unsafe { l.launch(cfg) }, "l2 read-ahead: launching l2_ahead")?;
+        let mark_ptr = {
+            use cudarc::driver::DevicePtr;
+            b.progress.device_ptr(s).0
+        };
+        let mut log = self.l2_log.lock().map_err(|_| anyhow::anyhow!("l2 log poisoned"))?;
+        *log = Some(L2Log {
+            mark_ptr,
+            pos: 0,
+            segs: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// In a capture, last (also after a failed step, so the branch is
+    /// joined): the branch joined back into the stream; the weights the
+    /// step recorded.
+    pub(crate) fn l2_end(&self, b: &L2Bufs) -> Result<Vec<(u64, u64)>> {
+        let segs = match self.l2_log.lock() {
+            Ok(mut l) => l.take().map(|l| l.segs).unwrap_or_default(),
+            Err(_) => bail!("l2 log poisoned"),
+        };
+        drv(b.join.record(&b.side), "l2 read-ahead: join")?;
+        drv(self.stream().wait(&b.join), "l2 read-ahead: join")?;
+        Ok(segs)
+    }
+
+    /// After a successful capture, before its first replay: the piece
+    /// table of the recorded weights, on the stream.
+    pub(crate) fn l2_upload(&self, b: &mut L2Bufs, segs: &[(u64, u64)]) -> Result<usize> {
+        let t = piece_table(segs, knobs().1)?;
+        if t.len() > b.pieces.len() {
+            bail!(
+                "l2 read-ahead: {} pieces do not fit the table of {}",
+                t[0],
+                (b.pieces.len() - 2) / 2
+            );
+        }
+        let mut dst = b.pieces.slice_mut(0..t.len());
+        drv(self.stream().memcpy_htod(&t, &mut dst), "l2 read-ahead: pieces")?;
+        Ok(t[0] as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::piece_table;
+
+    #[test]
+    fn pieces_cover_the_stream_in_order() {
+        // Two matrices: 102,408 bytes, then 40,000 bytes; 64 KiB pieces.
+        let a = 0x7000_0000u64;
+        let b = 0x7100_0000u64;
+        let t = piece_table(&[(a, 102_408), (b, 40_000)], 65_536).unwrap();
+        assert_eq!(t[0], 3);
+        assert_eq!(t.len(), 2 + 2 * 3);
+        let p: Vec<(u64, u64, u64)> = t[2..]
+            .chunks(2)
+            .map(|c| (c[0], c[1] & 0xffff_ffff, c[1] >> 32))
+            .collect();
+        // (address, bytes, end in 256-byte units rounded up): the 8-byte
+        // tail of the first matrix is left out, but the second one's stream
+        // position counts it.
+        assert_eq!(
+            p,
+            vec![
+                (a, 65_536, 256),
+                (a + 65_536, 36_864, 400),
+                (b, 40_000, (102_408u64 + 40_000).div_ceil(256)),
+            ]
+        );
+        // A piece size not a multiple of 16 is rounded down to one.
+        let t = piece_table(&[(a, 4096)], 1000).unwrap();
+        assert_eq!(t[0], 5);
+        assert_eq!(t[3] & 0xffff_ffff, 992);
+        assert_eq!(t[2 + 2 * 4 + 1] & 0xffff_ffff, 4096 - 4 * 992);
+    }
+
+    #[test]
+    fn misaligned_weights_are_refused() {
+        assert!(piece_table(&[(0x7000_0008, 4096)], 65_536).is_err());
+    }
+}
