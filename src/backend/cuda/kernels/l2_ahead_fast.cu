@@ -7,10 +7,12 @@
 // streams the step's weights into L2 a bounded distance ahead of where the
 // chain reads them, so the chain finds them there.
 //
-// pieces: (2 + 2 n,) u64: pieces[0] = n; piece i is pieces[2 + 2 i] (its
-//   device address, 16-byte aligned) and pieces[3 + 2 i] (low 32 bits: its
-//   bytes, a multiple of 16; high 32 bits: where it ends in the step's
-//   weight stream, in 256-byte units), in stream order.
+// head: (2,) u64: the piece count n and the device address of the pieces,
+//   (2 n,) u64: piece i is pieces[2 i] (its device address, 16-byte
+//   aligned) and pieces[2 i + 1] (low 32 bits: its bytes, a multiple of 16;
+//   high 32 bits: where it ends in the step's weight stream, in 256-byte
+//   units), in stream order. (Filled after the capture, which fixes only
+//   the head's address: the table's size is known only then.)
 // progress: the chain's read position in the same units (mv_mark in
 //   common.cuh raises it; zeroed before the step).
 // ahead: how far past `progress` a piece may end, in 256-byte units.
@@ -31,18 +33,19 @@ __device__ __forceinline__ unsigned long long l2a_now() {
     return t;
 }
 
-extern "C" __global__ void __launch_bounds__(32) l2_ahead(const unsigned long long* __restrict__ pieces,
+extern "C" __global__ void __launch_bounds__(32) l2_ahead(const unsigned long long* __restrict__ head,
                                                           const int* progress, int ahead) {
     // Its only predecessor is the memset of `progress` (a full graph edge),
     // so the wait returns at once; kept for the rule every entry follows.
     GRID_DEP();
-    long long n = (long long)pieces[0];
+    long long n = (long long)head[0];
+    const unsigned long long* __restrict__ pieces = (const unsigned long long*)head[1];
     int lane = threadIdx.x & 31;
     int seen = -1;
     unsigned long long since = l2a_now();
     for (long long i = blockIdx.x; i < n; i += gridDim.x) {
-        unsigned long long a = pieces[2 + 2 * i];
-        unsigned long long wd = pieces[3 + 2 * i];
+        unsigned long long a = pieces[2 * i];
+        unsigned long long wd = pieces[2 * i + 1];
         long long end = (long long)(wd >> 32);
         unsigned bytes = (unsigned)(wd & 0xffffffffull);
         for (;;) {

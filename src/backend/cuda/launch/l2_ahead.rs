@@ -58,8 +58,10 @@ pub(crate) struct L2Log {
 
 /// A decode graph's read-ahead buffers (reused by its recaptures).
 pub(crate) struct L2Bufs {
-    /// (2 + 2 n,) u64: the piece table (l2_ahead_fast.cu).
-    pieces: CudaSlice<u64>,
+    /// (2,) u64: the piece count and the pieces' address (l2_ahead_fast.cu).
+    head: CudaSlice<u64>,
+    /// (2 n,) u64: the piece table, made after the capture.
+    pieces: Option<CudaSlice<u64>>,
     /// The chain's read position, in 256-byte units.
     progress: CudaSlice<i32>,
     /// The stream of the read-ahead's branch while the step is captured.
@@ -72,10 +74,10 @@ pub(crate) struct L2Bufs {
 /// pieces of at most `piece` bytes (a multiple of 16), each with its end
 /// in the stream in 256-byte units, rounded up; whole 16-byte runs only
 /// (a bulk prefetch moves multiples of 16 bytes; a tail under 16 bytes is
-/// left to the chain). pieces[0] is the count.
+/// left to the chain).
 pub(crate) fn piece_table(segs: &[(u64, u64)], piece: u64) -> Result<Vec<u64>> {
     let piece = (piece / 16).max(1) * 16;
-    let mut t = vec![0u64, 0u64];
+    let mut t = Vec::new();
     let mut pos = 0u64;
     for &(addr, bytes) in segs {
         if !addr.is_multiple_of(16) {
@@ -94,7 +96,6 @@ pub(crate) fn piece_table(segs: &[(u64, u64)], piece: u64) -> Result<Vec<u64>> {
         }
         pos += bytes;
     }
-    t[0] = ((t.len() - 2) / 2) as u64;
     Ok(t)
 }
 
@@ -134,19 +135,14 @@ impl CudaBackend {
         if !self.l2_ahead_on() {
             return Ok(false);
         }
-        let total: u64 = match self.weights.lock() {
-            Ok(w) => w.values().map(|b| b.len() as u64).sum(),
-            Err(_) => bail!("weights map poisoned"),
-        };
-        // Every matrix adds at most one short piece.
-        let want = 2 + 2 * (total / knobs().1 + 8192) as usize;
-        if bufs.as_ref().is_some_and(|b| b.pieces.len() >= want) {
+        if bufs.is_some() {
             return Ok(true);
         }
         let s = self.stream();
         let ctx = s.context();
         *bufs = Some(L2Bufs {
-            pieces: drv(s.alloc_zeros::<u64>(want), "l2 read-ahead pieces")?,
+            head: drv(s.alloc_zeros::<u64>(2), "l2 read-ahead head")?,
+            pieces: None,
             progress: drv(s.alloc_zeros::<i32>(1), "l2 read-ahead progress")?,
             side: drv(ctx.new_stream(), "l2 read-ahead stream")?,
             fork: drv(ctx.new_event(None), "l2 read-ahead event")?,
@@ -171,10 +167,11 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         let mut l = b.side.launch_builder(self.func("l2_ahead")?);
-        l.arg(&b.pieces).arg(&b.progress).arg(&ahead);
-        // SAFETY: matches l2_ahead (pieces, progress, ahead): pieces holds
-        // a count and that many (address, word) pairs (zero until
-        // l2_upload fills it; uploaded before any replay), progress one i32.
+        l.arg(&b.head).arg(&b.progress).arg(&ahead);
+        // SAFETY: matches l2_ahead (head, progress, ahead): head holds a
+        // piece count and the address of that many (address, word) pairs
+        // (a count of zero until l2_upload, which runs before any replay,
+        // fills both), progress one i32.
         drv(unsafe { l.launch(cfg) }, "l2 read-ahead: launching l2_ahead")?;
         let mark_ptr = {
             use cudarc::driver::DevicePtr;
@@ -205,17 +202,22 @@ impl CudaBackend {
     /// After a successful capture, before its first replay: the piece
     /// table of the recorded weights, on the stream.
     pub(crate) fn l2_upload(&self, b: &mut L2Bufs, segs: &[(u64, u64)]) -> Result<usize> {
-        let t = piece_table(segs, knobs().1)?;
-        if t.len() > b.pieces.len() {
-            bail!(
-                "l2 read-ahead: {} pieces do not fit the table of {}",
-                t[0],
-                (b.pieces.len() - 2) / 2
-            );
+        let mut t = piece_table(segs, knobs().1)?;
+        let n = t.len() / 2;
+        if t.is_empty() {
+            t = vec![0, 0]; // no allocation of nothing; the count says 0
         }
-        let mut dst = b.pieces.slice_mut(0..t.len());
-        drv(self.stream().memcpy_htod(&t, &mut dst), "l2 read-ahead: pieces")?;
-        Ok(t[0] as usize)
+        let s = self.stream();
+        // A new table per capture (the old one is freed in stream order,
+        // after the replays that read it).
+        let pieces = drv(s.clone_htod(&t), "l2 read-ahead: pieces")?;
+        let addr = {
+            use cudarc::driver::DevicePtr;
+            pieces.device_ptr(s).0
+        };
+        drv(s.memcpy_htod(&[n as u64, addr], &mut b.head), "l2 read-ahead: head")?;
+        b.pieces = Some(pieces);
+        Ok(n)
     }
 }
 
@@ -229,9 +231,8 @@ mod tests {
         let a = 0x7000_0000u64;
         let b = 0x7100_0000u64;
         let t = piece_table(&[(a, 102_408), (b, 40_000)], 65_536).unwrap();
-        assert_eq!(t[0], 3);
-        assert_eq!(t.len(), 2 + 2 * 3);
-        let p: Vec<(u64, u64, u64)> = t[2..]
+        assert_eq!(t.len(), 2 * 3);
+        let p: Vec<(u64, u64, u64)> = t
             .chunks(2)
             .map(|c| (c[0], c[1] & 0xffff_ffff, c[1] >> 32))
             .collect();
@@ -248,9 +249,9 @@ mod tests {
         );
         // A piece size not a multiple of 16 is rounded down to one.
         let t = piece_table(&[(a, 4096)], 1000).unwrap();
-        assert_eq!(t[0], 5);
-        assert_eq!(t[3] & 0xffff_ffff, 992);
-        assert_eq!(t[2 + 2 * 4 + 1] & 0xffff_ffff, 4096 - 4 * 992);
+        assert_eq!(t.len(), 2 * 5);
+        assert_eq!(t[1] & 0xffff_ffff, 992);
+        assert_eq!(t[2 * 4 + 1] & 0xffff_ffff, 4096 - 4 * 992);
     }
 
     #[test]
