@@ -41,7 +41,7 @@ fn knobs() -> (u64, u64, u32) {
         (
             num("QUIRE_L2_AHEAD_MB", 0) << 20,
             (num("QUIRE_L2_PIECE_KB", 64) << 10).clamp(4 << 10, 1 << 30),
-            num("QUIRE_L2_CTAS", 16).clamp(1, 1024) as u32,
+            num("QUIRE_L2_CTAS", 32).clamp(1, 1024) as u32,
         )
     })
 }
