@@ -376,8 +376,11 @@ impl CudaExec {
                 });
                 let captured = captured.and_then(|graph| {
                     if let (Some(segs), Some(l2)) = (l2_segs, l2) {
-                        let n = self.be.l2_upload(l2, &segs)?;
-                        tracing::debug!("decode graph for batch {b}: l2 read-ahead of {n} pieces");
+                        let (n, ahead) = self.be.l2_upload(l2, &segs)?;
+                        tracing::debug!(
+                            "decode graph for batch {b}: l2 read-ahead of {n} pieces, {} KiB ahead",
+                            ahead >> 10
+                        );
                     }
                     Ok(graph)
                 });

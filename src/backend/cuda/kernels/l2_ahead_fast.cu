@@ -7,7 +7,8 @@
 // streams the step's weights into L2 a bounded distance ahead of where the
 // chain reads them, so the chain finds them there.
 //
-// head: (2,) u64: the piece count n and the device address of the pieces,
+// head: (3,) u64: the piece count n, the device address of the pieces,
+//   and how far past `progress` a piece may end (256-byte units). pieces:
 //   (2 n,) u64: piece i is pieces[2 i] (its device address, 16-byte
 //   aligned) and pieces[2 i + 1] (low 32 bits: its bytes, a multiple of 16;
 //   high 32 bits: where it ends in the step's weight stream, in 256-byte
@@ -15,7 +16,6 @@
 //   the head's address: the table's size is known only then.)
 // progress: the chain's read position in the same units (mv_mark in
 //   common.cuh raises it; zeroed before the step).
-// ahead: how far past `progress` a piece may end, in 256-byte units.
 //
 // CTA c (one warp) takes pieces c, c + gridDim.x, ... A piece is fetched
 // once progress + ahead reaches its end. Nothing the chain computes depends
@@ -41,12 +41,13 @@ __device__ __forceinline__ unsigned long long l2a_now() {
 }
 
 extern "C" __global__ void __launch_bounds__(32) l2_ahead(const unsigned long long* __restrict__ head,
-                                                          const int* progress, int ahead) {
+                                                          const int* progress) {
     // Its only predecessor is the memset of `progress` (a full graph edge),
     // so the wait returns at once; kept for the rule every entry follows.
     GRID_DEP();
     long long n = (long long)head[0];
     const unsigned long long* __restrict__ pieces = (const unsigned long long*)head[1];
+    long long ahead = (long long)head[2];
     int lane = threadIdx.x & 31;
     int seen = -1;
     unsigned long long since = l2a_now();

@@ -27,23 +27,49 @@ use std::sync::Arc;
 /// Bytes per unit of the progress word and the pieces' end marks.
 const UNIT: u64 = 256;
 
-/// The knobs, read once: how far ahead (bytes; 0: off), bytes per bulk
-/// prefetch, and CTAs of the read-ahead grid.
-fn knobs() -> (u64, u64, u32) {
-    static K: std::sync::OnceLock<(u64, u64, u32)> = std::sync::OnceLock::new();
+/// How far ahead the read-ahead runs (QUIRE_L2_AHEAD_MB).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Ahead {
+    Off,
+    /// The distance follows the step's weight bytes (`auto_ahead`).
+    Auto,
+    Bytes(u64),
+}
+
+/// The knobs, read once: the distance (QUIRE_L2_AHEAD_MB: unset, auto;
+/// 0, off; else MiB), bytes per bulk prefetch (QUIRE_L2_PIECE_KB, 64) and
+/// CTAs of the read-ahead grid (QUIRE_L2_CTAS, 32).
+fn knobs() -> (Ahead, u64, u32) {
+    static K: std::sync::OnceLock<(Ahead, u64, u32)> = std::sync::OnceLock::new();
     *K.get_or_init(|| {
-        let num = |var: &str, default: u64| -> u64 {
-            std::env::var(var)
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(default)
+        let num = |var: &str| -> Option<u64> { std::env::var(var).ok()?.parse().ok() };
+        let ahead = match num("QUIRE_L2_AHEAD_MB") {
+            None => Ahead::Auto,
+            Some(0) => Ahead::Off,
+            Some(mb) => Ahead::Bytes(mb << 20),
         };
         (
-            num("QUIRE_L2_AHEAD_MB", 0) << 20,
-            (num("QUIRE_L2_PIECE_KB", 64) << 10).clamp(4 << 10, 1 << 30),
-            num("QUIRE_L2_CTAS", 32).clamp(1, 1024) as u32,
+            ahead,
+            (num("QUIRE_L2_PIECE_KB").unwrap_or(64) << 10).clamp(4 << 10, 1 << 30),
+            num("QUIRE_L2_CTAS").unwrap_or(32).clamp(1, 1024) as u32,
         )
     })
+}
+
+/// The automatic distance for a step that reads `total` bytes of weights:
+/// none under 256 MiB (SmolLM2-135M: no gain at 2-8 MiB on an H100), else
+/// total / 80 within [4, 16] MiB. Measured on an H100 (2026-11-27, tg128,
+/// bulk prefetches, 32 CTAs): the 8B Q4_0 (4.5 GB) gained most at 16-20
+/// MiB (12: less, 24-32: slower than none), the 1B Q4_0 (0.75 GB) at 8
+/// MiB (16: less, 24: slower than none); L2 is 50 MB, and the lines the
+/// chain has just read stay in it too.
+pub(crate) fn auto_ahead(total: u64) -> u64 {
+    const MIB: u64 = 1 << 20;
+    if total < 256 * MIB {
+        0
+    } else {
+        (total / 80).clamp(4 * MIB, 16 * MIB)
+    }
 }
 
 /// The weights a captured step read, in order, while it is captured.
@@ -58,7 +84,8 @@ pub(crate) struct L2Log {
 
 /// A decode graph's read-ahead buffers (reused by its recaptures).
 pub(crate) struct L2Bufs {
-    /// (2,) u64: the piece count and the pieces' address (l2_ahead_fast.cu).
+    /// (3,) u64: the piece count, the pieces' address and the distance
+    /// (l2_ahead_fast.cu).
     head: CudaSlice<u64>,
     /// (2 n,) u64: the piece table, made after the capture.
     pieces: Option<CudaSlice<u64>>,
@@ -100,10 +127,11 @@ pub(crate) fn piece_table(segs: &[(u64, u64)], piece: u64) -> Result<Vec<u64>> {
 }
 
 impl CudaBackend {
-    /// Whether decode graphs get the read-ahead: `QUIRE_L2_AHEAD_MB` > 0
-    /// (default 0, off) on a device with bulk prefetches (sm_90+).
+    /// Whether decode graphs get the read-ahead branch: unless
+    /// `QUIRE_L2_AHEAD_MB=0`, on devices with bulk prefetches (sm_90+,
+    /// where decode graphs have programmatic edges).
     pub(crate) fn l2_ahead_on(&self) -> bool {
-        knobs().0 > 0 && self.pdl_enabled()
+        knobs().0 != Ahead::Off && self.pdl_enabled()
     }
 
     /// A launch of the one-row matvec with job table `table` during a
@@ -141,7 +169,7 @@ impl CudaBackend {
         let s = self.stream();
         let ctx = s.context();
         *bufs = Some(L2Bufs {
-            head: drv(s.alloc_zeros::<u64>(2), "l2 read-ahead head")?,
+            head: drv(s.alloc_zeros::<u64>(3), "l2 read-ahead head")?,
             pieces: None,
             progress: drv(s.alloc_zeros::<i32>(1), "l2 read-ahead progress")?,
             side: drv(ctx.new_stream(), "l2 read-ahead stream")?,
@@ -159,19 +187,18 @@ impl CudaBackend {
         drv(s.memset_zeros(&mut b.progress), "l2 read-ahead: progress")?;
         drv(b.fork.record(s), "l2 read-ahead: fork")?;
         drv(b.side.wait(&b.fork), "l2 read-ahead: fork")?;
-        let (ahead, _, ctas) = knobs();
-        let ahead = i32_of(ahead.div_ceil(UNIT) as usize, "l2 read-ahead distance")?;
+        let ctas = knobs().2;
         let cfg = LaunchConfig {
             grid_dim: (ctas, 1, 1),
             block_dim: (32, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut l = b.side.launch_builder(self.func("l2_ahead")?);
-        l.arg(&b.head).arg(&b.progress).arg(&ahead);
-        // SAFETY: matches l2_ahead (head, progress, ahead): head holds a
-        // piece count and the address of that many (address, word) pairs
-        // (a count of zero until l2_upload, which runs before any replay,
-        // fills both), progress one i32.
+        l.arg(&b.head).arg(&b.progress);
+        // SAFETY: matches l2_ahead (head, progress): head holds a piece
+        // count, the address of that many (address, word) pairs and the
+        // distance (a count of zero until l2_upload, which runs before any
+        // replay, fills them), progress one i32.
         drv(unsafe { l.launch(cfg) }, "l2 read-ahead: launching l2_ahead")?;
         let mark_ptr = {
             use cudarc::driver::DevicePtr;
@@ -201,8 +228,18 @@ impl CudaBackend {
 
     /// After a successful capture, before its first replay: the piece
     /// table of the recorded weights, on the stream.
-    pub(crate) fn l2_upload(&self, b: &mut L2Bufs, segs: &[(u64, u64)]) -> Result<usize> {
-        let mut t = piece_table(segs, knobs().1)?;
+    pub(crate) fn l2_upload(&self, b: &mut L2Bufs, segs: &[(u64, u64)]) -> Result<(usize, u64)> {
+        let total: u64 = segs.iter().map(|s| s.1).sum();
+        let ahead = match knobs().0 {
+            Ahead::Off => 0,
+            Ahead::Auto => auto_ahead(total),
+            Ahead::Bytes(v) => v,
+        };
+        let mut t = if ahead == 0 {
+            Vec::new()
+        } else {
+            piece_table(segs, knobs().1)?
+        };
         let n = t.len() / 2;
         if t.is_empty() {
             t = vec![0, 0]; // no allocation of nothing; the count says 0
@@ -215,9 +252,13 @@ impl CudaBackend {
             use cudarc::driver::DevicePtr;
             pieces.device_ptr(s).0
         };
-        drv(s.memcpy_htod(&[n as u64, addr], &mut b.head), "l2 read-ahead: head")?;
+        let units = ahead.div_ceil(UNIT).min(i32::MAX as u64);
+        drv(
+            s.memcpy_htod(&[n as u64, addr, units], &mut b.head),
+            "l2 read-ahead: head",
+        )?;
         b.pieces = Some(pieces);
-        Ok(n)
+        Ok((n, ahead))
     }
 }
 
@@ -252,6 +293,16 @@ mod tests {
         assert_eq!(t.len(), 2 * 5);
         assert_eq!(t[1] & 0xffff_ffff, 992);
         assert_eq!(t[2 * 4 + 1] & 0xffff_ffff, 4096 - 4 * 992);
+    }
+
+    #[test]
+    fn auto_distance() {
+        use super::auto_ahead;
+        let mib = 1u64 << 20;
+        assert_eq!(auto_ahead(93 * mib), 0); // SmolLM2-135M Q4_0
+        assert_eq!(auto_ahead(256 * mib), 4 * mib);
+        assert_eq!(auto_ahead(720 * mib), 9 * mib); // Llama-3.2-1B Q4_0
+        assert_eq!(auto_ahead(4520 * mib), 16 * mib); // Llama-3.1-8B Q4_0
     }
 
     #[test]
