@@ -127,6 +127,9 @@ pub(super) struct DecodeGraph {
     pub(super) arena_len: usize,
     /// The L2 read-ahead branch's buffers (QUIRE_L2_AHEAD_MB; None: off).
     pub(super) l2: Option<crate::backend::cuda::L2Bufs>,
+    /// The read-ahead distance the uncaptured step's weights call for (0:
+    /// the graph gets no branch; None: not measured).
+    pub(super) l2_measured: Option<u64>,
 }
 
 impl CudaExec {
@@ -231,6 +234,7 @@ impl CudaExec {
                 capture_failed: false,
                 arena_len: 0,
                 l2: None,
+                l2_measured: None,
             });
         }
         let st = self.be.stream();
@@ -333,12 +337,22 @@ impl CudaExec {
                 batch: DevBatch::Fixed(&g.batch),
             };
             if !g.warm || g.capture_failed {
-                let logits = step(self, kv, &bufs)?
-                    .ok_or_else(|| anyhow!("decode step returned no logits"))?;
-                self.decode_finish(&logits, &mut g.out, fin.as_ref())?;
+                // The first step also measures the weights the graph will
+                // read (whether it wants the L2 read-ahead branch).
+                if !g.warm {
+                    self.be.l2_measure()?;
+                }
+                let r = step(self, kv, &bufs).and_then(|l| {
+                    let l = l.ok_or_else(|| anyhow!("decode step returned no logits"))?;
+                    self.decode_finish(&l, &mut g.out, fin.as_ref())
+                });
+                if let Some(d) = self.be.l2_measured()? {
+                    g.l2_measured = Some(d);
+                }
+                r?;
                 g.warm = true;
             } else {
-                let l2_on = self.be.l2_prepare(&mut g.l2)?;
+                let l2_on = self.be.l2_prepare(&mut g.l2, g.l2_measured)?;
                 drv(
                     st.begin_capture(
                         cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
@@ -357,9 +371,9 @@ impl CudaExec {
                     let l = l.ok_or_else(|| anyhow!("decode step returned no logits"))?;
                     self.decode_finish(&l, &mut g.out, fin.as_ref())
                 });
-                let (r, l2_segs) = match &l2 {
+                let (r, l2_log) = match &l2 {
                     Some(b) => match self.be.l2_end(b) {
-                        Ok(segs) => (r, Some(segs)),
+                        Ok(log) => (r, Some(log)),
                         Err(e) => (r.and(Err(e)), None),
                     },
                     None => (r, None),
@@ -375,8 +389,8 @@ impl CudaExec {
                     graph?.ok_or_else(|| anyhow!("graph capture produced no graph"))
                 });
                 let captured = captured.and_then(|graph| {
-                    if let (Some(segs), Some(l2)) = (l2_segs, l2) {
-                        let (n, ahead) = self.be.l2_upload(l2, &segs)?;
+                    if let (Some(log), Some(l2)) = (l2_log, l2) {
+                        let (n, ahead) = self.be.l2_upload(l2, &log)?;
                         tracing::debug!(
                             "decode graph for batch {b}: l2 read-ahead of {n} pieces, {} KiB ahead",
                             ahead >> 10

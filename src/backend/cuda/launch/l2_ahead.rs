@@ -20,6 +20,7 @@ use super::{dev_ptr, i32_of};
 use crate::backend::cuda::mem::Dev;
 use crate::backend::cuda::{drv, CudaBackend};
 use crate::backend::MatJob;
+use crate::quant::GgmlType;
 use anyhow::{bail, Result};
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
@@ -56,19 +57,31 @@ fn knobs() -> (Ahead, u64, u32) {
     })
 }
 
-/// The automatic distance for a step that reads `total` bytes of weights:
-/// none under 256 MiB (SmolLM2-135M: no gain at 2-8 MiB on an H100), else
-/// total / 80 within [4, 16] MiB. Measured on an H100 (2026-11-27, tg128,
+/// The automatic distance for a step that reads `total` bytes of weights,
+/// all of them Q4_0 / Q4_1 (`q4`): none for other types or under 256 MiB,
+/// else total / 80 within [4, 16] MiB. Measured on an H100 (2026-11-27,
 /// bulk prefetches, 32 CTAs): the 8B Q4_0 (4.5 GB) gained most at 16-20
-/// MiB (12: less, 24-32: slower than none), the 1B Q4_0 (0.75 GB) at 8
-/// MiB (16: less, 24: slower than none); L2 is 50 MB, and the lines the
-/// chain has just read stay in it too.
-pub(crate) fn auto_ahead(total: u64) -> u64 {
+/// MiB (tg128 +8%; 12: less; 24-32: slower than none), the 1B Q4_0 (0.7
+/// GB) at 8 MiB (+4%; 16: less; 24: slower than none); SmolLM2-135M
+/// nothing at 2-8 MiB; the 8B Q8_0, whose matvec is nearer the copy
+/// bandwidth, +0.8% at tg128 but -2% after a 512-token prompt. L2 is 50
+/// MB, and the lines the chain has just read stay in it too.
+pub(crate) fn auto_ahead(total: u64, q4: bool) -> u64 {
     const MIB: u64 = 1 << 20;
-    if total < 256 * MIB {
+    if !q4 || total < 256 * MIB {
         0
     } else {
         (total / 80).clamp(4 * MIB, 16 * MIB)
+    }
+}
+
+/// The distance for a step of `total` bytes of weights (`q4`: all Q4_0 /
+/// Q4_1) under the knob; 0: none.
+fn distance(total: u64, q4: bool) -> u64 {
+    match knobs().0 {
+        Ahead::Off => 0,
+        Ahead::Auto => auto_ahead(total, q4),
+        Ahead::Bytes(v) => v,
     }
 }
 
@@ -80,6 +93,19 @@ pub(crate) struct L2Log {
     pos: u64,
     /// (device address, bytes) of each weight matrix, in stream order.
     segs: Vec<(u64, u64)>,
+    /// Whether every matrix so far is Q4_0 or Q4_1 (`auto_ahead`).
+    q4: bool,
+}
+
+impl L2Log {
+    fn new(mark_ptr: u64) -> Self {
+        L2Log {
+            mark_ptr,
+            pos: 0,
+            segs: Vec::new(),
+            q4: true,
+        }
+    }
 }
 
 /// A decode graph's read-ahead buffers (reused by its recaptures).
@@ -148,6 +174,9 @@ impl CudaBackend {
         let rb = j0.w.data.len() / j0.w.rows.max(1);
         let s = self.stream();
         let start = log.pos;
+        log.q4 &= jobs
+            .iter()
+            .all(|j| matches!(j.w.ty, GgmlType::Q4_0 | GgmlType::Q4_1));
         for j in jobs {
             let bytes = (j.w.rows * rb) as u64;
             log.segs.push((dev_ptr(&j.w.data, s), bytes));
@@ -158,9 +187,11 @@ impl CudaBackend {
     }
 
     /// Before a capture: the graph's read-ahead buffers, made or reused;
-    /// false when the read-ahead is off.
-    pub(crate) fn l2_prepare(&self, bufs: &mut Option<L2Bufs>) -> Result<bool> {
-        if !self.l2_ahead_on() {
+    /// false when the read-ahead is off, or its uncaptured step measured a
+    /// distance of 0 (`measured`: `l2_measured`'s answer), so the graph gets
+    /// no branch.
+    pub(crate) fn l2_prepare(&self, bufs: &mut Option<L2Bufs>, measured: Option<u64>) -> Result<bool> {
+        if !self.l2_ahead_on() || measured == Some(0) {
             return Ok(false);
         }
         if bufs.is_some() {
@@ -205,40 +236,53 @@ impl CudaBackend {
             b.progress.device_ptr(s).0
         };
         let mut log = self.l2_log.lock().map_err(|_| anyhow::anyhow!("l2 log poisoned"))?;
-        *log = Some(L2Log {
-            mark_ptr,
-            pos: 0,
-            segs: Vec::new(),
-        });
+        *log = Some(L2Log::new(mark_ptr));
         Ok(())
+    }
+
+    /// Before an uncaptured step: its matvecs record their weights
+    /// (without marks) so that `l2_measured` can tell whether the graph
+    /// captured next wants the read-ahead at all.
+    pub(crate) fn l2_measure(&self) -> Result<()> {
+        if self.l2_ahead_on() {
+            let mut log = self.l2_log.lock().map_err(|_| anyhow::anyhow!("l2 log poisoned"))?;
+            *log = Some(L2Log::new(0));
+        }
+        Ok(())
+    }
+
+    /// After the step `l2_measure` came before (also a failed one): the
+    /// read-ahead distance its weights call for (0: none; None: not
+    /// measured).
+    pub(crate) fn l2_measured(&self) -> Result<Option<u64>> {
+        let log = match self.l2_log.lock() {
+            Ok(mut l) => l.take(),
+            Err(_) => bail!("l2 log poisoned"),
+        };
+        Ok(log.map(|l| distance(l.pos, l.q4)))
     }
 
     /// In a capture, last (also after a failed step, so the branch is
     /// joined): the branch joined back into the stream; the weights the
     /// step recorded.
-    pub(crate) fn l2_end(&self, b: &L2Bufs) -> Result<Vec<(u64, u64)>> {
-        let segs = match self.l2_log.lock() {
-            Ok(mut l) => l.take().map(|l| l.segs).unwrap_or_default(),
+    pub(crate) fn l2_end(&self, b: &L2Bufs) -> Result<L2Log> {
+        let log = match self.l2_log.lock() {
+            Ok(mut l) => l.take().unwrap_or_else(|| L2Log::new(0)),
             Err(_) => bail!("l2 log poisoned"),
         };
         drv(b.join.record(&b.side), "l2 read-ahead: join")?;
         drv(self.stream().wait(&b.join), "l2 read-ahead: join")?;
-        Ok(segs)
+        Ok(log)
     }
 
     /// After a successful capture, before its first replay: the piece
     /// table of the recorded weights, on the stream.
-    pub(crate) fn l2_upload(&self, b: &mut L2Bufs, segs: &[(u64, u64)]) -> Result<(usize, u64)> {
-        let total: u64 = segs.iter().map(|s| s.1).sum();
-        let ahead = match knobs().0 {
-            Ahead::Off => 0,
-            Ahead::Auto => auto_ahead(total),
-            Ahead::Bytes(v) => v,
-        };
+    pub(crate) fn l2_upload(&self, b: &mut L2Bufs, log: &L2Log) -> Result<(usize, u64)> {
+        let ahead = distance(log.pos, log.q4);
         let mut t = if ahead == 0 {
             Vec::new()
         } else {
-            piece_table(segs, knobs().1)?
+            piece_table(&log.segs, knobs().1)?
         };
         let n = t.len() / 2;
         if t.is_empty() {
@@ -299,10 +343,11 @@ mod tests {
     fn auto_distance() {
         use super::auto_ahead;
         let mib = 1u64 << 20;
-        assert_eq!(auto_ahead(93 * mib), 0); // SmolLM2-135M Q4_0
-        assert_eq!(auto_ahead(256 * mib), 4 * mib);
-        assert_eq!(auto_ahead(720 * mib), 9 * mib); // Llama-3.2-1B Q4_0
-        assert_eq!(auto_ahead(4520 * mib), 16 * mib); // Llama-3.1-8B Q4_0
+        assert_eq!(auto_ahead(93 * mib, true), 0); // SmolLM2-135M Q4_0
+        assert_eq!(auto_ahead(256 * mib, true), 4 * mib);
+        assert_eq!(auto_ahead(720 * mib, true), 9 * mib); // Llama-3.2-1B Q4_0
+        assert_eq!(auto_ahead(4520 * mib, true), 16 * mib); // Llama-3.1-8B Q4_0
+        assert_eq!(auto_ahead(8540 * mib, false), 0); // Llama-3.1-8B Q8_0
     }
 
     #[test]
