@@ -98,7 +98,8 @@ impl CudaBackend {
                 let ctas1: usize = jobs.iter().map(|j| j.w.rows.div_ceil(8 * wr)).sum();
                 let split = exact_split(ctas1, self.sm_count(), ty);
                 let per_cta = if split { 4 * wr } else { 8 * wr };
-                let (table, ctas) = job_table(jobs, per_cta, s)?;
+                let (mut table, ctas) = job_table(jobs, per_cta, s)?;
+                self.l2_record(jobs, &mut table)?;
                 let tc = crate::backend::cuda::ty_code(ty)
                     .ok_or_else(|| anyhow::anyhow!("mat_mul: {ty:?} is not a weight type"))?;
                 let cfg = LaunchConfig {
