@@ -375,7 +375,6 @@ __device__ __forceinline__ void mv_exact32_body(MmJobs jobs, int k, int ty,
     // (4 pairs: the host launches 256 threads).
     __shared__ float xch[S == 2 ? 4 : 1][MV_EXACT_WR][NR][4];
     MmJob jb = mm_job(jobs, blockIdx.y);
-    mv_mark(jobs, jb, (blockDim.x >> 5) / S * MV_EXACT_WR);  // L2 read-ahead progress
     int m = jb.m;
     float* __restrict__ out = jb.out;
     int warp = threadIdx.x >> 5;

@@ -98,8 +98,7 @@ impl CudaBackend {
                 let ctas1: usize = jobs.iter().map(|j| j.w.rows.div_ceil(8 * wr)).sum();
                 let split = exact_split(ctas1, self.sm_count(), ty);
                 let per_cta = if split { 4 * wr } else { 8 * wr };
-                let (mut table, ctas) = job_table(jobs, per_cta, s)?;
-                self.l2_record(jobs, &mut table)?;
+                let (table, ctas) = job_table(jobs, per_cta, s)?;
                 let tc = crate::backend::cuda::ty_code(ty)
                     .ok_or_else(|| anyhow::anyhow!("mat_mul: {ty:?} is not a weight type"))?;
                 let cfg = LaunchConfig {
