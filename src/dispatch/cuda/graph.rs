@@ -340,7 +340,11 @@ impl CudaExec {
                 // The first step also measures the weights the graph will
                 // read (whether it wants the L2 read-ahead branch).
                 if !g.warm {
-                    self.be.l2_measure()?;
+                    if self.be.l2_wants_rows(b) {
+                        self.be.l2_measure()?;
+                    } else {
+                        g.l2_measured = Some(0);
+                    }
                 }
                 let r = step(self, kv, &bufs).and_then(|l| {
                     let l = l.ok_or_else(|| anyhow!("decode step returned no logits"))?;

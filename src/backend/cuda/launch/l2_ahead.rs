@@ -2,14 +2,24 @@
 //!
 //! A decode step reads every weight once, in a fixed order, through a
 //! chain of dependent kernels; while the latency-bound ones run (norms,
-//! rope, attention, the small matvecs) DRAM idles. When a decode graph is
-//! captured with the read-ahead on, the graph gets a second branch: after
-//! a memset of a progress word, one `l2_ahead` grid of a few one-warp CTAs
-//! runs beside the whole chain and prefetches the step's weights into L2,
-//! at most `QUIRE_L2_AHEAD_MB` past the chain's read position, which the
-//! one-row matvecs publish (`mv_mark`, common.cuh). The weights' order is
-//! recorded while the step is captured (`l2_record`, called by the matvec
-//! launch) and uploaded once after the capture, before the first replay.
+//! rope, attention, the small matvecs) DRAM idles. A one-row `fast` decode
+//! graph whose weights call for it (`auto_ahead`: Q4_0 / Q4_1, 256 MiB or
+//! more) gets a second branch: after a memset of a progress word, one
+//! `l2_ahead` grid of 32 one-warp CTAs runs beside the whole chain and
+//! prefetches the step's weights into L2, a fixed distance (4-16 MiB) past
+//! the chain's read position, which the one-row matvecs publish (`mv_mark`,
+//! common.cuh). Measured on an H100 (2026-11-27): 8B Q4_0 tg128 +8%, 1B
+//! Q4_0 +5% (docs/PERF.md).
+//!
+//! How a graph gets it: its first, uncaptured step records the weights its
+//! matvecs read (`l2_measure` / `l2_measured`: is the distance 0?); the
+//! capture then forks the branch (`l2_begin`), records the weights again
+//! with the marks pointed at the progress word (`l2_record`, called by the
+//! matvec launch), joins the branch last (`l2_end`), and the piece table
+//! is uploaded once after the capture, before the first replay
+//! (`l2_upload`). `QUIRE_L2_AHEAD_MB=0` turns it off, `=N` forces N MiB on
+//! every decode graph of any row count (`QUIRE_L2_PIECE_KB`,
+//! `QUIRE_L2_CTAS`: the pieces and CTAs).
 //!
 //! The branch writes nothing the chain reads, and the chain never waits
 //! for it (it joins the stream only at the graph's end): results are the
@@ -164,7 +174,10 @@ impl CudaBackend {
     /// capture with the read-ahead: the jobs' weights join the stream and
     /// the table points the kernel's marks at the progress word.
     pub(super) fn l2_record(&self, jobs: &[MatJob<'_, Dev>], table: &mut MmJobs) -> Result<()> {
-        let mut log = self.l2_log.lock().map_err(|_| anyhow::anyhow!("l2 log poisoned"))?;
+        let mut log = self
+            .l2_log
+            .lock()
+            .map_err(|_| anyhow::anyhow!("l2 log poisoned"))?;
         let Some(log) = log.as_mut() else {
             return Ok(());
         };
@@ -182,7 +195,11 @@ impl CudaBackend {
             log.segs.push((dev_ptr(&j.w.data, s), bytes));
             log.pos += bytes;
         }
-        table.set_marks(log.mark_ptr, i32_of((start / UNIT) as usize, "l2 mark")?, i32_of(rb, "row bytes")?);
+        table.set_marks(
+            log.mark_ptr,
+            i32_of((start / UNIT) as usize, "l2 mark")?,
+            i32_of(rb, "row bytes")?,
+        );
         Ok(())
     }
 
@@ -190,7 +207,11 @@ impl CudaBackend {
     /// false when the read-ahead is off, or its uncaptured step measured a
     /// distance of 0 (`measured`: `l2_measured`'s answer), so the graph gets
     /// no branch.
-    pub(crate) fn l2_prepare(&self, bufs: &mut Option<L2Bufs>, measured: Option<u64>) -> Result<bool> {
+    pub(crate) fn l2_prepare(
+        &self,
+        bufs: &mut Option<L2Bufs>,
+        measured: Option<u64>,
+    ) -> Result<bool> {
         if !self.l2_ahead_on() || measured == Some(0) {
             return Ok(false);
         }
@@ -230,14 +251,28 @@ impl CudaBackend {
         // count, the address of that many (address, word) pairs and the
         // distance (a count of zero until l2_upload, which runs before any
         // replay, fills them), progress one i32.
-        drv(unsafe { l.launch(cfg) }, "l2 read-ahead: launching l2_ahead")?;
+        drv(
+            unsafe { l.launch(cfg) },
+            "l2 read-ahead: launching l2_ahead",
+        )?;
         let mark_ptr = {
             use cudarc::driver::DevicePtr;
             b.progress.device_ptr(s).0
         };
-        let mut log = self.l2_log.lock().map_err(|_| anyhow::anyhow!("l2 log poisoned"))?;
+        let mut log = self
+            .l2_log
+            .lock()
+            .map_err(|_| anyhow::anyhow!("l2 log poisoned"))?;
         *log = Some(L2Log::new(mark_ptr));
         Ok(())
+    }
+
+    /// Whether a decode graph of `rows` rows may get the read-ahead: with
+    /// the automatic distance only one-row graphs (the only ones
+    /// measured; batches of 8 or more rows run the tensor-core kernels,
+    /// which publish no progress), with an explicit one any.
+    pub(crate) fn l2_wants_rows(&self, rows: usize) -> bool {
+        self.l2_ahead_on() && (knobs().0 != Ahead::Auto || rows == 1)
     }
 
     /// Before an uncaptured step: its matvecs record their weights
@@ -245,7 +280,10 @@ impl CudaBackend {
     /// captured next wants the read-ahead at all.
     pub(crate) fn l2_measure(&self) -> Result<()> {
         if self.l2_ahead_on() {
-            let mut log = self.l2_log.lock().map_err(|_| anyhow::anyhow!("l2 log poisoned"))?;
+            let mut log = self
+                .l2_log
+                .lock()
+                .map_err(|_| anyhow::anyhow!("l2 log poisoned"))?;
             *log = Some(L2Log::new(0));
         }
         Ok(())
