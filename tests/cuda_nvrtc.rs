@@ -93,3 +93,48 @@ fn kernel_table_names_every_op_file() {
         }
     }
 }
+
+#[test]
+fn kernel_cache_compiles_stores_and_reloads_cubins() {
+    use quire::backend::cuda::kcache::{load_in, Origin};
+    if !source::nvrtc_present() {
+        if std::env::var("QUIRE_REQUIRE_NVRTC").as_deref() == Ok("1") {
+            panic!("QUIRE_REQUIRE_NVRTC=1 but libnvrtc cannot be loaded (LD_LIBRARY_PATH?)");
+        }
+        eprintln!("SKIPPED: libnvrtc not found; the kernel cache was NOT exercised");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("quire-kcache-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    // A miss compiles a CUBIN (an ELF image) and stores it under its key.
+    let (_, o) = load_in(Some(&dir), "add", "sm_90").unwrap();
+    assert_eq!(o, Origin::Compiled);
+    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+    assert_eq!(files.len(), 1, "one file, no temporary left behind");
+    let path = files[0].path();
+    let name = path.file_name().unwrap().to_str().unwrap().to_string();
+    assert!(
+        name.starts_with("add.sm_90.") && name.ends_with(".cubin"),
+        "{name}"
+    );
+    assert!(std::fs::read(&path).unwrap().starts_with(b"\x7fELF"));
+    // A hit reads it back; another architecture is another file.
+    assert_eq!(
+        load_in(Some(&dir), "add", "sm_90").unwrap().1,
+        Origin::Cached
+    );
+    assert_eq!(
+        load_in(Some(&dir), "add", "sm_80").unwrap().1,
+        Origin::Compiled
+    );
+    // A damaged file is not loaded: compiled again and replaced.
+    std::fs::write(&path, b"not a cubin").unwrap();
+    assert_eq!(
+        load_in(Some(&dir), "add", "sm_90").unwrap().1,
+        Origin::Compiled
+    );
+    assert!(std::fs::read(&path).unwrap().starts_with(b"\x7fELF"));
+    // No cache: PTX, as without one.
+    assert_eq!(load_in(None, "add", "sm_90").unwrap().1, Origin::Ptx);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -7,6 +7,7 @@ pub mod check_greedy;
 mod check_sample;
 pub mod generate;
 pub mod inspect;
+pub mod kernels;
 pub mod ops; // h-cuda
 mod plot;
 pub mod serve;
@@ -62,6 +63,9 @@ pub enum Command {
     /// against the same steps sampled on the host (and the device's choice
     /// against the sampler on crafted rows): identical tokens.
     CheckGreedy(check_greedy::CheckGreedyArgs),
+    /// Compile every CUDA kernel file into the kernel cache for a device
+    /// architecture (NVRTC only: no device needed), to carry to a device.
+    Kernels(kernels::KernelsArgs),
 }
 
 /// Options shared by every command that loads a model.
@@ -195,5 +199,6 @@ pub fn main_with(cli: Cli) -> Result<()> {
         Command::Ops(a) => ops::ops(a),
         Command::CheckExact(a) => ops::check_exact(a),
         Command::CheckGreedy(a) => check_greedy::check_greedy(a),
+        Command::Kernels(a) => kernels::kernels(a),
     }
 }

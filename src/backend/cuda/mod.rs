@@ -25,6 +25,7 @@ pub use logits::PinnedLogits;
 pub(crate) use launch::fast_uses_blas;
 pub(crate) use launch::{device_draws, draw_record, GreedyRing, DRAW_WORDS, GREEDY_SLOTS};
 pub(crate) use launch::{DlLayerPtrs, DlModel, L2Bufs};
+pub mod kcache;
 pub mod mem;
 mod pdl;
 pub use pdl::PdlExec;
@@ -197,14 +198,34 @@ fn allow_smem(f: &CudaFunction, bytes: usize, name: &str) -> Result<()> {
     )
 }
 
+/// Loads a compiled kernel file. A CUBIN from the kernel cache that the
+/// driver refuses (another CUDA version's, say) is deleted from the cache
+/// and the file compiled to PTX and loaded instead.
+fn load_module(
+    ctx: &Arc<CudaContext>,
+    stem: &str,
+    arch: &str,
+    (ptx, origin): (cudarc::nvrtc::Ptx, kcache::Origin),
+) -> Result<Arc<cudarc::driver::CudaModule>> {
+    match ctx.load_module(ptx) {
+        Ok(m) => Ok(m),
+        Err(e) if origin != kcache::Origin::Ptx => {
+            tracing::warn!("{stem}.cu: the driver refused its CUBIN ({e:?}); compiling PTX");
+            kcache::forget(stem, arch);
+            let ptx = source::compile(stem, arch)?;
+            drv(ctx.load_module(ptx), &format!("loading module {stem}"))
+        }
+        Err(e) => Err(anyhow!("loading module {stem}: {e:?}")),
+    }
+}
+
 /// Compiles and loads `source::KERNELS_SM90A` for `sm_90a` into `funcs`.
 /// A failure is logged and leaves them out (the portable kernels serve the
 /// same ops), so a driver or NVRTC without `sm_90a` still runs.
 fn load_sm90a(ctx: &Arc<CudaContext>, funcs: &mut HashMap<&'static str, CudaFunction>) {
     for (stem, _, entries) in source::KERNELS_SM90A {
         let loaded = (|| -> Result<Vec<(&'static str, CudaFunction)>> {
-            let ptx = source::compile(stem, "sm_90a")?;
-            let module = drv(ctx.load_module(ptx), &format!("loading module {stem}"))?;
+            let module = load_module(ctx, stem, "sm_90a", kcache::load(stem, "sm_90a")?)?;
             let mut v = Vec::new();
             for &e in entries.iter() {
                 let f = drv(module.load_function(e), &format!("kernel {e} of {stem}.cu"))?;
@@ -305,9 +326,27 @@ impl CudaBackend {
         let mut att_per_sm = HashMap::new();
         let mut att_clusters = HashMap::new();
         let clusters = pdl::arch_major(&arch) >= 9;
-        for (stem, _, entries) in source::KERNELS {
-            let ptx = source::compile(stem, &arch)?;
-            let module = drv(ctx.load_module(ptx), &format!("loading module {stem}"))?;
+        // Every file compiled (or read from the kernel cache, kcache.rs) in
+        // parallel, then loaded in order.
+        let t0 = std::time::Instant::now();
+        let compiled: Vec<Result<(cudarc::nvrtc::Ptx, kcache::Origin)>> = {
+            use rayon::prelude::*;
+            source::KERNELS
+                .par_iter()
+                .map(|(stem, _, _)| kcache::load(stem, &arch))
+                .collect()
+        };
+        let cached = compiled
+            .iter()
+            .filter(|r| matches!(r, Ok((_, kcache::Origin::Cached))))
+            .count();
+        tracing::info!(
+            "{} kernel files for {arch} ready in {:.1} s ({cached} from the kernel cache)",
+            compiled.len(),
+            t0.elapsed().as_secs_f64()
+        );
+        for ((stem, _, entries), ptx) in source::KERNELS.iter().zip(compiled) {
+            let module = load_module(&ctx, stem, &arch, ptx?)?;
             for &e in entries.iter() {
                 let f = drv(module.load_function(e), &format!("kernel {e} of {stem}.cu"))?;
                 // Kernels past the default 48 KiB of dynamic shared memory

@@ -1,0 +1,78 @@
+//! `quire kernels`: fills the kernel cache (backend/cuda/kcache.rs) for a
+//! device architecture without a device, e.g. to build the CUBINs on one
+//! machine and carry them to another (NVRTC only; no driver needed).
+
+use crate::backend::cuda::{kcache, source};
+use anyhow::{bail, Result};
+use clap::Args;
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+pub struct KernelsArgs {
+    /// Device architectures, comma-separated (sm_80, sm_90, ...). For
+    /// sm_90 the Hopper-only files are compiled for sm_90a too (unless
+    /// QUIRE_WGMMA=0), as a device of compute capability 9.0 loads them.
+    #[arg(long, default_value = "sm_90")]
+    pub arch: String,
+    /// Cache directory (default: QUIRE_KERNEL_CACHE, else
+    /// ~/.cache/quire/kernels); the device then needs the same
+    /// QUIRE_KERNEL_CACHE.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+}
+
+pub fn kernels(a: KernelsArgs) -> Result<()> {
+    let Some(dir) = a.dir.clone().or_else(kcache::cache_dir) else {
+        bail!("no kernel cache: QUIRE_KERNEL_CACHE is 0/off and --dir was not given");
+    };
+    let mut jobs: Vec<(&'static str, String)> = Vec::new();
+    for arch in a.arch.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        if !arch.starts_with("sm_") {
+            bail!("--arch {arch}: give a real architecture such as sm_90");
+        }
+        jobs.extend(
+            source::KERNELS
+                .iter()
+                .map(|(s, _, _)| (*s, arch.to_string())),
+        );
+        if arch == "sm_90" && crate::backend::cuda::wgmma_wanted() {
+            jobs.extend(
+                source::KERNELS_SM90A
+                    .iter()
+                    .map(|(s, _, _)| (*s, "sm_90a".to_string())),
+            );
+        }
+    }
+    let t0 = std::time::Instant::now();
+    let done: Vec<(String, Result<(kcache::Origin, f64)>)> = {
+        use rayon::prelude::*;
+        jobs.par_iter()
+            .map(|(stem, arch)| {
+                let t = std::time::Instant::now();
+                let r = kcache::load_in(Some(&dir), stem, arch)
+                    .map(|(_, o)| (o, t.elapsed().as_secs_f64()));
+                (format!("{stem}.cu ({arch})"), r)
+            })
+            .collect()
+    };
+    let mut failed = 0;
+    for (name, r) in &done {
+        match r {
+            Ok((o, s)) => println!("{name}: {o:?} in {s:.1} s"),
+            Err(e) => {
+                failed += 1;
+                println!("{name}: FAILED: {e:#}");
+            }
+        }
+    }
+    println!(
+        "{} kernel files in {:.1} s into {}",
+        done.len(),
+        t0.elapsed().as_secs_f64(),
+        dir.display()
+    );
+    if failed > 0 {
+        bail!("{failed} kernel files failed to compile");
+    }
+    Ok(())
+}
