@@ -6,13 +6,22 @@
 
 use quire::backend::cuda::source;
 
+/// Whether NVRTC can run; without it prints SKIPPED (`what` was not
+/// done), or fails under QUIRE_REQUIRE_NVRTC=1.
+fn nvrtc_or_skip(what: &str) -> bool {
+    if source::nvrtc_present() {
+        return true;
+    }
+    if std::env::var("QUIRE_REQUIRE_NVRTC").as_deref() == Ok("1") {
+        panic!("QUIRE_REQUIRE_NVRTC=1 but libnvrtc cannot be loaded (LD_LIBRARY_PATH?)");
+    }
+    eprintln!("SKIPPED: libnvrtc not found; {what}");
+    false
+}
+
 #[test]
 fn every_kernel_compiles_with_nvrtc() {
-    if !source::nvrtc_present() {
-        if std::env::var("QUIRE_REQUIRE_NVRTC").as_deref() == Ok("1") {
-            panic!("QUIRE_REQUIRE_NVRTC=1 but libnvrtc cannot be loaded (LD_LIBRARY_PATH?)");
-        }
-        eprintln!("SKIPPED: libnvrtc not found; CUDA kernels were NOT compiled");
+    if !nvrtc_or_skip("CUDA kernels were NOT compiled") {
         return;
     }
     let mut n = 0;
@@ -97,11 +106,7 @@ fn kernel_table_names_every_op_file() {
 #[test]
 fn kernel_cache_compiles_stores_and_reloads_cubins() {
     use quire::backend::cuda::kcache::{load_in, Origin};
-    if !source::nvrtc_present() {
-        if std::env::var("QUIRE_REQUIRE_NVRTC").as_deref() == Ok("1") {
-            panic!("QUIRE_REQUIRE_NVRTC=1 but libnvrtc cannot be loaded (LD_LIBRARY_PATH?)");
-        }
-        eprintln!("SKIPPED: libnvrtc not found; the kernel cache was NOT exercised");
+    if !nvrtc_or_skip("the kernel cache was NOT exercised") {
         return;
     }
     let dir = std::env::temp_dir().join(format!("quire-kcache-test-{}", std::process::id()));
