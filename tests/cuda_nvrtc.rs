@@ -31,48 +31,58 @@ fn every_kernel_compiles_with_nvrtc() {
         ("sm_90", source::KERNELS),
         ("sm_90a", source::KERNELS_SM90A),
     ];
-    for (arch, files) in sets {
-        for (stem, _, entries) in files {
-            let ptx = match source::compile(stem, arch) {
-                Ok(p) => p,
-                Err(e) => panic!("{stem}.cu for {arch}: {e:#}"),
-            };
-            let text = ptx.to_src();
-            // QUIRE_DUMP_PTX=dir writes the PTX for reading (e.g. with
-            // ptxas -v or nvdisasm when tuning a kernel).
-            if let Ok(dir) = std::env::var("QUIRE_DUMP_PTX") {
-                let path = std::path::Path::new(&dir).join(format!("{stem}.{arch}.ptx"));
-                std::fs::write(&path, &text).unwrap_or_else(|e| panic!("{path:?}: {e}"));
-            }
-            for e in entries.iter() {
+    // Compiled concurrently, as the backend does at start (NVRTC programs
+    // are independent), then checked in order.
+    let jobs: Vec<(&str, &(&str, &str, &[&str]))> = sets
+        .iter()
+        .flat_map(|(arch, files)| files.iter().map(move |f| (*arch, f)))
+        .collect();
+    let compiled: Vec<_> = {
+        use rayon::prelude::*;
+        jobs.par_iter()
+            .map(|(arch, (stem, _, _))| source::compile(stem, arch))
+            .collect()
+    };
+    for ((arch, (stem, _, entries)), ptx) in jobs.into_iter().zip(compiled) {
+        let ptx = match ptx {
+            Ok(p) => p,
+            Err(e) => panic!("{stem}.cu for {arch}: {e:#}"),
+        };
+        let text = ptx.to_src();
+        // QUIRE_DUMP_PTX=dir writes the PTX for reading (e.g. with
+        // ptxas -v or nvdisasm when tuning a kernel).
+        if let Ok(dir) = std::env::var("QUIRE_DUMP_PTX") {
+            let path = std::path::Path::new(&dir).join(format!("{stem}.{arch}.ptx"));
+            std::fs::write(&path, &text).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+        }
+        for e in entries.iter() {
+            assert!(
+                text.contains(&format!(".entry {e}")),
+                "{stem}.cu ({arch}): no entry point {e} in the PTX"
+            );
+        }
+        // Every kernel waits for the previous grid (GRID_DEP,
+        // common.cuh) before it touches what a kernel of the step
+        // writes: decode graphs on sm_90+ start a kernel's CTAs before
+        // its predecessor has finished. (Before the wait only data no
+        // kernel writes may be read; see docs/DETERMINISM.md.)
+        if arch.starts_with("sm_90") {
+            for body in text.split(".entry ").skip(1) {
+                let name = body.split('(').next().unwrap_or("?");
                 assert!(
-                    text.contains(&format!(".entry {e}")),
-                    "{stem}.cu ({arch}): no entry point {e} in the PTX"
+                    body.contains("griddepcontrol.wait"),
+                    "{stem}.cu: kernel {name} has no GRID_DEP() (griddepcontrol.wait)"
                 );
             }
-            // Every kernel waits for the previous grid (GRID_DEP,
-            // common.cuh) before it touches what a kernel of the step
-            // writes: decode graphs on sm_90+ start a kernel's CTAs before
-            // its predecessor has finished. (Before the wait only data no
-            // kernel writes may be read; see docs/DETERMINISM.md.)
-            if arch.starts_with("sm_90") {
-                for body in text.split(".entry ").skip(1) {
-                    let name = body.split('(').next().unwrap_or("?");
-                    assert!(
-                        body.contains("griddepcontrol.wait"),
-                        "{stem}.cu: kernel {name} has no GRID_DEP() (griddepcontrol.wait)"
-                    );
-                }
-            }
-            // Exact mode forbids FMA contraction: no fused multiply-add in
-            // the floating-point code (integer mad is fine). Files named
-            // `*_fast` hold only non-exact kernels and may use fmaf.
-            assert!(
-                stem.ends_with("_fast") || !text.contains("fma.rn.f32"),
-                "{stem}.cu ({arch}): PTX contains fma.rn.f32"
-            );
-            n += 1;
         }
+        // Exact mode forbids FMA contraction: no fused multiply-add in
+        // the floating-point code (integer mad is fine). Files named
+        // `*_fast` hold only non-exact kernels and may use fmaf.
+        assert!(
+            stem.ends_with("_fast") || !text.contains("fma.rn.f32"),
+            "{stem}.cu ({arch}): PTX contains fma.rn.f32"
+        );
+        n += 1;
     }
     eprintln!("compiled {n} kernel files with NVRTC");
 }
