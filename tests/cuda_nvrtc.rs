@@ -6,6 +6,9 @@
 
 use quire::backend::cuda::source;
 
+/// One entry of the kernel tables: (file stem, source, entry points).
+type KernelFile = (&'static str, &'static str, &'static [&'static str]);
+
 /// Whether NVRTC can run; without it prints SKIPPED (`what` was not
 /// done), or fails under QUIRE_REQUIRE_NVRTC=1.
 fn nvrtc_or_skip(what: &str) -> bool {
@@ -33,7 +36,7 @@ fn every_kernel_compiles_with_nvrtc() {
     ];
     // Compiled concurrently, as the backend does at start (NVRTC programs
     // are independent), then checked in order.
-    let jobs: Vec<(&str, &(&str, &str, &[&str]))> = sets
+    let jobs: Vec<(&str, &KernelFile)> = sets
         .iter()
         .flat_map(|(arch, files)| files.iter().map(move |f| (*arch, f)))
         .collect();
