@@ -6,7 +6,7 @@
 # Llama-3.2-1B Q4_K models. Writes logs and summary.txt to $OUT (or ./gpu-check-out).
 #
 #   QUIRE=./.devbin/quire scripts/gpu-check.sh [steps...]
-# steps: ops-exact ops-det ops-fast attn perf smollm fuse layers greedy llama bench (default: all)
+# steps: ops-exact ops-det ops-fast attn perf smollm fuse layers l2 greedy llama bench (default: all)
 set -uo pipefail
 QUIRE="${QUIRE:-./target/release/quire}"
 OUT="${OUT:-./gpu-check-out}"
@@ -15,7 +15,7 @@ mkdir -p "$OUT"
 summary="$OUT/summary.txt"
 : >"$summary"
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(ops-exact ops-det ops-fast attn perf smollm fuse layers greedy llama bench)
+[ ${#steps[@]} -eq 0 ] && steps=(ops-exact ops-det ops-fast attn perf smollm fuse layers l2 greedy llama bench)
 note() { echo "$*" | tee -a "$summary"; }
 note "gpu-check: $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 status=0
@@ -129,6 +129,22 @@ for s in "${steps[@]}"; do
       [ -f "$tmp/llama1b-q4_0.gguf" ] || "$QUIRE" synth --shape Llama-3.2-1B --type Q4_0 -o "$tmp/llama1b-q4_0.gguf" >"$OUT/synth-llama-q4_0.log" 2>&1
       run_step layers-smollm "$QUIRE" check-exact --mode fast-layers -m "$tmp/smollm2-q4_0.gguf" --prompt-tokens 300 --tokens 32
       run_step layers-llama "$QUIRE" check-exact --mode fast-layers -m "$tmp/llama1b-q4_0.gguf" --prompt-tokens 200 --tokens 16
+      ;;
+    l2)
+      # The L2 read-ahead (on by default for one-row Q4_0 graphs of 256 MiB
+      # or more) only prefetches: greedy text with it on and off, identical.
+      [ -f "$tmp/llama1b-q4_0.gguf" ] || "$QUIRE" synth --shape Llama-3.2-1B --type Q4_0 -o "$tmp/llama1b-q4_0.gguf" >"$OUT/synth-llama-q4_0.log" 2>&1
+      for ahead in on off; do
+        if [ $ahead = on ]; then env -u QUIRE_L2_AHEAD_MB RUST_LOG=quire::dispatch=debug "$QUIRE" run -m "$tmp/llama1b-q4_0.gguf" --gpu required --mode fast --temperature 0 -n 64 --raw -p "The read-ahead" >"$OUT/l2-$ahead.txt" 2>"$OUT/l2-$ahead.log"
+        else QUIRE_L2_AHEAD_MB=0 "$QUIRE" run -m "$tmp/llama1b-q4_0.gguf" --gpu required --mode fast --temperature 0 -n 64 --raw -p "The read-ahead" >"$OUT/l2-$ahead.txt" 2>"$OUT/l2-$ahead.log"; fi
+      done
+      if ! grep -q 'l2 read-ahead of [1-9]' "$OUT/l2-on.log"; then
+        note "l2: FAILED (the read-ahead did not run; see l2-on.log)"; status=1
+      elif [ -s "$OUT/l2-on.txt" ] && cmp -s "$OUT/l2-on.txt" "$OUT/l2-off.txt"; then
+        note "l2: identical greedy text with the read-ahead on and off"
+      else
+        note "l2: FAILED (texts differ or are empty: l2-on.txt, l2-off.txt)"; status=1
+      fi
       ;;
     greedy)
       # Greedy and sampled decoding with the tokens chosen on the device
