@@ -95,7 +95,8 @@ fn distance(total: u64, q4: bool) -> u64 {
     }
 }
 
-/// The weights a captured step read, in order, while it is captured.
+/// The weights a step's matvecs read, in order, while the step is
+/// measured (`l2_measure`, no marks) or captured (`l2_begin`).
 pub(crate) struct L2Log {
     /// Device address of the progress word the matvecs raise.
     mark_ptr: u64,
