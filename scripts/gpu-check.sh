@@ -135,8 +135,10 @@ for s in "${steps[@]}"; do
       # or more) only prefetches: greedy text with it on and off, identical.
       [ -f "$tmp/llama1b-q4_0.gguf" ] || "$QUIRE" synth --shape Llama-3.2-1B --type Q4_0 -o "$tmp/llama1b-q4_0.gguf" >"$OUT/synth-llama-q4_0.log" 2>&1
       for ahead in on off; do
-        if [ $ahead = on ]; then env -u QUIRE_L2_AHEAD_MB RUST_LOG=quire::dispatch=debug "$QUIRE" run -m "$tmp/llama1b-q4_0.gguf" --gpu required --mode fast --temperature 0 -n 64 --raw -p "The read-ahead" >"$OUT/l2-$ahead.txt" 2>"$OUT/l2-$ahead.log"
-        else QUIRE_L2_AHEAD_MB=0 "$QUIRE" run -m "$tmp/llama1b-q4_0.gguf" --gpu required --mode fast --temperature 0 -n 64 --raw -p "The read-ahead" >"$OUT/l2-$ahead.txt" 2>"$OUT/l2-$ahead.log"; fi
+        # on: the automatic distance (the knob unset); off: QUIRE_L2_AHEAD_MB=0.
+        knob=(-u QUIRE_L2_AHEAD_MB)
+        [ $ahead = off ] && knob=(QUIRE_L2_AHEAD_MB=0)
+        env "${knob[@]}" RUST_LOG=quire::dispatch=debug "$QUIRE" run -m "$tmp/llama1b-q4_0.gguf" --gpu required --mode fast --temperature 0 -n 64 --raw -p "The read-ahead" >"$OUT/l2-$ahead.txt" 2>"$OUT/l2-$ahead.log"
       done
       if ! grep -q 'l2 read-ahead of [1-9]' "$OUT/l2-on.log"; then
         note "l2: FAILED (the read-ahead did not run; see l2-on.log)"; status=1

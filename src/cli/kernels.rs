@@ -14,16 +14,15 @@ pub struct KernelsArgs {
     /// QUIRE_WGMMA=0), as a device of compute capability 9.0 loads them.
     #[arg(long, default_value = "sm_90")]
     pub arch: String,
-    /// Cache directory (default: QUIRE_KERNEL_CACHE, else
-    /// ~/.cache/quire/kernels); the device then needs the same
-    /// QUIRE_KERNEL_CACHE.
+    /// Cache directory (default: QUIRE_KERNEL_CACHE); a process uses it
+    /// when its QUIRE_KERNEL_CACHE names it.
     #[arg(long)]
     pub dir: Option<PathBuf>,
 }
 
 pub fn kernels(a: KernelsArgs) -> Result<()> {
     let Some(dir) = a.dir.clone().or_else(kcache::cache_dir) else {
-        bail!("no kernel cache: QUIRE_KERNEL_CACHE is 0/off and --dir was not given");
+        bail!("no kernel cache directory: give --dir or set QUIRE_KERNEL_CACHE");
     };
     let mut jobs: Vec<(&'static str, String)> = Vec::new();
     for arch in a.arch.split(',').map(str::trim).filter(|s| !s.is_empty()) {

@@ -459,7 +459,6 @@ struct MmJobs {
     int count;
     int prefetch;  // 1: prefetch the weight rows before griddepcontrol.wait
     int mark;      // job 0's first byte in the step's weight stream, in 256-byte units
-    int mark_rb;   // the bytes of one weight row (every job's)
 };
 
 // One CUtensorMap per job of a MatMuls table (cuTensorMapEncodeTiled on
@@ -503,18 +502,20 @@ __device__ __forceinline__ MmJob mm_job(const MmJobs& J, int by) {
 }
 
 // The L2 read-ahead's progress (launch/l2_ahead.rs): every 16th CTA of a
-// job (thread 0) raises the progress word to where its rows start in the
-// step's weight stream (jobs are consecutive there, in table order), so
+// job (thread 0) raises the progress word to where its rows (`row_bytes`
+// each, every job's) start in the step's weight stream (jobs are
+// consecutive there, in table order), so
 // the read-ahead stays a fixed distance ahead of the chain's reads. Only a
 // hint: it orders nothing and no result depends on it. Called before
 // griddepcontrol.wait (PDL places CTAs early, which only moves it ahead).
-__device__ __forceinline__ void mv_mark(const MmJobs& J, const MmJob& jb, int rows_per_cta) {
+__device__ __forceinline__ void mv_mark(const MmJobs& J, const MmJob& jb, int rows_per_cta,
+                                        long long row_bytes) {
     if (J.mark_ptr == nullptr || threadIdx.x != 0 || blockIdx.x != 0 || (jb.by & 15) != 0) return;
     long long rows = (long long)jb.by * rows_per_cta;
 #pragma unroll
     for (int j = 0; j < MM_JOBS - 1; j++)
         if (j < jb.j) rows += J.m[j];
-    atomicMax(J.mark_ptr, J.mark + (int)((rows * J.mark_rb) >> 8));
+    atomicMax(J.mark_ptr, J.mark + (int)((rows * row_bytes) >> 8));
 }
 
 // Stores a finished product: out = v, or out += v for an adding job.

@@ -185,7 +185,11 @@ impl CudaBackend {
         let Some(j0) = jobs.first() else {
             return Ok(());
         };
-        let rb = j0.w.data.len() / j0.w.rows.max(1);
+        // The row bytes of the type (as mm_dims: the buffer carries padding).
+        let rb =
+            j0.w.ty
+                .row_bytes(j0.w.cols)
+                .map_err(|e| anyhow::anyhow!("l2 read-ahead: {e}"))?;
         let s = self.stream();
         let start = log.pos;
         log.q4 &= jobs
@@ -196,11 +200,7 @@ impl CudaBackend {
             log.segs.push((dev_ptr(&j.w.data, s), bytes));
             log.pos += bytes;
         }
-        table.set_marks(
-            log.mark_ptr,
-            i32_of((start / UNIT) as usize, "l2 mark")?,
-            i32_of(rb, "row bytes")?,
-        );
+        table.set_marks(log.mark_ptr, i32_of((start / UNIT) as usize, "l2 mark")?);
         Ok(())
     }
 

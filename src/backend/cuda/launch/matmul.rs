@@ -228,8 +228,6 @@ pub(super) struct MmJobs {
     prefetch: i32,
     /// Job 0's first byte in the step's weight stream, in 256-byte units.
     mark: i32,
-    /// Bytes per weight row (every job's).
-    mark_rb: i32,
 }
 // SAFETY: MmJobs is #[repr(C)] plain data (u64 addresses and i32s) laid out
 // like the kernels' struct MmJobs (8-byte fields first, no pointers into
@@ -250,11 +248,10 @@ impl MmJobs {
 
     /// Points the one-row matvecs' progress marks (mv_mark) at device
     /// address `ptr`: job 0 starts at `mark` (256-byte units) of the
-    /// step's weight stream, rows are `rb` bytes.
-    pub(super) fn set_marks(&mut self, ptr: u64, mark: i32, rb: i32) {
+    /// step's weight stream.
+    pub(super) fn set_marks(&mut self, ptr: u64, mark: i32) {
         self.mark_ptr = ptr;
         self.mark = mark;
-        self.mark_rb = rb;
     }
 
     /// Sets the table's add bits (bit j: job j adds into its output).
