@@ -141,14 +141,56 @@ __device__ __forceinline__ int ld_i4(const u8* p) { return *(const int*)p; }
 // instructions (the decode matvec is bound by them). When p is aligned the
 // last word reaches 2 bytes past a block of 4N - 2 bytes: weight buffers
 // carry WEIGHT_PAD bytes of padding (CudaBackend::up_weight).
-template <int N>
-__device__ __forceinline__ int ld_words(const u8* p, u32* v) {
+//
+// POL = 1: global memory only, each load carrying the L2 cache policy
+// `pol` (createpolicy; the decode matvecs' MV_L2_POL: weights read once
+// per step marked evict-first, so that the L2 read-ahead's lines outlive
+// them). POL = 0: plain loads (any state space).
+template <int N, int POL = 0>
+__device__ __forceinline__ int ld_words(const u8* p, u32* v, unsigned long long pol = 0) {
     int s = (int)((unsigned long long)p & 2);
     const u32* a = (const u32*)(p - s);
 #pragma unroll
-    for (int i = 0; i < N; i++) v[i] = a[i];
+    for (int i = 0; i < N; i++) {
+        if (POL)
+            asm("ld.global.L2::cache_hint.b32 %0, [%1], %2;" : "=r"(v[i]) : "l"(a + i), "l"(pol));
+        else
+            v[i] = a[i];
+    }
     return 8 * s;
 }
+
+// An L2 cache policy that marks the lines it touches evict-first.
+__device__ __forceinline__ unsigned long long l2_evict_first() {
+    unsigned long long p;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+
+// One aligned 4-byte global word with L2 cache policy `pol`.
+__device__ __forceinline__ u32 ld_g32_pol(const u8* p, unsigned long long pol) {
+    u32 v;
+    asm("ld.global.L2::cache_hint.b32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(pol));
+    return v;
+}
+
+// MV_L2_POL (tuning knob): 1: the one-row and grouped decode matvecs
+// (matmul_fast.cu mv_q8*, matmul.cu mv_exact32*) load their Q4_0, Q4_1 and
+// Q8_0 weights with an evict-first L2 policy (decode_unit's POL). Weights
+// are read once per step, so the lines a matvec has read are the first to
+// leave L2: the L2 read-ahead's lines (l2_ahead_fast.cu) and the step's
+// activations, K/V and small tensors stay. 0: plain loads. Loads only: no
+// result depends on it. Measured on an H100 (2026-11-27, greedy tg128 /
+// tg128@d512 tok/s, 0 -> 1): fast 8B Q4_0 with the read-ahead at 16 MiB
+// 412.6 / 384.1 -> 431.2 / 401.5, read-ahead off 382.4 / 379.4 -> 398.0 /
+// 388.3; 1B Q4_0 (8 MiB) 1,566 / 1,490 -> 1,571 / 1,511; 1B Q4_1 1,558 /
+// 1,490 -> 1,593 / 1,539; 8B Q8_0 (read-ahead off) 269.2 / 266.7 -> 276.7
+// / 273.0; exact 8B Q4_0 281.0 / 266.1 -> 293.5 / 275.9, Q8_0 225.0 /
+// 215.7 -> 231.3 / 221.3. It also let the read-ahead pay on Q8_0
+// (auto_ahead in launch/l2_ahead.rs).
+#ifndef MV_L2_POL
+#define MV_L2_POL 1
+#endif
 
 // Bit b of each byte's position: spreads 4 bits of `t` to bit 4 of bytes 0..3.
 __device__ __forceinline__ int spread4(u32 t) {
@@ -177,14 +219,16 @@ __device__ __forceinline__ void unit_idot(const int* w, const signed char* xq, i
 
 // Decodes unit `u` of a weight row into w[8] (values 4i..4i+3 in word i, as
 // signed int8), the scales A0 (values 0..15), A1 (16..31) and the minimum B.
-template <int TY>
+// POL, pol: global weights loaded with L2 policy pol (ld_words; Q4_0, Q4_1
+// and Q8_0 blocks, other types load plainly).
+template <int TY, int POL = 0>
 __device__ __forceinline__ void decode_unit(const u8* __restrict__ row, int u, int* w, float& a0,
-                                            float& a1, float& b) {
+                                            float& a1, float& b, unsigned long long pol = 0) {
     b = 0.0f;
     if (TY == TY_Q4_0) {
         const u8* blk = row + (long long)u * 18;
         u32 v[5];
-        int sh = ld_words<5>(blk, v);
+        int sh = ld_words<5, POL>(blk, v, pol);
         a0 = a1 = q_f16((u16)__funnelshift_rc(v[0], v[1], sh));
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -194,11 +238,17 @@ __device__ __forceinline__ void decode_unit(const u8* __restrict__ row, int u, i
         }
     } else if (TY == TY_Q4_1) {
         const u8* blk = row + (long long)u * 20;
-        a0 = a1 = f16_at2(blk);
-        b = f16_at2(blk + 2);
+        if (POL) {  // d and m in one word (20-byte blocks are 4-byte aligned)
+            u32 dm = ld_g32_pol(blk, pol);
+            a0 = a1 = q_f16((u16)(dm & 0xFFFF));
+            b = q_f16((u16)(dm >> 16));
+        } else {
+            a0 = a1 = f16_at2(blk);
+            b = f16_at2(blk + 2);
+        }
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            int q = ld_i4(blk + 4 + 4 * i);
+            int q = POL ? (int)ld_g32_pol(blk + 4 + 4 * i, pol) : ld_i4(blk + 4 + 4 * i);
             w[i] = q & 0x0F0F0F0F;
             w[i + 4] = (q >> 4) & 0x0F0F0F0F;
         }
@@ -224,7 +274,7 @@ __device__ __forceinline__ void decode_unit(const u8* __restrict__ row, int u, i
     } else if (TY == TY_Q8_0) {
         const u8* blk = row + (long long)u * 34;
         u32 v[9];
-        int sh = ld_words<9>(blk, v);
+        int sh = ld_words<9, POL>(blk, v, pol);
         a0 = a1 = q_f16((u16)__funnelshift_rc(v[0], v[1], sh));
 #pragma unroll
         for (int i = 0; i < 8; i++) w[i] = (int)__funnelshift_rc(v[i], v[i + 1], sh + 16);

@@ -313,6 +313,8 @@ __device__ __forceinline__ void mv_exact_rows(const u8* __restrict__ wr, long lo
                                               const float* __restrict__ ad,
                                               const float* __restrict__ as, int k, int n, int l,
                                               int h, float (*acc)[NR]) {
+    // The weights' L2 policy (MV_L2_POL, dequant.cuh; loads only).
+    unsigned long long pol = MV_L2_POL ? l2_evict_first() : 0ull;
     for (int i0 = 0; i0 < nb; i0 += 32 * S) {
         int b = S == 1 ? i0 + l : i0 + 8 * (l >> 2) + 4 * h + (l & 3);
         bool ok = b < nb;
@@ -321,7 +323,8 @@ __device__ __forceinline__ void mv_exact_rows(const u8* __restrict__ wr, long lo
 #pragma unroll
         for (int q = 0; q < MV_EXACT_WR; q++) {
             dw[q] = mw[q] = 0.0f;
-            if (ok && q < nw) decode_unit<TY>(wr + q * row_bytes, b, w[q], dw[q], a1, mw[q]);
+            if (ok && q < nw)
+                decode_unit<TY, MV_L2_POL>(wr + q * row_bytes, b, w[q], dw[q], a1, mw[q], pol);
         }
 #pragma unroll
         for (int r = 0; r < NR; r++) {

@@ -3,13 +3,17 @@
 //! A decode step reads every weight once, in a fixed order, through a
 //! chain of dependent kernels; while the latency-bound ones run (norms,
 //! rope, attention, the small matvecs) DRAM idles. A one-row `fast` decode
-//! graph whose weights call for it (`auto_ahead`: Q4_0 / Q4_1, 256 MiB or
-//! more) gets a second branch: after a memset of a progress word, one
-//! `l2_ahead` grid of 32 one-warp CTAs runs beside the whole chain and
-//! prefetches the step's weights into L2, a fixed distance (4-16 MiB) past
+//! graph whose weights call for it (`auto_ahead`: Q4_0 / Q4_1 / Q8_0, 256
+//! MiB or more) gets a second branch: after a memset of a progress word,
+//! one `l2_ahead` grid of 32 one-warp CTAs runs beside the whole chain and
+//! prefetches the step's weights into L2, a fixed distance (4-24 MiB) past
 //! the chain's read position, which the one-row matvecs publish (`mv_mark`,
-//! common.cuh). Measured on an H100 (2026-11-27): 8B Q4_0 tg128 +8%, 1B
-//! Q4_0 +5% (docs/PERF.md).
+//! common.cuh). The matvecs read the weights evict-first (MV_L2_POL,
+//! dequant.cuh), so the prefetched lines outlive the consumed ones.
+//! Measured on an H100 (2026-11-27): 8B Q4_0 tg128 +8% (+13% with the
+//! evict-first loads), 1B Q4_0 +5%, 8B Q8_0 +3% over the evict-first loads
+//! alone (docs/PERF.md). Not in `exact` mode: its graphs measured slower
+//! with it (8B Q4_0 after a 512-token prompt 279 -> 239 tok/s).
 //!
 //! How a graph gets it: its first, uncaptured step records the weights its
 //! matvecs read (`l2_measure` / `l2_measured`: is the distance 0?); the
@@ -67,30 +71,56 @@ fn knobs() -> (Ahead, u64, u32) {
     })
 }
 
-/// The automatic distance for a step that reads `total` bytes of weights,
-/// all of them Q4_0 / Q4_1 (`q4`): none for other types or under 256 MiB,
-/// else total / 80 within [4, 16] MiB. Measured on an H100 (2026-11-27,
-/// bulk prefetches, 32 CTAs): the 8B Q4_0 (4.5 GB) gained most at 16-20
-/// MiB (tg128 +8%; 12: less; 24-32: slower than none), the 1B Q4_0 (0.7
-/// GB) at 8 MiB (+4%; 16: less; 24: slower than none); SmolLM2-135M
-/// nothing at 2-8 MiB; the 8B Q8_0, whose matvec is nearer the copy
-/// bandwidth, +0.8% at tg128 but -2% after a 512-token prompt. L2 is 50
-/// MB, and the lines the chain has just read stay in it too.
-pub(crate) fn auto_ahead(total: u64, q4: bool) -> u64 {
-    const MIB: u64 = 1 << 20;
-    if !q4 || total < 256 * MIB {
-        0
-    } else {
-        (total / 80).clamp(4 * MIB, 16 * MIB)
+/// The weight types a step's matvecs read, as the automatic rule sees them.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct StreamTypes {
+    /// Every matrix is Q4_0, Q4_1 or Q8_0 (the types whose matvec loads
+    /// are evict-first, MV_L2_POL in dequant.cuh, and were measured).
+    pub ok: bool,
+    /// Some matrix is Q8_0.
+    pub q8: bool,
+}
+impl StreamTypes {
+    const START: StreamTypes = StreamTypes {
+        ok: true,
+        q8: false,
+    };
+    fn add(self, ty: GgmlType) -> Self {
+        StreamTypes {
+            ok: self.ok && matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0),
+            q8: self.q8 || ty == GgmlType::Q8_0,
+        }
     }
 }
 
-/// The distance for a step of `total` bytes of weights (`q4`: all Q4_0 /
-/// Q4_1) under the knob; 0: none.
-fn distance(total: u64, q4: bool) -> u64 {
+/// The automatic distance for a step that reads `total` bytes of weights
+/// of types `t`: none for other types than Q4_0 / Q4_1 / Q8_0 or under 256
+/// MiB, else total / 48 within [4, 16] MiB (all Q4_0 / Q4_1) or [4, 24]
+/// MiB (some Q8_0). Measured on an H100 (2026-11-27, bulk prefetches, 32
+/// CTAs, the matvecs' weight loads evict-first), greedy tg128 tok/s: the
+/// 8B Q4_0 (4.5 GB) 431 at 16 MiB, 431 at 24, 413 at 32, 346 at 40; the
+/// 1B Q4_0 (0.7 GB) 1,571 at 8, 1,591 at 12, 1,586 at 16 and 20, 1,503
+/// at 32; the 8B Q8_0 277 without, 283 at 16, 286 at 24; SmolLM2-135M
+/// slower at 4-16 MiB (1,588 without, 1,535-1,541). Before the evict-first
+/// loads the Q8_0 lost 2% after a 512-token prompt and distances past 16-20
+/// MiB were slower than none: the lines the chain had just read stayed in
+/// the 50 MB L2.
+pub(crate) fn auto_ahead(total: u64, t: StreamTypes) -> u64 {
+    const MIB: u64 = 1 << 20;
+    if !t.ok || total < 256 * MIB {
+        0
+    } else {
+        let cap = if t.q8 { 24 * MIB } else { 16 * MIB };
+        (total / 48).clamp(4 * MIB, cap)
+    }
+}
+
+/// The distance for a step of `total` bytes of weights of types `t` under
+/// the knob; 0: none.
+fn distance(total: u64, t: StreamTypes) -> u64 {
     match knobs().0 {
         Ahead::Off => 0,
-        Ahead::Auto => auto_ahead(total, q4),
+        Ahead::Auto => auto_ahead(total, t),
         Ahead::Bytes(v) => v,
     }
 }
@@ -104,8 +134,8 @@ pub(crate) struct L2Log {
     pos: u64,
     /// (device address, bytes) of each weight matrix, in stream order.
     segs: Vec<(u64, u64)>,
-    /// Whether every matrix so far is Q4_0 or Q4_1 (`auto_ahead`).
-    q4: bool,
+    /// The types of the matrices so far (`auto_ahead`).
+    types: StreamTypes,
 }
 
 impl L2Log {
@@ -114,7 +144,7 @@ impl L2Log {
             mark_ptr,
             pos: 0,
             segs: Vec::new(),
-            q4: true,
+            types: StreamTypes::START,
         }
     }
 }
@@ -192,9 +222,7 @@ impl CudaBackend {
                 .map_err(|e| anyhow::anyhow!("l2 read-ahead: {e}"))?;
         let s = self.stream();
         let start = log.pos;
-        log.q4 &= jobs
-            .iter()
-            .all(|j| matches!(j.w.ty, GgmlType::Q4_0 | GgmlType::Q4_1));
+        log.types = jobs.iter().fold(log.types, |t, j| t.add(j.w.ty));
         for j in jobs {
             let bytes = (j.w.rows * rb) as u64;
             log.segs.push((dev_ptr(&j.w.data, s), bytes));
@@ -298,7 +326,7 @@ impl CudaBackend {
             Ok(mut l) => l.take(),
             Err(_) => bail!("l2 log poisoned"),
         };
-        Ok(log.map(|l| distance(l.pos, l.q4)))
+        Ok(log.map(|l| distance(l.pos, l.types)))
     }
 
     /// In a capture, last (also after a failed step, so the branch is
@@ -317,7 +345,7 @@ impl CudaBackend {
     /// After a successful capture, before its first replay: the piece
     /// table of the recorded weights, on the stream.
     pub(crate) fn l2_upload(&self, b: &mut L2Bufs, log: &L2Log) -> Result<(usize, u64)> {
-        let ahead = distance(log.pos, log.q4);
+        let ahead = distance(log.pos, log.types);
         let mut t = if ahead == 0 {
             Vec::new()
         } else {
@@ -380,13 +408,29 @@ mod tests {
 
     #[test]
     fn auto_distance() {
-        use super::auto_ahead;
+        use super::{auto_ahead, StreamTypes};
+        use crate::quant::GgmlType;
         let mib = 1u64 << 20;
-        assert_eq!(auto_ahead(93 * mib, true), 0); // SmolLM2-135M Q4_0
-        assert_eq!(auto_ahead(256 * mib, true), 4 * mib);
-        assert_eq!(auto_ahead(720 * mib, true), 9 * mib); // Llama-3.2-1B Q4_0
-        assert_eq!(auto_ahead(4520 * mib, true), 16 * mib); // Llama-3.1-8B Q4_0
-        assert_eq!(auto_ahead(8540 * mib, false), 0); // Llama-3.1-8B Q8_0
+        let of = |tys: &[GgmlType]| tys.iter().fold(StreamTypes::START, |t, &ty| t.add(ty));
+        let q4 = of(&[GgmlType::Q4_0, GgmlType::Q4_1]);
+        let q8 = of(&[GgmlType::Q4_0, GgmlType::Q8_0]);
+        assert_eq!(
+            q4,
+            StreamTypes {
+                ok: true,
+                q8: false
+            }
+        );
+        assert_eq!(q8, StreamTypes { ok: true, q8: true });
+        assert!(!of(&[GgmlType::Q4_0, GgmlType::Q6_K, GgmlType::Q8_0]).ok);
+        assert!(!of(&[GgmlType::F16]).ok);
+        assert_eq!(auto_ahead(93 * mib, q4), 0); // SmolLM2-135M Q4_0
+        assert_eq!(auto_ahead(256 * mib, q4), 16 * mib / 3);
+        assert_eq!(auto_ahead(150 * mib, q8), 0);
+        assert_eq!(auto_ahead(663 * mib, q4), 663 * mib / 48); // Llama-3.2-1B Q4_0
+        assert_eq!(auto_ahead(4520 * mib, q4), 16 * mib); // Llama-3.1-8B Q4_0
+        assert_eq!(auto_ahead(8540 * mib, q8), 24 * mib); // Llama-3.1-8B Q8_0
+        assert_eq!(auto_ahead(16060 * mib, of(&[GgmlType::F16])), 0);
     }
 
     #[test]
