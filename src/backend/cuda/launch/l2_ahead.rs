@@ -53,7 +53,9 @@ pub(crate) enum Ahead {
 
 /// The knobs, read once: the distance (QUIRE_L2_AHEAD_MB: unset, auto;
 /// 0, off; else MiB), bytes per bulk prefetch (QUIRE_L2_PIECE_KB, 64) and
-/// CTAs of the read-ahead grid (QUIRE_L2_CTAS, 32).
+/// CTAs of the read-ahead grid (QUIRE_L2_CTAS, 32; 64 made every step after
+/// a 512-token prompt wait out the kernel's patience, L2A_PATIENCE_NS in
+/// l2_ahead_fast.cu).
 fn knobs() -> (Ahead, u64, u32) {
     static K: std::sync::OnceLock<(Ahead, u64, u32)> = std::sync::OnceLock::new();
     *K.get_or_init(|| {
