@@ -78,6 +78,17 @@ fn every_kernel_compiles_with_nvrtc() {
                 );
             }
         }
+        // The decode matvecs load their weights evict-first in L2
+        // (MV_L2_POL, dequant.cuh): a hint whose loss would only show as
+        // a slower decode, so the PTX is checked for it.
+        if matches!(*stem, "matmul_fast" | "matmul") {
+            for needle in ["createpolicy.fractional.L2::evict_first", "L2::cache_hint"] {
+                assert!(
+                    text.contains(needle),
+                    "{stem}.cu ({arch}): no `{needle}` in the PTX (MV_L2_POL)"
+                );
+            }
+        }
         // Exact mode forbids FMA contraction: no fused multiply-add in
         // the floating-point code (integer mad is fine). Files named
         // `*_fast` hold only non-exact kernels and may use fmaf.
