@@ -28,8 +28,9 @@
 // other case, and it was seen (H100, 2026-11-27): with 64 CTAs
 // (QUIRE_L2_CTAS=64) every step after a 512-token prompt waited out the
 // whole patience (1B Q4_0 48 tok/s, 8B Q8_0 42, against 1,530 and 276 with
-// 32 CTAs; the cause is not known, a guess is the attention's thread-block
-// clusters finding no GPC with enough free SMs). Hence 2 ms, not 20: the
+// 32 CTAs; the cause is not known: the decode attention runs in
+// thread-block clusters only from 128 keys on, as after that prompt, and
+// without a prompt the same setting ran at speed). Hence 2 ms, not 20: the
 // 1B then made 374 tok/s and the 8B Q8_0 177; at 32 CTAs no step waits
 // (8B Q8_0 285.8 / 276.1 tok/s with 2 ms, 285.9 / 276.0 with 20). Chain
 // kernels publish progress every few microseconds, so 2 ms never cuts a
