@@ -16,7 +16,8 @@
 //! CUDA major version loads on any driver of it, so a cache built on one
 //! machine (`quire kernels --dir D`) can be carried to another. A CUBIN the
 //! driver refuses is deleted and the file compiled to PTX instead
-//! (`CudaBackend::new`).
+//! (`CudaBackend::new`). Used on the lent H100s since 2026-11-27 (built
+//! here with `quire kernels --arch sm_90`, carried; docs/PERF.md).
 
 use super::source;
 use anyhow::{anyhow, bail, Context, Result};
