@@ -131,8 +131,9 @@ for s in "${steps[@]}"; do
       run_step layers-llama "$QUIRE" check-exact --mode fast-layers -m "$tmp/llama1b-q4_0.gguf" --prompt-tokens 200 --tokens 16
       ;;
     l2)
-      # The L2 read-ahead (on by default for one-row Q4_0 graphs of 256 MiB
-      # or more) only prefetches: greedy text with it on and off, identical.
+      # The L2 read-ahead (on by default for one-row Q4_0 / Q4_1 / Q8_0
+      # graphs of 256 MiB or more) only prefetches: greedy text with it on
+      # and off, identical.
       [ -f "$tmp/llama1b-q4_0.gguf" ] || "$QUIRE" synth --shape Llama-3.2-1B --type Q4_0 -o "$tmp/llama1b-q4_0.gguf" >"$OUT/synth-llama-q4_0.log" 2>&1
       for ahead in on off; do
         # on: the automatic distance (the knob unset); off: QUIRE_L2_AHEAD_MB=0.

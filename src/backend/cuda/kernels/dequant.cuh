@@ -134,6 +134,20 @@ __device__ __forceinline__ int ld_i2(const u8* p) {
 }
 __device__ __forceinline__ int ld_i4(const u8* p) { return *(const int*)p; }
 
+// An L2 cache policy that marks the lines it touches evict-first.
+__device__ __forceinline__ unsigned long long l2_evict_first() {
+    unsigned long long p;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+
+// One aligned 4-byte global word with L2 cache policy `pol`.
+__device__ __forceinline__ u32 ld_g32_pol(const u8* p, unsigned long long pol) {
+    u32 v;
+    asm("ld.global.L2::cache_hint.b32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(pol));
+    return v;
+}
+
 // The N aligned words from p rounded down to 4 bytes (p is 2-byte aligned):
 // returns the bit offset of p in them (0 or 16). Byte b of the block is
 // then byte b of __funnelshift_rc(v[i], v[i + 1], sh + 8 * (b - 4 * i)).
@@ -151,27 +165,8 @@ __device__ __forceinline__ int ld_words(const u8* p, u32* v, unsigned long long 
     int s = (int)((unsigned long long)p & 2);
     const u32* a = (const u32*)(p - s);
 #pragma unroll
-    for (int i = 0; i < N; i++) {
-        if (POL)
-            asm("ld.global.L2::cache_hint.b32 %0, [%1], %2;" : "=r"(v[i]) : "l"(a + i), "l"(pol));
-        else
-            v[i] = a[i];
-    }
+    for (int i = 0; i < N; i++) v[i] = POL ? ld_g32_pol((const u8*)(a + i), pol) : a[i];
     return 8 * s;
-}
-
-// An L2 cache policy that marks the lines it touches evict-first.
-__device__ __forceinline__ unsigned long long l2_evict_first() {
-    unsigned long long p;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
-
-// One aligned 4-byte global word with L2 cache policy `pol`.
-__device__ __forceinline__ u32 ld_g32_pol(const u8* p, unsigned long long pol) {
-    u32 v;
-    asm("ld.global.L2::cache_hint.b32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(pol));
-    return v;
 }
 
 // MV_L2_POL (tuning knob): 1: the one-row and grouped decode matvecs

@@ -196,6 +196,14 @@ pub(crate) fn piece_table(segs: &[(u64, u64)], piece: u64) -> Result<Vec<u64>> {
 }
 
 impl CudaBackend {
+    /// The weight log of the step being measured or captured (None: no
+    /// step records).
+    fn l2_log(&self) -> Result<std::sync::MutexGuard<'_, Option<L2Log>>> {
+        self.l2_log
+            .lock()
+            .map_err(|_| anyhow::anyhow!("l2 log poisoned"))
+    }
+
     /// Whether decode graphs get the read-ahead branch: unless
     /// `QUIRE_L2_AHEAD_MB=0`, on devices with bulk prefetches (sm_90+,
     /// where decode graphs have programmatic edges).
@@ -207,10 +215,7 @@ impl CudaBackend {
     /// capture with the read-ahead: the jobs' weights join the stream and
     /// the table points the kernel's marks at the progress word.
     pub(super) fn l2_record(&self, jobs: &[MatJob<'_, Dev>], table: &mut MmJobs) -> Result<()> {
-        let mut log = self
-            .l2_log
-            .lock()
-            .map_err(|_| anyhow::anyhow!("l2 log poisoned"))?;
+        let mut log = self.l2_log()?;
         let Some(log) = log.as_mut() else {
             return Ok(());
         };
@@ -290,11 +295,7 @@ impl CudaBackend {
             use cudarc::driver::DevicePtr;
             b.progress.device_ptr(s).0
         };
-        let mut log = self
-            .l2_log
-            .lock()
-            .map_err(|_| anyhow::anyhow!("l2 log poisoned"))?;
-        *log = Some(L2Log::new(mark_ptr));
+        *self.l2_log()? = Some(L2Log::new(mark_ptr));
         Ok(())
     }
 
@@ -311,11 +312,7 @@ impl CudaBackend {
     /// captured next wants the read-ahead at all.
     pub(crate) fn l2_measure(&self) -> Result<()> {
         if self.l2_ahead_on() {
-            let mut log = self
-                .l2_log
-                .lock()
-                .map_err(|_| anyhow::anyhow!("l2 log poisoned"))?;
-            *log = Some(L2Log::new(0));
+            *self.l2_log()? = Some(L2Log::new(0));
         }
         Ok(())
     }
@@ -324,21 +321,14 @@ impl CudaBackend {
     /// read-ahead distance its weights call for (0: none; None: not
     /// measured).
     pub(crate) fn l2_measured(&self) -> Result<Option<u64>> {
-        let log = match self.l2_log.lock() {
-            Ok(mut l) => l.take(),
-            Err(_) => bail!("l2 log poisoned"),
-        };
-        Ok(log.map(|l| distance(l.pos, l.types)))
+        Ok(self.l2_log()?.take().map(|l| distance(l.pos, l.types)))
     }
 
     /// In a capture, last (also after a failed step, so the branch is
     /// joined): the branch joined back into the stream; the weights the
     /// step recorded.
     pub(crate) fn l2_end(&self, b: &L2Bufs) -> Result<L2Log> {
-        let log = match self.l2_log.lock() {
-            Ok(mut l) => l.take().unwrap_or_else(|| L2Log::new(0)),
-            Err(_) => bail!("l2 log poisoned"),
-        };
+        let log = self.l2_log()?.take().unwrap_or_else(|| L2Log::new(0));
         drv(b.join.record(&b.side), "l2 read-ahead: join")?;
         drv(self.stream().wait(&b.join), "l2 read-ahead: join")?;
         Ok(log)
