@@ -127,6 +127,8 @@ pub(super) struct DecodeGraph {
     pub(super) arena_len: usize,
     /// The L2 read-ahead branch's buffers (QUIRE_L2_AHEAD_MB; None: off).
     pub(super) l2: Option<crate::backend::cuda::L2Bufs>,
+    /// Replays so far (QUIRE_L2_TRACE's sampling).
+    pub(super) replays: u64,
     /// The read-ahead distance the uncaptured step's weights call for (0:
     /// the graph gets no branch; None: not measured).
     pub(super) l2_measured: Option<u64>,
@@ -234,6 +236,7 @@ impl CudaExec {
                 capture_failed: false,
                 arena_len: 0,
                 l2: None,
+                replays: 0,
                 l2_measured: None,
             });
         }
@@ -437,6 +440,10 @@ impl CudaExec {
             if let Ok(mut c) = self.counts.lock() {
                 c.entry("decode_graph").or_insert((0, 0.0)).0 += 1;
             }
+            if let Some(l2) = &g.l2 {
+                self.be.l2_trace(l2, g.replays)?;
+            }
+            g.replays += 1;
         }
         after(&self.be, g)
     }

@@ -14,8 +14,11 @@
 //   high 32 bits: where it ends in the step's weight stream, in 256-byte
 //   units), in stream order. (Filled after the capture, which fixes only
 //   the head's address: the table's size is known only then.)
-// progress: the chain's read position in the same units (mv_mark in
-//   common.cuh raises it; zeroed before the step).
+// progress: (4,) i32: [0] the chain's read position in the same units
+//   (mv_mark in common.cuh raises it), [1] CTAs that gave up waiting, [2]
+//   the highest piece end one gave up on, [3] the highest position one gave
+//   up at (a diagnostic the host reads with QUIRE_L2_TRACE=1); all zeroed
+//   before the step.
 //
 // CTA c (one warp) takes pieces c, c + gridDim.x, ... A piece is fetched
 // once progress + ahead reaches its end. Nothing the chain computes depends
@@ -28,13 +31,17 @@
 // other case, and it was seen (H100, 2026-11-27): with 64 CTAs
 // (QUIRE_L2_CTAS=64) every step after a 512-token prompt waited out the
 // whole patience (1B Q4_0 48 tok/s, 8B Q8_0 42, against 1,530 and 276 with
-// 32 CTAs; the cause is not known: the decode attention runs in
-// thread-block clusters only from 128 keys on, as after that prompt, and
-// without a prompt the same setting ran at speed). Hence 2 ms, not 20: the
-// 1B then made 374 tok/s and the 8B Q8_0 177; at 32 CTAs no step waits
-// (8B Q8_0 285.8 / 276.1 tok/s with 2 ms, 285.9 / 276.0 with 20). Chain
-// kernels publish progress every few microseconds, so 2 ms never cuts a
-// working read-ahead short.
+// 32 CTAs). The give-up record (progress[1..3], QUIRE_L2_TRACE=1) showed
+// all 64 CTAs giving up at the first layer's attention, which runs in
+// thread-block clusters from 128 keys on. The clusters off removed the
+// stall, and so did a preferred shared-memory carveout of 100% for this
+// kernel (31% and 44% did not): an SM holding a read-ahead CTA keeps a
+// carveout too small for the cluster form, and the placement of whole
+// clusters on the other SMs did not succeed. Decode graphs with this branch
+// now merge their attention without clusters (launch/attention.rs).
+// The patience stays 2 ms (it was 20): at 2 ms the 1B made 374 tok/s in
+// that case, not 48; chain kernels publish progress every few microseconds,
+// so 2 ms never cuts a working read-ahead short.
 #ifndef L2A_PATIENCE_NS
 #define L2A_PATIENCE_NS 2000000ull
 #endif
@@ -53,7 +60,7 @@ __device__ __forceinline__ unsigned long long l2a_now() {
 }
 
 extern "C" __global__ void __launch_bounds__(32) l2_ahead(const unsigned long long* __restrict__ head,
-                                                          const int* progress) {
+                                                          int* progress) {
     // Its only predecessor is the memset of `progress` (a full graph edge),
     // so the wait returns at once; kept for the rule every entry follows.
     GRID_DEP();
@@ -80,6 +87,11 @@ extern "C" __global__ void __launch_bounds__(32) l2_ahead(const unsigned long lo
                 seen = p;
                 since = t;
             } else if (t - since > L2A_PATIENCE_NS) {
+                if (lane == 0) {
+                    atomicAdd(progress + 1, 1);
+                    atomicMax(progress + 2, (int)end);
+                    atomicMax(progress + 3, p);
+                }
                 return;
             }
             __nanosleep(256);

@@ -309,9 +309,17 @@ impl CudaBackend {
         // unit's cluster is resident at once: a GPC holds whole clusters,
         // so a launch of more waits for a second wave (H100, B=8 ctx
         // 1,024, 8B heads, 64 clusters of 6: 31.1 us against 18.5 us with
-        // the combine). The same bits as the combine.
+        // the combine). The same bits as the combine. Not in a decode
+        // graph with the L2 read-ahead branch (launch/l2_ahead.rs): an SM
+        // that holds one of its CTAs (no shared memory, so its carveout is
+        // all L1 for the whole step) takes no cluster CTA, and the clusters
+        // wait for free SMs (H100, 2026-11-27, tg128@d512 with the
+        // read-ahead, clusters / the combine: 8B Q8_0 275.6 / 283.0 tok/s,
+        // 8B Q4_0 402.7 / 424.6, 1B Q4_0 1,528 / 1,538; with 64
+        // read-ahead CTAs no cluster was placed until they gave up).
         let cluster = fused
             && cluster_wanted(ctas_y)
+            && !self.l2_branch_live()?
             && units * ctas_y <= cluster_ctas()
             && gqa_split_kernel(group, hd, Pipe::Cluster)
                 .is_some_and(|c| units <= self.att_clusters(c, ctas_y));

@@ -158,8 +158,13 @@ pub(crate) struct L2Bufs {
     head: CudaSlice<u64>,
     /// (2 n,) u64: the piece table, made after the capture.
     pieces: Option<CudaSlice<u64>>,
-    /// The chain's read position, in 256-byte units.
+    /// (4,) i32: the chain's read position, in 256-byte units, then the
+    /// kernel's give-up record (l2_ahead_fast.cu; `l2_trace`).
     progress: CudaSlice<i32>,
+    /// The uploaded table's stream end and distance, in 256-byte units
+    /// (for `l2_trace`).
+    end_units: u64,
+    ahead_units: u64,
     /// The stream of the read-ahead's branch while the step is captured.
     side: Arc<CudaStream>,
     fork: CudaEvent,
@@ -202,6 +207,12 @@ impl CudaBackend {
         self.l2_log
             .lock()
             .map_err(|_| anyhow::anyhow!("l2 log poisoned"))
+    }
+
+    /// Whether a capture with the read-ahead branch is under way (its
+    /// CTAs will be resident beside every kernel captured now).
+    pub(crate) fn l2_branch_live(&self) -> Result<bool> {
+        Ok(self.l2_log()?.as_ref().is_some_and(|l| l.mark_ptr != 0))
     }
 
     /// Whether decode graphs get the read-ahead branch: unless
@@ -259,7 +270,9 @@ impl CudaBackend {
         *bufs = Some(L2Bufs {
             head: drv(s.alloc_zeros::<u64>(3), "l2 read-ahead head")?,
             pieces: None,
-            progress: drv(s.alloc_zeros::<i32>(1), "l2 read-ahead progress")?,
+            progress: drv(s.alloc_zeros::<i32>(4), "l2 read-ahead progress")?,
+            end_units: 0,
+            ahead_units: 0,
             side: drv(ctx.new_stream(), "l2 read-ahead stream")?,
             fork: drv(ctx.new_event(None), "l2 read-ahead event")?,
             join: drv(ctx.new_event(None), "l2 read-ahead event")?,
@@ -286,7 +299,7 @@ impl CudaBackend {
         // SAFETY: matches l2_ahead (head, progress): head holds a piece
         // count, the address of that many (address, word) pairs and the
         // distance (a count of zero until l2_upload, which runs before any
-        // replay, fills them), progress one i32.
+        // replay, fills them), progress four i32.
         drv(
             unsafe { l.launch(cfg) },
             "l2 read-ahead: launching l2_ahead",
@@ -322,6 +335,29 @@ impl CudaBackend {
     /// measured).
     pub(crate) fn l2_measured(&self) -> Result<Option<u64>> {
         Ok(self.l2_log()?.take().map(|l| distance(l.pos, l.types)))
+    }
+
+    /// QUIRE_L2_TRACE=1 (a diagnostic): after a replay, waits for it and
+    /// logs where the chain's marks ended and whether read-ahead CTAs gave
+    /// up waiting (a step that waits out the kernel's patience), for the
+    /// first 4 replays of a graph and every 64th.
+    pub(crate) fn l2_trace(&self, b: &L2Bufs, replay: u64) -> Result<()> {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if !*ON.get_or_init(|| std::env::var("QUIRE_L2_TRACE").is_ok_and(|v| v == "1")) {
+            return Ok(());
+        }
+        if replay >= 4 && !replay.is_multiple_of(64) {
+            return Ok(());
+        }
+        let v = drv(
+            self.stream().clone_dtoh(&b.progress),
+            "l2 read-ahead: trace",
+        )?;
+        eprintln!(
+            "l2 trace: replay {replay}: marks reached {} of {} units (ahead {}); {} CTAs gave up, on a piece ending at {}, at mark {}",
+            v[0], b.end_units, b.ahead_units, v[1], v[2], v[3]
+        );
+        Ok(())
     }
 
     /// In a capture, last (also after a failed step, so the branch is
@@ -361,6 +397,8 @@ impl CudaBackend {
             "l2 read-ahead: head",
         )?;
         b.pieces = Some(pieces);
+        b.end_units = log.pos.div_ceil(UNIT);
+        b.ahead_units = units;
         Ok((n, ahead))
     }
 }
