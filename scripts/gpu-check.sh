@@ -133,20 +133,38 @@ for s in "${steps[@]}"; do
     l2)
       # The L2 read-ahead (on by default for one-row Q4_0 / Q4_1 / Q8_0
       # graphs of 256 MiB or more) only prefetches: greedy text with it on
-      # and off, identical.
+      # and off, identical. Twice: after a short prompt, and after one of
+      # about 250 tokens, whose decode attention merges in thread-block
+      # clusters without the read-ahead and with the combine with it.
       [ -f "$tmp/llama1b-q4_0.gguf" ] || "$QUIRE" synth --shape Llama-3.2-1B --type Q4_0 -o "$tmp/llama1b-q4_0.gguf" >"$OUT/synth-llama-q4_0.log" 2>&1
+      long="$(for i in $(seq 40); do printf 'The read-ahead streams weights. '; done)"
+      for pr in short long; do
+        prompt="The read-ahead"
+        [ $pr = long ] && prompt="$long"
+        for ahead in on off; do
+          # on: the automatic distance (the knob unset); off: QUIRE_L2_AHEAD_MB=0.
+          knob=(-u QUIRE_L2_AHEAD_MB)
+          [ $ahead = off ] && knob=(QUIRE_L2_AHEAD_MB=0)
+          env "${knob[@]}" RUST_LOG=quire::dispatch=debug "$QUIRE" run -m "$tmp/llama1b-q4_0.gguf" --gpu required --mode fast --temperature 0 -n 64 --raw -p "$prompt" >"$OUT/l2-$pr-$ahead.txt" 2>"$OUT/l2-$pr-$ahead.log"
+        done
+        if ! grep -q 'l2 read-ahead of [1-9]' "$OUT/l2-$pr-on.log"; then
+          note "l2 ($pr prompt): FAILED (the read-ahead did not run; see l2-$pr-on.log)"; status=1
+        elif [ -s "$OUT/l2-$pr-on.txt" ] && cmp -s "$OUT/l2-$pr-on.txt" "$OUT/l2-$pr-off.txt"; then
+          note "l2 ($pr prompt): identical greedy text with the read-ahead on and off"
+        else
+          note "l2 ($pr prompt): FAILED (texts differ or are empty: l2-$pr-on.txt, l2-$pr-off.txt)"; status=1
+        fi
+      done
+      # Bitwise, after 300 prompt tokens: the fused graph against the
+      # unfused op-by-op run (check-exact), with the read-ahead (attention
+      # merged by the combine) and without it (in clusters).
       for ahead in on off; do
-        # on: the automatic distance (the knob unset); off: QUIRE_L2_AHEAD_MB=0.
         knob=(-u QUIRE_L2_AHEAD_MB)
         [ $ahead = off ] && knob=(QUIRE_L2_AHEAD_MB=0)
-        env "${knob[@]}" RUST_LOG=quire::dispatch=debug "$QUIRE" run -m "$tmp/llama1b-q4_0.gguf" --gpu required --mode fast --temperature 0 -n 64 --raw -p "The read-ahead" >"$OUT/l2-$ahead.txt" 2>"$OUT/l2-$ahead.log"
+        RUST_LOG=quire::dispatch=debug run_step "l2-check-$ahead" env "${knob[@]}" "$QUIRE" check-exact --mode fast -m "$tmp/llama1b-q4_0.gguf" --prompt-tokens 300 --tokens 8
       done
-      if ! grep -q 'l2 read-ahead of [1-9]' "$OUT/l2-on.log"; then
-        note "l2: FAILED (the read-ahead did not run; see l2-on.log)"; status=1
-      elif [ -s "$OUT/l2-on.txt" ] && cmp -s "$OUT/l2-on.txt" "$OUT/l2-off.txt"; then
-        note "l2: identical greedy text with the read-ahead on and off"
-      else
-        note "l2: FAILED (texts differ or are empty: l2-on.txt, l2-off.txt)"; status=1
+      if ! grep -q 'l2 read-ahead of [1-9]' "$OUT/l2-check-on.log"; then
+        note "l2-check-on: FAILED (the read-ahead did not run)"; status=1
       fi
       ;;
     greedy)
