@@ -149,6 +149,13 @@ impl L2Log {
             types: StreamTypes::START,
         }
     }
+
+    /// Whether this log belongs to a capture with the read-ahead branch
+    /// (its marks go to a progress word), not to the uncaptured step that
+    /// only measures the weights (`l2_measure`).
+    fn with_branch(&self) -> bool {
+        self.mark_ptr != 0
+    }
 }
 
 /// A decode graph's read-ahead buffers (reused by its recaptures).
@@ -212,7 +219,7 @@ impl CudaBackend {
     /// Whether a capture with the read-ahead branch is under way (its
     /// CTAs will be resident beside every kernel captured now).
     pub(crate) fn l2_branch_live(&self) -> Result<bool> {
-        Ok(self.l2_log()?.as_ref().is_some_and(|l| l.mark_ptr != 0))
+        Ok(self.l2_log()?.as_ref().is_some_and(L2Log::with_branch))
     }
 
     /// Whether decode graphs get the read-ahead branch: unless
@@ -461,6 +468,15 @@ mod tests {
         assert_eq!(auto_ahead(4520 * mib, q4), 16 * mib); // Llama-3.1-8B Q4_0
         assert_eq!(auto_ahead(8540 * mib, q8), 24 * mib); // Llama-3.1-8B Q8_0
         assert_eq!(auto_ahead(16060 * mib, of(&[GgmlType::F16])), 0);
+    }
+
+    #[test]
+    fn only_a_capture_with_the_branch_counts_as_live() {
+        use super::L2Log;
+        // The uncaptured measuring step's log has no progress word: its
+        // attention may still run in clusters; a capture's log has one.
+        assert!(!L2Log::new(0).with_branch());
+        assert!(L2Log::new(0x7f00_0000_0100).with_branch());
     }
 
     #[test]
