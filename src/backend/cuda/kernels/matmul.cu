@@ -462,3 +462,123 @@ MV_EXACT_ENTRY(mv_exact32, , MV_EXACT_ROWS, 1)
 MV_EXACT_ENTRY(mv_exact32_s2, , MV_EXACT_ROWS, 2)
 MV_EXACT_ENTRY(mv_exact32_r1, MV_EXACT_R1_BOUNDS, 1, 1)
 MV_EXACT_ENTRY(mv_exact32_r1_s2, MV_EXACT_R1_BOUNDS, 1, 2)
+
+// The same products in the chain layout (mv_exact32c*, QUIRE_MV_EXACT_CHAIN=1
+// in launch/matmul_exact.rs; prepared 2026-11-27, not yet measured on a
+// device): a warp takes 4 weight rows, lane l row l / 8 and canonical
+// chain c = l % 8 of it, and walks the chain's blocks c, c + 8, c + 16, ...
+// in increasing order, adding each block's term to its own accumulator:
+// the canonical order of mv_exact32 without its per-group shuffles (its
+// lane l decodes block i0 + l and the terms travel to lane l % 8). The 8
+// lanes of a row then finish with the same canonical tree. So every term,
+// every addition and their order are mv_exact32's: the same bits. What
+// changes: no fold shuffles or predicated adds, the 4 lanes of a chain
+// position load the same activations (one broadcast request), and a lane
+// holds one row (48 registers against mv_exact32_r1's 63: 5 CTAs per SM
+// instead of 4). SASS (sm_90, the Q4_0 loop): 104.5 instructions per
+// block and row against 115.5; the decode (5 loads, the nibbles' unpack,
+// the policy's register moves) is most of both. U blocks of a chain are
+// loaded before the first is used (bytes in flight per lane); a warp
+// holds 4 rows, so small matrices get half the warps of mv_exact32's
+// split form (MV_EXACT_C_U=4 gives each twice the loads in flight).
+// Grid: (1, job CTAs of 32 weight rows); block 256 threads (8 warps).
+#ifndef MV_EXACT_C_U
+#define MV_EXACT_C_U 2
+#endif
+template <int TY, int NR>
+__device__ __forceinline__ void mv_exact_chain(const u8* __restrict__ wr, int nb, int c,
+                                               const short* __restrict__ qs,
+                                               const float* __restrict__ ad,
+                                               const float* __restrict__ as, int k, int n,
+                                               float* acc) {
+    unsigned long long pol = MV_L2_POL ? l2_evict_first() : 0ull;
+    constexpr int U = MV_EXACT_C_U;
+    for (int b0 = c; b0 < nb; b0 += 8 * U) {
+        int w[U][8];
+        float dw[U], mw[U], a1;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            dw[u] = mw[u] = 0.0f;
+            if (b0 + 8 * u < nb) decode_unit<TY, MV_L2_POL>(wr, b0 + 8 * u, w[u], dw[u], a1, mw[u], pol);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int b = b0 + 8 * u;
+            if (b >= nb) break;  // so are the later ones: the chain ends
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                if (r >= n) break;
+                const int4* qa = (const int4*)(qs + (long long)r * k + 32 * b);
+                int4 v[4];
+#pragma unroll
+                for (int h = 0; h < 4; h++) v[h] = qa[h];  // activations 8h .. 8h + 7
+                float adr = ad[(long long)r * nb + b];
+                int isum = 0;
+#pragma unroll
+                for (int h = 0; h < 4; h++) {  // words 2h, 2h + 1 of the block
+                    isum = __dp2a_lo(v[h].x, w[u][2 * h], isum);
+                    isum = __dp2a_hi(v[h].y, w[u][2 * h], isum);
+                    isum = __dp2a_lo(v[h].z, w[u][2 * h + 1], isum);
+                    isum = __dp2a_hi(v[h].w, w[u][2 * h + 1], isum);
+                }
+                float t = q_mul(q_mul(dw[u], adr), __int2float_rn(isum));
+                if (TY == TY_Q4_1 || TY == TY_Q5_1)
+                    t = q_add(t, q_mul(mw[u], as[(long long)r * nb + b]));
+                acc[r] = q_add(acc[r], t);
+            }
+        }
+    }
+}
+
+template <int NR>
+__device__ __forceinline__ void mv_exact32c_body(MmJobs jobs, int k, int ty,
+                                                 const short* __restrict__ qs,
+                                                 const float* __restrict__ ad,
+                                                 const float* __restrict__ as, int n_all) {
+    MmJob jb = mm_job(jobs, blockIdx.y);
+    int m = jb.m;
+    int l = threadIdx.x & 31;
+    int row0 = (jb.by * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 4;
+    // The warp's 4 rows: all lanes stay for the tree's shuffles; a row past
+    // the matrix reads row m - 1 and stores nothing.
+    if (row0 >= m) return;
+    int row = row0 + (l >> 3);
+    bool live = row < m;
+    if (!live) row = m - 1;
+    int c = l & 7;
+    int g0 = blockIdx.x * NR;
+    int n = min(NR, n_all - g0);
+    int nb = k / 32;
+    qs += (long long)g0 * k;
+    ad += (long long)g0 * nb;
+    as += (long long)g0 * nb;
+    float* __restrict__ out = jb.out + (long long)g0 * m;
+    const u8* wr = jb.w + (long long)row * nb * gr_type_size(ty);
+    float acc[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+    switch (ty) {
+        case TY_Q4_0: mv_exact_chain<TY_Q4_0, NR>(wr, nb, c, qs, ad, as, k, n, acc); break;
+        case TY_Q4_1: mv_exact_chain<TY_Q4_1, NR>(wr, nb, c, qs, ad, as, k, n, acc); break;
+        case TY_Q5_0: mv_exact_chain<TY_Q5_0, NR>(wr, nb, c, qs, ad, as, k, n, acc); break;
+        case TY_Q5_1: mv_exact_chain<TY_Q5_1, NR>(wr, nb, c, qs, ad, as, k, n, acc); break;
+        default: mv_exact_chain<TY_Q8_0, NR>(wr, nb, c, qs, ad, as, k, n, acc); break;
+    }
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        if (r >= n) break;
+        float v = q_group_tree8(acc[r]);
+        if (live && c == 0) mm_store(out + (long long)r * m + row, v, jb.add);
+    }
+}
+#define MV_EXACT_C_ENTRY(NAME, NR)                                                           \
+    extern "C" __global__ void __launch_bounds__(256) NAME(MmJobs jobs, int k, int ty,       \
+                                                            const short* __restrict__ qs,    \
+                                                            const float* __restrict__ ad,    \
+                                                            const float* __restrict__ as,    \
+                                                            int n_all) {                     \
+        GRID_DEP();                                                                          \
+        mv_exact32c_body<NR>(jobs, k, ty, qs, ad, as, n_all);                                \
+    }
+MV_EXACT_C_ENTRY(mv_exact32c, MV_EXACT_ROWS)
+MV_EXACT_C_ENTRY(mv_exact32c_r1, 1)

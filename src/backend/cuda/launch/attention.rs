@@ -310,10 +310,11 @@ impl CudaBackend {
         // so a launch of more waits for a second wave (H100, B=8 ctx
         // 1,024, 8B heads, 64 clusters of 6: 31.1 us against 18.5 us with
         // the combine). The same bits as the combine. Not in a decode
-        // graph with the L2 read-ahead branch (launch/l2_ahead.rs): an SM
-        // that holds one of its CTAs (no shared memory, so its carveout is
-        // all L1 for the whole step) takes no cluster CTA, and the clusters
-        // wait for free SMs (H100, 2026-11-27, tg128@d512 with the
+        // graph with the L2 read-ahead branch (launch/l2_ahead.rs): its
+        // CTAs, resident for the whole step, keep the clusters from being
+        // placed (a carveout of 100% for the read-ahead kernel removed
+        // that, 31% and 44% did not; l2_ahead_fast.cu) and the clusters
+        // wait (H100, 2026-11-27, tg128@d512 with the
         // read-ahead, clusters / the combine: 8B Q8_0 275.6 / 283.0 tok/s,
         // 8B Q4_0 402.7 / 424.6, 1B Q4_0 1,528 / 1,538; with 64
         // read-ahead CTAs no cluster was placed until they gave up).

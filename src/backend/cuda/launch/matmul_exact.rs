@@ -89,6 +89,37 @@ impl CudaBackend {
                     "mat_mul: launching quant_act32",
                 )?;
             }
+            if n <= MV_ROWS && chain_wanted() {
+                // Decode in the chain layout (mv_exact32c*): 8 warps of 4
+                // weight rows per CTA, the same bits as mv_exact32.
+                let (table, ctas) = job_table(jobs, CHAIN_ROWS_PER_CTA, s)?;
+                let tc = crate::backend::cuda::ty_code(ty)
+                    .ok_or_else(|| anyhow::anyhow!("mat_mul: {ty:?} is not a weight type"))?;
+                let cfg = LaunchConfig {
+                    grid_dim: (1, ctas, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let name = if n == 1 {
+                    "mv_exact32c_r1"
+                } else {
+                    "mv_exact32c"
+                };
+                let mut b = s.launch_builder(self.func(name)?);
+                b.arg(&table)
+                    .arg(&ki)
+                    .arg(&tc)
+                    .arg(&mut *qs)
+                    .arg(&mut *ad)
+                    .arg(&mut *asum)
+                    .arg(&ni);
+                // SAFETY: matches mv_exact32c and mv_exact32c_r1; the job
+                // table holds each job's weights (m rows) and output (n*m,
+                // validated) and its CTA ranges of CHAIN_ROWS_PER_CTA rows
+                // (8 warps of 4); n <= MV_EXACT_ROWS; no shared memory.
+                drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_exact32c")?;
+                return Ok(());
+            }
             if n <= MV_ROWS {
                 // Decode: the warp-per-row kernel (same bits), all jobs;
                 // a warp pair per MV_EXACT_WR rows when one warp each
@@ -237,4 +268,19 @@ fn q_grid(m: usize, n: usize) -> Result<(i32, LaunchConfig)> {
             shared_mem_bytes: 0,
         },
     ))
+}
+
+/// Weight rows per CTA of the chain-layout exact matvec (mv_exact32c*: 8
+/// warps of 4 rows, one lane per (row, canonical chain)).
+const CHAIN_ROWS_PER_CTA: usize = 32;
+
+/// QUIRE_MV_EXACT_CHAIN=1: exact decode matvecs in the chain layout
+/// (kernels/matmul.cu, mv_exact32c*; the same bits as mv_exact32*).
+/// Prepared on 2026-11-27 and checked only by compiling (SASS of the Q4_0
+/// loop: 104.5 instructions per block and row against mv_exact32_r1's
+/// 115.5, 48 registers against 63); off until a device measures it
+/// (`scripts/gpu-check.sh ops-exact` runs its parity).
+fn chain_wanted() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("QUIRE_MV_EXACT_CHAIN").is_ok_and(|v| v == "1"))
 }
