@@ -304,6 +304,26 @@ __device__ __forceinline__ float mv_exact_fold_s2(float a, float t, int i0h, int
     return a;
 }
 
+// A block's canonical term: the exact integer dot of its decoded weights
+// w[8] with its 32 16-bit activations v (__dp2a; integers, so any order
+// gives the same bits), times the scales as the cpu multiplies them, plus
+// the minimum's term for Q4_1 / Q5_1 (mw, asr).
+template <int TY>
+__device__ __forceinline__ float exact_term(const int4* v, const int* w, float dw, float adr,
+                                            float mw, float asr) {
+    int isum = 0;
+#pragma unroll
+    for (int h = 0; h < 4; h++) {  // words 2h, 2h + 1 of the block
+        isum = __dp2a_lo(v[h].x, w[2 * h], isum);
+        isum = __dp2a_hi(v[h].y, w[2 * h], isum);
+        isum = __dp2a_lo(v[h].z, w[2 * h + 1], isum);
+        isum = __dp2a_hi(v[h].w, w[2 * h + 1], isum);
+    }
+    float t = q_mul(q_mul(dw, adr), __int2float_rn(isum));
+    if (TY == TY_Q4_1 || TY == TY_Q5_1) t = q_add(t, q_mul(mw, asr));
+    return t;
+}
+
 // wr: the warp's first weight row; row_bytes apart; nw (1..MV_EXACT_WR) of
 // them are inside the matrix; n (<= NR) activation rows. S: warps per
 // weight row (1, or 2: this warp is half h of a pair, mv_exact_fold_s2).
@@ -341,18 +361,7 @@ __device__ __forceinline__ void mv_exact_rows(const u8* __restrict__ wr, long lo
 #pragma unroll
             for (int q = 0; q < MV_EXACT_WR; q++) {
                 float t = 0.0f;
-                if (ok && q < nw) {
-                    int isum = 0;
-#pragma unroll
-                    for (int h = 0; h < 4; h++) {  // words 2h, 2h + 1 of the block
-                        isum = __dp2a_lo(v[h].x, w[q][2 * h], isum);
-                        isum = __dp2a_hi(v[h].y, w[q][2 * h], isum);
-                        isum = __dp2a_lo(v[h].z, w[q][2 * h + 1], isum);
-                        isum = __dp2a_hi(v[h].w, w[q][2 * h + 1], isum);
-                    }
-                    t = q_mul(q_mul(dw[q], adr), __int2float_rn(isum));
-                    if (TY == TY_Q4_1 || TY == TY_Q5_1) t = q_add(t, q_mul(mw[q], asr));
-                }
+                if (ok && q < nw) t = exact_term<TY>(v, w[q], dw[q], adr, mw[q], asr);
                 acc[q][r] = S == 1 ? mv_exact_fold(acc[q][r], t, i0, nb, l)
                                    : mv_exact_fold_s2(acc[q][r], t, i0 + 4 * h, nb, l);
             }
@@ -513,18 +522,8 @@ __device__ __forceinline__ void mv_exact_chain(const u8* __restrict__ wr, int nb
 #pragma unroll
                 for (int h = 0; h < 4; h++) v[h] = qa[h];  // activations 8h .. 8h + 7
                 float adr = ad[(long long)r * nb + b];
-                int isum = 0;
-#pragma unroll
-                for (int h = 0; h < 4; h++) {  // words 2h, 2h + 1 of the block
-                    isum = __dp2a_lo(v[h].x, w[u][2 * h], isum);
-                    isum = __dp2a_hi(v[h].y, w[u][2 * h], isum);
-                    isum = __dp2a_lo(v[h].z, w[u][2 * h + 1], isum);
-                    isum = __dp2a_hi(v[h].w, w[u][2 * h + 1], isum);
-                }
-                float t = q_mul(q_mul(dw[u], adr), __int2float_rn(isum));
-                if (TY == TY_Q4_1 || TY == TY_Q5_1)
-                    t = q_add(t, q_mul(mw[u], as[(long long)r * nb + b]));
-                acc[r] = q_add(acc[r], t);
+                float asr = (TY == TY_Q4_1 || TY == TY_Q5_1) ? as[(long long)r * nb + b] : 0.0f;
+                acc[r] = q_add(acc[r], exact_term<TY>(v, w[u], dw[u], adr, mw[u], asr));
             }
         }
     }

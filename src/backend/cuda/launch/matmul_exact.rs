@@ -89,37 +89,6 @@ impl CudaBackend {
                     "mat_mul: launching quant_act32",
                 )?;
             }
-            if n <= MV_ROWS && chain_wanted() {
-                // Decode in the chain layout (mv_exact32c*): 8 warps of 4
-                // weight rows per CTA, the same bits as mv_exact32.
-                let (table, ctas) = job_table(jobs, CHAIN_ROWS_PER_CTA, s)?;
-                let tc = crate::backend::cuda::ty_code(ty)
-                    .ok_or_else(|| anyhow::anyhow!("mat_mul: {ty:?} is not a weight type"))?;
-                let cfg = LaunchConfig {
-                    grid_dim: (1, ctas, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                let name = if n == 1 {
-                    "mv_exact32c_r1"
-                } else {
-                    "mv_exact32c"
-                };
-                let mut b = s.launch_builder(self.func(name)?);
-                b.arg(&table)
-                    .arg(&ki)
-                    .arg(&tc)
-                    .arg(&mut *qs)
-                    .arg(&mut *ad)
-                    .arg(&mut *asum)
-                    .arg(&ni);
-                // SAFETY: matches mv_exact32c and mv_exact32c_r1; the job
-                // table holds each job's weights (m rows) and output (n*m,
-                // validated) and its CTA ranges of CHAIN_ROWS_PER_CTA rows
-                // (8 warps of 4); n <= MV_EXACT_ROWS; no shared memory.
-                drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_exact32c")?;
-                return Ok(());
-            }
             if n <= MV_ROWS {
                 // Decode: the warp-per-row kernel (same bits), all jobs;
                 // a warp pair per MV_EXACT_WR rows when one warp each
@@ -128,7 +97,14 @@ impl CudaBackend {
                 // CTAs of the one-warp form (8 warps of MV_EXACT_WR rows).
                 let ctas1: usize = jobs.iter().map(|j| j.w.rows.div_ceil(8 * wr)).sum();
                 let split = exact_split(ctas1, self.sm_count(), ty);
-                let per_cta = if split { 4 * wr } else { 8 * wr };
+                // The chain layout (mv_exact32c*, QUIRE_MV_EXACT_CHAIN=1):
+                // 8 warps of 4 rows per CTA, the same bits.
+                let chain = chain_wanted();
+                let per_cta = match (chain, split) {
+                    (true, _) => CHAIN_ROWS_PER_CTA,
+                    (false, true) => 4 * wr,
+                    (false, false) => 8 * wr,
+                };
                 let (table, ctas) = job_table(jobs, per_cta, s)?;
                 let tc = crate::backend::cuda::ty_code(ty)
                     .ok_or_else(|| anyhow::anyhow!("mat_mul: {ty:?} is not a weight type"))?;
@@ -137,7 +113,11 @@ impl CudaBackend {
                     block_dim: (256, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                let name = mv_exact_name(n, split);
+                let name = match (chain, n) {
+                    (true, 1) => "mv_exact32c_r1",
+                    (true, _) => "mv_exact32c",
+                    (false, _) => mv_exact_name(n, split),
+                };
                 let mut b = s.launch_builder(self.func(name)?);
                 b.arg(&table)
                     .arg(&ki)
@@ -146,11 +126,12 @@ impl CudaBackend {
                     .arg(&mut *ad)
                     .arg(&mut *asum)
                     .arg(&ni);
-                // SAFETY: matches mv_exact32, mv_exact32_r1 and their _s2
-                // forms; the job table holds each job's weights (m rows)
-                // and output (n*m, validated) and its CTA ranges of per_cta
-                // rows (8 / S warps of MV_EXACT_WR rows, the kernel's S);
-                // n <= MV_EXACT_ROWS; static shared memory only.
+                // SAFETY: matches mv_exact32, mv_exact32_r1, their _s2
+                // forms and the mv_exact32c* forms (the same parameters);
+                // the job table holds each job's weights (m rows) and output
+                // (n*m, validated) and its CTA ranges of per_cta rows (8 / S
+                // warps of MV_EXACT_WR rows, the kernel's S; mv_exact32c*: 8
+                // warps of 4); n <= MV_EXACT_ROWS; static shared memory only.
                 drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_exact32")?;
                 return Ok(());
             }
