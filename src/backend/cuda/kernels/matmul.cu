@@ -304,6 +304,23 @@ __device__ __forceinline__ float mv_exact_fold_s2(float a, float t, int i0h, int
     return a;
 }
 
+// Moves the activations (quant_act32's qs, ad, as) and the output to this
+// CTA's group of NR activation rows (grid x); returns how many rows it has.
+template <int NR>
+__device__ __forceinline__ int exact_act_group(int k, int m, int n_all,
+                                               const short* __restrict__& qs,
+                                               const float* __restrict__& ad,
+                                               const float* __restrict__& as,
+                                               float* __restrict__& out) {
+    int g0 = blockIdx.x * NR;
+    int nb = k / 32;
+    qs += (long long)g0 * k;
+    ad += (long long)g0 * nb;
+    as += (long long)g0 * nb;
+    out += (long long)g0 * m;
+    return min(NR, n_all - g0);
+}
+
 // A block's canonical term: the exact integer dot of its decoded weights
 // w[8] with its 32 16-bit activations v (__dp2a; integers, so any order
 // gives the same bits), times the scales as the cpu multiplies them, plus
@@ -396,13 +413,8 @@ __device__ __forceinline__ void mv_exact32_body(MmJobs jobs, int k, int ty,
     // Both warps of a pair have the same row0: they return together.
     if (row0 >= m) return;
     int nw = min(MV_EXACT_WR, m - row0);
-    int g0 = blockIdx.x * NR;
-    int n = min(NR, n_all - g0);
+    int n = exact_act_group<NR>(k, m, n_all, qs, ad, as, out);
     int nb = k / 32;
-    qs += (long long)g0 * k;
-    ad += (long long)g0 * nb;
-    as += (long long)g0 * nb;
-    out += (long long)g0 * m;
     long long row_bytes = (long long)nb * gr_type_size(ty);
     const u8* wr = jb.w + row0 * row_bytes;
     float acc[MV_EXACT_WR][NR];
@@ -545,13 +557,9 @@ __device__ __forceinline__ void mv_exact32c_body(MmJobs jobs, int k, int ty,
     bool live = row < m;
     if (!live) row = m - 1;
     int c = l & 7;
-    int g0 = blockIdx.x * NR;
-    int n = min(NR, n_all - g0);
+    float* __restrict__ out = jb.out;
+    int n = exact_act_group<NR>(k, m, n_all, qs, ad, as, out);
     int nb = k / 32;
-    qs += (long long)g0 * k;
-    ad += (long long)g0 * nb;
-    as += (long long)g0 * nb;
-    float* __restrict__ out = jb.out + (long long)g0 * m;
     const u8* wr = jb.w + (long long)row * nb * gr_type_size(ty);
     float acc[NR];
 #pragma unroll
