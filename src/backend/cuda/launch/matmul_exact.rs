@@ -12,13 +12,16 @@ use anyhow::Result;
 use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
 /// The exact decode matvec for `n` activation rows: `_r1` for one row,
-/// `_s2` for two warps per weight row.
-pub(super) fn mv_exact_name(n: usize, split: bool) -> &'static str {
-    match (n, split) {
-        (1, false) => "mv_exact32_r1",
-        (1, true) => "mv_exact32_r1_s2",
-        (_, false) => "mv_exact32",
-        (_, true) => "mv_exact32_s2",
+/// `_s2` for two warps per weight row, `mv_exact32c*` in the chain layout
+/// (`chain`, which has no split form).
+pub(super) fn mv_exact_name(n: usize, split: bool, chain: bool) -> &'static str {
+    match (chain, n, split) {
+        (true, 1, _) => "mv_exact32c_r1",
+        (true, _, _) => "mv_exact32c",
+        (false, 1, false) => "mv_exact32_r1",
+        (false, 1, true) => "mv_exact32_r1_s2",
+        (false, _, false) => "mv_exact32",
+        (false, _, true) => "mv_exact32_s2",
     }
 }
 
@@ -113,11 +116,7 @@ impl CudaBackend {
                     block_dim: (256, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                let name = match (chain, n) {
-                    (true, 1) => "mv_exact32c_r1",
-                    (true, _) => "mv_exact32c",
-                    (false, _) => mv_exact_name(n, split),
-                };
+                let name = mv_exact_name(n, split, chain);
                 let mut b = s.launch_builder(self.func(name)?);
                 b.arg(&table)
                     .arg(&ki)
