@@ -41,8 +41,6 @@ for s in "${steps[@]}"; do
       for cs in 2 3 8; do
         QUIRE_ATT_EX_CLUSTER=$cs run_step "ops-exact-attn-cluster$cs" "$QUIRE" ops --backend cuda --mode exact --op paged_attention
       done
-      # The chain-layout exact decode matvec (off by default): bitwise.
-      QUIRE_MV_EXACT_CHAIN=1 run_step ops-exact-chain "$QUIRE" ops --backend cuda --mode exact --op mat_mul
       ;;
     ops-det) run_step ops-det "$QUIRE" ops --backend cuda --mode deterministic ;;
     ops-fast)

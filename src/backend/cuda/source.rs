@@ -29,8 +29,6 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
             "mv_exact32_r1",
             "mv_exact32_s2",
             "mv_exact32_r1_s2",
-            "mv_exact32c",
-            "mv_exact32c_r1",
         ],
     ),
     (

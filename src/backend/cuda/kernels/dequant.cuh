@@ -215,8 +215,12 @@ __device__ __forceinline__ void unit_idot(const int* w, const signed char* xq, i
 // Decodes unit `u` of a weight row into w[8] (values 4i..4i+3 in word i, as
 // signed int8), the scales A0 (values 0..15), A1 (16..31) and the minimum B.
 // POL, pol: global weights loaded with L2 policy pol (ld_words; Q4_0, Q4_1
-// and Q8_0 blocks, other types load plainly).
-template <int TY, int POL = 0>
+// and Q8_0 blocks, other types load plainly). RAW: Q4_0 and Q5_0 keep their
+// stored unsigned values (0..15, 0..31) without the offset (8, 16), which
+// the caller subtracts once per block from the integer dot (offset times the
+// activations' integer sum: the same integer, fewer instructions; the other
+// types ignore it).
+template <int TY, int POL = 0, bool RAW = false>
 __device__ __forceinline__ void decode_unit(const u8* __restrict__ row, int u, int* w, float& a0,
                                             float& a1, float& b, unsigned long long pol = 0) {
     b = 0.0f;
@@ -228,8 +232,8 @@ __device__ __forceinline__ void decode_unit(const u8* __restrict__ row, int u, i
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             int q = (int)__funnelshift_rc(v[i], v[i + 1], sh + 16);
-            w[i] = __vsub4(q & 0x0F0F0F0F, 0x08080808);
-            w[i + 4] = __vsub4((q >> 4) & 0x0F0F0F0F, 0x08080808);
+            w[i] = RAW ? q & 0x0F0F0F0F : __vsub4(q & 0x0F0F0F0F, 0x08080808);
+            w[i + 4] = RAW ? (q >> 4) & 0x0F0F0F0F : __vsub4((q >> 4) & 0x0F0F0F0F, 0x08080808);
         }
     } else if (TY == TY_Q4_1) {
         const u8* blk = row + (long long)u * 20;
@@ -259,7 +263,7 @@ __device__ __forceinline__ void decode_unit(const u8* __restrict__ row, int u, i
             int q = TY == TY_Q5_0 ? ld_i2(hb + 4 + 4 * i) : ld_i4(hb + 4 + 4 * i);
             int lo = (q & 0x0F0F0F0F) | spread4(qh >> (4 * i));
             int hi = ((q >> 4) & 0x0F0F0F0F) | spread4(qh >> (16 + 4 * i));
-            if (TY == TY_Q5_0) {
+            if (TY == TY_Q5_0 && !RAW) {
                 lo = __vsub4(lo, 0x10101010);
                 hi = __vsub4(hi, 0x10101010);
             }

@@ -28,9 +28,17 @@ __device__ __forceinline__ float quant_block(const float* x, int len, short* q) 
     return d;
 }
 
+// The activations' integer block sums behind quant_act32's float ones
+// s: (n, nb) floats.
+__device__ __forceinline__ int* exact_isums(float* s, int n, int nb) {
+    return (int*)(s + (long long)n * nb);
+}
+
 // One warp per (row, 32-block), lane i owning value i; the same bits as
 // quant_block (the maximum and the integer sum do not depend on order).
-// x: (n, k); qs: (n, k); d, s: (n, k/32).
+// x: (n, k); qs: (n, k); d: (n, k/32); s: (2, n, k/32): the block's d times
+// its integer sum (the Q4_1 / Q5_1 minimum's term), then the integer sum
+// itself as int bits (mv_exact32*'s offset of Q4_0 / Q5_0, exact_isums).
 extern "C" __global__ void quant_act32(const float* __restrict__ x, int n, int k,
                                        short* __restrict__ qs, float* __restrict__ d,
                                        float* __restrict__ s) {
@@ -59,6 +67,7 @@ extern "C" __global__ void quant_act32(const float* __restrict__ x, int n, int k
     if (i == 0) {
         d[t] = db;
         s[t] = q_mul(db, __int2float_rn(sum));
+        exact_isums(s, n, nb)[t] = sum;
     }
 }
 
@@ -275,16 +284,17 @@ extern "C" __global__ void mm_float(const u8* __restrict__ w, int m, int k, int 
 #define MV_EXACT_ROWS 8
 
 // Adds this group's term t (lane l's block i0 + l) to acc in the canonical
-// order (see above).
+// order (see above). FULL: the whole group is inside the row (no checks).
+template <bool FULL>
 __device__ __forceinline__ float mv_exact_fold(float a, float t, int i0, int nb, int l) {
     float t1 = __shfl_down_sync(0xffffffffu, t, 8);
     float t2 = __shfl_down_sync(0xffffffffu, t, 16);
     float t3 = __shfl_down_sync(0xffffffffu, t, 24);
     if (l < 8) {
-        if (i0 + l < nb) a = q_add(a, t);
-        if (i0 + l + 8 < nb) a = q_add(a, t1);
-        if (i0 + l + 16 < nb) a = q_add(a, t2);
-        if (i0 + l + 24 < nb) a = q_add(a, t3);
+        if (FULL || i0 + l < nb) a = q_add(a, t);
+        if (FULL || i0 + l + 8 < nb) a = q_add(a, t1);
+        if (FULL || i0 + l + 16 < nb) a = q_add(a, t2);
+        if (FULL || i0 + l + 24 < nb) a = q_add(a, t3);
     }
     return a;
 }
@@ -295,25 +305,29 @@ __device__ __forceinline__ float mv_exact_fold(float a, float t, int i0, int nb,
 // four consecutive blocks) and lane c < 4 keeps chain 4h + c, adding the
 // terms of lanes c, c + 4, ..., c + 28 (its blocks in increasing order).
 // i0h = i0 + 4h.
+template <bool FULL>
 __device__ __forceinline__ float mv_exact_fold_s2(float a, float t, int i0h, int nb, int l) {
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         float tj = j == 0 ? t : __shfl_down_sync(0xffffffffu, t, 4 * j);
-        if (l < 4 && i0h + 8 * j + l < nb) a = q_add(a, tj);
+        if (l < 4 && (FULL || i0h + 8 * j + l < nb)) a = q_add(a, tj);
     }
     return a;
 }
 
-// Moves the activations (quant_act32's qs, ad, as) and the output to this
-// CTA's group of NR activation rows (grid x); returns how many rows it has.
+// Moves the activations (quant_act32's qs, ad, as and its integer sums si)
+// and the output to this CTA's group of NR activation rows (grid x);
+// returns how many rows it has.
 template <int NR>
 __device__ __forceinline__ int exact_act_group(int k, int m, int n_all,
                                                const short* __restrict__& qs,
                                                const float* __restrict__& ad,
                                                const float* __restrict__& as,
+                                               const int* __restrict__& si,
                                                float* __restrict__& out) {
     int g0 = blockIdx.x * NR;
     int nb = k / 32;
+    si = (const int*)(as + (long long)n_all * nb) + (long long)g0 * nb;  // exact_isums
     qs += (long long)g0 * k;
     ad += (long long)g0 * nb;
     as += (long long)g0 * nb;
@@ -324,11 +338,14 @@ __device__ __forceinline__ int exact_act_group(int k, int m, int n_all,
 // A block's canonical term: the exact integer dot of its decoded weights
 // w[8] with its 32 16-bit activations v (__dp2a; integers, so any order
 // gives the same bits), times the scales as the cpu multiplies them, plus
-// the minimum's term for Q4_1 / Q5_1 (mw, asr).
+// the minimum's term for Q4_1 / Q5_1 (mw, asr). w holds Q4_0 / Q5_0 values
+// without their offset (decode_unit's RAW); the dot starts at -ioff, the
+// offset times the activations' integer sum, so it ends at the same integer
+// as the offset values' dot.
 template <int TY>
 __device__ __forceinline__ float exact_term(const int4* v, const int* w, float dw, float adr,
-                                            float mw, float asr) {
-    int isum = 0;
+                                            float mw, float asr, int ioff) {
+    int isum = -ioff;
 #pragma unroll
     for (int h = 0; h < 4; h++) {  // words 2h, 2h + 1 of the block
         isum = __dp2a_lo(v[h].x, w[2 * h], isum);
@@ -341,49 +358,76 @@ __device__ __forceinline__ float exact_term(const int4* v, const int* w, float d
     return t;
 }
 
+// One group of 32 * S blocks from i0 (see mv_exact_rows). FULL: all of it
+// is inside the row and all MV_EXACT_WR weight rows inside the matrix, so
+// nothing is checked (the same loads, terms and additions).
+template <int TY, int NR, int S, bool FULL>
+__device__ __forceinline__ void mv_exact_group(int i0, const u8* __restrict__ wr,
+                                               long long row_bytes, int nw, int nb,
+                                               const short* __restrict__ qs,
+                                               const float* __restrict__ ad,
+                                               const float* __restrict__ as,
+                                               const int* __restrict__ si, int k, int n, int l,
+                                               int h, unsigned long long pol,
+                                               float (*acc)[NR]) {
+    // Q4_0 / Q5_0 values stay unsigned (decode_unit's RAW): the offset is
+    // taken once per block and activation row, from si.
+    constexpr int OFF = TY == TY_Q4_0 ? 8 : TY == TY_Q5_0 ? 16 : 0;
+    int b = S == 1 ? i0 + l : i0 + 8 * (l >> 2) + 4 * h + (l & 3);
+    bool ok = FULL || b < nb;
+    int w[MV_EXACT_WR][8];
+    float dw[MV_EXACT_WR], mw[MV_EXACT_WR], a1;
+#pragma unroll
+    for (int q = 0; q < MV_EXACT_WR; q++) {
+        dw[q] = mw[q] = 0.0f;
+        if (ok && (FULL || q < nw))
+            decode_unit<TY, MV_L2_POL, true>(wr + q * row_bytes, b, w[q], dw[q], a1, mw[q], pol);
+    }
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        if (r >= n) break;
+        int4 v[4];
+        float adr = 0.0f, asr = 0.0f;
+        int ioff = 0;
+        if (ok) {
+            const int4* qa = (const int4*)(qs + (long long)r * k + 32 * b);
+#pragma unroll
+            for (int h = 0; h < 4; h++) v[h] = qa[h];  // activations 8h .. 8h + 7
+            adr = ad[(long long)r * nb + b];
+            if (TY == TY_Q4_1 || TY == TY_Q5_1) asr = as[(long long)r * nb + b];
+            if (OFF) ioff = OFF * si[(long long)r * nb + b];
+        }
+#pragma unroll
+        for (int q = 0; q < MV_EXACT_WR; q++) {
+            float t = 0.0f;
+            if (ok && (FULL || q < nw)) t = exact_term<TY>(v, w[q], dw[q], adr, mw[q], asr, ioff);
+            acc[q][r] = S == 1 ? mv_exact_fold<FULL>(acc[q][r], t, i0, nb, l)
+                               : mv_exact_fold_s2<FULL>(acc[q][r], t, i0 + 4 * h, nb, l);
+        }
+    }
+}
+
 // wr: the warp's first weight row; row_bytes apart; nw (1..MV_EXACT_WR) of
 // them are inside the matrix; n (<= NR) activation rows. S: warps per
 // weight row (1, or 2: this warp is half h of a pair, mv_exact_fold_s2).
+// Whole groups of a warp with all its rows run unchecked, the rest checked.
 template <int TY, int NR, int S>
 __device__ __forceinline__ void mv_exact_rows(const u8* __restrict__ wr, long long row_bytes,
                                               int nw, int nb, const short* __restrict__ qs,
                                               const float* __restrict__ ad,
-                                              const float* __restrict__ as, int k, int n, int l,
+                                              const float* __restrict__ as,
+                                              const int* __restrict__ si, int k, int n, int l,
                                               int h, float (*acc)[NR]) {
     // The weights' L2 policy (MV_L2_POL, dequant.cuh; loads only).
     unsigned long long pol = MV_L2_POL ? l2_evict_first() : 0ull;
-    for (int i0 = 0; i0 < nb; i0 += 32 * S) {
-        int b = S == 1 ? i0 + l : i0 + 8 * (l >> 2) + 4 * h + (l & 3);
-        bool ok = b < nb;
-        int w[MV_EXACT_WR][8];
-        float dw[MV_EXACT_WR], mw[MV_EXACT_WR], a1;
-#pragma unroll
-        for (int q = 0; q < MV_EXACT_WR; q++) {
-            dw[q] = mw[q] = 0.0f;
-            if (ok && q < nw)
-                decode_unit<TY, MV_L2_POL>(wr + q * row_bytes, b, w[q], dw[q], a1, mw[q], pol);
-        }
-#pragma unroll
-        for (int r = 0; r < NR; r++) {
-            if (r >= n) break;
-            int4 v[4];
-            float adr = 0.0f, asr = 0.0f;
-            if (ok) {
-                const int4* qa = (const int4*)(qs + (long long)r * k + 32 * b);
-#pragma unroll
-                for (int h = 0; h < 4; h++) v[h] = qa[h];  // activations 8h .. 8h + 7
-                adr = ad[(long long)r * nb + b];
-                if (TY == TY_Q4_1 || TY == TY_Q5_1) asr = as[(long long)r * nb + b];
-            }
-#pragma unroll
-            for (int q = 0; q < MV_EXACT_WR; q++) {
-                float t = 0.0f;
-                if (ok && q < nw) t = exact_term<TY>(v, w[q], dw[q], adr, mw[q], asr);
-                acc[q][r] = S == 1 ? mv_exact_fold(acc[q][r], t, i0, nb, l)
-                                   : mv_exact_fold_s2(acc[q][r], t, i0 + 4 * h, nb, l);
-            }
-        }
-    }
+    int i0 = 0;
+    if (nw == MV_EXACT_WR)
+        for (; i0 + 32 * S <= nb; i0 += 32 * S)
+            mv_exact_group<TY, NR, S, true>(i0, wr, row_bytes, nw, nb, qs, ad, as, si, k, n, l,
+                                            h, pol, acc);
+    for (; i0 < nb; i0 += 32 * S)
+        mv_exact_group<TY, NR, S, false>(i0, wr, row_bytes, nw, nb, qs, ad, as, si, k, n, l, h,
+                                         pol, acc);
 }
 
 // Grid: (ceil(n / NR), job CTAs of 8 / S * MV_EXACT_WR weight rows); block
@@ -413,7 +457,8 @@ __device__ __forceinline__ void mv_exact32_body(MmJobs jobs, int k, int ty,
     // Both warps of a pair have the same row0: they return together.
     if (row0 >= m) return;
     int nw = min(MV_EXACT_WR, m - row0);
-    int n = exact_act_group<NR>(k, m, n_all, qs, ad, as, out);
+    const int* si;
+    int n = exact_act_group<NR>(k, m, n_all, qs, ad, as, si, out);
     int nb = k / 32;
     long long row_bytes = (long long)nb * gr_type_size(ty);
     const u8* wr = jb.w + row0 * row_bytes;
@@ -423,11 +468,11 @@ __device__ __forceinline__ void mv_exact32_body(MmJobs jobs, int k, int ty,
 #pragma unroll
         for (int r = 0; r < NR; r++) acc[q][r] = 0.0f;
     switch (ty) {
-        case TY_Q4_0: mv_exact_rows<TY_Q4_0, NR, S>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, h, acc); break;
-        case TY_Q4_1: mv_exact_rows<TY_Q4_1, NR, S>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, h, acc); break;
-        case TY_Q5_0: mv_exact_rows<TY_Q5_0, NR, S>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, h, acc); break;
-        case TY_Q5_1: mv_exact_rows<TY_Q5_1, NR, S>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, h, acc); break;
-        default: mv_exact_rows<TY_Q8_0, NR, S>(wr, row_bytes, nw, nb, qs, ad, as, k, n, l, h, acc); break;
+        case TY_Q4_0: mv_exact_rows<TY_Q4_0, NR, S>(wr, row_bytes, nw, nb, qs, ad, as, si, k, n, l, h, acc); break;
+        case TY_Q4_1: mv_exact_rows<TY_Q4_1, NR, S>(wr, row_bytes, nw, nb, qs, ad, as, si, k, n, l, h, acc); break;
+        case TY_Q5_0: mv_exact_rows<TY_Q5_0, NR, S>(wr, row_bytes, nw, nb, qs, ad, as, si, k, n, l, h, acc); break;
+        case TY_Q5_1: mv_exact_rows<TY_Q5_1, NR, S>(wr, row_bytes, nw, nb, qs, ad, as, si, k, n, l, h, acc); break;
+        default: mv_exact_rows<TY_Q8_0, NR, S>(wr, row_bytes, nw, nb, qs, ad, as, si, k, n, l, h, acc); break;
     }
     if (S == 2) {
         int p = warp >> 1;
@@ -483,109 +528,3 @@ MV_EXACT_ENTRY(mv_exact32, , MV_EXACT_ROWS, 1)
 MV_EXACT_ENTRY(mv_exact32_s2, , MV_EXACT_ROWS, 2)
 MV_EXACT_ENTRY(mv_exact32_r1, MV_EXACT_R1_BOUNDS, 1, 1)
 MV_EXACT_ENTRY(mv_exact32_r1_s2, MV_EXACT_R1_BOUNDS, 1, 2)
-
-// The same products in the chain layout (mv_exact32c*, QUIRE_MV_EXACT_CHAIN=1
-// in launch/matmul_exact.rs; prepared 2026-11-27, not yet measured on a
-// device): a warp takes 4 weight rows, lane l row l / 8 and canonical
-// chain c = l % 8 of it, and walks the chain's blocks c, c + 8, c + 16, ...
-// in increasing order, adding each block's term to its own accumulator:
-// the canonical order of mv_exact32 without its per-group shuffles (its
-// lane l decodes block i0 + l and the terms travel to lane l % 8). The 8
-// lanes of a row then finish with the same canonical tree. So every term,
-// every addition and their order are mv_exact32's: the same bits. What
-// changes: no fold shuffles or predicated adds, the 4 lanes of a chain
-// position load the same activations (one broadcast request), and a lane
-// holds one row (48 registers against mv_exact32_r1's 63: 5 CTAs per SM
-// instead of 4). SASS (sm_90, the Q4_0 loop): 104.5 instructions per
-// block and row against 115.5; the decode (5 loads, the nibbles' unpack,
-// the policy's register moves) is most of both. U blocks of a chain are
-// loaded before the first is used (bytes in flight per lane); a warp
-// holds 4 rows, so small matrices get half the warps of mv_exact32's
-// split form (MV_EXACT_C_U=4 gives each twice the loads in flight).
-// Grid: (1, job CTAs of 32 weight rows); block 256 threads (8 warps).
-#ifndef MV_EXACT_C_U
-#define MV_EXACT_C_U 2
-#endif
-template <int TY, int NR>
-__device__ __forceinline__ void mv_exact_chain(const u8* __restrict__ wr, int nb, int c,
-                                               const short* __restrict__ qs,
-                                               const float* __restrict__ ad,
-                                               const float* __restrict__ as, int k, int n,
-                                               float* acc) {
-    unsigned long long pol = MV_L2_POL ? l2_evict_first() : 0ull;
-    constexpr int U = MV_EXACT_C_U;
-    for (int b0 = c; b0 < nb; b0 += 8 * U) {
-        int w[U][8];
-        float dw[U], mw[U], a1;
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            dw[u] = mw[u] = 0.0f;
-            if (b0 + 8 * u < nb) decode_unit<TY, MV_L2_POL>(wr, b0 + 8 * u, w[u], dw[u], a1, mw[u], pol);
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            int b = b0 + 8 * u;
-            if (b >= nb) break;  // so are the later ones: the chain ends
-#pragma unroll
-            for (int r = 0; r < NR; r++) {
-                if (r >= n) break;
-                const int4* qa = (const int4*)(qs + (long long)r * k + 32 * b);
-                int4 v[4];
-#pragma unroll
-                for (int h = 0; h < 4; h++) v[h] = qa[h];  // activations 8h .. 8h + 7
-                float adr = ad[(long long)r * nb + b];
-                float asr = (TY == TY_Q4_1 || TY == TY_Q5_1) ? as[(long long)r * nb + b] : 0.0f;
-                acc[r] = q_add(acc[r], exact_term<TY>(v, w[u], dw[u], adr, mw[u], asr));
-            }
-        }
-    }
-}
-
-template <int NR>
-__device__ __forceinline__ void mv_exact32c_body(MmJobs jobs, int k, int ty,
-                                                 const short* __restrict__ qs,
-                                                 const float* __restrict__ ad,
-                                                 const float* __restrict__ as, int n_all) {
-    MmJob jb = mm_job(jobs, blockIdx.y);
-    int m = jb.m;
-    int l = threadIdx.x & 31;
-    int row0 = (jb.by * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 4;
-    // The warp's 4 rows: all lanes stay for the tree's shuffles; a row past
-    // the matrix reads row m - 1 and stores nothing.
-    if (row0 >= m) return;
-    int row = row0 + (l >> 3);
-    bool live = row < m;
-    if (!live) row = m - 1;
-    int c = l & 7;
-    float* __restrict__ out = jb.out;
-    int n = exact_act_group<NR>(k, m, n_all, qs, ad, as, out);
-    int nb = k / 32;
-    const u8* wr = jb.w + (long long)row * nb * gr_type_size(ty);
-    float acc[NR];
-#pragma unroll
-    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
-    switch (ty) {
-        case TY_Q4_0: mv_exact_chain<TY_Q4_0, NR>(wr, nb, c, qs, ad, as, k, n, acc); break;
-        case TY_Q4_1: mv_exact_chain<TY_Q4_1, NR>(wr, nb, c, qs, ad, as, k, n, acc); break;
-        case TY_Q5_0: mv_exact_chain<TY_Q5_0, NR>(wr, nb, c, qs, ad, as, k, n, acc); break;
-        case TY_Q5_1: mv_exact_chain<TY_Q5_1, NR>(wr, nb, c, qs, ad, as, k, n, acc); break;
-        default: mv_exact_chain<TY_Q8_0, NR>(wr, nb, c, qs, ad, as, k, n, acc); break;
-    }
-#pragma unroll
-    for (int r = 0; r < NR; r++) {
-        if (r >= n) break;
-        float v = q_group_tree8(acc[r]);
-        if (live && c == 0) mm_store(out + (long long)r * m + row, v, jb.add);
-    }
-}
-#define MV_EXACT_C_ENTRY(NAME, NR)                                                           \
-    extern "C" __global__ void __launch_bounds__(256) NAME(MmJobs jobs, int k, int ty,       \
-                                                            const short* __restrict__ qs,    \
-                                                            const float* __restrict__ ad,    \
-                                                            const float* __restrict__ as,    \
-                                                            int n_all) {                     \
-        GRID_DEP();                                                                          \
-        mv_exact32c_body<NR>(jobs, k, ty, qs, ad, as, n_all);                                \
-    }
-MV_EXACT_C_ENTRY(mv_exact32c, MV_EXACT_ROWS)
-MV_EXACT_C_ENTRY(mv_exact32c_r1, 1)

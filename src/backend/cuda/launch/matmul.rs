@@ -680,11 +680,9 @@ mod tests {
         for name in MV_Q8.iter().chain(MV_FLOAT.iter()) {
             assert!(loaded.contains(name), "{name} is not in KERNELS");
         }
-        for chain in [false, true] {
-            for (n, split) in [(1, false), (1, true), (3, false), (8, true)] {
-                let name = &super::super::matmul_exact::mv_exact_name(n, split, chain);
-                assert!(loaded.contains(name), "{name} is not in KERNELS");
-            }
+        for (n, split) in [(1, false), (1, true), (3, false), (8, true)] {
+            let name = &super::super::matmul_exact::mv_exact_name(n, split);
+            assert!(loaded.contains(name), "{name} is not in KERNELS");
         }
     }
 }

@@ -12,41 +12,37 @@ use anyhow::Result;
 use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
 /// The exact decode matvec for `n` activation rows: `_r1` for one row,
-/// `_s2` for two warps per weight row, `mv_exact32c*` in the chain layout
-/// (`chain`, which has no split form).
-pub(super) fn mv_exact_name(n: usize, split: bool, chain: bool) -> &'static str {
-    match (chain, n, split) {
-        (true, 1, _) => "mv_exact32c_r1",
-        (true, _, _) => "mv_exact32c",
-        (false, 1, false) => "mv_exact32_r1",
-        (false, 1, true) => "mv_exact32_r1_s2",
-        (false, _, false) => "mv_exact32",
-        (false, _, true) => "mv_exact32_s2",
+/// `_s2` for two warps per weight row.
+pub(super) fn mv_exact_name(n: usize, split: bool) -> &'static str {
+    match (n, split) {
+        (1, false) => "mv_exact32_r1",
+        (1, true) => "mv_exact32_r1_s2",
+        (_, false) => "mv_exact32",
+        (_, true) => "mv_exact32_s2",
     }
 }
 
 /// Whether an exact decode launch of `ctas` one-warp CTAs (8 warps of
-/// MV_EXACT_WR weight rows each) of `ty` weights runs with a warp pair per
+/// MV_EXACT_WR weight rows each) runs with a warp pair per
 /// row instead: when it is under QUIRE_MV_EXACT_SPLIT_WAVES waves of 4
 /// CTAs per SM. Both forms give the same bits; the split trades a pair
 /// barrier and longer folds for twice the warps in flight (the 8B's QKV, o
 /// and down projections are 384, 256 and 256 CTAs for 528 slots on an
-/// H100). Default 2 waves for the 4-bit types, 0 (never) for the others.
-/// Measured on an H100 (2026-11-23, exact tg128, waves 0 / 1 / 2 / always):
-/// 8B Q4_0 251.2 / 258.9 / 261.7 / 245.9 tok/s; 8B Q8_0 (34-byte blocks:
-/// a lane's loads keep more bytes in flight) 207.6 / - / 203.0 / 193.5.
-fn exact_split(ctas: usize, sms: usize, ty: GgmlType) -> bool {
+/// H100). Default 0 (never). Measured on an H100 (2026-11-23, exact tg128,
+/// waves 0 / 1 / 2 / always): 8B Q4_0 251.2 / 258.9 / 261.7 / 245.9 tok/s;
+/// 8B Q8_0 (34-byte blocks: a lane's loads keep more bytes in flight)
+/// 207.6 / - / 203.0 / 193.5. Once the Q4_0 loop lost its offset
+/// subtractions (2026-11-27, 115.5 -> 76 instructions per block and row)
+/// the split stopped paying for Q4_0 too: waves 2 -> 0, 8B Q4_0 tg128 /
+/// tg128@d512 300.3 / 284.7 -> 310.2 / 293.4 tok/s.
+fn exact_split(ctas: usize, sms: usize) -> bool {
     static V: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     let set = *V.get_or_init(|| {
         std::env::var("QUIRE_MV_EXACT_SPLIT_WAVES")
             .ok()
             .and_then(|v| v.parse().ok())
     });
-    let waves = set.unwrap_or(match ty {
-        GgmlType::Q4_0 | GgmlType::Q4_1 => 2,
-        _ => 0,
-    });
-    ctas < waves * 4 * sms
+    ctas < set.unwrap_or(0) * 4 * sms
 }
 
 impl CudaBackend {
@@ -70,13 +66,15 @@ impl CudaBackend {
         let k = jobs[0].w.cols;
         let s = self.stream();
         let nb = k / 32;
-        let mut guard = self.arena(&[n * k * 2, n * nb * 4, n * nb * 4])?;
+        // qs: (n, k) i16; ad: (n, nb); asum: (2, n, nb), the float sums
+        // then the integer ones (quant_act32).
+        let mut guard = self.arena(&[n * k * 2, n * nb * 4, 2 * n * nb * 4])?;
         let key = super::ActKey::new(x, k, ACT_CANON, s);
         let cached = self.act_cached(key);
         let outs = Self::out_ranges(jobs, s);
         let ni = crate::backend::cuda::i32_of(n, "n")?;
         let ki = crate::backend::cuda::i32_of(k, "k")?;
-        arena3::<i16, f32, f32, ()>(&mut guard, (n * k, n * nb, n * nb), |qs, ad, asum| {
+        arena3::<i16, f32, f32, ()>(&mut guard, (n * k, n * nb, 2 * n * nb), |qs, ad, asum| {
             if !cached {
                 let mut b = s.launch_builder(self.func("quant_act32")?);
                 b.arg(x)
@@ -86,7 +84,7 @@ impl CudaBackend {
                     .arg(&mut *ad)
                     .arg(&mut *asum);
                 // SAFETY: matches quant_act32 (one warp per block); n*k
-                // inputs, n*k q, n*nb d and s.
+                // inputs, n*k q, n*nb d and 2*n*nb s.
                 drv(
                     unsafe { b.launch(grid_1d(n * nb * 32, 256)?) },
                     "mat_mul: launching quant_act32",
@@ -99,15 +97,8 @@ impl CudaBackend {
                 let wr = crate::backend::cuda::source::MV_EXACT_WR;
                 // CTAs of the one-warp form (8 warps of MV_EXACT_WR rows).
                 let ctas1: usize = jobs.iter().map(|j| j.w.rows.div_ceil(8 * wr)).sum();
-                let split = exact_split(ctas1, self.sm_count(), ty);
-                // The chain layout (mv_exact32c*, QUIRE_MV_EXACT_CHAIN=1):
-                // 8 warps of 4 rows per CTA, the same bits.
-                let chain = chain_wanted();
-                let per_cta = match (chain, split) {
-                    (true, _) => CHAIN_ROWS_PER_CTA,
-                    (false, true) => 4 * wr,
-                    (false, false) => 8 * wr,
-                };
+                let split = exact_split(ctas1, self.sm_count());
+                let per_cta = if split { 4 * wr } else { 8 * wr };
                 let (table, ctas) = job_table(jobs, per_cta, s)?;
                 let tc = crate::backend::cuda::ty_code(ty)
                     .ok_or_else(|| anyhow::anyhow!("mat_mul: {ty:?} is not a weight type"))?;
@@ -116,7 +107,7 @@ impl CudaBackend {
                     block_dim: (256, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                let name = mv_exact_name(n, split, chain);
+                let name = mv_exact_name(n, split);
                 let mut b = s.launch_builder(self.func(name)?);
                 b.arg(&table)
                     .arg(&ki)
@@ -125,12 +116,12 @@ impl CudaBackend {
                     .arg(&mut *ad)
                     .arg(&mut *asum)
                     .arg(&ni);
-                // SAFETY: matches mv_exact32, mv_exact32_r1, their _s2
-                // forms and the mv_exact32c* forms (the same parameters);
-                // the job table holds each job's weights (m rows) and output
-                // (n*m, validated) and its CTA ranges of per_cta rows (8 / S
-                // warps of MV_EXACT_WR rows, the kernel's S; mv_exact32c*: 8
-                // warps of 4); n <= MV_EXACT_ROWS; static shared memory only.
+                // SAFETY: matches mv_exact32, mv_exact32_r1 and their _s2
+                // forms (the same parameters); the job table holds each
+                // job's weights (m rows) and output (n*m, validated) and its
+                // CTA ranges of per_cta rows (8 / S warps of MV_EXACT_WR
+                // rows, the kernel's S); n <= MV_EXACT_ROWS; static shared
+                // memory only.
                 drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_exact32")?;
                 return Ok(());
             }
@@ -248,19 +239,4 @@ fn q_grid(m: usize, n: usize) -> Result<(i32, LaunchConfig)> {
             shared_mem_bytes: 0,
         },
     ))
-}
-
-/// Weight rows per CTA of the chain-layout exact matvec (mv_exact32c*: 8
-/// warps of 4 rows, one lane per (row, canonical chain)).
-const CHAIN_ROWS_PER_CTA: usize = 32;
-
-/// QUIRE_MV_EXACT_CHAIN=1: exact decode matvecs in the chain layout
-/// (kernels/matmul.cu, mv_exact32c*; the same bits as mv_exact32*).
-/// Prepared on 2026-11-27 and checked only by compiling (SASS of the Q4_0
-/// loop: 104.5 instructions per block and row against mv_exact32_r1's
-/// 115.5, 48 registers against 63); off until a device measures it
-/// (`scripts/gpu-check.sh ops-exact` runs its parity).
-fn chain_wanted() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("QUIRE_MV_EXACT_CHAIN").is_ok_and(|v| v == "1"))
 }
