@@ -36,6 +36,9 @@ for s in "${steps[@]}"; do
   case $s in
     ops-exact)
       run_step ops-exact "$QUIRE" ops --backend cuda --mode exact
+      # The exact decode matvec's warp-pair form (off by default): on every
+      # launch, bitwise.
+      QUIRE_MV_EXACT_SPLIT_WAVES=100000 run_step ops-exact-split "$QUIRE" ops --backend cuda --mode exact --op mat_mul
       # The exact attention's thread-block clusters (sm_90+; elsewhere one
       # CTA per (row, head) runs the same cases): every size, bitwise.
       for cs in 2 3 8; do

@@ -134,6 +134,11 @@ impl Ctx<'_> {
             // warp-per-row kernel), the second job adding.
             (vec![48, 16], 2048, 1, vec![false, true]),
             (vec![40, 40], 512, 3, vec![false, true]),
+            // k = 1,280: a whole group of 32 blocks and a tail of 8, with an
+            // odd job (a warp of one row): both paths of the exact decode
+            // matvec (kernels/matmul.cu mv_exact_rows), one row and three.
+            (vec![37, 16], 1280, 3, vec![false, true]),
+            (vec![37], 1280, 1, vec![true]),
             (vec![72], 768, 1, vec![true]),
             (vec![33, 97], 512, 17, vec![true, false]),
             (vec![130, 7], 256, 70, vec![true, true]),

@@ -284,7 +284,7 @@ __device__ __forceinline__ float dl_row_dot(const u8* row, int k, const signed c
     for (int u = l; u < units; u += 32) {
         int w[8];
         float a0, a1, b;
-        decode_unit<TY>(row, u, w, a0, a1, b);
+        decode_unit_q8<TY>(row, u, w, a0, a1, b);
         int i0, i1;
         unit_idot(w, xq + 32 * u, &i0, &i1);
         float2 ds = xds[u];

@@ -377,3 +377,17 @@ __device__ __forceinline__ void unit_f16_regs(const u8* __restrict__ row, int u,
         }
     }
 }
+
+// decode_unit for the int8 dot of the fast and deterministic decode
+// matvecs (mv_q8*, dl_row_dot): Q4_0 / Q5_0 keep their unsigned values
+// (RAW) and take the offset as a minimum, B = -8 A (-16 A), against the
+// activations' d * sum(q) (value = d_a A isum + B s_a), which saves the
+// per-byte subtractions. The other types decode as decode_unit does.
+template <int TY, int POL = 0>
+__device__ __forceinline__ void decode_unit_q8(const u8* __restrict__ row, int u, int* w,
+                                               float& a0, float& a1, float& b,
+                                               unsigned long long pol = 0) {
+    decode_unit<TY, POL, true>(row, u, w, a0, a1, b, pol);
+    if (TY == TY_Q4_0) b = -8.0f * a0;
+    if (TY == TY_Q5_0) b = -16.0f * a0;
+}
