@@ -212,6 +212,18 @@ __device__ __forceinline__ void unit_idot(const int* w, const signed char* xq, i
     *i1 = s1;
 }
 
+// A Q4_0 block from its five words v (ld_words, shift sh): the values into
+// w[8] as decode_unit's, unsigned (raw) or less 8; returns the scale.
+__device__ __forceinline__ float q4_0_words(const u32* v, int sh, int* w, bool raw) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int q = (int)__funnelshift_rc(v[i], v[i + 1], sh + 16);
+        w[i] = raw ? q & 0x0F0F0F0F : __vsub4(q & 0x0F0F0F0F, 0x08080808);
+        w[i + 4] = raw ? (q >> 4) & 0x0F0F0F0F : __vsub4((q >> 4) & 0x0F0F0F0F, 0x08080808);
+    }
+    return q_f16((u16)__funnelshift_rc(v[0], v[1], sh));
+}
+
 // Decodes unit `u` of a weight row into w[8] (values 4i..4i+3 in word i, as
 // signed int8), the scales A0 (values 0..15), A1 (16..31) and the minimum B.
 // POL, pol: global weights loaded with L2 policy pol (ld_words; Q4_0, Q4_1
@@ -225,16 +237,9 @@ __device__ __forceinline__ void decode_unit(const u8* __restrict__ row, int u, i
                                             float& a1, float& b, unsigned long long pol = 0) {
     b = 0.0f;
     if (TY == TY_Q4_0) {
-        const u8* blk = row + (long long)u * 18;
         u32 v[5];
-        int sh = ld_words<5, POL>(blk, v, pol);
-        a0 = a1 = q_f16((u16)__funnelshift_rc(v[0], v[1], sh));
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int q = (int)__funnelshift_rc(v[i], v[i + 1], sh + 16);
-            w[i] = RAW ? q & 0x0F0F0F0F : __vsub4(q & 0x0F0F0F0F, 0x08080808);
-            w[i + 4] = RAW ? (q >> 4) & 0x0F0F0F0F : __vsub4((q >> 4) & 0x0F0F0F0F, 0x08080808);
-        }
+        int sh = ld_words<5, POL>(row + (long long)u * 18, v, pol);
+        a0 = a1 = q4_0_words(v, sh, w, RAW);
     } else if (TY == TY_Q4_1) {
         const u8* blk = row + (long long)u * 20;
         if (POL) {  // d and m in one word (20-byte blocks are 4-byte aligned)

@@ -345,44 +345,34 @@ __device__ __forceinline__ int exact_act_group(int k, int m, int n_all,
 template <int TY>
 __device__ __forceinline__ float exact_term(const int4* v, const int* w, float dw, float adr,
                                             float mw, float asr, int ioff) {
-    int isum = -ioff;
+    // Two independent chains (integers: the same sum in any order).
+    int is[2] = {-ioff, 0};
 #pragma unroll
     for (int h = 0; h < 4; h++) {  // words 2h, 2h + 1 of the block
-        isum = __dp2a_lo(v[h].x, w[2 * h], isum);
-        isum = __dp2a_hi(v[h].y, w[2 * h], isum);
-        isum = __dp2a_lo(v[h].z, w[2 * h + 1], isum);
-        isum = __dp2a_hi(v[h].w, w[2 * h + 1], isum);
+        int& c = is[h & 1];
+        c = __dp2a_lo(v[h].x, w[2 * h], c);
+        c = __dp2a_hi(v[h].y, w[2 * h], c);
+        c = __dp2a_lo(v[h].z, w[2 * h + 1], c);
+        c = __dp2a_hi(v[h].w, w[2 * h + 1], c);
     }
-    float t = q_mul(q_mul(dw, adr), __int2float_rn(isum));
+    float t = q_mul(q_mul(dw, adr), __int2float_rn(is[0] + is[1]));
     if (TY == TY_Q4_1 || TY == TY_Q5_1) t = q_add(t, q_mul(mw, asr));
     return t;
 }
 
-// One group of 32 * S blocks from i0 (see mv_exact_rows). FULL: all of it
-// is inside the row and all MV_EXACT_WR weight rows inside the matrix, so
-// nothing is checked (the same loads, terms and additions).
-template <int TY, int NR, int S, bool FULL>
-__device__ __forceinline__ void mv_exact_group(int i0, const u8* __restrict__ wr,
-                                               long long row_bytes, int nw, int nb,
+// The terms of a group's blocks (lane l's block b; ok: b is inside the
+// row) with the n activation rows, folded into acc. dec(q, w, dw, mw)
+// gives weight row q's decoded block (decode_unit's RAW values).
+template <int TY, int NR, int S, bool FULL, class Dec>
+__device__ __forceinline__ void mv_exact_terms(int i0, int b, bool ok, Dec dec, int nw, int nb,
                                                const short* __restrict__ qs,
                                                const float* __restrict__ ad,
                                                const float* __restrict__ as,
                                                const int* __restrict__ si, int k, int n, int l,
-                                               int h, unsigned long long pol,
-                                               float (*acc)[NR]) {
+                                               int h, float (*acc)[NR]) {
     // Q4_0 / Q5_0 values stay unsigned (decode_unit's RAW): the offset is
     // taken once per block and activation row, from si.
     constexpr int OFF = TY == TY_Q4_0 ? 8 : TY == TY_Q5_0 ? 16 : 0;
-    int b = S == 1 ? i0 + l : i0 + 8 * (l >> 2) + 4 * h + (l & 3);
-    bool ok = FULL || b < nb;
-    int w[MV_EXACT_WR][8];
-    float dw[MV_EXACT_WR], mw[MV_EXACT_WR], a1;
-#pragma unroll
-    for (int q = 0; q < MV_EXACT_WR; q++) {
-        dw[q] = mw[q] = 0.0f;
-        if (ok && (FULL || q < nw))
-            decode_unit<TY, MV_L2_POL, true>(wr + q * row_bytes, b, w[q], dw[q], a1, mw[q], pol);
-    }
 #pragma unroll
     for (int r = 0; r < NR; r++) {
         if (r >= n) break;
@@ -400,11 +390,103 @@ __device__ __forceinline__ void mv_exact_group(int i0, const u8* __restrict__ wr
 #pragma unroll
         for (int q = 0; q < MV_EXACT_WR; q++) {
             float t = 0.0f;
-            if (ok && (FULL || q < nw)) t = exact_term<TY>(v, w[q], dw[q], adr, mw[q], asr, ioff);
+            if (ok && (FULL || q < nw)) {
+                int w[8];
+                float dw, mw;
+                dec(q, w, dw, mw);
+                t = exact_term<TY>(v, w, dw, adr, mw, asr, ioff);
+            }
             acc[q][r] = S == 1 ? mv_exact_fold<FULL>(acc[q][r], t, i0, nb, l)
                                : mv_exact_fold_s2<FULL>(acc[q][r], t, i0 + 4 * h, nb, l);
         }
     }
+}
+
+// One group of 32 * S blocks from i0 (see mv_exact_rows). FULL: all of it
+// is inside the row and all MV_EXACT_WR weight rows inside the matrix, so
+// nothing is checked (the same loads, terms and additions).
+template <int TY, int NR, int S, bool FULL>
+__device__ __forceinline__ void mv_exact_group(int i0, const u8* __restrict__ wr,
+                                               long long row_bytes, int nw, int nb,
+                                               const short* __restrict__ qs,
+                                               const float* __restrict__ ad,
+                                               const float* __restrict__ as,
+                                               const int* __restrict__ si, int k, int n, int l,
+                                               int h, unsigned long long pol,
+                                               float (*acc)[NR]) {
+    int b = S == 1 ? i0 + l : i0 + 8 * (l >> 2) + 4 * h + (l & 3);
+    bool ok = FULL || b < nb;
+    int w[MV_EXACT_WR][8];
+    float dw[MV_EXACT_WR], mw[MV_EXACT_WR], a1;
+#pragma unroll
+    for (int q = 0; q < MV_EXACT_WR; q++) {
+        dw[q] = mw[q] = 0.0f;
+        if (ok && (FULL || q < nw))
+            decode_unit<TY, MV_L2_POL, true>(wr + q * row_bytes, b, w[q], dw[q], a1, mw[q], pol);
+    }
+    auto dec = [&](int q, int* wq, float& d, float& m) {
+#pragma unroll
+        for (int e = 0; e < 8; e++) wq[e] = w[q][e];
+        d = dw[q];
+        m = mw[q];
+    };
+    mv_exact_terms<TY, NR, S, FULL>(i0, b, ok, dec, nw, nb, qs, ad, as, si, k, n, l, h, acc);
+}
+
+// MV_EXACT_PIPE (tuning knob): 1: Q4_0's whole groups keep the next
+// group's raw weight words in flight while the current one is computed
+// (mv_exact_q4_0_pipe); 0: one group's loads at a time. Loads only: the
+// same bits.
+#ifndef MV_EXACT_PIPE
+#define MV_EXACT_PIPE 1
+#endif
+
+// The whole groups of a warp's MV_EXACT_WR Q4_0 rows (all inside the
+// matrix) for one activation row, software-pipelined: group i0 + 32 S's
+// words are loaded before group i0's terms, which decode each row's block
+// just before its dot (fewer registers live). Returns where the groups left
+// for mv_exact_group begin.
+template <int S>
+__device__ __forceinline__ int mv_exact_q4_0_pipe(const u8* __restrict__ wr, long long row_bytes,
+                                                  int nb, const short* __restrict__ qs,
+                                                  const float* __restrict__ ad,
+                                                  const float* __restrict__ as,
+                                                  const int* __restrict__ si, int k, int n,
+                                                  int l, int h, unsigned long long pol,
+                                                  float (*acc)[1]) {
+    constexpr int G = 32 * S, WR = MV_EXACT_WR;
+    const int lb = S == 1 ? l : 8 * (l >> 2) + 4 * h + (l & 3);  // lane's block in a group
+    if (G > nb) return 0;
+    u32 cur[WR][5];
+    int sh[WR];
+    auto load = [&](int i, u32 (*v)[5], int* s5) {
+#pragma unroll
+        for (int q = 0; q < WR; q++)
+            s5[q] = ld_words<5, MV_L2_POL>(wr + q * row_bytes + (long long)(i + lb) * 18, v[q],
+                                           pol);
+    };
+    auto dec = [&](int q, int* w, float& d, float& m) {
+        d = q4_0_words(cur[q], sh[q], w, true);
+        m = 0.0f;
+    };
+    load(0, cur, sh);
+    int i0 = 0;
+    for (; i0 + 2 * G <= nb; i0 += G) {
+        u32 nxt[WR][5];
+        int shn[WR];
+        load(i0 + G, nxt, shn);
+        mv_exact_terms<TY_Q4_0, 1, S, true>(i0, i0 + lb, true, dec, WR, nb, qs, ad, as, si, k, n,
+                                            l, h, acc);
+#pragma unroll
+        for (int q = 0; q < WR; q++) {
+            sh[q] = shn[q];
+#pragma unroll
+            for (int e = 0; e < 5; e++) cur[q][e] = nxt[q][e];
+        }
+    }
+    mv_exact_terms<TY_Q4_0, 1, S, true>(i0, i0 + lb, true, dec, WR, nb, qs, ad, as, si, k, n, l,
+                                        h, acc);
+    return i0 + G;
 }
 
 // wr: the warp's first weight row; row_bytes apart; nw (1..MV_EXACT_WR) of
@@ -421,6 +503,9 @@ __device__ __forceinline__ void mv_exact_rows(const u8* __restrict__ wr, long lo
     // The weights' L2 policy (MV_L2_POL, dequant.cuh; loads only).
     unsigned long long pol = MV_L2_POL ? l2_evict_first() : 0ull;
     int i0 = 0;
+    if (MV_EXACT_PIPE && TY == TY_Q4_0 && NR == 1 && nw == MV_EXACT_WR)
+        i0 = mv_exact_q4_0_pipe<S>(wr, row_bytes, nb, qs, ad, as, si, k, n, l, h, pol,
+                                   (float(*)[1])acc);
     if (nw == MV_EXACT_WR)
         for (; i0 + 32 * S <= nb; i0 += 32 * S)
             mv_exact_group<TY, NR, S, true>(i0, wr, row_bytes, nw, nb, qs, ad, as, si, k, n, l,
