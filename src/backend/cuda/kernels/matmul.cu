@@ -436,7 +436,9 @@ __device__ __forceinline__ void mv_exact_group(int i0, const u8* __restrict__ wr
 // MV_EXACT_PIPE (tuning knob): 1: Q4_0's whole groups keep the next
 // group's raw weight words in flight while the current one is computed
 // (mv_exact_q4_0_pipe); 0: one group's loads at a time. Loads only: the
-// same bits.
+// same bits. Measured on an H100 (2026-11-27, 8B Q4_0 tg128 /
+// tg128@d512, MV_EXACT_R1_MINB 4): 0: 311.0 / 293.3, 1: 309.5 / 295.1
+// tok/s; it pays with the registers of MV_EXACT_R1_MINB 3 (320.2 / 303.2).
 #ifndef MV_EXACT_PIPE
 #define MV_EXACT_PIPE 1
 #endif
@@ -591,10 +593,12 @@ __device__ __forceinline__ void mv_exact32_body(MmJobs jobs, int k, int ty,
 // MV_EXACT_R1_MINB (tuning knob): CTAs per SM to fit (registers capped) of
 // the one-row kernels; 0 leaves the compiler's choice. Measured on an H100
 // (2026-11-22, exact tg128, 8B Q4_0 / Q8_0): 0: 250.2 / 210.6, 4: 253.5 /
-// 210.8, 6: 200.5 / 169.3 (spills), 8: 155.3 / 112.2 tok/s. The arithmetic
-// is the same.
+// 210.8, 6: 200.5 / 169.3 (spills), 8: 155.3 / 112.2 tok/s. With the
+// software-pipelined Q4_0 loop (MV_EXACT_PIPE, 2026-11-27, 8B Q4_0 tg128 /
+// tg128@d512): 4 (64 registers, 16 bytes spilled): 309.5 / 295.1, 3: 320.2
+// / 303.2 tok/s. The arithmetic is the same.
 #ifndef MV_EXACT_R1_MINB
-#define MV_EXACT_R1_MINB 4
+#define MV_EXACT_R1_MINB 3
 #endif
 #if MV_EXACT_R1_MINB > 0
 #define MV_EXACT_R1_BOUNDS __launch_bounds__(256, MV_EXACT_R1_MINB)
