@@ -28,7 +28,8 @@ pub(super) fn mv_exact_name(n: usize, split: bool) -> &'static str {
 /// CTAs per SM. Both forms give the same bits; the split trades a pair
 /// barrier and longer folds for twice the warps in flight (the 8B's QKV, o
 /// and down projections are 384, 256 and 256 CTAs for 528 slots on an
-/// H100). Default 0 (never). Measured on an H100 (2026-11-23, exact tg128,
+/// H100 at 4 CTAs per SM; the one-row kernels run at 3 since 2026-11-27,
+/// MV_EXACT_R1_MINB). Default 0 (never). Measured on an H100 (2026-11-23, exact tg128,
 /// waves 0 / 1 / 2 / always): 8B Q4_0 251.2 / 258.9 / 261.7 / 245.9 tok/s;
 /// 8B Q8_0 (34-byte blocks: a lane's loads keep more bytes in flight)
 /// 207.6 / - / 203.0 / 193.5. Once the Q4_0 loop lost its offset
