@@ -6,7 +6,7 @@
 # Llama-3.2-1B Q4_K models. Writes logs and summary.txt to $OUT (or ./gpu-check-out).
 #
 #   QUIRE=./.devbin/quire scripts/gpu-check.sh [steps...]
-# steps: ops-exact ops-det ops-fast attn perf smollm fuse layers l2 greedy llama bench (default: all)
+# steps: ops-exact ops-det ops-fast attn perf smollm fuse layers ahead l2 greedy llama bench (default: all)
 set -uo pipefail
 QUIRE="${QUIRE:-./target/release/quire}"
 OUT="${OUT:-./gpu-check-out}"
@@ -15,7 +15,7 @@ mkdir -p "$OUT"
 summary="$OUT/summary.txt"
 : >"$summary"
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(ops-exact ops-det ops-fast attn perf smollm fuse layers l2 greedy llama bench)
+[ ${#steps[@]} -eq 0 ] && steps=(ops-exact ops-det ops-fast attn perf smollm fuse layers ahead l2 greedy llama bench)
 note() { echo "$*" | tee -a "$summary"; }
 note "gpu-check: $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 status=0
@@ -132,6 +132,19 @@ for s in "${steps[@]}"; do
       [ -f "$tmp/llama1b-q4_0.gguf" ] || "$QUIRE" synth --shape Llama-3.2-1B --type Q4_0 -o "$tmp/llama1b-q4_0.gguf" >"$OUT/synth-llama-q4_0.log" 2>&1
       run_step layers-smollm "$QUIRE" check-exact --mode fast-layers -m "$tmp/smollm2-q4_0.gguf" --prompt-tokens 300 --tokens 32
       run_step layers-llama "$QUIRE" check-exact --mode fast-layers -m "$tmp/llama1b-q4_0.gguf" --prompt-tokens 200 --tokens 16
+      ;;
+    ahead)
+      # Norm-ahead (experimental, QUIRE_NORM_AHEAD): the norms folded into
+      # the residual matvecs and the next op's, against the op-by-op fast
+      # graph, both against the cpu (NMSE): SmolLM2's 576-wide rows (18
+      # blocks), the 1B's 2,048 (Q4_0, and Q4_K's superblocks), decode
+      # graphs after a prompt.
+      "$QUIRE" synth --shape SmolLM2-135M --type Q4_0 -o "$tmp/smollm2-q4_0.gguf" >"$OUT/synth-smollm-q4_0.log" 2>&1
+      [ -f "$tmp/llama1b-q4_0.gguf" ] || "$QUIRE" synth --shape Llama-3.2-1B --type Q4_0 -o "$tmp/llama1b-q4_0.gguf" >"$OUT/synth-llama-q4_0.log" 2>&1
+      [ -f "$tmp/llama1b-q4_k.gguf" ] || "$QUIRE" synth --shape Llama-3.2-1B --type Q4_K -o "$tmp/llama1b-q4_k.gguf" >"$OUT/synth-llama-q4_k.log" 2>&1
+      run_step ahead-smollm "$QUIRE" check-exact --mode fast-norm-ahead -m "$tmp/smollm2-q4_0.gguf" --prompt-tokens 300 --tokens 32
+      run_step ahead-llama "$QUIRE" check-exact --mode fast-norm-ahead -m "$tmp/llama1b-q4_0.gguf" --prompt-tokens 200 --tokens 16
+      run_step ahead-llama-q4k "$QUIRE" check-exact --mode fast-norm-ahead -m "$tmp/llama1b-q4_k.gguf" --prompt-tokens 40 --tokens 16
       ;;
     l2)
       # The L2 read-ahead (on by default for one-row Q4_0 / Q4_1 / Q8_0

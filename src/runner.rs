@@ -98,6 +98,11 @@ pub struct RunnerOptions {
     /// None: QUIRE_FUSED_LAYERS=1 turns it on, else off; `check-exact
     /// --mode fast-layers` sets it both ways.
     pub cuda_fused_layers: Option<bool>,
+    /// Whether one-row `fast` residual matvecs prepare the next op's
+    /// normalized input on the device (launch/norm_ahead.rs; experimental,
+    /// not measured yet). None: QUIRE_NORM_AHEAD=1 turns it on, else off;
+    /// `check-exact --mode fast-norm-ahead` sets it both ways.
+    pub cuda_norm_ahead: Option<bool>,
 }
 
 impl Default for RunnerOptions {
@@ -111,6 +116,7 @@ impl Default for RunnerOptions {
             gpu: GpuMode::Off,
             cuda_prequant: true,
             cuda_fused_layers: None,
+            cuda_norm_ahead: None,
         }
     }
 }
@@ -504,6 +510,9 @@ fn load_cuda(
     cuda.prequant &= opts.cuda_prequant;
     if let Some(on) = opts.cuda_fused_layers {
         cuda.fused_layers = on;
+    }
+    if let Some(on) = opts.cuda_norm_ahead {
+        cuda.norm_ahead_on = on;
     }
     for info in model.op_infos() {
         if let Err(why) = cuda.capability(&info, opts.mode) {

@@ -210,15 +210,27 @@ pub enum OpT<'a, M: Mem> {
     ///
     /// `norm`: the products read rms_norm(x) (as `RmsNorm` with dim = k
     /// and the norm's weights and eps) instead of x, with the bits of
-    /// `RmsNorm` then `MatMuls` in every mode; the norm's `out` (n, k) is
+    /// `RmsNorm` then `MatMuls` in every mode (one exception in `fast`:
+    /// `next_norm` below); the norm's `out` (n, k) is
     /// scratch for the normalized rows, its contents afterwards
     /// unspecified (a backend may fold the norm into the products and
     /// never write it).
+    ///
+    /// `next_norm` (weights (dim,), eps): a hint that the output of the
+    /// op's one adding job (the residual stream, (n, dim)) is the input of
+    /// the next op, a `MatMuls` whose `norm` has these weights and eps. It
+    /// changes no result of this op. In `fast` mode a backend may use it
+    /// to prepare that op's input as it stores this output (CUDA, one row,
+    /// `QUIRE_NORM_AHEAD=1`: the int8 blocks of x * w and the row's sums of
+    /// squares, the 1/rms scale then applied after the next op's products);
+    /// the next op then does not give the bits of `RmsNorm` then `MatMuls`
+    /// (docs/DETERMINISM.md). Ignored in `exact` and `deterministic`.
     MatMuls {
         x: M::In<'a>,
         n: usize,
         jobs: Vec<MatJob<'a, M>>,
         norm: Option<MatNorm<'a, M>>,
+        next_norm: Option<(M::Param<'a>, f32)>,
     },
     /// Row-wise RMS norm. x, out: (n, dim); w: (dim,).
     RmsNorm {

@@ -1,10 +1,12 @@
-//! `quire check-exact --mode fast-layers`: the fused decode layers
-//! (one launch for every layer of a one-row `fast` step,
-//! launch/decode_layers.rs) against the op-by-op `fast` graph, both against
-//! the cpu's exact logits. Their arithmetic differs (norm, attention and
-//! residual order), so the check is not bitwise: at every step the fused
-//! logits must agree on NaN/Inf and be no farther from the cpu's than a
-//! bound derived from the op-by-op path's own distance.
+//! `quire check-exact --mode fast-layers | fast-norm-ahead`: a `fast`
+//! decode path whose arithmetic differs from the op-by-op graph's (the
+//! fused decode layers, one launch for every layer of a one-row step,
+//! launch/decode_layers.rs; or norm-ahead, the RMS norms folded into the
+//! residual matvecs and the next op's, launch/norm_ahead.rs) against the
+//! op-by-op `fast` graph, both against the cpu's exact logits. Not
+//! bitwise: at every step the fused logits must agree on NaN/Inf and be
+//! no farther from the cpu's than a bound derived from the op-by-op path's
+//! own distance, and the fused path must have run.
 
 use super::ops::{argmax, greedy_chunk, last_logits, random_prompt, CheckExactArgs};
 use crate::backend::{GpuMode, Mode};
@@ -18,16 +20,43 @@ use anyhow::{bail, Context, Result};
 const RATIO: f64 = 4.0;
 const FLOOR: f64 = 1e-4;
 
-pub fn check_fused_layers(a: &CheckExactArgs) -> Result<()> {
+/// Which fused path the check runs against the op-by-op graph.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Variant {
+    /// The fused decode layers (`RunnerOptions::cuda_fused_layers`).
+    Layers,
+    /// Norm-ahead (`RunnerOptions::cuda_norm_ahead`).
+    NormAhead,
+}
+
+impl Variant {
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Layers => "fused decode layers",
+            Variant::NormAhead => "norm-ahead",
+        }
+    }
+    /// The backend report's entry that counts the fused path's runs.
+    fn report_key(self) -> &'static str {
+        match self {
+            Variant::Layers => "decode_layers",
+            Variant::NormAhead => "norm_ahead",
+        }
+    }
+}
+
+pub fn check_fused(a: &CheckExactArgs, v: Variant) -> Result<()> {
     let base = RunnerOptions {
         threads: a.threads,
         kv_tokens: (a.run.prompt_tokens + a.run.tokens + 16).max(64),
         mode: Mode::Fast,
         ..Default::default()
     };
+    // Only the variant under test differs between the two GPU runners.
     let gpu_opts = |fused| RunnerOptions {
         gpu: GpuMode::Required,
-        cuda_fused_layers: Some(fused),
+        cuda_fused_layers: Some(fused && v == Variant::Layers),
+        cuda_norm_ahead: Some(fused && v == Variant::NormAhead),
         ..base.clone()
     };
     let mut fused = Runner::load(&a.run.model, &gpu_opts(true)).context("loading (fused)")?;
@@ -40,7 +69,10 @@ pub fn check_fused_layers(a: &CheckExactArgs) -> Result<()> {
         },
     )
     .context("loading the cpu reference")?;
-    println!("check-exact: fast mode, fused decode layers against op by op, both against the cpu (exact)");
+    println!(
+        "check-exact: fast mode, {} against op by op, both against the cpu (exact)",
+        v.name()
+    );
     let vocab = cpu.config().vocab_size;
     let prompt = random_prompt(a.run.seed, a.run.prompt_tokens, vocab);
     let mut toks = prompt.clone();
@@ -83,7 +115,7 @@ pub fn check_fused_layers(a: &CheckExactArgs) -> Result<()> {
     let ran = fused
         .backend_report()
         .iter()
-        .find(|(op, _, _)| op == "decode_layers")
+        .find(|(op, _, _)| op == v.report_key())
         .map_or(0, |r| r.2);
     println!(
         "check-exact: {} decode steps: mean NMSE vs cpu fused {:.3e}, op by op {:.3e} (worst step ratio {:.2}); greedy token as the cpu's: fused {top_f}, op by op {top_p}; fused launches {ran}",
@@ -95,10 +127,13 @@ pub fn check_fused_layers(a: &CheckExactArgs) -> Result<()> {
     // Decode graphs replay the captured launch without going through the
     // executor, so the count is of steps run op by op or captured.
     if ran == 0 && a.run.tokens > 0 {
-        bail!("the fused decode layers never ran (not taken for this model or device: see RUST_LOG=debug)");
+        bail!(
+            "the {} never ran (not taken for this model or device: see RUST_LOG=debug)",
+            v.name()
+        );
     }
     if let Some(why) = bad {
-        bail!("fused decode layers: {why}");
+        bail!("{}: {why}", v.name());
     }
     println!("check-exact: PASS (fused within {RATIO}x the op-by-op NMSE or below {FLOOR:e} at every step)");
     Ok(())

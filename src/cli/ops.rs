@@ -120,8 +120,10 @@ pub struct CheckExactArgs {
     /// its fusions (norm and swiglu quantizing for the next matmul) against
     /// the GPU without them, same mode: the fusions must not change a bit.
     /// fast-layers: the fused decode layers against the op-by-op graph,
-    /// both against the CPU (NMSE, not bitwise).
-    #[arg(long, default_value = "exact", value_parser = ["exact", "deterministic", "fast", "fast-layers"])]
+    /// both against the CPU (NMSE, not bitwise); fast-norm-ahead: the same
+    /// for norm-ahead (the norms folded into the residual matvecs and the
+    /// next op's).
+    #[arg(long, default_value = "exact", value_parser = ["exact", "deterministic", "fast", "fast-layers", "fast-norm-ahead"])]
     pub mode: String,
 }
 
@@ -168,7 +170,10 @@ pub(super) fn last_logits(tokens: &[u32], start: usize) -> [SeqWork<'_>; 1] {
 /// prompt and decodes greedily, comparing every step's logits bitwise.
 pub fn check_exact(a: CheckExactArgs) -> Result<()> {
     if a.mode == "fast-layers" {
-        return super::check_fused::check_fused_layers(&a);
+        return super::check_fused::check_fused(&a, super::check_fused::Variant::Layers);
+    }
+    if a.mode == "fast-norm-ahead" {
+        return super::check_fused::check_fused(&a, super::check_fused::Variant::NormAhead);
     }
     let mode = match a.mode.as_str() {
         "deterministic" => Mode::Deterministic,
@@ -182,6 +187,7 @@ pub fn check_exact(a: CheckExactArgs) -> Result<()> {
         // The prequant fusions are checked on the op-by-op graph (the
         // fused decode layers have their own check, `fast-layers`).
         cuda_fused_layers: Some(false),
+        cuda_norm_ahead: Some(false),
         ..Default::default()
     };
     let mut gpu = Runner::load(

@@ -277,14 +277,24 @@ impl CudaExec {
 
     /// Which backend ran each op kind, and how often.
     pub fn report(&self) -> Vec<(String, String, u64)> {
-        self.counts
+        let mut r: Vec<(String, String, u64)> = self
+            .counts
             .lock()
             .map(|c| {
                 c.iter()
                     .map(|(k, (n, _))| (k.to_string(), "cuda".to_string(), *n))
                     .collect()
             })
-            .unwrap_or_default()
+            .unwrap_or_default();
+        // Matmuls that read norm-ahead's blocks (launched or captured).
+        let na = self
+            .be
+            .norm_ahead_runs
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if na > 0 {
+            r.push(("norm_ahead".into(), "cuda".into(), na));
+        }
+        r
     }
 
     /// Whether a decode step of `b` rows can run as a CUDA graph in `mode`

@@ -174,6 +174,7 @@ impl Ctx<'_> {
                         n,
                         jobs: jobs(&ws, split_outs(y.body_mut(), &lens), adds),
                         norm: None,
+                        next_norm: None,
                     },
                     mode,
                 );
@@ -190,6 +191,7 @@ impl Ctx<'_> {
                             n,
                             jobs: jobs(&ws, split_outs(&mut r, &lens), adds),
                             norm: None,
+                            next_norm: None,
                         },
                         mode,
                     ) {
@@ -200,6 +202,7 @@ impl Ctx<'_> {
                             n,
                             jobs: jobs(&ws, split_outs(y.body_mut(), &lens), adds),
                             norm: None,
+                            next_norm: None,
                         },
                         mode,
                     ) {

@@ -158,6 +158,7 @@ impl Ctx<'_> {
                 n,
                 jobs: jobs(ws, split_outs(&mut out, lens), adds),
                 norm: None,
+                next_norm: None,
             },
             mode,
         )?;
@@ -181,5 +182,6 @@ fn norm_op<'a>(
         n,
         jobs: jobs(ws, outs, adds),
         norm: Some(MatNorm { w: g, eps, out: s }),
+        next_norm: None,
     }
 }

@@ -108,12 +108,15 @@ impl Backend for CpuBackend {
                 n,
                 jobs,
                 norm: None,
+                // A hint for backends that prepare the next op's input.
+                next_norm: _,
             } => ops::matmul::run_jobs(par, isa, nt, x, n, jobs),
             Op::MatMuls {
                 x,
                 n,
                 jobs,
                 norm: Some(MatNorm { w, eps, out }),
+                next_norm: _,
             } => {
                 // RmsNorm then MatMuls: the op's defined bits (rms_norm
                 // validates the norm's shapes with dim = k).

@@ -60,7 +60,15 @@ impl CudaBackend {
                 )?;
                 self.down(&od, out, "mat_mul: out")
             }
-            Op::MatMuls { x, n, jobs, norm } => {
+            // Host ops upload each input afresh, so no hint can reach the
+            // next op's input: `next_norm` is ignored.
+            Op::MatMuls {
+                x,
+                n,
+                jobs,
+                norm,
+                next_norm: _,
+            } => {
                 let shapes: Vec<(&dyn crate::backend::WeightInfo, usize)> = jobs
                     .iter()
                     .map(|j| (&j.w as &dyn crate::backend::WeightInfo, j.out.len()))

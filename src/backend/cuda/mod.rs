@@ -109,6 +109,16 @@ pub struct CudaBackend {
     /// slower than the op-by-op graph (docs/PERF.md); QUIRE_FUSED_LAYERS=1
     /// or `RunnerOptions::cuda_fused_layers` turns it on.
     pub(crate) fused_layers: bool,
+    /// Whether one-row `fast` residual matvecs prepare the next op's
+    /// normalized input (launch/norm_ahead.rs). Off by default: not yet
+    /// measured on a device; QUIRE_NORM_AHEAD=1 or
+    /// `RunnerOptions::cuda_norm_ahead` turns it on.
+    pub(crate) norm_ahead_on: bool,
+    /// Norm-ahead's pending blocks: their key (for the next op only) and
+    /// buffer.
+    norm_ahead: Mutex<launch::NormAhead>,
+    /// How many ops took norm-ahead's blocks (launched or captured).
+    pub(crate) norm_ahead_runs: std::sync::atomic::AtomicU64,
     /// Whether the last matmul ran the warp-per-row quantized kernel (so the
     /// next one of the same row count will): swiglu's row count is not
     /// part of its op.
@@ -488,6 +498,9 @@ impl CudaBackend {
             l2_log: Mutex::new(None),
             prequant: std::env::var("QUIRE_PREQUANT").map_or(true, |v| v != "0"),
             fused_layers: std::env::var("QUIRE_FUSED_LAYERS").is_ok_and(|v| v == "1"),
+            norm_ahead_on: std::env::var("QUIRE_NORM_AHEAD").is_ok_and(|v| v == "1"),
+            norm_ahead: Mutex::new(launch::NormAhead::default()),
+            norm_ahead_runs: std::sync::atomic::AtomicU64::new(0),
             last_mv_q8: std::sync::atomic::AtomicBool::new(false),
             last_wgmma_rows: std::sync::atomic::AtomicUsize::new(0),
             pinned: logits::PinnedPool::default(),
@@ -769,6 +782,8 @@ impl Backend<Dev> for CudaBackend {
         if !matches!(op, OpT::MatMul { .. } | OpT::MatMuls { .. }) {
             self.forget_activations();
         }
+        // Norm-ahead's blocks serve only the op right after their producer.
+        let ahead = self.take_norm_ahead();
         match op {
             OpT::MatMul { w, x, n, mut out } => self.d_mat_mul(&w, &x, n, &mut out, mode),
             OpT::MatMuls {
@@ -776,13 +791,29 @@ impl Backend<Dev> for CudaBackend {
                 n,
                 mut jobs,
                 norm: None,
-            } => self.d_mat_muls(&x, n, &mut jobs, mode),
+                next_norm,
+            } => {
+                if let Some((g, eps)) = next_norm {
+                    if self.mat_muls_ahead(&x, n, &mut jobs, (&g, eps), mode)? {
+                        return Ok(());
+                    }
+                }
+                self.d_mat_muls(&x, n, &mut jobs, mode)
+            }
             OpT::MatMuls {
                 x,
                 n,
                 mut jobs,
                 norm: Some(MatNorm { w, eps, mut out }),
-            } => self.d_mat_muls_norm(&x, &w, eps, &mut out, n, &mut jobs, mode),
+                // A norm-carrying op is never a residual producer in the
+                // model graphs; the hint is not used here.
+                next_norm: _,
+            } => {
+                if self.mat_muls_norm_ahead(&x, &w, eps, n, &mut jobs, mode, ahead)? {
+                    return Ok(());
+                }
+                self.d_mat_muls_norm(&x, &w, eps, &mut out, n, &mut jobs, mode)
+            }
             OpT::RmsNorm {
                 x,
                 w,

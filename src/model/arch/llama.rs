@@ -287,12 +287,16 @@ type NormSpec<'b, E> = (
 /// rms_norm(x). With one op it rides on that op (`OpT::MatMuls::norm`, so
 /// a backend can fold the norm in); with several, an `RmsNorm` op writes
 /// the scratch once and every op reads it.
+///
+/// `next_norm` (norm weights, eps): the hint `OpT::MatMuls::next_norm`,
+/// for a residual product whose output the next op normalizes.
 fn mat_muls<'b, E: Exec>(
     e: &E,
     x: &E::Buf,
     n: usize,
     jobs: Vec<MatSpec<'_, E>>,
     norm: Option<NormSpec<'b, E>>,
+    next_norm: Option<(&<E::S as Store>::Vec, f32)>,
 ) -> Result<()> {
     let mut groups: Vec<Vec<MatJob<'_, E::M>>> = Vec::new();
     for (w, out, add) in jobs {
@@ -326,6 +330,7 @@ fn mat_muls<'b, E: Exec>(
                     n,
                     jobs,
                     norm: None,
+                    next_norm: next_norm.map(|(w, eps)| (E::param(w), eps)),
                 })?;
             }
             return Ok(());
@@ -342,6 +347,7 @@ fn mat_muls<'b, E: Exec>(
             n,
             jobs,
             norm: norm.take(),
+            next_norm: next_norm.map(|(w, eps)| (E::param(w), eps)),
         })?;
     }
     Ok(())
@@ -402,6 +408,7 @@ pub fn forward_bufs<E: Exec>(
                     (&l.wv, &mut v, false),
                 ],
                 Some((&l.attn_norm, c.rms_eps, &mut h)),
+                None,
             )?;
             for (b, out) in [(&l.bq, q_dst), (&l.bk, k_dst), (&l.bv, &mut v)] {
                 if let Some(b) = b {
@@ -445,21 +452,33 @@ pub fn forward_bufs<E: Exec>(
                 out: E::wr(&mut att),
             })
             .with_context(|| format!("layer {li}"))?;
-            // x += att · woᵀ (the residual add folded into the matmul).
-            mat_muls(e, &att, n, vec![(&l.wo, &mut x, true)], None)?;
+            // x += att · woᵀ (the residual add folded into the matmul); the
+            // FFN norm reads x next.
+            mat_muls(
+                e,
+                &att,
+                n,
+                vec![(&l.wo, &mut x, true)],
+                None,
+                Some((&l.ffn_norm, c.rms_eps)),
+            )?;
             mat_muls(
                 e,
                 &x,
                 n,
                 vec![(&l.w_gate, &mut gate, false), (&l.w_up, &mut up, false)],
                 Some((&l.ffn_norm, c.rms_eps, &mut h)),
+                None,
             )?;
             e.run(OpT::SwiGlu {
                 gate: E::rd(&gate),
                 up: E::rd(&up),
                 out: E::wr(&mut act),
             })?;
-            mat_muls(e, &act, n, vec![(&l.w_down, &mut x, true)], None)?;
+            // x += act · w_downᵀ; the next layer's attention norm reads x
+            // next (the output norm follows a row selection: no hint).
+            let next = w.layers.get(li + 1).map(|nl| (&nl.attn_norm, c.rms_eps));
+            mat_muls(e, &act, n, vec![(&l.w_down, &mut x, true)], None, next)?;
         }
     }
     // Only the rows that want logits go through the output head.

@@ -26,6 +26,7 @@ mod matmul_exact;
 mod matmul_mma;
 mod matmul_norm;
 mod matmul_wgmma;
+mod norm_ahead;
 mod sample;
 
 pub(crate) use act_cache::ActKey;
@@ -40,6 +41,7 @@ pub(crate) use l2_ahead::{L2Bufs, L2Log};
 pub(crate) use matmul::{fast_uses_blas, TILE_SMEM};
 pub(crate) use matmul_mma::mq_smem_max;
 pub(crate) use matmul_wgmma::{wg_smem, wr_stages_knob};
+pub(crate) use norm_ahead::NormAhead;
 pub(crate) use sample::{device_draws, draw_record, GreedyRing, DRAW_WORDS, GREEDY_SLOTS};
 
 use super::mem::{DevKvMut, DevMatrix};

@@ -1,0 +1,278 @@
+//! Norm-ahead (`fast` mode, one row, `QUIRE_NORM_AHEAD=1` or
+//! `RunnerOptions::cuda_norm_ahead`): the RMS norm between a residual
+//! matvec and the next op's matvecs folded into both, so that a one-row
+//! decode layer loses its two `rms_norm_fast` launches.
+//!
+//! The producer is a `MatMuls` whose one job adds into the residual stream
+//! x and whose `next_norm` names the next op's norm (the model passes it:
+//! o -> FFN norm, down -> the next layer's attention norm). It runs
+//! `mv_q8_r1_na`: a CTA owns 32 rows of x, stores them, and quantizes the
+//! block of x * g (without the norm's 1/rms, which divides out of every
+//! block's scale) and its sum of squares into this module's buffer. The
+//! consumer, the very next op (a `MatMuls` carrying that norm on that x),
+//! skips `rms_norm_fast` and the quantization and runs the usual one-row
+//! matvec on those blocks, which scales each output by rsqrt(sum / dim +
+//! eps) (MmJobs::norm_parts). Any other op in between drops the pending
+//! blocks (`take_norm_ahead` at every op).
+//!
+//! Not the bits of `RmsNorm` then `MatMuls` (the 1/rms is applied after
+//! the products instead of before the rounding to int8), so `fast` mode
+//! only; `check-exact --mode fast-norm-ahead` checks it against the plain
+//! graph and the cpu. Not measured on a device yet: off by default.
+
+use super::act_cache::{ActKey, ACT_Q8};
+use super::matmul::{job_table, mm_dims, mv_grid, mv_name, mv_warps, MV_Q8};
+use super::{arena3, dev_ptr, dev_ptr_mut};
+use crate::backend::cuda::mem::Dev;
+use crate::backend::cuda::{drv, CudaBackend};
+use crate::backend::{validate, MatJob, Mode, WeightInfo};
+use crate::quant::GgmlType;
+use anyhow::{Context, Result};
+use cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+
+/// What the producer left for the next op: the residual stream's device
+/// address and length, the norm weights' address and eps bits.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct AheadKey {
+    x: u64,
+    len: usize,
+    w: u64,
+    eps: u32,
+}
+
+/// The pending blocks' key (valid for the next op only) and their buffer:
+/// int8 blocks (dim), block scales (dim / 32 float2), sums of squares
+/// (dim / 32 f32), each at a 256-byte boundary.
+#[derive(Default)]
+pub(crate) struct NormAhead {
+    key: Option<AheadKey>,
+    buf: Option<CudaSlice<u8>>,
+}
+
+/// Byte offsets of the scales and the sums in the buffer for `dim`, and its
+/// size.
+fn layout(dim: usize) -> (usize, usize, usize) {
+    let a = |b: usize| b.next_multiple_of(256);
+    let nb = dim / 32;
+    let ds = a(dim);
+    let parts = ds + a(nb * 8);
+    (ds, parts, parts + a(nb * 4))
+}
+
+/// Whether the weight type runs through the int8 warp-per-row matvecs.
+fn q8_type(ty: GgmlType) -> bool {
+    !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+}
+
+impl CudaBackend {
+    /// The producer's key, taken (so it serves only the op right after).
+    pub(crate) fn take_norm_ahead(&self) -> Option<AheadKey> {
+        self.norm_ahead.lock().ok().and_then(|mut s| s.key.take())
+    }
+
+    /// The buffer's base address for `dim`, allocated (or grown) outside
+    /// a stream capture only: None while capturing without one large
+    /// enough (the caller then runs the plain path).
+    fn norm_ahead_buf(&self, dim: usize) -> Result<Option<u64>> {
+        let need = layout(dim).2;
+        let mut s = self
+            .norm_ahead
+            .lock()
+            .map_err(|_| anyhow::anyhow!("norm-ahead lock poisoned"))?;
+        if s.buf.as_ref().is_none_or(|b| b.len() < need) {
+            let capturing = drv(self.stream().capture_status(), "norm-ahead: capture status")?;
+            if capturing
+                != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+            {
+                return Ok(None);
+            }
+            s.buf = Some(self.scratch::<u8>(need, "norm-ahead buffer")?);
+        }
+        let b = s.buf.as_ref().expect("allocated above");
+        Ok(Some(dev_ptr(&b.slice(0..need), self.stream())))
+    }
+
+    /// The producer: `jobs` (one adding job, the residual stream) by
+    /// `mv_q8_r1_na` when norm-ahead applies, leaving the next op's input
+    /// blocks for norm weights `g` and `eps`. Ok(false): it does not apply
+    /// (nothing ran; the caller runs the plain op).
+    pub(crate) fn mat_muls_ahead(
+        &self,
+        x: &CudaView<'_, f32>,
+        n: usize,
+        jobs: &mut [MatJob<'_, Dev>],
+        (g, eps): (&CudaView<'_, f32>, f32),
+        mode: Mode,
+    ) -> Result<bool> {
+        if jobs.len() != 1 {
+            return Ok(false);
+        }
+        let job = &jobs[0];
+        let (k, m) = (job.w.cols, job.w.rows);
+        if !self.norm_ahead_on
+            || mode != Mode::Fast
+            || n != 1
+            || !job.add
+            || !q8_type(job.w.ty)
+            || k == 0
+            || !k.is_multiple_of(32)
+            || m == 0
+            || !m.is_multiple_of(32)
+            || g.len() != m
+            || job.out.len() != m
+        {
+            return Ok(false);
+        }
+        validate::mat_muls(x.len(), n, &[(&job.w as &dyn WeightInfo, job.out.len())])
+            .context("mat_muls (norm-ahead producer)")?;
+        let d = mm_dims(&job.w, n)?;
+        let Some(base) = self.norm_ahead_buf(m)? else {
+            return Ok(false);
+        };
+        let (ds_off, parts_off, _) = layout(m);
+        let (nq, nds, nparts) = (base, base + ds_off as u64, base + parts_off as u64);
+        let s = self.stream();
+        let (mut table, ctas) = job_table(jobs, 32, s)?;
+        self.l2_record(jobs, &mut table)?;
+        let out_ptr = dev_ptr_mut(&jobs[0].out, s);
+        let outs = Self::out_ranges(jobs, s);
+        let g_ptr = dev_ptr(g, s);
+        let cfg = LaunchConfig {
+            grid_dim: (1, ctas, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // The input's int8 blocks, as mat_vec_q8 makes them.
+        let nblk = k / 32;
+        let mut guard = self.arena(&[k, nblk * 8, 0])?;
+        let key = ActKey::new(x, k, ACT_Q8, s);
+        let cached = self.act_cached(key);
+        arena3::<i8, f32, u8, ()>(&mut guard, (k, nblk * 2, 0), |xq, xds, _| {
+            if !cached {
+                self.quant_q8(x, nblk, xq, xds)?;
+            }
+            let mut b = s.launch_builder(self.func("mv_q8_r1_na")?);
+            b.arg(&table)
+                .arg(&d.ki)
+                .arg(&d.rb)
+                .arg(&d.tc)
+                .arg(&mut *xq)
+                .arg(&mut *xds)
+                .arg(&d.ni)
+                .arg(&g_ptr)
+                .arg(&nq)
+                .arg(&nds)
+                .arg(&nparts);
+            // SAFETY: matches mv_q8_r1_na: one job of m rows (a multiple
+            // of 32: 32 per CTA, m / 32 CTAs) of rb bytes each, adding
+            // into its output of m floats (n = 1, validated); xq/xds the
+            // input's k int8 and k / 32 float2; g holds m floats; nq, nds
+            // and nparts point into the norm-ahead buffer laid out for m
+            // (layout): m bytes, m / 32 float2 and m / 32 floats.
+            drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_q8_r1_na")?;
+            Ok(())
+        })?;
+        self.act_remember(key, &outs);
+        self.last_mv_q8
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Ok(mut st) = self.norm_ahead.lock() {
+            st.key = Some(AheadKey {
+                x: out_ptr,
+                len: m,
+                w: g_ptr,
+                eps: eps.to_bits(),
+            });
+        }
+        Ok(true)
+    }
+
+    /// The consumer: `jobs` of rms_norm(x) (weights `w`, `eps`) from the
+    /// blocks the op before left (`ahead`, its key), by the one-row matvec
+    /// with the norm's scale applied after the products. Ok(false): the
+    /// blocks are not this op's input (nothing ran).
+    #[allow(clippy::too_many_arguments)] // the op's fields
+    pub(crate) fn mat_muls_norm_ahead(
+        &self,
+        x: &CudaView<'_, f32>,
+        w: &CudaView<'_, f32>,
+        eps: f32,
+        n: usize,
+        jobs: &mut [MatJob<'_, Dev>],
+        mode: Mode,
+        ahead: Option<AheadKey>,
+    ) -> Result<bool> {
+        let Some(key) = ahead else { return Ok(false) };
+        let s = self.stream();
+        let k = jobs.first().map_or(0, |j| j.w.cols);
+        let here = AheadKey {
+            x: dev_ptr(x, s),
+            len: x.len(),
+            w: dev_ptr(w, s),
+            eps: eps.to_bits(),
+        };
+        if here != key
+            || mode != Mode::Fast
+            || n != 1
+            || k != key.len
+            || jobs.iter().any(|j| !q8_type(j.w.ty) || j.w.cols != k)
+        {
+            return Ok(false);
+        }
+        let shapes: Vec<(&dyn WeightInfo, usize)> = jobs
+            .iter()
+            .map(|j| (&j.w as &dyn WeightInfo, j.out.len()))
+            .collect();
+        validate::mat_muls(x.len(), n, &shapes).context("mat_muls (norm-ahead consumer)")?;
+        let Some(base) = self.norm_ahead_buf(k)? else {
+            return Ok(false);
+        };
+        let (ds_off, parts_off, _) = layout(k);
+        let (nq, nds) = (base, base + ds_off as u64);
+        let d = mm_dims(&jobs[0].w, n)?;
+        let m: usize = jobs.iter().map(|j| j.w.rows).sum();
+        let warps = mv_warps(mode, n, false, k >= 3 * m);
+        let (mut table, ctas) = job_table(jobs, 8 / warps, s)?;
+        self.l2_record(jobs, &mut table)?;
+        table.set_norm(base + parts_off as u64, i32::try_from(k / 32)?, eps);
+        let cfg = mv_grid(n, ctas)?;
+        let name = mv_name(n, warps, MV_Q8);
+        // The norm's scratch is not written and no arena block is: the
+        // cached activations stay what they were.
+        let mut b = s.launch_builder(self.func(name)?);
+        b.arg(&table)
+            .arg(&d.ki)
+            .arg(&d.rb)
+            .arg(&d.tc)
+            .arg(&nq)
+            .arg(&nds)
+            .arg(&d.ni);
+        // SAFETY: matches mv_q8_r1 and its split-row variants (8 / warps
+        // rows per CTA, as the job table; n = 1): each job's weights hold m
+        // rows of rb bytes and its output m floats (validated); nq / nds
+        // hold the k int8 and k / 32 float2 the producer stored for this x
+        // (the key matched: same buffer, length, norm weights and eps, and
+        // no op ran between), and the table's norm_parts its k / 32 sums.
+        drv(
+            unsafe { b.launch(cfg) },
+            "mat_mul: launching mv_q8 (norm-ahead)",
+        )?;
+        self.norm_ahead_runs
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.last_mv_q8
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_aligns_each_part() {
+        // SmolLM2 (576): 576 int8, 18 float2 (144 B), 18 f32 (72 B).
+        assert_eq!(layout(576), (768, 1024, 1280));
+        // The 8B (4,096): 4,096 int8, 128 float2, 128 f32.
+        assert_eq!(layout(4096), (4096, 5120, 5632));
+    }
+}
