@@ -774,6 +774,9 @@ impl Backend<Dev> for CudaBackend {
     }
 
     fn run(&self, op: OpT<'_, Dev>, mode: Mode) -> Result<()> {
+        // Norm-ahead's blocks serve only the op right after their producer
+        // (taken first: an op that fails below drops them too).
+        let ahead = self.take_norm_ahead();
         let kind = op.kind();
         if let Err(why) = self.capability(&op.info(), mode) {
             bail!("op {kind} cannot run on the cuda backend ({mode:?}): {why}");
@@ -782,8 +785,6 @@ impl Backend<Dev> for CudaBackend {
         if !matches!(op, OpT::MatMul { .. } | OpT::MatMuls { .. }) {
             self.forget_activations();
         }
-        // Norm-ahead's blocks serve only the op right after their producer.
-        let ahead = self.take_norm_ahead();
         match op {
             OpT::MatMul { w, x, n, mut out } => self.d_mat_mul(&w, &x, n, &mut out, mode),
             OpT::MatMuls {

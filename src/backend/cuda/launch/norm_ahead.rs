@@ -267,6 +267,76 @@ impl CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// q8_block's arithmetic (common.cuh): d = amax / 127, q = round to
+    /// nearest even of v / d, clamped to +-127.
+    fn q8(v: &[f32]) -> (Vec<i32>, f32) {
+        let amax = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let d = amax / 127.0;
+        let q = v
+            .iter()
+            .map(|&x| {
+                if d == 0.0 {
+                    0
+                } else {
+                    ((x / d).round_ties_even() as i32).clamp(-127, 127)
+                }
+            })
+            .collect();
+        (q, d)
+    }
+
+    /// A row's int8 dot with 4-bit weights (one scale per 32-block), from
+    /// activations y quantized per block.
+    fn dot(wq: &[i32], ws: &[f32], y: &[f32]) -> f64 {
+        let mut acc = 0f64;
+        for (b, yb) in y.chunks(32).enumerate() {
+            let (q, d) = q8(yb);
+            let i: i32 = q.iter().zip(&wq[32 * b..]).map(|(a, w)| a * w).sum();
+            acc += (ws[b] * d) as f64 * i as f64;
+        }
+        acc
+    }
+
+    #[test]
+    fn the_norm_scale_divides_out_of_the_blocks() {
+        // Norm-ahead's premise: quantizing x * g and scaling the finished
+        // dot by 1/rms is as accurate as quantizing x * g / rms (the plain
+        // path), against the f64 product; on random rows of several
+        // scales and norm weights of both signs.
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        let (k, rows) = (2048usize, 64usize);
+        let (mut e_plain, mut e_ahead, mut den) = (0f64, 0f64, 0f64);
+        for r in 0..rows {
+            let scale = 0.01 + 10.0 * r as f32 / rows as f32;
+            let x: Vec<f32> = (0..k)
+                .map(|_| scale * rng.random_range(-3.0f32..3.0))
+                .collect();
+            let g: Vec<f32> = (0..k).map(|_| rng.random_range(-1.5f32..1.5)).collect();
+            let wq: Vec<i32> = (0..k).map(|_| rng.random_range(-8..8)).collect();
+            let ws: Vec<f32> = (0..k / 32)
+                .map(|_| rng.random_range(0.001f32..0.02))
+                .collect();
+            let ss: f32 = x.iter().map(|v| v * v).sum();
+            let rs = 1.0 / (ss / k as f32 + 1e-5).sqrt();
+            let exact: f64 = (0..k)
+                .map(|i| {
+                    (ws[i / 32] as f64 * wq[i] as f64) * (x[i] as f64 * rs as f64 * g[i] as f64)
+                })
+                .sum();
+            let yn: Vec<f32> = (0..k).map(|i| x[i] * rs * g[i]).collect();
+            let y: Vec<f32> = (0..k).map(|i| x[i] * g[i]).collect();
+            let plain = dot(&wq, &ws, &yn);
+            let ahead = dot(&wq, &ws, &y) * rs as f64;
+            e_plain += (plain - exact).powi(2);
+            e_ahead += (ahead - exact).powi(2);
+            den += exact * exact;
+        }
+        let (np, na) = (e_plain / den, e_ahead / den);
+        assert!(np < 1e-3 && na < 1e-3, "nmse plain {np:e}, ahead {na:e}");
+        assert!(na <= 1.5 * np, "nmse plain {np:e}, ahead {na:e}");
+    }
 
     #[test]
     fn layout_aligns_each_part() {
