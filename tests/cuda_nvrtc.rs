@@ -64,6 +64,16 @@ fn every_kernel_compiles_with_nvrtc() {
                 "{stem}.cu ({arch}): no entry point {e} in the PTX"
             );
         }
+        // And the other way: every extern "C" kernel of the file is
+        // listed, so the backend loads it (an unlisted one fails only at
+        // its first launch, on a device).
+        for body in text.split(".entry ").skip(1) {
+            let name = body.split('(').next().unwrap_or("?").trim();
+            assert!(
+                name.starts_with("_Z") || entries.contains(&name),
+                "{stem}.cu ({arch}): kernel {name} is not in source::KERNELS"
+            );
+        }
         // Every kernel waits for the previous grid (GRID_DEP,
         // common.cuh) before it touches what a kernel of the step
         // writes: decode graphs on sm_90+ start a kernel's CTAs before

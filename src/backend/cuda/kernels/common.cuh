@@ -453,25 +453,13 @@ struct MmJobs {
     // The L2 read-ahead's progress word (l2_ahead_fast.cu), or null: the
     // one-row matvecs publish there how far the chain has read (mv_mark).
     int* mark_ptr;
-    // Norm-ahead (launch/norm_ahead.rs), or null: the one-row matvecs'
-    // input is the int8 blocks of x * g that the kernel before stored
-    // (mv_q8_r1_na), and each output is scaled by rsqrtf(sum / (32 *
-    // norm_blocks) + norm_eps), sum: the norm_blocks sums of squares of x
-    // there, added by mv_norm_sum.
-    const float* norm_parts;
     int m[MM_JOBS];
     int end[MM_JOBS];
     int add;
     int count;
     int prefetch;  // 1: prefetch the weight rows before griddepcontrol.wait
     int mark;      // job 0's first byte in the step's weight stream, in 256-byte units
-    int norm_blocks;
-    float norm_eps;
 };
-// The host's copy (launch/matmul.rs MmJobs, whose test pins its size and
-// field offsets: the fields above, in order, each naturally aligned) must
-// match byte for byte.
-static_assert(sizeof(MmJobs) == 136, "MmJobs layout (launch/matmul.rs)");
 
 // One CUtensorMap per job of a MatMuls table (cuTensorMapEncodeTiled on
 // the host, launch/matmul_wgmma.rs job_maps): job j's weights as (m_j rows,

@@ -150,6 +150,8 @@ const MV_FLOAT: [&str; 4] = [
     "mv_float_r1_w4",
 ];
 pub(super) const MV_Q8: [&str; 4] = ["mv_q8", "mv_q8_r1", "mv_q8_r1_w2", "mv_q8_r1_w4"];
+/// Norm-ahead's consumers (one row only: no grouped form).
+pub(super) const MV_Q8_NC: [&str; 4] = ["", "mv_q8_r1_nc", "mv_q8_r1_w2_nc", "mv_q8_r1_w4_nc"];
 
 /// The warp-per-row kernel of a family (`[grouped, r1, r1_w2, r1_w4]`)
 /// for `n` activation rows and `warps` per weight row: the grouped kernel
@@ -219,9 +221,6 @@ pub(super) struct MmJobs {
     out: [u64; MAX_MAT_JOBS],
     /// The L2 read-ahead's progress word, or 0 (l2_ahead.rs).
     mark_ptr: u64,
-    /// Norm-ahead's sums of squares (norm_ahead.rs), or 0: the one-row
-    /// matvecs scale their outputs by the norm's 1/rms of them.
-    norm_parts: u64,
     m: [i32; MAX_MAT_JOBS],
     end: [i32; MAX_MAT_JOBS],
     add: i32,
@@ -231,12 +230,8 @@ pub(super) struct MmJobs {
     prefetch: i32,
     /// Job 0's first byte in the step's weight stream, in 256-byte units.
     mark: i32,
-    /// With `norm_parts`: how many 32-blocks the sums cover, and the
-    /// norm's eps.
-    norm_blocks: i32,
-    norm_eps: f32,
 }
-// SAFETY: MmJobs is #[repr(C)] plain data (u64 addresses, i32s and an f32) laid out
+// SAFETY: MmJobs is #[repr(C)] plain data (u64 addresses and i32s) laid out
 // like the kernels' struct MmJobs (8-byte fields first, no pointers into
 // host memory), so it may be copied into a kernel's parameters.
 unsafe impl cudarc::driver::DeviceRepr for MmJobs {}
@@ -259,14 +254,6 @@ impl MmJobs {
     pub(super) fn set_marks(&mut self, ptr: u64, mark: i32) {
         self.mark_ptr = ptr;
         self.mark = mark;
-    }
-
-    /// Makes the one-row matvecs scale their outputs by the 1/rms of the
-    /// `blocks` sums of squares at device address `parts` (norm-ahead).
-    pub(super) fn set_norm(&mut self, parts: u64, blocks: i32, eps: f32) {
-        self.norm_parts = parts;
-        self.norm_blocks = blocks;
-        self.norm_eps = eps;
     }
 
     /// Sets the table's add bits (bit j: job j adds into its output).
@@ -619,18 +606,6 @@ impl CudaBackend {
 mod tests {
     use super::{mv_name, mv_warps, prefetch_wanted, tile_splits, MmJobs, MV_FLOAT, MV_Q8};
     use crate::backend::Mode;
-
-    #[test]
-    fn job_table_layout_matches_the_kernels() {
-        // common.cuh's static_assert pins the size on the device side
-        // (compiled by tests/cuda_nvrtc.rs); the fields are in the same
-        // order there.
-        assert_eq!(std::mem::size_of::<MmJobs>(), 136);
-        assert_eq!(std::mem::offset_of!(MmJobs, norm_parts), 72);
-        assert_eq!(std::mem::offset_of!(MmJobs, m), 80);
-        assert_eq!(std::mem::offset_of!(MmJobs, norm_blocks), 128);
-        assert_eq!(std::mem::offset_of!(MmJobs, norm_eps), 132);
-    }
 
     #[test]
     fn split_sum_jobs_needs_whole_float4s() {

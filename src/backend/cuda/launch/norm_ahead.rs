@@ -12,7 +12,8 @@
 //! consumer, the very next op (a `MatMuls` carrying that norm on that x),
 //! skips `rms_norm_fast` and the quantization and runs the usual one-row
 //! matvec on those blocks, which scales each output by rsqrt(sum / dim +
-//! eps) (MmJobs::norm_parts). Any other op in between drops the pending
+//! eps) (`mv_q8_r1_nc` and its split-row forms: separate entries, so the
+//! plain matvecs keep their code). Any other op in between drops the pending
 //! blocks (`take_norm_ahead` at every op).
 //!
 //! Not the bits of `RmsNorm` then `MatMuls` (the 1/rms is applied after
@@ -21,7 +22,7 @@
 //! graph and the cpu. Not measured on a device yet: off by default.
 
 use super::act_cache::{ActKey, ACT_Q8};
-use super::matmul::{job_table, mm_dims, mv_grid, mv_name, mv_warps, MV_Q8};
+use super::matmul::{job_table, mm_dims, mv_grid, mv_name, mv_warps, MV_Q8_NC};
 use super::{arena3, dev_ptr, dev_ptr_mut};
 use crate::backend::cuda::mem::Dev;
 use crate::backend::cuda::{drv, CudaBackend};
@@ -233,25 +234,28 @@ impl CudaBackend {
         let warps = mv_warps(mode, n, false, k >= 3 * m);
         let (mut table, ctas) = job_table(jobs, 8 / warps, s)?;
         self.l2_record(jobs, &mut table)?;
-        table.set_norm(base + parts_off as u64, i32::try_from(k / 32)?, eps);
         let cfg = mv_grid(n, ctas)?;
-        let name = mv_name(n, warps, MV_Q8);
+        let name = mv_name(n, warps, MV_Q8_NC);
         // The norm's scratch is not written and no arena block is: the
         // cached activations stay what they were.
         let mut b = s.launch_builder(self.func(name)?);
+        let (parts, blocks) = (base + parts_off as u64, i32::try_from(k / 32)?);
         b.arg(&table)
             .arg(&d.ki)
             .arg(&d.rb)
             .arg(&d.tc)
             .arg(&nq)
             .arg(&nds)
-            .arg(&d.ni);
-        // SAFETY: matches mv_q8_r1 and its split-row variants (8 / warps
-        // rows per CTA, as the job table; n = 1): each job's weights hold m
+            .arg(&d.ni)
+            .arg(&parts)
+            .arg(&blocks)
+            .arg(&eps);
+        // SAFETY: matches mv_q8_r1_nc and its split-row variants (8 /
+        // warps rows per CTA, as the job table; n = 1): each job's weights hold m
         // rows of rb bytes and its output m floats (validated); nq / nds
         // hold the k int8 and k / 32 float2 the producer stored for this x
         // (the key matched: same buffer, length, norm weights and eps, and
-        // no op ran between), and the table's norm_parts its k / 32 sums.
+        // no op ran between), and parts its k / 32 sums.
         drv(
             unsafe { b.launch(cfg) },
             "mat_mul: launching mv_q8 (norm-ahead)",
