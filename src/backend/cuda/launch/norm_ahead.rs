@@ -174,8 +174,11 @@ impl CudaBackend {
             Ok(())
         })?;
         self.act_remember(key, &outs);
+        // As d_mat_muls records a warp-per-row matvec.
         self.last_mv_q8
             .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.last_wgmma_rows
+            .store(0, std::sync::atomic::Ordering::Relaxed);
         if let Ok(mut st) = self.norm_ahead.lock() {
             st.key = Some(AheadKey {
                 x: out_ptr,
@@ -262,8 +265,11 @@ impl CudaBackend {
         )?;
         self.norm_ahead_runs
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // As d_mat_muls records a warp-per-row matvec.
         self.last_mv_q8
             .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.last_wgmma_rows
+            .store(0, std::sync::atomic::Ordering::Relaxed);
         Ok(true)
     }
 }
