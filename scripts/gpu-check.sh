@@ -48,6 +48,10 @@ for s in "${steps[@]}"; do
     ops-det) run_step ops-det "$QUIRE" ops --backend cuda --mode deterministic ;;
     ops-fast)
       run_step ops-fast "$QUIRE" ops --backend cuda --mode fast
+      # Norm-ahead's pairs (in the run above) with the consumer's four-warp
+      # form and the producer at one unit per lane in flight.
+      QUIRE_MV_WARPS_LONG=4 run_step ops-fast-ahead-w4 "$QUIRE" ops --backend cuda --mode fast --op norm_ahead
+      QUIRE_CUDA_DEFINES=MV_NA_UNITS=1 run_step ops-fast-ahead-u1 "$QUIRE" ops --backend cuda --mode fast --op norm_ahead
       # The int8 tensor-core matmul (Q4_0/Q4_1/Q8_0, k % 256 == 0) serves
       # every row count past 7, the f16 tile kernel the other types up to
       # 64: cover both at every row count.

@@ -4,7 +4,7 @@
 //! logits bitwise at every step.
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::{Backend, GpuMode, Mode};
+use crate::backend::{GpuMode, Mode};
 use crate::kv::SeqId;
 use crate::opcheck::{self, Status};
 use crate::runner::{LogitsWanted, Runner, RunnerOptions, SeqWork};
@@ -44,19 +44,6 @@ pub struct OpsArgs {
 
 pub fn ops(a: OpsArgs) -> Result<()> {
     let cpu = CpuBackend::new(a.threads)?;
-    let be: Box<dyn Backend> = match a.backend.as_str() {
-        "cuda" => {
-            // Capabilities decide UNSUPPORTED; a device error fails the
-            // case (no cpu fallback: that would compare the cpu with itself).
-            let c = crate::backend::cuda::CudaBackend::new(GpuMode::Auto)
-                .context("quire ops --backend cuda")?
-                .without_fallback();
-            println!("device: {}", c.device_description());
-            Box::new(c)
-        }
-        "cpu-portable" => Box::new(CpuBackend::with_options(Some(1), true)?),
-        other => bail!("unknown backend '{other}' (expected cuda or cpu-portable)"),
-    };
     let opts = opcheck::Options {
         mode: a.mode,
         op_filter: a.op.clone(),
@@ -64,11 +51,33 @@ pub fn ops(a: OpsArgs) -> Result<()> {
         seed: a.seed,
         quick: a.quick,
     };
-    println!(
-        "quire ops: backend {} vs cpu, mode {:?}, seed {}",
-        a.backend, a.mode, a.seed
-    );
-    let res = opcheck::run(be.as_ref(), &cpu, &opts);
+    let header = || {
+        println!(
+            "quire ops: backend {} vs cpu, mode {:?}, seed {}",
+            a.backend, a.mode, a.seed
+        )
+    };
+    let res = match a.backend.as_str() {
+        "cuda" => {
+            // Capabilities decide UNSUPPORTED; a device error fails the
+            // case (no cpu fallback: that would compare the cpu with itself).
+            let mut c = crate::backend::cuda::CudaBackend::new(GpuMode::Auto)
+                .context("quire ops --backend cuda")?
+                .without_fallback();
+            println!("device: {}", c.device_description());
+            header();
+            let mut res = opcheck::run(&c, &cpu, &opts);
+            // Device-op pairs (norm-ahead, `fast` only): after the host-op
+            // grid, which never takes that path.
+            res.extend(opcheck::norm_ahead::run(&mut c, &cpu, &opts));
+            res
+        }
+        "cpu-portable" => {
+            header();
+            opcheck::run(&CpuBackend::with_options(Some(1), true)?, &cpu, &opts)
+        }
+        other => bail!("unknown backend '{other}' (expected cuda or cpu-portable)"),
+    };
     for r in &res {
         println!("{r}");
     }

@@ -60,6 +60,7 @@ mod attention;
 mod elementwise;
 pub(crate) mod mat_muls;
 mod mat_muls_norm;
+pub mod norm_ahead;
 mod rope_kv;
 mod rows;
 
@@ -271,10 +272,59 @@ pub(crate) fn compare(y: &[f32], r: &[f32]) -> Cmp {
 /// random data, so it gets 1e-4.
 pub(crate) fn nmse_bound(op: &str) -> f64 {
     match op {
-        "mat_mul" | "mat_muls" | "mat_muls_norm" => 1e-4,
+        "mat_mul" | "mat_muls" | "mat_muls_norm" | "norm_ahead" => 1e-4,
         "paged_attention" => 1e-5,
         "rms_norm" | "rope" | "swiglu" | "rope_kv_write" => 1e-6,
         _ => 1e-7, // get_rows, add, add_bias, kv_write: pure conversions/adds
+    }
+}
+
+/// A run's result `y` against the reference `r` for `op` in `mode`: guard
+/// bytes, non-finite positions (NaN/Inf in exact mode), bits (exact mode)
+/// and the op's NMSE bound.
+pub(crate) fn graded(
+    op: &'static str,
+    desc: String,
+    mode: Mode,
+    y: &[f32],
+    r: &[f32],
+    guards_ok: bool,
+    perf: Option<(f64, f64, f64)>,
+) -> CaseResult {
+    let c = compare(y, r);
+    let exact = mode == Mode::Exact;
+    let status = if !guards_ok {
+        Status::Fail("guard bytes around the output were overwritten".into())
+    } else if exact && !c.nan_inf_ok {
+        Status::Fail("NaN/Inf positions differ from the reference".into())
+    } else if !c.finite_ok {
+        let (i, a, b) = c.first_diff.unwrap_or((0, 0.0, 0.0));
+        Status::Fail(format!(
+            "non-finite positions differ from the reference (e.g. at {i}: {a:e} vs cpu {b:e})"
+        ))
+    } else if exact && !c.bitwise {
+        let (i, a, b) = c.first_diff.unwrap_or((0, 0.0, 0.0));
+        Status::Fail(format!(
+            "not bitwise equal: first at {i}: {a:e} ({:#010x}) vs cpu {b:e} ({:#010x})",
+            a.to_bits(),
+            b.to_bits()
+        ))
+    } else if c.nmse.is_nan() || c.nmse > nmse_bound(op) {
+        Status::Fail(format!(
+            "nmse {:.3e} over bound {:.1e}",
+            c.nmse,
+            nmse_bound(op)
+        ))
+    } else {
+        Status::Pass
+    };
+    CaseResult {
+        op,
+        desc,
+        status,
+        nmse: c.nmse,
+        bitwise: c.bitwise,
+        perf,
     }
 }
 
@@ -381,41 +431,8 @@ impl Ctx<'_> {
             });
             return;
         }
-        let c = compare(y, r);
-        let exact = self.opts.mode == Mode::Exact;
-        let status = if !guards_ok {
-            Status::Fail("guard bytes around the output were overwritten".into())
-        } else if exact && !c.nan_inf_ok {
-            Status::Fail("NaN/Inf positions differ from the reference".into())
-        } else if !c.finite_ok {
-            let (i, a, b) = c.first_diff.unwrap_or((0, 0.0, 0.0));
-            Status::Fail(format!(
-                "non-finite positions differ from the reference (e.g. at {i}: {a:e} vs cpu {b:e})"
-            ))
-        } else if exact && !c.bitwise {
-            let (i, a, b) = c.first_diff.unwrap_or((0, 0.0, 0.0));
-            Status::Fail(format!(
-                "not bitwise equal: first at {i}: {a:e} ({:#010x}) vs cpu {b:e} ({:#010x})",
-                a.to_bits(),
-                b.to_bits()
-            ))
-        } else if c.nmse.is_nan() || c.nmse > nmse_bound(op) {
-            Status::Fail(format!(
-                "nmse {:.3e} over bound {:.1e}",
-                c.nmse,
-                nmse_bound(op)
-            ))
-        } else {
-            Status::Pass
-        };
-        self.results.push(CaseResult {
-            op,
-            desc,
-            status,
-            nmse: c.nmse,
-            bitwise: c.bitwise,
-            perf,
-        });
+        self.results
+            .push(graded(op, desc, self.opts.mode, y, r, guards_ok, perf));
     }
 
     fn want(&self, op: &str) -> bool {

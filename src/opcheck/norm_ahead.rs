@@ -1,0 +1,320 @@
+//! Parity cases of norm-ahead (cuda, `fast` mode, one row;
+//! launch/norm_ahead.rs): a residual `MatMuls` with `next_norm` (the
+//! producer, `mv_q8_r1_na`) and right after it a `MatMuls` carrying that
+//! norm on that residual (the consumer, `mv_q8_r1_nc` or a split-row
+//! form), run as device ops on device buffers (host ops upload every input
+//! afresh, so no hint could reach the next op), against the cpu's same two
+//! ops: the residual and the consumer's outputs each within the matmul
+//! NMSE bound, non-finite positions equal, guard values around every
+//! output intact, and the norm-ahead path must have run.
+
+use super::{graded, randv, CaseResult, Options, Status, GUARD, SENTINEL_F32};
+use crate::backend::cuda::mem::{Dev, DevMatrix};
+use crate::backend::cuda::CudaBackend;
+use crate::backend::{Backend, MatJob, MatNorm, Mode, Op, OpT, QMatrix};
+use crate::quant::GgmlType;
+use anyhow::{Context, Result};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use std::sync::atomic::Ordering;
+
+/// (dim: the residual's width and the consumer's k, the producer's k, the
+/// consumer's job rows): an o projection into q/k/v at SmolLM2's width (18
+/// blocks), a down projection into gate/up, a 1B-shaped down into q/k/v,
+/// and a consumer with rows long enough (k >= 3 m) for the split-row form.
+const SHAPES: &[(usize, usize, &[usize])] = &[
+    (576, 576, &[64, 16, 16]),
+    (576, 1536, &[192, 192]),
+    (2048, 8192, &[256, 64, 64]),
+    (256, 512, &[64]),
+];
+
+/// Runs the cases with norm-ahead switched on in `cuda` (mode `fast` only:
+/// the path exists nowhere else; other modes get no cases).
+pub fn run(cuda: &mut CudaBackend, cpu: &dyn Backend, opts: &Options) -> Vec<CaseResult> {
+    let mut out = Vec::new();
+    if opts.mode != Mode::Fast
+        || opts
+            .op_filter
+            .as_deref()
+            .is_some_and(|f| !"norm_ahead".contains(f))
+    {
+        return out;
+    }
+    let was = cuda.norm_ahead_on;
+    cuda.norm_ahead_on = true;
+    let mut rng = ChaCha8Rng::seed_from_u64(opts.seed ^ 0x6e6f_726d);
+    use GgmlType::*;
+    let types: &[GgmlType] = if opts.quick {
+        &[Q4_0, Q8_0, Q4_K]
+    } else {
+        &[Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K]
+    };
+    for &ty in types {
+        for &(dim, k_in, rows) in SHAPES {
+            let bs = ty.block_size();
+            if !dim.is_multiple_of(bs) || !k_in.is_multiple_of(bs) {
+                continue; // not a shape of this type
+            }
+            // One more case with a NaN in the residual (every output NaN).
+            let nan_case = ty == Q4_0 && dim == 576 && k_in == 576;
+            for nan in [false, true] {
+                if nan && !nan_case {
+                    continue;
+                }
+                let desc = format!(
+                    "{ty:?} dim={dim} k={k_in} rows={rows:?}{}",
+                    if nan { " NaN" } else { "" }
+                );
+                out.extend(case(cuda, cpu, &mut rng, ty, (dim, k_in, rows), nan, &desc));
+            }
+        }
+    }
+    cuda.norm_ahead_on = was;
+    out
+}
+
+/// A host weight matrix of `ty` over `data` (r rows of c values).
+fn qm(ty: GgmlType, data: &[u8], r: usize, c: usize) -> QMatrix<'_> {
+    QMatrix {
+        ty,
+        rows: r,
+        cols: c,
+        data,
+    }
+}
+
+/// A device buffer of `init` between GUARD sentinel values on each side.
+fn guarded(cuda: &CudaBackend, init: &[f32]) -> Result<cudarc::driver::CudaSlice<f32>> {
+    let mut h = vec![f32::from_bits(SENTINEL_F32); init.len() + 2 * GUARD];
+    h[GUARD..GUARD + init.len()].copy_from_slice(init);
+    cuda.up(&h, "norm_ahead case: a guarded buffer")
+}
+
+/// The body of a guarded buffer (downloaded) and whether its guards held.
+fn body(
+    cuda: &CudaBackend,
+    d: &cudarc::driver::CudaSlice<f32>,
+    len: usize,
+) -> Result<(Vec<f32>, bool)> {
+    let mut h = vec![0f32; len + 2 * GUARD];
+    cuda.down(d, &mut h, "norm_ahead case: downloading")?;
+    let ok = h[..GUARD]
+        .iter()
+        .chain(&h[GUARD + len..])
+        .all(|v| v.to_bits() == SENTINEL_F32);
+    Ok((h[GUARD..GUARD + len].to_vec(), ok))
+}
+
+fn case(
+    cuda: &CudaBackend,
+    cpu: &dyn Backend,
+    rng: &mut ChaCha8Rng,
+    ty: GgmlType,
+    (dim, k_in, rows): (usize, usize, &[usize]),
+    nan: bool,
+    desc: &str,
+) -> Vec<CaseResult> {
+    let fail = |why: String| {
+        ["x", "out"]
+            .iter()
+            .map(|part| CaseResult {
+                op: "norm_ahead",
+                desc: format!("{part}: {desc}"),
+                status: Status::Fail(why.clone()),
+                nmse: f64::NAN,
+                bitwise: false,
+                perf: None,
+            })
+            .collect()
+    };
+    // Inputs: the producer's activations and weights, the residual, the
+    // norm's weights (both signs), the consumer's weights and outputs.
+    let a = randv(rng, k_in, 2.0);
+    let mut x0 = randv(rng, dim, 3.0);
+    if nan {
+        x0[5] = f32::NAN;
+    }
+    let g = randv(rng, dim, 1.5);
+    let eps = 1e-5f32;
+    let quant = |rng: &mut ChaCha8Rng, r: usize, c: usize| {
+        crate::quant::quantize(ty, &randv(rng, r * c, 1.0))
+    };
+    let wp = match quant(rng, dim, k_in) {
+        Ok(w) => w,
+        Err(e) => return fail(format!("quantize: {e}")),
+    };
+    let mut wc = Vec::new();
+    for &m in rows {
+        match quant(rng, m, dim) {
+            Ok(w) => wc.push(w),
+            Err(e) => return fail(format!("quantize: {e}")),
+        }
+    }
+    // The cpu: the residual product, then the normed consumer.
+    let mut x_ref = x0.clone();
+    let mut outs_ref: Vec<Vec<f32>> = rows.iter().map(|&m| vec![0f32; m]).collect();
+    let mut scratch = vec![0f32; dim];
+    let r1 = cpu.run(
+        Op::MatMuls {
+            x: &a,
+            n: 1,
+            jobs: vec![MatJob {
+                w: qm(ty, &wp, dim, k_in),
+                out: &mut x_ref,
+                add: true,
+            }],
+            norm: None,
+            next_norm: None,
+        },
+        Mode::Fast,
+    );
+    let r2 = r1.and_then(|()| {
+        cpu.run(
+            Op::MatMuls {
+                x: &x_ref,
+                n: 1,
+                jobs: wc
+                    .iter()
+                    .zip(outs_ref.iter_mut())
+                    .zip(rows)
+                    .map(|((w, o), &m)| MatJob {
+                        w: qm(ty, w, m, dim),
+                        out: o.as_mut_slice(),
+                        add: false,
+                    })
+                    .collect(),
+                norm: Some(MatNorm {
+                    w: &g,
+                    eps,
+                    out: &mut scratch,
+                }),
+                next_norm: None,
+            },
+            Mode::Fast,
+        )
+    });
+    if let Err(e) = r2 {
+        return fail(format!("cpu reference: {e:#}"));
+    }
+    let before = cuda.norm_ahead_runs.load(Ordering::Relaxed);
+    let dev = device_pair(cuda, (&a, &x0, &g, eps), (&wp, &wc), ty, (dim, k_in, rows));
+    let ((x_dev, x_ok), outs_dev) = match dev {
+        Ok(v) => v,
+        Err(e) => return fail(format!("{e:#}")),
+    };
+    if cuda.norm_ahead_runs.load(Ordering::Relaxed) != before + 1 {
+        return fail("the consumer did not take norm-ahead's blocks (the path did not run)".into());
+    }
+    let mut res = vec![graded(
+        "norm_ahead",
+        format!("x: {desc}"),
+        Mode::Fast,
+        &x_dev,
+        &x_ref,
+        x_ok,
+        None,
+    )];
+    let all_dev: Vec<f32> = outs_dev
+        .iter()
+        .flat_map(|(o, _)| o.iter().copied())
+        .collect();
+    let all_ref: Vec<f32> = outs_ref.concat();
+    let ok = outs_dev.iter().all(|(_, ok)| *ok);
+    res.push(graded(
+        "norm_ahead",
+        format!("out: {desc}"),
+        Mode::Fast,
+        &all_dev,
+        &all_ref,
+        ok,
+        None,
+    ));
+    res
+}
+
+type Pair = ((Vec<f32>, bool), Vec<(Vec<f32>, bool)>);
+
+/// The producer then the consumer as device ops; the residual and the
+/// consumer's outputs downloaded with their guards' state.
+fn device_pair(
+    cuda: &CudaBackend,
+    (a, x0, g, eps): (&[f32], &[f32], &[f32], f32),
+    (wp, wc): (&[u8], &[Vec<u8>]),
+    ty: GgmlType,
+    (dim, k_in, rows): (usize, usize, &[usize]),
+) -> Result<Pair> {
+    let a_d = cuda.up(a, "norm_ahead case: activations")?;
+    let g_d = cuda.up(g, "norm_ahead case: norm weights")?;
+    let mut x_d = guarded(cuda, x0)?;
+    let wp_d = cuda.up_weight(wp, "norm_ahead case: producer weights")?;
+    let wc_d = wc
+        .iter()
+        .map(|w| cuda.up_weight(w, "norm_ahead case: consumer weights"))
+        .collect::<Result<Vec<_>>>()?;
+    let mut outs_d = rows
+        .iter()
+        .map(|&m| guarded(cuda, &vec![0f32; m]))
+        .collect::<Result<Vec<_>>>()?;
+    let mut scratch_d = cuda.up(&vec![0f32; dim], "norm_ahead case: norm scratch")?;
+    Backend::<Dev>::run(
+        cuda,
+        OpT::MatMuls {
+            x: a_d.slice(0..k_in),
+            n: 1,
+            jobs: vec![MatJob {
+                w: DevMatrix {
+                    ty,
+                    rows: dim,
+                    cols: k_in,
+                    data: wp_d.slice(0..wp.len()),
+                },
+                out: x_d.slice_mut(GUARD..GUARD + dim),
+                add: true,
+            }],
+            norm: None,
+            next_norm: Some((g_d.slice(0..dim), eps)),
+        },
+        Mode::Fast,
+    )
+    .context("producer")?;
+    let jobs = outs_d
+        .iter_mut()
+        .zip(&wc_d)
+        .zip(wc)
+        .zip(rows)
+        .map(|(((o, w), h), &m)| MatJob {
+            w: DevMatrix {
+                ty,
+                rows: m,
+                cols: dim,
+                data: w.slice(0..h.len()),
+            },
+            out: o.slice_mut(GUARD..GUARD + m),
+            add: false,
+        })
+        .collect();
+    Backend::<Dev>::run(
+        cuda,
+        OpT::MatMuls {
+            x: x_d.slice(GUARD..GUARD + dim),
+            n: 1,
+            jobs,
+            norm: Some(MatNorm {
+                w: g_d.slice(0..dim),
+                eps,
+                out: scratch_d.slice_mut(0..dim),
+            }),
+            next_norm: None,
+        },
+        Mode::Fast,
+    )
+    .context("consumer")?;
+    let x = body(cuda, &x_d, dim)?;
+    let outs = outs_d
+        .iter()
+        .zip(rows)
+        .map(|(o, &m)| body(cuda, o, m))
+        .collect::<Result<Vec<_>>>()?;
+    Ok((x, outs))
+}
