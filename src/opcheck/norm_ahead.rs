@@ -56,18 +56,13 @@ pub fn run(cuda: &mut CudaBackend, cpu: &dyn Backend, opts: &Options) -> Vec<Cas
             if !dim.is_multiple_of(bs) || !k_in.is_multiple_of(bs) {
                 continue; // not a shape of this type
             }
-            // One more case with a NaN in the residual (every output NaN).
-            let nan_case = ty == Q4_0 && dim == 576 && k_in == 576;
-            for nan in [false, true] {
-                if nan && !nan_case {
-                    continue;
-                }
-                let desc = format!(
-                    "{ty:?} dim={dim} k={k_in} rows={rows:?}{}",
-                    if nan { " NaN" } else { "" }
-                );
-                out.extend(case(cuda, cpu, &mut rng, ty, (dim, k_in, rows), nan, &desc));
-            }
+            // Finite values only: the cpu's canonical quantization reads a
+            // NaN activation as 0 where `fast` propagates it (the harness
+            // feeds NaN to quantized matmuls in exact mode only;
+            // DETERMINISM.md), and an Inf in the residual makes the norm's
+            // products NaN.
+            let desc = format!("{ty:?} dim={dim} k={k_in} rows={rows:?}");
+            out.extend(case(cuda, cpu, &mut rng, ty, (dim, k_in, rows), &desc));
         }
     }
     cuda.norm_ahead_on = was;
@@ -112,7 +107,6 @@ fn case(
     rng: &mut ChaCha8Rng,
     ty: GgmlType,
     (dim, k_in, rows): (usize, usize, &[usize]),
-    nan: bool,
     desc: &str,
 ) -> Vec<CaseResult> {
     let fail = |why: String| {
@@ -131,10 +125,7 @@ fn case(
     // Inputs: the producer's activations and weights, the residual, the
     // norm's weights (both signs), the consumer's weights and outputs.
     let a = randv(rng, k_in, 2.0);
-    let mut x0 = randv(rng, dim, 3.0);
-    if nan {
-        x0[5] = f32::NAN;
-    }
+    let x0 = randv(rng, dim, 3.0);
     let g = randv(rng, dim, 1.5);
     let eps = 1e-5f32;
     let quant = |rng: &mut ChaCha8Rng, r: usize, c: usize| {
