@@ -226,6 +226,21 @@ fn case(
 
 type Pair = ((Vec<f32>, bool), Vec<(Vec<f32>, bool)>);
 
+/// An uploaded weight matrix of `ty` ((rows, cols), `len` bytes of data).
+fn dev_mat(
+    ty: GgmlType,
+    (rows, cols): (usize, usize),
+    d: &cudarc::driver::CudaSlice<u8>,
+    len: usize,
+) -> DevMatrix<'_> {
+    DevMatrix {
+        ty,
+        rows,
+        cols,
+        data: d.slice(0..len),
+    }
+}
+
 /// The producer then the consumer as device ops; the residual and the
 /// consumer's outputs downloaded with their guards' state.
 fn device_pair(
@@ -254,12 +269,7 @@ fn device_pair(
             x: a_d.slice(0..k_in),
             n: 1,
             jobs: vec![MatJob {
-                w: DevMatrix {
-                    ty,
-                    rows: dim,
-                    cols: k_in,
-                    data: wp_d.slice(0..wp.len()),
-                },
+                w: dev_mat(ty, (dim, k_in), &wp_d, wp.len()),
                 out: x_d.slice_mut(GUARD..GUARD + dim),
                 add: true,
             }],
@@ -275,12 +285,7 @@ fn device_pair(
         .zip(wc)
         .zip(rows)
         .map(|(((o, w), h), &m)| MatJob {
-            w: DevMatrix {
-                ty,
-                rows: m,
-                cols: dim,
-                data: w.slice(0..h.len()),
-            },
+            w: dev_mat(ty, (m, dim), w, h.len()),
             out: o.slice_mut(GUARD..GUARD + m),
             add: false,
         })
