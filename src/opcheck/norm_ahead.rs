@@ -8,7 +8,7 @@
 //! NMSE bound, non-finite positions equal, guard values around every
 //! output intact, and the norm-ahead path must have run.
 
-use super::{graded, randv, CaseResult, Options, Status, GUARD, SENTINEL_F32};
+use super::{graded, randv, CaseResult, Guarded, Options, Status, GUARD};
 use crate::backend::cuda::mem::{Dev, DevMatrix};
 use crate::backend::cuda::CudaBackend;
 use crate::backend::{Backend, MatJob, MatNorm, Mode, Op, OpT, QMatrix};
@@ -79,26 +79,25 @@ fn qm(ty: GgmlType, data: &[u8], r: usize, c: usize) -> QMatrix<'_> {
     }
 }
 
-/// A device buffer of `init` between GUARD sentinel values on each side.
+/// A device copy of the harness's guarded buffer of `init` (its body at
+/// GUARD..GUARD + len).
 fn guarded(cuda: &CudaBackend, init: &[f32]) -> Result<cudarc::driver::CudaSlice<f32>> {
-    let mut h = vec![f32::from_bits(SENTINEL_F32); init.len() + 2 * GUARD];
-    h[GUARD..GUARD + init.len()].copy_from_slice(init);
-    cuda.up(&h, "norm_ahead case: a guarded buffer")
+    cuda.up(
+        &Guarded::from(init).buf,
+        "norm_ahead case: a guarded buffer",
+    )
 }
 
-/// The body of a guarded buffer (downloaded) and whether its guards held.
+/// A guarded device buffer of body length `len`, downloaded: its body and
+/// whether its guards held.
 fn body(
     cuda: &CudaBackend,
     d: &cudarc::driver::CudaSlice<f32>,
     len: usize,
 ) -> Result<(Vec<f32>, bool)> {
-    let mut h = vec![0f32; len + 2 * GUARD];
-    cuda.down(d, &mut h, "norm_ahead case: downloading")?;
-    let ok = h[..GUARD]
-        .iter()
-        .chain(&h[GUARD + len..])
-        .all(|v| v.to_bits() == SENTINEL_F32);
-    Ok((h[GUARD..GUARD + len].to_vec(), ok))
+    let mut g = Guarded::new(len);
+    cuda.down(d, &mut g.buf, "norm_ahead case: downloading")?;
+    Ok((g.body().to_vec(), g.guards_ok()))
 }
 
 fn case(

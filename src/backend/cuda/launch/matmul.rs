@@ -476,18 +476,21 @@ impl CudaBackend {
             return Ok(());
         }
         let name = mv_name(n, warps, MV_Q8);
-        self.mat_vec_q8(x, n, jobs, (&d, &table, cfg, name))
+        self.mat_vec_q8(x, n, jobs, (&d, &table, cfg, name), &[])
     }
 
     /// Quantized weights: activations to int8 (quant_q8, unless the arena
     /// holds them), then the warp-per-row dp4a kernel `name` over every
-    /// job, with `mat_vec`'s dimensions, job table and grid.
-    fn mat_vec_q8(
+    /// job, with `mat_vec`'s dimensions, job table and grid. `extra`: the
+    /// kernel's parameters after the common ones (device addresses; only
+    /// norm-ahead's producer `mv_q8_r1_na` has any).
+    pub(super) fn mat_vec_q8(
         &self,
         x: &CudaView<'_, f32>,
         n: usize,
         jobs: &[MatJob<'_, Dev>],
         (d, table, cfg, name): (&MmDims, &MmJobs, LaunchConfig, &str),
+        extra: &[u64],
     ) -> Result<()> {
         let k = jobs[0].w.cols;
         let s = self.stream();
@@ -508,10 +511,14 @@ impl CudaBackend {
                 .arg(&mut *xq)
                 .arg(&mut *xds)
                 .arg(&d.ni);
+            for e in extra {
+                b.arg(e);
+            }
             // SAFETY: matches mv_q8 and its one-row variants (8 / warps
-            // rows per CTA, as the job table); each job's weights hold m
-            // rows of rb bytes (256-byte aligned allocation) and its
-            // output n*m; xq/xds as above.
+            // rows per CTA, as the job table), or with `extra` mv_q8_r1_na
+            // (32 rows per CTA; its caller's SAFETY note covers `extra`);
+            // each job's weights hold m rows of rb bytes (256-byte aligned
+            // allocation) and its output n*m; xq/xds as above.
             drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_q8")?;
             Ok(())
         })?;

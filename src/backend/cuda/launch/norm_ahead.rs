@@ -21,9 +21,8 @@
 //! only; `check-exact --mode fast-norm-ahead` checks it against the plain
 //! graph and the cpu. Not measured on a device yet: off by default.
 
-use super::act_cache::{ActKey, ACT_Q8};
 use super::matmul::{job_table, mm_dims, mv_grid, mv_name, mv_warps, MV_Q8_NC};
-use super::{arena3, dev_ptr, dev_ptr_mut};
+use super::{dev_ptr, dev_ptr_mut};
 use crate::backend::cuda::mem::Dev;
 use crate::backend::cuda::{drv, CudaBackend};
 use crate::backend::{validate, MatJob, Mode, WeightInfo};
@@ -41,12 +40,13 @@ pub(crate) struct AheadKey {
     eps: u32,
 }
 
-/// The pending blocks' key (valid for the next op only) and their buffer:
-/// int8 blocks (dim), block scales (dim / 32 float2), sums of squares
-/// (dim / 32 f32), each at a 256-byte boundary.
+/// The pending blocks' key (valid for the next op only) with their
+/// address in the buffer, and the buffer: int8 blocks (dim), block scales
+/// (dim / 32 float2), sums of squares (dim / 32 f32), each at a 256-byte
+/// boundary.
 #[derive(Default)]
 pub(crate) struct NormAhead {
-    key: Option<AheadKey>,
+    key: Option<(AheadKey, u64)>,
     buf: Option<CudaSlice<u8>>,
 }
 
@@ -66,8 +66,12 @@ fn q8_type(ty: GgmlType) -> bool {
 }
 
 impl CudaBackend {
-    /// The producer's key, taken (so it serves only the op right after).
-    pub(crate) fn take_norm_ahead(&self) -> Option<AheadKey> {
+    /// The producer's key and the blocks' address, taken (so they serve
+    /// only the op right after). Off, no producer ever sets them.
+    pub(crate) fn take_norm_ahead(&self) -> Option<(AheadKey, u64)> {
+        if !self.norm_ahead_on {
+            return None;
+        }
         self.norm_ahead.lock().ok().and_then(|mut s| s.key.take())
     }
 
@@ -131,61 +135,39 @@ impl CudaBackend {
             return Ok(false);
         };
         let (ds_off, parts_off, _) = layout(m);
-        let (nq, nds, nparts) = (base, base + ds_off as u64, base + parts_off as u64);
         let s = self.stream();
         let (mut table, ctas) = job_table(jobs, 32, s)?;
         self.l2_record(jobs, &mut table)?;
         let out_ptr = dev_ptr_mut(&jobs[0].out, s);
-        let outs = Self::out_ranges(jobs, s);
         let g_ptr = dev_ptr(g, s);
         let cfg = LaunchConfig {
             grid_dim: (1, ctas, 1),
             block_dim: (1024, 1, 1),
             shared_mem_bytes: 0,
         };
-        // The input's int8 blocks, as mat_vec_q8 makes them.
-        let nblk = k / 32;
-        let mut guard = self.arena(&[k, nblk * 8, 0])?;
-        let key = ActKey::new(x, k, ACT_Q8, s);
-        let cached = self.act_cached(key);
-        arena3::<i8, f32, u8, ()>(&mut guard, (k, nblk * 2, 0), |xq, xds, _| {
-            if !cached {
-                self.quant_q8(x, nblk, xq, xds)?;
-            }
-            let mut b = s.launch_builder(self.func("mv_q8_r1_na")?);
-            b.arg(&table)
-                .arg(&d.ki)
-                .arg(&d.rb)
-                .arg(&d.tc)
-                .arg(&mut *xq)
-                .arg(&mut *xds)
-                .arg(&d.ni)
-                .arg(&g_ptr)
-                .arg(&nq)
-                .arg(&nds)
-                .arg(&nparts);
-            // SAFETY: matches mv_q8_r1_na: one job of m rows (a multiple
-            // of 32: 32 per CTA, m / 32 CTAs) of rb bytes each, adding
-            // into its output of m floats (n = 1, validated); xq/xds the
-            // input's k int8 and k / 32 float2; g holds m floats; nq, nds
-            // and nparts point into the norm-ahead buffer laid out for m
-            // (layout): m bytes, m / 32 float2 and m / 32 floats.
-            drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_q8_r1_na")?;
-            Ok(())
-        })?;
-        self.act_remember(key, &outs);
+        // SAFETY (of the launch in mat_vec_q8, for the `extra` arguments):
+        // mv_q8_r1_na takes one job of m rows (a multiple of 32: 32 per
+        // CTA, m / 32 CTAs) adding into its output of m floats (n = 1,
+        // validated), then g (m floats) and nq, nds, nparts pointing into
+        // the norm-ahead buffer laid out for m (`layout`): m bytes, m / 32
+        // float2 and m / 32 floats.
+        let extra = [g_ptr, base, base + ds_off as u64, base + parts_off as u64];
+        self.mat_vec_q8(x, n, jobs, (&d, &table, cfg, "mv_q8_r1_na"), &extra)?;
         // As d_mat_muls records a warp-per-row matvec.
         self.last_mv_q8
             .store(true, std::sync::atomic::Ordering::Relaxed);
         self.last_wgmma_rows
             .store(0, std::sync::atomic::Ordering::Relaxed);
         if let Ok(mut st) = self.norm_ahead.lock() {
-            st.key = Some(AheadKey {
-                x: out_ptr,
-                len: m,
-                w: g_ptr,
-                eps: eps.to_bits(),
-            });
+            st.key = Some((
+                AheadKey {
+                    x: out_ptr,
+                    len: m,
+                    w: g_ptr,
+                    eps: eps.to_bits(),
+                },
+                base,
+            ));
         }
         Ok(true)
     }
@@ -203,9 +185,11 @@ impl CudaBackend {
         n: usize,
         jobs: &mut [MatJob<'_, Dev>],
         mode: Mode,
-        ahead: Option<AheadKey>,
+        ahead: Option<(AheadKey, u64)>,
     ) -> Result<bool> {
-        let Some(key) = ahead else { return Ok(false) };
+        let Some((key, base)) = ahead else {
+            return Ok(false);
+        };
         let s = self.stream();
         let k = jobs.first().map_or(0, |j| j.w.cols);
         let here = AheadKey {
@@ -227,9 +211,6 @@ impl CudaBackend {
             .map(|j| (&j.w as &dyn WeightInfo, j.out.len()))
             .collect();
         validate::mat_muls(x.len(), n, &shapes).context("mat_muls (norm-ahead consumer)")?;
-        let Some(base) = self.norm_ahead_buf(k)? else {
-            return Ok(false);
-        };
         let (ds_off, parts_off, _) = layout(k);
         let (nq, nds) = (base, base + ds_off as u64);
         let d = mm_dims(&jobs[0].w, n)?;
