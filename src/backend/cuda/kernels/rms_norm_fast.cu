@@ -1,17 +1,20 @@
 // RMS norm for the fast and deterministic modes (not the canonical
-// arithmetic: FMA partial sums, a shuffle tree, rsqrtf). One block of 256
-// threads per row. Each row depends only on itself in a fixed order:
-// batch-invariant.
+// arithmetic: FMA partial sums, a shuffle tree, rsqrtf). One block per
+// row, of a thread count that is a function of dim alone (launch/mod.rs,
+// rms_fast_threads: one float4 per thread up to 1,024 threads, so a 4,096
+// row is one round of loads in each phase instead of four dependent ones).
+// Each row depends only on itself in a fixed order: batch-invariant.
 
-// The scale of one row xr (dim,) held by a whole CTA of 256 threads:
-// thread t sums x² over e = t, t + 256, ... (vec4: over float4s, their
-// four values in order) with fmaf, warps reduce by a fixed xor tree and
-// thread 0 adds the 8 warp sums in order; scale = rsqrtf(sum / dim + eps).
+// The scale of one row xr (dim,) held by a whole CTA of B threads (a
+// multiple of 32, at most 1,024): thread t sums x² over e = t, t + B, ...
+// (vec4: over float4s, their four values in order) with fmaf, warps reduce
+// by a fixed xor tree and thread 0 adds the B / 32 warp sums in order;
+// scale = rsqrtf(sum / dim + eps).
 // Returns the scale to every thread; contains barriers, so every thread
 // must call it.
 __device__ __forceinline__ float rms_fast_scale(const float* __restrict__ xr, int dim, float eps,
                                                 bool vec4) {
-    __shared__ float part[8];
+    __shared__ float part[32];
     __shared__ float scale_s;
     float s = 0.0f;
     if (vec4) {
@@ -70,8 +73,10 @@ __device__ __forceinline__ void rms_fast_out_v4(const float* __restrict__ xr,
 }
 
 // vec4 (x, w, out 16-byte aligned and dim a multiple of 4): thread t owns
-// the float4s t, t + 256, ..., so a 4096-wide row is one round of loads
-// (the scalar loop took four dependent rounds: ~16 us under ncu).
+// the float4s t, t + B, ... (the scalar loop took four dependent rounds
+// of a 4096-wide row: ~16 us under ncu; 256 threads of float4s took four
+// in the output loop, whose loads cannot pass the previous float4's
+// stores: 6.1 us under ncu on an H200, 2026-11-27).
 // With xq non-null (vec4, dim a multiple of 32): the output is also
 // quantized as quant_q8 would (q8_block; a 32-block is 8 consecutive
 // float4s, so 8 consecutive lanes), for the matmul that reads it next.

@@ -397,7 +397,7 @@ impl CudaBackend {
                 let rows = n.div_ceil(256) * 256;
                 let cfg = LaunchConfig {
                     grid_dim: (u32::try_from(rows)?, 1, 1),
-                    block_dim: (256, 1, 1),
+                    block_dim: (rms_fast_threads(dim, true), 1, 1),
                     shared_mem_bytes: 0,
                 };
                 let mut b = self
@@ -420,7 +420,7 @@ impl CudaBackend {
             }
             let cfg = LaunchConfig {
                 grid_dim: (u32::try_from(n)?, 1, 1),
-                block_dim: (256, 1, 1),
+                block_dim: (rms_fast_threads(dim, vec4 == 1), 1, 1),
                 shared_mem_bytes: 0,
             };
             let mut b = self.stream().launch_builder(self.func("rms_norm_fast")?);
@@ -790,6 +790,53 @@ impl CudaBackend {
         // >= n_cells, so every write is inside the cache.
         drv(unsafe { b.launch(cfg) }, "kv_write: launch")?;
         Ok(())
+    }
+}
+
+/// Threads of an `rms_norm_fast` / `rms_norm_fast_f16wr` CTA (one per
+/// row): with float4 rows, one float4 per thread up to 1,024 threads (a
+/// multiple of 32, at least one warp), else 256. A function of `dim`
+/// alone, the same for both kernels, so a row's sum order, and with it
+/// its bits, never depends on the batch or on which kernel ran it.
+/// QUIRE_RMS_THREADS fixes the vec4 count (a multiple of 32 up to 1,024;
+/// 256 was the rule until 2026-11-27, for comparisons).
+fn rms_fast_threads(dim: usize, vec4: bool) -> u32 {
+    static V: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    let fixed = *V.get_or_init(|| {
+        std::env::var("QUIRE_RMS_THREADS")
+            .ok()
+            .and_then(|v| v.parse::<u32>().ok())
+            .filter(|t| *t > 0 && t.is_multiple_of(32) && *t <= 1024)
+    });
+    rms_threads_rule(dim, vec4, fixed)
+}
+
+fn rms_threads_rule(dim: usize, vec4: bool, fixed: Option<u32>) -> u32 {
+    if !vec4 {
+        return 256;
+    }
+    if let Some(t) = fixed {
+        return t;
+    }
+    // dim / 4 float4s, rounded up to whole warps: at most 1,024.
+    (dim / 4).next_multiple_of(32).clamp(32, 1024) as u32
+}
+
+#[cfg(test)]
+mod rms_threads_tests {
+    use super::rms_threads_rule;
+
+    #[test]
+    fn one_float4_per_thread_up_to_1024() {
+        // SmolLM2, the 1B, the 8B, a 14336-wide row, a tiny one.
+        assert_eq!(rms_threads_rule(576, true, None), 160);
+        assert_eq!(rms_threads_rule(2048, true, None), 512);
+        assert_eq!(rms_threads_rule(4096, true, None), 1024);
+        assert_eq!(rms_threads_rule(14336, true, None), 1024);
+        assert_eq!(rms_threads_rule(64, true, None), 32);
+        assert_eq!(rms_threads_rule(4096, false, None), 256);
+        assert_eq!(rms_threads_rule(4096, true, Some(256)), 256);
+        assert_eq!(rms_threads_rule(4096, false, Some(512)), 256);
     }
 }
 
