@@ -20,7 +20,9 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
     for (int e = l; e < dim; e += 32) o[e] = q_mul(q_mul(xr[e], scale), w[e]);
 }
 
-// The same arithmetic with one block of 256 threads per row: all threads
+// The same arithmetic with one block per row (launch/mod.rs, rms_threads:
+// a float4 per thread up to 1,024 threads; the bits do not depend on the
+// count): all threads
 // stage x·x in shared memory (dynamic, dim floats) with many loads in
 // flight, warp 0 sums it in the canonical order (lane l adds e = l, l + 32,
 // ... sequentially, then the 32-lane tree), and all threads write the

@@ -397,7 +397,7 @@ impl CudaBackend {
                 let rows = n.div_ceil(256) * 256;
                 let cfg = LaunchConfig {
                     grid_dim: (u32::try_from(rows)?, 1, 1),
-                    block_dim: (rms_fast_threads(dim, true), 1, 1),
+                    block_dim: (rms_threads(dim, true), 1, 1),
                     shared_mem_bytes: 0,
                 };
                 let mut b = self
@@ -420,7 +420,7 @@ impl CudaBackend {
             }
             let cfg = LaunchConfig {
                 grid_dim: (u32::try_from(n)?, 1, 1),
-                block_dim: (rms_fast_threads(dim, vec4 == 1), 1, 1),
+                block_dim: (rms_threads(dim, vec4 == 1), 1, 1),
                 shared_mem_bytes: 0,
             };
             let mut b = self.stream().launch_builder(self.func("rms_norm_fast")?);
@@ -447,7 +447,7 @@ impl CudaBackend {
         if dim * 4 <= 48 * 1024 {
             let cfg = LaunchConfig {
                 grid_dim: (u32::try_from(n)?, 1, 1),
-                block_dim: (256, 1, 1),
+                block_dim: (rms_threads(dim, vec4 == 1), 1, 1),
                 shared_mem_bytes: (dim * 4) as u32,
             };
             let mut b = self.stream().launch_builder(self.func("rms_norm_block")?);
@@ -793,14 +793,18 @@ impl CudaBackend {
     }
 }
 
-/// Threads of an `rms_norm_fast` / `rms_norm_fast_f16wr` CTA (one per
-/// row): with float4 rows, one float4 per thread up to 1,024 threads (a
-/// multiple of 32, at least one warp), else 256. A function of `dim`
-/// alone, the same for both kernels, so a row's sum order, and with it
-/// its bits, never depends on the batch or on which kernel ran it.
-/// QUIRE_RMS_THREADS fixes the vec4 count (a multiple of 32 up to 1,024;
-/// 256 was the rule until 2026-11-27, for comparisons).
-fn rms_fast_threads(dim: usize, vec4: bool) -> u32 {
+/// Threads of an `rms_norm_fast` / `rms_norm_fast_f16wr` / `rms_norm_block`
+/// CTA (one per row): with float4 rows, one float4 per thread up to 1,024
+/// threads (a multiple of 32, at least one warp), else 256, so each
+/// phase is one round of loads for rows up to 4,096 (256 threads took
+/// four dependent rounds in the output loop: 6.1 us for a 4,096 row
+/// under ncu on an H200). A function of `dim` alone, the same for the
+/// two fast kernels, so a fast row's sum order, and with it its bits,
+/// never depends on the batch or on which kernel ran it;
+/// `rms_norm_block`'s canonical order does not depend on its thread
+/// count at all. QUIRE_RMS_THREADS fixes the vec4 count (a multiple of 32
+/// up to 1,024; 256 was the rule until 2026-11-27, for comparisons).
+fn rms_threads(dim: usize, vec4: bool) -> u32 {
     static V: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
     let fixed = *V.get_or_init(|| {
         std::env::var("QUIRE_RMS_THREADS")
