@@ -12,8 +12,12 @@ summed and mean duration, DRAM bytes and the rate they moved at. With
 `--step-us` (the step's wall time from `quire bench`, 1e6 / tokens/s) it
 also prints how much of the step the kernels' own durations cover: ncu
 runs each kernel alone (serialized), so the rest is what launches, graph
-edges and waits between kernels cost, and overlap (PDL, the L2
-read-ahead branch) makes it smaller, never larger. With `--bw` and
+edges and waits between kernels cost, less what consecutive kernels
+overlap in the graph (programmatic dependent launch): on an H200 the
+rest came out negative (2026-11-27: the kernels alone took 1.6x to 4.8x
+the wall time). Kernels of a side branch (`--side`, default l2_ahead:
+the L2 read-ahead, which runs beside the whole step) are listed but
+left out of the sums. With `--bw` and
 `--model-bytes`, each row's share of the step's byte roofline.
 """
 import argparse
@@ -64,7 +68,13 @@ def main():
     ap.add_argument("--step-us", type=float)
     ap.add_argument("--bw", type=float, help="copy bandwidth, TB/s (read + write)")
     ap.add_argument("--model-bytes", type=float)
+    ap.add_argument(
+        "--side",
+        default="l2_ahead",
+        help="comma-separated kernels of a side branch (listed, left out of the chain's sums)",
+    )
     a = ap.parse_args()
+    side = {n for n in a.side.split(",") if n}
     rows = load(a.csv)
     starts = [i for i, r in enumerate(rows) if r[0] == a.start]
     if len(starts) < 2:
@@ -77,23 +87,30 @@ def main():
         p[1] += ns
         p[2] += rd
         p[3] += wr
-    total_ns = sum(p[1] for p in per.values())
-    total_b = sum(p[2] + p[3] for p in per.values())
+    # A side branch (the L2 read-ahead) runs beside the chain for the
+    # whole step: under ncu it runs alone and its time is its patience,
+    # not a cost of the chain, so the sums below leave it out.
+    chain = {n: p for n, p in per.items() if n not in side}
+    n_chain = sum(p[0] for p in chain.values())
+    total_ns = sum(p[1] for p in chain.values())
+    total_b = sum(p[2] + p[3] for p in chain.values())
     print(f"one step: {len(step)} kernels (launches {starts[-2]}..{starts[-1] - 1} of {len(rows)})\n")
     print("| kernel | launches | us (sum) | us (mean) | share | DRAM MB | GB/s |")
     print("|---|---|---|---|---|---|---|")
     for name, (cnt, ns, rd, wr) in sorted(per.items(), key=lambda kv: -kv[1][1]):
         gbs = (rd + wr) / ns if ns else 0.0
+        share = "side" if name in side else f"{ns / total_ns:.1%}"
         print(
-            f"| {name} | {cnt} | {ns / 1e3:,.1f} | {ns / 1e3 / cnt:.2f} | {ns / total_ns:.1%} "
+            f"| {name} | {cnt} | {ns / 1e3:,.1f} | {ns / 1e3 / cnt:.2f} | {share} "
             f"| {(rd + wr) / 1e6:,.1f} | {gbs:,.0f} |"
         )
-    print(f"| all | {len(step)} | {total_ns / 1e3:,.1f} | | | {total_b / 1e6:,.1f} | {total_b / total_ns if total_ns else 0:,.0f} |")
+    print(f"| chain | {n_chain} | {total_ns / 1e3:,.1f} | | | {total_b / 1e6:,.1f} | {total_b / total_ns if total_ns else 0:,.0f} |")
     if a.step_us:
         print(
             f"\nstep wall time {a.step_us:,.1f} us; kernels alone {total_ns / 1e3:,.1f} us "
             f"({total_ns / 1e3 / a.step_us:.1%}); the rest {a.step_us - total_ns / 1e3:,.1f} us "
-            f"({(a.step_us - total_ns / 1e3) / len(step) * 1e3:,.0f} ns per launch)"
+            f"({(a.step_us - total_ns / 1e3) / n_chain * 1e3:,.0f} ns per launch; "
+            "negative: consecutive kernels overlap in the graph, by programmatic dependent launch)"
         )
     if a.bw and a.model_bytes:
         roof_us = a.model_bytes / (a.bw * 1e12) * 1e6
