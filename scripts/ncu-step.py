@@ -14,8 +14,8 @@ also prints how much of the step the kernels' own durations cover: ncu
 runs each kernel alone (serialized), so the rest is what launches, graph
 edges and waits between kernels cost, less what consecutive kernels
 overlap in the graph (programmatic dependent launch): on an H200 the
-rest came out negative (2026-11-27: the kernels alone took 1.6x to 4.8x
-the wall time). Kernels of a side branch (`--side`, default l2_ahead:
+rest came out negative (2026-11-27: the chain's kernels alone took
+1.26x (8B Q4_0) to 1.62x (SmolLM2) the wall time). Kernels of a side branch (`--side`, default l2_ahead:
 the L2 read-ahead, which runs beside the whole step) are listed but
 left out of the sums. With `--bw` and
 `--model-bytes`, each row's share of the step's byte roofline.
