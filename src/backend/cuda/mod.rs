@@ -123,6 +123,10 @@ pub struct CudaBackend {
     /// next one of the same row count will): swiglu's row count is not
     /// part of its op.
     pub(crate) last_mv_q8: std::sync::atomic::AtomicBool,
+    /// Whether the last `exact` matmul quantized its activations with
+    /// quant_act32 (32-block weights): the norm, swiglu and attention then
+    /// write those activations themselves (launch::canon_out).
+    pub(crate) last_canon32: std::sync::atomic::AtomicBool,
     /// The row count of the last matmul if it ran the wgmma prefill GEMM,
     /// else 0 (the next one of those rows likely will): the norm, swiglu
     /// and prefill attention then write its f16 activations themselves
@@ -447,7 +451,7 @@ impl CudaBackend {
                 }
                 // The exact kernel's clusters (attention_exact.rs):
                 // static shared memory only.
-                if clusters && e == "paged_attention_par" {
+                if clusters && (e == "paged_attention_par" || e == "paged_attention_par2") {
                     let threads = launch::att_ex_threads() as usize;
                     for c in 2..=launch::ATT_EX_CLUSTER_MAX {
                         match launch::max_active_clusters(&f, &stream, 0, c, threads) {
@@ -502,6 +506,7 @@ impl CudaBackend {
             norm_ahead: Mutex::new(launch::NormAhead::default()),
             norm_ahead_runs: std::sync::atomic::AtomicU64::new(0),
             last_mv_q8: std::sync::atomic::AtomicBool::new(false),
+            last_canon32: std::sync::atomic::AtomicBool::new(false),
             last_wgmma_rows: std::sync::atomic::AtomicUsize::new(0),
             pinned: logits::PinnedPool::default(),
             dev: Device {

@@ -569,6 +569,106 @@ __device__ __forceinline__ void q8_block(const float* v, int gl, signed char* __
     }
 }
 
+// quant_act32's arithmetic (matmul.cu: canon::quantize_block with the
+// 16-bit range QUIRE_ACT_QMAX) for one 32-block of activations held by a
+// group of 32 / V consecutive lanes with V values each: d = amax / QMAX
+// (a NaN counts as 0 in the maximum), q = round half away of v * (1 / d)
+// clamped to +-QMAX, NaN -> 0. q: this lane's V values' place in the
+// (n, k) i16 rows; blk: the block's index among the buffer's nblk blocks;
+// d[blk] = d; s[blk] = d * sum(q) and, nblk floats further, sum(q) as int
+// bits (exact_isums). The maximum and the integer sum do not depend on
+// order, so whichever kernel produced the values (the quantizer, a norm,
+// swiglu, attention) writes the same bytes. Every lane of the group must
+// call it together.
+// One value of canon_act_block: round half away of v * id, clamped to
+// +-QMAX; NaN -> 0.
+__device__ __forceinline__ short canon_q(float v, float id) {
+    float r = q_round_away(q_mul(v, id));
+    if (q_isnan(r)) return 0;
+    r = fminf(fmaxf(r, -QUIRE_ACT_QMAX), QUIRE_ACT_QMAX);
+    return (short)(int)r;
+}
+
+template <int V>
+__device__ __forceinline__ void canon_act_block(const float* v, short* __restrict__ q,
+                                                float* __restrict__ d, float* __restrict__ s,
+                                                long long nblk, long long blk) {
+    constexpr int G = 32 / V;
+    int lane = threadIdx.x & 31;
+    unsigned mask = G == 32 ? 0xffffffffu : (((1u << G) - 1u) << (lane & ~(G - 1)));
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < V; i++) amax = q_max(amax, fabsf(v[i]));
+#pragma unroll
+    for (int o = G / 2; o >= 1; o >>= 1) amax = q_max(amax, __shfl_xor_sync(mask, amax, o));
+    float db = q_div(amax, QUIRE_ACT_QMAX);
+    float id = (db == 0.0f) ? 0.0f : q_div(1.0f, db);
+    short qv[V];
+    int sum = 0;
+#pragma unroll
+    for (int i = 0; i < V; i++) {
+        qv[i] = canon_q(v[i], id);
+        sum += qv[i];
+    }
+    if (V == 4)
+        *(uint2*)q = make_uint2((u32)(u16)qv[0] | ((u32)(u16)qv[1 % V] << 16),
+                                (u32)(u16)qv[2 % V] | ((u32)(u16)qv[3 % V] << 16));
+    else
+#pragma unroll
+        for (int i = 0; i < V; i++) q[i] = qv[i];
+#pragma unroll
+    for (int o = G / 2; o >= 1; o >>= 1) sum += __shfl_xor_sync(mask, sum, o);
+    if ((lane & (G - 1)) == 0) {
+        d[blk] = db;
+        s[blk] = q_mul(db, __int2float_rn(sum));
+        ((int*)(s + nblk))[blk] = sum;
+    }
+}
+
+// canon_act_block<1> for the first nu (<= U, warp-uniform) of U blocks
+// whose value l lane l holds (v[u]: block blk0 + u, its values at q + 32 u
+// + l), their reductions interleaved (independent shuffles in flight
+// together; the same operations per block, so the same bytes). The whole
+// warp calls it.
+template <int U>
+__device__ __forceinline__ void canon_act_blocks32(const float* v, int nu, short* __restrict__ q,
+                                                   float* __restrict__ d, float* __restrict__ s,
+                                                   long long nblk, long long blk0) {
+    int lane = threadIdx.x & 31;
+    float amax[U];
+    int sum[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) amax[u] = q_max(0.0f, fabsf(v[u]));
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1)
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (u < nu) amax[u] = q_max(amax[u], __shfl_xor_sync(0xffffffffu, amax[u], o));
+    float db[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        if (u >= nu) break;
+        db[u] = q_div(amax[u], QUIRE_ACT_QMAX);
+        float id = (db[u] == 0.0f) ? 0.0f : q_div(1.0f, db[u]);
+        short qv = canon_q(v[u], id);
+        q[32 * u + lane] = qv;
+        sum[u] = qv;
+    }
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1)
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (u < nu) sum[u] += __shfl_xor_sync(0xffffffffu, sum[u], o);
+    if (lane == 0)
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (u >= nu) break;
+            d[blk0 + u] = db[u];
+            s[blk0 + u] = q_mul(db[u], __int2float_rn(sum[u]));
+            ((int*)(s + nblk))[blk0 + u] = sum[u];
+        }
+}
+
 // f32 -> f16 bits for the KV cache, round to nearest even. NaN keeps its
 // sign and top payload bits, quieted (as the `half` crate).
 __device__ __forceinline__ u16 kv_f16(float x) {

@@ -34,9 +34,14 @@ impl ActKey {
         ActKey {
             ptr: dev_ptr(x, s),
             len: x.len(),
-            // quant_q8's blocks are 32 consecutive values of the buffer,
-            // whatever its row length (a multiple of 32).
-            k: if layout == ACT_Q8 { 0 } else { k },
+            // quant_q8's and quant_act32's blocks are 32 consecutive
+            // values of the buffer, whatever its row length (a multiple of
+            // 32), and their arrays' offsets depend on its length alone.
+            k: if layout == ACT_Q8 || layout == ACT_CANON {
+                0
+            } else {
+                k
+            },
             layout,
         }
     }
@@ -133,6 +138,45 @@ impl CudaBackend {
         Ok(Some((key, xq, xds)))
     }
 
+    /// For rms_norm, swiglu or attention about to write activations `out`
+    /// in `exact` mode: where the next matmul would quantize them with
+    /// quant_act32 (the last exact matmul took 32-block weights, which
+    /// always do), the cache key to record once the producer is queued and
+    /// the arena addresses (qs, d, s) it fills instead with quant_act32's
+    /// bytes (canon_act_block). The layout is mat_muls_exact's for
+    /// `out.len()` values (it does not depend on the row length).
+    /// QUIRE_PREQUANT=0 turns this off.
+    pub(crate) fn canon_out(
+        &self,
+        out: &CudaViewMut<'_, f32>,
+        mode: Mode,
+    ) -> Result<Option<(ActKey, u64, u64, u64)>> {
+        let len = out.len();
+        if !self.prequant
+            || mode != Mode::Exact
+            || len == 0
+            || !len.is_multiple_of(32)
+            || !self
+                .last_canon32
+                .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return Ok(None);
+        }
+        let s = self.stream();
+        let nb = len / 32;
+        let mut guard = self.arena(&canon_arena(len))?;
+        let (q, d, a) = arena3::<i16, f32, f32, _>(&mut guard, (len, nb, 2 * nb), |q, d, a| {
+            Ok((dev_ptr_mut(q, s), dev_ptr_mut(d, s), dev_ptr_mut(a, s)))
+        })?;
+        let key = ActKey {
+            ptr: dev_ptr_mut(out, s),
+            len,
+            k: 0,
+            layout: ACT_CANON,
+        };
+        Ok(Some((key, q, d, a)))
+    }
+
     /// For rms_norm, swiglu or the prefill attention about to write
     /// activations `out` (n rows of k) in `fast` mode: where the next
     /// matmul of `out` would convert it with to_f16_wr for the wgmma
@@ -213,6 +257,14 @@ impl CudaBackend {
             .map(|j| (dev_ptr_mut(&j.out, s), j.out.len()))
             .collect()
     }
+}
+
+/// The arena's regions (bytes) for `len` activations quantized canonically:
+/// the 16-bit values, one scale per 32-block, then per block its scale
+/// times its integer sum and the integer sum itself (quant_act32).
+pub(super) fn canon_arena(len: usize) -> [usize; 3] {
+    let nb = len / 32;
+    [len * 2, nb * 4, 2 * nb * 4]
 }
 
 /// Whether `a_len` f32 values at device address `a` and `b_len` at `b`

@@ -70,6 +70,23 @@ fn two_per_sm(pairs: usize, sms: usize) -> bool {
     set.unwrap_or(pairs > sms)
 }
 
+/// The form beside the L2 read-ahead branch (launch/l2_ahead.rs), whose
+/// CTAs stay resident for the whole step (QUIRE_ATT_EX_L2, for A/B runs;
+/// the same bits): 0: as without it (clusters of `paged_attention_par`,
+/// one CTA per SM, which cannot share an SM with a read-ahead CTA); 1: no
+/// clusters; 2 (default): clusters of `paged_attention_par2` (two CTAs per
+/// SM: room beside a read-ahead CTA).
+fn l2_form() -> u8 {
+    static V: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("QUIRE_ATT_EX_L2")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|v| *v <= 2)
+            .unwrap_or(2)
+    })
+}
+
 impl CudaBackend {
     /// Exact attention, arguments validated by `d_attention`. One warp per
     /// (row, head) while every row is before position 128 (part_ctas 1:
@@ -96,6 +113,14 @@ impl CudaBackend {
         out: &mut CudaViewMut<'_, f32>,
     ) -> Result<()> {
         let pairs = batch.n_rows * nhi as usize;
+        // The o projection's canonical 16-bit activations, written by the
+        // kernel's last warp (a head's 32 dims per block).
+        let pre = if hdi % 32 == 0 && out.len() == pairs * hdi as usize {
+            self.canon_out(out, crate::backend::Mode::Exact)?
+        } else {
+            None
+        };
+        let canon = pre.map_or([0u64; 3], |(_, q, d, a)| [q, d, a]);
         // Short rows in a launch of more pairs than SMs: one warp each
         // (8-warp CTAs whose rows have one or two chunks leave most
         // warps idle and cost more there); else the 8-warp kernel, whose
@@ -105,12 +130,19 @@ impl CudaBackend {
         // 8.7, 28.9 / 9.0; B8 (256 pairs): 6.5 / 10.3, 15.3 / 14.2, 29.4
         // / 15.4; 8B Q4_0 exact tg128 278.6 -> 290.3 tok/s.
         let one_warp = batch.part_ctas <= 1 && pairs > self.sm_count() && one_warp_wanted();
+        let form = if !one_warp && self.l2_branch_live()? {
+            l2_form()
+        } else {
+            0
+        };
         let (kernel, threads) = if one_warp {
             ("paged_attention", 32)
+        } else if form == 2 {
+            ("paged_attention_par2", att_ex_threads())
         } else {
             ("paged_attention_par", att_ex_threads())
         };
-        let csize = if one_warp {
+        let csize = if one_warp || form == 1 {
             1
         } else if let Some(s) = forced_cluster() {
             if s > 1 && self.att_clusters(kernel, s) > 0 {
@@ -153,32 +185,44 @@ impl CudaBackend {
                 .ptr(q.device_ptr(s).0)
                 .i32(nri)
                 .att_shared((nhi, nkvi, hdi, bsi), scale, cache, batch, s)
-                .ptr(out.device_ptr(s).0);
+                .ptr(out.device_ptr(s).0)
+                .ptr(canon[0])
+                .ptr(canon[1])
+                .ptr(canon[2]);
             // SAFETY: paged_attention_par's arguments in order and C
             // types, the same buffers and bounds as attention_rowhead's; the
             // cluster (csize, 1, 1) divides the grid (pairs * csize CTAs),
             // and the device holds such clusters (att_clusters > 0:
             // counted at load, on sm_90+ only).
-            return unsafe {
+            unsafe {
                 self.launch_clustered(kernel, cfg, (u32::try_from(csize)?, 1, 1), &mut a.params())
-            };
+            }?;
+        } else {
+            // SAFETY: paged_attention takes 32 threads, paged_attention_par
+            // / _par2 att_ex_threads (their launch bound); all three take
+            // the op's arguments, validated by d_attention, then the three
+            // canon pointers (ATT_EXACT_PARAMS): null, or (head_dim a
+            // multiple of 32) arena regions of n_rows*n_heads*head_dim i16
+            // and 1 and 2 floats per 32 of them (canon_out).
+            unsafe {
+                self.attention_rowhead(
+                    kernel,
+                    pairs,
+                    threads,
+                    q,
+                    (nri, nhi, nkvi, hdi, bsi),
+                    scale,
+                    cache,
+                    batch,
+                    out,
+                    &canon,
+                )
+            }?;
         }
-        // SAFETY: paged_attention takes 32 threads, paged_attention_par /
-        // _par2 att_ex_threads (their launch bound); all three take the
-        // op's arguments (ATT_ROWHEAD_PARAMS), validated by d_attention.
-        unsafe {
-            self.attention_rowhead(
-                kernel,
-                pairs,
-                threads,
-                q,
-                (nri, nhi, nkvi, hdi, bsi),
-                scale,
-                cache,
-                batch,
-                out,
-            )
+        if let Some((key, ..)) = pre {
+            self.q8_done(key);
         }
+        Ok(())
     }
 }
 

@@ -1,7 +1,7 @@
 //! Matmul launches of `exact` mode: the canonical kernels (bitwise equal to
 //! the cpu), for every job of a `MatMuls` op.
 
-use super::act_cache::ACT_CANON;
+use super::act_cache::{canon_arena, ACT_CANON};
 use super::arena3;
 use super::matmul::{job_table, mm_dims, MmDims, MV_ROWS};
 use crate::backend::cuda::mem::{Dev, DevMatrix};
@@ -58,7 +58,11 @@ impl CudaBackend {
         jobs: &mut [MatJob<'_, Dev>],
     ) -> Result<()> {
         let ty = jobs[0].w.ty;
-        if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) || ty.block_size() == 256 {
+        let canon32 =
+            !(matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) || ty.block_size() == 256);
+        self.last_canon32
+            .store(canon32, std::sync::atomic::Ordering::Relaxed);
+        if !canon32 {
             for j in jobs.iter_mut() {
                 self.mat_mul_exact_one(&j.w, x, n, &mut j.out, j.add)?;
             }
@@ -69,9 +73,12 @@ impl CudaBackend {
         let nb = k / 32;
         // qs: (n, k) i16; ad: (n, nb); asum: (2, n, nb), the float sums
         // then the integer ones (quant_act32).
-        let mut guard = self.arena(&[n * k * 2, n * nb * 4, 2 * n * nb * 4])?;
+        let mut guard = self.arena(&canon_arena(n * k))?;
         let key = super::ActKey::new(x, k, ACT_CANON, s);
-        let cached = self.act_cached(key);
+        // The key holds x's length: only an x of exactly n rows matches the
+        // layout a producer wrote (canon_out).
+        let whole = x.len() == n * k;
+        let cached = whole && self.act_cached(key);
         let outs = Self::out_ranges(jobs, s);
         let ni = crate::backend::cuda::i32_of(n, "n")?;
         let ki = crate::backend::cuda::i32_of(k, "k")?;
@@ -100,7 +107,11 @@ impl CudaBackend {
                 let ctas1: usize = jobs.iter().map(|j| j.w.rows.div_ceil(8 * wr)).sum();
                 let split = exact_split(ctas1, self.sm_count());
                 let per_cta = if split { 4 * wr } else { 8 * wr };
-                let (table, ctas) = job_table(jobs, per_cta, s)?;
+                let (mut table, ctas) = job_table(jobs, per_cta, s)?;
+                // The L2 read-ahead (launch/l2_ahead.rs) streams the
+                // weights of one-row decode graphs ahead of the chain:
+                // loads only, the same bits.
+                self.l2_record(jobs, &mut table)?;
                 let tc = crate::backend::cuda::ty_code(ty)
                     .ok_or_else(|| anyhow::anyhow!("mat_mul: {ty:?} is not a weight type"))?;
                 let cfg = LaunchConfig {
@@ -147,7 +158,11 @@ impl CudaBackend {
             }
             Ok(())
         })?;
-        self.act_remember(key, &outs);
+        if whole {
+            self.act_remember(key, &outs);
+        } else {
+            self.forget_activations();
+        }
         Ok(())
     }
 
