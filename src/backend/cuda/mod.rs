@@ -451,7 +451,7 @@ impl CudaBackend {
                 }
                 // The exact kernel's clusters (attention_exact.rs):
                 // static shared memory only.
-                if clusters && (e == "paged_attention_par" || e == "paged_attention_par2") {
+                if clusters && e == "paged_attention_par" {
                     let threads = launch::att_ex_threads() as usize;
                     for c in 2..=launch::ATT_EX_CLUSTER_MAX {
                         match launch::max_active_clusters(&f, &stream, 0, c, threads) {

@@ -583,15 +583,11 @@ __device__ __forceinline__ void mv_exact32_body(MmJobs jobs, int k, int ty,
 #else
 #define MV_EXACT_R1_BOUNDS
 #endif
-// mv_mark (common.cuh): where the L2 read-ahead branch runs beside a
-// one-row decode graph, the chain's progress (a hint; no bit depends on it).
 #define MV_EXACT_ENTRY(NAME, BOUNDS, NR, S)                                                  \
     extern "C" __global__ void BOUNDS NAME(MmJobs jobs, int k, int ty,                       \
                                            const short* __restrict__ qs,                     \
                                            const float* __restrict__ ad,                     \
                                            const float* __restrict__ as, int n_all) {        \
-        mv_mark(jobs, mm_job(jobs, blockIdx.y), 8 / S * MV_EXACT_WR,                         \
-                (long long)(k / 32) * gr_type_size(ty));                                     \
         GRID_DEP();                                                                          \
         mv_exact32_body<NR, S>(jobs, k, ty, qs, ad, as, n_all);                              \
     }

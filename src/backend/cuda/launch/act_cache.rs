@@ -31,12 +31,19 @@ impl ActKey {
         layout: u8,
         s: &std::sync::Arc<CudaStream>,
     ) -> Self {
+        Self::of(dev_ptr(x, s), x.len(), k, layout)
+    }
+
+    /// The key of `len` activations at device address `ptr`, rows of `k`.
+    pub(super) fn of(ptr: u64, len: usize, k: usize, layout: u8) -> Self {
         ActKey {
-            ptr: dev_ptr(x, s),
-            len: x.len(),
+            ptr,
+            len,
             // quant_q8's and quant_act32's blocks are 32 consecutive
             // values of the buffer, whatever its row length (a multiple of
-            // 32), and their arrays' offsets depend on its length alone.
+            // 32), and their arrays' offsets depend on its length alone:
+            // a producer that does not know the row length (swiglu) makes
+            // the key its matmul looks for.
             k: if layout == ACT_Q8 || layout == ACT_CANON {
                 0
             } else {
@@ -156,9 +163,7 @@ impl CudaBackend {
             || mode != Mode::Exact
             || len == 0
             || !len.is_multiple_of(32)
-            || !self
-                .last_canon32
-                .load(std::sync::atomic::Ordering::Relaxed)
+            || !self.last_canon32.load(std::sync::atomic::Ordering::Relaxed)
         {
             return Ok(None);
         }
@@ -168,12 +173,7 @@ impl CudaBackend {
         let (q, d, a) = arena3::<i16, f32, f32, _>(&mut guard, (len, nb, 2 * nb), |q, d, a| {
             Ok((dev_ptr_mut(q, s), dev_ptr_mut(d, s), dev_ptr_mut(a, s)))
         })?;
-        let key = ActKey {
-            ptr: dev_ptr_mut(out, s),
-            len,
-            k: 0,
-            layout: ACT_CANON,
-        };
+        let key = ActKey::of(dev_ptr_mut(out, s), len, 0, ACT_CANON);
         Ok(Some((key, q, d, a)))
     }
 
@@ -288,5 +288,40 @@ mod tests {
         // Containment, and an empty range overlaps nothing.
         assert!(f32_ranges_overlap(1000, 100, 1200, 4));
         assert!(!f32_ranges_overlap(1000, 0, 1000, 4));
+    }
+}
+
+#[cfg(test)]
+mod key_tests {
+    use super::*;
+
+    #[test]
+    fn block_layouts_ignore_the_row_length() {
+        // A producer's key (row length unknown: 0) is the matmul's.
+        for layout in [ACT_Q8, ACT_CANON] {
+            assert_eq!(
+                ActKey::of(0x1000, 8192, 4096, layout),
+                ActKey::of(0x1000, 8192, 0, layout)
+            );
+            assert_ne!(
+                ActKey::of(0x1000, 8192, 4096, layout),
+                ActKey::of(0x1000, 4096, 4096, layout)
+            );
+        }
+        // Tiled f16 layouts depend on it.
+        assert_ne!(
+            ActKey::of(0x1000, 8192, 4096, ACT_F16_WR),
+            ActKey::of(0x1000, 8192, 2048, ACT_F16_WR)
+        );
+        assert_ne!(
+            ActKey::of(0x1000, 8192, 4096, ACT_Q8),
+            ActKey::of(0x1000, 8192, 4096, ACT_CANON)
+        );
+    }
+
+    #[test]
+    fn canon_arena_holds_values_scales_and_sums() {
+        // 4096 values: 8 KiB of i16, 128 scales, 128 scaled sums + 128 ints.
+        assert_eq!(canon_arena(4096), [8192, 512, 1024]);
     }
 }

@@ -70,23 +70,6 @@ fn two_per_sm(pairs: usize, sms: usize) -> bool {
     set.unwrap_or(pairs > sms)
 }
 
-/// The form beside the L2 read-ahead branch (launch/l2_ahead.rs), whose
-/// CTAs stay resident for the whole step (QUIRE_ATT_EX_L2, for A/B runs;
-/// the same bits): 0: as without it (clusters of `paged_attention_par`,
-/// one CTA per SM, which cannot share an SM with a read-ahead CTA); 1: no
-/// clusters; 2 (default): clusters of `paged_attention_par2` (two CTAs per
-/// SM: room beside a read-ahead CTA).
-fn l2_form() -> u8 {
-    static V: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        std::env::var("QUIRE_ATT_EX_L2")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|v| *v <= 2)
-            .unwrap_or(2)
-    })
-}
-
 impl CudaBackend {
     /// Exact attention, arguments validated by `d_attention`. One warp per
     /// (row, head) while every row is before position 128 (part_ctas 1:
@@ -130,19 +113,12 @@ impl CudaBackend {
         // 8.7, 28.9 / 9.0; B8 (256 pairs): 6.5 / 10.3, 15.3 / 14.2, 29.4
         // / 15.4; 8B Q4_0 exact tg128 278.6 -> 290.3 tok/s.
         let one_warp = batch.part_ctas <= 1 && pairs > self.sm_count() && one_warp_wanted();
-        let form = if !one_warp && self.l2_branch_live()? {
-            l2_form()
-        } else {
-            0
-        };
         let (kernel, threads) = if one_warp {
             ("paged_attention", 32)
-        } else if form == 2 {
-            ("paged_attention_par2", att_ex_threads())
         } else {
             ("paged_attention_par", att_ex_threads())
         };
-        let csize = if one_warp || form == 1 {
+        let csize = if one_warp {
             1
         } else if let Some(s) = forced_cluster() {
             if s > 1 && self.att_clusters(kernel, s) > 0 {

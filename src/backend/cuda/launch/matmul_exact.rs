@@ -58,8 +58,8 @@ impl CudaBackend {
         jobs: &mut [MatJob<'_, Dev>],
     ) -> Result<()> {
         let ty = jobs[0].w.ty;
-        let canon32 =
-            !(matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) || ty.block_size() == 256);
+        let canon32 = !(matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+            || ty.block_size() == 256);
         self.last_canon32
             .store(canon32, std::sync::atomic::Ordering::Relaxed);
         if !canon32 {
@@ -107,11 +107,9 @@ impl CudaBackend {
                 let ctas1: usize = jobs.iter().map(|j| j.w.rows.div_ceil(8 * wr)).sum();
                 let split = exact_split(ctas1, self.sm_count());
                 let per_cta = if split { 4 * wr } else { 8 * wr };
-                let (mut table, ctas) = job_table(jobs, per_cta, s)?;
-                // The L2 read-ahead (launch/l2_ahead.rs) streams the
-                // weights of one-row decode graphs ahead of the chain:
-                // loads only, the same bits.
-                self.l2_record(jobs, &mut table)?;
+                // Not recorded for the L2 read-ahead (launch/l2_ahead.rs):
+                // measured slower in `exact` mode (see there).
+                let (table, ctas) = job_table(jobs, per_cta, s)?;
                 let tc = crate::backend::cuda::ty_code(ty)
                     .ok_or_else(|| anyhow::anyhow!("mat_mul: {ty:?} is not a weight type"))?;
                 let cfg = LaunchConfig {
