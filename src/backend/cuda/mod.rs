@@ -123,10 +123,6 @@ pub struct CudaBackend {
     /// next one of the same row count will): swiglu's row count is not
     /// part of its op.
     pub(crate) last_mv_q8: std::sync::atomic::AtomicBool,
-    /// Whether the last `exact` matmul quantized its activations with
-    /// quant_act32 (32-block weights): the norm, swiglu and attention then
-    /// write those activations themselves (launch::canon_out).
-    pub(crate) last_canon32: std::sync::atomic::AtomicBool,
     /// The row count of the last matmul if it ran the wgmma prefill GEMM,
     /// else 0 (the next one of those rows likely will): the norm, swiglu
     /// and prefill attention then write its f16 activations themselves
@@ -506,7 +502,6 @@ impl CudaBackend {
             norm_ahead: Mutex::new(launch::NormAhead::default()),
             norm_ahead_runs: std::sync::atomic::AtomicU64::new(0),
             last_mv_q8: std::sync::atomic::AtomicBool::new(false),
-            last_canon32: std::sync::atomic::AtomicBool::new(false),
             last_wgmma_rows: std::sync::atomic::AtomicUsize::new(0),
             pinned: logits::PinnedPool::default(),
             dev: Device {

@@ -85,7 +85,7 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     (
         "swiglu",
         include_str!("kernels/swiglu.cu"),
-        &["swiglu", "swiglu_q8", "swiglu_canon", "swiglu_f16wr"],
+        &["swiglu", "swiglu_q8", "swiglu_f16wr"],
     ),
     (
         "get_rows",

@@ -169,35 +169,8 @@ __device__ __forceinline__ void att_exact_vs_chunk(const float* p, int cnt,
     for (int g = 0; g < G; g++) out[G * l + g] = vs[g];
 }
 
-// The exact kernels' parameters: the op's (ATT_ROWHEAD_PARAMS), then aq,
-// ad, as: null, or (head_dim a multiple of 32) where the o projection reads
-// the output quantized (launch::canon_out, quant_act32's layout).
-#define ATT_EXACT_PARAMS                                                                  \
-    ATT_ROWHEAD_PARAMS, short *__restrict__ aq, float *__restrict__ ad, float *__restrict__ as
-
-// Writes pair rh's output, lane l holding dims l + 32u (acc[u] / lsum),
-// and where aq is set its canonical 16-bit copy (canon_act_blocks32: dims
-// 32u .. 32u + 31 are one block, the whole warp's). The warp calls it
-// together.
-__device__ __forceinline__ void att_exact_store(const float* acc, float lsum,
-                                                float* __restrict__ out, int rh, int hd, int l,
-                                                int pairs, short* __restrict__ aq,
-                                                float* __restrict__ ad, float* __restrict__ as) {
-    long long base = (long long)rh * hd;
-    float v[ATT_MAXD];
-#pragma unroll
-    for (int u = 0; u < ATT_MAXD; u++) {
-        int d = l + 32 * u;
-        v[u] = 32 * u < hd ? q_div(acc[u], lsum) : 0.0f;  // warp-uniform
-        if (d < hd) out[base + d] = v[u];
-    }
-    if (aq)
-        canon_act_blocks32<ATT_MAXD>(v, hd / 32, aq + base, ad, as, (long long)pairs * hd / 32,
-                                     base >> 5);
-}
-
 // One warp per (row, head) (the file's header).
-extern "C" __global__ void paged_attention(ATT_EXACT_PARAMS) {
+extern "C" __global__ void paged_attention(ATT_ROWHEAD_PARAMS) {
     att_exact_prefetch(blockIdx.x, n_rows, n_heads, n_kv_heads, head_dim, block_size, kc, vc,
                        tables, table_off, row_seq, positions, 0, 1);
     GRID_DEP();
@@ -279,7 +252,12 @@ extern "C" __global__ void paged_attention(ATT_EXACT_PARAMS) {
         m = m_new;
         __syncwarp();
     }
-    att_exact_store(acc, lsum, out, rh, hd, l, n_rows * n_heads, aq, ad, as);
+    float* o = out + (long long)rh * hd;
+#pragma unroll
+    for (int u = 0; u < ATT_MAXD; u++) {
+        int d = l + 32 * u;
+        if (d < hd) o[d] = q_div(acc[u], lsum);
+    }
 }
 
 // The canonical recurrence over 32-key chunks c (keys 32c .. 32c + 31 of
@@ -328,7 +306,7 @@ __device__ __forceinline__ float att_ex_peer(const float* p, int rank) {
 // decode in clusters) and paged_attention_par2 at two (128 registers,
 // some spilled: more warps per SM for launches of several waves). The
 // same bits.
-__device__ __forceinline__ void paged_attention_par_body(ATT_EXACT_PARAMS) {
+__device__ __forceinline__ void paged_attention_par_body(ATT_ROWHEAD_PARAMS) {
     int k;
     int S = cl_shape(&k);
     int rh = blockIdx.x / S;  // a cluster's CTAs are consecutive in x
@@ -470,14 +448,18 @@ __device__ __forceinline__ void paged_attention_par_body(ATT_EXACT_PARAMS) {
         cl_sync(S);
     }
     if (k != 0 || w != 0) return;
-    att_exact_store(acc, lsum, out, rh, hd, l, n_rows * n_heads, aq, ad, as);
+    float* o = out + (long long)rh * hd;
+#pragma unroll
+    for (int u = 0; u < ATT_MAXD; u++) {
+        int d = l + 32 * u;
+        if (d < hd) o[d] = q_div(acc[u], lsum);
+    }
 }
 
 #define ATT_EX_PAR_ENTRY(NAME, MINB)                                                     \
-    extern "C" __global__ void __launch_bounds__(32 * ATT_EX_W, MINB) NAME(ATT_EXACT_PARAMS) { \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_EX_W, MINB) NAME(ATT_ROWHEAD_PARAMS) { \
         paged_attention_par_body(q, n_rows, n_heads, n_kv_heads, head_dim, block_size, scale, \
-                                 kc, vc, tables, table_off, row_seq, positions, out, aq, ad, \
-                                 as);                                                        \
+                                 kc, vc, tables, table_off, row_seq, positions, out);        \
     }
 ATT_EX_PAR_ENTRY(paged_attention_par, 1)
 ATT_EX_PAR_ENTRY(paged_attention_par2, 2)

@@ -28,14 +28,17 @@ __device__ __forceinline__ float quant_block(const float* x, int len, short* q) 
     return d;
 }
 
-// One warp per (row, 32-block), lane i owning value i (canon_act_block,
-// common.cuh: the same bits as quant_block; the maximum and the integer sum
-// do not depend on order). x: (n, k); qs: (n, k); d: (n, k/32); s: (2, n,
-// k/32): the block's d times its integer sum (the Q4_1 / Q5_1 minimum's
-// term), then the integer sum itself as int bits (mv_exact32*'s offset of
-// Q4_0 / Q5_0). The norm, swiglu and attention kernels of
-// `exact` mode write the same bytes themselves where the next matmul reads
-// them (launch::canon_out).
+// The activations' integer block sums behind quant_act32's float ones
+// s: (n, nb) floats.
+__device__ __forceinline__ int* exact_isums(float* s, int n, int nb) {
+    return (int*)(s + (long long)n * nb);
+}
+
+// One warp per (row, 32-block), lane i owning value i; the same bits as
+// quant_block (the maximum and the integer sum do not depend on order).
+// x: (n, k); qs: (n, k); d: (n, k/32); s: (2, n, k/32): the block's d times
+// its integer sum (the Q4_1 / Q5_1 minimum's term), then the integer sum
+// itself as int bits (mv_exact32*'s offset of Q4_0 / Q5_0, exact_isums).
 extern "C" __global__ void quant_act32(const float* __restrict__ x, int n, int k,
                                        short* __restrict__ qs, float* __restrict__ d,
                                        float* __restrict__ s) {
@@ -44,9 +47,28 @@ extern "C" __global__ void quant_act32(const float* __restrict__ x, int n, int k
     int i = threadIdx.x & 31;
     int nb = k / 32;
     if (t >= (long long)n * nb) return;  // whole warps exit together
-    long long e = 32 * t + i;  // rows of k = nb whole blocks: x's element e
-    float v = x[e];
-    canon_act_block<1>(&v, qs + e, d, s, (long long)n * nb, t);
+    int row = (int)(t / nb), b = (int)(t % nb);
+    float v = x[(long long)row * k + 32 * b + i];
+    float amax = q_max(0.0f, fabsf(v));  // a NaN counts as 0, as in quant_block
+    for (int o = 16; o >= 1; o >>= 1) amax = q_max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    float db = q_div(amax, QUIRE_ACT_QMAX);
+    float id = (db == 0.0f) ? 0.0f : q_div(1.0f, db);
+    float r = q_round_away(q_mul(v, id));
+    short q;
+    if (q_isnan(r)) {
+        q = 0;
+    } else {
+        r = fminf(fmaxf(r, -QUIRE_ACT_QMAX), QUIRE_ACT_QMAX);
+        q = (short)(int)r;
+    }
+    qs[(long long)row * k + 32 * b + i] = q;
+    int sum = q;
+    for (int o = 16; o >= 1; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (i == 0) {
+        d[t] = db;
+        s[t] = q_mul(db, __int2float_rn(sum));
+        exact_isums(s, n, nb)[t] = sum;
+    }
 }
 
 // One thread per (row, 256-superblock). bsum: (n, k/256, 16).
@@ -305,7 +327,7 @@ __device__ __forceinline__ int exact_act_group(int k, int m, int n_all,
                                                float* __restrict__& out) {
     int g0 = blockIdx.x * NR;
     int nb = k / 32;
-    si = (const int*)(as + (long long)n_all * nb) + (long long)g0 * nb;  // canon_act_block's int sums
+    si = (const int*)(as + (long long)n_all * nb) + (long long)g0 * nb;  // exact_isums
     qs += (long long)g0 * k;
     ad += (long long)g0 * nb;
     as += (long long)g0 * nb;

@@ -30,15 +30,9 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
 // vec4: x, w, out 16-byte aligned and dim a multiple of 4: the same
 // values and order, moved with 16-byte loads and stores (one round of loads
 // for a 4096-wide row instead of several dependent ones).
-// aq, ad, as: null, or (vec4, dim a multiple of 32) where the next matmul
-// reads the output quantized (launch::canon_out): the output is also
-// written as quant_act32 would (canon_act_block, 8 lanes per 32-block),
-// which saves that launch.
 extern "C" __global__ void rms_norm_block(const float* __restrict__ x,
                                           const float* __restrict__ w, int dim, float eps,
-                                          int vec4, float* __restrict__ out,
-                                          short* __restrict__ aq, float* __restrict__ ad,
-                                          float* __restrict__ as) {
+                                          int vec4, float* __restrict__ out) {
     if (RMS_PREFETCH) prefetch_line(w, 4LL * dim, threadIdx.x, false);  // see common.cuh
     GRID_DEP();
     extern __shared__ __align__(16) float sq[];
@@ -79,15 +73,8 @@ extern "C" __global__ void rms_norm_block(const float* __restrict__ x,
 #pragma unroll 4
         for (int e = threadIdx.x; e < dim / 4; e += blockDim.x) {
             float4 v = ((const float4*)xr)[e], g = ((const float4*)w)[e];
-            float4 r = make_float4(q_mul(q_mul(v.x, scale), g.x), q_mul(q_mul(v.y, scale), g.y),
-                                   q_mul(q_mul(v.z, scale), g.z), q_mul(q_mul(v.w, scale), g.w));
-            ((float4*)o)[e] = r;
-            // dim / 4 and blockDim.x are multiples of 8: a 32-block's
-            // eight lanes are in the loop together.
-            if (aq) {
-                long long f = (long long)blockIdx.x * dim + 4 * e;  // flat index
-                canon_act_block<4>(&r.x, aq + f, ad, as, (long long)gridDim.x * (dim / 32), f >> 5);
-            }
+            ((float4*)o)[e] = make_float4(q_mul(q_mul(v.x, scale), g.x), q_mul(q_mul(v.y, scale), g.y),
+                                          q_mul(q_mul(v.z, scale), g.z), q_mul(q_mul(v.w, scale), g.w));
         }
         return;
     }

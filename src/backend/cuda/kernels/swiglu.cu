@@ -21,22 +21,6 @@ extern "C" __global__ void swiglu_q8(const float* __restrict__ gate, const float
     q8_block<1>(&v, (int)(t & 31), xq + (t & ~31LL), xds + (t >> 5));
 }
 
-// swiglu of `exact` mode, and the output quantized as quant_act32 would
-// (canon_act_block: one warp per 32-block) for the matmul that reads it
-// next (launch::canon_out). len is a multiple of 32 and blockDim of 32, so
-// whole warps return together.
-extern "C" __global__ void swiglu_canon(const float* __restrict__ gate,
-                                        const float* __restrict__ up, long long len,
-                                        float* __restrict__ out, short* __restrict__ aq,
-                                        float* __restrict__ ad, float* __restrict__ as) {
-    GRID_DEP();
-    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= len) return;
-    float v = q_mul(q_silu(gate[t]), up[t]);
-    out[t] = v;
-    canon_act_block<1>(&v, aq + t, ad, as, len >> 5, t >> 5);
-}
-
 // swiglu, and the output also as f16 in the wgmma GEMM's layout (f16wr_off;
 // to_f16_wr's bits) for the prefill GEMM that reads it next: one thread
 // per 16-byte piece of 8 values, `pieces` = whole tiles of 128 rows x k /

@@ -31,24 +31,12 @@ impl ActKey {
         layout: u8,
         s: &std::sync::Arc<CudaStream>,
     ) -> Self {
-        Self::of(dev_ptr(x, s), x.len(), k, layout)
-    }
-
-    /// The key of `len` activations at device address `ptr`, rows of `k`.
-    pub(super) fn of(ptr: u64, len: usize, k: usize, layout: u8) -> Self {
         ActKey {
-            ptr,
-            len,
-            // quant_q8's and quant_act32's blocks are 32 consecutive
-            // values of the buffer, whatever its row length (a multiple of
-            // 32), and their arrays' offsets depend on its length alone:
-            // a producer that does not know the row length (swiglu) makes
-            // the key its matmul looks for.
-            k: if layout == ACT_Q8 || layout == ACT_CANON {
-                0
-            } else {
-                k
-            },
+            ptr: dev_ptr(x, s),
+            len: x.len(),
+            // quant_q8's blocks are 32 consecutive values of the buffer,
+            // whatever its row length (a multiple of 32).
+            k: if layout == ACT_Q8 { 0 } else { k },
             layout,
         }
     }
@@ -145,38 +133,6 @@ impl CudaBackend {
         Ok(Some((key, xq, xds)))
     }
 
-    /// For rms_norm, swiglu or attention about to write activations `out`
-    /// in `exact` mode: where the next matmul would quantize them with
-    /// quant_act32 (the last exact matmul took 32-block weights, which
-    /// always do), the cache key to record once the producer is queued and
-    /// the arena addresses (qs, d, s) it fills instead with quant_act32's
-    /// bytes (canon_act_block). The layout is mat_muls_exact's for
-    /// `out.len()` values (it does not depend on the row length).
-    /// QUIRE_PREQUANT=0 turns this off.
-    pub(crate) fn canon_out(
-        &self,
-        out: &CudaViewMut<'_, f32>,
-        mode: Mode,
-    ) -> Result<Option<(ActKey, u64, u64, u64)>> {
-        let len = out.len();
-        if !self.prequant
-            || mode != Mode::Exact
-            || len == 0
-            || !len.is_multiple_of(32)
-            || !self.last_canon32.load(std::sync::atomic::Ordering::Relaxed)
-        {
-            return Ok(None);
-        }
-        let s = self.stream();
-        let nb = len / 32;
-        let mut guard = self.arena(&canon_arena(len))?;
-        let (q, d, a) = arena3::<i16, f32, f32, _>(&mut guard, (len, nb, 2 * nb), |q, d, a| {
-            Ok((dev_ptr_mut(q, s), dev_ptr_mut(d, s), dev_ptr_mut(a, s)))
-        })?;
-        let key = ActKey::of(dev_ptr_mut(out, s), len, 0, ACT_CANON);
-        Ok(Some((key, q, d, a)))
-    }
-
     /// For rms_norm, swiglu or the prefill attention about to write
     /// activations `out` (n rows of k) in `fast` mode: where the next
     /// matmul of `out` would convert it with to_f16_wr for the wgmma
@@ -259,14 +215,6 @@ impl CudaBackend {
     }
 }
 
-/// The arena's regions (bytes) for `len` activations quantized canonically:
-/// the 16-bit values, one scale per 32-block, then per block its scale
-/// times its integer sum and the integer sum itself (quant_act32).
-pub(super) fn canon_arena(len: usize) -> [usize; 3] {
-    let nb = len / 32;
-    [len * 2, nb * 4, 2 * nb * 4]
-}
-
 /// Whether `a_len` f32 values at device address `a` and `b_len` at `b`
 /// share a byte.
 fn f32_ranges_overlap(a: u64, a_len: usize, b: u64, b_len: usize) -> bool {
@@ -288,40 +236,5 @@ mod tests {
         // Containment, and an empty range overlaps nothing.
         assert!(f32_ranges_overlap(1000, 100, 1200, 4));
         assert!(!f32_ranges_overlap(1000, 0, 1000, 4));
-    }
-}
-
-#[cfg(test)]
-mod key_tests {
-    use super::*;
-
-    #[test]
-    fn block_layouts_ignore_the_row_length() {
-        // A producer's key (row length unknown: 0) is the matmul's.
-        for layout in [ACT_Q8, ACT_CANON] {
-            assert_eq!(
-                ActKey::of(0x1000, 8192, 4096, layout),
-                ActKey::of(0x1000, 8192, 0, layout)
-            );
-            assert_ne!(
-                ActKey::of(0x1000, 8192, 4096, layout),
-                ActKey::of(0x1000, 4096, 4096, layout)
-            );
-        }
-        // Tiled f16 layouts depend on it.
-        assert_ne!(
-            ActKey::of(0x1000, 8192, 4096, ACT_F16_WR),
-            ActKey::of(0x1000, 8192, 2048, ACT_F16_WR)
-        );
-        assert_ne!(
-            ActKey::of(0x1000, 8192, 4096, ACT_Q8),
-            ActKey::of(0x1000, 8192, 4096, ACT_CANON)
-        );
-    }
-
-    #[test]
-    fn canon_arena_holds_values_scales_and_sums() {
-        // 4096 values: 8 KiB of i16, 128 scales, 128 scaled sums + 128 ints.
-        assert_eq!(canon_arena(4096), [8192, 512, 1024]);
     }
 }

@@ -182,15 +182,13 @@ impl CudaBackend {
                 cache,
                 batch,
                 out,
-                &[],
             )
         }
     }
 
     /// Launches `kernel`, whose parameters are ATT_ROWHEAD_PARAMS
     /// (common.cuh: q, n_rows, n_heads, n_kv_heads, head_dim, block_size,
-    /// scale, k, v, tables, table_off, row_seq, positions, out) and then
-    /// `extra` pointers (the exact kernels' ATT_EXACT_PARAMS), on `ctas`
+    /// scale, k, v, tables, table_off, row_seq, positions, out), on `ctas`
     /// CTAs of `threads`, without clusters.
     ///
     /// # Safety
@@ -210,7 +208,6 @@ impl CudaBackend {
         cache: &DevKv<'_>,
         batch: &DevAttnBatch,
         out: &mut CudaViewMut<'_, f32>,
-        extra: &[u64],
     ) -> Result<()> {
         let cfg = LaunchConfig {
             grid_dim: (u32::try_from(ctas)?, 1, 1),
@@ -232,9 +229,6 @@ impl CudaBackend {
             .arg(&batch.row_seq)
             .arg(&batch.positions)
             .arg(out);
-        for p in extra {
-            b.arg(p);
-        }
         // SAFETY: the caller's contract (above).
         drv(
             unsafe { b.launch(cfg) },

@@ -96,14 +96,6 @@ impl CudaBackend {
         out: &mut CudaViewMut<'_, f32>,
     ) -> Result<()> {
         let pairs = batch.n_rows * nhi as usize;
-        // The o projection's canonical 16-bit activations, written by the
-        // kernel's last warp (a head's 32 dims per block).
-        let pre = if hdi % 32 == 0 && out.len() == pairs * hdi as usize {
-            self.canon_out(out, crate::backend::Mode::Exact)?
-        } else {
-            None
-        };
-        let canon = pre.map_or([0u64; 3], |(_, q, d, a)| [q, d, a]);
         // Short rows in a launch of more pairs than SMs: one warp each
         // (8-warp CTAs whose rows have one or two chunks leave most
         // warps idle and cost more there); else the 8-warp kernel, whose
@@ -161,44 +153,32 @@ impl CudaBackend {
                 .ptr(q.device_ptr(s).0)
                 .i32(nri)
                 .att_shared((nhi, nkvi, hdi, bsi), scale, cache, batch, s)
-                .ptr(out.device_ptr(s).0)
-                .ptr(canon[0])
-                .ptr(canon[1])
-                .ptr(canon[2]);
+                .ptr(out.device_ptr(s).0);
             // SAFETY: paged_attention_par's arguments in order and C
             // types, the same buffers and bounds as attention_rowhead's; the
             // cluster (csize, 1, 1) divides the grid (pairs * csize CTAs),
             // and the device holds such clusters (att_clusters > 0:
             // counted at load, on sm_90+ only).
-            unsafe {
+            return unsafe {
                 self.launch_clustered(kernel, cfg, (u32::try_from(csize)?, 1, 1), &mut a.params())
-            }?;
-        } else {
-            // SAFETY: paged_attention takes 32 threads, paged_attention_par
-            // / _par2 att_ex_threads (their launch bound); all three take
-            // the op's arguments, validated by d_attention, then the three
-            // canon pointers (ATT_EXACT_PARAMS): null, or (head_dim a
-            // multiple of 32) arena regions of n_rows*n_heads*head_dim i16
-            // and 1 and 2 floats per 32 of them (canon_out).
-            unsafe {
-                self.attention_rowhead(
-                    kernel,
-                    pairs,
-                    threads,
-                    q,
-                    (nri, nhi, nkvi, hdi, bsi),
-                    scale,
-                    cache,
-                    batch,
-                    out,
-                    &canon,
-                )
-            }?;
+            };
         }
-        if let Some((key, ..)) = pre {
-            self.q8_done(key);
+        // SAFETY: paged_attention takes 32 threads, paged_attention_par /
+        // _par2 att_ex_threads (their launch bound); all three take the
+        // op's arguments (ATT_ROWHEAD_PARAMS), validated by d_attention.
+        unsafe {
+            self.attention_rowhead(
+                kernel,
+                pairs,
+                threads,
+                q,
+                (nri, nhi, nkvi, hdi, bsi),
+                scale,
+                cache,
+                batch,
+                out,
+            )
         }
-        Ok(())
     }
 }
 

@@ -14,12 +14,12 @@
 //! evict-first loads), 1B Q4_0 +5%, 8B Q8_0 +3% over the evict-first loads
 //! alone (docs/PERF.md). Not in `exact` mode: its graphs measured slower
 //! with it (8B Q4_0 after a 512-token prompt 279 -> 239 tok/s; again on an
-//! H200 on 2026-11-27 with the exact matvecs marking their progress,
-//! tg128 / tg128@d512, off 329.0 / 309.1 tok/s, on with the attention
-//! clusters as without it 319.0 / 271.3, without clusters 319.5 / 264.9,
-//! with clusters of two-per-SM CTAs 309.1 / 251.6; 8B Q8_0 268.6 / 255.3
-//! against 254.1 / 222.8: the exact matvec, latency-bound at three CTAs
-//! per SM, loses SM room to the read-ahead's resident CTAs).
+//! H200 on 2026-11-27, commit 8de7f66, with the exact matvecs marking
+//! their progress, tg128 / tg128@d512: off 329.0 / 309.1 tok/s; on, with
+//! the attention clusters as without it 319.0 / 271.3, without clusters
+//! 319.5 / 264.9, with clusters of two-per-SM CTAs 309.1 / 251.6; 8B Q8_0
+//! off 268.6 / 255.3, on 254.1 / 222.8: the exact matvec, latency-bound at
+//! three CTAs per SM, loses SM room to the read-ahead's resident CTAs).
 //!
 //! How a graph gets it: its first, uncaptured step records the weights its
 //! matvecs read (`l2_measure` / `l2_measured`: is the distance 0?); the

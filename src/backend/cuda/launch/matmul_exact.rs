@@ -1,7 +1,7 @@
 //! Matmul launches of `exact` mode: the canonical kernels (bitwise equal to
 //! the cpu), for every job of a `MatMuls` op.
 
-use super::act_cache::{canon_arena, ACT_CANON};
+use super::act_cache::ACT_CANON;
 use super::arena3;
 use super::matmul::{job_table, mm_dims, MmDims, MV_ROWS};
 use crate::backend::cuda::mem::{Dev, DevMatrix};
@@ -58,11 +58,7 @@ impl CudaBackend {
         jobs: &mut [MatJob<'_, Dev>],
     ) -> Result<()> {
         let ty = jobs[0].w.ty;
-        let canon32 = !(matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
-            || ty.block_size() == 256);
-        self.last_canon32
-            .store(canon32, std::sync::atomic::Ordering::Relaxed);
-        if !canon32 {
+        if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) || ty.block_size() == 256 {
             for j in jobs.iter_mut() {
                 self.mat_mul_exact_one(&j.w, x, n, &mut j.out, j.add)?;
             }
@@ -73,16 +69,22 @@ impl CudaBackend {
         let nb = k / 32;
         // qs: (n, k) i16; ad: (n, nb); asum: (2, n, nb), the float sums
         // then the integer ones (quant_act32).
-        let mut guard = self.arena(&canon_arena(n * k))?;
+        let mut guard = self.arena(&[n * k * 2, n * nb * 4, 2 * n * nb * 4])?;
         let key = super::ActKey::new(x, k, ACT_CANON, s);
-        // The key holds x's length: only an x of exactly n rows matches the
-        // layout a producer wrote (canon_out).
-        let whole = x.len() == n * k;
-        let cached = whole && self.act_cached(key);
+        let cached = self.act_cached(key);
         let outs = Self::out_ranges(jobs, s);
         let ni = crate::backend::cuda::i32_of(n, "n")?;
         let ki = crate::backend::cuda::i32_of(k, "k")?;
         arena3::<i16, f32, f32, ()>(&mut guard, (n * k, n * nb, 2 * n * nb), |qs, ad, asum| {
+            // (The norm, swiglu and attention writing these activations
+            // themselves, so that no quant_act32 runs, was measured on an
+            // H200 on 2026-11-27 (commit 8de7f66) and removed: exact
+            // tg128 / tg128@d512 without / with it, 8B Q4_0 329.8 / 314.7
+            // -> 328.1 / 308.1 tok/s, 8B Q8_0 268.8 / 258.7 -> 268.0 /
+            // 254.9, 1B Q4_0 1,142 / 1,063 -> 1,133 / 1,044, SmolLM2
+            // 1,070 / 944 -> 1,095 / 958: the quantization moved onto the
+            // latency-bound producers' critical path costs about what its
+            // launch did under PDL.)
             if !cached {
                 let mut b = s.launch_builder(self.func("quant_act32")?);
                 b.arg(x)
@@ -107,8 +109,6 @@ impl CudaBackend {
                 let ctas1: usize = jobs.iter().map(|j| j.w.rows.div_ceil(8 * wr)).sum();
                 let split = exact_split(ctas1, self.sm_count());
                 let per_cta = if split { 4 * wr } else { 8 * wr };
-                // Not recorded for the L2 read-ahead (launch/l2_ahead.rs):
-                // measured slower in `exact` mode (see there).
                 let (table, ctas) = job_table(jobs, per_cta, s)?;
                 let tc = crate::backend::cuda::ty_code(ty)
                     .ok_or_else(|| anyhow::anyhow!("mat_mul: {ty:?} is not a weight type"))?;
@@ -156,11 +156,7 @@ impl CudaBackend {
             }
             Ok(())
         })?;
-        if whole {
-            self.act_remember(key, &outs);
-        } else {
-            self.forget_activations();
-        }
+        self.act_remember(key, &outs);
         Ok(())
     }
 

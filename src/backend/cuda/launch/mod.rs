@@ -445,38 +445,17 @@ impl CudaBackend {
         // Rows that fit the default 48 KiB of shared memory take the
         // block-per-row kernel (same bits, far less latency-bound).
         if dim * 4 <= 48 * 1024 {
-            // The next matmul's canonical 16-bit activations, written here
-            // (8 lanes of float4 per 32-block).
-            let pre = if vec4 == 1 && dim.is_multiple_of(32) {
-                self.canon_out(out, mode)?
-            } else {
-                None
-            };
-            let (aq, ad, asum) = pre.map_or((0u64, 0u64, 0u64), |(_, q, d, a)| (q, d, a));
             let cfg = LaunchConfig {
                 grid_dim: (u32::try_from(n)?, 1, 1),
                 block_dim: (rms_threads(dim, vec4 == 1), 1, 1),
                 shared_mem_bytes: (dim * 4) as u32,
             };
             let mut b = self.stream().launch_builder(self.func("rms_norm_block")?);
-            b.arg(x)
-                .arg(w)
-                .arg(&di)
-                .arg(&eps)
-                .arg(&vec4)
-                .arg(&mut *out)
-                .arg(&aq)
-                .arg(&ad)
-                .arg(&asum);
+            b.arg(x).arg(w).arg(&di).arg(&eps).arg(&vec4).arg(out);
             // SAFETY: matches rms_norm_block; n*dim inputs/outputs, dim
             // weights, dim floats of dynamic shared memory; vec4 only with
-            // 16-byte aligned rows; aq / ad / asum null, or (vec4, dim a
-            // multiple of 32) arena regions of n*dim i16, n*dim/32 floats
-            // and 2*n*dim/32 floats (canon_out).
+            // 16-byte aligned rows.
             drv(unsafe { b.launch(cfg) }, "rms_norm: launch")?;
-            if let Some((key, ..)) = pre {
-                self.q8_done(key);
-            }
             return Ok(());
         }
         let mut b = self.stream().launch_builder(self.func("rms_norm")?);
@@ -584,24 +563,6 @@ impl CudaBackend {
             // a multiple of 256; x16 an arena region of `pieces` 16-byte
             // pieces (whole tiles up to 256-row multiples: f16wr_out).
             drv(unsafe { b.launch(grid_1d(pieces, 256)?) }, "swiglu: launch")?;
-            self.q8_done(key);
-            return Ok(());
-        }
-        if let Some((key, aq, ad, asum)) = self.canon_out(out, mode)? {
-            let len = out.len() as i64;
-            let cfg = grid_1d(out.len(), 256)?;
-            let mut b = self.stream().launch_builder(self.func("swiglu_canon")?);
-            b.arg(gate)
-                .arg(up)
-                .arg(&len)
-                .arg(&mut *out)
-                .arg(&aq)
-                .arg(&ad)
-                .arg(&asum);
-            // SAFETY: matches swiglu_canon; the three buffers hold len
-            // elements (a multiple of 32: canon_out); aq / ad / asum arena
-            // regions of len i16, len / 32 and 2 * len / 32 floats.
-            drv(unsafe { b.launch(cfg) }, "swiglu: launch")?;
             self.q8_done(key);
             return Ok(());
         }
