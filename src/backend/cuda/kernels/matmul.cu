@@ -28,6 +28,32 @@ __device__ __forceinline__ float quant_block(const float* x, int len, short* q) 
     return d;
 }
 
+// Where quant_act32 keeps a row's 16-bit activations (qs: rows of k): the
+// row's 32-blocks in tiles of 32 (the last one tb < 32 blocks when k / 32
+// is not a multiple of 32), a tile holding chunk 0 (values 0..7) of each
+// of its blocks in block order, then chunk 1, 2 and 3. A warp whose lane l
+// takes block 32t + l (mv_exact32) so reads one chunk of 32 blocks as 512
+// contiguous bytes: four L1 wavefronts for its 16-byte loads, not the
+// sixteen of blocks stored whole (64 bytes apart per lane). Integer dot
+// products do not depend on where the values sit: the same bits. Returns
+// the offset (in values) of chunk h of block b.
+__device__ __forceinline__ int canon_chunk(int nb, int b, int h) {
+    int t0 = b & ~31;
+    int tb = min(32, nb - t0);
+    return 32 * t0 + 8 * (h * tb + (b - t0));
+}
+
+// A block's 32 activations in canon_chunk's layout: value v is p[(v / 8) *
+// cs + v % 8].
+struct CanonQ {
+    const short* p;
+    int cs;
+    __device__ __forceinline__ int operator[](int v) const { return p[(v >> 3) * cs + (v & 7)]; }
+};
+__device__ __forceinline__ CanonQ canon_block(const short* row, int nb, int b) {
+    return CanonQ{row + canon_chunk(nb, b, 0), 8 * min(32, nb - (b & ~31))};
+}
+
 // The activations' integer block sums behind quant_act32's float ones
 // s: (n, nb) floats.
 __device__ __forceinline__ int* exact_isums(float* s, int n, int nb) {
@@ -36,7 +62,8 @@ __device__ __forceinline__ int* exact_isums(float* s, int n, int nb) {
 
 // One warp per (row, 32-block), lane i owning value i; the same bits as
 // quant_block (the maximum and the integer sum do not depend on order).
-// x: (n, k); qs: (n, k); d: (n, k/32); s: (2, n, k/32): the block's d times
+// x: (n, k); qs: (n, k) in canon_chunk's layout; d: (n, k/32); s: (2, n,
+// k/32): the block's d times
 // its integer sum (the Q4_1 / Q5_1 minimum's term), then the integer sum
 // itself as int bits (mv_exact32*'s offset of Q4_0 / Q5_0, exact_isums).
 extern "C" __global__ void quant_act32(const float* __restrict__ x, int n, int k,
@@ -61,7 +88,7 @@ extern "C" __global__ void quant_act32(const float* __restrict__ x, int n, int k
         r = fminf(fmaxf(r, -QUIRE_ACT_QMAX), QUIRE_ACT_QMAX);
         q = (short)(int)r;
     }
-    qs[(long long)row * k + 32 * b + i] = q;
+    qs[(long long)row * k + canon_chunk(nb, b, i >> 3) + (i & 7)] = q;
     int sum = q;
     for (int o = 16; o >= 1; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     if (i == 0) {
@@ -91,7 +118,7 @@ extern "C" __global__ void quant_actk(const float* __restrict__ x, int n, int k,
 }
 
 // Exact integer dot of one 32-block with quantized activations.
-__device__ __forceinline__ int block_isum(int ty, const u8* blk, const short* qa) {
+__device__ __forceinline__ int block_isum(int ty, const u8* blk, CanonQ qa) {
     int isum = 0;
     if (ty == TY_Q8_0) {
         for (int i = 0; i < 32; i++) isum += (int)(signed char)blk[2 + i] * (int)qa[i];
@@ -144,7 +171,7 @@ extern "C" __global__ void mm_q32(const u8* __restrict__ w, int m, int k, int ty
         const float* sr = as + (long long)i * nb;
         for (int b = l; b < nb; b += 8) {
             const u8* blk = wr + (long long)b * ts;
-            int isum = block_isum(ty, blk, qa + 32 * b);
+            int isum = block_isum(ty, blk, canon_block(qa, nb, b));
             float dw = q_f16_at(blk);
             float t = q_mul(q_mul(dw, dr[b]), __int2float_rn(isum));
             if (ty == TY_Q4_1 || ty == TY_Q5_1) t = q_add(t, q_mul(q_f16_at(blk + 2), sr[b]));
@@ -380,9 +407,10 @@ __device__ __forceinline__ void mv_exact_terms(int i0, int b, bool ok, Dec dec, 
         float adr = 0.0f, asr = 0.0f;
         int ioff = 0;
         if (ok) {
-            const int4* qa = (const int4*)(qs + (long long)r * k + 32 * b);
+            const short* qr = qs + (long long)r * k;
 #pragma unroll
-            for (int h = 0; h < 4; h++) v[h] = qa[h];  // activations 8h .. 8h + 7
+            for (int h = 0; h < 4; h++)  // activations 8h .. 8h + 7 (canon_chunk)
+                v[h] = *(const int4*)(qr + canon_chunk(nb, b, h));
             adr = ad[(long long)r * nb + b];
             if (TY == TY_Q4_1 || TY == TY_Q5_1) asr = as[(long long)r * nb + b];
             if (OFF) ioff = OFF * si[(long long)r * nb + b];
