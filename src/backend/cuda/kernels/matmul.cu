@@ -298,7 +298,8 @@ extern "C" __global__ void mm_float(const u8* __restrict__ w, int m, int k, int 
 // Q5_1, Q8_0), bitwise equal to mm_q32: one warp per MV_EXACT_WR weight
 // rows and up to MV_EXACT_ROWS activation rows. Lane l decodes blocks l,
 // l + 32, ... of each of its weight rows in registers (coalesced: the warp
-// streams 32 consecutive blocks), takes the exact integer dot with the
+// streams 32 consecutive blocks, and their activations' chunks as 512
+// contiguous bytes, canon_chunk), takes the exact integer dot with the
 // 16-bit activations (__dp2a; integer sums do not depend on order) and the
 // block's canonical term. The 16-bit activations are twice the int8 ones
 // of the fast kernel, so a warp serves MV_EXACT_WR weight rows with each
