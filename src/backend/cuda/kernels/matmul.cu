@@ -37,10 +37,11 @@ __device__ __forceinline__ float quant_block(const float* x, int len, short* q) 
 // sixteen of blocks stored whole (64 bytes apart per lane). Integer dot
 // products do not depend on where the values sit: the same bits. Returns
 // the offset (in values) of chunk h of block b.
+// Blocks in block b's tile (32, or fewer in a row's last tile).
+__device__ __forceinline__ int canon_tile_blocks(int nb, int b) { return min(32, nb - (b & ~31)); }
 __device__ __forceinline__ int canon_chunk(int nb, int b, int h) {
     int t0 = b & ~31;
-    int tb = min(32, nb - t0);
-    return 32 * t0 + 8 * (h * tb + (b - t0));
+    return 32 * t0 + 8 * (h * canon_tile_blocks(nb, b) + (b - t0));
 }
 
 // A block's 32 activations in canon_chunk's layout: value v is p[(v / 8) *
@@ -51,7 +52,7 @@ struct CanonQ {
     __device__ __forceinline__ int operator[](int v) const { return p[(v >> 3) * cs + (v & 7)]; }
 };
 __device__ __forceinline__ CanonQ canon_block(const short* row, int nb, int b) {
-    return CanonQ{row + canon_chunk(nb, b, 0), 8 * min(32, nb - (b & ~31))};
+    return CanonQ{row + canon_chunk(nb, b, 0), 8 * canon_tile_blocks(nb, b)};
 }
 
 // The activations' integer block sums behind quant_act32's float ones
@@ -63,9 +64,9 @@ __device__ __forceinline__ int* exact_isums(float* s, int n, int nb) {
 // One warp per (row, 32-block), lane i owning value i; the same bits as
 // quant_block (the maximum and the integer sum do not depend on order).
 // x: (n, k); qs: (n, k) in canon_chunk's layout; d: (n, k/32); s: (2, n,
-// k/32): the block's d times
-// its integer sum (the Q4_1 / Q5_1 minimum's term), then the integer sum
-// itself as int bits (mv_exact32*'s offset of Q4_0 / Q5_0, exact_isums).
+// k/32): the block's d times its integer sum (the Q4_1 / Q5_1 minimum's
+// term), then the integer sum itself as int bits (mv_exact32*'s offset of
+// Q4_0 / Q5_0, exact_isums).
 extern "C" __global__ void quant_act32(const float* __restrict__ x, int n, int k,
                                        short* __restrict__ qs, float* __restrict__ d,
                                        float* __restrict__ s) {
