@@ -196,7 +196,11 @@ __device__ __forceinline__ float f16_at2(const u8* p) { return q_f16(*(const u16
 
 // The integer dots of a decoded unit w[8] with its 32 int8 activations at
 // xq (16-byte aligned): *i0 of values 0..15, *i1 of 16..31 (__dp4a, in
-// order; integers, so any order gives the same bits).
+// order; integers, so any order gives the same bits). (The exact matvec's
+// tiles of 32 blocks for these activations, so that a warp's 16-byte loads
+// read 512 contiguous bytes, were 1-14% faster in a standalone matvec but
+// 3-6% slower in the decode graphs of the 8B, 1B and SmolLM2 on an H200,
+// with every writer and reader moved: docs/PERF.md, 2026-11-27 late night.)
 __device__ __forceinline__ void unit_idot(const int* w, const signed char* xq, int* i0, int* i1) {
     const int4* xa = (const int4*)xq;
     int4 x0 = xa[0], x1 = xa[1];

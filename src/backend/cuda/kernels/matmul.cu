@@ -469,6 +469,8 @@ __device__ __forceinline__ void mv_exact_group(int i0, const u8* __restrict__ wr
 // same bits. Measured on an H100 (2026-11-27, 8B Q4_0 tg128 /
 // tg128@d512, MV_EXACT_R1_MINB 4): 0: 311.0 / 293.3, 1: 309.5 / 295.1
 // tok/s; it pays with the registers of MV_EXACT_R1_MINB 3 (320.2 / 303.2).
+// On an H200 with the activations in tiles (2026-11-27): 1: 415.2 / 386.1,
+// 0: 382.8 / 358.0.
 #ifndef MV_EXACT_PIPE
 #define MV_EXACT_PIPE 1
 #endif
@@ -626,7 +628,9 @@ __device__ __forceinline__ void mv_exact32_body(MmJobs jobs, int k, int ty,
 // 210.8, 6: 200.5 / 169.3 (spills), 8: 155.3 / 112.2 tok/s. With the
 // software-pipelined Q4_0 loop (MV_EXACT_PIPE, 2026-11-27, 8B Q4_0 tg128 /
 // tg128@d512): 4 (64 registers, 16 bytes spilled): 309.5 / 295.1, 3: 320.2
-// / 303.2 tok/s. The arithmetic is the same.
+// / 303.2 tok/s. With the activations in tiles (H200, 2026-11-27): 3:
+// 415.2 / 386.1, 2: 417.0 / 388.1 (1B: 1,308.3 / 1,203.4 against 1,315.4 /
+// 1,191.7), 4: 405.8 / 381.3. The arithmetic is the same.
 #ifndef MV_EXACT_R1_MINB
 #define MV_EXACT_R1_MINB 3
 #endif
