@@ -448,6 +448,17 @@ __device__ __forceinline__ int att_k_at(int kk, int c) {
 #define ATT_FUSE_CLUSTER 2
 // att_cluster_sync (common.cuh): only the att_pipe_c_* entries use it,
 // launched with cluster dimensions (1, gridDim.y, 1).
+//
+// ATT_STAMP (diagnostic knob, QUIRE_CUDA_DEFINES=ATT_STAMP=1; off, none of
+// it compiles): thread 0 of each CTA of KV head 0 reads clock64 at the
+// kernel's phases (entry, the programmatic wait done, the queries staged,
+// the tiles done, the partial written, the cluster barrier, the end) and
+// prints the intervals, with %globaltimer at entry, for rows at positions
+// that are multiples of 64: where a decode step's attention spends its
+// time inside the captured graph (docs/PERF.md, 2026-11-27 late night).
+#ifndef ATT_STAMP
+#define ATT_STAMP 0
+#endif
 template <int D32, int GM, int FUSE, int KT = 16, int ST = ATT_STAGES>
 __device__ __forceinline__ void att_pipe_gqa(
     const float* __restrict__ q, int n_heads, int n_kv_heads, int hd, int block_size,
@@ -496,6 +507,12 @@ __device__ __forceinline__ void att_pipe_gqa(
     // the row's own key are touched after the wait. Same loads, same bits.
     // Both loads issued before either is used (a chain of dependent loads
     // is the start-up latency of every CTA).
+    long long stamp[7] = {0, 0, 0, 0, 0, 0, 0};
+    unsigned long long g_entry = 0;
+    if (ATT_STAMP) {
+        stamp[0] = clock64();
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g_entry));
+    }
     int pos = (int)positions[r];
     u32 seq = row_seq[r];
     int n_chunks = pos / ATT_CHUNK + 1;
@@ -604,14 +621,29 @@ __device__ __forceinline__ void att_pipe_gqa(
             GRID_DEP();
             waited = true;
         }
+        if (ATT_STAMP && p == (int)blockIdx.y) stamp[1] = clock64();
         if (p == (int)blockIdx.y) {  // the queries, once, while the first tiles load
-            for (int i = threadIdx.x; i < GM * HD; i += blockDim.x) {
-                int g = i / HD, d = i % HD;
-                qs[g][d] = (g < group && d < hd)
-                               ? q[((long long)r * n_heads + h0 + g) * hd + d] * scale
-                               : 0.0f;
+            // By float4 (hd a multiple of 8, q 16-byte aligned): every load
+            // of the CTA's share issued before any is stored (the scalar
+            // loop made the 8B's 512 values four L2 round trips).
+            constexpr int NQ = (GM * HD / 4 + 32 * W - 1) / (32 * W);
+            float4 qv[NQ];
+#pragma unroll
+            for (int j = 0; j < NQ; j++) {
+                int i = 4 * (threadIdx.x + 32 * W * j), g = i / HD, d = i % HD;
+                qv[j] = (i < GM * HD && g < group && d < hd)
+                            ? *(const float4*)(q + ((long long)r * n_heads + h0 + g) * hd + d)
+                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int j = 0; j < NQ; j++) {
+                int i = 4 * (threadIdx.x + 32 * W * j), g = i / HD, d = i % HD;
+                if (i < GM * HD)
+                    *(float4*)&qs[g][d] = make_float4(qv[j].x * scale, qv[j].y * scale,
+                                                      qv[j].z * scale, qv[j].w * scale);
             }
             __syncthreads();
+            if (ATT_STAMP) stamp[2] = clock64();
         }
         for (int t = 0; t < n_tiles; t++) {
             long long o = off_next;
@@ -675,29 +707,44 @@ __device__ __forceinline__ void att_pipe_gqa(
                 m[g] = m_new;
             }
             __syncwarp();
+            // p·V over the tile's keys in key order. A whole tile (every
+            // tile but a row's last) is unrolled, so its shared-memory loads
+            // can issue together: at batch 1 a CTA's four warps are alone on
+            // their SM's schedulers, each tile about 2,400 cycles (ATT_STAMP,
+            // H200, 2026-11-27). Unrolled, the 8B's tiles took 7,140 cycles
+            // a CTA against 7,650, SmolLM2's no fewer; with the query
+            // staging below, decode +1-3% (docs/PERF.md). Same order, same
+            // bits.
+            auto pv = [&](int tt) {
+                float v[D32];
+                if constexpr (D32 == 4) {
+                    uint2 x = *(const uint2*)&vst[w][st][tt][d0];
+                    float2 a = q_f16x2(x.x), b = q_f16x2(x.y);
+                    v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
+                } else {
+                    static_assert(D32 == 2, "D32 is 2 or 4");
+                    float2 a = q_f16x2(*(const u32*)&vst[w][st][tt][d0]);
+                    v[0] = a.x, v[1] = a.y;
+                }
+#pragma unroll
+                for (int g = 0; g < GM; g++) {
+                    float pt = wp[w][g][tt];
+#pragma unroll
+                    for (int u = 0; u < D32; u++) acc[g][u] = fmaf(pt, v[u], acc[g][u]);
+                }
+            };
             if (d0 < hd) {
-                for (int tt = 0; tt < nk; tt++) {
-                    float v[D32];
-                    if constexpr (D32 == 4) {
-                        uint2 x = *(const uint2*)&vst[w][st][tt][d0];
-                        float2 a = q_f16x2(x.x), b = q_f16x2(x.y);
-                        v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
-                    } else {
-                        static_assert(D32 == 2, "D32 is 2 or 4");
-                        float2 a = q_f16x2(*(const u32*)&vst[w][st][tt][d0]);
-                        v[0] = a.x, v[1] = a.y;
-                    }
+                if (nk == KT) {
 #pragma unroll
-                    for (int g = 0; g < GM; g++) {
-                        float pt = wp[w][g][tt];
-#pragma unroll
-                        for (int u = 0; u < D32; u++) acc[g][u] = fmaf(pt, v[u], acc[g][u]);
-                    }
+                    for (int tt = 0; tt < KT; tt++) pv(tt);
+                } else {
+                    for (int tt = 0; tt < nk; tt++) pv(tt);
                 }
             }
             __syncwarp();  // the next issue rewrites this stage and wp
         }
         cp_async_wait_all();
+        if (ATT_STAMP && p == (int)blockIdx.y) stamp[3] = clock64();
 #pragma unroll
         for (int g = 0; g < GM; g++) {
 #pragma unroll
@@ -748,6 +795,7 @@ __device__ __forceinline__ void att_pipe_gqa(
         if (tma) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
         __syncthreads();  // before the next partial reuses the shared state
+        if (ATT_STAMP && p == (int)blockIdx.y) stamp[4] = clock64();
     }
     if constexpr (FUSE == ATT_FUSE_CLUSTER) {
         // att_pipe_c_*: the CTAs of a unit (gridDim.y of them, 2..=16) form
@@ -760,6 +808,7 @@ __device__ __forceinline__ void att_pipe_gqa(
         // so it waits here for the previous kernel before writing out.
         if (!waited) GRID_DEP();
         att_cluster_sync();
+        if (ATT_STAMP) stamp[5] = clock64();
         int cw = W * (int)blockIdx.y + w;
         for (int g = cw; g < group; g += W * (int)gridDim.y)
             att_combine_rh<D32, 8, true>(part, r * n_heads + h0 + g, pos, hd, stride, n_parts,
@@ -775,6 +824,16 @@ __device__ __forceinline__ void att_pipe_gqa(
         for (int g = w; g < group; g += W)
             att_combine_rh<D32, 8, true>(part, r * n_heads + h0 + g, pos, hd, stride, n_parts,
                                          out, xq, xds);
+    }
+    if (ATT_STAMP && threadIdx.x == 0 && kvh == 0 && pos % 64 == 0) {
+        stamp[6] = clock64();
+        for (int i = 1; i < 7; i++)
+            if (stamp[i] == 0) stamp[i] = stamp[i - 1];
+        printf("ATT_STAMP fuse=%d y=%d/%d pos=%d entry_ns=%llu wait=%lld q=%lld tiles=%lld "
+               "part=%lld bar=%lld end=%lld\n",
+               FUSE, (int)blockIdx.y, (int)gridDim.y, pos, g_entry, stamp[1] - stamp[0],
+               stamp[2] - stamp[1], stamp[3] - stamp[2], stamp[4] - stamp[3],
+               stamp[5] - stamp[4], stamp[6] - stamp[5]);
     }
 }
 
@@ -847,11 +906,20 @@ ATT_PIPE_GQA(4, 8)
                                     int head_dim, const u32* __restrict__ positions,          \
                                     int stride, int n_parts, float* __restrict__ out,         \
                                     signed char* __restrict__ xq, float2* __restrict__ xds) { \
+        unsigned long long g0 = 0, g1 = 0, g2 = 0;                                            \
+        if (ATT_STAMP) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g0));                \
         GRID_DEP();                                                                           \
+        if (ATT_STAMP) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g1));                \
         int rh = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);                         \
         if (rh >= n_rows * n_heads) return;                                                   \
         att_combine_rh<MAXU, LOADS, false>(part, rh, (int)positions[rh / n_heads], head_dim,  \
                                            stride, n_parts, out, xq, xds);                    \
+        if (ATT_STAMP && threadIdx.x == 0 && blockIdx.x == 0 &&                               \
+            positions[0] % 64 == 0) {                                                         \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g2));                            \
+            printf("ATT_STAMP combine pos=%u entry_ns=%llu wait_ns=%llu work_ns=%llu\n",       \
+                   positions[0], g0, g1 - g0, g2 - g1);                                       \
+        }                                                                                     \
     }
 ATT_COMBINE(attention_combine, 8, 8)
 ATT_COMBINE(attention_combine_d128, 4, 16)
