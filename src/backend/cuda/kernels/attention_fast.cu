@@ -495,6 +495,12 @@ __device__ __forceinline__ void att_pipe_gqa(
     int w = threadIdx.x >> 5, l = threadIdx.x & 31;
     int kk = l % KT, hv = l / KT;
     int cpr = hd / 8, d0 = D32 * l;
+    long long stamp[7] = {0, 0, 0, 0, 0, 0, 0};  // ATT_STAMP's clock64 per phase
+    unsigned long long g_entry = 0;
+    if (ATT_STAMP) {
+        stamp[0] = clock64();
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g_entry));
+    }
     // Before GRID_DEP()'s wait (the previous kernel may still be running
     // under a programmatic edge) this CTA reads only what no kernel of the
     // step writes: positions, row_seq and the block tables (copied from the
@@ -507,12 +513,6 @@ __device__ __forceinline__ void att_pipe_gqa(
     // the row's own key are touched after the wait. Same loads, same bits.
     // Both loads issued before either is used (a chain of dependent loads
     // is the start-up latency of every CTA).
-    long long stamp[7] = {0, 0, 0, 0, 0, 0, 0};
-    unsigned long long g_entry = 0;
-    if (ATT_STAMP) {
-        stamp[0] = clock64();
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g_entry));
-    }
     int pos = (int)positions[r];
     u32 seq = row_seq[r];
     int n_chunks = pos / ATT_CHUNK + 1;
@@ -713,8 +713,8 @@ __device__ __forceinline__ void att_pipe_gqa(
             // their SM's schedulers, each tile about 2,400 cycles (ATT_STAMP,
             // H200, 2026-11-27). Unrolled, the 8B's tiles took 7,140 cycles
             // a CTA against 7,650, SmolLM2's no fewer; with the query
-            // staging below, decode +1-3% (docs/PERF.md). Same order, same
-            // bits.
+            // staging (above), decode +1-5% (docs/PERF.md). Same order,
+            // same bits.
             auto pv = [&](int tt) {
                 float v[D32];
                 if constexpr (D32 == 4) {
