@@ -182,21 +182,23 @@ const WG_ENTRIES: [&str; 3 * WG_KERNELS.len() + 2] = {
 
 /// The pipelined split-attention entries of attention_fast.cu, indexed
 /// [form][head_dim class][group class]:
-/// `att_pipe{,_m,_w,_c,_m3}_d{2,4}_g{1,2,4,8}` (form: partials, merging,
+/// `att_pipe{,_m,_w,_c,_m3}_d{2,4}_g{1,2,3,4,8}` (form: partials, merging,
 /// partials with 8-key tiles, merging by a cluster, merging at
 /// ATT_M3_STAGES stages; launch/attention.rs, gqa_split_kernel, picks
 /// one).
-pub const ATT_PIPE: [[[&str; 4]; 2]; 5] = [
+pub const ATT_PIPE: [[[&str; 5]; 2]; 5] = [
     [
         [
             "att_pipe_d2_g1",
             "att_pipe_d2_g2",
+            "att_pipe_d2_g3",
             "att_pipe_d2_g4",
             "att_pipe_d2_g8",
         ],
         [
             "att_pipe_d4_g1",
             "att_pipe_d4_g2",
+            "att_pipe_d4_g3",
             "att_pipe_d4_g4",
             "att_pipe_d4_g8",
         ],
@@ -205,12 +207,14 @@ pub const ATT_PIPE: [[[&str; 4]; 2]; 5] = [
         [
             "att_pipe_m_d2_g1",
             "att_pipe_m_d2_g2",
+            "att_pipe_m_d2_g3",
             "att_pipe_m_d2_g4",
             "att_pipe_m_d2_g8",
         ],
         [
             "att_pipe_m_d4_g1",
             "att_pipe_m_d4_g2",
+            "att_pipe_m_d4_g3",
             "att_pipe_m_d4_g4",
             "att_pipe_m_d4_g8",
         ],
@@ -219,12 +223,14 @@ pub const ATT_PIPE: [[[&str; 4]; 2]; 5] = [
         [
             "att_pipe_w_d2_g1",
             "att_pipe_w_d2_g2",
+            "att_pipe_w_d2_g3",
             "att_pipe_w_d2_g4",
             "att_pipe_w_d2_g8",
         ],
         [
             "att_pipe_w_d4_g1",
             "att_pipe_w_d4_g2",
+            "att_pipe_w_d4_g3",
             "att_pipe_w_d4_g4",
             "att_pipe_w_d4_g8",
         ],
@@ -233,12 +239,14 @@ pub const ATT_PIPE: [[[&str; 4]; 2]; 5] = [
         [
             "att_pipe_c_d2_g1",
             "att_pipe_c_d2_g2",
+            "att_pipe_c_d2_g3",
             "att_pipe_c_d2_g4",
             "att_pipe_c_d2_g8",
         ],
         [
             "att_pipe_c_d4_g1",
             "att_pipe_c_d4_g2",
+            "att_pipe_c_d4_g3",
             "att_pipe_c_d4_g4",
             "att_pipe_c_d4_g8",
         ],
@@ -247,12 +255,14 @@ pub const ATT_PIPE: [[[&str; 4]; 2]; 5] = [
         [
             "att_pipe_m3_d2_g1",
             "att_pipe_m3_d2_g2",
+            "att_pipe_m3_d2_g3",
             "att_pipe_m3_d2_g4",
             "att_pipe_m3_d2_g8",
         ],
         [
             "att_pipe_m3_d4_g1",
             "att_pipe_m3_d4_g2",
+            "att_pipe_m3_d4_g3",
             "att_pipe_m3_d4_g4",
             "att_pipe_m3_d4_g8",
         ],

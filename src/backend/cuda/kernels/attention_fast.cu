@@ -892,12 +892,17 @@ __device__ __forceinline__ void att_pipe_gqa(
                                    signed char* __restrict__ xq, float2* __restrict__ xds) {   \
         att_pipe_gqa<D32, GM, ATT_FUSE_SELF, 16, ATT_M3_STAGES>(ATT_PIPE_PASS, out, xq, xds);  \
     }
+// GM = 3: groups of three query heads (SmolLM2's 9 over 3) would run the
+// 4-head entry with a quarter of its arithmetic on a zero head, and the
+// batch-1 tile loop is bound by that arithmetic (ATT_STAMP).
 ATT_PIPE_GQA(2, 1)
 ATT_PIPE_GQA(2, 2)
+ATT_PIPE_GQA(2, 3)
 ATT_PIPE_GQA(2, 4)
 ATT_PIPE_GQA(2, 8)
 ATT_PIPE_GQA(4, 1)
 ATT_PIPE_GQA(4, 2)
+ATT_PIPE_GQA(4, 3)
 ATT_PIPE_GQA(4, 4)
 ATT_PIPE_GQA(4, 8)
 

@@ -271,8 +271,9 @@ pub(super) fn gqa_split_kernel(group: usize, head_dim: usize, form: Pipe) -> Opt
     let g = match group {
         1 => 0,
         2 => 1,
-        3..=4 => 2,
-        5..=8 => 3,
+        3 => 2,
+        4 => 3,
+        5..=8 => 4,
         _ => return None,
     };
     Some(crate::backend::cuda::source::ATT_PIPE[form as usize][d][g])
@@ -417,12 +418,12 @@ mod tests {
     fn gqa_kernel_is_the_smallest_that_fits() {
         use Pipe::{Cluster, Deep, Merge, Partials, Wide};
         assert_eq!(gqa_split_kernel(4, 128, Partials), Some("att_pipe_d4_g4"));
-        assert_eq!(gqa_split_kernel(3, 64, Partials), Some("att_pipe_d2_g4"));
+        assert_eq!(gqa_split_kernel(3, 64, Partials), Some("att_pipe_d2_g3"));
         assert_eq!(gqa_split_kernel(8, 80, Partials), Some("att_pipe_d4_g8"));
         assert_eq!(gqa_split_kernel(1, 8, Partials), Some("att_pipe_d2_g1"));
-        assert_eq!(gqa_split_kernel(3, 64, Merge), Some("att_pipe_m_d2_g4"));
+        assert_eq!(gqa_split_kernel(3, 64, Merge), Some("att_pipe_m_d2_g3"));
         assert_eq!(gqa_split_kernel(4, 128, Wide), Some("att_pipe_w_d4_g4"));
-        assert_eq!(gqa_split_kernel(3, 64, Cluster), Some("att_pipe_c_d2_g4"));
+        assert_eq!(gqa_split_kernel(3, 64, Cluster), Some("att_pipe_c_d2_g3"));
         assert_eq!(gqa_split_kernel(4, 128, Deep), Some("att_pipe_m3_d4_g4"));
         assert_eq!(gqa_split_kernel(9, 128, Partials), None);
         assert_eq!(gqa_split_kernel(4, 256, Merge), None);
