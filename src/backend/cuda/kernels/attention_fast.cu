@@ -446,9 +446,6 @@ __device__ __forceinline__ int att_k_at(int kk, int c) {
 #define ATT_FUSE_NONE 0
 #define ATT_FUSE_SELF 1
 #define ATT_FUSE_CLUSTER 2
-// att_cluster_sync (common.cuh): only the att_pipe_c_* entries use it,
-// launched with cluster dimensions (1, gridDim.y, 1).
-//
 // ATT_STAMP (diagnostic knob, QUIRE_CUDA_DEFINES=ATT_STAMP=1; off, none of
 // it compiles): thread 0 of each CTA of KV head 0 reads clock64 at the
 // kernel's phases (entry, the programmatic wait done, the queries staged,
@@ -459,6 +456,8 @@ __device__ __forceinline__ int att_k_at(int kk, int c) {
 #ifndef ATT_STAMP
 #define ATT_STAMP 0
 #endif
+// att_cluster_sync (common.cuh): only the att_pipe_c_* entries use it,
+// launched with cluster dimensions (1, gridDim.y, 1).
 template <int D32, int GM, int FUSE, int KT = 16, int ST = ATT_STAGES>
 __device__ __forceinline__ void att_pipe_gqa(
     const float* __restrict__ q, int n_heads, int n_kv_heads, int hd, int block_size,

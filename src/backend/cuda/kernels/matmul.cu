@@ -28,6 +28,9 @@ __device__ __forceinline__ float quant_block(const float* x, int len, short* q) 
     return d;
 }
 
+// Blocks in block b's tile (32, or fewer in a row's last tile; nb blocks
+// a row): see canon_chunk.
+__device__ __forceinline__ int canon_tile_blocks(int nb, int b) { return min(32, nb - (b & ~31)); }
 // Where quant_act32 keeps a row's 16-bit activations (qs: rows of k): the
 // row's 32-blocks in tiles of 32 (the last one tb < 32 blocks when k / 32
 // is not a multiple of 32), a tile holding chunk 0 (values 0..7) of each
@@ -37,8 +40,6 @@ __device__ __forceinline__ float quant_block(const float* x, int len, short* q) 
 // sixteen of blocks stored whole (64 bytes apart per lane). Integer dot
 // products do not depend on where the values sit: the same bits. Returns
 // the offset (in values) of chunk h of block b.
-// Blocks in block b's tile (32, or fewer in a row's last tile).
-__device__ __forceinline__ int canon_tile_blocks(int nb, int b) { return min(32, nb - (b & ~31)); }
 __device__ __forceinline__ int canon_chunk(int nb, int b, int h) {
     int t0 = b & ~31;
     return 32 * t0 + 8 * (h * canon_tile_blocks(nb, b) + (b - t0));
