@@ -383,7 +383,7 @@ impl CudaBackend {
                     let smem = launch::att_pipe_smem(e).unwrap_or(0);
                     let n = drv(
                         f.occupancy_max_active_blocks_per_multiprocessor(
-                            u32::try_from(launch::ATT_SPLIT_THREADS)?,
+                            u32::try_from(launch::att_threads(e))?,
                             smem,
                             None,
                         ),
@@ -391,7 +391,7 @@ impl CudaBackend {
                     )?;
                     att_per_sm.insert(e, n.max(1) as usize);
                 }
-                if clusters && e.starts_with("att_pipe_c_") {
+                if clusters && (e.starts_with("att_pipe_c_") || e.starts_with("att_pipe8_c_")) {
                     let smem = launch::att_pipe_smem(e).unwrap_or(0);
                     // Clusters past the portable 8 CTAs are opt-in.
                     if let Err(why) = f.set_attribute(
@@ -406,7 +406,7 @@ impl CudaBackend {
                             &stream,
                             smem,
                             c,
-                            launch::ATT_SPLIT_THREADS,
+                            launch::att_threads(e),
                         ) {
                             Ok(n) => {
                                 att_clusters.insert((e, c), n);

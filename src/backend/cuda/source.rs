@@ -184,9 +184,10 @@ const WG_ENTRIES: [&str; 3 * WG_KERNELS.len() + 2] = {
 /// [form][head_dim class][group class]:
 /// `att_pipe{,_m,_w,_c,_m3}_d{2,4}_g{1,2,3,4,8}` (form: partials, merging,
 /// partials with 8-key tiles, merging by a cluster, merging at
-/// ATT_M3_STAGES stages; launch/attention.rs, gqa_split_kernel, picks
-/// one).
-pub const ATT_PIPE: [[[&str; 5]; 2]; 5] = [
+/// ATT_M3_STAGES stages), then `att_pipe8{_,_m_,_c_}d{2,4}_g{1,2,3,4,8}`
+/// (the partials, merging and cluster forms at eight warps per CTA);
+/// launch/attention.rs, gqa_split_kernel, picks one.
+pub const ATT_PIPE: [[[&str; 5]; 2]; 8] = [
     [
         [
             "att_pipe_d2_g1",
@@ -265,6 +266,54 @@ pub const ATT_PIPE: [[[&str; 5]; 2]; 5] = [
             "att_pipe_m3_d4_g3",
             "att_pipe_m3_d4_g4",
             "att_pipe_m3_d4_g8",
+        ],
+    ],
+    [
+        [
+            "att_pipe8_d2_g1",
+            "att_pipe8_d2_g2",
+            "att_pipe8_d2_g3",
+            "att_pipe8_d2_g4",
+            "att_pipe8_d2_g8",
+        ],
+        [
+            "att_pipe8_d4_g1",
+            "att_pipe8_d4_g2",
+            "att_pipe8_d4_g3",
+            "att_pipe8_d4_g4",
+            "att_pipe8_d4_g8",
+        ],
+    ],
+    [
+        [
+            "att_pipe8_m_d2_g1",
+            "att_pipe8_m_d2_g2",
+            "att_pipe8_m_d2_g3",
+            "att_pipe8_m_d2_g4",
+            "att_pipe8_m_d2_g8",
+        ],
+        [
+            "att_pipe8_m_d4_g1",
+            "att_pipe8_m_d4_g2",
+            "att_pipe8_m_d4_g3",
+            "att_pipe8_m_d4_g4",
+            "att_pipe8_m_d4_g8",
+        ],
+    ],
+    [
+        [
+            "att_pipe8_c_d2_g1",
+            "att_pipe8_c_d2_g2",
+            "att_pipe8_c_d2_g3",
+            "att_pipe8_c_d2_g4",
+            "att_pipe8_c_d2_g8",
+        ],
+        [
+            "att_pipe8_c_d4_g1",
+            "att_pipe8_c_d4_g2",
+            "att_pipe8_c_d4_g3",
+            "att_pipe8_c_d4_g4",
+            "att_pipe8_c_d4_g8",
         ],
     ],
 ];

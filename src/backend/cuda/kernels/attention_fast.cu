@@ -406,9 +406,9 @@ __device__ __forceinline__ void att_combine_rh(const float* __restrict__ part, i
 // merges its partials, so no attention_combine launch follows.
 // Bytes of att_pipe_gqa's shared memory layout (below) for one entry;
 // ATT_PIPE_GQA checks them against the host's att_pipe_smem.
-__host__ __device__ constexpr int att_pipe_bytes(int d32, int gm, int kt, int st) {
-    return 2 * ATT_SPLIT_WARPS * st * kt * 32 * d32 * 2 + gm * 32 * d32 * 4 +
-           ATT_SPLIT_WARPS * gm * kt * 4 + 2 * ATT_SPLIT_WARPS * gm * 4 + 8 * ATT_SPLIT_WARPS * st;
+__host__ __device__ constexpr int att_pipe_bytes(int d32, int gm, int kt, int st, int w) {
+    return 2 * w * st * kt * 32 * d32 * 2 + gm * 32 * d32 * 4 + w * gm * kt * 4 + 2 * w * gm * 4 +
+           8 * w * st;
 }
 // K and V by bulk tensor copies (sm_90+, the host's `tma` flag: head_dim
 // 32 * D32 exactly and block_size a multiple of the tile's KT keys, so a
@@ -458,7 +458,7 @@ __device__ __forceinline__ int att_k_at(int kk, int c) {
 #endif
 // att_cluster_sync (common.cuh): only the att_pipe_c_* entries use it,
 // launched with cluster dimensions (1, gridDim.y, 1).
-template <int D32, int GM, int FUSE, int KT = 16, int ST = ATT_STAGES>
+template <int D32, int GM, int FUSE, int KT = 16, int ST = ATT_STAGES, int W = ATT_SPLIT_WARPS>
 __device__ __forceinline__ void att_pipe_gqa(
     const float* __restrict__ q, int n_heads, int n_kv_heads, int hd, int block_size,
     float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
@@ -469,7 +469,8 @@ __device__ __forceinline__ void att_pipe_gqa(
     constexpr int HD = 32 * D32;  // the largest head_dim served; the smem row stride
     // NH = 32 / KT lanes per key, TPC tiles per warp and chunk.
     static_assert(KT == 8 || KT == 16, "KT is 8 or 16");
-    constexpr int W = ATT_SPLIT_WARPS, NH = 32 / KT, TPC = 32 / KT;
+    constexpr int KPW = ATT_CHUNK / W, NH = 32 / KT, TPC = KPW / KT;
+    static_assert(ATT_CHUNK % W == 0 && KPW % KT == 0, "a warp's keys of a chunk are whole tiles");
     extern __shared__ __align__(16) unsigned char att_smem[];
     // Layout (bytes): kst, vst: (W, ST, KT, HD) u16 each; qs: (GM, HD) f32;
     // wp: (W, GM, KT) f32; wm, wl: (W, GM) f32; bars: (W, ST) u64 (the
@@ -482,7 +483,7 @@ __device__ __forceinline__ void att_pipe_gqa(
     float(*wm)[GM] = (float(*)[GM])((unsigned char*)wp + W * GM * KT * 4);
     float(*wl)[GM] = (float(*)[GM])((unsigned char*)wm + W * GM * 4);
     u64(*bars)[ST] = (u64(*)[ST])((unsigned char*)wl + W * GM * 4);
-    static_assert((att_pipe_bytes(D32, GM, KT, ST) - 8 * W * ST) % 8 == 0,
+    static_assert((att_pipe_bytes(D32, GM, KT, ST, W) - 8 * W * ST) % 8 == 0,
                   "the mbarriers (the layout's last 8 W ST bytes) are 8-byte aligned");
     static_assert((KT * HD * 2) % 1024 == 0 && (KT * 128) % 1024 == 0,
                   "K stages and halves 1024-byte aligned (the 128-byte swizzle)");
@@ -495,6 +496,7 @@ __device__ __forceinline__ void att_pipe_gqa(
     int kk = l % KT, hv = l / KT;
     int cpr = hd / 8, d0 = D32 * l;
     long long stamp[7] = {0, 0, 0, 0, 0, 0, 0};  // ATT_STAMP's clock64 per phase
+    long long t_wait = 0;  // ATT_STAMP: cycles the tile loop waited for copies
     unsigned long long g_entry = 0;
     if (ATT_STAMP) {
         stamp[0] = clock64();
@@ -541,7 +543,7 @@ __device__ __forceinline__ void att_pipe_gqa(
         // Tile t of this warp starts at key tile_k0(t); tiles are in
         // increasing key order, so the first past pos ends the walk.
         auto tile_k0 = [&](int t) {
-            return (p + (t / TPC) * n_parts) * ATT_CHUNK + 32 * w + KT * (t % TPC);
+            return (p + (t / TPC) * n_parts) * ATT_CHUNK + KPW * w + KT * (t % TPC);
         };
         int n_tiles = 0;
         while (tile_k0(n_tiles) <= pos) n_tiles++;
@@ -649,6 +651,7 @@ __device__ __forceinline__ void att_pipe_gqa(
             off_next = tile_off(t + ST);
             issue(t + ST - 1, o);
             int st = t % ST, k0 = tile_k0(t);
+            long long tw0 = ATT_STAMP ? clock64() : 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
             if (tma) {
                 mbar_wait(&bars[w][st], (phase >> st) & 1);
@@ -656,6 +659,7 @@ __device__ __forceinline__ void att_pipe_gqa(
             } else
 #endif
                 cp_async_wait_group<ST - 1>();  // tile t's copies are done
+            if (ATT_STAMP) t_wait += clock64() - tw0;
             __syncwarp();
             bool ok = k0 + kk <= pos;
             int nk = min(KT, pos - k0 + 1);
@@ -829,10 +833,10 @@ __device__ __forceinline__ void att_pipe_gqa(
         for (int i = 1; i < 7; i++)
             if (stamp[i] == 0) stamp[i] = stamp[i - 1];
         printf("ATT_STAMP fuse=%d y=%d/%d pos=%d entry_ns=%llu wait=%lld q=%lld tiles=%lld "
-               "part=%lld bar=%lld end=%lld\n",
+               "part=%lld bar=%lld end=%lld tw=%lld\n",
                FUSE, (int)blockIdx.y, (int)gridDim.y, pos, g_entry, stamp[1] - stamp[0],
                stamp[2] - stamp[1], stamp[3] - stamp[2], stamp[4] - stamp[3],
-               stamp[5] - stamp[4], stamp[6] - stamp[5]);
+               stamp[5] - stamp[4], stamp[6] - stamp[5], t_wait);
     }
 }
 
@@ -858,15 +862,15 @@ __device__ __forceinline__ void att_pipe_gqa(
 // chunks (`fast`: launch/attention.rs, deep_rule).
 // ATT_SMEM_<name> (host prelude): the bytes launch/attention.rs launches
 // each entry with (att_pipe_smem); it must equal the kernel's layout.
-#define ATT_PIPE_CHECK(NAME, D32, GM, KT, ST)                                                  \
-    static_assert(att_pipe_bytes(D32, GM, KT, ST) == ATT_SMEM_##NAME,                          \
+#define ATT_PIPE_CHECK(NAME, D32, GM, KT, ST, W)                                               \
+    static_assert(att_pipe_bytes(D32, GM, KT, ST, W) == ATT_SMEM_##NAME,                       \
                   "launch/attention.rs disagrees on " #NAME "'s shared memory");
 #define ATT_PIPE_GQA(D32, GM)                                                                  \
-    ATT_PIPE_CHECK(att_pipe_d##D32##_g##GM, D32, GM, 16, ATT_STAGES)                           \
-    ATT_PIPE_CHECK(att_pipe_m_d##D32##_g##GM, D32, GM, 16, ATT_STAGES)                         \
-    ATT_PIPE_CHECK(att_pipe_c_d##D32##_g##GM, D32, GM, 16, ATT_STAGES)                         \
-    ATT_PIPE_CHECK(att_pipe_w_d##D32##_g##GM, D32, GM, 8, ATT_W_STAGES)                        \
-    ATT_PIPE_CHECK(att_pipe_m3_d##D32##_g##GM, D32, GM, 16, ATT_M3_STAGES)                     \
+    ATT_PIPE_CHECK(att_pipe_d##D32##_g##GM, D32, GM, 16, ATT_STAGES, ATT_SPLIT_WARPS)                           \
+    ATT_PIPE_CHECK(att_pipe_m_d##D32##_g##GM, D32, GM, 16, ATT_STAGES, ATT_SPLIT_WARPS)                         \
+    ATT_PIPE_CHECK(att_pipe_c_d##D32##_g##GM, D32, GM, 16, ATT_STAGES, ATT_SPLIT_WARPS)                         \
+    ATT_PIPE_CHECK(att_pipe_w_d##D32##_g##GM, D32, GM, 8, ATT_W_STAGES, ATT_SPLIT_WARPS)                        \
+    ATT_PIPE_CHECK(att_pipe_m3_d##D32##_g##GM, D32, GM, 16, ATT_M3_STAGES, ATT_SPLIT_WARPS)                     \
     extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS)                         \
         att_pipe_d##D32##_g##GM(ATT_PIPE_ARGS) {                                               \
         att_pipe_gqa<D32, GM, ATT_FUSE_NONE>(ATT_PIPE_PASS, nullptr, nullptr, nullptr);        \
@@ -891,6 +895,38 @@ __device__ __forceinline__ void att_pipe_gqa(
                                    signed char* __restrict__ xq, float2* __restrict__ xds) {   \
         att_pipe_gqa<D32, GM, ATT_FUSE_SELF, 16, ATT_M3_STAGES>(ATT_PIPE_PASS, out, xq, xds);  \
     }
+// att_pipe8_{d,m_,c_}d*_g*: the partials, merging and cluster forms with
+// ATT_PIPE8_WARPS warps per CTA, so each warp folds one 16-key tile of a
+// 128-key chunk instead of two (`fast` mode, launches of at most about two
+// CTAs per SM: launch/attention_forms.rs, eight_rule). At batch 1 a
+// CTA's warps are alone on their SM and a tile is about 2,200 cycles of
+// dependent shared-memory loads, FMAs and shuffles (ATT_STAMP, H200,
+// 2026-11-28): two warps per scheduler, each with half the tiles, end the
+// tile loop in 2,200 cycles instead of 5,300. The warps' states are merged
+// in warp order as in the 4-warp forms, over 16-key runs instead of 32:
+// other bits (a function of the launch shape, as `fast` allows).
+#define ATT_PIPE8_WARPS 8
+#define ATT_PIPE_GQA8(D32, GM)                                                                 \
+    ATT_PIPE_CHECK(att_pipe8_d##D32##_g##GM, D32, GM, 16, ATT_STAGES, ATT_PIPE8_WARPS)          \
+    ATT_PIPE_CHECK(att_pipe8_m_d##D32##_g##GM, D32, GM, 16, ATT_STAGES, ATT_PIPE8_WARPS)        \
+    ATT_PIPE_CHECK(att_pipe8_c_d##D32##_g##GM, D32, GM, 16, ATT_STAGES, ATT_PIPE8_WARPS)        \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_PIPE8_WARPS)                         \
+        att_pipe8_d##D32##_g##GM(ATT_PIPE_ARGS) {                                              \
+        att_pipe_gqa<D32, GM, ATT_FUSE_NONE, 16, ATT_STAGES, ATT_PIPE8_WARPS>(                 \
+            ATT_PIPE_PASS, nullptr, nullptr, nullptr);                                         \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_PIPE8_WARPS)                         \
+        att_pipe8_m_d##D32##_g##GM(ATT_PIPE_ARGS, float* __restrict__ out,                     \
+                                   signed char* __restrict__ xq, float2* __restrict__ xds) {   \
+        att_pipe_gqa<D32, GM, ATT_FUSE_SELF, 16, ATT_STAGES, ATT_PIPE8_WARPS>(ATT_PIPE_PASS,   \
+                                                                              out, xq, xds);   \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_PIPE8_WARPS)                         \
+        att_pipe8_c_d##D32##_g##GM(ATT_PIPE_ARGS, float* __restrict__ out,                     \
+                                   signed char* __restrict__ xq, float2* __restrict__ xds) {   \
+        att_pipe_gqa<D32, GM, ATT_FUSE_CLUSTER, 16, ATT_STAGES, ATT_PIPE8_WARPS>(              \
+            ATT_PIPE_PASS, out, xq, xds);                                                      \
+    }
 // GM = 3: groups of three query heads (SmolLM2's 9 over 3) would run the
 // 4-head entry with a quarter of its arithmetic on a zero head, and the
 // batch-1 tile loop is bound by that arithmetic (ATT_STAMP).
@@ -904,6 +940,16 @@ ATT_PIPE_GQA(4, 2)
 ATT_PIPE_GQA(4, 3)
 ATT_PIPE_GQA(4, 4)
 ATT_PIPE_GQA(4, 8)
+ATT_PIPE_GQA8(2, 1)
+ATT_PIPE_GQA8(2, 2)
+ATT_PIPE_GQA8(2, 3)
+ATT_PIPE_GQA8(2, 4)
+ATT_PIPE_GQA8(2, 8)
+ATT_PIPE_GQA8(4, 1)
+ATT_PIPE_GQA8(4, 2)
+ATT_PIPE_GQA8(4, 3)
+ATT_PIPE_GQA8(4, 4)
+ATT_PIPE_GQA8(4, 8)
 
 #define ATT_COMBINE(NAME, MAXU, LOADS)                                                        \
     extern "C" __global__ void NAME(const float* __restrict__ part, int n_rows, int n_heads,  \

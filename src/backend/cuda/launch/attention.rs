@@ -3,8 +3,8 @@
 
 use super::att_maps::{att_maps, att_tma_fits_cache, AttMaps};
 use super::attention_forms::{
-    att_pipe_smem, att_trace, cluster_ctas, cluster_wanted, deep_wanted, early_kv, fast_parts,
-    fuse_merge, gqa_split_kernel, tma_wanted, wide_wanted, Pipe, ATT_SPLIT_THREADS,
+    att_pipe_smem, att_threads, att_trace, cluster_ctas, cluster_wanted, deep_wanted, early_kv,
+    eight_wanted, fast_parts, fuse_merge, gqa_split_kernel, tma_wanted, wide_wanted, Pipe,
 };
 use super::{arena3, RawArgs};
 use crate::backend::cuda::mem::{DevAttnBatch, DevKv, ATT_PARTS};
@@ -318,11 +318,20 @@ impl CudaBackend {
         // read-ahead, clusters / the combine: 8B Q8_0 275.6 / 283.0 tok/s,
         // 8B Q4_0 402.7 / 424.6, 1B Q4_0 1,528 / 1,538; with 64
         // read-ahead CTAs no cluster was placed until they gave up).
+        // `fast`, few CTAs in all: the partials, merging or cluster kernel
+        // at eight warps per CTA, each warp one 16-key tile of a chunk
+        // (att_pipe8_*, eight_wanted; the same partition, other bits).
+        let eight = mode == Mode::Fast
+            && gqa.is_some()
+            && !wide
+            && !deep
+            && eight_wanted(units * ctas_y, self.sm_count());
+        let cluster_form = if eight { Pipe::Cluster8 } else { Pipe::Cluster };
         let cluster = fused
             && cluster_wanted(ctas_y)
             && !self.l2_branch_live()?
             && units * ctas_y <= cluster_ctas()
-            && gqa_split_kernel(group, hd, Pipe::Cluster)
+            && gqa_split_kernel(group, hd, cluster_form)
                 .is_some_and(|c| units <= self.att_clusters(c, ctas_y));
         let form = match (wide, merge, cluster) {
             (true, _, _) => Pipe::Wide,
@@ -331,7 +340,11 @@ impl CudaBackend {
             (false, false, true) => Pipe::Cluster,
             (false, false, false) => Pipe::Partials,
         };
-        let name = gqa_split_kernel(group, hd, form).unwrap_or(name);
+        let kform = match form.eight() {
+            Some(f) if eight => f,
+            _ => form,
+        };
+        let name = gqa_split_kernel(group, hd, kform).unwrap_or(name);
         let rh = batch.n_rows * nhi as usize;
         let stride = batch.part_stride;
         let plen = rh * stride * (2 + hd);
@@ -384,7 +397,7 @@ impl CudaBackend {
             };
             let cfg = LaunchConfig {
                 grid_dim: (u32::try_from(ctas_x)?, u32::try_from(ctas_y)?, 1),
-                block_dim: (ATT_SPLIT_THREADS as u32, 1, 1),
+                block_dim: (u32::try_from(att_threads(name))?, 1, 1),
                 shared_mem_bytes: u32::try_from(smem)?,
             };
             if cluster {

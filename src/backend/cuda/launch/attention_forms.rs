@@ -202,8 +202,10 @@ pub(crate) fn att_stages() -> usize {
 /// one CTA per (row, KV head)), partials with 8-key tiles at
 /// ATT_W_STAGES stages (att_pipe_w_*: `fast` mode, multi-wave launches),
 /// partials merged by the unit's thread-block cluster of
-/// 2..=ATT_CLUSTER_MAX CTAs (att_pipe_c_*, sm_90+), and the merging form
-/// at ATT_M3_STAGES stages (att_pipe_m3_*, deep_rule).
+/// 2..=ATT_CLUSTER_MAX CTAs (att_pipe_c_*, sm_90+), the merging form
+/// at ATT_M3_STAGES stages (att_pipe_m3_*, deep_rule), and the partials,
+/// merging and cluster forms at eight warps per CTA (att_pipe8_*,
+/// eight_rule).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Pipe {
     Partials = 0,
@@ -211,6 +213,22 @@ pub(crate) enum Pipe {
     Wide = 2,
     Cluster = 3,
     Deep = 4,
+    Partials8 = 5,
+    Merge8 = 6,
+    Cluster8 = 7,
+}
+
+impl Pipe {
+    /// The eight-warp form of a partials, merging or cluster form (the
+    /// others have none: they serve launches of many CTAs).
+    pub(crate) fn eight(self) -> Option<Pipe> {
+        match self {
+            Pipe::Partials | Pipe::Partials8 => Some(Pipe::Partials8),
+            Pipe::Merge | Pipe::Merge8 => Some(Pipe::Merge8),
+            Pipe::Cluster | Pipe::Cluster8 => Some(Pipe::Cluster8),
+            Pipe::Wide | Pipe::Deep => None,
+        }
+    }
 }
 
 /// Stages of the att_pipe_m3_* kernels (ATT_M3_STAGES in the prelude): the
@@ -232,28 +250,75 @@ pub(crate) fn att_w_stages() -> usize {
 /// counts taken at load.
 pub(crate) const ATT_SPLIT_THREADS: usize = 128;
 
+/// Warps per CTA of the eight-warp forms (att_pipe8_*: ATT_PIPE8_WARPS in
+/// attention_fast.cu).
+pub(crate) const ATT_PIPE8_WARPS: usize = 8;
+
+/// Threads per CTA of split-attention entry `name`: 32 * ATT_PIPE8_WARPS
+/// for the eight-warp forms, else ATT_SPLIT_THREADS.
+pub(crate) fn att_threads(name: &str) -> usize {
+    if name.starts_with("att_pipe8_") {
+        32 * ATT_PIPE8_WARPS
+    } else {
+        ATT_SPLIT_THREADS
+    }
+}
+
+/// Whether a `fast` launch of `ctas` CTAs in all takes the eight-warp form
+/// of its partials, merging or cluster kernel (att_pipe8_*: each warp one
+/// 16-key tile of a chunk instead of two), `sms` the device's SMs:
+/// eight_rule (QUIRE_ATT_EIGHT=0: never, for comparisons; =1: every such
+/// launch). Not in `deterministic` mode, whose bits must not depend on
+/// the batch.
+pub(super) fn eight_wanted(ctas: usize, sms: usize) -> bool {
+    static V: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    V.get_or_init(|| env_switch("QUIRE_ATT_EIGHT"))
+        .unwrap_or_else(|| eight_rule(ctas, sms))
+}
+
+/// Launches of at most two CTAs per SM, where a CTA's warps are (nearly)
+/// alone on their schedulers and the tile loop is latency-bound. Measured
+/// on an H200 (2026-11-28, every launch in one form or the other): decode
+/// tg128@d512 SmolLM2 Q4_0 1,585-1,597 -> 1,616-1,624 tok/s, Llama-3.2-1B
+/// 1,616-1,635 -> 1,661-1,674, 8B Q4_0 487-490 -> 493-495; bench-attn 8B
+/// heads B=1 ctx 512 / 2,048 / 8,192 7.43 / 8.41 / 16.37 -> 6.33 / 7.51 /
+/// 15.67 us; but fuller launches lose (B=8 ctx 512 9.13 -> 9.85, B=32 ctx
+/// 2,048 78.1 -> 89.9; batched decode B=32 / 64 6,589 / 8,247 -> 6,366 /
+/// 7,851 tok/s): with more CTAs per SM the schedulers have other warps
+/// already, and twice the shared memory per CTA halves the resident CTAs.
+fn eight_rule(ctas: usize, sms: usize) -> bool {
+    ctas <= 2 * sms
+}
+
 /// Dynamic shared memory of the pipelined kernel `name`
-/// (att_pipe_{,m_,w_}d{D32}_g{GM}; the layout of att_pipe_gqa): K and V
-/// stages (4 warps, stages of KT rows of 32*D32 f16 each: 16 rows at
-/// ATT_STAGES stages, or for att_pipe_w_* 8 rows at att_w_stages()), the
-/// queries (GM x 32*D32 f32), the tile weights (4 x GM x KT), the
-/// warps' (m, l) and the stages' mbarriers (4 x stages u64, the bulk
-/// tensor copies'). None for any other kernel.
+/// (att_pipe{,8}_{,m_,c_,w_,m3_}d{D32}_g{GM}; the layout of att_pipe_gqa):
+/// K and V stages (per warp, 4 or ATT_PIPE8_WARPS of them, stages of KT
+/// rows of 32*D32 f16 each: 16 rows at ATT_STAGES stages, or for
+/// att_pipe_w_* 8 rows at att_w_stages()), the queries (GM x 32*D32 f32),
+/// the tile weights (warps x GM x KT), the warps' (m, l) and the stages'
+/// mbarriers (warps x stages u64, the bulk tensor copies'). None for any
+/// other kernel.
 pub(crate) fn att_pipe_smem(name: &str) -> Option<usize> {
-    let (rest, kt, st) = if let Some(r) = name.strip_prefix("att_pipe_w_d") {
-        (r, 8, att_w_stages())
+    let (rest, kt, st, w) = if let Some(r) = name.strip_prefix("att_pipe_w_d") {
+        (r, 8, att_w_stages(), 4)
     } else if let Some(r) = name.strip_prefix("att_pipe_m3_d") {
-        (r, 16, ATT_M3_STAGES)
+        (r, 16, ATT_M3_STAGES, 4)
+    } else if let Some(r) = name
+        .strip_prefix("att_pipe8_d")
+        .or_else(|| name.strip_prefix("att_pipe8_m_d"))
+        .or_else(|| name.strip_prefix("att_pipe8_c_d"))
+    {
+        (r, 16, att_stages(), ATT_PIPE8_WARPS)
     } else {
         let r = name
             .strip_prefix("att_pipe_d")
             .or_else(|| name.strip_prefix("att_pipe_m_d"))
             .or_else(|| name.strip_prefix("att_pipe_c_d"))?;
-        (r, 16, att_stages())
+        (r, 16, att_stages(), 4)
     };
     let (d32, gm) = rest.split_once("_g")?;
     let (d32, gm): (usize, usize) = (d32.parse().ok()?, gm.parse().ok()?);
-    let (w, hd) = (4, 32 * d32);
+    let hd = 32 * d32;
     Some(2 * w * st * kt * hd * 2 + gm * hd * 4 + w * gm * kt * 4 + 2 * w * gm * 4 + 8 * w * st)
 }
 
@@ -314,8 +379,8 @@ fn wide_rule(units: usize, parts: usize, slots: usize, part_ctas: usize) -> bool
 #[cfg(test)]
 mod tests {
     use super::{
-        att_pipe_smem, cluster_rule, deep_rule, gqa_split_kernel, parts_for_slots, tma_rule,
-        wide_rule, Pipe,
+        att_pipe_smem, att_threads, cluster_rule, deep_rule, eight_rule, gqa_split_kernel,
+        parts_for_slots, tma_rule, wide_rule, Pipe, ATT_SPLIT_THREADS,
     };
 
     #[test]
@@ -416,7 +481,7 @@ mod tests {
 
     #[test]
     fn gqa_kernel_is_the_smallest_that_fits() {
-        use Pipe::{Cluster, Deep, Merge, Partials, Wide};
+        use Pipe::{Cluster, Cluster8, Deep, Merge, Merge8, Partials, Partials8, Wide};
         assert_eq!(gqa_split_kernel(4, 128, Partials), Some("att_pipe_d4_g4"));
         assert_eq!(gqa_split_kernel(3, 64, Partials), Some("att_pipe_d2_g3"));
         assert_eq!(gqa_split_kernel(8, 80, Partials), Some("att_pipe_d4_g8"));
@@ -425,6 +490,9 @@ mod tests {
         assert_eq!(gqa_split_kernel(4, 128, Wide), Some("att_pipe_w_d4_g4"));
         assert_eq!(gqa_split_kernel(3, 64, Cluster), Some("att_pipe_c_d2_g3"));
         assert_eq!(gqa_split_kernel(4, 128, Deep), Some("att_pipe_m3_d4_g4"));
+        assert_eq!(gqa_split_kernel(3, 64, Partials8), Some("att_pipe8_d2_g3"));
+        assert_eq!(gqa_split_kernel(4, 128, Merge8), Some("att_pipe8_m_d4_g4"));
+        assert_eq!(gqa_split_kernel(4, 64, Cluster8), Some("att_pipe8_c_d2_g4"));
         assert_eq!(gqa_split_kernel(9, 128, Partials), None);
         assert_eq!(gqa_split_kernel(4, 256, Merge), None);
         // Every pipelined kernel's shared memory fits an H100's 227 KiB
@@ -432,7 +500,9 @@ mod tests {
         // loads).
         for g in 1..=8 {
             for hd in (8..=128).step_by(8) {
-                for form in [Partials, Merge, Wide, Cluster, Deep] {
+                for form in [
+                    Partials, Merge, Wide, Cluster, Deep, Partials8, Merge8, Cluster8,
+                ] {
                     let n = gqa_split_kernel(g, hd, form).unwrap();
                     let smem = att_pipe_smem(n).expect("a pipelined kernel");
                     assert!(smem <= 227 * 1024, "{n}");
@@ -462,12 +532,37 @@ mod tests {
             );
         }
         // d4_g8 at 2 stages: 64 KiB of K/V stages + 4 KiB of queries +
-        // 2 KiB of weights + 256 bytes of (m, l) + 8 mbarriers.
+        // 2 KiB of weights + 256 bytes of (m, l) + 8 mbarriers; the
+        // eight-warp form twice the per-warp parts (the queries once).
         if super::att_stages() == 2 {
             assert_eq!(
                 att_pipe_smem("att_pipe_d4_g8"),
                 Some(65_536 + 4_096 + 2_048 + 256 + 64)
             );
+            assert_eq!(
+                att_pipe_smem("att_pipe8_c_d4_g8"),
+                Some(131_072 + 4_096 + 4_096 + 512 + 128)
+            );
         }
+    }
+
+    #[test]
+    fn eight_warp_forms_for_launches_of_few_ctas() {
+        use Pipe::{Cluster, Cluster8, Deep, Merge, Merge8, Partials, Partials8, Wide};
+        // Batch 1 on 132 SMs: SmolLM2 (3 KV heads) and the 8B (8) at up to
+        // 2,048 keys (16 chunks) and the 8B at 8,192 (32 partials).
+        assert!(eight_rule(3 * 16, 132));
+        assert!(eight_rule(8 * 32, 132));
+        // Batch 8 of the 8B at 512 keys (6 partials: 384 CTAs) and more.
+        assert!(!eight_rule(64 * 6, 132));
+        assert!(!eight_rule(256 * 3, 132));
+        assert_eq!(Partials.eight(), Some(Partials8));
+        assert_eq!(Merge.eight(), Some(Merge8));
+        assert_eq!(Cluster.eight(), Some(Cluster8));
+        assert_eq!(Wide.eight(), None);
+        assert_eq!(Deep.eight(), None);
+        assert_eq!(att_threads("att_pipe8_m_d2_g3"), 256);
+        assert_eq!(att_threads("att_pipe_m_d2_g3"), ATT_SPLIT_THREADS);
+        assert_eq!(att_threads("paged_attention_split"), ATT_SPLIT_THREADS);
     }
 }
