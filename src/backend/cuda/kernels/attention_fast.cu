@@ -809,6 +809,9 @@ __device__ __forceinline__ void att_pipe_gqa(
         // attention_combine's arithmetic and order: the combine's bits
         // without its launch. A CTA past the row's partials took no tile,
         // so it waits here for the previous kernel before writing out.
+        // (The partials through the cluster's shared memory instead of L2,
+        // with a second barrier to keep the peers alive, measured no
+        // faster: H200, 2026-11-28, docs/PERF.md.)
         if (!waited) GRID_DEP();
         att_cluster_sync();
         if (ATT_STAMP) stamp[5] = clock64();

@@ -478,6 +478,10 @@ impl CudaBackend {
             if merge {
                 return Ok(());
             }
+            // The combine merges (a launch: under PDL it is resident before
+            // the partials end). Merging in the unit's last CTA instead (a
+            // fence and a ticket per unit) measured 2-4% slower on the 1B
+            // and 8B decode (H200, 2026-11-28, docs/PERF.md).
             // head_dim <= 128: the form with twice the partials in flight.
             let combine = if hd <= 128 {
                 "attention_combine_d128"
