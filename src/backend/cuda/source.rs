@@ -378,11 +378,12 @@ pub fn prelude() -> String {
     ));
     s.push_str(&format!("#define MV_EXACT_WR {MV_EXACT_WR}\n"));
     s.push_str(&format!(
-        "#define ATT_STAGES {}\n#define ATT_W_STAGES {}\n#define ATT_M3_STAGES {}\n#define ATT_SPLIT_THREADS {}\n",
+        "#define ATT_STAGES {}\n#define ATT_W_STAGES {}\n#define ATT_M3_STAGES {}\n#define ATT_SPLIT_THREADS {}\n#define ATT_PIPE8_WARPS {}\n",
         crate::backend::cuda::launch::att_stages(),
         crate::backend::cuda::launch::att_w_stages(),
         crate::backend::cuda::launch::ATT_M3_STAGES,
-        crate::backend::cuda::launch::ATT_SPLIT_THREADS
+        crate::backend::cuda::launch::ATT_SPLIT_THREADS,
+        crate::backend::cuda::launch::ATT_PIPE8_WARPS
     ));
     // The dynamic shared memory the host launches each split-attention
     // entry with: attention_fast.cu's ATT_PIPE_GQA asserts its layout matches.

@@ -377,9 +377,10 @@ __device__ __forceinline__ void att_combine_rh(const float* __restrict__ part, i
 // paged_attention_split (so attention_combine merges them), but one CTA per
 // (row, KV head) and partial serves all the query heads sharing that KV
 // head (up to GM; head_dim <= 32 * D32 <= 128, a multiple of 8), so every
-// K/V row is read once instead of once per query head. Each warp walks its
-// keys of the partial's chunks as tiles of KT (keys s * ATT_CHUNK + 32w +
-// KT hf + 0..KT-1, hf < 32 / KT) and copies tiles t + 1 .. t + ST - 1's K
+// K/V row is read once instead of once per query head. With W warps, each
+// walks its KPW = ATT_CHUNK / W keys of each of the partial's chunks as
+// tiles of KT (keys s * ATT_CHUNK + KPW w + KT hf + 0..KT-1, hf < KPW /
+// KT) and copies tiles t + 1 .. t + ST - 1's K
 // and V rows into shared memory (cp.async, 16-byte copies coalesced along
 // each row) while it computes tile t, so a warp always has loads in flight;
 // the block table is read a tile ahead of the copies that use it.
@@ -450,7 +451,8 @@ __device__ __forceinline__ int att_k_at(int kk, int c) {
 // it compiles): thread 0 of each CTA of KV head 0 reads clock64 at the
 // kernel's phases (entry, the programmatic wait done, the queries staged,
 // the tiles done, the partial written, the cluster barrier, the end) and
-// prints the intervals, with %globaltimer at entry, for rows at positions
+// the cycles the tile loop waited for its copies (tw), and prints the
+// intervals, with %globaltimer at entry, for rows at positions
 // that are multiples of 64: where a decode step's attention spends its
 // time inside the captured graph (docs/PERF.md, 2026-11-27 late night).
 #ifndef ATT_STAMP
@@ -467,7 +469,8 @@ __device__ __forceinline__ void att_pipe_gqa(
     int n_parts, float* __restrict__ part, int early, const AttMaps& maps, int tma,
     float* __restrict__ out, signed char* __restrict__ xq, float2* __restrict__ xds) {
     constexpr int HD = 32 * D32;  // the largest head_dim served; the smem row stride
-    // NH = 32 / KT lanes per key, TPC tiles per warp and chunk.
+    // KPW keys per warp and chunk, NH = 32 / KT lanes per key, TPC tiles
+    // per warp and chunk.
     static_assert(KT == 8 || KT == 16, "KT is 8 or 16");
     constexpr int KPW = ATT_CHUNK / W, NH = 32 / KT, TPC = KPW / KT;
     static_assert(ATT_CHUNK % W == 0 && KPW % KT == 0, "a warp's keys of a chunk are whole tiles");
@@ -869,11 +872,11 @@ __device__ __forceinline__ void att_pipe_gqa(
     static_assert(att_pipe_bytes(D32, GM, KT, ST, W) == ATT_SMEM_##NAME,                       \
                   "launch/attention.rs disagrees on " #NAME "'s shared memory");
 #define ATT_PIPE_GQA(D32, GM)                                                                  \
-    ATT_PIPE_CHECK(att_pipe_d##D32##_g##GM, D32, GM, 16, ATT_STAGES, ATT_SPLIT_WARPS)                           \
-    ATT_PIPE_CHECK(att_pipe_m_d##D32##_g##GM, D32, GM, 16, ATT_STAGES, ATT_SPLIT_WARPS)                         \
-    ATT_PIPE_CHECK(att_pipe_c_d##D32##_g##GM, D32, GM, 16, ATT_STAGES, ATT_SPLIT_WARPS)                         \
-    ATT_PIPE_CHECK(att_pipe_w_d##D32##_g##GM, D32, GM, 8, ATT_W_STAGES, ATT_SPLIT_WARPS)                        \
-    ATT_PIPE_CHECK(att_pipe_m3_d##D32##_g##GM, D32, GM, 16, ATT_M3_STAGES, ATT_SPLIT_WARPS)                     \
+    ATT_PIPE_CHECK(att_pipe_d##D32##_g##GM, D32, GM, 16, ATT_STAGES, ATT_SPLIT_WARPS)           \
+    ATT_PIPE_CHECK(att_pipe_m_d##D32##_g##GM, D32, GM, 16, ATT_STAGES, ATT_SPLIT_WARPS)         \
+    ATT_PIPE_CHECK(att_pipe_c_d##D32##_g##GM, D32, GM, 16, ATT_STAGES, ATT_SPLIT_WARPS)         \
+    ATT_PIPE_CHECK(att_pipe_w_d##D32##_g##GM, D32, GM, 8, ATT_W_STAGES, ATT_SPLIT_WARPS)        \
+    ATT_PIPE_CHECK(att_pipe_m3_d##D32##_g##GM, D32, GM, 16, ATT_M3_STAGES, ATT_SPLIT_WARPS)     \
     extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS)                         \
         att_pipe_d##D32##_g##GM(ATT_PIPE_ARGS) {                                               \
         att_pipe_gqa<D32, GM, ATT_FUSE_NONE>(ATT_PIPE_PASS, nullptr, nullptr, nullptr);        \
@@ -908,7 +911,7 @@ __device__ __forceinline__ void att_pipe_gqa(
 // tile loop in 2,200 cycles instead of 5,300. The warps' states are merged
 // in warp order as in the 4-warp forms, over 16-key runs instead of 32:
 // other bits (a function of the launch shape, as `fast` allows).
-#define ATT_PIPE8_WARPS 8
+// ATT_PIPE8_WARPS: the host prelude's (launch/attention_forms.rs).
 #define ATT_PIPE_GQA8(D32, GM)                                                                 \
     ATT_PIPE_CHECK(att_pipe8_d##D32##_g##GM, D32, GM, 16, ATT_STAGES, ATT_PIPE8_WARPS)          \
     ATT_PIPE_CHECK(att_pipe8_m_d##D32##_g##GM, D32, GM, 16, ATT_STAGES, ATT_PIPE8_WARPS)        \

@@ -251,7 +251,7 @@ pub(crate) fn att_w_stages() -> usize {
 pub(crate) const ATT_SPLIT_THREADS: usize = 128;
 
 /// Warps per CTA of the eight-warp forms (att_pipe8_*: ATT_PIPE8_WARPS in
-/// attention_fast.cu).
+/// the prelude, which their launch bounds and layout take).
 pub(crate) const ATT_PIPE8_WARPS: usize = 8;
 
 /// Threads per CTA of split-attention entry `name`: 32 * ATT_PIPE8_WARPS
