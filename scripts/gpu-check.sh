@@ -93,6 +93,10 @@ for s in "${steps[@]}"; do
       # unit's cluster (att_pipe_c_*, the default for small launches of 2-16
       # CTAs per unit).
       QUIRE_ATT_CLUSTER=0 run_step ops-fast-att-combine "$QUIRE" ops --backend cuda --mode fast --op paged_attention
+      # The 4-warp partials, merging and cluster forms, which fast mode
+      # leaves for launches of more than two CTAs per SM (the cases' small
+      # batches take the eight-warp att_pipe8_*).
+      QUIRE_ATT_EIGHT=0 run_step ops-fast-att-four "$QUIRE" ops --backend cuda --mode fast --op paged_attention
       # One CTA per row folding 2-16 chunks at 3 stages (att_pipe_m3_*,
       # which fast mode takes only for batches that fill the GPU), and the
       # K/V copies by every lane's cp.async instead of bulk tensor copies

@@ -267,9 +267,9 @@ pub(crate) fn att_threads(name: &str) -> usize {
 /// Whether a `fast` launch of `ctas` CTAs in all takes the eight-warp form
 /// of its partials, merging or cluster kernel (att_pipe8_*: each warp one
 /// 16-key tile of a chunk instead of two), `sms` the device's SMs:
-/// eight_rule (QUIRE_ATT_EIGHT=0: never, for comparisons; =1: every such
-/// launch). Not in `deterministic` mode, whose bits must not depend on
-/// the batch.
+/// eight_rule (QUIRE_ATT_EIGHT=0: never, for comparisons and
+/// gpu-check's parity step; =1: every such launch, whatever its size).
+/// Not in `deterministic` mode, whose bits must not depend on the batch.
 pub(super) fn eight_wanted(ctas: usize, sms: usize) -> bool {
     static V: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     V.get_or_init(|| env_switch("QUIRE_ATT_EIGHT"))
