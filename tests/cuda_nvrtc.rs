@@ -127,7 +127,7 @@ fn kernel_table_names_every_op_file() {
         assert!(stems.contains(&want), "no kernel file {want}.cu");
     }
     // Entry names are non-empty and loaded once (some lists are built by
-    // const code, e.g. attention_fast's from ATT_PIPE).
+    // const code, e.g. attention_pipe_fast's from ATT_PIPE).
     let mut seen = std::collections::HashSet::new();
     for (stem, _, entries) in source::KERNELS.iter().chain(source::KERNELS_SM90A) {
         for e in entries.iter() {

@@ -114,7 +114,7 @@ pub struct DevAttnBatch {
     /// Every row is the only row of its sequence (a decode batch): then a
     /// row's keys before its position are not written by this step's KV
     /// write, and the split kernels may read them before their
-    /// programmatic wait (attention_fast.cu, att_pipe_gqa).
+    /// programmatic wait (attention_pipe_fast.cu, att_pipe_gqa).
     pub(super) one_row_per_seq: bool,
 }
 

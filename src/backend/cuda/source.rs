@@ -123,8 +123,19 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     ),
     (
         "attention_fast",
-        include_str!("kernels/attention_fast.cu"),
-        &ATT_FAST_ENTRIES,
+        concat!(
+            include_str!("kernels/attention_split.cuh"),
+            include_str!("kernels/attention_fast.cu")
+        ),
+        &ATT_FAST_HEAD,
+    ),
+    (
+        "attention_pipe_fast",
+        concat!(
+            include_str!("kernels/attention_split.cuh"),
+            include_str!("kernels/attention_pipe_fast.cu")
+        ),
+        &ATT_PIPE_ENTRIES,
     ),
     (
         "attention_prefill_fast",
@@ -180,7 +191,7 @@ const WG_ENTRIES: [&str; 3 * WG_KERNELS.len() + 2] = {
     out
 };
 
-/// The pipelined split-attention entries of attention_fast.cu, indexed
+/// The pipelined split-attention entries of attention_pipe_fast.cu, indexed
 /// [form][head_dim class][group class]:
 /// `att_pipe{,_m,_w,_c,_m3}_d{2,4}_g{1,2,3,4,8}` (form: partials, merging,
 /// partials with 8-key tiles, merging by a cluster, merging at
@@ -318,7 +329,8 @@ pub const ATT_PIPE: [[[&str; 5]; 2]; 8] = [
     ],
 ];
 
-/// attention_fast.cu's kernels besides the pipelined ones.
+/// attention_fast.cu's kernels (the pipelined ones are in
+/// attention_pipe_fast.cu).
 const ATT_FAST_HEAD: [&str; 4] = [
     "paged_attention_fast",
     "paged_attention_split",
@@ -327,18 +339,13 @@ const ATT_FAST_HEAD: [&str; 4] = [
 ];
 const ATT_PIPE_N: usize = ATT_PIPE.len() * ATT_PIPE[0].len() * ATT_PIPE[0][0].len();
 
-/// attention_fast.cu's entries: ATT_FAST_HEAD, then ATT_PIPE's in order.
-const ATT_FAST_ENTRIES: [&str; ATT_FAST_HEAD.len() + ATT_PIPE_N] = {
-    let mut out = [""; ATT_FAST_HEAD.len() + ATT_PIPE_N];
-    let mut i = 0;
-    while i < ATT_FAST_HEAD.len() {
-        out[i] = ATT_FAST_HEAD[i];
-        i += 1;
-    }
+/// attention_pipe_fast.cu's entries: ATT_PIPE's in order.
+const ATT_PIPE_ENTRIES: [&str; ATT_PIPE_N] = {
+    let mut out = [""; ATT_PIPE_N];
     let (nd, ng) = (ATT_PIPE[0].len(), ATT_PIPE[0][0].len());
     let mut j = 0;
     while j < ATT_PIPE_N {
-        out[ATT_FAST_HEAD.len() + j] = ATT_PIPE[j / (nd * ng)][(j / ng) % nd][j % ng];
+        out[j] = ATT_PIPE[j / (nd * ng)][(j / ng) % nd][j % ng];
         j += 1;
     }
     out
@@ -386,7 +393,7 @@ pub fn prelude() -> String {
         crate::backend::cuda::launch::ATT_PIPE8_WARPS
     ));
     // The dynamic shared memory the host launches each split-attention
-    // entry with: attention_fast.cu's ATT_PIPE_GQA asserts its layout matches.
+    // entry with: attention_pipe_fast.cu's ATT_PIPE_GQA asserts its layout matches.
     for name in ATT_PIPE.iter().flatten().flatten() {
         if let Some(bytes) = crate::backend::cuda::launch::att_pipe_smem(name) {
             s.push_str(&format!("#define ATT_SMEM_{name} {bytes}\n"));

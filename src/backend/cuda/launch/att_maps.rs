@@ -1,5 +1,5 @@
 //! Tensor maps of one layer's paged KV cache, by which the split-attention
-//! kernels (attention_fast.cu, att_pipe_*) copy a tile's K and V rows with
+//! kernels (attention_pipe_fast.cu, att_pipe_*) copy a tile's K and V rows with
 //! the copy engine (one bulk tensor copy per tile and half row) instead of
 //! each lane's 16-byte `cp.async` (sm_90+).
 
@@ -7,7 +7,7 @@ use crate::backend::cuda::mem::DevKv;
 use anyhow::Result;
 use cudarc::driver::sys;
 
-/// The kernels' AttMaps (attention_fast.cu): the K map, then the V map.
+/// The kernels' AttMaps (attention_pipe_fast.cu): the K map, then the V map.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub(crate) struct AttMaps([sys::CUtensorMap; 2]);
@@ -94,7 +94,7 @@ fn att_map_geometry(
 
 /// The K and V maps of `cache` for tiles of `kt` keys: K in boxes of 64
 /// u16 (half a 128-wide row) with the 128-byte swizzle, V in whole rows
-/// unswizzled (attention_fast.cu, att_k_at and the V stages).
+/// unswizzled (attention_pipe_fast.cu, att_k_at and the V stages).
 pub(crate) fn att_maps(
     cache: &DevKv<'_>,
     s: &std::sync::Arc<cudarc::driver::CudaStream>,

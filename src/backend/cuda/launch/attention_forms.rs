@@ -1,4 +1,4 @@
-//! The split-attention kernels' forms and partition (attention_fast.cu,
+//! The split-attention kernels' forms and partition (attention_pipe_fast.cu,
 //! att_pipe_*): which entry a decode launch takes, how many partials a
 //! row's keys are cut into, and the shared memory each entry is launched
 //! with. Pure functions of the batch shape and the device's occupancy, so
@@ -197,7 +197,7 @@ pub(crate) fn att_stages() -> usize {
     *V.get_or_init(|| env_usize("QUIRE_ATT_STAGES").unwrap_or(2).clamp(2, 4))
 }
 
-/// The forms of the pipelined split kernel (attention_fast.cu): partials
+/// The forms of the pipelined split kernel (attention_pipe_fast.cu): partials
 /// only (16-key tiles), partials merged by the CTA itself (att_pipe_m_*,
 /// one CTA per (row, KV head)), partials with 8-key tiles at
 /// ATT_W_STAGES stages (att_pipe_w_*: `fast` mode, multi-wave launches),
@@ -245,7 +245,7 @@ pub(crate) fn att_w_stages() -> usize {
 }
 
 /// Threads per CTA of the split-attention kernels (paged_attention_split,
-/// att_pipe_*: 32 * ATT_SPLIT_WARPS, which attention_fast.cu checks against
+/// att_pipe_*: 32 * ATT_SPLIT_WARPS, which attention_split.cuh checks against
 /// the prelude's ATT_SPLIT_THREADS): their launches and the occupancy
 /// counts taken at load.
 pub(crate) const ATT_SPLIT_THREADS: usize = 128;
@@ -325,7 +325,7 @@ pub(crate) fn att_pipe_smem(name: &str) -> Option<usize> {
 /// The GQA-grouped split kernel of form `form` for `group` query heads per
 /// KV head and `head_dim` (a multiple of 8): `att_pipe_d{D32}_g{GM}` (or
 /// its `_m_` / `_w_` form) with head_dim <= 32 * D32 and group <= GM, the
-/// smallest instantiated (attention_fast.cu); None past 8 heads per group
+/// smallest instantiated (attention_pipe_fast.cu); None past 8 heads per group
 /// or head_dim 128 (the per-head kernel).
 pub(super) fn gqa_split_kernel(group: usize, head_dim: usize, form: Pipe) -> Option<&'static str> {
     let d = match head_dim {
