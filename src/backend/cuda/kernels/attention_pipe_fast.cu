@@ -96,8 +96,10 @@ __device__ __forceinline__ void att_pipe_gqa(
     extern __shared__ __align__(16) unsigned char att_smem[];
     // Layout (bytes): kst, vst: (W, ST, KT, HD) u16 each; qs: (GM, HD) f32;
     // wp: (W, GM, KT) f32; wm, wl: (W, GM) f32; bars: (W, ST) u64 (the
-    // stages' mbarriers, `tma` only). wacc (W, GM, HD) f32 aliases kst
-    // after the key loop. A K stage's rows are laid out as att_k_at says.
+    // stages' mbarriers, `tma` only). After the key loop warp w's (GM, HD)
+    // f32 accumulators (wacc(w)) alias its own K stages, which no other
+    // warp touches, so it stores them without waiting for the others. A K
+    // stage's rows are laid out as att_k_at says.
     u16(*kst)[ST][KT][HD] = (u16(*)[ST][KT][HD])att_smem;
     u16(*vst)[ST][KT][HD] = (u16(*)[ST][KT][HD])(att_smem + W * ST * KT * HD * 2);
     float(*qs)[HD] = (float(*)[HD])(att_smem + 2 * W * ST * KT * HD * 2);
@@ -109,8 +111,8 @@ __device__ __forceinline__ void att_pipe_gqa(
                   "the mbarriers (the layout's last 8 W ST bytes) are 8-byte aligned");
     static_assert((KT * HD * 2) % 1024 == 0 && (KT * 128) % 1024 == 0,
                   "K stages and halves 1024-byte aligned (the 128-byte swizzle)");
-    float(*wacc)[GM][HD] = (float(*)[GM][HD])att_smem;
-    static_assert(W * GM * HD * 4 <= W * ST * KT * HD * 2, "wacc fits in kst");
+    auto wacc = [&](int i) { return (float(*)[HD])&kst[i][0][0][0]; };
+    static_assert(GM * HD * 4 <= ST * KT * HD * 2, "a warp's wacc fits in its K stages");
     int group = n_heads / n_kv_heads;
     int r = blockIdx.x / n_kv_heads, kvh = blockIdx.x % n_kv_heads;
     int h0 = kvh * group;
@@ -379,29 +381,32 @@ __device__ __forceinline__ void att_pipe_gqa(
                 wl[w][g] = ls[g];
             }
         }
-        __syncthreads();  // every warp is done with kst (aliased by wacc)
+        // This warp's copies are all complete (waited above), so its K
+        // stages are free for its accumulators.
         if (d0 < hd) {
 #pragma unroll
             for (int g = 0; g < GM; g++) {
 #pragma unroll
-                for (int u = 0; u < D32; u++) wacc[w][g][d0 + u] = acc[g][u];
+                for (int u = 0; u < D32; u++) wacc(w)[g][d0 + u] = acc[g][u];
             }
         }
         __syncthreads();
         for (int g = w; g < GM && g < group; g += W) {
             float mx = Q_NINF;
+#pragma unroll
             for (int i = 0; i < W; i++)
                 if (wl[i][g] != 0.0f) mx = fmaxf(mx, wm[i][g]);
             float L = 0.0f, o[D32];
 #pragma unroll
             for (int u = 0; u < D32; u++) o[u] = 0.0f;
+#pragma unroll
             for (int i = 0; i < W; i++) {
                 if (wl[i][g] == 0.0f) continue;  // a warp that saw no key
                 float f = __expf(wm[i][g] - mx);
                 L = fmaf(wl[i][g], f, L);
                 if (d0 < hd) {
 #pragma unroll
-                    for (int u = 0; u < D32; u++) o[u] = fmaf(wacc[i][g][d0 + u], f, o[u]);
+                    for (int u = 0; u < D32; u++) o[u] = fmaf(wacc(i)[g][d0 + u], f, o[u]);
                 }
             }
             float* pp = part + (((long long)r * n_heads + h0 + g) * stride + p) * (2 + hd);
@@ -414,12 +419,16 @@ __device__ __forceinline__ void att_pipe_gqa(
                 for (int u = 0; u < D32; u++) pp[2 + d0 + u] = o[u];
             }
         }
+        // Before the next partial reuses the shared state: its bulk copies
+        // (async proxy) overwrite kst, which wacc (generic stores) aliases.
+        // Also before att_pipe_m_'s merge, which reads what other warps
+        // just stored; the cluster form's barrier orders its own.
+        if (FUSE == ATT_FUSE_SELF || p + (int)gridDim.y < np) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        // The next partial's bulk copies (async proxy) overwrite kst, which
-        // wacc (generic stores) aliases.
-        if (tma) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            if (tma) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
-        __syncthreads();  // before the next partial reuses the shared state
+            __syncthreads();
+        }
         if (ATT_STAMP && p == (int)blockIdx.y) stamp[4] = clock64();
     }
     if constexpr (FUSE == ATT_FUSE_CLUSTER) {
