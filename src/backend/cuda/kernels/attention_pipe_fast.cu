@@ -499,35 +499,39 @@ __device__ __forceinline__ void att_pipe_gqa(
 #define ATT_PIPE_CHECK(NAME, D32, GM, KT, ST, W)                                               \
     static_assert(att_pipe_bytes(D32, GM, KT, ST, W) == ATT_SMEM_##NAME,                       \
                   "launch/attention.rs disagrees on " #NAME "'s shared memory");
-#define ATT_PIPE_GQA(D32, GM)                                                                  \
-    ATT_PIPE_CHECK(att_pipe_d##D32##_g##GM, D32, GM, 16, ATT_STAGES, ATT_SPLIT_WARPS)           \
-    ATT_PIPE_CHECK(att_pipe_m_d##D32##_g##GM, D32, GM, 16, ATT_STAGES, ATT_SPLIT_WARPS)         \
-    ATT_PIPE_CHECK(att_pipe_c_d##D32##_g##GM, D32, GM, 16, ATT_STAGES, ATT_SPLIT_WARPS)         \
+// The partials, merging and cluster entries of prefix PRE (att_pipe_ or
+// att_pipe8_) at W warps per CTA, 16-key tiles at ATT_STAGES stages.
+#define ATT_PIPE_SPLIT(PRE, D32, GM, W)                                                         \
+    ATT_PIPE_CHECK(PRE##d##D32##_g##GM, D32, GM, 16, ATT_STAGES, W)                             \
+    ATT_PIPE_CHECK(PRE##m_d##D32##_g##GM, D32, GM, 16, ATT_STAGES, W)                           \
+    ATT_PIPE_CHECK(PRE##c_d##D32##_g##GM, D32, GM, 16, ATT_STAGES, W)                           \
+    extern "C" __global__ void __launch_bounds__(32 * W) PRE##d##D32##_g##GM(ATT_PIPE_ARGS) {   \
+        att_pipe_gqa<D32, GM, ATT_FUSE_NONE, 16, ATT_STAGES, W>(ATT_PIPE_PASS, nullptr, nullptr, \
+                                                               nullptr);                        \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(32 * W)                                        \
+        PRE##m_d##D32##_g##GM(ATT_PIPE_ARGS, float* __restrict__ out,                           \
+                              signed char* __restrict__ xq, float2* __restrict__ xds) {         \
+        att_pipe_gqa<D32, GM, ATT_FUSE_SELF, 16, ATT_STAGES, W>(ATT_PIPE_PASS, out, xq, xds);   \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(32 * W)                                        \
+        PRE##c_d##D32##_g##GM(ATT_PIPE_ARGS, float* __restrict__ out,                           \
+                              signed char* __restrict__ xq, float2* __restrict__ xds) {         \
+        att_pipe_gqa<D32, GM, ATT_FUSE_CLUSTER, 16, ATT_STAGES, W>(ATT_PIPE_PASS, out, xq, xds); \
+    }
+#define ATT_PIPE_GQA(D32, GM)                                                                   \
+    ATT_PIPE_SPLIT(att_pipe_, D32, GM, ATT_SPLIT_WARPS)                                         \
     ATT_PIPE_CHECK(att_pipe_w_d##D32##_g##GM, D32, GM, 8, ATT_W_STAGES, ATT_SPLIT_WARPS)        \
     ATT_PIPE_CHECK(att_pipe_m3_d##D32##_g##GM, D32, GM, 16, ATT_M3_STAGES, ATT_SPLIT_WARPS)     \
-    extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS)                         \
-        att_pipe_d##D32##_g##GM(ATT_PIPE_ARGS) {                                               \
-        att_pipe_gqa<D32, GM, ATT_FUSE_NONE>(ATT_PIPE_PASS, nullptr, nullptr, nullptr);        \
-    }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS)                         \
-        att_pipe_m_d##D32##_g##GM(ATT_PIPE_ARGS, float* __restrict__ out,                      \
-                                  signed char* __restrict__ xq, float2* __restrict__ xds) {    \
-        att_pipe_gqa<D32, GM, ATT_FUSE_SELF>(ATT_PIPE_PASS, out, xq, xds);                     \
-    }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS)                         \
-        att_pipe_c_d##D32##_g##GM(ATT_PIPE_ARGS, float* __restrict__ out,                      \
-                                  signed char* __restrict__ xq, float2* __restrict__ xds) {    \
-        att_pipe_gqa<D32, GM, ATT_FUSE_CLUSTER>(ATT_PIPE_PASS, out, xq, xds);                  \
-    }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS)                         \
-        att_pipe_w_d##D32##_g##GM(ATT_PIPE_ARGS) {                                             \
-        att_pipe_gqa<D32, GM, ATT_FUSE_NONE, 8, ATT_W_STAGES>(ATT_PIPE_PASS, nullptr, nullptr, \
-                                                              nullptr);                        \
-    }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS)                         \
-        att_pipe_m3_d##D32##_g##GM(ATT_PIPE_ARGS, float* __restrict__ out,                     \
-                                   signed char* __restrict__ xq, float2* __restrict__ xds) {   \
-        att_pipe_gqa<D32, GM, ATT_FUSE_SELF, 16, ATT_M3_STAGES>(ATT_PIPE_PASS, out, xq, xds);  \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS)                          \
+        att_pipe_w_d##D32##_g##GM(ATT_PIPE_ARGS) {                                              \
+        att_pipe_gqa<D32, GM, ATT_FUSE_NONE, 8, ATT_W_STAGES>(ATT_PIPE_PASS, nullptr, nullptr,  \
+                                                              nullptr);                         \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_SPLIT_WARPS)                          \
+        att_pipe_m3_d##D32##_g##GM(ATT_PIPE_ARGS, float* __restrict__ out,                      \
+                                   signed char* __restrict__ xq, float2* __restrict__ xds) {    \
+        att_pipe_gqa<D32, GM, ATT_FUSE_SELF, 16, ATT_M3_STAGES>(ATT_PIPE_PASS, out, xq, xds);   \
     }
 // att_pipe8_{d,m_,c_}d*_g*: the partials, merging and cluster forms with
 // ATT_PIPE8_WARPS warps per CTA, so each warp folds one 16-key tile of a
@@ -540,27 +544,7 @@ __device__ __forceinline__ void att_pipe_gqa(
 // in warp order as in the 4-warp forms, over 16-key runs instead of 32:
 // other bits (a function of the launch shape, as `fast` allows).
 // ATT_PIPE8_WARPS: the host prelude's (launch/attention_forms.rs).
-#define ATT_PIPE_GQA8(D32, GM)                                                                 \
-    ATT_PIPE_CHECK(att_pipe8_d##D32##_g##GM, D32, GM, 16, ATT_STAGES, ATT_PIPE8_WARPS)          \
-    ATT_PIPE_CHECK(att_pipe8_m_d##D32##_g##GM, D32, GM, 16, ATT_STAGES, ATT_PIPE8_WARPS)        \
-    ATT_PIPE_CHECK(att_pipe8_c_d##D32##_g##GM, D32, GM, 16, ATT_STAGES, ATT_PIPE8_WARPS)        \
-    extern "C" __global__ void __launch_bounds__(32 * ATT_PIPE8_WARPS)                         \
-        att_pipe8_d##D32##_g##GM(ATT_PIPE_ARGS) {                                              \
-        att_pipe_gqa<D32, GM, ATT_FUSE_NONE, 16, ATT_STAGES, ATT_PIPE8_WARPS>(                 \
-            ATT_PIPE_PASS, nullptr, nullptr, nullptr);                                         \
-    }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(32 * ATT_PIPE8_WARPS)                         \
-        att_pipe8_m_d##D32##_g##GM(ATT_PIPE_ARGS, float* __restrict__ out,                     \
-                                   signed char* __restrict__ xq, float2* __restrict__ xds) {   \
-        att_pipe_gqa<D32, GM, ATT_FUSE_SELF, 16, ATT_STAGES, ATT_PIPE8_WARPS>(ATT_PIPE_PASS,   \
-                                                                              out, xq, xds);   \
-    }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(32 * ATT_PIPE8_WARPS)                         \
-        att_pipe8_c_d##D32##_g##GM(ATT_PIPE_ARGS, float* __restrict__ out,                     \
-                                   signed char* __restrict__ xq, float2* __restrict__ xds) {   \
-        att_pipe_gqa<D32, GM, ATT_FUSE_CLUSTER, 16, ATT_STAGES, ATT_PIPE8_WARPS>(              \
-            ATT_PIPE_PASS, out, xq, xds);                                                      \
-    }
+#define ATT_PIPE_GQA8(D32, GM) ATT_PIPE_SPLIT(att_pipe8_, D32, GM, ATT_PIPE8_WARPS)
 // GM = 3: groups of three query heads (SmolLM2's 9 over 3) would run the
 // 4-head entry with a quarter of its arithmetic on a zero head, and the
 // batch-1 tile loop is bound by that arithmetic (ATT_STAMP).

@@ -326,12 +326,12 @@ impl CudaBackend {
             && !wide
             && !deep
             && eight_wanted(units * ctas_y, self.sm_count());
-        let cluster_form = if eight { Pipe::Cluster8 } else { Pipe::Cluster };
+        let kernel_form = |f: Pipe| if eight { f.eight() } else { f };
         let cluster = fused
             && cluster_wanted(ctas_y)
             && !self.l2_branch_live()?
             && units * ctas_y <= cluster_ctas()
-            && gqa_split_kernel(group, hd, cluster_form)
+            && gqa_split_kernel(group, hd, kernel_form(Pipe::Cluster))
                 .is_some_and(|c| units <= self.att_clusters(c, ctas_y));
         let form = match (wide, merge, cluster) {
             (true, _, _) => Pipe::Wide,
@@ -340,11 +340,7 @@ impl CudaBackend {
             (false, false, true) => Pipe::Cluster,
             (false, false, false) => Pipe::Partials,
         };
-        let kform = match form.eight() {
-            Some(f) if eight => f,
-            _ => form,
-        };
-        let name = gqa_split_kernel(group, hd, kform).unwrap_or(name);
+        let name = gqa_split_kernel(group, hd, kernel_form(form)).unwrap_or(name);
         let rh = batch.n_rows * nhi as usize;
         let stride = batch.part_stride;
         let plen = rh * stride * (2 + hd);

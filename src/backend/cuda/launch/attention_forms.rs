@@ -219,14 +219,14 @@ pub(crate) enum Pipe {
 }
 
 impl Pipe {
-    /// The eight-warp form of a partials, merging or cluster form (the
-    /// others have none: they serve launches of many CTAs).
-    pub(crate) fn eight(self) -> Option<Pipe> {
+    /// The eight-warp form of a partials, merging or cluster form; the
+    /// others are their own (they serve launches of many CTAs).
+    pub(crate) fn eight(self) -> Pipe {
         match self {
-            Pipe::Partials | Pipe::Partials8 => Some(Pipe::Partials8),
-            Pipe::Merge | Pipe::Merge8 => Some(Pipe::Merge8),
-            Pipe::Cluster | Pipe::Cluster8 => Some(Pipe::Cluster8),
-            Pipe::Wide | Pipe::Deep => None,
+            Pipe::Partials | Pipe::Partials8 => Pipe::Partials8,
+            Pipe::Merge | Pipe::Merge8 => Pipe::Merge8,
+            Pipe::Cluster | Pipe::Cluster8 => Pipe::Cluster8,
+            Pipe::Wide | Pipe::Deep => self,
         }
     }
 }
@@ -299,22 +299,19 @@ fn eight_rule(ctas: usize, sms: usize) -> bool {
 /// mbarriers (warps x stages u64, the bulk tensor copies'). None for any
 /// other kernel.
 pub(crate) fn att_pipe_smem(name: &str) -> Option<usize> {
-    let (rest, kt, st, w) = if let Some(r) = name.strip_prefix("att_pipe_w_d") {
-        (r, 8, att_w_stages(), 4)
-    } else if let Some(r) = name.strip_prefix("att_pipe_m3_d") {
-        (r, 16, ATT_M3_STAGES, 4)
-    } else if let Some(r) = name
-        .strip_prefix("att_pipe8_d")
-        .or_else(|| name.strip_prefix("att_pipe8_m_d"))
-        .or_else(|| name.strip_prefix("att_pipe8_c_d"))
-    {
-        (r, 16, att_stages(), ATT_PIPE8_WARPS)
+    let (w, form) = match name.strip_prefix("att_pipe8_") {
+        Some(f) => (ATT_PIPE8_WARPS, f),
+        None => (4, name.strip_prefix("att_pipe_")?),
+    };
+    let (rest, kt, st) = if let Some(r) = form.strip_prefix("w_d") {
+        (r, 8, att_w_stages())
+    } else if let Some(r) = form.strip_prefix("m3_d") {
+        (r, 16, ATT_M3_STAGES)
     } else {
-        let r = name
-            .strip_prefix("att_pipe_d")
-            .or_else(|| name.strip_prefix("att_pipe_m_d"))
-            .or_else(|| name.strip_prefix("att_pipe_c_d"))?;
-        (r, 16, att_stages(), 4)
+        let r = ["d", "m_d", "c_d"]
+            .iter()
+            .find_map(|p| form.strip_prefix(p))?;
+        (r, 16, att_stages())
     };
     let (d32, gm) = rest.split_once("_g")?;
     let (d32, gm): (usize, usize) = (d32.parse().ok()?, gm.parse().ok()?);
@@ -556,11 +553,12 @@ mod tests {
         // Batch 8 of the 8B at 512 keys (6 partials: 384 CTAs) and more.
         assert!(!eight_rule(64 * 6, 132));
         assert!(!eight_rule(256 * 3, 132));
-        assert_eq!(Partials.eight(), Some(Partials8));
-        assert_eq!(Merge.eight(), Some(Merge8));
-        assert_eq!(Cluster.eight(), Some(Cluster8));
-        assert_eq!(Wide.eight(), None);
-        assert_eq!(Deep.eight(), None);
+        assert_eq!(Partials.eight(), Partials8);
+        assert_eq!(Merge.eight(), Merge8);
+        assert_eq!(Cluster.eight(), Cluster8);
+        assert_eq!(Cluster8.eight(), Cluster8);
+        assert_eq!(Wide.eight(), Wide);
+        assert_eq!(Deep.eight(), Deep);
         assert_eq!(att_threads("att_pipe8_m_d2_g3"), 256);
         assert_eq!(att_threads("att_pipe_m_d2_g3"), ATT_SPLIT_THREADS);
         assert_eq!(att_threads("paged_attention_split"), ATT_SPLIT_THREADS);
