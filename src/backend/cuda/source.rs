@@ -196,9 +196,10 @@ const WG_ENTRIES: [&str; 3 * WG_KERNELS.len() + 2] = {
 /// `att_pipe{,_m,_w,_c,_m3}_d{2,4}_g{1,2,3,4,8}` (form: partials, merging,
 /// partials with 8-key tiles, merging by a cluster, merging at
 /// ATT_M3_STAGES stages), then `att_pipe8{_,_m_,_c_}d{2,4}_g{1,2,3,4,8}`
-/// (the partials, merging and cluster forms at eight warps per CTA);
-/// launch/attention.rs, gqa_split_kernel, picks one.
-pub const ATT_PIPE: [[[&str; 5]; 2]; 8] = [
+/// (the partials, merging and cluster forms at eight warps per CTA), then
+/// `att_row_d{2,4}_g{1,2,3,4,8}` (one CTA per (row, KV head) folding the
+/// whole row); launch/attention.rs, gqa_split_kernel, picks one.
+pub const ATT_PIPE: [[[&str; 5]; 2]; 9] = [
     [
         [
             "att_pipe_d2_g1",
@@ -327,6 +328,22 @@ pub const ATT_PIPE: [[[&str; 5]; 2]; 8] = [
             "att_pipe8_c_d4_g8",
         ],
     ],
+    [
+        [
+            "att_row_d2_g1",
+            "att_row_d2_g2",
+            "att_row_d2_g3",
+            "att_row_d2_g4",
+            "att_row_d2_g8",
+        ],
+        [
+            "att_row_d4_g1",
+            "att_row_d4_g2",
+            "att_row_d4_g3",
+            "att_row_d4_g4",
+            "att_row_d4_g8",
+        ],
+    ],
 ];
 
 /// attention_fast.cu's kernels (the pipelined ones are in
@@ -391,6 +408,12 @@ pub fn prelude() -> String {
         crate::backend::cuda::launch::ATT_M3_STAGES,
         crate::backend::cuda::launch::ATT_SPLIT_THREADS,
         crate::backend::cuda::launch::ATT_PIPE8_WARPS
+    ));
+    s.push_str(&format!(
+        "#define ATT_ROW_STAGES {}\n#define ATT_ROW_WARPS {}\n#define ATT_ROW_WARPS_D4 {}\n",
+        crate::backend::cuda::launch::att_row_stages(),
+        crate::backend::cuda::launch::att_row_warps(2),
+        crate::backend::cuda::launch::att_row_warps(4)
     ));
     // The dynamic shared memory the host launches each split-attention
     // entry with: attention_pipe_fast.cu's ATT_PIPE_GQA asserts its layout matches.

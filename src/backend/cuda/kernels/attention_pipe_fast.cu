@@ -76,6 +76,13 @@ __device__ __forceinline__ int att_k_at(int kk, int c) {
 #define ATT_FUSE_NONE 0
 #define ATT_FUSE_SELF 1
 #define ATT_FUSE_CLUSTER 2
+// ATT_FUSE_ROW (the att_row_* entries, `fast` mode, one CTA per (row, KV
+// head)): not the chunk partition at all. Warp w folds tiles w, w + W, w +
+// 2W, ... of the whole row (KT keys each), the W warps' states are merged
+// in warp order in shared memory and the CTA writes the output (and its
+// int8 copy) itself: no partial in global memory, no second launch, no
+// cluster barrier. Its bits depend only on the row's keys, W and KT.
+#define ATT_FUSE_ROW 3
 // ATT_STAMP: attention_split.cuh.
 // att_cluster_sync (common.cuh): only the att_pipe_c_* entries use it,
 // launched with cluster dimensions (1, gridDim.y, 1).
@@ -91,8 +98,10 @@ __device__ __forceinline__ void att_pipe_gqa(
     // KPW keys per warp and chunk, NH = 32 / KT lanes per key, TPC tiles
     // per warp and chunk.
     static_assert(KT == 8 || KT == 16, "KT is 8 or 16");
-    constexpr int KPW = ATT_CHUNK / W, NH = 32 / KT, TPC = KPW / KT;
-    static_assert(ATT_CHUNK % W == 0 && KPW % KT == 0, "a warp's keys of a chunk are whole tiles");
+    constexpr bool ROW = FUSE == ATT_FUSE_ROW;
+    constexpr int KPW = ROW ? KT : ATT_CHUNK / W, NH = 32 / KT, TPC = KPW / KT;
+    static_assert(ROW || (ATT_CHUNK % W == 0 && KPW % KT == 0),
+                  "a warp's keys of a chunk are whole tiles");
     extern __shared__ __align__(16) unsigned char att_smem[];
     // Layout (bytes): kst, vst: (W, ST, KT, HD) u16 each; qs: (GM, HD) f32;
     // wp: (W, GM, KT) f32; wm, wl: (W, GM) f32; bars: (W, ST) u64 (the
@@ -163,10 +172,12 @@ __device__ __forceinline__ void att_pipe_gqa(
 #endif
     // `tma`: bit i is the parity of stage i's next barrier phase.
     u32 phase = 0;
-    for (int p = blockIdx.y; p < np; p += gridDim.y) {
+    // ROW: one pass over the whole row (its grid has one CTA per unit).
+    for (int p = blockIdx.y; p < (ROW ? 1 : np); p += gridDim.y) {
         // Tile t of this warp starts at key tile_k0(t); tiles are in
         // increasing key order, so the first past pos ends the walk.
         auto tile_k0 = [&](int t) {
+            if (ROW) return (t * W + w) * KT;
             return (p + (t / TPC) * n_parts) * ATT_CHUNK + KPW * w + KT * (t % TPC);
         };
         int n_tiles = 0;
@@ -409,6 +420,26 @@ __device__ __forceinline__ void att_pipe_gqa(
                     for (int u = 0; u < D32; u++) o[u] = fmaf(wacc(i)[g][d0 + u], f, o[u]);
                 }
             }
+            if constexpr (ROW) {
+                // The row's output and, for the next matmul, its int8 copy
+                // (hd a multiple of 32 when xq is set): lane l holds
+                // dimensions D32 l .., so 32 / D32 lanes hold a 32-block
+                // (q8_block's group; whole groups share d0 < hd).
+                long long rh = (long long)r * n_heads + h0 + g;
+                float v[D32];
+#pragma unroll
+                for (int u = 0; u < D32; u++) v[u] = o[u] / L;
+                if (d0 < hd) {
+#pragma unroll
+                    for (int u = 0; u < D32; u++) out[rh * hd + d0 + u] = v[u];
+                    if (xq) {
+                        constexpr int LPB = 32 / D32;
+                        long long blk = rh * (hd / 32) + l / LPB;
+                        q8_block<D32>(v, l % LPB, xq + 32 * blk, xds + blk);
+                    }
+                }
+                continue;
+            }
             float* pp = part + (((long long)r * n_heads + h0 + g) * stride + p) * (2 + hd);
             if (l == 0) {
                 pp[0] = mx;
@@ -423,7 +454,7 @@ __device__ __forceinline__ void att_pipe_gqa(
         // (async proxy) overwrite kst, which wacc (generic stores) aliases.
         // Also before att_pipe_m_'s merge, which reads what other warps
         // just stored; the cluster form's barrier orders its own.
-        if (FUSE == ATT_FUSE_SELF || p + (int)gridDim.y < np) {
+        if (FUSE == ATT_FUSE_SELF || (!ROW && p + (int)gridDim.y < np)) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
             if (tma) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
@@ -545,6 +576,17 @@ __device__ __forceinline__ void att_pipe_gqa(
 // other bits (a function of the launch shape, as `fast` allows).
 // ATT_PIPE8_WARPS: the host prelude's (launch/attention_forms.rs).
 #define ATT_PIPE_GQA8(D32, GM) ATT_PIPE_SPLIT(att_pipe8_, D32, GM, ATT_PIPE8_WARPS)
+// att_row_d*_g*: ATT_FUSE_ROW (above) at ATT_ROW_WARPS warps (head_dim
+// <= 64) or ATT_ROW_WARPS_D4 (<= 128) per CTA, 8-key tiles at
+// ATT_ROW_STAGES stages (host prelude, launch/attention_forms.rs:
+// row_rule picks it for `fast` launches of few (row, KV head) units).
+#define ATT_ROW(D32, GM, W)                                                                     \
+    ATT_PIPE_CHECK(att_row_d##D32##_g##GM, D32, GM, 8, ATT_ROW_STAGES, W)                        \
+    extern "C" __global__ void __launch_bounds__(32 * W)                                        \
+        att_row_d##D32##_g##GM(ATT_PIPE_ARGS, float* __restrict__ out,                          \
+                               signed char* __restrict__ xq, float2* __restrict__ xds) {        \
+        att_pipe_gqa<D32, GM, ATT_FUSE_ROW, 8, ATT_ROW_STAGES, W>(ATT_PIPE_PASS, out, xq, xds); \
+    }
 // GM = 3: groups of three query heads (SmolLM2's 9 over 3) would run the
 // 4-head entry with a quarter of its arithmetic on a zero head, and the
 // batch-1 tile loop is bound by that arithmetic (ATT_STAMP).
@@ -568,3 +610,13 @@ ATT_PIPE_GQA8(4, 2)
 ATT_PIPE_GQA8(4, 3)
 ATT_PIPE_GQA8(4, 4)
 ATT_PIPE_GQA8(4, 8)
+ATT_ROW(2, 1, ATT_ROW_WARPS)
+ATT_ROW(2, 2, ATT_ROW_WARPS)
+ATT_ROW(2, 3, ATT_ROW_WARPS)
+ATT_ROW(2, 4, ATT_ROW_WARPS)
+ATT_ROW(2, 8, ATT_ROW_WARPS)
+ATT_ROW(4, 1, ATT_ROW_WARPS_D4)
+ATT_ROW(4, 2, ATT_ROW_WARPS_D4)
+ATT_ROW(4, 3, ATT_ROW_WARPS_D4)
+ATT_ROW(4, 4, ATT_ROW_WARPS_D4)
+ATT_ROW(4, 8, ATT_ROW_WARPS_D4)

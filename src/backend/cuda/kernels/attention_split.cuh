@@ -41,19 +41,37 @@ static_assert(32 * ATT_SPLIT_WARPS == ATT_SPLIT_THREADS,
 // row; those past its count are loaded but never used), so the kernel waits
 // for one round trip instead of a chain of them; later partials LOADS at a
 // time. The arithmetic and its order do not depend on LOADS. MAXU: the
-// 32-value slices of head_dim a lane holds (attention_combine: 8, head_dim
-// <= 256; attention_combine_d128: 4, head_dim <= 128, twice the loads in
-// flight for the same registers).
+// values of head_dim a lane holds (attention_combine: 8, head_dim <= 256;
+// attention_combine_d128: 4, head_dim <= 128, twice the loads in flight
+// for the same registers; att_pipe_gqa's merges: D32).
+// Which dimensions a lane holds: with MAXU 4 (ATT_COMB_CONTIG, the
+// default) lane l holds 4 consecutive ones, d = 4 l + u, read by 8-byte
+// loads, so a 32-block of the int8 copy is held by 8 lanes and one
+// q8_block<4> quantizes every block of the head at once (the strided
+// layout, d = l + 32 u, quantizes block by block: up to 4 dependent
+// shuffle chains); with 2 or 8 (or ATT_COMB_CONTIG=0, for comparisons)
+// the strided one: the contiguous one measured 1% slower on SmolLM2's
+// cluster merge (MAXU 2) and 1% faster on the 8B (H200, 2026-11-28,
+// docs/PERF.md). Each
+// dimension's arithmetic and order are the same in both, and q8_block's
+// max and integer sum do not depend on the lanes: the same bits.
 // With xq non-null (head_dim a multiple of 32), the output is also
-// quantized as quant_q8 would (q8_block: index u of the 32 lanes is the
-// 32-block at d = 32u), for the matmul that reads it next.
+// quantized as quant_q8 would, for the matmul that reads it next.
 // CG: partials are read with ld.global.cg (att_pipe_gqa's own merge reads
 // what its CTA just wrote, which must not take the read-only path the
 // compiler may pick for a const __restrict__ pointer).
+#ifndef ATT_COMB_CONTIG
+#define ATT_COMB_CONTIG 1
+#endif
 template <bool CG>
 __device__ __forceinline__ float att_ld(const float* p) {
     if (CG) return __ldcg(p);
     return *p;
+}
+template <bool CG>
+__device__ __forceinline__ float2 att_ld2(const float* p) {
+    if (CG) return __ldcg((const float2*)p);
+    return *(const float2*)p;
 }
 template <int MAXU, int LOADS, bool CG>
 __device__ __forceinline__ void att_combine_rh(const float* __restrict__ part, int rh, int pos,
@@ -62,6 +80,7 @@ __device__ __forceinline__ void att_combine_rh(const float* __restrict__ part, i
                                                signed char* __restrict__ xq,
                                                float2* __restrict__ xds) {
     static_assert(ATT_PARTS <= 32, "one lane per partial (n_parts <= ATT_PARTS)");
+    constexpr bool CONTIG = ATT_COMB_CONTIG && MAXU == 4;
     int l = threadIdx.x & 31;
     int hd = head_dim;
     const float* pr = part + (long long)rh * stride * (2 + hd);
@@ -70,16 +89,30 @@ __device__ __forceinline__ void att_combine_rh(const float* __restrict__ part, i
         mp = att_ld<CG>(pr + (long long)l * (2 + hd));
         lp = att_ld<CG>(pr + (long long)l * (2 + hd) + 1);
     }
+    // Partial i's values of this lane (zeros past hd or the loaded ones).
+    // CONTIG: a lane's values are whole (MAXU a multiple of 2, hd of 8, so
+    // all or none are < hd) and 8-byte aligned (2 + hd is even).
+    auto load = [&](float(&vi)[MAXU], int i, bool ok) {
+        const float* pv = pr + (long long)i * (2 + hd) + 2;
+        if constexpr (CONTIG) {
+            int d = MAXU * l;
+#pragma unroll
+            for (int u = 0; u < MAXU; u += 2) {
+                float2 x = (ok && d < hd) ? att_ld2<CG>(pv + d + u) : make_float2(0.0f, 0.0f);
+                vi[u] = x.x;
+                vi[u + 1] = x.y;
+            }
+        } else {
+#pragma unroll
+            for (int u = 0; u < MAXU; u++) {
+                int d = l + 32 * u;
+                vi[u] = (ok && d < hd) ? att_ld<CG>(pv + d) : 0.0f;
+            }
+        }
+    };
     float v[LOADS][MAXU];
 #pragma unroll
-    for (int i = 0; i < LOADS; i++) {
-#pragma unroll
-        for (int u = 0; u < MAXU; u++) {
-            int d = l + 32 * u;
-            v[i][u] = (i < stride && d < hd) ? att_ld<CG>(pr + (long long)i * (2 + hd) + 2 + d)
-                                              : 0.0f;
-        }
-    }
+    for (int i = 0; i < LOADS; i++) load(v[i], i, i < stride);
     int np = min(pos / ATT_CHUNK + 1, n_parts);
     if (l >= np) {
         mp = Q_NINF;
@@ -96,15 +129,7 @@ __device__ __forceinline__ void att_combine_rh(const float* __restrict__ part, i
     for (int p0 = 0; p0 < np; p0 += LOADS) {
         if (p0 > 0) {
 #pragma unroll
-            for (int i = 0; i < LOADS; i++) {
-#pragma unroll
-                for (int u = 0; u < MAXU; u++) {
-                    int d = l + 32 * u;
-                    v[i][u] = (p0 + i < np && d < hd)
-                                  ? att_ld<CG>(pr + (long long)(p0 + i) * (2 + hd) + 2 + d)
-                                  : 0.0f;
-                }
-            }
+            for (int i = 0; i < LOADS; i++) load(v[i], p0 + i, p0 + i < np);
         }
 #pragma unroll
         for (int i = 0; i < LOADS; i++) {
@@ -116,14 +141,30 @@ __device__ __forceinline__ void att_combine_rh(const float* __restrict__ part, i
         }
     }
     float* op = out + (long long)rh * hd;
+    if constexpr (CONTIG) {
+        float r[MAXU];
 #pragma unroll
-    for (int u = 0; u < MAXU; u++) {
-        int d = l + 32 * u;
-        float r = o[u] / L;
-        if (d < hd) op[d] = r;
-        if (xq && 32 * u < hd) {  // warp-uniform
-            long long blk = (long long)rh * (hd / 32) + u;
-            q8_block<1>(&r, l, xq + 32 * blk, xds + blk);
+        for (int u = 0; u < MAXU; u++) r[u] = o[u] / L;
+        int d = MAXU * l;
+        if (d < hd) {  // whole 32 / MAXU-lane groups (hd a multiple of 32 with xq)
+#pragma unroll
+            for (int u = 0; u < MAXU; u++) op[d + u] = r[u];
+            if (xq) {
+                constexpr int LPB = 32 / MAXU;
+                long long blk = (long long)rh * (hd / 32) + l / LPB;
+                q8_block<MAXU>(r, l % LPB, xq + 32 * blk, xds + blk);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int u = 0; u < MAXU; u++) {
+            int d = l + 32 * u;
+            float r = o[u] / L;
+            if (d < hd) op[d] = r;
+            if (xq && 32 * u < hd) {  // warp-uniform
+                long long blk = (long long)rh * (hd / 32) + u;
+                q8_block<1>(&r, l, xq + 32 * blk, xds + blk);
+            }
         }
     }
 }

@@ -561,6 +561,8 @@ __device__ __forceinline__ void q8_block(const float* v, int gl, signed char* __
     for (int s = G / 2; s >= 1; s >>= 1) sum += __shfl_xor_sync(mask, sum, s);
     if (V == 4)
         ((u32*)xq)[gl] = packed;
+    else if (V == 2)
+        ((unsigned short*)xq)[gl] = (unsigned short)packed;
     else
         xq[gl] = (signed char)packed;
     if (gl == 0) {

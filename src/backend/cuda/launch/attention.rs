@@ -4,7 +4,8 @@
 use super::att_maps::{att_maps, att_tma_fits_cache, AttMaps};
 use super::attention_forms::{
     att_pipe_smem, att_threads, att_trace, cluster_ctas, cluster_wanted, deep_wanted, early_kv,
-    eight_wanted, fast_parts, fuse_merge, gqa_split_kernel, tma_wanted, wide_wanted, Pipe,
+    eight_wanted, fast_parts, fuse_merge, gqa_split_kernel, row_wanted, tma_wanted, wide_wanted,
+    Pipe,
 };
 use super::{arena3, RawArgs};
 use crate::backend::cuda::mem::{DevAttnBatch, DevKv, ATT_PARTS};
@@ -264,13 +265,21 @@ impl CudaBackend {
             Mode::Fast => fast_parts(units, slots),
             _ => ATT_PARTS,
         };
+        // `fast`, few units: one CTA per unit folds its whole row and
+        // writes the output (att_row_*, row_wanted): no partials, combine
+        // or cluster barrier. With or without the device fusions (its
+        // int8 copy is q8_block's, so check-exact's unfused reference
+        // takes it too and checks that copy bitwise).
+        let row = mode == Mode::Fast
+            && gqa_split_kernel(group, hd, Pipe::Row).is_some()
+            && row_wanted(units, batch.part_ctas, self.sm_count());
         // `fast`, rows of 2 to 16 chunks and units enough to fill the GPU
         // at the deep merging kernel's occupancy: one partial per row,
         // folded by one CTA per unit (att_pipe_m3_* when the merge is
         // fused; else the partials kernel and the combine, the same bits).
         let deep_name = gqa_split_kernel(group, hd, Pipe::Deep);
         let deep = match (mode, deep_name) {
-            (Mode::Fast, Some(dn)) => deep_wanted(
+            (Mode::Fast, Some(dn)) if !row => deep_wanted(
                 units,
                 batch.part_ctas,
                 self.att_per_sm(dn)? * self.sm_count(),
@@ -286,6 +295,7 @@ impl CudaBackend {
         let wide = mode == Mode::Fast
             && gqa.is_some()
             && !deep
+            && !row
             && wide_wanted(units, parts, slots, batch.part_ctas);
         if wide {
             let wname = gqa_split_kernel(group, hd, Pipe::Wide).unwrap_or(name);
@@ -293,7 +303,7 @@ impl CudaBackend {
         }
         // No more CTAs per row than partials.
         let pi = i32_of(parts, "partials")?;
-        let ctas_y = batch.part_ctas.min(parts);
+        let ctas_y = if row { 1 } else { batch.part_ctas.min(parts) };
         // One CTA per (row, KV head) (short contexts: a decode graph's
         // part_ctas follows the longest row): the pipelined kernel's
         // att_pipe_m_ form merges its own partials, so no
@@ -301,7 +311,7 @@ impl CudaBackend {
         // (`prequant` off: check-exact's unfused reference, which so checks
         // this merge bitwise). The partition (parts) does not depend on it.
         let fused = !wide && gqa.is_some() && self.prequant && fuse_merge();
-        let merge = fused && ctas_y == 1;
+        let merge = (fused && ctas_y == 1) || row;
         // Two to 16 CTAs per unit (a decode graph's bucket fixes the
         // count) and few CTAs in all (cluster_ctas): they form a
         // thread-block cluster that merges after its barrier
@@ -325,15 +335,18 @@ impl CudaBackend {
             && gqa.is_some()
             && !wide
             && !deep
+            && !row
             && eight_wanted(units * ctas_y, self.sm_count());
         let kernel_form = |f: Pipe| if eight { f.eight() } else { f };
         let cluster = fused
+            && !row
             && cluster_wanted(ctas_y)
             && !self.l2_branch_live()?
             && units * ctas_y <= cluster_ctas()
             && gqa_split_kernel(group, hd, kernel_form(Pipe::Cluster))
                 .is_some_and(|c| units <= self.att_clusters(c, ctas_y));
         let form = match (wide, merge, cluster) {
+            _ if row => Pipe::Row,
             (true, _, _) => Pipe::Wide,
             (false, true, _) if deep => Pipe::Deep,
             (false, true, _) => Pipe::Merge,
@@ -363,7 +376,7 @@ impl CudaBackend {
         let early = i32::from(batch.one_row_per_seq && early_kv());
         // K and V by bulk tensor copies where a tile is one page's cells
         // (att_maps.rs): 8-key tiles in the wide form, else 16.
-        let kt = if wide { 8 } else { 16 };
+        let kt = if wide || row { 8 } else { 16 };
         let arch_major = crate::backend::cuda::pdl::arch_major(&self.arch);
         let tma = gqa.is_some()
             && tma_wanted(
@@ -465,8 +478,8 @@ impl CudaBackend {
             // AttMaps (by value) describe this layer's K and V with boxes of
             // the form's tile when `tma` is 1 (att_tma_fits_cache: sm_90+,
             // head_dim 32*D32, pages a multiple of the tile), else are
-            // never read; att_pipe_m_* (merge: gridDim.y == 1) also take
-            // out and xq / xds as the combine below does.
+            // never read; att_pipe_m_* and att_row_* (merge: gridDim.y ==
+            // 1) also take out and xq / xds as the combine below does.
             drv(
                 unsafe { b.launch(cfg) },
                 "paged_attention: launching the split kernel",

@@ -205,7 +205,8 @@ pub(crate) fn att_stages() -> usize {
 /// 2..=ATT_CLUSTER_MAX CTAs (att_pipe_c_*, sm_90+), the merging form
 /// at ATT_M3_STAGES stages (att_pipe_m3_*, deep_rule), and the partials,
 /// merging and cluster forms at eight warps per CTA (att_pipe8_*,
-/// eight_rule).
+/// eight_rule), and one CTA per (row, KV head) folding the whole row
+/// without partials (att_row_*, row_rule).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Pipe {
     Partials = 0,
@@ -216,6 +217,7 @@ pub(crate) enum Pipe {
     Partials8 = 5,
     Merge8 = 6,
     Cluster8 = 7,
+    Row = 8,
 }
 
 impl Pipe {
@@ -226,7 +228,7 @@ impl Pipe {
             Pipe::Partials | Pipe::Partials8 => Pipe::Partials8,
             Pipe::Merge | Pipe::Merge8 => Pipe::Merge8,
             Pipe::Cluster | Pipe::Cluster8 => Pipe::Cluster8,
-            Pipe::Wide | Pipe::Deep => self,
+            Pipe::Wide | Pipe::Deep | Pipe::Row => self,
         }
     }
 }
@@ -255,13 +257,68 @@ pub(crate) const ATT_SPLIT_THREADS: usize = 128;
 pub(crate) const ATT_PIPE8_WARPS: usize = 8;
 
 /// Threads per CTA of split-attention entry `name`: 32 * ATT_PIPE8_WARPS
-/// for the eight-warp forms, else ATT_SPLIT_THREADS.
+/// for the eight-warp forms, 32 * att_row_warps for the row forms, else
+/// ATT_SPLIT_THREADS.
 pub(crate) fn att_threads(name: &str) -> usize {
     if name.starts_with("att_pipe8_") {
         32 * ATT_PIPE8_WARPS
+    } else if name.starts_with("att_row_d2") {
+        32 * att_row_warps(2)
+    } else if name.starts_with("att_row_d4") {
+        32 * att_row_warps(4)
     } else {
         ATT_SPLIT_THREADS
     }
+}
+
+/// Warps per CTA of the row forms (att_row_d{D32}_*: ATT_ROW_WARPS and
+/// ATT_ROW_WARPS_D4 in the prelude): QUIRE_ATT_ROW_WARPS (8, 16 or 32;
+/// default 16) for head_dim <= 64, at most 16 for head_dim <= 128, where
+/// 32 warps' stages of 8 keys would not fit in shared memory.
+pub(crate) fn att_row_warps(d32: usize) -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let w = *V.get_or_init(|| match env_usize("QUIRE_ATT_ROW_WARPS") {
+        Some(w @ (8 | 16 | 32)) => w,
+        _ => 16,
+    });
+    if d32 > 2 {
+        w.min(16)
+    } else {
+        w
+    }
+}
+
+/// Pipeline depth of the row forms (ATT_ROW_STAGES in the prelude):
+/// QUIRE_ATT_ROW_STAGES, 2..=3, default 2.
+pub(crate) fn att_row_stages() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| env_usize("QUIRE_ATT_ROW_STAGES").unwrap_or(2).clamp(2, 3))
+}
+
+/// Whether a `fast` launch of `units` (row, KV head) pairs whose longest
+/// row has `part_ctas` 128-key chunks takes the row form (att_row_*: one
+/// CTA per unit folds the whole row, merges its warps in shared memory
+/// and writes the output; no partials, combine or cluster), `sms` the
+/// device's SMs: row_rule (QUIRE_ATT_ROW=0: never; =1: every launch that
+/// has the kernel, so the op parity harness checks it). Not in
+/// `deterministic` mode (its partition is fixed by ATT_PARTS).
+pub(super) fn row_wanted(units: usize, part_ctas: usize, sms: usize) -> bool {
+    static V: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    V.get_or_init(|| env_switch("QUIRE_ATT_ROW"))
+        .unwrap_or_else(|| row_rule(units, part_ctas, sms))
+}
+
+/// The most 128-key chunks of a row the row form takes by default
+/// (QUIRE_ATT_ROW_CHUNKS overrides, for sweeps).
+fn row_chunks_max() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| env_usize("QUIRE_ATT_ROW_CHUNKS").unwrap_or(1))
+}
+
+/// At most one unit per SM (a row CTA takes most of an SM's registers)
+/// and rows of at most row_chunks_max() chunks.
+fn row_rule(units: usize, part_ctas: usize, sms: usize) -> bool {
+    units <= sms && part_ctas <= row_chunks_max()
 }
 
 /// Whether a `fast` launch of `ctas` CTAs in all takes the eight-warp form
@@ -299,6 +356,11 @@ fn eight_rule(ctas: usize, sms: usize) -> bool {
 /// mbarriers (warps x stages u64, the bulk tensor copies'). None for any
 /// other kernel.
 pub(crate) fn att_pipe_smem(name: &str) -> Option<usize> {
+    if let Some(rest) = name.strip_prefix("att_row_d") {
+        let (d32, gm) = rest.split_once("_g")?;
+        let (d32, gm): (usize, usize) = (d32.parse().ok()?, gm.parse().ok()?);
+        return Some(pipe_bytes(d32, gm, 8, att_row_stages(), att_row_warps(d32)));
+    }
     let (w, form) = match name.strip_prefix("att_pipe8_") {
         Some(f) => (ATT_PIPE8_WARPS, f),
         None => (4, name.strip_prefix("att_pipe_")?),
@@ -315,8 +377,13 @@ pub(crate) fn att_pipe_smem(name: &str) -> Option<usize> {
     };
     let (d32, gm) = rest.split_once("_g")?;
     let (d32, gm): (usize, usize) = (d32.parse().ok()?, gm.parse().ok()?);
+    Some(pipe_bytes(d32, gm, kt, st, w))
+}
+
+/// att_pipe_bytes (attention_pipe_fast.cu): the layout's bytes.
+fn pipe_bytes(d32: usize, gm: usize, kt: usize, st: usize, w: usize) -> usize {
     let hd = 32 * d32;
-    Some(2 * w * st * kt * hd * 2 + gm * hd * 4 + w * gm * kt * 4 + 2 * w * gm * 4 + 8 * w * st)
+    2 * w * st * kt * hd * 2 + gm * hd * 4 + w * gm * kt * 4 + 2 * w * gm * 4 + 8 * w * st
 }
 
 /// The GQA-grouped split kernel of form `form` for `group` query heads per
@@ -478,7 +545,7 @@ mod tests {
 
     #[test]
     fn gqa_kernel_is_the_smallest_that_fits() {
-        use Pipe::{Cluster, Cluster8, Deep, Merge, Merge8, Partials, Partials8, Wide};
+        use Pipe::{Cluster, Cluster8, Deep, Merge, Merge8, Partials, Partials8, Row, Wide};
         assert_eq!(gqa_split_kernel(4, 128, Partials), Some("att_pipe_d4_g4"));
         assert_eq!(gqa_split_kernel(3, 64, Partials), Some("att_pipe_d2_g3"));
         assert_eq!(gqa_split_kernel(8, 80, Partials), Some("att_pipe_d4_g8"));
@@ -490,6 +557,8 @@ mod tests {
         assert_eq!(gqa_split_kernel(3, 64, Partials8), Some("att_pipe8_d2_g3"));
         assert_eq!(gqa_split_kernel(4, 128, Merge8), Some("att_pipe8_m_d4_g4"));
         assert_eq!(gqa_split_kernel(4, 64, Cluster8), Some("att_pipe8_c_d2_g4"));
+        assert_eq!(gqa_split_kernel(3, 64, Row), Some("att_row_d2_g3"));
+        assert_eq!(gqa_split_kernel(4, 128, Row), Some("att_row_d4_g4"));
         assert_eq!(gqa_split_kernel(9, 128, Partials), None);
         assert_eq!(gqa_split_kernel(4, 256, Merge), None);
         // Every pipelined kernel's shared memory fits an H100's 227 KiB
@@ -498,7 +567,7 @@ mod tests {
         for g in 1..=8 {
             for hd in (8..=128).step_by(8) {
                 for form in [
-                    Partials, Merge, Wide, Cluster, Deep, Partials8, Merge8, Cluster8,
+                    Partials, Merge, Wide, Cluster, Deep, Partials8, Merge8, Cluster8, Row,
                 ] {
                     let n = gqa_split_kernel(g, hd, form).unwrap();
                     let smem = att_pipe_smem(n).expect("a pipelined kernel");
@@ -562,5 +631,37 @@ mod tests {
         assert_eq!(att_threads("att_pipe8_m_d2_g3"), 256);
         assert_eq!(att_threads("att_pipe_m_d2_g3"), ATT_SPLIT_THREADS);
         assert_eq!(att_threads("paged_attention_split"), ATT_SPLIT_THREADS);
+    }
+
+    #[test]
+    fn row_form_for_few_units_of_one_chunk() {
+        use super::{att_row_stages, att_row_warps, row_rule, Pipe};
+        // Batch 1 on 132 SMs: SmolLM2 (3 KV heads), the 1B and 8B (8)
+        // while a row has at most 128 keys (one chunk, the default
+        // QUIRE_ATT_ROW_CHUNKS); not at 512 keys (5 chunks), where one
+        // SM's copies and arithmetic for the whole row lose to the split
+        // forms by 20-25% of a decode step.
+        if super::row_chunks_max() == 1 {
+            assert!(row_rule(3, 1, 132));
+            assert!(row_rule(8, 1, 132));
+            assert!(!row_rule(8, 5, 132));
+            assert!(!row_rule(3, 2, 132));
+        }
+        // More units than SMs: never.
+        assert!(!row_rule(133, 1, 132));
+        assert_eq!(Pipe::Row.eight(), Pipe::Row);
+        // 16 warps by default; at most 16 for head_dim 128.
+        assert!(att_row_warps(4) <= 16);
+        if att_row_warps(2) == 16 && att_row_stages() == 2 {
+            assert_eq!(att_threads("att_row_d2_g3"), 512);
+            // d2_g4: 16 warps x 2 stages x (K, V) x 8 keys x 64 f16 (64
+            // KiB) + 1 KiB of queries + 2 KiB of weights + 512 bytes of
+            // (m, l) + 32 mbarriers.
+            assert_eq!(
+                att_pipe_smem("att_row_d2_g4"),
+                Some(65_536 + 1_024 + 2_048 + 512 + 256)
+            );
+        }
+        assert_eq!(att_threads("att_row_d4_g4"), 32 * att_row_warps(4));
     }
 }
