@@ -277,9 +277,10 @@ pub(crate) fn att_threads(name: &str) -> usize {
 /// 32 warps' stages of 8 keys would not fit in shared memory.
 pub(crate) fn att_row_warps(d32: usize) -> usize {
     static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let w = *V.get_or_init(|| match env_usize("QUIRE_ATT_ROW_WARPS") {
-        Some(w @ (8 | 16 | 32)) => w,
-        _ => 16,
+    let w = *V.get_or_init(|| {
+        env_usize("QUIRE_ATT_ROW_WARPS")
+            .filter(|w| [8, 16, 32].contains(w))
+            .unwrap_or(16)
     });
     if d32 > 2 {
         w.min(16)
