@@ -97,6 +97,15 @@ for s in "${steps[@]}"; do
       # leaves for launches of more than two CTAs per SM (the cases' small
       # batches take the eight-warp att_pipe8_*).
       QUIRE_ATT_EIGHT=0 run_step ops-fast-att-four "$QUIRE" ops --backend cuda --mode fast --op paged_attention
+      # The row form (att_row_*: one CTA per (row, KV head) over the whole
+      # row), which fast mode takes only for rows of one chunk: every case,
+      # at its default 16 warps and at 32 (head_dim <= 64), and with every
+      # lane's cp.async.
+      QUIRE_ATT_ROW=1 run_step ops-fast-att-row "$QUIRE" ops --backend cuda --mode fast --op paged_attention
+      QUIRE_ATT_ROW=1 QUIRE_ATT_ROW_WARPS=32 run_step ops-fast-att-row32 "$QUIRE" ops --backend cuda --mode fast --op paged_attention
+      QUIRE_ATT_ROW=1 QUIRE_ATT_TMA=0 run_step ops-fast-att-row-cpasync "$QUIRE" ops --backend cuda --mode fast --op paged_attention
+      # The split forms only (no row form), as before it.
+      QUIRE_ATT_ROW=0 run_step ops-fast-att-norow "$QUIRE" ops --backend cuda --mode fast --op paged_attention
       # One CTA per row folding 2-16 chunks at 3 stages (att_pipe_m3_*,
       # which fast mode takes only for batches that fill the GPU), and the
       # K/V copies by every lane's cp.async instead of bulk tensor copies

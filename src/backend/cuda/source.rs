@@ -410,8 +410,9 @@ pub fn prelude() -> String {
         crate::backend::cuda::launch::ATT_PIPE8_WARPS
     ));
     s.push_str(&format!(
-        "#define ATT_ROW_STAGES {}\n#define ATT_ROW_WARPS {}\n#define ATT_ROW_WARPS_D4 {}\n",
-        crate::backend::cuda::launch::att_row_stages(),
+        "#define ATT_ROW_STAGES {}\n#define ATT_ROW_STAGES_D4 {}\n#define ATT_ROW_WARPS {}\n#define ATT_ROW_WARPS_D4 {}\n",
+        crate::backend::cuda::launch::att_row_stages(2),
+        crate::backend::cuda::launch::att_row_stages(4),
         crate::backend::cuda::launch::att_row_warps(2),
         crate::backend::cuda::launch::att_row_warps(4)
     ));

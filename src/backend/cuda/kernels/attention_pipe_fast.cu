@@ -578,14 +578,14 @@ __device__ __forceinline__ void att_pipe_gqa(
 #define ATT_PIPE_GQA8(D32, GM) ATT_PIPE_SPLIT(att_pipe8_, D32, GM, ATT_PIPE8_WARPS)
 // att_row_d*_g*: ATT_FUSE_ROW (above) at ATT_ROW_WARPS warps (head_dim
 // <= 64) or ATT_ROW_WARPS_D4 (<= 128) per CTA, 8-key tiles at
-// ATT_ROW_STAGES stages (host prelude, launch/attention_forms.rs:
+// ATT_ROW_STAGES (ATT_ROW_STAGES_D4) stages (host prelude, launch/attention_forms.rs:
 // row_rule picks it for `fast` launches of few (row, KV head) units).
-#define ATT_ROW(D32, GM, W)                                                                     \
-    ATT_PIPE_CHECK(att_row_d##D32##_g##GM, D32, GM, 8, ATT_ROW_STAGES, W)                        \
+#define ATT_ROW(D32, GM, W, ST)                                                                 \
+    ATT_PIPE_CHECK(att_row_d##D32##_g##GM, D32, GM, 8, ST, W)                                    \
     extern "C" __global__ void __launch_bounds__(32 * W)                                        \
         att_row_d##D32##_g##GM(ATT_PIPE_ARGS, float* __restrict__ out,                          \
                                signed char* __restrict__ xq, float2* __restrict__ xds) {        \
-        att_pipe_gqa<D32, GM, ATT_FUSE_ROW, 8, ATT_ROW_STAGES, W>(ATT_PIPE_PASS, out, xq, xds); \
+        att_pipe_gqa<D32, GM, ATT_FUSE_ROW, 8, ST, W>(ATT_PIPE_PASS, out, xq, xds);             \
     }
 // GM = 3: groups of three query heads (SmolLM2's 9 over 3) would run the
 // 4-head entry with a quarter of its arithmetic on a zero head, and the
@@ -610,13 +610,13 @@ ATT_PIPE_GQA8(4, 2)
 ATT_PIPE_GQA8(4, 3)
 ATT_PIPE_GQA8(4, 4)
 ATT_PIPE_GQA8(4, 8)
-ATT_ROW(2, 1, ATT_ROW_WARPS)
-ATT_ROW(2, 2, ATT_ROW_WARPS)
-ATT_ROW(2, 3, ATT_ROW_WARPS)
-ATT_ROW(2, 4, ATT_ROW_WARPS)
-ATT_ROW(2, 8, ATT_ROW_WARPS)
-ATT_ROW(4, 1, ATT_ROW_WARPS_D4)
-ATT_ROW(4, 2, ATT_ROW_WARPS_D4)
-ATT_ROW(4, 3, ATT_ROW_WARPS_D4)
-ATT_ROW(4, 4, ATT_ROW_WARPS_D4)
-ATT_ROW(4, 8, ATT_ROW_WARPS_D4)
+ATT_ROW(2, 1, ATT_ROW_WARPS, ATT_ROW_STAGES)
+ATT_ROW(2, 2, ATT_ROW_WARPS, ATT_ROW_STAGES)
+ATT_ROW(2, 3, ATT_ROW_WARPS, ATT_ROW_STAGES)
+ATT_ROW(2, 4, ATT_ROW_WARPS, ATT_ROW_STAGES)
+ATT_ROW(2, 8, ATT_ROW_WARPS, ATT_ROW_STAGES)
+ATT_ROW(4, 1, ATT_ROW_WARPS_D4, ATT_ROW_STAGES_D4)
+ATT_ROW(4, 2, ATT_ROW_WARPS_D4, ATT_ROW_STAGES_D4)
+ATT_ROW(4, 3, ATT_ROW_WARPS_D4, ATT_ROW_STAGES_D4)
+ATT_ROW(4, 4, ATT_ROW_WARPS_D4, ATT_ROW_STAGES_D4)
+ATT_ROW(4, 8, ATT_ROW_WARPS_D4, ATT_ROW_STAGES_D4)

@@ -289,11 +289,18 @@ pub(crate) fn att_row_warps(d32: usize) -> usize {
     }
 }
 
-/// Pipeline depth of the row forms (ATT_ROW_STAGES in the prelude):
-/// QUIRE_ATT_ROW_STAGES, 2..=3, default 2.
-pub(crate) fn att_row_stages() -> usize {
+/// Pipeline depth of the row forms for head_dim <= 32 * d32
+/// (ATT_ROW_STAGES and ATT_ROW_STAGES_D4 in the prelude):
+/// QUIRE_ATT_ROW_STAGES, 2..=4, default 2; at most 3 for head_dim <= 128,
+/// where 16 warps' four stages would not fit in shared memory.
+pub(crate) fn att_row_stages(d32: usize) -> usize {
     static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| env_usize("QUIRE_ATT_ROW_STAGES").unwrap_or(2).clamp(2, 3))
+    let st = *V.get_or_init(|| env_usize("QUIRE_ATT_ROW_STAGES").unwrap_or(2).clamp(2, 4));
+    if d32 > 2 {
+        st.min(3)
+    } else {
+        st
+    }
 }
 
 /// Whether a `fast` launch of `units` (row, KV head) pairs whose longest
@@ -360,7 +367,13 @@ pub(crate) fn att_pipe_smem(name: &str) -> Option<usize> {
     if let Some(rest) = name.strip_prefix("att_row_d") {
         let (d32, gm) = rest.split_once("_g")?;
         let (d32, gm): (usize, usize) = (d32.parse().ok()?, gm.parse().ok()?);
-        return Some(pipe_bytes(d32, gm, 8, att_row_stages(), att_row_warps(d32)));
+        return Some(pipe_bytes(
+            d32,
+            gm,
+            8,
+            att_row_stages(d32),
+            att_row_warps(d32),
+        ));
     }
     let (w, form) = match name.strip_prefix("att_pipe8_") {
         Some(f) => (ATT_PIPE8_WARPS, f),
@@ -653,7 +666,7 @@ mod tests {
         assert_eq!(Pipe::Row.eight(), Pipe::Row);
         // 16 warps by default; at most 16 for head_dim 128.
         assert!(att_row_warps(4) <= 16);
-        if att_row_warps(2) == 16 && att_row_stages() == 2 {
+        if att_row_warps(2) == 16 && att_row_stages(2) == 2 {
             assert_eq!(att_threads("att_row_d2_g3"), 512);
             // d2_g4: 16 warps x 2 stages x (K, V) x 8 keys x 64 f16 (64
             // KiB) + 1 KiB of queries + 2 KiB of weights + 512 bytes of
