@@ -323,10 +323,15 @@ fn row_chunks_max() -> usize {
     *V.get_or_init(|| env_usize("QUIRE_ATT_ROW_CHUNKS").unwrap_or(1))
 }
 
-/// At most one unit per SM (a row CTA takes most of an SM's registers)
-/// and rows of at most row_chunks_max() chunks.
+/// At most one unit per two SMs and rows of at most row_chunks_max()
+/// chunks. Measured on an H200 (2026-11-28, bench-attn, us per call with
+/// PDL at 64 / 128 keys, split forms / row form): B=1-8 faster on every
+/// head shape (1B heads B=8 3.76 / 2.84, 4.09 / 3.61; 8B heads 4.69 /
+/// 3.40, 5.06 / 4.48); at B=16 the 1B's 128 units (of 132 SMs) slower
+/// (3.93 / 4.03, 4.30 / 4.93); past one chunk slower everywhere (one SM
+/// folds about 128 keys per 1.5 us).
 fn row_rule(units: usize, part_ctas: usize, sms: usize) -> bool {
-    units <= sms && part_ctas <= row_chunks_max()
+    2 * units <= sms && part_ctas <= row_chunks_max()
 }
 
 /// Whether a `fast` launch of `ctas` CTAs in all takes the eight-warp form
@@ -661,7 +666,11 @@ mod tests {
             assert!(!row_rule(8, 5, 132));
             assert!(!row_rule(3, 2, 132));
         }
-        // More units than SMs: never.
+        // B=8 of 8 KV heads (64 units) still; B=16 (128 units) not.
+        if super::row_chunks_max() >= 1 {
+            assert!(row_rule(64, 1, 132));
+        }
+        assert!(!row_rule(128, 1, 132));
         assert!(!row_rule(133, 1, 132));
         assert_eq!(Pipe::Row.eight(), Pipe::Row);
         // 16 warps by default; at most 16 for head_dim 128.
