@@ -93,6 +93,11 @@ for s in "${steps[@]}"; do
       # unit's cluster (att_pipe_c_*, the default for small launches of 2-16
       # CTAs per unit).
       QUIRE_ATT_CLUSTER=0 run_step ops-fast-att-combine "$QUIRE" ops --backend cuda --mode fast --op paged_attention
+      # The cluster merge through L2 instead of rank 0's shared memory (the
+      # same bits; ATT_CL_DSMEM), with the row form off so that the cases'
+      # short rows take the cluster forms too.
+      QUIRE_ATT_ROW=0 run_step ops-fast-att-cluster "$QUIRE" ops --backend cuda --mode fast --op paged_attention
+      QUIRE_ATT_ROW=0 QUIRE_CUDA_DEFINES=ATT_CL_DSMEM=0 run_step ops-fast-att-cluster-l2 "$QUIRE" ops --backend cuda --mode fast --op paged_attention
       # The 4-warp partials, merging and cluster forms, which fast mode
       # leaves for launches of more than two CTAs per SM (the cases' small
       # batches take the eight-warp att_pipe8_*).

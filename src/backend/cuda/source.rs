@@ -410,11 +410,12 @@ pub fn prelude() -> String {
         crate::backend::cuda::launch::ATT_PIPE8_WARPS
     ));
     s.push_str(&format!(
-        "#define ATT_ROW_STAGES {}\n#define ATT_ROW_STAGES_D4 {}\n#define ATT_ROW_WARPS {}\n#define ATT_ROW_WARPS_D4 {}\n",
+        "#define ATT_ROW_STAGES {}\n#define ATT_ROW_STAGES_D4 {}\n#define ATT_ROW_WARPS {}\n#define ATT_ROW_WARPS_D4 {}\n#define ATT_CLUSTER_MAX {}\n",
         crate::backend::cuda::launch::att_row_stages(2),
         crate::backend::cuda::launch::att_row_stages(4),
         crate::backend::cuda::launch::att_row_warps(2),
-        crate::backend::cuda::launch::att_row_warps(4)
+        crate::backend::cuda::launch::att_row_warps(4),
+        crate::backend::cuda::launch::ATT_CLUSTER_MAX
     ));
     // The dynamic shared memory the host launches each split-attention
     // entry with: attention_pipe_fast.cu's ATT_PIPE_GQA asserts its layout matches.

@@ -263,8 +263,8 @@ extern "C" __global__ void paged_attention_split(
         if (ATT_STAMP) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g1));                \
         int rh = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);                         \
         if (rh >= n_rows * n_heads) return;                                                   \
-        att_combine_rh<MAXU, LOADS, false>(part, rh, (int)positions[rh / n_heads], head_dim,  \
-                                           stride, n_parts, out, xq, xds);                    \
+        att_combine_rh<MAXU, LOADS, false>(part, rh, rh, (int)positions[rh / n_heads],        \
+                                           head_dim, stride, n_parts, out, xq, xds);          \
         if (ATT_STAMP && threadIdx.x == 0 && blockIdx.x == 0 &&                               \
             positions[0] % 64 == 0) {                                                         \
             asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g2));                            \

@@ -40,6 +40,23 @@ __host__ __device__ constexpr int att_pipe_bytes(int d32, int gm, int kt, int st
     return 2 * w * st * kt * 32 * d32 * 2 + gm * 32 * d32 * 4 + w * gm * kt * 4 + 2 * w * gm * 4 +
            8 * w * st;
 }
+// The cluster forms' extra shared memory (after att_pipe_bytes' layout):
+// the unit's partials, (ATT_CLUSTER_MAX, GM) slots of 2 + 32 D32 floats,
+// which every CTA of the cluster stores into rank 0's copy (cl_peer).
+#ifndef ATT_CLUSTER_MAX
+#define ATT_CLUSTER_MAX 16
+#endif
+__host__ __device__ constexpr int att_pipe_cl_bytes(int d32, int gm) {
+    return ATT_CLUSTER_MAX * gm * (2 + 32 * d32) * 4;
+}
+// ATT_CL_DSMEM (default 1): the cluster forms' partials go to rank 0's
+// shared memory (remote stores before the cluster barrier, which
+// releases them; rank 0 then merges from its own shared memory) instead
+// of through L2; 0 for comparisons. The same values and merge: the same
+// bits.
+#ifndef ATT_CL_DSMEM
+#define ATT_CL_DSMEM 1
+#endif
 // K and V by bulk tensor copies (sm_90+, the host's `tma` flag: head_dim
 // 32 * D32 exactly and block_size a multiple of the tile's KT keys, so a
 // tile is KT consecutive cells of one page): the cache as 3-D tensors
@@ -116,6 +133,9 @@ __device__ __forceinline__ void att_pipe_gqa(
     float(*wm)[GM] = (float(*)[GM])((unsigned char*)wp + W * GM * KT * 4);
     float(*wl)[GM] = (float(*)[GM])((unsigned char*)wm + W * GM * 4);
     u64(*bars)[ST] = (u64(*)[ST])((unsigned char*)wl + W * GM * 4);
+    // The cluster forms' partials (rank 0's copy is the one used): slot
+    // (g, p) at (g * ATT_CLUSTER_MAX + p) * (2 + hd).
+    float* cpart = (float*)((unsigned char*)bars + 8 * W * ST);
     static_assert((att_pipe_bytes(D32, GM, KT, ST, W) - 8 * W * ST) % 8 == 0,
                   "the mbarriers (the layout's last 8 W ST bytes) are 8-byte aligned");
     static_assert((KT * HD * 2) % 1024 == 0 && (KT * 128) % 1024 == 0,
@@ -440,6 +460,26 @@ __device__ __forceinline__ void att_pipe_gqa(
                 }
                 continue;
             }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            if constexpr (FUSE == ATT_FUSE_CLUSTER && ATT_CL_DSMEM) {
+                // Into rank 0's shared memory (the cluster is (1,
+                // gridDim.y, 1): rank = blockIdx.y = p, one partial a CTA).
+                u32 pa = cl_peer(cpart + (g * ATT_CLUSTER_MAX + p) * (2 + hd), 0);
+                if (l == 0)
+                    asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};" ::"r"(pa), "f"(mx),
+                                 "f"(L)
+                                 : "memory");
+                if (d0 < hd) {
+#pragma unroll
+                    for (int u = 0; u < D32; u++)
+                        asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(
+                                         pa + 4 * (2 + d0 + u)),
+                                     "f"(o[u])
+                                     : "memory");
+                }
+                continue;
+            }
+#endif
             float* pp = part + (((long long)r * n_heads + h0 + g) * stride + p) * (2 + hd);
             if (l == 0) {
                 pp[0] = mx;
@@ -477,10 +517,22 @@ __device__ __forceinline__ void att_pipe_gqa(
         if (!waited) GRID_DEP();
         att_cluster_sync();
         if (ATT_STAMP) stamp[5] = clock64();
-        int cw = W * (int)blockIdx.y + w;
-        for (int g = cw; g < group; g += W * (int)gridDim.y)
-            att_combine_rh<D32, 8, true>(part, r * n_heads + h0 + g, pos, hd, stride, n_parts,
-                                         out, xq, xds);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        if (ATT_CL_DSMEM) {
+            // Rank 0 holds every partial: its warps merge, warp w heads w,
+            // w + W, ... (the others leave; nothing reads their memory).
+            if (blockIdx.y == 0)
+                for (int g = w; g < group; g += W)
+                    att_combine_rh<D32, 8, false>(cpart, g, r * n_heads + h0 + g, pos, hd,
+                                                  ATT_CLUSTER_MAX, n_parts, out, xq, xds);
+        } else
+#endif
+        {
+            int cw = W * (int)blockIdx.y + w;
+            for (int g = cw; g < group; g += W * (int)gridDim.y)
+                att_combine_rh<D32, 8, true>(part, r * n_heads + h0 + g, r * n_heads + h0 + g,
+                                             pos, hd, stride, n_parts, out, xq, xds);
+        }
     }
     if constexpr (FUSE == ATT_FUSE_SELF) {
         // att_pipe_m_*: the grid has one CTA per (row, KV head) (gridDim.y
@@ -490,8 +542,8 @@ __device__ __forceinline__ void att_pipe_gqa(
         // attention_combine's arithmetic and order (8 partials' loads in
         // flight per lane: the key loop's registers bound it).
         for (int g = w; g < group; g += W)
-            att_combine_rh<D32, 8, true>(part, r * n_heads + h0 + g, pos, hd, stride, n_parts,
-                                         out, xq, xds);
+            att_combine_rh<D32, 8, true>(part, r * n_heads + h0 + g, r * n_heads + h0 + g, pos,
+                                         hd, stride, n_parts, out, xq, xds);
     }
     if (ATT_STAMP && threadIdx.x == 0 && kvh == 0 && pos % 64 == 0) {
         stamp[6] = clock64();
@@ -535,7 +587,9 @@ __device__ __forceinline__ void att_pipe_gqa(
 #define ATT_PIPE_SPLIT(PRE, D32, GM, W)                                                         \
     ATT_PIPE_CHECK(PRE##d##D32##_g##GM, D32, GM, 16, ATT_STAGES, W)                             \
     ATT_PIPE_CHECK(PRE##m_d##D32##_g##GM, D32, GM, 16, ATT_STAGES, W)                           \
-    ATT_PIPE_CHECK(PRE##c_d##D32##_g##GM, D32, GM, 16, ATT_STAGES, W)                           \
+    static_assert(att_pipe_bytes(D32, GM, 16, ATT_STAGES, W) + att_pipe_cl_bytes(D32, GM) ==    \
+                      ATT_SMEM_##PRE##c_d##D32##_g##GM,                                         \
+                  "launch/attention.rs disagrees on the cluster form's shared memory");         \
     extern "C" __global__ void __launch_bounds__(32 * W) PRE##d##D32##_g##GM(ATT_PIPE_ARGS) {   \
         att_pipe_gqa<D32, GM, ATT_FUSE_NONE, 16, ATT_STAGES, W>(ATT_PIPE_PASS, nullptr, nullptr, \
                                                                nullptr);                        \

@@ -73,8 +73,11 @@ __device__ __forceinline__ float2 att_ld2(const float* p) {
     if (CG) return __ldcg((const float2*)p);
     return *(const float2*)p;
 }
+// prh: the (row, head) slot of `part` (rh in global partials; a local head
+// in att_pipe_gqa's cluster merge through shared memory), rh the output's.
 template <int MAXU, int LOADS, bool CG>
-__device__ __forceinline__ void att_combine_rh(const float* __restrict__ part, int rh, int pos,
+__device__ __forceinline__ void att_combine_rh(const float* __restrict__ part, int prh, int rh,
+                                               int pos,
                                                int head_dim, int stride, int n_parts,
                                                float* __restrict__ out,
                                                signed char* __restrict__ xq,
@@ -83,7 +86,7 @@ __device__ __forceinline__ void att_combine_rh(const float* __restrict__ part, i
     constexpr bool CONTIG = ATT_COMB_CONTIG && MAXU == 4;
     int l = threadIdx.x & 31;
     int hd = head_dim;
-    const float* pr = part + (long long)rh * stride * (2 + hd);
+    const float* pr = part + (long long)prh * stride * (2 + hd);
     float mp = Q_NINF, lp = 0.0f;
     if (l < stride) {
         mp = att_ld<CG>(pr + (long long)l * (2 + hd));

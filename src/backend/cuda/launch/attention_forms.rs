@@ -396,7 +396,13 @@ pub(crate) fn att_pipe_smem(name: &str) -> Option<usize> {
     };
     let (d32, gm) = rest.split_once("_g")?;
     let (d32, gm): (usize, usize) = (d32.parse().ok()?, gm.parse().ok()?);
-    Some(pipe_bytes(d32, gm, kt, st, w))
+    // The cluster forms also hold the unit's partials (att_pipe_cl_bytes).
+    let cl = if form.starts_with("c_d") {
+        ATT_CLUSTER_MAX * gm * (2 + 32 * d32) * 4
+    } else {
+        0
+    };
+    Some(pipe_bytes(d32, gm, kt, st, w) + cl)
 }
 
 /// att_pipe_bytes (attention_pipe_fast.cu): the layout's bytes.
@@ -602,10 +608,16 @@ mod tests {
             att_pipe_smem("att_pipe_m3_d4_g4"),
             Some(98_304 + 2_048 + 1_024 + 128 + 96)
         );
-        // The merging forms share the partials kernel's layout.
+        // The merging forms share the partials kernel's layout; the
+        // cluster forms add (16, 4) slots of the unit's partials (2 + 128
+        // floats each).
+        assert_eq!(
+            att_pipe_smem("att_pipe_m_d4_g4"),
+            att_pipe_smem("att_pipe_d4_g4")
+        );
         assert_eq!(
             att_pipe_smem("att_pipe_c_d4_g4"),
-            att_pipe_smem("att_pipe_d4_g4")
+            att_pipe_smem("att_pipe_d4_g4").map(|b| b + 16 * 4 * 130 * 4)
         );
         // The 8-key form at 3 stages: 48 KiB of K/V stages + 2 KiB of
         // queries + 512 bytes of weights + 128 bytes of (m, l) + 12
@@ -626,7 +638,7 @@ mod tests {
             );
             assert_eq!(
                 att_pipe_smem("att_pipe8_c_d4_g8"),
-                Some(131_072 + 4_096 + 4_096 + 512 + 128)
+                Some(131_072 + 4_096 + 4_096 + 512 + 128 + 66_560)
             );
         }
     }
