@@ -504,16 +504,21 @@ __device__ __forceinline__ void att_pipe_gqa(
     }
     if constexpr (FUSE == ATT_FUSE_CLUSTER) {
         // att_pipe_c_*: the CTAs of a unit (gridDim.y of them, 2..=16) form
-        // one cluster. After its barrier every partial of the unit is
-        // written and visible (read with ld.global.cg, so never from this
-        // SM's L1), and the cluster's W * gridDim.y warps merge its heads,
-        // warp W * y + w taking heads W * y + w, + W * gridDim.y, ..., with
+        // one cluster. Each stored its partial into rank 0's shared memory
+        // (ATT_CL_DSMEM), and the barrier's release / acquire makes them
+        // visible there; rank 0's warps then merge the heads with
         // attention_combine's arithmetic and order: the combine's bits
-        // without its launch. A CTA past the row's partials took no tile,
-        // so it waits here for the previous kernel before writing out.
-        // (The partials through the cluster's shared memory instead of L2,
-        // with a second barrier to keep the peers alive, measured no
-        // faster: H200, 2026-11-28, docs/PERF.md.)
+        // without its launch or an L2 round trip, and no second barrier
+        // (nothing reads a peer's memory after this one: the peers
+        // leave). Pulling the partials from the peers' shared memory
+        // needed that second barrier and measured no faster; this push
+        // form +1.7% on SmolLM2's decode after 512 tokens (H200,
+        // 2026-11-28, docs/PERF.md). With ATT_CL_DSMEM=0 the partials go
+        // through L2 (read with ld.global.cg, so never from this SM's
+        // L1) and the cluster's W * gridDim.y warps merge, warp W * y + w
+        // taking heads W * y + w, + W * gridDim.y, .... A CTA past the
+        // row's partials took no tile, so it waits here for the previous
+        // kernel before writing out.
         if (!waited) GRID_DEP();
         att_cluster_sync();
         if (ATT_STAMP) stamp[5] = clock64();
