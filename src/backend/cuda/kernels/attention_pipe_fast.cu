@@ -173,6 +173,12 @@ __device__ __forceinline__ void att_pipe_gqa(
     int np = min(n_chunks, n_parts);
     // A cluster's CTAs all reach its barrier; the others may leave.
     if (FUSE != ATT_FUSE_CLUSTER && (int)blockIdx.y >= np) return;
+    // The cluster forms' partials in rank 0's slots: one partial per CTA,
+    // at most ATT_CLUSTER_MAX CTAs (the host's cluster rule and its
+    // chunk bucket promise both; anything else is a launch bug).
+    if (FUSE == ATT_FUSE_CLUSTER && ATT_CL_DSMEM &&
+        (np > (int)gridDim.y || (int)gridDim.y > ATT_CLUSTER_MAX))
+        __trap();
     const u32* table = tables + table_off[seq];
     bool waited = false;
     tma = ATT_TMA_ON ? tma : 0;

@@ -375,7 +375,7 @@ impl CudaBackend {
         let smem = att_pipe_smem(name).unwrap_or(0);
         let early = i32::from(batch.one_row_per_seq && early_kv());
         // K and V by bulk tensor copies where a tile is one page's cells
-        // (att_maps.rs): 8-key tiles in the wide form, else 16.
+        // (att_maps.rs): 8-key tiles in the wide and row forms, else 16.
         let kt = if wide || row { 8 } else { 16 };
         let arch_major = crate::backend::cuda::pdl::arch_major(&self.arch);
         let tma = gqa.is_some()
@@ -426,7 +426,9 @@ impl CudaBackend {
                 // (the same buffers and bounds as the launch below
                 // documents), in this order and these C types; the
                 // cluster (1, ctas_y, 1) divides the grid (its y extent
-                // is ctas_y, 2..=ATT_CLUSTER_MAX); the device holds such
+                // is ctas_y, 2..=ATT_CLUSTER_MAX, at least every row's
+                // chunks (part_ctas), so each CTA's one partial has its
+                // slot in rank 0's shared memory); the device holds such
                 // clusters (att_clusters > 0: counted only on sm_90+, and
                 // past 8 CTAs only once the kernel opted in at load).
                 return unsafe {
