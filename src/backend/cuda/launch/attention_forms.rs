@@ -272,14 +272,14 @@ pub(crate) fn att_threads(name: &str) -> usize {
 }
 
 /// Warps per CTA of the row forms (att_row_d{D32}_*: ATT_ROW_WARPS and
-/// ATT_ROW_WARPS_D4 in the prelude): QUIRE_ATT_ROW_WARPS (8, 16 or 32;
+/// ATT_ROW_WARPS_D4 in the prelude): QUIRE_ATT_ROW_WARPS (16 or 32;
 /// default 16) for head_dim <= 64, at most 16 for head_dim <= 128, where
 /// 32 warps' stages of 8 keys would not fit in shared memory.
 pub(crate) fn att_row_warps(d32: usize) -> usize {
     static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let w = *V.get_or_init(|| {
         env_usize("QUIRE_ATT_ROW_WARPS")
-            .filter(|w| [8, 16, 32].contains(w))
+            .filter(|w| [16, 32].contains(w))
             .unwrap_or(16)
     });
     if d32 > 2 {
