@@ -93,9 +93,9 @@ for s in "${steps[@]}"; do
       # unit's cluster (att_pipe_c_*, the default for small launches of 2-16
       # CTAs per unit).
       QUIRE_ATT_CLUSTER=0 run_step ops-fast-att-combine "$QUIRE" ops --backend cuda --mode fast --op paged_attention
-      # The cluster merge through L2 instead of rank 0's shared memory (the
-      # same bits; ATT_CL_DSMEM), with the row form off so that the cases'
-      # short rows take the cluster forms too.
+      # The split forms alone (the row form off, so that the cases' short
+      # rows take the cluster forms too), with the cluster merge through
+      # rank 0's shared memory and through L2 (the same bits; ATT_CL_DSMEM).
       QUIRE_ATT_ROW=0 run_step ops-fast-att-cluster "$QUIRE" ops --backend cuda --mode fast --op paged_attention
       QUIRE_ATT_ROW=0 QUIRE_CUDA_DEFINES=ATT_CL_DSMEM=0 run_step ops-fast-att-cluster-l2 "$QUIRE" ops --backend cuda --mode fast --op paged_attention
       # The 4-warp partials, merging and cluster forms, which fast mode
@@ -109,8 +109,6 @@ for s in "${steps[@]}"; do
       QUIRE_ATT_ROW=1 run_step ops-fast-att-row "$QUIRE" ops --backend cuda --mode fast --op paged_attention
       QUIRE_ATT_ROW=1 QUIRE_ATT_ROW_WARPS=32 run_step ops-fast-att-row32 "$QUIRE" ops --backend cuda --mode fast --op paged_attention
       QUIRE_ATT_ROW=1 QUIRE_ATT_TMA=0 run_step ops-fast-att-row-cpasync "$QUIRE" ops --backend cuda --mode fast --op paged_attention
-      # The split forms only (no row form), as before it.
-      QUIRE_ATT_ROW=0 run_step ops-fast-att-norow "$QUIRE" ops --backend cuda --mode fast --op paged_attention
       # One CTA per row folding 2-16 chunks at 3 stages (att_pipe_m3_*,
       # which fast mode takes only for batches that fill the GPU), and the
       # K/V copies by every lane's cp.async instead of bulk tensor copies

@@ -43,9 +43,7 @@ __host__ __device__ constexpr int att_pipe_bytes(int d32, int gm, int kt, int st
 // The cluster forms' extra shared memory (after att_pipe_bytes' layout):
 // the unit's partials, (ATT_CLUSTER_MAX, GM) slots of 2 + 32 D32 floats,
 // which every CTA of the cluster stores into rank 0's copy (cl_peer).
-#ifndef ATT_CLUSTER_MAX
-#define ATT_CLUSTER_MAX 16
-#endif
+// ATT_CLUSTER_MAX: the host prelude's (launch/attention_forms.rs).
 __host__ __device__ constexpr int att_pipe_cl_bytes(int d32, int gm) {
     return ATT_CLUSTER_MAX * gm * (2 + 32 * d32) * 4;
 }
@@ -448,22 +446,8 @@ __device__ __forceinline__ void att_pipe_gqa(
             }
             if constexpr (ROW) {
                 // The row's output and, for the next matmul, its int8 copy
-                // (hd a multiple of 32 when xq is set): lane l holds
-                // dimensions D32 l .., so 32 / D32 lanes hold a 32-block
-                // (q8_block's group; whole groups share d0 < hd).
-                long long rh = (long long)r * n_heads + h0 + g;
-                float v[D32];
-#pragma unroll
-                for (int u = 0; u < D32; u++) v[u] = o[u] / L;
-                if (d0 < hd) {
-#pragma unroll
-                    for (int u = 0; u < D32; u++) out[rh * hd + d0 + u] = v[u];
-                    if (xq) {
-                        constexpr int LPB = 32 / D32;
-                        long long blk = rh * (hd / 32) + l / LPB;
-                        q8_block<D32>(v, l % LPB, xq + 32 * blk, xds + blk);
-                    }
-                }
+                // (lane l holds dimensions d0 = D32 l ..).
+                att_out_lanes<D32>(o, L, (long long)r * n_heads + h0 + g, hd, out, xq, xds);
                 continue;
             }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -75,6 +75,31 @@ __device__ __forceinline__ float2 att_ld2(const float* p) {
 }
 // prh: the (row, head) slot of `part` (rh in global partials; a local head
 // in att_pipe_gqa's cluster merge through shared memory), rh the output's.
+// A merged head's output from a warp whose lane l holds the V consecutive
+// dimensions V l .. of its sums o (V = 2 or 4, head_dim a multiple of 8):
+// out = o / L and, with xq (head_dim a multiple of 32), its int8 copy,
+// one q8_block<V> for all the head's 32-blocks (32 / V lanes a block;
+// lanes past head_dim are whole groups). att_combine_rh's contiguous
+// layout and att_pipe_gqa's row form.
+template <int V>
+__device__ __forceinline__ void att_out_lanes(const float* o, float L, long long rh, int hd,
+                                             float* __restrict__ out,
+                                             signed char* __restrict__ xq,
+                                             float2* __restrict__ xds) {
+    int l = threadIdx.x & 31, d = V * l;
+    float r[V];
+#pragma unroll
+    for (int u = 0; u < V; u++) r[u] = o[u] / L;
+    if (d < hd) {
+#pragma unroll
+        for (int u = 0; u < V; u++) out[rh * hd + d + u] = r[u];
+        if (xq) {
+            constexpr int LPB = 32 / V;
+            long long blk = rh * (hd / 32) + l / LPB;
+            q8_block<V>(r, l % LPB, xq + 32 * blk, xds + blk);
+        }
+    }
+}
 template <int MAXU, int LOADS, bool CG>
 __device__ __forceinline__ void att_combine_rh(const float* __restrict__ part, int prh, int rh,
                                                int pos,
@@ -145,19 +170,7 @@ __device__ __forceinline__ void att_combine_rh(const float* __restrict__ part, i
     }
     float* op = out + (long long)rh * hd;
     if constexpr (CONTIG) {
-        float r[MAXU];
-#pragma unroll
-        for (int u = 0; u < MAXU; u++) r[u] = o[u] / L;
-        int d = MAXU * l;
-        if (d < hd) {  // whole 32 / MAXU-lane groups (hd a multiple of 32 with xq)
-#pragma unroll
-            for (int u = 0; u < MAXU; u++) op[d + u] = r[u];
-            if (xq) {
-                constexpr int LPB = 32 / MAXU;
-                long long blk = (long long)rh * (hd / 32) + l / LPB;
-                q8_block<MAXU>(r, l % LPB, xq + 32 * blk, xds + blk);
-            }
-        }
+        att_out_lanes<MAXU>(o, L, rh, hd, out, xq, xds);
     } else {
 #pragma unroll
         for (int u = 0; u < MAXU; u++) {

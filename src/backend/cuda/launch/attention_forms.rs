@@ -262,13 +262,17 @@ pub(crate) const ATT_PIPE8_WARPS: usize = 8;
 pub(crate) fn att_threads(name: &str) -> usize {
     if name.starts_with("att_pipe8_") {
         32 * ATT_PIPE8_WARPS
-    } else if name.starts_with("att_row_d2") {
-        32 * att_row_warps(2)
-    } else if name.starts_with("att_row_d4") {
-        32 * att_row_warps(4)
+    } else if let Some((d32, _)) = row_shape(name) {
+        32 * att_row_warps(d32)
     } else {
         ATT_SPLIT_THREADS
     }
+}
+
+/// (D32, GM) of row-form entry `name` (att_row_d{D32}_g{GM}).
+fn row_shape(name: &str) -> Option<(usize, usize)> {
+    let (d32, gm) = name.strip_prefix("att_row_d")?.split_once("_g")?;
+    Some((d32.parse().ok()?, gm.parse().ok()?))
 }
 
 /// Warps per CTA of the row forms (att_row_d{D32}_*: ATT_ROW_WARPS and
@@ -369,9 +373,7 @@ fn eight_rule(ctas: usize, sms: usize) -> bool {
 /// mbarriers (warps x stages u64, the bulk tensor copies'). None for any
 /// other kernel.
 pub(crate) fn att_pipe_smem(name: &str) -> Option<usize> {
-    if let Some(rest) = name.strip_prefix("att_row_d") {
-        let (d32, gm) = rest.split_once("_g")?;
-        let (d32, gm): (usize, usize) = (d32.parse().ok()?, gm.parse().ok()?);
+    if let Some((d32, gm)) = row_shape(name) {
         return Some(pipe_bytes(
             d32,
             gm,
@@ -677,11 +679,10 @@ mod tests {
             assert!(row_rule(8, 1, 132));
             assert!(!row_rule(8, 5, 132));
             assert!(!row_rule(3, 2, 132));
-        }
-        // B=8 of 8 KV heads (64 units) still; B=16 (128 units) not.
-        if super::row_chunks_max() >= 1 {
+            // B=8 of 8 KV heads (64 units) still; B=16 (128 units) not.
             assert!(row_rule(64, 1, 132));
         }
+        // Past one unit per two SMs: never (B=16 of 8 KV heads).
         assert!(!row_rule(128, 1, 132));
         assert!(!row_rule(133, 1, 132));
         assert_eq!(Pipe::Row.eight(), Pipe::Row);
