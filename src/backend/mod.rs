@@ -225,12 +225,18 @@ pub enum OpT<'a, M: Mem> {
     /// squares, the 1/rms scale then applied after the next op's products);
     /// the next op then does not give the bits of `RmsNorm` then `MatMuls`
     /// (docs/DETERMINISM.md). Ignored in `exact` and `deterministic`.
+    ///
+    /// `glu` (n, m): after the products, glu = silu(out_0) * out_1, the
+    /// FFN's SwiGlu of jobs 0 (gate) and 1 (up), two jobs of one shape,
+    /// neither adding; the bits of `MatMuls` then `SwiGlu` in every mode (a
+    /// backend may compute it in the products' epilogue).
     MatMuls {
         x: M::In<'a>,
         n: usize,
         jobs: Vec<MatJob<'a, M>>,
         norm: Option<MatNorm<'a, M>>,
         next_norm: Option<(M::Param<'a>, f32)>,
+        glu: Option<M::Out<'a>>,
     },
     /// Row-wise RMS norm. x, out: (n, dim); w: (dim,).
     RmsNorm {

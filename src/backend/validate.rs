@@ -67,6 +67,27 @@ pub fn mat_muls_norm(x_len: usize, k: usize, w_len: usize, out_len: usize) -> Re
         .map_err(|e| anyhow!("mat_muls norm: {e}"))
 }
 
+/// The SwiGlu of a `MatMuls` (`glu`): jobs 0 (gate) and 1 (up) of one
+/// output length, neither adding, and the output of that length. `jobs`:
+/// each job's (output length, add).
+pub fn mat_muls_glu(jobs: &[(usize, bool)], glu_len: usize) -> Result<()> {
+    ensure!(
+        jobs.len() >= 2,
+        "mat_muls glu: {} jobs (the gate and up jobs 0 and 1 needed)",
+        jobs.len()
+    );
+    let ((g, g_add), (u, u_add)) = (jobs[0], jobs[1]);
+    ensure!(
+        !g_add && !u_add,
+        "mat_muls glu: the gate and up jobs must not add into their outputs"
+    );
+    ensure!(
+        g == u && u == glu_len,
+        "mat_muls glu: gate {g}, up {u} and glu {glu_len} values: one length"
+    );
+    Ok(())
+}
+
 /// `GetRows` shapes: table (rows, cols) of `data_len` bytes; out (n_ids,
 /// cols). Returns the table's row bytes.
 pub fn get_rows(

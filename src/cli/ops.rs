@@ -66,7 +66,29 @@ pub fn ops(a: OpsArgs) -> Result<()> {
                 .without_fallback();
             println!("device: {}", c.device_description());
             header();
+            let glu_before = c.glu_runs.load(std::sync::atomic::Ordering::Relaxed);
             let mut res = opcheck::run(&c, &cpu, &opts);
+            // The fused gate/up + SwiGlu launch must have run where its
+            // rule takes one of the one-row shapes built for it (not in
+            // `exact`; QUIRE_MV_GLU=0 or QUIRE_PREQUANT=0 turn it off).
+            let glu_wanted = opts.mode != crate::backend::Mode::Exact
+                && opts
+                    .op_filter
+                    .as_deref()
+                    .is_none_or(|f| "mat_muls_glu".contains(f))
+                && opcheck::mat_muls_glu::fusable_blocks().any(|b| c.glu_takes(b));
+            if glu_wanted && c.glu_runs.load(std::sync::atomic::Ordering::Relaxed) == glu_before {
+                res.push(opcheck::CaseResult {
+                    op: "mat_muls_glu",
+                    desc: "the fused launch".into(),
+                    status: Status::Fail(
+                        "mv_q8_r1_glu never ran on the one-row cases with the norm".into(),
+                    ),
+                    nmse: f64::NAN,
+                    bitwise: false,
+                    perf: None,
+                });
+            }
             // Device-op pairs (norm-ahead, `fast` only): after the host-op
             // grid, which never takes that path.
             res.extend(opcheck::norm_ahead::run(&mut c, &cpu, &opts));

@@ -294,6 +294,11 @@ impl CudaExec {
         if na > 0 {
             r.push(("norm_ahead".into(), "cuda".into(), na));
         }
+        // gate/up matvecs that computed the SwiGlu too.
+        let glu = self.be.glu_runs.load(std::sync::atomic::Ordering::Relaxed);
+        if glu > 0 {
+            r.push(("mat_muls_glu".into(), "cuda".into(), glu));
+        }
         r
     }
 

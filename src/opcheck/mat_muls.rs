@@ -175,6 +175,7 @@ impl Ctx<'_> {
                         jobs: jobs(&ws, split_outs(y.body_mut(), &lens), adds),
                         norm: None,
                         next_norm: None,
+                        glu: None,
                     },
                     mode,
                 );
@@ -192,6 +193,7 @@ impl Ctx<'_> {
                             jobs: jobs(&ws, split_outs(&mut r, &lens), adds),
                             norm: None,
                             next_norm: None,
+                            glu: None,
                         },
                         mode,
                     ) {
@@ -203,6 +205,7 @@ impl Ctx<'_> {
                             jobs: jobs(&ws, split_outs(y.body_mut(), &lens), adds),
                             norm: None,
                             next_norm: None,
+                            glu: None,
                         },
                         mode,
                     ) {

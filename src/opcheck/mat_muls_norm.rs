@@ -159,6 +159,7 @@ impl Ctx<'_> {
                 jobs: jobs(ws, split_outs(&mut out, lens), adds),
                 norm: None,
                 next_norm: None,
+                glu: None,
             },
             mode,
         )?;
@@ -183,5 +184,6 @@ fn norm_op<'a>(
         jobs: jobs(ws, outs, adds),
         norm: Some(MatNorm { w: g, eps, out: s }),
         next_norm: None,
+        glu: None,
     }
 }

@@ -154,6 +154,7 @@ fn case(
             }],
             norm: None,
             next_norm: None,
+            glu: None,
         },
         Mode::Fast,
     );
@@ -196,6 +197,7 @@ fn case(
                 out: &mut scratch,
             }),
             next_norm: None,
+            glu: None,
         },
         Mode::Fast,
     );
@@ -280,6 +282,7 @@ fn device_pair(
             }],
             norm: None,
             next_norm: Some((g_d.slice(0..dim), eps)),
+            glu: None,
         },
         Mode::Fast,
     )
@@ -307,6 +310,7 @@ fn device_pair(
                 out: scratch_d.slice_mut(0..dim),
             }),
             next_norm: None,
+            glu: None,
         },
         Mode::Fast,
     )

@@ -106,23 +106,32 @@ impl Backend for CpuBackend {
             Op::MatMuls {
                 x,
                 n,
-                jobs,
-                norm: None,
+                mut jobs,
+                norm,
                 // A hint for backends that prepare the next op's input.
                 next_norm: _,
-            } => ops::matmul::run_jobs(par, isa, nt, x, n, jobs),
-            Op::MatMuls {
-                x,
-                n,
-                jobs,
-                norm: Some(MatNorm { w, eps, out }),
-                next_norm: _,
+                glu,
             } => {
-                // RmsNorm then MatMuls: the op's defined bits (rms_norm
-                // validates the norm's shapes with dim = k).
-                let k = jobs.first().map_or(0, |j| j.w.cols);
-                ops::rms_norm::run(par, isa, x, w, k, eps, &mut *out).context("mat_muls norm")?;
-                ops::matmul::run_jobs(par, isa, nt, out, n, jobs)
+                match norm {
+                    None => ops::matmul::run_jobs(par, isa, nt, x, n, &mut jobs)?,
+                    Some(MatNorm { w, eps, out }) => {
+                        // RmsNorm then MatMuls: the op's defined bits
+                        // (rms_norm validates the norm's shapes with dim = k).
+                        let k = jobs.first().map_or(0, |j| j.w.cols);
+                        ops::rms_norm::run(par, isa, x, w, k, eps, &mut *out)
+                            .context("mat_muls norm")?;
+                        ops::matmul::run_jobs(par, isa, nt, out, n, &mut jobs)?
+                    }
+                }
+                // Then SwiGlu: the op's defined bits.
+                if let Some(h) = glu {
+                    let lens: Vec<(usize, bool)> =
+                        jobs.iter().map(|j| (j.out.len(), j.add)).collect();
+                    crate::backend::validate::mat_muls_glu(&lens, h.len())?;
+                    ops::swiglu::run(par, isa, &*jobs[0].out, &*jobs[1].out, h)
+                        .context("mat_muls glu")?;
+                }
+                Ok(())
             }
             Op::RmsNorm {
                 x,

@@ -68,6 +68,7 @@ impl CudaBackend {
                 jobs,
                 norm,
                 next_norm: _,
+                glu,
             } => {
                 let shapes: Vec<(&dyn crate::backend::WeightInfo, usize)> = jobs
                     .iter()
@@ -94,6 +95,13 @@ impl CudaBackend {
                         add: j.add,
                     })
                     .collect();
+                // The SwiGlu's output (written only).
+                let glu_len = glu.as_ref().map_or(0, |h| h.len());
+                let mut hd = match glu {
+                    Some(_) => Some(self.scratch::<f32>(glu_len, "mat_muls: glu")?),
+                    None => None,
+                };
+                let mut fused = false;
                 match norm {
                     None => self.d_mat_muls(&xd.slice(0..x.len()), *n, &mut djobs, mode)?,
                     Some(nm) => {
@@ -102,20 +110,34 @@ impl CudaBackend {
                         // The normalized rows' scratch: its contents
                         // afterwards are unspecified, so never read back.
                         let mut sd = self.scratch::<f32>(nm.out.len(), "mat_muls: norm out")?;
-                        self.d_mat_muls_norm(
-                            &xd.slice(0..x.len()),
-                            &wd.slice(0..nm.w.len()),
-                            nm.eps,
-                            &mut sd.slice_mut(0..nm.out.len()),
-                            *n,
-                            &mut djobs,
-                            mode,
-                        )?;
+                        let (xv, wv) = (xd.slice(0..x.len()), wd.slice(0..nm.w.len()));
+                        let mut sv = sd.slice_mut(0..nm.out.len());
+                        if let Some(hd) = hd.as_mut() {
+                            fused = self.mat_muls_glu_fused(
+                                &xv,
+                                &wv,
+                                nm.eps,
+                                &mut sv,
+                                *n,
+                                &mut djobs,
+                                &mut hd.slice_mut(0..glu_len),
+                                mode,
+                            )?;
+                        }
+                        if !fused {
+                            self.d_mat_muls_norm(&xv, &wv, nm.eps, &mut sv, *n, &mut djobs, mode)?;
+                        }
                     }
+                }
+                if let (Some(hd), false) = (hd.as_mut(), fused) {
+                    self.d_glu_after(&mut djobs, &mut hd.slice_mut(0..glu_len), *n, mode)?;
                 }
                 drop(djobs);
                 for (j, od) in jobs.iter_mut().zip(&ods) {
                     self.down(od, j.out, "mat_muls: out")?;
+                }
+                if let (Some(h), Some(hd)) = (glu, &hd) {
+                    self.down(hd, h, "mat_muls: glu")?;
                 }
                 Ok(())
             }

@@ -119,6 +119,9 @@ pub struct CudaBackend {
     norm_ahead: Mutex<launch::NormAhead>,
     /// How many ops took norm-ahead's blocks (launched or captured).
     pub(crate) norm_ahead_runs: std::sync::atomic::AtomicU64,
+    /// gate/up matvecs with the SwiGlu in their epilogue launched or
+    /// captured (launch/matmul_glu.rs).
+    pub(crate) glu_runs: std::sync::atomic::AtomicU64,
     /// Whether the last matmul ran the warp-per-row quantized kernel (so the
     /// next one of the same row count will): swiglu's row count is not
     /// part of its op.
@@ -501,6 +504,7 @@ impl CudaBackend {
             norm_ahead_on: std::env::var("QUIRE_NORM_AHEAD").is_ok_and(|v| v == "1"),
             norm_ahead: Mutex::new(launch::NormAhead::default()),
             norm_ahead_runs: std::sync::atomic::AtomicU64::new(0),
+            glu_runs: std::sync::atomic::AtomicU64::new(0),
             last_mv_q8: std::sync::atomic::AtomicBool::new(false),
             last_wgmma_rows: std::sync::atomic::AtomicUsize::new(0),
             pinned: logits::PinnedPool::default(),
@@ -793,14 +797,20 @@ impl Backend<Dev> for CudaBackend {
                 mut jobs,
                 norm: None,
                 next_norm,
-            } => {
+                glu,
+            } => (|| {
+                let mut done = false;
                 if let Some((g, eps)) = next_norm {
-                    if self.mat_muls_ahead(&x, n, &mut jobs, (&g, eps), mode)? {
-                        return Ok(());
-                    }
+                    done = self.mat_muls_ahead(&x, n, &mut jobs, (&g, eps), mode)?;
                 }
-                self.d_mat_muls(&x, n, &mut jobs, mode)
-            }
+                if !done {
+                    self.d_mat_muls(&x, n, &mut jobs, mode)?;
+                }
+                match glu {
+                    Some(mut h) => self.d_glu_after(&mut jobs, &mut h, n, mode),
+                    None => Ok(()),
+                }
+            })(),
             OpT::MatMuls {
                 x,
                 n,
@@ -809,12 +819,22 @@ impl Backend<Dev> for CudaBackend {
                 // A norm-carrying op is never a residual producer in the
                 // model graphs; the hint is not used here.
                 next_norm: _,
-            } => {
-                if self.mat_muls_norm_ahead(&x, &w, eps, n, &mut jobs, mode, ahead)? {
-                    return Ok(());
+                glu,
+            } => (|| {
+                let mut glu = glu;
+                if let Some(h) = glu.as_mut() {
+                    if self.mat_muls_glu_fused(&x, &w, eps, &mut out, n, &mut jobs, h, mode)? {
+                        return Ok(());
+                    }
                 }
-                self.d_mat_muls_norm(&x, &w, eps, &mut out, n, &mut jobs, mode)
-            }
+                if !self.mat_muls_norm_ahead(&x, &w, eps, n, &mut jobs, mode, ahead)? {
+                    self.d_mat_muls_norm(&x, &w, eps, &mut out, n, &mut jobs, mode)?;
+                }
+                match glu {
+                    Some(mut h) => self.d_glu_after(&mut jobs, &mut h, n, mode),
+                    None => Ok(()),
+                }
+            })(),
             OpT::RmsNorm {
                 x,
                 w,

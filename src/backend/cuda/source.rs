@@ -33,7 +33,10 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     ),
     (
         "matmul_fast",
-        include_str!("kernels/matmul_fast.cu"),
+        concat!(
+            include_str!("kernels/mv_q8.cuh"),
+            include_str!("kernels/matmul_fast.cu")
+        ),
         &[
             "quant_q8",
             "mv_q8",
@@ -53,6 +56,21 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
             "split_sum_jobs",
             "dequant_f16",
             "to_f16",
+        ],
+    ),
+    (
+        "matmul_glu_fast",
+        concat!(
+            include_str!("kernels/mv_q8.cuh"),
+            include_str!("kernels/matmul_glu_fast.cu")
+        ),
+        &[
+            "mv_q8_r1_glu8",
+            "mv_q8_r1_glu16",
+            "mv_q8_r1_glu32",
+            "mv_q8_r1_glu8c2",
+            "mv_q8_r1_glu8c4",
+            "mv_q8_r1_glu16c2",
         ],
     ),
     (

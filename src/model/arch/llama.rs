@@ -13,7 +13,7 @@ use crate::model::config::{Arch, ModelConfig};
 use crate::model::kv_storage::KvStorage;
 use crate::model::weights::{load_vector, optional_vector, HostStore, Store, WeightRef};
 use crate::model::StepInput;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 
 /// One transformer block's weights, wherever they live.
 pub struct Layer<S: Store> {
@@ -290,6 +290,10 @@ type NormSpec<'b, E> = (
 ///
 /// `next_norm` (norm weights, eps): the hint `OpT::MatMuls::next_norm`,
 /// for a residual product whose output the next op normalizes.
+///
+/// `glu` (n, m): the SwiGlu of jobs 0 and 1 (gate, up) rides on the op
+/// (`OpT::MatMuls::glu`); callers pass it only when the jobs make one op
+/// (`one_op`), which this checks.
 fn mat_muls<'b, E: Exec>(
     e: &E,
     x: &E::Buf,
@@ -297,6 +301,7 @@ fn mat_muls<'b, E: Exec>(
     jobs: Vec<MatSpec<'_, E>>,
     norm: Option<NormSpec<'b, E>>,
     next_norm: Option<(&<E::S as Store>::Vec, f32)>,
+    glu: Option<&mut E::Buf>,
 ) -> Result<()> {
     let mut groups: Vec<Vec<MatJob<'_, E::M>>> = Vec::new();
     for (w, out, add) in jobs {
@@ -314,6 +319,10 @@ fn mat_muls<'b, E: Exec>(
             None => groups.push(vec![job]),
         }
     }
+    ensure!(
+        glu.is_none() || groups.len() == 1,
+        "mat_muls: a SwiGlu rides only on one op (gate and up of one type and k)"
+    );
     if groups.len() > 1 {
         if let Some((w, eps, out)) = norm {
             let k = groups[0][0].w.cols();
@@ -331,6 +340,7 @@ fn mat_muls<'b, E: Exec>(
                     jobs,
                     norm: None,
                     next_norm: next_norm.map(|(w, eps)| (E::param(w), eps)),
+                    glu: None,
                 })?;
             }
             return Ok(());
@@ -341,6 +351,7 @@ fn mat_muls<'b, E: Exec>(
         eps,
         out: E::wr(out),
     });
+    let mut glu = glu.map(|h| E::wr(h));
     for jobs in groups {
         e.run(OpT::MatMuls {
             x: E::rd(x),
@@ -348,9 +359,25 @@ fn mat_muls<'b, E: Exec>(
             jobs,
             norm: norm.take(),
             next_norm: next_norm.map(|(w, eps)| (E::param(w), eps)),
+            glu: glu.take(),
         })?;
     }
     Ok(())
+}
+
+/// Whether `mat_muls` of these weights makes one op (one type and k).
+fn one_op<E: Exec>(e: &E, ws: &[&<E::S as Store>::Mat]) -> Result<bool> {
+    let mut first = None;
+    for w in ws {
+        let m = e.mat(w)?;
+        let key = (m.ty(), m.cols());
+        match first {
+            None => first = Some(key),
+            Some(f) if f != key => return Ok(false),
+            Some(_) => {}
+        }
+    }
+    Ok(true)
 }
 
 /// Runs the step's ops on inputs already in `e`'s memory space (validated
@@ -409,6 +436,7 @@ pub fn forward_bufs<E: Exec>(
                 ],
                 Some((&l.attn_norm, c.rms_eps, &mut h)),
                 None,
+                None,
             )?;
             for (b, out) in [(&l.bq, q_dst), (&l.bk, k_dst), (&l.bv, &mut v)] {
                 if let Some(b) = b {
@@ -461,7 +489,11 @@ pub fn forward_bufs<E: Exec>(
                 vec![(&l.wo, &mut x, true)],
                 None,
                 Some((&l.ffn_norm, c.rms_eps)),
+                None,
             )?;
+            // act = silu(gate) * up rides on the gate/up op when it is one
+            // (a backend may fold it into the products' epilogue).
+            let fold = one_op(e, &[&l.w_gate, &l.w_up])?;
             mat_muls(
                 e,
                 &x,
@@ -469,16 +501,27 @@ pub fn forward_bufs<E: Exec>(
                 vec![(&l.w_gate, &mut gate, false), (&l.w_up, &mut up, false)],
                 Some((&l.ffn_norm, c.rms_eps, &mut h)),
                 None,
+                fold.then_some(&mut act),
             )?;
-            e.run(OpT::SwiGlu {
-                gate: E::rd(&gate),
-                up: E::rd(&up),
-                out: E::wr(&mut act),
-            })?;
+            if !fold {
+                e.run(OpT::SwiGlu {
+                    gate: E::rd(&gate),
+                    up: E::rd(&up),
+                    out: E::wr(&mut act),
+                })?;
+            }
             // x += act · w_downᵀ; the next layer's attention norm reads x
             // next (the output norm follows a row selection: no hint).
             let next = w.layers.get(li + 1).map(|nl| (&nl.attn_norm, c.rms_eps));
-            mat_muls(e, &act, n, vec![(&l.w_down, &mut x, true)], None, next)?;
+            mat_muls(
+                e,
+                &act,
+                n,
+                vec![(&l.w_down, &mut x, true)],
+                None,
+                next,
+                None,
+            )?;
         }
     }
     // Only the rows that want logits go through the output head.

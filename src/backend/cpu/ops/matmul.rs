@@ -133,14 +133,14 @@ pub fn run_jobs(
     n_threads: usize,
     x: &[f32],
     n: usize,
-    jobs: Vec<crate::backend::MatJob<'_, crate::backend::Host>>,
+    jobs: &mut [crate::backend::MatJob<'_, crate::backend::Host>],
 ) -> Result<()> {
     let shapes: Vec<(&dyn crate::backend::WeightInfo, usize)> = jobs
         .iter()
         .map(|j| (&j.w as &dyn crate::backend::WeightInfo, j.out.len()))
         .collect();
     crate::backend::validate::mat_muls(x.len(), n, &shapes)?;
-    for j in jobs {
+    for j in jobs.iter_mut() {
         if j.add {
             let mut tmp = vec![0f32; j.out.len()];
             run(par, isa, n_threads, j.w, x, n, &mut tmp)?;

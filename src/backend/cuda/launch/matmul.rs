@@ -256,6 +256,20 @@ impl MmJobs {
         self.mark = mark;
     }
 
+    /// The table's bytes, as a kernel parameter passed by value (RawArgs).
+    pub(super) fn param_bytes(&self) -> Vec<u8> {
+        // SAFETY: MmJobs is #[repr(C)] plain data without padding (eight
+        // u64s and their arrays, then i32s: 120 bytes, a multiple of 8),
+        // so all of its bytes are initialized.
+        unsafe {
+            std::slice::from_raw_parts(
+                (self as *const MmJobs).cast::<u8>(),
+                std::mem::size_of::<MmJobs>(),
+            )
+        }
+        .to_vec()
+    }
+
     /// Sets the table's add bits (bit j: job j adds into its output).
     pub(super) fn set_add(&mut self, bits: i32) {
         self.add = bits;

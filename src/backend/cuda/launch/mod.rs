@@ -23,6 +23,7 @@ mod l2_ahead;
 mod matmul;
 mod matmul_blas;
 mod matmul_exact;
+mod matmul_glu;
 mod matmul_mma;
 mod matmul_norm;
 mod matmul_wgmma;
@@ -263,6 +264,11 @@ impl RawArgs {
     }
 
     pub(crate) fn i32(self, v: i32) -> Self {
+        self.put(&v.to_ne_bytes())
+    }
+
+    /// A `long long`.
+    pub(crate) fn i64(self, v: i64) -> Self {
         self.put(&v.to_ne_bytes())
     }
 

@@ -1,0 +1,76 @@
+// The one- and few-row quantized matvecs' inner loop (matmul_fast.cu,
+// matmul_glu_fast.cu): a weight row's units dotted with int8 activation
+// blocks (quant_q8's layout), and the weights' prefetch knob. Shared so
+// that every entry adds a row's units in one order: the same bits for one
+// row whichever kernel computes it.
+
+#define MV_ROWS 8
+
+// Adds unit u's dot products with activation rows 0..n-1 (n <= NR) to acc.
+template <int NR>
+__device__ __forceinline__ void mv_q8_dot(const int* w, float a0, float a1, float b, int u,
+                                          const signed char* __restrict__ xq,
+                                          const float2* __restrict__ xds, int k, int n,
+                                          float* acc) {
+    int nb = k / 32;
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        if (r >= n) break;
+        int i0, i1;
+        unit_idot(w, xq + (long long)r * k + 32 * u, &i0, &i1);
+        float2 ds = xds[(long long)r * nb + u];
+        float t = fmaf(a0, (float)i0, a1 * (float)i1);
+        acc[r] = fmaf(ds.x, t, fmaf(b, ds.y, acc[r]));
+    }
+}
+
+// Lane l's units l, l + 32, ..., UNITS per iteration with their loads
+// in flight together. Each lane adds its units in increasing order,
+// whatever UNITS and NR are, so one row's output has the same bits in the
+// one-row kernel (mv_q8_r1) and in a group of MV_ROWS (mv_q8).
+// MV_UNITS (groups of rows): 1 measured fastest on an H100 (8B Q4_0
+// tg128: 271 tok/s vs 253 / 246 / 259 with 2 / 3 / 4). MV_UNITS1 (one
+// row, batch-1 decode): 1 measured fastest on an H100 (8B Q4_0 tg128:
+// 335.7 vs 330.7 / 324.2 with 2 / 4; the grouped kernel 324.9).
+#ifndef MV_UNITS
+#define MV_UNITS 1
+#endif
+#ifndef MV_UNITS1
+#define MV_UNITS1 1
+#endif
+// Lane l of the warp takes units l, l + S, l + 2S, ... (S = 32: the warp
+// owns the row; S = 32 W: W warps split it, warp s starting at 32 s).
+// MV_L2_POL (dequant.cuh): the weights' L2 policy.
+template <int TY, int NR, int UNITS>
+__device__ __forceinline__ void mv_q8_row(const u8* __restrict__ wr, int units,
+                                          const signed char* __restrict__ xq,
+                                          const float2* __restrict__ xds, int k, int n, int l,
+                                          int S, float* acc) {
+    unsigned long long pol = MV_L2_POL ? l2_evict_first() : 0ull;
+    int u = l;
+    for (; u + S * (UNITS - 1) < units; u += S * UNITS) {
+        int w[UNITS][8];
+        float a0[UNITS], a1[UNITS], b[UNITS];
+#pragma unroll
+        for (int i = 0; i < UNITS; i++)
+            decode_unit_q8<TY, MV_L2_POL>(wr, u + S * i, w[i], a0[i], a1[i], b[i], pol);
+#pragma unroll
+        for (int i = 0; i < UNITS; i++)
+            mv_q8_dot<NR>(w[i], a0[i], a1[i], b[i], u + S * i, xq, xds, k, n, acc);
+    }
+    for (; u < units; u += S) {
+        int w0[8];
+        float a00, a01, b0;
+        decode_unit_q8<TY, MV_L2_POL>(wr, u, w0, a00, a01, b0, pol);
+        mv_q8_dot<NR>(w0, a00, a01, b0, u, xq, xds, k, n, acc);
+    }
+}
+
+// A quantized matvec whose job table says so (small matrices, see
+// mv_prefetch in launch/matmul.rs) fetches the start of its rows before
+// griddepcontrol.wait (prefetch_line in common.cuh): lane l of the s-th of
+// W warps on a row takes line 32 s + l of the row, into L2 (MV_PREFETCH=2;
+// 1: into L1, 0: never).
+#ifndef MV_PREFETCH
+#define MV_PREFETCH 2
+#endif

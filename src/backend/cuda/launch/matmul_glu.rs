@@ -1,0 +1,292 @@
+//! `MatMuls` with the FFN's SwiGlu (`OpT::MatMuls::glu`): the gate/up
+//! products, then glu = silu(gate) * up.
+//!
+//! One decode row (`deterministic` and `fast`, the gate/up op carrying its
+//! RMS norm, as the model graphs build it): `rms_norm_fast` quantizes the
+//! normalized input into the arena past the SwiGlu's blocks, then one
+//! `mv_q8_r1_glu*` launch (kernels/matmul_glu_fast.cu) computes gate and up
+//! with mv_q8_r1's bits, the SwiGlu with swiglu_q8's, and quantizes its
+//! output for the down projection at the arena's start, where that matvec
+//! looks for it (act_cache.rs). So the `swiglu_q8` launch, one dependent
+//! kernel boundary per layer, goes away and no result changes.
+//! Everywhere else: the op's matmuls, then `d_swiglu`.
+//!
+//! Weights of the 32-value block types only (Q4_0, Q4_1, Q5_0, Q5_1,
+//! Q8_0): the K-quants' paired-row loops spill at the kernel's 40
+//! registers.
+//!
+//! `QUIRE_MV_GLU=0` turns the fused launch off (for comparisons);
+//! `QUIRE_MV_GLU_FORM` fixes its entry (`glu_form`, `GLU_FORMS`).
+
+use super::matmul::{job_table, mm_dims, mma_rows, mq_min_rows, mv_warps};
+use super::{arena3, dev_ptr, dev_ptr_mut, i32_of, rms_threads, RawArgs};
+use crate::backend::cuda::mem::Dev;
+use crate::backend::cuda::{drv, CudaBackend};
+use crate::backend::{validate, MatJob, Mode};
+use crate::quant::GgmlType;
+use anyhow::{anyhow, Context, Result};
+use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+
+/// The fused launch's entries (kernels/matmul_glu_fast.cu): name, warps
+/// per CTA, CTAs per cluster (sharing one block of 32 indices).
+pub(super) const GLU_FORMS: [(&str, usize, usize); 6] = [
+    ("mv_q8_r1_glu8", 8, 1),
+    ("mv_q8_r1_glu16", 16, 1),
+    ("mv_q8_r1_glu32", 32, 1),
+    ("mv_q8_r1_glu8c2", 8, 2),
+    ("mv_q8_r1_glu8c4", 8, 4),
+    ("mv_q8_r1_glu16c2", 16, 2),
+];
+
+/// The form for `blocks` blocks of 32 indices on `sms` SMs, or None where
+/// the unfused pair is the faster (`fixed`: QUIRE_MV_GLU_FORM, any form;
+/// clusters only where the device has them). At 48 warps per SM a form of
+/// W warps holds 1,536 / (32 W) CTAs per SM; the rule takes the form whose
+/// grid is one wave.
+pub(super) fn glu_form(
+    blocks: usize,
+    sms: usize,
+    clusters: bool,
+    fixed: Option<&'static str>,
+) -> Option<(&'static str, usize, usize)> {
+    if let Some(f) = fixed {
+        return GLU_FORMS
+            .iter()
+            .copied()
+            .find(|&(n, _, c)| n == f && (c == 1 || clusters));
+    }
+    if blocks > sms && blocks <= 3 * sms {
+        Some(GLU_FORMS[1])
+    } else {
+        None
+    }
+}
+
+/// QUIRE_MV_GLU (0: off) and QUIRE_MV_GLU_FORM (an entry of GLU_FORMS,
+/// with or without its `mv_q8_r1_` prefix).
+fn glu_knobs() -> (bool, Option<&'static str>) {
+    static V: std::sync::OnceLock<(bool, Option<&'static str>)> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        let on = std::env::var("QUIRE_MV_GLU").map_or(true, |v| v != "0");
+        let form = std::env::var("QUIRE_MV_GLU_FORM").ok().and_then(|v| {
+            GLU_FORMS
+                .iter()
+                .map(|f| f.0)
+                .find(|n| *n == v || n.strip_prefix("mv_q8_r1_") == Some(v.as_str()))
+        });
+        (on, form)
+    })
+}
+
+impl CudaBackend {
+    /// Whether a one-row gate/up op of `blocks` blocks of 32 indices (32-value
+    /// block weights, the norm on the op) takes the fused launch here.
+    pub(crate) fn glu_takes(&self, blocks: usize) -> bool {
+        let (on, fixed) = glu_knobs();
+        let clusters = crate::backend::cuda::pdl::arch_major(&self.arch) >= 9;
+        on && self.prequant && glu_form(blocks, self.sm_count(), clusters, fixed).is_some()
+    }
+
+    /// The SwiGlu after an op's products (the unfused path): validated,
+    /// then `d_swiglu` of jobs 0 and 1 into `glu`.
+    pub(crate) fn d_glu_after(
+        &self,
+        jobs: &mut [MatJob<'_, Dev>],
+        glu: &mut CudaViewMut<'_, f32>,
+        n: usize,
+        mode: Mode,
+    ) -> Result<()> {
+        let lens: Vec<(usize, bool)> = jobs.iter().map(|j| (j.out.len(), j.add)).collect();
+        validate::mat_muls_glu(&lens, glu.len())?;
+        let (g, rest) = jobs.split_at_mut(1);
+        self.d_swiglu(
+            &g[0].out.as_view(),
+            &rest[0].out.as_view(),
+            glu,
+            Some(n),
+            mode,
+        )
+    }
+
+    /// The fused launch where it applies (module doc): rms_norm(x) with
+    /// weights `w` and `eps` quantized, then `mv_q8_r1_glu*`; false (nothing
+    /// launched) elsewhere. `scratch` is the norm's f32 scratch (n, k),
+    /// which this path leaves unwritten (the op allows it).
+    #[allow(clippy::too_many_arguments)] // the op's fields
+    pub(crate) fn mat_muls_glu_fused(
+        &self,
+        x: &CudaView<'_, f32>,
+        w: &CudaView<'_, f32>,
+        eps: f32,
+        scratch: &mut CudaViewMut<'_, f32>,
+        n: usize,
+        jobs: &mut [MatJob<'_, Dev>],
+        glu: &mut CudaViewMut<'_, f32>,
+        mode: Mode,
+    ) -> Result<bool> {
+        let (on, fixed) = glu_knobs();
+        if !on || mode == Mode::Exact || n != 1 || !self.prequant || jobs.len() != 2 {
+            return Ok(false);
+        }
+        let (j0, j1) = (&jobs[0], &jobs[1]);
+        let (ty, k, m) = (j0.w.ty, j0.w.cols, j0.w.rows);
+        let s = self.stream();
+        // The one-row q8 matvec is what d_mat_muls would run here (every
+        // other path answers rows past one, or float weights).
+        let quantized = ty.block_size() > 1;
+        // The 32-value block types: their paired-row loops hold in the
+        // kernel's 40 registers (sm_90 SASS); the K-quants' spill there.
+        let block32 = matches!(
+            ty,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0
+        );
+        let one_row_q8 = mq_min_rows() >= 1
+            && mma_rows().0 >= 1
+            && mv_warps(mode, 1, !quantized, k >= 3 * 2 * m) == 1;
+        let fits = block32
+            && one_row_q8
+            && j1.w.ty == ty
+            && j1.w.cols == k
+            && j1.w.rows == m
+            && !j0.add
+            && !j1.add
+            && m > 0
+            && m.is_multiple_of(32)
+            && k > 0
+            && k.is_multiple_of(32)
+            && x.len() == k
+            && w.len() == k
+            && scratch.len() == k
+            && glu.len() == m
+            && j0.out.len() == m
+            && j1.out.len() == m
+            // rms_norm_fast's float4 form (its bits: the unfused norm's).
+            && dev_ptr(x, s).is_multiple_of(16)
+            && dev_ptr(w, s).is_multiple_of(16)
+            && dev_ptr_mut(scratch, s).is_multiple_of(16);
+        if !fits {
+            return Ok(false);
+        }
+        let blocks = m / 32;
+        let clusters = crate::backend::cuda::pdl::arch_major(&self.arch) >= 9;
+        let Some((name, warps, csize)) = glu_form(blocks, self.sm_count(), clusters, fixed) else {
+            return Ok(false);
+        };
+        let d = mm_dims(&j0.w, 1)?;
+        // The arena is about to be rewritten: no cached activation may
+        // claim it.
+        self.forget_activations();
+        // The arena: the SwiGlu's blocks first (m int8, m / 32 float2:
+        // where q8_out puts them and the down projection reads them), then
+        // the normalized input's (k int8, k / 32 float2), which the CTAs
+        // read while others store their output blocks. Sized before
+        // q8_out, so that it cannot grow under q8_out's addresses.
+        let in_bytes = k + k / 32 * 8;
+        let (xq, xds) = {
+            let mut guard = self.arena(&[m, m / 32 * 8, in_bytes])?;
+            arena3::<i8, f32, u8, _>(&mut guard, (m, m / 32 * 2, in_bytes), |_, _, r| {
+                let p = dev_ptr_mut(r, s);
+                Ok((p, p + k as u64))
+            })?
+        };
+        let Some((key, hq, hds)) = self.q8_out(glu, Some(1), m, mode)? else {
+            return Ok(false);
+        };
+        let (table, _) = job_table(jobs, 32, s)?;
+        let mut table = table;
+        self.l2_record(jobs, &mut table)?;
+
+        // rms_norm_fast of the one row, its blocks into (xq, xds).
+        let (di, vec4) = (i32_of(k, "dim")?, 1i32);
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (rms_threads(k, true), 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = s.launch_builder(self.func("rms_norm_fast")?);
+        b.arg(x)
+            .arg(w)
+            .arg(&di)
+            .arg(&eps)
+            .arg(&vec4)
+            .arg(&mut *scratch)
+            .arg(&xq)
+            .arg(&xds);
+        // SAFETY: matches rms_norm_fast; one row of k inputs, weights and
+        // scratch outputs, 16-byte aligned (checked); xq / xds an arena
+        // region of k bytes then k / 32 float2 (8-byte aligned: k is a
+        // multiple of 32).
+        drv(unsafe { b.launch(cfg) }, "mat_muls glu: rms_norm launch")?;
+
+        let ctas = blocks * csize;
+        let grid_y = u32::try_from(ctas).map_err(|_| anyhow!("mat_muls glu: {ctas} CTAs"))?;
+        let cfg = LaunchConfig {
+            grid_dim: (1, grid_y, 1),
+            block_dim: (32 * warps as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        if csize > 1 {
+            let mut a = RawArgs::new()
+                .bytes(&table.param_bytes())
+                .i32(d.ki)
+                .i64(d.rb)
+                .i32(d.tc)
+                .ptr(xq)
+                .ptr(xds)
+                .ptr(dev_ptr_mut(glu, s))
+                .ptr(hq)
+                .ptr(hds);
+            let c = u32::try_from(csize)?;
+            // SAFETY: as the launch below, in clusters of (1, csize, 1)
+            // CTAs, which divide the grid (blocks * csize along y); the
+            // device has clusters (sm_90+) and a cluster of at most 4 CTAs
+            // of at most 512 threads and no dynamic shared memory fits.
+            unsafe { self.launch_clustered(name, cfg, (1, c, 1), &mut a.params()) }
+                .context("mat_muls glu: launch")?;
+        } else {
+            let mut b = s.launch_builder(self.func(name)?);
+            b.arg(&table)
+                .arg(&d.ki)
+                .arg(&d.rb)
+                .arg(&d.tc)
+                .arg(&xq)
+                .arg(&xds)
+                .arg(&mut *glu)
+                .arg(&hq)
+                .arg(&hds);
+            // SAFETY: matches mv_q8_r1_glu*: the table's jobs 0 and 1 hold
+            // m rows of rb bytes and outputs of m floats (checked above);
+            // xq / xds the normalized row's blocks (k bytes, k / 32
+            // float2); glu m floats; hq / hds q8_out's arena region of m
+            // bytes and m / 32 float2, disjoint from xq / xds (the arena's
+            // third region); a grid of csize * m / 32 CTAs of 32 * warps
+            // threads.
+            drv(unsafe { b.launch(cfg) }, "mat_muls glu: launch")?;
+        }
+        self.q8_done(key);
+        self.glu_runs
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{glu_form, GLU_FORMS};
+
+    #[test]
+    fn form_rule() {
+        // SmolLM2 (1,536 / 32 blocks) and the 8B (14,336 / 32) on 132 SMs
+        // stay unfused; the 1B (8,192 / 32) takes 16 warps: 3 CTAs per SM,
+        // one wave.
+        assert_eq!(glu_form(48, 132, true, None), None);
+        assert_eq!(glu_form(256, 132, true, None), Some(GLU_FORMS[1]));
+        assert_eq!(glu_form(448, 132, true, None), None);
+        // A fixed form, clusters only where the device has them.
+        assert_eq!(
+            glu_form(48, 132, true, Some("mv_q8_r1_glu8c4")),
+            Some(("mv_q8_r1_glu8c4", 8, 4))
+        );
+        assert_eq!(glu_form(48, 132, false, Some("mv_q8_r1_glu8c4")), None);
+    }
+}
