@@ -52,6 +52,11 @@ for s in "${steps[@]}"; do
       # form and the producer at one unit per lane in flight.
       QUIRE_MV_WARPS_LONG=4 run_step ops-fast-ahead-w4 "$QUIRE" ops --backend cuda --mode fast --op norm_ahead
       QUIRE_CUDA_DEFINES=MV_NA_UNITS=1 run_step ops-fast-ahead-u1 "$QUIRE" ops --backend cuda --mode fast --op norm_ahead
+      # Every form of the gate/up matvec with the SwiGlu in its epilogue
+      # (the default rule takes one of the cases; each form all of them).
+      for form in glu8 glu16 glu32 glu8c2 glu8c4 glu16c2; do
+        QUIRE_MV_GLU_FORM=$form run_step "ops-fast-$form" "$QUIRE" ops --backend cuda --mode fast --op mat_muls_glu
+      done
       # The int8 tensor-core matmul (Q4_0/Q4_1/Q8_0, k % 256 == 0) serves
       # every row count past 7, the f16 tile kernel the other types up to
       # 64: cover both at every row count.

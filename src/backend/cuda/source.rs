@@ -74,6 +74,14 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
         ],
     ),
     (
+        "matmul_short_fast",
+        concat!(
+            include_str!("kernels/mv_q8.cuh"),
+            include_str!("kernels/matmul_short_fast.cu")
+        ),
+        &["mv_q8_r1_s2", "mv_q8_r1_s4"],
+    ),
+    (
         "matmul_mma_fast",
         include_str!("kernels/matmul_mma_fast.cu"),
         &[

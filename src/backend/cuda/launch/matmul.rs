@@ -202,6 +202,56 @@ pub(super) fn mv_warps(mode: Mode, n: usize, float_w: bool, long_rows: bool) -> 
     })
 }
 
+/// Rows per warp of the one-row short-row matvec (`mv_q8_r1_s{2,4}`,
+/// kernels/matmul_short_fast.cu; `fast` mode, quantized weights, one warp
+/// per row otherwise), or None for mv_q8_r1: 4 for rows of at most 24
+/// units (three loads per lane at most) in matrices of at least 64 rows
+/// per SM, where mv_q8_r1 runs many waves of warps with idle lanes (the
+/// output heads of models as narrow as SmolLM2: 49,152 rows of 18
+/// units). `QUIRE_MV_SHORT=0|2|4` overrides it for every such one-row
+/// matvec (0: never).
+pub(super) fn mv_short_rows(
+    mode: Mode,
+    n: usize,
+    units: usize,
+    m: usize,
+    sms: usize,
+) -> Option<usize> {
+    static V: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let fixed = *V.get_or_init(|| {
+        std::env::var("QUIRE_MV_SHORT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|r| matches!(r, 0 | 2 | 4))
+    });
+    short_rule(mode, n, units, m, sms, fixed)
+}
+
+/// Whether QUIRE_MV_SHORT forces the short-row matvec on every one-row
+/// `fast` matvec (then no other one-row kernel gives those bits).
+pub(super) fn short_forced() -> bool {
+    // A row too long for the default rule: Some only when forced.
+    mv_short_rows(Mode::Fast, 1, usize::MAX, 0, 1).is_some()
+}
+
+fn short_rule(
+    mode: Mode,
+    n: usize,
+    units: usize,
+    m: usize,
+    sms: usize,
+    fixed: Option<usize>,
+) -> Option<usize> {
+    if mode != Mode::Fast || n != 1 || units == 0 {
+        return None;
+    }
+    match fixed {
+        Some(0) => None,
+        Some(r) => Some(r),
+        None => (units <= 24 && m >= 64 * sms).then_some(4),
+    }
+}
+
 /// Grid of the warp-per-row kernels: activation-row groups fastest, then
 /// the job table's `ctas` CTAs of 8 weight rows (warps, 256 threads).
 pub(super) fn mv_grid(n: usize, ctas: u32) -> Result<LaunchConfig> {
@@ -455,7 +505,30 @@ impl CudaBackend {
         }
         let m: usize = jobs.iter().map(|j| j.w.rows).sum();
         let long_rows = jobs.first().is_some_and(|j| j.w.cols >= 3 * m);
-        self.mat_vec(x, n, jobs, mv_warps(mode, n, float_w, long_rows))
+        let warps = mv_warps(mode, n, float_w, long_rows);
+        if warps == 1 && !float_w {
+            if let Some(r) = mv_short_rows(mode, n, k / 32, m, self.sm_count()) {
+                return self.mat_vec_short(x, jobs, r);
+            }
+        }
+        self.mat_vec(x, n, jobs, warps)
+    }
+
+    /// One row of short rows (`mv_short_rows`): `mv_q8_r1_s{r}`, r rows
+    /// per warp.
+    fn mat_vec_short(
+        &self,
+        x: &CudaView<'_, f32>,
+        jobs: &mut [MatJob<'_, Dev>],
+        r: usize,
+    ) -> Result<()> {
+        let d = mm_dims(&jobs[0].w, 1)?;
+        let s = self.stream();
+        let (mut table, ctas) = job_table(jobs, 8 * r, s)?;
+        self.l2_record(jobs, &mut table)?;
+        let cfg = mv_grid(1, ctas)?;
+        let name = if r == 2 { "mv_q8_r1_s2" } else { "mv_q8_r1_s4" };
+        self.mat_vec_q8(x, 1, jobs, (&d, &table, cfg, name), &[])
     }
 
     /// The warp-per-row kernels over every job in one launch (validated
@@ -675,6 +748,25 @@ mod tests {
         assert!(!prefetch_wanted(4 * mib + 1, true, 4 * mib));
         assert!(!prefetch_wanted(1, false, 4 * mib));
         assert!(!prefetch_wanted(1, true, 0));
+    }
+
+    #[test]
+    fn short_row_rule() {
+        use super::short_rule;
+        // SmolLM2's output head (49,152 rows of 18 units) on 132 SMs; not
+        // its q/k/v (960 rows), not the 1B's head (64 units), not in
+        // deterministic mode or for several rows; the knob forces or
+        // forbids it.
+        assert_eq!(short_rule(Mode::Fast, 1, 18, 49152, 132, None), Some(4));
+        assert_eq!(short_rule(Mode::Fast, 1, 18, 960, 132, None), None);
+        assert_eq!(short_rule(Mode::Fast, 1, 64, 128256, 132, None), None);
+        assert_eq!(
+            short_rule(Mode::Deterministic, 1, 18, 49152, 132, None),
+            None
+        );
+        assert_eq!(short_rule(Mode::Fast, 2, 18, 49152, 132, None), None);
+        assert_eq!(short_rule(Mode::Fast, 1, 64, 960, 132, Some(2)), Some(2));
+        assert_eq!(short_rule(Mode::Fast, 1, 18, 49152, 132, Some(0)), None);
     }
 
     #[test]

@@ -18,7 +18,9 @@
 //! `QUIRE_MV_GLU=0` turns the fused launch off (for comparisons);
 //! `QUIRE_MV_GLU_FORM` fixes its entry (`glu_form`, `GLU_FORMS`).
 
-use super::matmul::{job_table, mm_dims, mma_rows, mq_min_rows, mv_warps};
+use super::matmul::{
+    job_table, mm_dims, mma_rows, mq_min_rows, mv_short_rows, mv_warps, short_forced,
+};
 use super::{arena3, dev_ptr, dev_ptr_mut, i32_of, rms_threads, RawArgs};
 use crate::backend::cuda::mem::Dev;
 use crate::backend::cuda::{drv, CudaBackend};
@@ -84,7 +86,9 @@ impl CudaBackend {
     pub(crate) fn glu_takes(&self, blocks: usize) -> bool {
         let (on, fixed) = glu_knobs();
         let clusters = crate::backend::cuda::pdl::arch_major(&self.arch) >= 9;
-        on && self.prequant && glu_form(blocks, self.sm_count(), clusters, fixed).is_some()
+        on && self.prequant
+            && !short_forced()
+            && glu_form(blocks, self.sm_count(), clusters, fixed).is_some()
     }
 
     /// The SwiGlu after an op's products (the unfused path): validated,
@@ -142,7 +146,8 @@ impl CudaBackend {
         );
         let one_row_q8 = mq_min_rows() >= 1
             && mma_rows().0 >= 1
-            && mv_warps(mode, 1, !quantized, k >= 3 * 2 * m) == 1;
+            && mv_warps(mode, 1, !quantized, k >= 3 * 2 * m) == 1
+            && mv_short_rows(mode, 1, k / 32, 2 * m, self.sm_count()).is_none();
         let fits = block32
             && one_row_q8
             && j1.w.ty == ty
