@@ -798,7 +798,7 @@ impl Backend<Dev> for CudaBackend {
                 norm: None,
                 next_norm,
                 glu,
-            } => (|| {
+            } => {
                 let mut done = false;
                 if let Some((g, eps)) = next_norm {
                     done = self.mat_muls_ahead(&x, n, &mut jobs, (&g, eps), mode)?;
@@ -806,11 +806,8 @@ impl Backend<Dev> for CudaBackend {
                 if !done {
                     self.d_mat_muls(&x, n, &mut jobs, mode)?;
                 }
-                match glu {
-                    Some(mut h) => self.d_glu_after(&mut jobs, &mut h, n, mode),
-                    None => Ok(()),
-                }
-            })(),
+                self.glu_after(&mut jobs, glu, n, mode)
+            }
             OpT::MatMuls {
                 x,
                 n,
@@ -819,9 +816,8 @@ impl Backend<Dev> for CudaBackend {
                 // A norm-carrying op is never a residual producer in the
                 // model graphs; the hint is not used here.
                 next_norm: _,
-                glu,
-            } => (|| {
-                let mut glu = glu;
+                mut glu,
+            } => {
                 if let Some(h) = glu.as_mut() {
                     if self.mat_muls_glu_fused(&x, &w, eps, &mut out, n, &mut jobs, h, mode)? {
                         return Ok(());
@@ -830,11 +826,8 @@ impl Backend<Dev> for CudaBackend {
                 if !self.mat_muls_norm_ahead(&x, &w, eps, n, &mut jobs, mode, ahead)? {
                     self.d_mat_muls_norm(&x, &w, eps, &mut out, n, &mut jobs, mode)?;
                 }
-                match glu {
-                    Some(mut h) => self.d_glu_after(&mut jobs, &mut h, n, mode),
-                    None => Ok(()),
-                }
-            })(),
+                self.glu_after(&mut jobs, glu, n, mode)
+            }
             OpT::RmsNorm {
                 x,
                 w,

@@ -102,6 +102,9 @@ impl CudaBackend {
     ) -> Result<()> {
         let lens: Vec<(usize, bool)> = jobs.iter().map(|j| (j.out.len(), j.add)).collect();
         validate::mat_muls_glu(&lens, glu.len())?;
+        // As before a separate `SwiGlu` op: no cached activation may claim
+        // the arena the kernel may rewrite.
+        self.forget_activations();
         let (g, rest) = jobs.split_at_mut(1);
         self.d_swiglu(
             &g[0].out.as_view(),
@@ -110,6 +113,20 @@ impl CudaBackend {
             Some(n),
             mode,
         )
+    }
+
+    /// `d_glu_after` when the op has a SwiGlu (`glu`).
+    pub(crate) fn glu_after(
+        &self,
+        jobs: &mut [MatJob<'_, Dev>],
+        glu: Option<CudaViewMut<'_, f32>>,
+        n: usize,
+        mode: Mode,
+    ) -> Result<()> {
+        match glu {
+            Some(mut h) => self.d_glu_after(jobs, &mut h, n, mode),
+            None => Ok(()),
+        }
     }
 
     /// The fused launch where it applies (module doc): rms_norm(x) with
