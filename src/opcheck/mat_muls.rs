@@ -32,6 +32,28 @@ pub(super) fn first_bit_diff(a: &[f32], b: &[f32]) -> Option<usize> {
         .position(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()))
 }
 
+/// The weight types of the fused-matmul groups (`--quick`: one of each
+/// family).
+pub(super) fn fused_types(quick: bool) -> &'static [GgmlType] {
+    use GgmlType::*;
+    if quick {
+        &[F16, Q4_0, Q8_0, Q4_K]
+    } else {
+        &[F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K]
+    }
+}
+
+/// Why a fused op's result `y` is not its unfused ops' `u` bit for bit
+/// (`what`: those ops, for the message), or None.
+pub(super) fn unfused_bits(what: &str, y: &[f32], u: &[f32]) -> Option<String> {
+    first_bit_diff(u, y).map(|i| {
+        format!(
+            "differs from {what} on this backend at {i}: {:e} vs {:e}",
+            y[i], u[i]
+        )
+    })
+}
+
 /// QMatrix views of the job weights `datas` (rows `ms`, k columns).
 pub(super) fn job_matrices<'a>(
     ty: GgmlType,
@@ -213,26 +235,14 @@ impl Ctx<'_> {
                     } else {
                         match self.unfused(&ws, &x, n, adds, &init, &lens) {
                             Ok(_) if !bits => {}
-                            Ok(u) => {
-                                if let Some(i) = first_bit_diff(&u, y.body()) {
-                                    unfused_diff = Some(format!(
-                                        "differs from mat_mul then add on this backend at {i}: {:e} vs {:e}",
-                                        y.body()[i],
-                                        u[i]
-                                    ));
-                                }
-                            }
+                            Ok(u) => unfused_diff = unfused_bits("mat_mul then add", y.body(), &u),
                             Err(e) => err = Some(format!("unfused mat_mul / add: {e:#}")),
                         }
                     }
                 }
                 let g = y.guards_ok();
                 self.finish("mat_muls", desc, sup, err, y.body(), &r, g, None);
-                if let (Some(why), Some(last)) = (unfused_diff, self.results.last_mut()) {
-                    if last.status == Status::Pass {
-                        last.status = Status::Fail(why);
-                    }
-                }
+                self.fail_last(unfused_diff);
                 self.keep.extend(datas);
             }
             if float_w {

@@ -4,10 +4,9 @@
 //! `SwiGlu` (the op must give those bits in every mode, whatever a backend
 //! fuses: CUDA's one-row `mv_q8_r1_glu*`).
 
-use super::mat_muls::{first_bit_diff, job_matrices, jobs, split_outs};
-use super::{randv, Ctx, Guarded, Status};
+use super::mat_muls::{fused_types, job_matrices, jobs, split_outs, unfused_bits};
+use super::{randv, Ctx, Guarded};
 use crate::backend::{MatNorm, Op, QMatrix};
-use crate::quant::GgmlType;
 
 /// (rows m of the gate and the up job, k, n, with the input's norm):
 /// decode rows with the norm (the model graph's op, which CUDA fuses):
@@ -39,14 +38,8 @@ impl Ctx<'_> {
         if !self.want("mat_muls_glu") {
             return;
         }
-        use GgmlType::*;
         let mode = self.opts.mode;
-        let types: &[GgmlType] = if self.opts.quick {
-            &[F16, Q4_0, Q8_0, Q4_K]
-        } else {
-            &[F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K]
-        };
-        for &ty in types {
+        for &ty in fused_types(self.opts.quick) {
             for &(m, k, n, with_norm) in SHAPES {
                 if !k.is_multiple_of(ty.block_size()) {
                     continue; // not a shape of this type
@@ -84,14 +77,11 @@ impl Ctx<'_> {
                     } else {
                         match self.mat_muls_then_swiglu(&ws, &x, n, norm, &init, &lens) {
                             Ok(u) => {
-                                if let Some(i) = first_bit_diff(&u, y.body()) {
-                                    unfused_diff = Some(format!(
-                                        "differs from mat_muls then swiglu on this backend at {i} (of gate, up, glu: {} each): {:e} vs {:e}",
-                                        n * m,
-                                        y.body()[i],
-                                        u[i]
-                                    ));
-                                }
+                                let what = format!(
+                                    "mat_muls then swiglu (gate, up, glu: {} values each)",
+                                    n * m
+                                );
+                                unfused_diff = unfused_bits(&what, y.body(), &u);
                             }
                             Err(e) => err = Some(format!("unfused mat_muls / swiglu: {e:#}")),
                         }
@@ -99,11 +89,7 @@ impl Ctx<'_> {
                 }
                 let gd = y.guards_ok();
                 self.finish("mat_muls_glu", desc, sup, err, y.body(), &r, gd, None);
-                if let (Some(why), Some(last)) = (unfused_diff, self.results.last_mut()) {
-                    if last.status == Status::Pass {
-                        last.status = Status::Fail(why);
-                    }
-                }
+                self.fail_last(unfused_diff);
                 self.keep.extend(datas);
             }
         }

@@ -3,10 +3,9 @@
 //! the backend under test against its own `RmsNorm` then `MatMuls` (the
 //! fused op must give those bits in every mode, whatever a backend fuses).
 
-use super::mat_muls::{first_bit_diff, job_matrices, jobs, split_outs};
-use super::{randv, Ctx, Guarded, Status};
+use super::mat_muls::{fused_types, job_matrices, jobs, split_outs, unfused_bits};
+use super::{randv, Ctx, Guarded};
 use crate::backend::{MatNorm, Op, QMatrix};
-use crate::quant::GgmlType;
 
 /// (job rows, k, n, adds): decode rows (q/k/v of a small head layout,
 /// gate/up, the SmolLM2 width k = 576, a 2,048-wide row with two units
@@ -27,14 +26,8 @@ impl Ctx<'_> {
         if !self.want("mat_muls_norm") {
             return;
         }
-        use GgmlType::*;
         let mode = self.opts.mode;
-        let types: &[GgmlType] = if self.opts.quick {
-            &[F16, Q4_0, Q8_0, Q4_K]
-        } else {
-            &[F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K]
-        };
-        for &ty in types {
+        for &ty in fused_types(self.opts.quick) {
             for &(ms, k, n, adds) in SHAPES {
                 if !k.is_multiple_of(ty.block_size()) {
                     continue; // not a shape of this type
@@ -102,13 +95,7 @@ impl Ctx<'_> {
                     } else {
                         match self.norm_then_mat_muls(&ws, &x, n, adds, (&g, eps), &init, &lens) {
                             Ok(u) => {
-                                if let Some(i) = first_bit_diff(&u, y.body()) {
-                                    unfused_diff = Some(format!(
-                                        "differs from rms_norm then mat_muls on this backend at {i}: {:e} vs {:e}",
-                                        y.body()[i],
-                                        u[i]
-                                    ));
-                                }
+                                unfused_diff = unfused_bits("rms_norm then mat_muls", y.body(), &u)
                             }
                             Err(e) => err = Some(format!("unfused rms_norm / mat_muls: {e:#}")),
                         }
@@ -116,11 +103,7 @@ impl Ctx<'_> {
                 }
                 let gd = y.guards_ok();
                 self.finish("mat_muls_norm", desc, sup, err, y.body(), &r, gd, None);
-                if let (Some(why), Some(last)) = (unfused_diff, self.results.last_mut()) {
-                    if last.status == Status::Pass {
-                        last.status = Status::Fail(why);
-                    }
-                }
+                self.fail_last(unfused_diff);
                 self.keep.extend(datas);
             }
         }

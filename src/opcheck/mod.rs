@@ -439,6 +439,16 @@ impl Ctx<'_> {
             .push(graded(op, desc, self.opts.mode, y, r, guards_ok, perf));
     }
 
+    /// Fails the last recorded case with `why`, if any, where it passed
+    /// (a fused op's bits against its unfused ops).
+    fn fail_last(&mut self, why: Option<String>) {
+        if let (Some(why), Some(last)) = (why, self.results.last_mut()) {
+            if last.status == Status::Pass {
+                last.status = Status::Fail(why);
+            }
+        }
+    }
+
     fn want(&self, op: &str) -> bool {
         self.opts
             .op_filter
