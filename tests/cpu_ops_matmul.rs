@@ -565,3 +565,66 @@ fn matmul_overflow_edges_exact() {
         println!("{ty:?}: max |integer sum| {max_abs_int}");
     }
 }
+
+/// `MatMuls` with `glu`: the bits of `MatMuls` then `SwiGlu`; a SwiGlu of
+/// the wrong shape, or on an adding job, is an error naming it.
+#[test]
+fn mat_muls_glu_is_mat_muls_then_swiglu() {
+    use quire::backend::MatJob;
+    let be = CpuBackend::new(Some(1)).unwrap();
+    let mut r = rng(11);
+    let (m, k) = (48, 64);
+    let wg = rand_weights(&mut r, GgmlType::Q4_0, m, k);
+    let wu = rand_weights(&mut r, GgmlType::Q4_0, m, k);
+    let q = |data| QMatrix {
+        ty: GgmlType::Q4_0,
+        rows: m,
+        cols: k,
+        data,
+    };
+    let x = rand_vec(&mut r, k, 2.0);
+    let run = |h: &mut [f32], add: bool| -> anyhow::Result<(Vec<f32>, Vec<f32>)> {
+        let (mut g, mut u) = (vec![0.5f32; m], vec![0.25f32; m]);
+        be.run(
+            Op::MatMuls {
+                x: &x,
+                n: 1,
+                jobs: vec![
+                    MatJob {
+                        w: q(&wg),
+                        out: &mut g,
+                        add: false,
+                    },
+                    MatJob {
+                        w: q(&wu),
+                        out: &mut u,
+                        add,
+                    },
+                ],
+                norm: None,
+                next_norm: None,
+                glu: Some(h),
+            },
+            Mode::Exact,
+        )?;
+        Ok((g, u))
+    };
+    let mut h = vec![0f32; m];
+    let (g, u) = run(&mut h, false).unwrap();
+    let mut want = vec![0f32; m];
+    be.run(
+        Op::SwiGlu {
+            gate: &g,
+            up: &u,
+            out: &mut want,
+        },
+        Mode::Exact,
+    )
+    .unwrap();
+    assert_eq!(bits(&h), bits(&want));
+    assert!(h.iter().any(|v| *v != 0.0));
+    let e = run(&mut vec![0f32; m - 1], false).unwrap_err();
+    assert!(format!("{e:#}").contains("glu"), "{e:#}");
+    let e = run(&mut vec![0f32; m], true).unwrap_err();
+    assert!(format!("{e:#}").contains("glu"), "{e:#}");
+}

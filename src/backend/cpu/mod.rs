@@ -112,6 +112,12 @@ impl Backend for CpuBackend {
                 next_norm: _,
                 glu,
             } => {
+                // A bad SwiGlu fails before any output is written.
+                if let Some(h) = &glu {
+                    let lens: Vec<(usize, bool)> =
+                        jobs.iter().map(|j| (j.out.len(), j.add)).collect();
+                    crate::backend::validate::mat_muls_glu(&lens, h.len())?;
+                }
                 match norm {
                     None => ops::matmul::run_jobs(par, isa, nt, x, n, &mut jobs)?,
                     Some(MatNorm { w, eps, out }) => {
@@ -125,9 +131,6 @@ impl Backend for CpuBackend {
                 }
                 // Then SwiGlu: the op's defined bits.
                 if let Some(h) = glu {
-                    let lens: Vec<(usize, bool)> =
-                        jobs.iter().map(|j| (j.out.len(), j.add)).collect();
-                    crate::backend::validate::mat_muls_glu(&lens, h.len())?;
                     ops::swiglu::run(par, isa, &*jobs[0].out, &*jobs[1].out, h)
                         .context("mat_muls glu")?;
                 }

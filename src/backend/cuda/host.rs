@@ -95,6 +95,7 @@ impl CudaBackend {
                         add: j.add,
                     })
                     .collect();
+                Self::check_glu(&djobs, glu.as_ref().map(|h| h.len()))?;
                 // The SwiGlu's output (written only).
                 let glu_len = glu.as_ref().map_or(0, |h| h.len());
                 let mut hd = match glu {
@@ -130,7 +131,7 @@ impl CudaBackend {
                     }
                 }
                 if let (Some(hd), false) = (hd.as_mut(), fused) {
-                    self.d_glu_after(&mut djobs, &mut hd.slice_mut(0..glu_len), *n, mode)?;
+                    self.glu_after(&mut djobs, Some(hd.slice_mut(0..glu_len)), *n, mode)?;
                 }
                 drop(djobs);
                 for (j, od) in jobs.iter_mut().zip(&ods) {

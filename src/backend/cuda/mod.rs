@@ -799,6 +799,7 @@ impl Backend<Dev> for CudaBackend {
                 next_norm,
                 glu,
             } => {
+                Self::check_glu(&jobs, glu.as_ref().map(|h| h.len()))?;
                 let mut done = false;
                 if let Some((g, eps)) = next_norm {
                     done = self.mat_muls_ahead(&x, n, &mut jobs, (&g, eps), mode)?;
@@ -818,6 +819,7 @@ impl Backend<Dev> for CudaBackend {
                 next_norm: _,
                 mut glu,
             } => {
+                Self::check_glu(&jobs, glu.as_ref().map(|h| h.len()))?;
                 if let Some(h) = glu.as_mut() {
                     if self.mat_muls_glu_fused(&x, &w, eps, &mut out, n, &mut jobs, h, mode)? {
                         return Ok(());

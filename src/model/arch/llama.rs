@@ -291,9 +291,9 @@ type NormSpec<'b, E> = (
 /// `next_norm` (norm weights, eps): the hint `OpT::MatMuls::next_norm`,
 /// for a residual product whose output the next op normalizes.
 ///
-/// `glu` (n, m): the SwiGlu of jobs 0 and 1 (gate, up) rides on the op
-/// (`OpT::MatMuls::glu`); callers pass it only when the jobs make one op
-/// (`one_op`), which this checks.
+/// `glu` (n, m): the SwiGlu of jobs 0 and 1 (gate, up). With one op it
+/// rides on that op (`OpT::MatMuls::glu`, so a backend can fold it into
+/// the products' epilogue); with several, a `SwiGlu` op follows them.
 fn mat_muls<'b, E: Exec>(
     e: &E,
     x: &E::Buf,
@@ -303,8 +303,13 @@ fn mat_muls<'b, E: Exec>(
     next_norm: Option<(&<E::S as Store>::Vec, f32)>,
     glu: Option<&mut E::Buf>,
 ) -> Result<()> {
+    // The outputs stay here (the ops borrow them) for a SwiGlu after.
+    let (specs, mut outs): (Vec<_>, Vec<_>) = jobs
+        .into_iter()
+        .map(|(w, out, add)| ((w, add), out))
+        .unzip();
     let mut groups: Vec<Vec<MatJob<'_, E::M>>> = Vec::new();
-    for (w, out, add) in jobs {
+    for (&(w, add), out) in specs.iter().zip(outs.iter_mut()) {
         let job: MatJob<'_, E::M> = MatJob {
             w: e.mat(w)?,
             out: E::wr(out),
@@ -319,12 +324,15 @@ fn mat_muls<'b, E: Exec>(
             None => groups.push(vec![job]),
         }
     }
-    ensure!(
-        glu.is_none() || groups.len() == 1,
-        "mat_muls: a SwiGlu rides only on one op (gate and up of one type and k)"
-    );
-    if groups.len() > 1 {
-        if let Some((w, eps, out)) = norm {
+    let one_op = groups.len() == 1;
+    let mut glu = glu;
+    let mut op_glu = if one_op {
+        glu.take().map(|h| E::wr(h))
+    } else {
+        None
+    };
+    match norm {
+        Some((w, eps, out)) if !one_op => {
             let k = groups[0][0].w.cols();
             e.run(OpT::RmsNorm {
                 x: E::rd(x),
@@ -343,41 +351,39 @@ fn mat_muls<'b, E: Exec>(
                     glu: None,
                 })?;
             }
-            return Ok(());
+        }
+        norm => {
+            let mut norm = norm.map(|(w, eps, out)| MatNorm {
+                w: E::param(w),
+                eps,
+                out: E::wr(out),
+            });
+            for jobs in groups {
+                e.run(OpT::MatMuls {
+                    x: E::rd(x),
+                    n,
+                    jobs,
+                    norm: norm.take(),
+                    next_norm: next_norm.map(|(w, eps)| (E::param(w), eps)),
+                    glu: op_glu.take(),
+                })?;
+            }
         }
     }
-    let mut norm = norm.map(|(w, eps, out)| MatNorm {
-        w: E::param(w),
-        eps,
-        out: E::wr(out),
-    });
-    let mut glu = glu.map(|h| E::wr(h));
-    for jobs in groups {
-        e.run(OpT::MatMuls {
-            x: E::rd(x),
-            n,
-            jobs,
-            norm: norm.take(),
-            next_norm: next_norm.map(|(w, eps)| (E::param(w), eps)),
-            glu: glu.take(),
+    // (Taken by the op where there is one; its borrow of the outputs ends.)
+    drop(op_glu);
+    if let Some(h) = glu {
+        ensure!(
+            outs.len() >= 2,
+            "mat_muls: a SwiGlu needs the gate and up jobs"
+        );
+        e.run(OpT::SwiGlu {
+            gate: E::rd(&*outs[0]),
+            up: E::rd(&*outs[1]),
+            out: E::wr(h),
         })?;
     }
     Ok(())
-}
-
-/// Whether `mat_muls` of these weights makes one op (one type and k).
-fn one_op<E: Exec>(e: &E, ws: &[&<E::S as Store>::Mat]) -> Result<bool> {
-    let mut first = None;
-    for w in ws {
-        let m = e.mat(w)?;
-        let key = (m.ty(), m.cols());
-        match first {
-            None => first = Some(key),
-            Some(f) if f != key => return Ok(false),
-            Some(_) => {}
-        }
-    }
-    Ok(true)
 }
 
 /// Runs the step's ops on inputs already in `e`'s memory space (validated
@@ -491,9 +497,8 @@ pub fn forward_bufs<E: Exec>(
                 Some((&l.ffn_norm, c.rms_eps)),
                 None,
             )?;
-            // act = silu(gate) * up rides on the gate/up op when it is one
-            // (a backend may fold it into the products' epilogue).
-            let fold = one_op(e, &[&l.w_gate, &l.w_up])?;
+            // act = silu(gate) * up, riding on the gate/up op where it is
+            // one (a backend may fold it into the products' epilogue).
             mat_muls(
                 e,
                 &x,
@@ -501,15 +506,8 @@ pub fn forward_bufs<E: Exec>(
                 vec![(&l.w_gate, &mut gate, false), (&l.w_up, &mut up, false)],
                 Some((&l.ffn_norm, c.rms_eps, &mut h)),
                 None,
-                fold.then_some(&mut act),
+                Some(&mut act),
             )?;
-            if !fold {
-                e.run(OpT::SwiGlu {
-                    gate: E::rd(&gate),
-                    up: E::rd(&up),
-                    out: E::wr(&mut act),
-                })?;
-            }
             // x += act · w_downᵀ; the next layer's attention norm reads x
             // next (the output norm follows a row selection: no hint).
             let next = w.layers.get(li + 1).map(|nl| (&nl.attn_norm, c.rms_eps));

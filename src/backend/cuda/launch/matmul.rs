@@ -217,21 +217,24 @@ pub(super) fn mv_short_rows(
     m: usize,
     sms: usize,
 ) -> Option<usize> {
+    short_rule(mode, n, units, m, sms, short_knob())
+}
+
+/// QUIRE_MV_SHORT (0, 2 or 4), if set.
+fn short_knob() -> Option<usize> {
     static V: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let fixed = *V.get_or_init(|| {
+    *V.get_or_init(|| {
         std::env::var("QUIRE_MV_SHORT")
             .ok()
             .and_then(|v| v.parse().ok())
             .filter(|r| matches!(r, 0 | 2 | 4))
-    });
-    short_rule(mode, n, units, m, sms, fixed)
+    })
 }
 
 /// Whether QUIRE_MV_SHORT forces the short-row matvec on every one-row
 /// `fast` matvec (then no other one-row kernel gives those bits).
 pub(super) fn short_forced() -> bool {
-    // A row too long for the default rule: Some only when forced.
-    mv_short_rows(Mode::Fast, 1, usize::MAX, 0, 1).is_some()
+    matches!(short_knob(), Some(2 | 4))
 }
 
 fn short_rule(
@@ -512,6 +515,29 @@ impl CudaBackend {
             }
         }
         self.mat_vec(x, n, jobs, warps)
+    }
+
+    /// Whether `d_mat_muls` runs these one-row jobs (validated: one type
+    /// and k) with `mv_q8_r1`, the kernel whose per-row bits the fused
+    /// launches (matmul_glu.rs) reproduce: quantized weights, k a
+    /// multiple of 32, not the int8 tensor-core or tile kernels, one warp
+    /// per row and not the short-row form.
+    pub(super) fn takes_mv_q8_r1(&self, mode: Mode, n: usize, jobs: &[MatJob<'_, Dev>]) -> bool {
+        let Some(j0) = jobs.first() else {
+            return false;
+        };
+        let (ty, k) = (j0.w.ty, j0.w.cols);
+        let m: usize = jobs.iter().map(|j| j.w.rows).sum();
+        let float_w = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+        mode != Mode::Exact
+            && n == 1
+            && !float_w
+            && k > 0
+            && k.is_multiple_of(32)
+            && n <= mq_min_rows()
+            && n <= mma_rows().0
+            && mv_warps(mode, n, false, k >= 3 * m) == 1
+            && mv_short_rows(mode, n, k / 32, m, self.sm_count()).is_none()
     }
 
     /// One row of short rows (`mv_short_rows`): `mv_q8_r1_s{r}`, r rows

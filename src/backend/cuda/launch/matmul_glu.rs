@@ -18,13 +18,11 @@
 //! `QUIRE_MV_GLU=0` turns the fused launch off (for comparisons);
 //! `QUIRE_MV_GLU_FORM` fixes its entry (`glu_form`, `GLU_FORMS`).
 
-use super::matmul::{
-    job_table, mm_dims, mma_rows, mq_min_rows, mv_short_rows, mv_warps, short_forced,
-};
-use super::{arena3, dev_ptr, dev_ptr_mut, i32_of, rms_threads, RawArgs};
+use super::matmul::{job_table, mm_dims, short_forced};
+use super::{arena3, dev_ptr, dev_ptr_mut, i32_of, RawArgs};
 use crate::backend::cuda::mem::Dev;
 use crate::backend::cuda::{drv, CudaBackend};
-use crate::backend::{validate, MatJob, Mode};
+use crate::backend::{validate, MatJob, Mode, WeightInfo};
 use crate::quant::GgmlType;
 use anyhow::{anyhow, Context, Result};
 use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
@@ -91,31 +89,19 @@ impl CudaBackend {
             && glu_form(blocks, self.sm_count(), clusters, fixed).is_some()
     }
 
-    /// The SwiGlu after an op's products (the unfused path): validated,
-    /// then `d_swiglu` of jobs 0 and 1 into `glu`.
-    pub(crate) fn d_glu_after(
-        &self,
-        jobs: &mut [MatJob<'_, Dev>],
-        glu: &mut CudaViewMut<'_, f32>,
-        n: usize,
-        mode: Mode,
-    ) -> Result<()> {
+    /// A `MatMuls`'s SwiGlu shapes (`validate::mat_muls_glu`), checked
+    /// before any of its kernels runs.
+    pub(crate) fn check_glu(jobs: &[MatJob<'_, Dev>], glu_len: Option<usize>) -> Result<()> {
+        let Some(len) = glu_len else {
+            return Ok(());
+        };
         let lens: Vec<(usize, bool)> = jobs.iter().map(|j| (j.out.len(), j.add)).collect();
-        validate::mat_muls_glu(&lens, glu.len())?;
-        // As before a separate `SwiGlu` op: no cached activation may claim
-        // the arena the kernel may rewrite.
-        self.forget_activations();
-        let (g, rest) = jobs.split_at_mut(1);
-        self.d_swiglu(
-            &g[0].out.as_view(),
-            &rest[0].out.as_view(),
-            glu,
-            Some(n),
-            mode,
-        )
+        validate::mat_muls_glu(&lens, len)
     }
 
-    /// `d_glu_after` when the op has a SwiGlu (`glu`).
+    /// The SwiGlu after an op's products where it has one (`glu`, its
+    /// shapes checked by `check_glu`; the unfused path): `d_swiglu` of
+    /// jobs 0 and 1.
     pub(crate) fn glu_after(
         &self,
         jobs: &mut [MatJob<'_, Dev>],
@@ -123,13 +109,24 @@ impl CudaBackend {
         n: usize,
         mode: Mode,
     ) -> Result<()> {
-        match glu {
-            Some(mut h) => self.d_glu_after(jobs, &mut h, n, mode),
-            None => Ok(()),
-        }
+        let Some(mut glu) = glu else {
+            return Ok(());
+        };
+        // As before a separate `SwiGlu` op: no cached activation may claim
+        // the arena the kernel may rewrite.
+        self.forget_activations();
+        let (g, rest) = jobs.split_at_mut(1);
+        self.d_swiglu(
+            &g[0].out.as_view(),
+            &rest[0].out.as_view(),
+            &mut glu,
+            Some(n),
+            mode,
+        )
     }
 
-    /// The fused launch where it applies (module doc): rms_norm(x) with
+    /// The fused launch where it applies (module doc; the SwiGlu's shapes
+    /// checked by `check_glu`): rms_norm(x) with
     /// weights `w` and `eps` quantized, then `mv_q8_r1_glu*`; false (nothing
     /// launched) elsewhere. `scratch` is the norm's f32 scratch (n, k),
     /// which this path leaves unwritten (the op allows it).
@@ -149,39 +146,25 @@ impl CudaBackend {
         if !on || mode == Mode::Exact || n != 1 || !self.prequant || jobs.len() != 2 {
             return Ok(false);
         }
-        let (j0, j1) = (&jobs[0], &jobs[1]);
-        let (ty, k, m) = (j0.w.ty, j0.w.cols, j0.w.rows);
+        // Bad shapes get the unfused path's errors first.
+        let shapes: Vec<(&dyn WeightInfo, usize)> = jobs
+            .iter()
+            .map(|j| (&j.w as &dyn WeightInfo, j.out.len()))
+            .collect();
+        validate::mat_muls(x.len(), n, &shapes)?;
+        let (ty, k, m) = (jobs[0].w.ty, jobs[0].w.cols, jobs[0].w.rows);
+        validate::mat_muls_norm(x.len(), k, w.len(), scratch.len())?;
         let s = self.stream();
-        // The one-row q8 matvec is what d_mat_muls would run here (every
-        // other path answers rows past one, or float weights).
-        let quantized = ty.block_size() > 1;
         // The 32-value block types: their paired-row loops hold in the
         // kernel's 40 registers (sm_90 SASS); the K-quants' spill there.
         let block32 = matches!(
             ty,
             GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0
         );
-        let one_row_q8 = mq_min_rows() >= 1
-            && mma_rows().0 >= 1
-            && mv_warps(mode, 1, !quantized, k >= 3 * 2 * m) == 1
-            && mv_short_rows(mode, 1, k / 32, 2 * m, self.sm_count()).is_none();
         let fits = block32
-            && one_row_q8
-            && j1.w.ty == ty
-            && j1.w.cols == k
-            && j1.w.rows == m
-            && !j0.add
-            && !j1.add
-            && m > 0
+            // The unfused products' kernel, whose bits these are.
+            && self.takes_mv_q8_r1(mode, n, jobs)
             && m.is_multiple_of(32)
-            && k > 0
-            && k.is_multiple_of(32)
-            && x.len() == k
-            && w.len() == k
-            && scratch.len() == k
-            && glu.len() == m
-            && j0.out.len() == m
-            && j1.out.len() == m
             // rms_norm_fast's float4 form (its bits: the unfused norm's).
             && dev_ptr(x, s).is_multiple_of(16)
             && dev_ptr(w, s).is_multiple_of(16)
@@ -194,7 +177,7 @@ impl CudaBackend {
         let Some((name, warps, csize)) = glu_form(blocks, self.sm_count(), clusters, fixed) else {
             return Ok(false);
         };
-        let d = mm_dims(&j0.w, 1)?;
+        let d = mm_dims(&jobs[0].w, 1)?;
         // The arena is about to be rewritten: no cached activation may
         // claim it.
         self.forget_activations();
@@ -214,31 +197,15 @@ impl CudaBackend {
         let Some((key, hq, hds)) = self.q8_out(glu, Some(1), m, mode)? else {
             return Ok(false);
         };
-        let (table, _) = job_table(jobs, 32, s)?;
-        let mut table = table;
+        let (mut table, _) = job_table(jobs, 32, s)?;
         self.l2_record(jobs, &mut table)?;
 
         // rms_norm_fast of the one row, its blocks into (xq, xds).
-        let (di, vec4) = (i32_of(k, "dim")?, 1i32);
-        let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (rms_threads(k, true), 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = s.launch_builder(self.func("rms_norm_fast")?);
-        b.arg(x)
-            .arg(w)
-            .arg(&di)
-            .arg(&eps)
-            .arg(&vec4)
-            .arg(&mut *scratch)
-            .arg(&xq)
-            .arg(&xds);
-        // SAFETY: matches rms_norm_fast; one row of k inputs, weights and
-        // scratch outputs, 16-byte aligned (checked); xq / xds an arena
-        // region of k bytes then k / 32 float2 (8-byte aligned: k is a
-        // multiple of 32).
-        drv(unsafe { b.launch(cfg) }, "mat_muls glu: rms_norm launch")?;
+        // SAFETY: one row of k inputs, weights and scratch outputs, 16-byte
+        // aligned (checked); xq / xds an arena region of k bytes then k /
+        // 32 float2 (8-byte aligned: k is a multiple of 32).
+        unsafe { self.rms_norm_fast(x, w, 1, (i32_of(k, "dim")?, eps), true, scratch, (xq, xds)) }
+            .context("mat_muls glu: the norm")?;
 
         let ctas = blocks * csize;
         let grid_y = u32::try_from(ctas).map_err(|_| anyhow!("mat_muls glu: {ctas} CTAs"))?;

@@ -364,6 +364,46 @@ impl CudaBackend {
         self.arena.lock().map(|a| a.len()).unwrap_or(0)
     }
 
+    /// `rms_norm_fast` over n rows of dim (`di`) values, the output also
+    /// quantized into (xq, xds) where those are not null.
+    ///
+    /// # Safety
+    /// x and out hold n * dim floats, w dim; with `vec4` every row is
+    /// 16-byte aligned (x, w, out); xq / xds are null, or (vec4, dim a
+    /// multiple of 32) device regions of n * dim bytes and n * dim / 32
+    /// float2.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn rms_norm_fast(
+        &self,
+        x: &CudaView<'_, f32>,
+        w: &CudaView<'_, f32>,
+        n: usize,
+        (di, eps): (i32, f32),
+        vec4: bool,
+        out: &mut CudaViewMut<'_, f32>,
+        (xq, xds): (u64, u64),
+    ) -> Result<()> {
+        let cfg = LaunchConfig {
+            grid_dim: (u32::try_from(n)?, 1, 1),
+            block_dim: (rms_threads(di as usize, vec4), 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let v4 = i32::from(vec4);
+        let mut b = self.stream().launch_builder(self.func("rms_norm_fast")?);
+        b.arg(x)
+            .arg(w)
+            .arg(&di)
+            .arg(&eps)
+            .arg(&v4)
+            .arg(&mut *out)
+            .arg(&xq)
+            .arg(&xds);
+        // SAFETY: matches rms_norm_fast; the caller's contract covers the
+        // buffers; a CTA per row.
+        drv(unsafe { b.launch(cfg) }, "rms_norm: launch")?;
+        Ok(())
+    }
+
     pub(crate) fn d_rms_norm(
         &self,
         x: &CudaView<'_, f32>,
@@ -425,25 +465,10 @@ impl CudaBackend {
                 self.q8_done(key);
                 return Ok(());
             }
-            let cfg = LaunchConfig {
-                grid_dim: (u32::try_from(n)?, 1, 1),
-                block_dim: (rms_threads(dim, vec4 == 1), 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut b = self.stream().launch_builder(self.func("rms_norm_fast")?);
-            b.arg(x)
-                .arg(w)
-                .arg(&di)
-                .arg(&eps)
-                .arg(&vec4)
-                .arg(&mut *out)
-                .arg(&xq)
-                .arg(&xds);
-            // SAFETY: matches rms_norm_fast; n*dim inputs/outputs, dim
-            // weights; vec4 only with 16-byte aligned rows; xq / xds null,
-            // or (vec4, dim a multiple of 32) arena regions of n*dim bytes
-            // and n*dim/32 float2 (q8_out).
-            drv(unsafe { b.launch(cfg) }, "rms_norm: launch")?;
+            // SAFETY: vec4 only with 16-byte aligned rows (above); xq /
+            // xds null, or (vec4, dim a multiple of 32) arena regions of
+            // n*dim bytes and n*dim/32 float2 (q8_out).
+            unsafe { self.rms_norm_fast(x, w, n, (di, eps), vec4 == 1, out, (xq, xds)) }?;
             if let Some((key, _, _)) = pre {
                 self.q8_done(key);
             }
