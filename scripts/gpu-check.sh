@@ -96,34 +96,44 @@ for s in "${steps[@]}"; do
       done
       # The 8-key-tile split attention (att_pipe_w_*), which fast mode takes
       # only for launches past one wave (larger batches than the cases).
-      QUIRE_ATT_WIDE=1 run_step ops-fast-att-wide "$QUIRE" ops --backend cuda --mode fast --op paged_attention
+      QUIRE_ATT_RMMA=0 QUIRE_ATT_WIDE=1 run_step ops-fast-att-wide "$QUIRE" ops --backend cuda --mode fast --op paged_attention
       # The split attention merged by attention_combine instead of the
       # unit's cluster (att_pipe_c_*, the default for small launches of 2-16
       # CTAs per unit).
-      QUIRE_ATT_CLUSTER=0 run_step ops-fast-att-combine "$QUIRE" ops --backend cuda --mode fast --op paged_attention
+      QUIRE_ATT_RMMA=0 QUIRE_ATT_CLUSTER=0 run_step ops-fast-att-combine "$QUIRE" ops --backend cuda --mode fast --op paged_attention
       # The split forms alone (the row form off, so that the cases' short
       # rows take the cluster forms too), with the cluster merge through
       # rank 0's shared memory and through L2 (the same bits; ATT_CL_DSMEM).
-      QUIRE_ATT_ROW=0 run_step ops-fast-att-cluster "$QUIRE" ops --backend cuda --mode fast --op paged_attention
-      QUIRE_ATT_ROW=0 QUIRE_CUDA_DEFINES=ATT_CL_DSMEM=0 run_step ops-fast-att-cluster-l2 "$QUIRE" ops --backend cuda --mode fast --op paged_attention
+      QUIRE_ATT_RMMA=0 QUIRE_ATT_ROW=0 run_step ops-fast-att-cluster "$QUIRE" ops --backend cuda --mode fast --op paged_attention
+      QUIRE_ATT_RMMA=0 QUIRE_ATT_ROW=0 QUIRE_CUDA_DEFINES=ATT_CL_DSMEM=0 run_step ops-fast-att-cluster-l2 "$QUIRE" ops --backend cuda --mode fast --op paged_attention
       # The 4-warp partials, merging and cluster forms, which fast mode
       # leaves for launches of more than two CTAs per SM (the cases' small
       # batches take the eight-warp att_pipe8_*).
-      QUIRE_ATT_EIGHT=0 run_step ops-fast-att-four "$QUIRE" ops --backend cuda --mode fast --op paged_attention
+      QUIRE_ATT_RMMA=0 QUIRE_ATT_EIGHT=0 run_step ops-fast-att-four "$QUIRE" ops --backend cuda --mode fast --op paged_attention
       # The row form (att_row_*: one CTA per (row, KV head) over the whole
       # row), which fast mode takes only for rows of one chunk: every case,
       # at its default 16 warps and at 32 (head_dim <= 64), and with every
       # lane's cp.async.
-      QUIRE_ATT_ROW=1 run_step ops-fast-att-row "$QUIRE" ops --backend cuda --mode fast --op paged_attention
-      QUIRE_ATT_ROW=1 QUIRE_ATT_ROW_WARPS=32 run_step ops-fast-att-row32 "$QUIRE" ops --backend cuda --mode fast --op paged_attention
-      QUIRE_ATT_ROW=1 QUIRE_ATT_TMA=0 run_step ops-fast-att-row-cpasync "$QUIRE" ops --backend cuda --mode fast --op paged_attention
+      QUIRE_ATT_RMMA=0 QUIRE_ATT_ROW=1 run_step ops-fast-att-row "$QUIRE" ops --backend cuda --mode fast --op paged_attention
+      QUIRE_ATT_RMMA=0 QUIRE_ATT_ROW=1 QUIRE_ATT_ROW_WARPS=32 run_step ops-fast-att-row32 "$QUIRE" ops --backend cuda --mode fast --op paged_attention
+      QUIRE_ATT_RMMA=0 QUIRE_ATT_ROW=1 QUIRE_ATT_TMA=0 run_step ops-fast-att-row-cpasync "$QUIRE" ops --backend cuda --mode fast --op paged_attention
       # One CTA per row folding 2-16 chunks at 3 stages (att_pipe_m3_*,
       # which fast mode takes only for batches that fill the GPU), and the
       # K/V copies by every lane's cp.async instead of bulk tensor copies
       # (sm_90+), in every form.
-      QUIRE_ATT_DEEP=1 run_step ops-fast-att-deep "$QUIRE" ops --backend cuda --mode fast --op paged_attention
-      QUIRE_ATT_TMA=0 run_step ops-fast-att-cpasync "$QUIRE" ops --backend cuda --mode fast --op paged_attention
-      QUIRE_ATT_TMA=1 run_step ops-fast-att-tma "$QUIRE" ops --backend cuda --mode fast --op paged_attention
+      QUIRE_ATT_RMMA=0 QUIRE_ATT_DEEP=1 run_step ops-fast-att-deep "$QUIRE" ops --backend cuda --mode fast --op paged_attention
+      QUIRE_ATT_RMMA=0 QUIRE_ATT_TMA=0 run_step ops-fast-att-cpasync "$QUIRE" ops --backend cuda --mode fast --op paged_attention
+      QUIRE_ATT_RMMA=0 QUIRE_ATT_TMA=1 run_step ops-fast-att-tma "$QUIRE" ops --backend cuda --mode fast --op paged_attention
+      # The tensor-core row form (att_rmma_*: one CTA per (row, KV head),
+      # m16n8k16 MMAs), which fast mode takes for few units of one chunk
+      # (and a few more in decode graphs with the L2 read-ahead): every
+      # case with head_dim 64 or 128, at its default warps and stages, at
+      # 8 warps of 4 stages and at 4 warps of one stage (every tile past
+      # the first refilled in the loop). The lines above turn it off so
+      # that the small cases reach the forms they name.
+      QUIRE_ATT_RMMA=1 run_step ops-fast-att-rmma "$QUIRE" ops --backend cuda --mode fast --op paged_attention
+      QUIRE_ATT_RMMA=1 QUIRE_ATT_RMMA_WARPS=8 QUIRE_ATT_RMMA_STAGES=4 run_step ops-fast-att-rmma8 "$QUIRE" ops --backend cuda --mode fast --op paged_attention
+      QUIRE_ATT_RMMA=1 QUIRE_ATT_RMMA_WARPS=4 QUIRE_ATT_RMMA_STAGES=1 run_step ops-fast-att-rmma4 "$QUIRE" ops --backend cuda --mode fast --op paged_attention
       ;;
     attn)
       # Paged decode attention over scattered blocks at long contexts

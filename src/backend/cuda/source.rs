@@ -164,6 +164,14 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
         &ATT_PIPE_ENTRIES,
     ),
     (
+        "attention_rmma_fast",
+        concat!(
+            include_str!("kernels/attention_split.cuh"),
+            include_str!("kernels/attention_rmma_fast.cu")
+        ),
+        &ATT_RMMA_ENTRIES,
+    ),
+    (
         "attention_prefill_fast",
         include_str!("kernels/attention_prefill_fast.cu"),
         &["flash_attention_prefill", "flash_attention_prefill_g"],
@@ -372,6 +380,38 @@ pub const ATT_PIPE: [[[&str; 5]; 2]; 9] = [
     ],
 ];
 
+/// The tensor-core row form's entries (attention_rmma_fast.cu),
+/// [head_dim class][group class]: `att_rmma_d{2,4}_g{1,2,3,4,8}` (one CTA
+/// per (row, KV head) folding the whole row with m16n8k16 MMAs);
+/// gqa_split_kernel picks one for `Pipe::RowMma`.
+pub const ATT_RMMA: [[&str; 5]; 2] = [
+    [
+        "att_rmma_d2_g1",
+        "att_rmma_d2_g2",
+        "att_rmma_d2_g3",
+        "att_rmma_d2_g4",
+        "att_rmma_d2_g8",
+    ],
+    [
+        "att_rmma_d4_g1",
+        "att_rmma_d4_g2",
+        "att_rmma_d4_g3",
+        "att_rmma_d4_g4",
+        "att_rmma_d4_g8",
+    ],
+];
+
+/// ATT_RMMA's entries in order.
+const ATT_RMMA_ENTRIES: [&str; 10] = {
+    let mut out = [""; 10];
+    let mut j = 0;
+    while j < 10 {
+        out[j] = ATT_RMMA[j / 5][j % 5];
+        j += 1;
+    }
+    out
+};
+
 /// attention_fast.cu's kernels (the pipelined ones are in
 /// attention_pipe_fast.cu).
 const ATT_FAST_HEAD: [&str; 4] = [
@@ -443,9 +483,21 @@ pub fn prelude() -> String {
         crate::backend::cuda::launch::att_row_warps(4),
         crate::backend::cuda::launch::ATT_CLUSTER_MAX
     ));
+    let ((rw, rs), (rw4, rs4)) = (
+        crate::backend::cuda::launch::att_rmma_shape(2),
+        crate::backend::cuda::launch::att_rmma_shape(4),
+    );
+    s.push_str(&format!(
+        "#define ATT_RMMA_WARPS {rw}\n#define ATT_RMMA_STAGES {rs}\n#define ATT_RMMA_WARPS_D4 {rw4}\n#define ATT_RMMA_STAGES_D4 {rs4}\n"
+    ));
     // The dynamic shared memory the host launches each split-attention
     // entry with: attention_pipe_fast.cu's ATT_PIPE_GQA asserts its layout matches.
-    for name in ATT_PIPE.iter().flatten().flatten() {
+    for name in ATT_PIPE
+        .iter()
+        .flatten()
+        .flatten()
+        .chain(ATT_RMMA.iter().flatten())
+    {
         if let Some(bytes) = crate::backend::cuda::launch::att_pipe_smem(name) {
             s.push_str(&format!("#define ATT_SMEM_{name} {bytes}\n"));
         }

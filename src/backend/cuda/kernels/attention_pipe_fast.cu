@@ -61,11 +61,8 @@ __host__ __device__ constexpr int att_pipe_cl_bytes(int d32, int gm) {
 // (head_dim, n_kv_heads, cells) of u16, one map for K (boxes of (64, 1,
 // KT), 128-byte swizzle: the layout att_k_at describes) and one for V
 // (boxes of (head_dim, 1, KT), no swizzle: rows as the cp.async path
-// stores them). launch/attention.rs att_maps encodes them; zeros (never
-// read) when `tma` is 0.
-struct AttMaps {
-    TmaMap k, v;
-};
+// stores them). launch/attention.rs att_maps encodes them (AttMaps,
+// attention_split.cuh); zeros (never read) when `tma` is 0.
 #ifndef ATT_TMA
 #define ATT_TMA 1
 #endif

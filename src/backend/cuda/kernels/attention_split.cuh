@@ -197,3 +197,10 @@ __device__ __forceinline__ void att_combine_rh(const float* __restrict__ part, i
 #ifndef ATT_STAMP
 #define ATT_STAMP 0
 #endif
+
+// The K and V maps of the bulk tensor copies the pipelined split kernels
+// may take (attention_pipe_fast.cu says how; the tensor-core row form,
+// attention_rmma_fast.cu, takes the same arguments and never reads them).
+struct AttMaps {
+    TmaMap k, v;
+};

@@ -4,8 +4,8 @@
 use super::att_maps::{att_maps, att_tma_fits_cache, AttMaps};
 use super::attention_forms::{
     att_pipe_smem, att_threads, att_trace, cluster_ctas, cluster_wanted, deep_wanted, early_kv,
-    eight_wanted, fast_parts, fuse_merge, gqa_split_kernel, row_wanted, tma_wanted, wide_wanted,
-    Pipe,
+    eight_wanted, fast_parts, fuse_merge, gqa_split_kernel, rmma_wanted, row_wanted, tma_wanted,
+    wide_wanted, Pipe,
 };
 use super::{arena3, RawArgs};
 use crate::backend::cuda::mem::{DevAttnBatch, DevKv, ATT_PARTS};
@@ -270,9 +270,24 @@ impl CudaBackend {
         // or cluster barrier. With or without the device fusions (its
         // int8 copy is q8_block's, so check-exact's unfused reference
         // takes it too and checks that copy bitwise).
-        let row = mode == Mode::Fast
-            && gqa_split_kernel(group, hd, Pipe::Row).is_some()
-            && row_wanted(units, batch.part_ctas, self.sm_count());
+        // `fast`, few units, head_dim 64 or 128: the same on tensor cores
+        // (att_rmma_*, rmma_wanted), for rows of one chunk, and of a few
+        // where the split forms' merge would be the combine launch (a
+        // capture with the L2 read-ahead branch, a function of the model:
+        // check-exact's unfused reference captures the same branch).
+        let rmma = mode == Mode::Fast
+            && gqa_split_kernel(group, hd, Pipe::RowMma).is_some()
+            && rmma_wanted(
+                units,
+                batch.part_ctas,
+                self.sm_count(),
+                hd,
+                self.l2_branch_live()?,
+            );
+        let row = rmma
+            || (mode == Mode::Fast
+                && gqa_split_kernel(group, hd, Pipe::Row).is_some()
+                && row_wanted(units, batch.part_ctas, self.sm_count()));
         // `fast`, rows of 2 to 16 chunks and units enough to fill the GPU
         // at the deep merging kernel's occupancy: one partial per row,
         // folded by one CTA per unit (att_pipe_m3_* when the merge is
@@ -346,6 +361,7 @@ impl CudaBackend {
             && gqa_split_kernel(group, hd, kernel_form(Pipe::Cluster))
                 .is_some_and(|c| units <= self.att_clusters(c, ctas_y));
         let form = match (wide, merge, cluster) {
+            _ if rmma => Pipe::RowMma,
             _ if row => Pipe::Row,
             (true, _, _) => Pipe::Wide,
             (false, true, _) if deep => Pipe::Deep,
@@ -378,7 +394,9 @@ impl CudaBackend {
         // (att_maps.rs): 8-key tiles in the wide and row forms, else 16.
         let kt = if wide || row { 8 } else { 16 };
         let arch_major = crate::backend::cuda::pdl::arch_major(&self.arch);
+        // (The tensor-core row form copies by cp.async only.)
         let tma = gqa.is_some()
+            && !rmma
             && tma_wanted(
                 form,
                 (units * ctas_y, slots, self.sm_count()),

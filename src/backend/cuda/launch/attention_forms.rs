@@ -205,8 +205,9 @@ pub(crate) fn att_stages() -> usize {
 /// 2..=ATT_CLUSTER_MAX CTAs (att_pipe_c_*, sm_90+), the merging form
 /// at ATT_M3_STAGES stages (att_pipe_m3_*, deep_rule), and the partials,
 /// merging and cluster forms at eight warps per CTA (att_pipe8_*,
-/// eight_rule), and one CTA per (row, KV head) folding the whole row
-/// without partials (att_row_*, row_rule).
+/// eight_rule), one CTA per (row, KV head) folding the whole row
+/// without partials (att_row_*, row_rule), and the same on tensor cores
+/// (att_rmma_*, attention_rmma_fast.cu, rmma_rule).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Pipe {
     Partials = 0,
@@ -218,6 +219,7 @@ pub(crate) enum Pipe {
     Merge8 = 6,
     Cluster8 = 7,
     Row = 8,
+    RowMma = 9,
 }
 
 impl Pipe {
@@ -228,7 +230,7 @@ impl Pipe {
             Pipe::Partials | Pipe::Partials8 => Pipe::Partials8,
             Pipe::Merge | Pipe::Merge8 => Pipe::Merge8,
             Pipe::Cluster | Pipe::Cluster8 => Pipe::Cluster8,
-            Pipe::Wide | Pipe::Deep | Pipe::Row => self,
+            Pipe::Wide | Pipe::Deep | Pipe::Row | Pipe::RowMma => self,
         }
     }
 }
@@ -264,6 +266,8 @@ pub(crate) fn att_threads(name: &str) -> usize {
         32 * ATT_PIPE8_WARPS
     } else if let Some((d32, _)) = row_shape(name) {
         32 * att_row_warps(d32)
+    } else if let Some((d32, _)) = rmma_shape_of(name) {
+        32 * att_rmma_shape(d32).0
     } else {
         ATT_SPLIT_THREADS
     }
@@ -273,6 +277,102 @@ pub(crate) fn att_threads(name: &str) -> usize {
 fn row_shape(name: &str) -> Option<(usize, usize)> {
     let (d32, gm) = name.strip_prefix("att_row_d")?.split_once("_g")?;
     Some((d32.parse().ok()?, gm.parse().ok()?))
+}
+
+/// (D32, GM) of tensor-core row-form entry `name` (att_rmma_d{D32}_g{GM}).
+fn rmma_shape_of(name: &str) -> Option<(usize, usize)> {
+    let (d32, gm) = name.strip_prefix("att_rmma_d")?.split_once("_g")?;
+    Some((d32.parse().ok()?, gm.parse().ok()?))
+}
+
+/// (warps, stages) of the tensor-core row forms for head_dim 32 * d32
+/// (ATT_RMMA_WARPS / _STAGES and their _D4 in the prelude). Each warp's
+/// stages hold 16-key K and V tiles (4 KiB a stage at head_dim 64, 8 at
+/// 128), so warps x stages is bounded by the SM's 227 KiB:
+/// QUIRE_ATT_RMMA_WARPS (4, 8 or 16) and QUIRE_ATT_RMMA_STAGES (1..=4)
+/// override the defaults, 16 x 3 at head_dim 64 (every tile of a
+/// 768-key row requested at once) and 8 x 3 at 128, clamped to fit.
+pub(crate) fn att_rmma_shape(d32: usize) -> (usize, usize) {
+    static V: std::sync::OnceLock<(Option<usize>, Option<usize>)> = std::sync::OnceLock::new();
+    let (w, st) = *V.get_or_init(|| {
+        (
+            env_usize("QUIRE_ATT_RMMA_WARPS").filter(|w| [4, 8, 16].contains(w)),
+            env_usize("QUIRE_ATT_RMMA_STAGES").map(|s| s.clamp(1, 4)),
+        )
+    });
+    let (w, mut st) = match d32 {
+        2 => (w.unwrap_or(16), st.unwrap_or(3)),
+        _ => (w.unwrap_or(8), st.unwrap_or(3)),
+    };
+    while st > 1 && rmma_bytes(d32, w, st) > RMMA_SMEM_MAX {
+        st -= 1;
+    }
+    (w, st)
+}
+
+/// The most dynamic shared memory a tensor-core row form takes (an sm_90
+/// SM's 227 KiB opt-in).
+const RMMA_SMEM_MAX: usize = 227 * 1024;
+
+/// ATT_RMMA_BYTES (attention_rmma_fast.cu): warps x stages of a 16-key K
+/// and V tile of 32 * d32 f16 dims.
+fn rmma_bytes(d32: usize, w: usize, st: usize) -> usize {
+    w * st * 2 * 16 * 32 * d32 * 2
+}
+
+/// Whether a `fast` launch of `units` (row, KV head) pairs whose longest
+/// row has `part_ctas` 128-key chunks takes the tensor-core row form
+/// (att_rmma_*: one CTA per unit folds the whole row with m16n8k16 MMAs,
+/// merges its warps in shared memory and writes the output), `sms` the
+/// device's SMs, head_dim `hd` (exactly 64 or 128, the kernel's), `combine`
+/// whether the split forms would merge by a second launch here (a decode
+/// graph with the L2 read-ahead branch, whose resident CTAs keep the
+/// cluster merge out): rmma_rule (QUIRE_ATT_RMMA=0: never; =1: every
+/// launch whose head_dim fits, so the op parity harness checks it).
+pub(super) fn rmma_wanted(
+    units: usize,
+    part_ctas: usize,
+    sms: usize,
+    hd: usize,
+    combine: bool,
+) -> bool {
+    static V: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    (hd == 64 || hd == 128)
+        && V.get_or_init(|| env_switch("QUIRE_ATT_RMMA"))
+            .unwrap_or_else(|| rmma_rule(units, part_ctas, sms, hd, combine, rmma_kv_max()))
+}
+
+/// The most K and V bytes of a unit (KiB) the tensor-core row form folds
+/// past one chunk (QUIRE_ATT_RMMA_KV_KB overrides, for sweeps; default
+/// 192).
+fn rmma_kv_max() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| env_usize("QUIRE_ATT_RMMA_KV_KB").unwrap_or(192)) << 10
+}
+
+/// At most one unit per two SMs (a CTA alone on its SM), and rows of one
+/// chunk, or where the split forms would merge by a second launch
+/// (`combine`), rows whose K and V (chunks x 128 keys x head_dim x 4 bytes)
+/// fit `kv_max`: one SM reads the whole row at about its L2 port's rate.
+/// Measured on an H200 (2026-11-28, decode tok/s, split forms / this
+/// form): one chunk (tg128) SmolLM2 Q4_0 1,773-1,781 / 1,827-1,857, 1B
+/// Q4_0 1,826-1,886 / 1,924-1,934, 8B Q4_0 523-524 / 525-535; with the
+/// combine, 1B after 256 / 512 / 768 tokens 1,744-1,751 / 1,686-1,687 /
+/// 1,709-1,727 against 1,845-1,848 / 1,783-1,789 / 1,721-1,723 (164 KiB at
+/// 640 keys wins, 224 at 896 ties), 8B after 128 / 256 / 512 tokens
+/// 501-502 / 500-501 / 497 against 522-525 / 511-513 / 486-488 (192 KiB
+/// at 384 keys wins, 320 at 640 loses); with the cluster merge (SmolLM2,
+/// whose graph has no read-ahead) after 256 / 512 tokens 1,698-1,704 /
+/// 1,677-1,679 against 1,698-1,706 / 1,583-1,607: a tie, then a loss.
+fn rmma_rule(
+    units: usize,
+    part_ctas: usize,
+    sms: usize,
+    hd: usize,
+    combine: bool,
+    kv_max: usize,
+) -> bool {
+    2 * units <= sms && (part_ctas == 1 || (combine && part_ctas * 128 * hd * 4 <= kv_max))
 }
 
 /// Warps per CTA of the row forms (att_row_d{D32}_*: ATT_ROW_WARPS and
@@ -373,6 +473,10 @@ fn eight_rule(ctas: usize, sms: usize) -> bool {
 /// mbarriers (warps x stages u64, the bulk tensor copies'). None for any
 /// other kernel.
 pub(crate) fn att_pipe_smem(name: &str) -> Option<usize> {
+    if let Some((d32, _)) = rmma_shape_of(name) {
+        let (w, st) = att_rmma_shape(d32);
+        return Some(rmma_bytes(d32, w, st));
+    }
     if let Some((d32, gm)) = row_shape(name) {
         return Some(pipe_bytes(
             d32,
@@ -432,6 +536,9 @@ pub(super) fn gqa_split_kernel(group: usize, head_dim: usize, form: Pipe) -> Opt
         5..=8 => 4,
         _ => return None,
     };
+    if form == Pipe::RowMma {
+        return Some(crate::backend::cuda::source::ATT_RMMA[d][g]);
+    }
     Some(crate::backend::cuda::source::ATT_PIPE[form as usize][d][g])
 }
 
@@ -664,6 +771,39 @@ mod tests {
         assert_eq!(att_threads("att_pipe8_m_d2_g3"), 256);
         assert_eq!(att_threads("att_pipe_m_d2_g3"), ATT_SPLIT_THREADS);
         assert_eq!(att_threads("paged_attention_split"), ATT_SPLIT_THREADS);
+    }
+
+    #[test]
+    fn rmma_form_for_one_chunk_or_a_row_that_one_sm_reads_in_time() {
+        use super::{att_pipe_smem, att_rmma_shape, att_threads, rmma_rule};
+        let kv = 192 << 10;
+        // One chunk: every head shape, with or without the combine.
+        assert!(rmma_rule(3, 1, 132, 64, false, kv));
+        assert!(rmma_rule(8, 1, 132, 128, true, kv));
+        // Past one chunk only instead of the combine launch, up to 192 KiB
+        // of K and V: 6 chunks at head_dim 64, 3 at 128.
+        assert!(!rmma_rule(3, 2, 132, 64, false, kv));
+        assert!(rmma_rule(8, 6, 132, 64, true, kv));
+        assert!(!rmma_rule(8, 7, 132, 64, true, kv));
+        assert!(rmma_rule(8, 3, 132, 128, true, kv));
+        assert!(!rmma_rule(8, 4, 132, 128, true, kv));
+        // Not past one unit per two SMs.
+        assert!(!rmma_rule(67, 1, 132, 64, false, kv));
+        assert!(rmma_rule(66, 1, 132, 64, false, kv));
+        // The launch's threads and shared memory follow att_rmma_shape,
+        // within the SM's opt-in 227 KiB.
+        for d32 in [2, 4] {
+            let (w, st) = att_rmma_shape(d32);
+            let name = if d32 == 2 {
+                "att_rmma_d2_g3"
+            } else {
+                "att_rmma_d4_g4"
+            };
+            assert_eq!(att_threads(name), 32 * w);
+            let smem = att_pipe_smem(name).unwrap();
+            assert_eq!(smem, w * st * 2 * 16 * 32 * d32 * 2);
+            assert!(smem <= 227 * 1024);
+        }
     }
 
     #[test]
