@@ -39,6 +39,15 @@ __device__ __forceinline__ int rm_at(int kk, int c) {
     return kk * (HD * 2) + 16 * (c ^ (kk & 7));
 }
 
+// 2^x by the MUFU's approximation (2 ulp; +0 for -inf): the tile loop is
+// bound by its instruction issue at batch 1 (16 warps on an SM), and the
+// accurate exp2f is several instructions more per value.
+__device__ __forceinline__ float rm_ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // Bytes of the dynamic shared memory of one entry: (W, ST, 2, 16, HD) f16
 // stages; the merge state (per warp: m, l (16 each), o (GM, HD) f32)
 // aliases each warp's own stages after its last tile.
@@ -74,27 +83,33 @@ __device__ __forceinline__ void att_rmma(
     // pos or the warp's last tile). The block table is read a tile ahead of
     // the copies that use it (off_next below), so its latency hides behind a
     // tile's compute instead of preceding every copy.
+    // Pages of a power-of-two size (the usual 16) by shift and mask, not
+    // a division per key.
+    int bs_shift = (block_size & (block_size - 1)) == 0 ? __ffs(block_size) - 1 : -1;
     auto tile_off = [&](int tt) {
         int j = (w + W * tt) * 16 + (lane & 15);
         long long off = 0;
         if (tt < nt && j <= pos) {
-            long long cell = (long long)table[j / block_size] * block_size + j % block_size;
+            int bi = bs_shift >= 0 ? j >> bs_shift : j / block_size;
+            long long cell = (long long)table[bi] * block_size + (j - bi * block_size);
             off = (cell * n_kv_heads + kvh) * HD;
         }
         return off;
     };
     // Tile tt (lane kk's key at off) into stage tt % ST: one commit group
     // (empty past the warp's last tile); keys past pos as zeros.
+    // The shuffles stay outside the (warp-uniform) tile test, so the
+    // compiler emits no divergent-shuffle path for them.
     auto issue = [&](int tt, long long off) {
-        if (tt < nt) {
-            int k0 = (w + W * tt) * 16;
-            unsigned char* ks = wst + (tt % ST) * 2 * TB;
-            unsigned char* vs = ks + TB;
+        int k0 = (w + W * tt) * 16;
+        unsigned char* ks = wst + (tt % ST) * 2 * TB;
+        unsigned char* vs = ks + TB;
 #pragma unroll
-            for (int i = 0; i < 16 * CPR / 32; i++) {
-                int idx = lane + 32 * i, kk = idx / CPR, c = idx % CPR;
-                long long ro = __shfl_sync(0xffffffffu, off, kk);
-                int n = k0 + kk <= pos ? 16 : 0;
+        for (int i = 0; i < 16 * CPR / 32; i++) {
+            int idx = lane + 32 * i, kk = idx / CPR, c = idx % CPR;
+            long long ro = __shfl_sync(0xffffffffu, off, kk);
+            int n = k0 + kk <= pos ? 16 : 0;
+            if (tt < nt) {
                 cp_async16(ks + rm_at<HD>(kk, c), kc + ro + 8 * c, n);
                 cp_async16(vs + rm_at<HD>(kk, c), vc + ro + 8 * c, n);
             }
@@ -164,27 +179,27 @@ __device__ __forceinline__ void att_rmma(
             mma_f16_16816(qa[kc], b[0], b[1], s[0]);
             mma_f16_16816(qa[kc], b[2], b[3], s[1]);
         }
-        // Row g's keys k0 + 8 nt + 2 t (+1): masked past pos (and every key
-        // of a padding row).
-        float mx = m;
+        // Row g's keys k0 + 8 nt + 2 t (+1): masked past pos, which only
+        // the row's last tile holds (a warp-uniform test). A padding row's
+        // scores are zeros (its Q is), finite, and never stored.
+        if (k0 + 15 > pos) {
 #pragma unroll
-        for (int n8 = 0; n8 < 2; n8++)
+            for (int n8 = 0; n8 < 2; n8++)
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                int j = k0 + 8 * n8 + 2 * t + e;
-                if (j > pos || !live) s[n8][e] = Q_NINF;
-                mx = fmaxf(mx, s[n8][e]);
-            }
+                for (int e = 0; e < 2; e++)
+                    if (k0 + 8 * n8 + 2 * t + e > pos) s[n8][e] = Q_NINF;
+        }
+        float mx = fmaxf(fmaxf(m, fmaxf(s[0][0], s[0][1])), fmaxf(s[1][0], s[1][1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        float alpha = (m == Q_NINF) ? 0.0f : exp2f(m - mx);
+        float alpha = (m == Q_NINF) ? 0.0f : rm_ex2(m - mx);
         m = mx;
         float sum = 0.0f;
 #pragma unroll
         for (int n8 = 0; n8 < 2; n8++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
-                float p = (s[n8][e] == Q_NINF) ? 0.0f : exp2f(s[n8][e] - m);
+                float p = (s[n8][e] == Q_NINF) ? 0.0f : rm_ex2(s[n8][e] - m);
                 s[n8][e] = p;
                 sum += p;
             }
@@ -244,7 +259,7 @@ __device__ __forceinline__ void att_rmma(
             const float* wi = (const float*)(att_smem + (size_t)i * ST * 2 * TB);
             float li = wi[16 + gh];
             if (li == 0.0f) continue;  // a warp that saw no key
-            float f = exp2f(wi[gh] - mxx);
+            float f = rm_ex2(wi[gh] - mxx);
             L = fmaf(li, f, L);
             const float* oi = wi + 32 + gh * HD + D32 * lane;
 #pragma unroll

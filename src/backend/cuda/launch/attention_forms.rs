@@ -289,7 +289,7 @@ fn rmma_shape_of(name: &str) -> Option<(usize, usize)> {
 /// (ATT_RMMA_WARPS / _STAGES and their _D4 in the prelude). Each warp's
 /// stages hold 16-key K and V tiles (4 KiB a stage at head_dim 64, 8 at
 /// 128), so warps x stages is bounded by the SM's 227 KiB:
-/// QUIRE_ATT_RMMA_WARPS (4, 8 or 16) and QUIRE_ATT_RMMA_STAGES (1..=4)
+/// QUIRE_ATT_RMMA_WARPS (4, 8 or 16) and QUIRE_ATT_RMMA_STAGES (1..=8)
 /// override the defaults, 16 x 3 at head_dim 64 (every tile of a
 /// 768-key row requested at once) and 8 x 3 at 128, clamped to fit.
 pub(crate) fn att_rmma_shape(d32: usize) -> (usize, usize) {
@@ -297,7 +297,7 @@ pub(crate) fn att_rmma_shape(d32: usize) -> (usize, usize) {
     let (w, st) = *V.get_or_init(|| {
         (
             env_usize("QUIRE_ATT_RMMA_WARPS").filter(|w| [4, 8, 16].contains(w)),
-            env_usize("QUIRE_ATT_RMMA_STAGES").map(|s| s.clamp(1, 4)),
+            env_usize("QUIRE_ATT_RMMA_STAGES").map(|s| s.clamp(1, 8)),
         )
     });
     let (w, mut st) = match d32 {
