@@ -549,13 +549,7 @@ __device__ __forceinline__ void att_pipe_gqa(
     }
 }
 
-#define ATT_PIPE_ARGS                                                                          \
-    const float *__restrict__ q, int n_heads, int n_kv_heads, int head_dim, int block_size,    \
-        float scale, const u16 *__restrict__ kc, const u16 *__restrict__ vc,                   \
-        const u32 *__restrict__ tables, const u32 *__restrict__ table_off,                     \
-        const u32 *__restrict__ row_seq, const u32 *__restrict__ positions, int stride,        \
-        int n_parts, float *__restrict__ part, int early,                                      \
-        const __grid_constant__ AttMaps maps, int tma
+// ATT_PIPE_ARGS: attention_split.cuh.
 #define ATT_PIPE_PASS                                                                          \
     q, n_heads, n_kv_heads, head_dim, block_size, scale, kc, vc, tables, table_off, row_seq,   \
         positions, stride, n_parts, part, early, maps, tma

@@ -269,21 +269,15 @@ __device__ __forceinline__ void att_rmma(
     }
 }
 
-// The entries take the pipelined split kernel's arguments (ATT_PIPE_ARGS:
-// the partials and bulk-copy maps are unused here) and the output, so the
-// host launches them as it launches att_row_*.
-#define ATT_RMMA_ARGS                                                                          \
-    const float *__restrict__ q, int n_heads, int n_kv_heads, int head_dim, int block_size,    \
-        float scale, const u16 *__restrict__ kc, const u16 *__restrict__ vc,                   \
-        const u32 *__restrict__ tables, const u32 *__restrict__ table_off,                     \
-        const u32 *__restrict__ row_seq, const u32 *__restrict__ positions, int stride,        \
-        int n_parts, float *__restrict__ part, int early,                                      \
-        const __grid_constant__ AttMaps maps, int tma, float *__restrict__ out,                \
-        signed char *__restrict__ xq, float2 *__restrict__ xds
+// The entries take the pipelined split kernel's arguments (ATT_PIPE_ARGS,
+// attention_split.cuh: the partials and bulk-copy maps are unused here)
+// and the output, so the host launches them as it launches att_row_*.
 #define ATT_RMMA(D32, GM, W, ST)                                                                \
-    static_assert(ATT_RMMA_BYTES(D32, W, ST) == ATT_SMEM_att_rmma_d##D32##_g##GM,                \
+    static_assert(ATT_RMMA_BYTES(D32, W, ST) == ATT_SMEM_att_rmma_d##D32##_g##GM,               \
                   "att_rmma_d" #D32 "_g" #GM ": the host's shared memory (att_pipe_smem)");     \
-    extern "C" __global__ void __launch_bounds__(32 * W) att_rmma_d##D32##_g##GM(ATT_RMMA_ARGS) { \
+    extern "C" __global__ void __launch_bounds__(32 * W) att_rmma_d##D32##_g##GM(               \
+        ATT_PIPE_ARGS, float* __restrict__ out, signed char* __restrict__ xq,                   \
+        float2* __restrict__ xds) {                                                             \
         att_rmma<D32, GM, W, ST>(q, n_heads, n_kv_heads, head_dim, block_size, scale, kc, vc,   \
                                  tables, table_off, row_seq, positions, early, out, xq, xds);   \
     }

@@ -204,3 +204,13 @@ __device__ __forceinline__ void att_combine_rh(const float* __restrict__ part, i
 struct AttMaps {
     TmaMap k, v;
 };
+// The pipelined split kernels' arguments (attention_pipe_fast.cu), which
+// the tensor-core row form's entries (attention_rmma_fast.cu) take too,
+// followed by the output, so the host launches both alike.
+#define ATT_PIPE_ARGS                                                                          \
+    const float *__restrict__ q, int n_heads, int n_kv_heads, int head_dim, int block_size,    \
+        float scale, const u16 *__restrict__ kc, const u16 *__restrict__ vc,                   \
+        const u32 *__restrict__ tables, const u32 *__restrict__ table_off,                     \
+        const u32 *__restrict__ row_seq, const u32 *__restrict__ positions, int stride,        \
+        int n_parts, float *__restrict__ part, int early,                                      \
+        const __grid_constant__ AttMaps maps, int tma
