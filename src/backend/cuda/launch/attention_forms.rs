@@ -355,15 +355,16 @@ fn rmma_kv_max() -> usize {
 /// (`combine`), rows whose K and V (chunks x 128 keys x head_dim x 4 bytes)
 /// fit `kv_max`: one SM reads the whole row at about its L2 port's rate.
 /// Measured on an H200 (2026-11-28, decode tok/s, split forms / this
-/// form): one chunk (tg128) SmolLM2 Q4_0 1,773-1,781 / 1,827-1,857, 1B
-/// Q4_0 1,826-1,886 / 1,924-1,934, 8B Q4_0 523-524 / 525-535; with the
-/// combine, 1B after 256 / 512 / 768 tokens 1,744-1,751 / 1,686-1,687 /
-/// 1,709-1,727 against 1,845-1,848 / 1,783-1,789 / 1,721-1,723 (164 KiB at
-/// 640 keys wins, 224 at 896 ties), 8B after 128 / 256 / 512 tokens
-/// 501-502 / 500-501 / 497 against 522-525 / 511-513 / 486-488 (192 KiB
-/// at 384 keys wins, 320 at 640 loses); with the cluster merge (SmolLM2,
-/// whose graph has no read-ahead) after 256 / 512 tokens 1,698-1,704 /
-/// 1,677-1,679 against 1,698-1,706 / 1,583-1,607: a tie, then a loss.
+/// form; docs/PERF.md has every run): one chunk (tg128) SmolLM2 Q4_0
+/// 1,755-1,784 / 1,827-1,863, 1B Q4_0 1,826-1,886 / 1,892-1,940, 8B Q4_0
+/// 518-524 / 522-536; with the combine, the 1B after 256 / 512 / 768
+/// tokens 1,700-1,751 / 1,682-1,740 / 1,709-1,727 against 1,845-1,854 /
+/// 1,713-1,789 / 1,721-1,723 (164 KiB at 640 keys wins, 224 at 896 ties),
+/// the 8B after 128 / 256 / 512 tokens 501-502 / 499-501 / 497-499 against
+/// 522-525 / 504-513 / 486-491 (192 KiB at 384 keys wins, 320 at 640
+/// loses); instead of the cluster merge (SmolLM2, whose graph has no
+/// read-ahead) after 256 / 512 tokens 1,698-1,712 / 1,653-1,689 against
+/// 1,698-1,706 / 1,570-1,607: a tie, then a loss.
 fn rmma_rule(
     units: usize,
     part_ctas: usize,
