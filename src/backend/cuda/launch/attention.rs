@@ -275,15 +275,12 @@ impl CudaBackend {
         // where the split forms' merge would be the combine launch (a
         // capture with the L2 read-ahead branch, a function of the model:
         // check-exact's unfused reference captures the same branch).
+        // A capture with the read-ahead branch (asked once: the cluster
+        // rule below reads it too).
+        let l2_branch = self.l2_branch_live()?;
         let rmma = mode == Mode::Fast
             && gqa_split_kernel(group, hd, Pipe::RowMma).is_some()
-            && rmma_wanted(
-                units,
-                batch.part_ctas,
-                self.sm_count(),
-                hd,
-                self.l2_branch_live()?,
-            );
+            && rmma_wanted(units, batch.part_ctas, self.sm_count(), hd, l2_branch);
         let row = rmma
             || (mode == Mode::Fast
                 && gqa_split_kernel(group, hd, Pipe::Row).is_some()
@@ -356,7 +353,7 @@ impl CudaBackend {
         let cluster = fused
             && !row
             && cluster_wanted(ctas_y)
-            && !self.l2_branch_live()?
+            && !l2_branch
             && units * ctas_y <= cluster_ctas()
             && gqa_split_kernel(group, hd, kernel_form(Pipe::Cluster))
                 .is_some_and(|c| units <= self.att_clusters(c, ctas_y));

@@ -273,16 +273,20 @@ pub(crate) fn att_threads(name: &str) -> usize {
     }
 }
 
+/// (D32, GM) of an entry named `{prefix}{D32}_g{GM}`.
+fn entry_shape(name: &str, prefix: &str) -> Option<(usize, usize)> {
+    let (d32, gm) = name.strip_prefix(prefix)?.split_once("_g")?;
+    Some((d32.parse().ok()?, gm.parse().ok()?))
+}
+
 /// (D32, GM) of row-form entry `name` (att_row_d{D32}_g{GM}).
 fn row_shape(name: &str) -> Option<(usize, usize)> {
-    let (d32, gm) = name.strip_prefix("att_row_d")?.split_once("_g")?;
-    Some((d32.parse().ok()?, gm.parse().ok()?))
+    entry_shape(name, "att_row_d")
 }
 
 /// (D32, GM) of tensor-core row-form entry `name` (att_rmma_d{D32}_g{GM}).
 fn rmma_shape_of(name: &str) -> Option<(usize, usize)> {
-    let (d32, gm) = name.strip_prefix("att_rmma_d")?.split_once("_g")?;
-    Some((d32.parse().ok()?, gm.parse().ok()?))
+    entry_shape(name, "att_rmma_d")
 }
 
 /// (warps, stages) of the tensor-core row forms for head_dim 32 * d32
@@ -501,8 +505,7 @@ pub(crate) fn att_pipe_smem(name: &str) -> Option<usize> {
             .find_map(|p| form.strip_prefix(p))?;
         (r, 16, att_stages())
     };
-    let (d32, gm) = rest.split_once("_g")?;
-    let (d32, gm): (usize, usize) = (d32.parse().ok()?, gm.parse().ok()?);
+    let (d32, gm) = entry_shape(rest, "")?;
     // The cluster forms also hold the unit's partials (att_pipe_cl_bytes).
     let cl = if form.starts_with("c_d") {
         ATT_CLUSTER_MAX * gm * (2 + 32 * d32) * 4
