@@ -80,13 +80,13 @@ __device__ __forceinline__ void att_rmma(
     int n_row = pos / 16 + 1;                               // the row's tiles
     int nt = n_row > w ? (n_row - w + W - 1) / W : 0;       // this warp's
     unsigned char* wst = att_smem + (size_t)w * ST * 2 * TB;
+    // Pages of a power-of-two size (the usual 16) by a shift, not a
+    // division per key.
+    int bs_shift = (block_size & (block_size - 1)) == 0 ? __ffs(block_size) - 1 : -1;
     // Lane kk < 16's key of tile tt of this warp: its K/V offset (0 past
     // pos or the warp's last tile). The block table is read a tile ahead of
     // the copies that use it (off_next below), so its latency hides behind a
     // tile's compute instead of preceding every copy.
-    // Pages of a power-of-two size (the usual 16) by shift and mask, not
-    // a division per key.
-    int bs_shift = (block_size & (block_size - 1)) == 0 ? __ffs(block_size) - 1 : -1;
     auto tile_off = [&](int tt) {
         int j = (w + W * tt) * 16 + (lane & 15);
         long long off = 0;
