@@ -134,6 +134,13 @@ for s in "${steps[@]}"; do
       QUIRE_ATT_RMMA=1 run_step ops-fast-att-rmma "$QUIRE" ops --backend cuda --mode fast --op paged_attention
       QUIRE_ATT_RMMA=1 QUIRE_ATT_RMMA_WARPS=8 QUIRE_ATT_RMMA_STAGES=4 run_step ops-fast-att-rmma8 "$QUIRE" ops --backend cuda --mode fast --op paged_attention
       QUIRE_ATT_RMMA=1 QUIRE_ATT_RMMA_WARPS=4 QUIRE_ATT_RMMA_STAGES=1 run_step ops-fast-att-rmma4 "$QUIRE" ops --backend cuda --mode fast --op paged_attention
+      # Its cluster form (att_rmma_c_*: 2-4 CTAs per (row, KV head), merged
+      # in rank 0's shared memory), which decode graphs with the L2
+      # read-ahead take for rows of several chunks: every case it can
+      # place, at 2, 3 and 4 CTAs.
+      for c in 2 3 4; do
+        QUIRE_ATT_RMMA=0 QUIRE_ATT_RMMA_CL=1 QUIRE_ATT_RMMA_CL_CTAS=$c run_step ops-fast-att-rmma-cl$c "$QUIRE" ops --backend cuda --mode fast --op paged_attention
+      done
       ;;
     attn)
       # Paged decode attention over scattered blocks at long contexts

@@ -394,7 +394,11 @@ impl CudaBackend {
                     )?;
                     att_per_sm.insert(e, n.max(1) as usize);
                 }
-                if clusters && (e.starts_with("att_pipe_c_") || e.starts_with("att_pipe8_c_")) {
+                if clusters
+                    && (e.starts_with("att_pipe_c_")
+                        || e.starts_with("att_pipe8_c_")
+                        || e.starts_with("att_rmma_c_"))
+                {
                     let smem = launch::att_pipe_smem(e).unwrap_or(0);
                     // Clusters past the portable 8 CTAs are opt-in.
                     if let Err(why) = f.set_attribute(

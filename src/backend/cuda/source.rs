@@ -381,32 +381,52 @@ pub const ATT_PIPE: [[[&str; 5]; 2]; 9] = [
 ];
 
 /// The tensor-core row form's entries (attention_rmma_fast.cu),
-/// [head_dim class][group class]: `att_rmma_d{2,4}_g{1,2,3,4,8}` (one CTA
-/// per (row, KV head) folding the whole row with m16n8k16 MMAs);
-/// gqa_split_kernel picks one for `Pipe::RowMma`.
-pub const ATT_RMMA: [[&str; 5]; 2] = [
+/// [form][head_dim class][group class]: `att_rmma_d{2,4}_g{1,2,3,4,8}`
+/// (one CTA per (row, KV head) folding the whole row with m16n8k16 MMAs)
+/// and `att_rmma_c_d{2,4}_g{1,2,3,4,8}` (a thread-block cluster of CTAs
+/// per (row, KV head), merged in rank 0); gqa_split_kernel picks one for
+/// `Pipe::RowMma` / `Pipe::RowMmaCluster`.
+pub const ATT_RMMA: [[[&str; 5]; 2]; 2] = [
     [
-        "att_rmma_d2_g1",
-        "att_rmma_d2_g2",
-        "att_rmma_d2_g3",
-        "att_rmma_d2_g4",
-        "att_rmma_d2_g8",
+        [
+            "att_rmma_d2_g1",
+            "att_rmma_d2_g2",
+            "att_rmma_d2_g3",
+            "att_rmma_d2_g4",
+            "att_rmma_d2_g8",
+        ],
+        [
+            "att_rmma_d4_g1",
+            "att_rmma_d4_g2",
+            "att_rmma_d4_g3",
+            "att_rmma_d4_g4",
+            "att_rmma_d4_g8",
+        ],
     ],
     [
-        "att_rmma_d4_g1",
-        "att_rmma_d4_g2",
-        "att_rmma_d4_g3",
-        "att_rmma_d4_g4",
-        "att_rmma_d4_g8",
+        [
+            "att_rmma_c_d2_g1",
+            "att_rmma_c_d2_g2",
+            "att_rmma_c_d2_g3",
+            "att_rmma_c_d2_g4",
+            "att_rmma_c_d2_g8",
+        ],
+        [
+            "att_rmma_c_d4_g1",
+            "att_rmma_c_d4_g2",
+            "att_rmma_c_d4_g3",
+            "att_rmma_c_d4_g4",
+            "att_rmma_c_d4_g8",
+        ],
     ],
 ];
 
 /// ATT_RMMA's entries in order.
-const ATT_RMMA_ENTRIES: [&str; 10] = {
-    let mut out = [""; 10];
+const ATT_RMMA_ENTRIES: [&str; 20] = {
+    let mut out = [""; 20];
     let mut j = 0;
-    while j < 10 {
-        out[j] = ATT_RMMA[j / 5][j % 5];
+    while j < 20 {
+        out[j] = ATT_RMMA[j / 10][(j / 5) % 2][j % 5];
         j += 1;
     }
     out
@@ -488,7 +508,8 @@ pub fn prelude() -> String {
         crate::backend::cuda::launch::att_rmma_shape(4),
     );
     s.push_str(&format!(
-        "#define ATT_RMMA_WARPS {rw}\n#define ATT_RMMA_STAGES {rs}\n#define ATT_RMMA_WARPS_D4 {rw4}\n#define ATT_RMMA_STAGES_D4 {rs4}\n"
+        "#define ATT_RMMA_WARPS {rw}\n#define ATT_RMMA_STAGES {rs}\n#define ATT_RMMA_WARPS_D4 {rw4}\n#define ATT_RMMA_STAGES_D4 {rs4}\n#define ATT_RMMA_CL_MAX {}\n",
+        crate::backend::cuda::launch::ATT_RMMA_CL_MAX
     ));
     // The dynamic shared memory the host launches each split-attention
     // entry with: attention_pipe_fast.cu's ATT_PIPE_GQA asserts its layout matches.
@@ -496,7 +517,7 @@ pub fn prelude() -> String {
         .iter()
         .flatten()
         .flatten()
-        .chain(ATT_RMMA.iter().flatten())
+        .chain(ATT_RMMA.iter().flatten().flatten())
     {
         if let Some(bytes) = crate::backend::cuda::launch::att_pipe_smem(name) {
             s.push_str(&format!("#define ATT_SMEM_{name} {bytes}\n"));

@@ -31,8 +31,19 @@
 // grid, the batch or the block layout. Other bits than the split forms
 // (`fast` allows a function of the launch shape).
 //
-// ATT_RMMA_WARPS / ATT_RMMA_STAGES (head_dim 64) and _D4 (head_dim 128):
-// the host prelude's (launch/attention_forms.rs, att_rmma_shape).
+// CL (the att_rmma_c_* entries, sm_90+): a thread-block cluster of C =
+// gridDim.y (2..=ATT_RMMA_CL_MAX) CTAs per unit, for rows whose K and V one
+// SM would read too slowly (it reads at about its L2 port's rate): warp w
+// of CTA y is warp y W + w of C W, taking the row's tiles in the same
+// round-robin; each CTA merges its warps as above and stores (m, l, o) of
+// every head into rank 0's shared memory (DSMEM), the cluster barrier's
+// release / acquire makes them visible, and rank 0's warps merge the C
+// states in rank order and write the output. Other bits than C = 1 (a
+// function of the launch shape, as `fast` allows).
+//
+// ATT_RMMA_WARPS / ATT_RMMA_STAGES (head_dim 64) and _D4 (head_dim 128),
+// ATT_RMMA_CL_MAX: the host prelude's (launch/attention_forms.rs,
+// att_rmma_shape).
 
 // Byte offset of 16-byte chunk c of row kk in a (16, HD) f16 tile.
 template <int HD>
@@ -51,10 +62,13 @@ __device__ __forceinline__ float rm_ex2(float x) {
 
 // Bytes of the dynamic shared memory of one entry: (W, ST, 2, 16, HD) f16
 // stages; the merge state (per warp: m, l (16 each), o (GM, HD) f32)
-// aliases each warp's own stages after its last tile.
+// aliases each warp's own stages after its last tile. The cluster entries
+// add rank 0's slots for the CTAs' states: (GM, ATT_RMMA_CL_MAX) of 2 + HD
+// f32 (m, l, o).
 #define ATT_RMMA_BYTES(D32, W, ST) ((W) * (ST) * 2 * 16 * 32 * (D32) * 2)
+#define ATT_RMMA_CL_BYTES(D32, GM) ((GM) * ATT_RMMA_CL_MAX * (2 + 32 * (D32)) * 4)
 
-template <int D32, int GM, int W, int ST>
+template <int D32, int GM, int W, int ST, bool CL>
 __device__ __forceinline__ void att_rmma(
     const float* __restrict__ q, int n_heads, int n_kv_heads, int hd, int block_size,
     float scale, const u16* __restrict__ kc, const u16* __restrict__ vc,
@@ -73,12 +87,20 @@ __device__ __forceinline__ void att_rmma(
     int group = n_heads / n_kv_heads;
     int r = blockIdx.x / n_kv_heads, kvh = blockIdx.x % n_kv_heads;
     int h0 = kvh * group;
+    // The cluster's CTAs (CL): y's warps are warps y W .. of C W. Every
+    // CTA arrives now (relaxed) and waits before its first remote store,
+    // so no store reaches a CTA that has not started.
+    const int C = CL ? (int)gridDim.y : 1, y = CL ? (int)blockIdx.y : 0;
+    const int gw = y * W + w, GW = C * W;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (CL) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
     // Read before the wait: what no kernel of the step writes (positions,
     // row_seq and the block tables, copied before the step's first kernel).
     int pos = (int)positions[r];
     const u32* table = tables + table_off[row_seq[r]];
     int n_row = pos / 16 + 1;                               // the row's tiles
-    int nt = n_row > w ? (n_row - w + W - 1) / W : 0;       // this warp's
+    int nt = n_row > gw ? (n_row - gw + GW - 1) / GW : 0;   // this warp's
     unsigned char* wst = att_smem + (size_t)w * ST * 2 * TB;
     // Pages of a power-of-two size (the usual 16) by a shift, not a
     // division per key.
@@ -88,7 +110,7 @@ __device__ __forceinline__ void att_rmma(
     // the copies that use it (off_next below), so its latency hides behind a
     // tile's compute instead of preceding every copy.
     auto tile_off = [&](int tt) {
-        int j = (w + W * tt) * 16 + (lane & 15);
+        int j = (gw + GW * tt) * 16 + (lane & 15);
         long long off = 0;
         if (tt < nt && j <= pos) {
             int bi = bs_shift >= 0 ? j >> bs_shift : j / block_size;
@@ -102,7 +124,7 @@ __device__ __forceinline__ void att_rmma(
     // The shuffles stay outside the (warp-uniform) tile test, so the
     // compiler emits no divergent-shuffle path for them.
     auto issue = [&](int tt, long long off) {
-        int k0 = (w + W * tt) * 16;
+        int k0 = (gw + GW * tt) * 16;
         unsigned char* ks = wst + (tt % ST) * 2 * TB;
         unsigned char* vs = ks + TB;
 #pragma unroll
@@ -126,7 +148,7 @@ __device__ __forceinline__ void att_rmma(
     for (int s = 0; s < ST; s++) off0[s] = tile_off(s);
     int npre = 0;
     if (early)
-        while (npre < ST && npre < nt && (w + W * npre) * 16 + 15 < pos) npre++;
+        while (npre < ST && npre < nt && (gw + GW * npre) * 16 + 15 < pos) npre++;
 #pragma unroll
     for (int s = 0; s < ST; s++)
         if (s < npre) issue(s, off0[s]);
@@ -168,7 +190,7 @@ __device__ __forceinline__ void att_rmma(
         __syncwarp();
         const unsigned char* ks = wst + (tt % ST) * 2 * TB;
         const unsigned char* vs = ks + TB;
-        int k0 = (w + W * tt) * 16;
+        int k0 = (gw + GW * tt) * 16;
         // S (16 rows x 16 keys) as two n-tiles of 8 keys; per 16 dims one
         // ldmatrix.x4 gives both tiles' B fragments (matrix m: keys 8 (m /
         // 2) .., dims 8 (m % 2) ..); each tile's sum runs over dims in order.
@@ -243,6 +265,12 @@ __device__ __forceinline__ void att_rmma(
             *(float2*)&wo[8 * dn + 2 * t] = make_float2(o[dn][0], o[dn][1]);
     }
     __syncthreads();
+    // Rank 0's slots (CL), past the stages; every CTA of the cluster has
+    // started once this wait returns (the arrive at the top).
+    float* cpart = (float*)(att_smem + (size_t)W * ST * 2 * TB);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (CL) asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+#endif
     // Warp w merges heads w, w + W, ... over the W warps in warp order
     // (base 2, as the states); lane l holds dims D32 l .. D32 l + D32 - 1.
     for (int gh = w; gh < group; gh += W) {
@@ -266,7 +294,48 @@ __device__ __forceinline__ void att_rmma(
 #pragma unroll
             for (int u = 0; u < D32; u++) acc[u] = fmaf(oi[u], f, acc[u]);
         }
-        att_out_lanes<D32>(acc, L, (long long)r * n_heads + h0 + gh, hd, out, xq, xds);
+        if constexpr (!CL) {
+            att_out_lanes<D32>(acc, L, (long long)r * n_heads + h0 + gh, hd, out, xq, xds);
+        } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            // Into rank 0's slot (gh, y).
+            u32 pa = cl_peer(cpart + (gh * ATT_RMMA_CL_MAX + y) * (2 + HD), 0);
+            if (lane == 0)
+                asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};" ::"r"(pa), "f"(mxx),
+                             "f"(L)
+                             : "memory");
+#pragma unroll
+            for (int u = 0; u < D32; u++)
+                asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(pa + 4 * (2 + D32 * lane + u)),
+                             "f"(acc[u])
+                             : "memory");
+#endif
+        }
+    }
+    if constexpr (CL) {
+        att_cluster_sync();
+        // Rank 0 merges the C states of each head in rank order (the
+        // others leave: nothing reads their memory now).
+        if (y == 0) {
+            for (int gh = w; gh < group; gh += W) {
+                const float* sl = cpart + gh * ATT_RMMA_CL_MAX * (2 + HD);
+                float mxx = Q_NINF;
+                for (int i = 0; i < C; i++)
+                    if (sl[i * (2 + HD) + 1] != 0.0f) mxx = fmaxf(mxx, sl[i * (2 + HD)]);
+                float L = 0.0f, acc[D32];
+#pragma unroll
+                for (int u = 0; u < D32; u++) acc[u] = 0.0f;
+                for (int i = 0; i < C; i++) {
+                    const float* si = sl + i * (2 + HD);
+                    if (si[1] == 0.0f) continue;  // a CTA that saw no key
+                    float f = rm_ex2(si[0] - mxx);
+                    L = fmaf(si[1], f, L);
+#pragma unroll
+                    for (int u = 0; u < D32; u++) acc[u] = fmaf(si[2 + D32 * lane + u], f, acc[u]);
+                }
+                att_out_lanes<D32>(acc, L, (long long)r * n_heads + h0 + gh, hd, out, xq, xds);
+            }
+        }
     }
 }
 
@@ -276,11 +345,22 @@ __device__ __forceinline__ void att_rmma(
 #define ATT_RMMA(D32, GM, W, ST)                                                                \
     static_assert(ATT_RMMA_BYTES(D32, W, ST) == ATT_SMEM_att_rmma_d##D32##_g##GM,               \
                   "att_rmma_d" #D32 "_g" #GM ": the host's shared memory (att_pipe_smem)");     \
+    static_assert(ATT_RMMA_BYTES(D32, W, ST) + ATT_RMMA_CL_BYTES(D32, GM) ==                    \
+                      ATT_SMEM_att_rmma_c_d##D32##_g##GM,                                       \
+                  "att_rmma_c_d" #D32 "_g" #GM ": the host's shared memory (att_pipe_smem)");   \
     extern "C" __global__ void __launch_bounds__(32 * W) att_rmma_d##D32##_g##GM(               \
         ATT_PIPE_ARGS, float* __restrict__ out, signed char* __restrict__ xq,                   \
         float2* __restrict__ xds) {                                                             \
-        att_rmma<D32, GM, W, ST>(q, n_heads, n_kv_heads, head_dim, block_size, scale, kc, vc,   \
-                                 tables, table_off, row_seq, positions, early, out, xq, xds);   \
+        att_rmma<D32, GM, W, ST, false>(q, n_heads, n_kv_heads, head_dim, block_size, scale,    \
+                                        kc, vc, tables, table_off, row_seq, positions, early,   \
+                                        out, xq, xds);                                          \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(32 * W) att_rmma_c_d##D32##_g##GM(             \
+        ATT_PIPE_ARGS, float* __restrict__ out, signed char* __restrict__ xq,                   \
+        float2* __restrict__ xds) {                                                             \
+        att_rmma<D32, GM, W, ST, true>(q, n_heads, n_kv_heads, head_dim, block_size, scale,     \
+                                       kc, vc, tables, table_off, row_seq, positions, early,    \
+                                       out, xq, xds);                                           \
     }
 ATT_RMMA(2, 1, ATT_RMMA_WARPS, ATT_RMMA_STAGES)
 ATT_RMMA(2, 2, ATT_RMMA_WARPS, ATT_RMMA_STAGES)

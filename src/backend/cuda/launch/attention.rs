@@ -4,8 +4,8 @@
 use super::att_maps::{att_maps, att_tma_fits_cache, AttMaps};
 use super::attention_forms::{
     att_pipe_smem, att_threads, att_trace, cluster_ctas, cluster_wanted, deep_wanted, early_kv,
-    eight_wanted, fast_parts, fuse_merge, gqa_split_kernel, rmma_wanted, row_wanted, tma_wanted,
-    wide_wanted, Pipe,
+    eight_wanted, fast_parts, fuse_merge, gqa_split_kernel, rmma_cluster_ctas, rmma_cluster_wanted,
+    rmma_wanted, row_wanted, tma_wanted, wide_wanted, Pipe,
 };
 use super::{arena3, RawArgs};
 use crate::backend::cuda::mem::{DevAttnBatch, DevKv, ATT_PARTS};
@@ -281,7 +281,19 @@ impl CudaBackend {
         let rmma = mode == Mode::Fast
             && gqa_split_kernel(group, hd, Pipe::RowMma).is_some()
             && rmma_wanted(units, batch.part_ctas, self.sm_count(), hd, l2_branch);
+        // Else, rows of several chunks where the split forms would merge
+        // by the combine launch: the tensor-core form in a thread-block
+        // cluster of CTAs per unit (att_rmma_c_*, rmma_cluster_wanted),
+        // where the device holds every unit's cluster at once (a device
+        // property: check-exact's reference takes the same form).
+        let rmma_cl_ctas = rmma_cluster_ctas(batch.part_ctas, hd);
+        let rmma_cl = !rmma
+            && mode == Mode::Fast
+            && rmma_cluster_wanted(units, batch.part_ctas, self.sm_count(), hd, l2_branch)
+            && gqa_split_kernel(group, hd, Pipe::RowMmaCluster)
+                .is_some_and(|c| units <= self.att_clusters(c, rmma_cl_ctas));
         let row = rmma
+            || rmma_cl
             || (mode == Mode::Fast
                 && gqa_split_kernel(group, hd, Pipe::Row).is_some()
                 && row_wanted(units, batch.part_ctas, self.sm_count()));
@@ -315,7 +327,13 @@ impl CudaBackend {
         }
         // No more CTAs per row than partials.
         let pi = i32_of(parts, "partials")?;
-        let ctas_y = if row { 1 } else { batch.part_ctas.min(parts) };
+        let ctas_y = if rmma_cl {
+            rmma_cl_ctas
+        } else if row {
+            1
+        } else {
+            batch.part_ctas.min(parts)
+        };
         // One CTA per (row, KV head) (short contexts: a decode graph's
         // part_ctas follows the longest row): the pipelined kernel's
         // att_pipe_m_ form merges its own partials, so no
@@ -359,6 +377,7 @@ impl CudaBackend {
                 .is_some_and(|c| units <= self.att_clusters(c, ctas_y));
         let form = match (wide, merge, cluster) {
             _ if rmma => Pipe::RowMma,
+            _ if rmma_cl => Pipe::RowMmaCluster,
             _ if row => Pipe::Row,
             (true, _, _) => Pipe::Wide,
             (false, true, _) if deep => Pipe::Deep,
@@ -394,6 +413,7 @@ impl CudaBackend {
         // (The tensor-core row form copies by cp.async only.)
         let tma = gqa.is_some()
             && !rmma
+            && !rmma_cl
             && tma_wanted(
                 form,
                 (units * ctas_y, slots, self.sm_count()),
@@ -424,7 +444,7 @@ impl CudaBackend {
                 block_dim: (u32::try_from(att_threads(name))?, 1, 1),
                 shared_mem_bytes: u32::try_from(smem)?,
             };
-            if cluster {
+            if cluster || rmma_cl {
                 let mut a = RawArgs::new()
                     .ptr(q.device_ptr(s).0)
                     .att_shared((nhi, nkvi, hdi, bsi), scale, cache, batch, s)
@@ -437,9 +457,12 @@ impl CudaBackend {
                     .ptr(out.device_ptr(s).0)
                     .ptr(xq)
                     .ptr(xds);
-                // SAFETY: att_pipe_c_d*_g* take att_pipe_m_'s arguments
-                // (the same buffers and bounds as the launch below
-                // documents), in this order and these C types; the
+                // SAFETY: att_pipe_c_d*_g* and att_rmma_c_d*_g* take
+                // att_pipe_m_'s arguments (the same buffers and bounds as
+                // the launch below documents; att_rmma_c_ reads neither
+                // the partials nor the maps, its ctas_y is
+                // 2..=ATT_RMMA_CL_MAX, its slots in rank 0), in this order
+                // and these C types; the
                 // cluster (1, ctas_y, 1) divides the grid (its y extent
                 // is ctas_y, 2..=ATT_CLUSTER_MAX, at least every row's
                 // chunks (part_ctas), so each CTA's one partial has its

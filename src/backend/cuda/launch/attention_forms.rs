@@ -220,6 +220,7 @@ pub(crate) enum Pipe {
     Cluster8 = 7,
     Row = 8,
     RowMma = 9,
+    RowMmaCluster = 10,
 }
 
 impl Pipe {
@@ -230,7 +231,7 @@ impl Pipe {
             Pipe::Partials | Pipe::Partials8 => Pipe::Partials8,
             Pipe::Merge | Pipe::Merge8 => Pipe::Merge8,
             Pipe::Cluster | Pipe::Cluster8 => Pipe::Cluster8,
-            Pipe::Wide | Pipe::Deep | Pipe::Row | Pipe::RowMma => self,
+            Pipe::Wide | Pipe::Deep | Pipe::Row | Pipe::RowMma | Pipe::RowMmaCluster => self,
         }
     }
 }
@@ -284,9 +285,89 @@ fn row_shape(name: &str) -> Option<(usize, usize)> {
     entry_shape(name, "att_row_d")
 }
 
-/// (D32, GM) of tensor-core row-form entry `name` (att_rmma_d{D32}_g{GM}).
+/// (D32, GM) of tensor-core row-form entry `name` (att_rmma_d{D32}_g{GM}
+/// or its cluster form att_rmma_c_d{D32}_g{GM}).
 fn rmma_shape_of(name: &str) -> Option<(usize, usize)> {
-    entry_shape(name, "att_rmma_d")
+    entry_shape(name, "att_rmma_d").or_else(|| entry_shape(name, "att_rmma_c_d"))
+}
+
+/// The most CTAs of a tensor-core row form's cluster (ATT_RMMA_CL_MAX in
+/// the prelude: rank 0 holds that many slots per head).
+pub(crate) const ATT_RMMA_CL_MAX: usize = 4;
+
+/// K and V bytes of a unit whose longest row has `part_ctas` 128-key
+/// chunks of head_dim `hd` (f16 K and V).
+fn unit_kv(part_ctas: usize, hd: usize) -> usize {
+    part_ctas * 128 * hd * 4
+}
+
+/// CTAs per cluster of the tensor-core row form for rows of `part_ctas`
+/// 128-key chunks and head_dim `hd`: enough that each CTA folds at most
+/// rmma_cl_kv() of K and V, 2..=ATT_RMMA_CL_MAX
+/// (QUIRE_ATT_RMMA_CL_CTAS overrides, clamped the same way).
+pub(super) fn rmma_cluster_ctas(part_ctas: usize, hd: usize) -> usize {
+    static V: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    V.get_or_init(|| env_usize("QUIRE_ATT_RMMA_CL_CTAS"))
+        .unwrap_or_else(|| unit_kv(part_ctas, hd).div_ceil(rmma_cl_kv()))
+        .clamp(2, ATT_RMMA_CL_MAX)
+}
+
+/// K and V bytes per CTA the cluster form aims at (QUIRE_ATT_RMMA_CL_KB,
+/// default 96 KiB: three 16-key tiles per warp at head_dim 64 and 16
+/// warps).
+fn rmma_cl_kv() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| env_usize("QUIRE_ATT_RMMA_CL_KB").unwrap_or(96).max(16)) << 10
+}
+
+/// The most K and V bytes per CTA the cluster form takes
+/// (QUIRE_ATT_RMMA_CL_MAX_KB, default 128 KiB): rows past
+/// ATT_RMMA_CL_MAX times that keep the split forms.
+fn rmma_cl_kv_max() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| env_usize("QUIRE_ATT_RMMA_CL_MAX_KB").unwrap_or(128).max(16)) << 10
+}
+
+/// Whether a `fast` launch that does not take the one-CTA tensor-core row
+/// form takes its cluster form (att_rmma_c_*, rmma_cluster_ctas CTAs per
+/// unit), with rmma_wanted's arguments: rmma_cluster_rule
+/// (QUIRE_ATT_RMMA_CL=0: never; =1: every launch whose head_dim fits).
+pub(super) fn rmma_cluster_wanted(
+    units: usize,
+    part_ctas: usize,
+    sms: usize,
+    hd: usize,
+    combine: bool,
+) -> bool {
+    static V: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    (hd == 64 || hd == 128)
+        && V.get_or_init(|| env_switch("QUIRE_ATT_RMMA_CL"))
+            .unwrap_or_else(|| {
+                let c = rmma_cluster_ctas(part_ctas, hd);
+                rmma_cluster_rule(units, part_ctas, sms, hd, combine, c, rmma_cl_kv_max())
+            })
+}
+
+/// Rows of several chunks where the split forms would merge by the
+/// combine launch (`combine`, a decode graph with the L2 read-ahead
+/// branch), whose K and V `c` CTAs fold at most `cl_kv_max` bytes each,
+/// at most one cluster's CTAs per two SMs. Measured on an H200
+/// (2026-11-28, decode tok/s, the split forms and the combine / this form
+/// with c for 96 KiB per CTA, at most 128): the 1B Q4_0 after 512 / 768 /
+/// 1,024 / 1,536 tokens (rows of 256, 256, 512, 512 KiB: 3, 3, 4, 4 CTAs)
+/// 1,700-1,733 / 1,687-1,723 / 1,669-1,710 / 1,633-1,666 against
+/// 1,800-1,813 / 1,771-1,798 / 1,794 / 1,756; the 8B Q4_0 after 512 / 768
+/// (512 KiB: 4 CTAs) 498.7-499.6 / 495.0-495.4 against 507.2 / 501.5.
+fn rmma_cluster_rule(
+    units: usize,
+    part_ctas: usize,
+    sms: usize,
+    hd: usize,
+    combine: bool,
+    c: usize,
+    cl_kv_max: usize,
+) -> bool {
+    combine && part_ctas >= 2 && unit_kv(part_ctas, hd) <= c * cl_kv_max && 2 * units * c <= sms
 }
 
 /// (warps, stages) of the tensor-core row forms for head_dim 32 * d32
@@ -308,7 +389,10 @@ pub(crate) fn att_rmma_shape(d32: usize) -> (usize, usize) {
         2 => (w.unwrap_or(16), st.unwrap_or(3)),
         _ => (w.unwrap_or(8), st.unwrap_or(3)),
     };
-    while st > 1 && rmma_bytes(d32, w, st) > RMMA_SMEM_MAX {
+    // Room for the cluster form's slots too (its largest group, 8).
+    while st > 1
+        && rmma_bytes(d32, w, st) + 8 * ATT_RMMA_CL_MAX * (2 + 32 * d32) * 4 > RMMA_SMEM_MAX
+    {
         st -= 1;
     }
     (w, st)
@@ -377,7 +461,7 @@ fn rmma_rule(
     combine: bool,
     kv_max: usize,
 ) -> bool {
-    2 * units <= sms && (part_ctas == 1 || (combine && part_ctas * 128 * hd * 4 <= kv_max))
+    2 * units <= sms && (part_ctas == 1 || (combine && unit_kv(part_ctas, hd) <= kv_max))
 }
 
 /// Warps per CTA of the row forms (att_row_d{D32}_*: ATT_ROW_WARPS and
@@ -478,9 +562,16 @@ fn eight_rule(ctas: usize, sms: usize) -> bool {
 /// mbarriers (warps x stages u64, the bulk tensor copies'). None for any
 /// other kernel.
 pub(crate) fn att_pipe_smem(name: &str) -> Option<usize> {
-    if let Some((d32, _)) = rmma_shape_of(name) {
+    if let Some((d32, gm)) = rmma_shape_of(name) {
         let (w, st) = att_rmma_shape(d32);
-        return Some(rmma_bytes(d32, w, st));
+        // The cluster form's slots in rank 0: (GM, ATT_RMMA_CL_MAX) states
+        // of 2 + head_dim f32 (ATT_RMMA_CL_BYTES).
+        let cl = if name.starts_with("att_rmma_c_") {
+            gm * ATT_RMMA_CL_MAX * (2 + 32 * d32) * 4
+        } else {
+            0
+        };
+        return Some(rmma_bytes(d32, w, st) + cl);
     }
     if let Some((d32, gm)) = row_shape(name) {
         return Some(pipe_bytes(
@@ -541,7 +632,10 @@ pub(super) fn gqa_split_kernel(group: usize, head_dim: usize, form: Pipe) -> Opt
         _ => return None,
     };
     if form == Pipe::RowMma {
-        return Some(crate::backend::cuda::source::ATT_RMMA[d][g]);
+        return Some(crate::backend::cuda::source::ATT_RMMA[0][d][g]);
+    }
+    if form == Pipe::RowMmaCluster {
+        return Some(crate::backend::cuda::source::ATT_RMMA[1][d][g]);
     }
     Some(crate::backend::cuda::source::ATT_PIPE[form as usize][d][g])
 }
@@ -808,6 +902,60 @@ mod tests {
             assert_eq!(smem, w * st * 2 * 16 * 32 * d32 * 2);
             assert!(smem <= 227 * 1024);
         }
+    }
+
+    #[test]
+    fn rmma_cluster_for_combine_rows_that_four_ctas_fold_at_128_kib() {
+        use super::{rmma_cluster_rule, unit_kv, ATT_RMMA_CL_MAX};
+        let max = 128 << 10;
+        // The 1B's heads (8 units, head_dim 64): 8 chunks (a decode
+        // graph's bucket after 512 tokens) are 256 KiB, 3 CTAs; 16 chunks
+        // 512 KiB at 4; 32 chunks do not fit 4 x 128 KiB.
+        assert_eq!(unit_kv(8, 64), 256 << 10);
+        assert!(rmma_cluster_rule(8, 8, 132, 64, true, 3, max));
+        assert!(rmma_cluster_rule(
+            8,
+            16,
+            132,
+            64,
+            true,
+            ATT_RMMA_CL_MAX,
+            max
+        ));
+        assert!(!rmma_cluster_rule(
+            8,
+            32,
+            132,
+            64,
+            true,
+            ATT_RMMA_CL_MAX,
+            max
+        ));
+        // Only instead of the combine, and only past one chunk.
+        assert!(!rmma_cluster_rule(8, 8, 132, 64, false, 3, max));
+        assert!(!rmma_cluster_rule(8, 1, 132, 64, true, 2, max));
+        // The 8B's heads (head_dim 128): 8 chunks are 512 KiB, 4 CTAs.
+        assert!(rmma_cluster_rule(
+            8,
+            8,
+            132,
+            128,
+            true,
+            ATT_RMMA_CL_MAX,
+            max
+        ));
+        assert!(!rmma_cluster_rule(
+            8,
+            16,
+            132,
+            128,
+            true,
+            ATT_RMMA_CL_MAX,
+            max
+        ));
+        // At most one cluster's CTAs per two SMs.
+        assert!(rmma_cluster_rule(16, 8, 132, 64, true, 4, max));
+        assert!(!rmma_cluster_rule(17, 8, 132, 64, true, 4, max));
     }
 
     #[test]

@@ -34,7 +34,8 @@ pub(crate) use act_cache::ActKey;
 pub(crate) use attention_exact::{att_ex_threads, ATT_EX_CLUSTER_MAX};
 pub(crate) use attention_forms::{
     att_pipe_smem, att_rmma_shape, att_row_stages, att_row_warps, att_stages, att_threads,
-    att_w_stages, ATT_CLUSTER_MAX, ATT_M3_STAGES, ATT_PIPE8_WARPS, ATT_SPLIT_THREADS,
+    att_w_stages, ATT_CLUSTER_MAX, ATT_M3_STAGES, ATT_PIPE8_WARPS, ATT_RMMA_CL_MAX,
+    ATT_SPLIT_THREADS,
 };
 pub(crate) use decode_layers::{
     DlLayerPtrs, DlModel, DL_CLUSTERS, DL_ENTRIES, DL_SMEM, DL_THREADS,
