@@ -351,13 +351,17 @@ pub(super) fn rmma_cluster_wanted(
 /// Rows of several chunks where the split forms would merge by the
 /// combine launch (`combine`, a decode graph with the L2 read-ahead
 /// branch), whose K and V `c` CTAs fold at most `cl_kv_max` bytes each,
-/// at most one cluster's CTAs per two SMs. Measured on an H200
-/// (2026-11-28, decode tok/s, the split forms and the combine / this form
-/// with c for 96 KiB per CTA, at most 128): the 1B Q4_0 after 512 / 768 /
-/// 1,024 / 1,536 tokens (rows of 256, 256, 512, 512 KiB: 3, 3, 4, 4 CTAs)
+/// at most one cluster's CTAs per two SMs. A decode graph's rows have a
+/// power of two of chunks (its bucket), so after 512 tokens the 1B's are
+/// 256 KiB (3 CTAs) and the 8B's 512 KiB (4). Measured on H200s
+/// (2026-11-28 evening, decode tok/s, the split forms and the combine /
+/// this form): the 1B Q4_0 after 512 / 768 / 1,024 / 1,536 tokens
 /// 1,700-1,733 / 1,687-1,723 / 1,669-1,710 / 1,633-1,666 against
-/// 1,800-1,813 / 1,771-1,798 / 1,794 / 1,756; the 8B Q4_0 after 512 / 768
-/// (512 KiB: 4 CTAs) 498.7-499.6 / 495.0-495.4 against 507.2 / 501.5.
+/// 1,778-1,813 / 1,771-1,798 / 1,794 / 1,756; the 8B Q4_0 after 512 / 768
+/// 491-500 / 495 against 497-507 / 502, Q8_0 after 512 354 against
+/// 357-361. Past 4 x 128 KiB (the 1B after 2,048 tokens, the 8B after
+/// 1,024) clusters of 8 lost (1,549-1,565 against 1,605; 450 against
+/// 490), and at 512 KiB 6 CTAs did no better than 4.
 fn rmma_cluster_rule(
     units: usize,
     part_ctas: usize,
@@ -452,7 +456,11 @@ fn rmma_kv_max() -> usize {
 /// 522-525 / 504-513 / 486-491 (192 KiB at 384 keys wins, 320 at 640
 /// loses); instead of the cluster merge (SmolLM2, whose graph has no
 /// read-ahead) after 256 / 512 tokens 1,698-1,712 / 1,653-1,689 against
-/// 1,698-1,706 / 1,570-1,607: a tie, then a loss.
+/// 1,698-1,706 / 1,570-1,607: a tie, then a loss. A decode graph's rows
+/// have a power of two of chunks (its bucket), so this rule takes the 1B
+/// up to 4 chunks (511 tokens) and the 8B up to 2 (255); after 512 tokens
+/// the 1B's default was the split forms and the combine (1,700-1,733 tok/s
+/// on 2026-11-28 evening), which rmma_cluster_rule now replaces.
 fn rmma_rule(
     units: usize,
     part_ctas: usize,
