@@ -342,26 +342,22 @@ __device__ __forceinline__ void att_rmma(
 // The entries take the pipelined split kernel's arguments (ATT_PIPE_ARGS,
 // attention_split.cuh: the partials and bulk-copy maps are unused here)
 // and the output, so the host launches them as it launches att_row_*.
+#define ATT_RMMA_ENTRY(NAME, D32, GM, W, ST, CL)                                                \
+    extern "C" __global__ void __launch_bounds__(32 * W) NAME(                                  \
+        ATT_PIPE_ARGS, float* __restrict__ out, signed char* __restrict__ xq,                   \
+        float2* __restrict__ xds) {                                                             \
+        att_rmma<D32, GM, W, ST, CL>(q, n_heads, n_kv_heads, head_dim, block_size, scale, kc,   \
+                                     vc, tables, table_off, row_seq, positions, early, out, xq, \
+                                     xds);                                                      \
+    }
 #define ATT_RMMA(D32, GM, W, ST)                                                                \
     static_assert(ATT_RMMA_BYTES(D32, W, ST) == ATT_SMEM_att_rmma_d##D32##_g##GM,               \
                   "att_rmma_d" #D32 "_g" #GM ": the host's shared memory (att_pipe_smem)");     \
     static_assert(ATT_RMMA_BYTES(D32, W, ST) + ATT_RMMA_CL_BYTES(D32, GM) ==                    \
                       ATT_SMEM_att_rmma_c_d##D32##_g##GM,                                       \
                   "att_rmma_c_d" #D32 "_g" #GM ": the host's shared memory (att_pipe_smem)");   \
-    extern "C" __global__ void __launch_bounds__(32 * W) att_rmma_d##D32##_g##GM(               \
-        ATT_PIPE_ARGS, float* __restrict__ out, signed char* __restrict__ xq,                   \
-        float2* __restrict__ xds) {                                                             \
-        att_rmma<D32, GM, W, ST, false>(q, n_heads, n_kv_heads, head_dim, block_size, scale,    \
-                                        kc, vc, tables, table_off, row_seq, positions, early,   \
-                                        out, xq, xds);                                          \
-    }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(32 * W) att_rmma_c_d##D32##_g##GM(             \
-        ATT_PIPE_ARGS, float* __restrict__ out, signed char* __restrict__ xq,                   \
-        float2* __restrict__ xds) {                                                             \
-        att_rmma<D32, GM, W, ST, true>(q, n_heads, n_kv_heads, head_dim, block_size, scale,     \
-                                       kc, vc, tables, table_off, row_seq, positions, early,    \
-                                       out, xq, xds);                                           \
-    }
+    ATT_RMMA_ENTRY(att_rmma_d##D32##_g##GM, D32, GM, W, ST, false)                              \
+    ATT_RMMA_ENTRY(att_rmma_c_d##D32##_g##GM, D32, GM, W, ST, true)
 ATT_RMMA(2, 1, ATT_RMMA_WARPS, ATT_RMMA_STAGES)
 ATT_RMMA(2, 2, ATT_RMMA_WARPS, ATT_RMMA_STAGES)
 ATT_RMMA(2, 3, ATT_RMMA_WARPS, ATT_RMMA_STAGES)

@@ -340,12 +340,22 @@ pub(super) fn rmma_cluster_wanted(
     combine: bool,
 ) -> bool {
     static V: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    (hd == 64 || hd == 128)
-        && V.get_or_init(|| env_switch("QUIRE_ATT_RMMA_CL"))
-            .unwrap_or_else(|| {
-                let c = rmma_cluster_ctas(part_ctas, hd);
-                rmma_cluster_rule(units, part_ctas, sms, hd, combine, c, rmma_cl_kv_max())
-            })
+    rmma_form_wanted(&V, "QUIRE_ATT_RMMA_CL", hd, || {
+        let c = rmma_cluster_ctas(part_ctas, hd);
+        rmma_cluster_rule(units, part_ctas, sms, hd, combine, c, rmma_cl_kv_max())
+    })
+}
+
+/// A tensor-core row form's choice: head_dim exactly 64 or 128 (its
+/// kernels'), then the comparison switch `knob` (read once into `v`) or
+/// else `rule`.
+fn rmma_form_wanted(
+    v: &std::sync::OnceLock<Option<bool>>,
+    knob: &str,
+    hd: usize,
+    rule: impl FnOnce() -> bool,
+) -> bool {
+    (hd == 64 || hd == 128) && v.get_or_init(|| env_switch(knob)).unwrap_or_else(rule)
 }
 
 /// Rows of several chunks where the split forms would merge by the
@@ -429,9 +439,9 @@ pub(super) fn rmma_wanted(
     combine: bool,
 ) -> bool {
     static V: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    (hd == 64 || hd == 128)
-        && V.get_or_init(|| env_switch("QUIRE_ATT_RMMA"))
-            .unwrap_or_else(|| rmma_rule(units, part_ctas, sms, hd, combine, rmma_kv_max()))
+    rmma_form_wanted(&V, "QUIRE_ATT_RMMA", hd, || {
+        rmma_rule(units, part_ctas, sms, hd, combine, rmma_kv_max())
+    })
 }
 
 /// The most K and V bytes of a unit (KiB) the tensor-core row form folds
