@@ -96,8 +96,14 @@ pub struct DevAttnBatch {
     pub(super) table_off: CudaSlice<u32>,
     /// (n_rows,) sequence of each query row.
     pub(super) row_seq: CudaSlice<u32>,
-    /// (n_rows,) absolute position of each query row.
+    /// (n_rows,) absolute position of each query row; in a fixed batch
+    /// (n_rows * 2,): then each row's KV slot (`slots`), so that one copy
+    /// refills both.
     pub(super) positions: CudaSlice<u32>,
+    /// A fixed batch's block tables as its last refill copied them (the
+    /// prefix its rows read): a refill whose tables are the same skips
+    /// their copy. None until the first refill, and for uploaded batches.
+    held_tables: Option<Vec<u32>>,
     pub(super) n_rows: usize,
     pub(super) block_size: usize,
     pub(super) n_blocks: usize,
@@ -170,6 +176,20 @@ fn distinct(v: &[u32]) -> bool {
     s.windows(2).all(|w| w[0] != w[1])
 }
 
+/// Whether `tables` (the values a refill would copy) differ from `held`,
+/// what the device buffer holds since the last copy; if so `held` becomes
+/// them. Values the kernels never read (between rows' used blocks) are
+/// compared too: a difference there costs a copy, never a stale read.
+fn tables_changed(held: &mut Option<Vec<u32>>, tables: &[u32]) -> bool {
+    if held.as_deref() == Some(tables) {
+        return false;
+    }
+    let h = held.get_or_insert_with(Vec::new);
+    h.clear();
+    h.extend_from_slice(tables);
+    true
+}
+
 /// Partials a row at `max_pos` has (the most the batch's rows need).
 pub fn att_parts(max_pos: usize) -> usize {
     (max_pos / ATT_CHUNK + 1).min(ATT_PARTS)
@@ -197,6 +217,7 @@ impl DevAttnBatch {
             table_off: be.up(&offs, "paged_attention: table offsets")?,
             row_seq: be.up(batch.row_seq, "paged_attention: row_seq")?,
             positions: be.up(batch.positions, "paged_attention: positions")?,
+            held_tables: None,
             n_rows: batch.positions.len(),
             block_size,
             n_blocks,
@@ -210,6 +231,17 @@ impl DevAttnBatch {
     /// (n_rows,) absolute position of each query row.
     pub fn positions(&self) -> CudaView<'_, u32> {
         self.positions.slice(0..self.n_rows)
+    }
+
+    /// (n_rows,) each row's KV slot, refilled with the positions: fixed
+    /// batches only.
+    pub fn slots(&self) -> Result<CudaView<'_, u32>> {
+        let n = self.n_rows;
+        anyhow::ensure!(
+            self.positions.len() >= 2 * n,
+            "decode batch: slots of a batch that is not fixed"
+        );
+        Ok(self.positions.slice(n..2 * n))
     }
 
     /// A batch of `n_rows` rows, one per sequence, whose block tables hold
@@ -233,7 +265,8 @@ impl DevAttnBatch {
             tables: zeros::<u32>(be, n_rows * stride, "decode block tables")?,
             table_off: be.up(&offs, "decode table offsets")?,
             row_seq: be.up(&seqs, "decode row_seq")?,
-            positions: zeros::<u32>(be, n_rows, "decode positions")?,
+            positions: zeros::<u32>(be, 2 * n_rows, "decode positions and slots")?,
+            held_tables: None,
             n_rows,
             block_size,
             n_blocks,
@@ -245,14 +278,18 @@ impl DevAttnBatch {
     }
 
     /// Validates a one-row-per-sequence `batch` against this fixed batch's
-    /// cache geometry and copies its tables and positions in place, through
-    /// `stage` (n_rows * (stride + 1) values; page-locked memory makes the
-    /// copies asynchronous, so the caller must not rewrite it before they
-    /// have run).
+    /// cache geometry and copies its tables, positions and the rows' KV
+    /// `slots` in place, through `stage` (n_rows * (stride + 2) values;
+    /// page-locked memory makes the copies asynchronous, so the caller must
+    /// not rewrite it before they have run). The positions and slots go
+    /// up in one copy, the tables only when they changed (a decode step's
+    /// table grows a block every block_size tokens): a copy on the stream
+    /// between two replays costs the device a few microseconds.
     pub fn refill(
         &mut self,
         be: &CudaBackend,
         batch: &AttnBatch<'_>,
+        slots: &[u32],
         stride: usize,
         stage: &mut [u32],
     ) -> Result<()> {
@@ -270,9 +307,10 @@ impl DevAttnBatch {
         );
         let n = self.n_rows;
         anyhow::ensure!(
-            stage.len() == n * (stride + 1),
-            "decode batch: staging of {} values for {n} rows of {stride} blocks",
-            stage.len()
+            stage.len() == n * (stride + 2) && slots.len() == n && self.positions.len() >= 2 * n,
+            "decode batch: staging of {} values and {} slots for {n} rows of {stride} blocks",
+            stage.len(),
+            slots.len()
         );
         let (flat, pos) = stage.split_at_mut(n * stride);
         for (s, &nb) in need.iter().enumerate() {
@@ -284,17 +322,20 @@ impl DevAttnBatch {
             // read (the kernels stop at the row's position).
             flat[s * stride..s * stride + nb].copy_from_slice(&batch.block_tables[s][..nb]);
         }
-        pos.copy_from_slice(batch.positions);
+        pos[..n].copy_from_slice(batch.positions);
+        pos[n..].copy_from_slice(slots);
         // A row's table is read up to its position's block: copy up to the
         // last row's used blocks, not every slot of the stride.
         let used = need.last().map_or(0, |&nb| (n - 1) * stride + nb);
-        drv(
-            be.stream().memcpy_htod(&flat[..used], &mut self.tables),
-            "decode block tables",
-        )?;
+        if tables_changed(&mut self.held_tables, &flat[..used]) {
+            drv(
+                be.stream().memcpy_htod(&flat[..used], &mut self.tables),
+                "decode block tables",
+            )?;
+        }
         drv(
             be.stream().memcpy_htod(&*pos, &mut self.positions),
-            "decode positions",
+            "decode positions and slots",
         )?;
         Ok(())
     }
@@ -327,6 +368,22 @@ mod tests {
         assert!(distinct(&[4, 0, 7]));
         assert!(!distinct(&[4, 0, 4]));
         assert!(!distinct(&[2, 2]));
+    }
+
+    #[test]
+    fn a_refill_copies_tables_only_when_they_change() {
+        let mut held = None;
+        assert!(tables_changed(&mut held, &[7, 3]));
+        assert!(!tables_changed(&mut held, &[7, 3]));
+        // A block appended, a block replaced (copy on write), a table cut.
+        assert!(tables_changed(&mut held, &[7, 3, 9]));
+        assert!(!tables_changed(&mut held, &[7, 3, 9]));
+        assert!(tables_changed(&mut held, &[7, 4, 9]));
+        assert!(tables_changed(&mut held, &[7, 4]));
+        assert_eq!(held.as_deref(), Some(&[7, 4][..]));
+        // An empty prefix (no row reads a block) is held too.
+        assert!(tables_changed(&mut held, &[]));
+        assert!(!tables_changed(&mut held, &[]));
     }
 
     #[test]

@@ -58,11 +58,13 @@ pub(super) struct SendGraph(CudaGraph, Option<PdlExec>);
 // destroy) binds the context first and is serialized by `CudaExec::graphs`.
 unsafe impl Send for SendGraph {}
 
-/// Page-locked staging of decode inputs: tokens, slots, then the block
-/// tables and positions (DevAttnBatch::refill), (B * (stride + 3),) for a
-/// step of B rows. One async copy each (from pageable memory each upload
-/// cost the host a staging copy of its own: about 14 of a SmolLM2 step's
-/// 700 us on an H100). Invariant: the host writes the buffer only after
+/// Page-locked staging of decode inputs: tokens, then the block tables,
+/// positions and slots (DevAttnBatch::refill), (B * (stride + 3),) for a
+/// step of B rows, then the draw records. Async copies: the tokens (not
+/// in a greedy chain), the positions and slots in one, the tables when
+/// they changed, the draws when they changed (from pageable memory each
+/// upload cost the host a staging copy of its own: about 14 of a SmolLM2
+/// step's 700 us on an H100). Invariant: the host writes the buffer only after
 /// `done`, recorded behind the last copies that read it, has completed.
 #[derive(Default)]
 pub(super) struct Staging {
@@ -105,7 +107,6 @@ impl Staging {
 /// steps of one batch size (one row per sequence, every row's logits).
 pub(super) struct DecodeGraph {
     pub(super) tokens: CudaSlice<u32>,
-    pub(super) slots: CudaSlice<u32>,
     pub(super) rows: CudaSlice<u32>,
     pub(super) batch: DevAttnBatch,
     /// (B, vocab) logits, written by the graph's last node (greedy graphs:
@@ -209,7 +210,6 @@ impl CudaExec {
             let (nt, nl) = if greedy { (2 * b, 1) } else { (b, b * vocab) };
             slot.insert(DecodeGraph {
                 tokens: zeros::<u32>(&self.be, nt, "decode tokens")?,
-                slots: zeros::<u32>(&self.be, b, "decode slots")?,
                 rows: self.be.up(&rows, "decode rows")?,
                 batch: DevAttnBatch::fixed(
                     &self.be,
@@ -265,17 +265,14 @@ impl CudaExec {
         let nd = b * crate::backend::cuda::DRAW_WORDS;
         let stage = staging.take(&self.be, b * (kv.n_blocks + 3) + nd)?;
         let (stage, draw_stage) = stage.split_at_mut(b * (kv.n_blocks + 3));
-        let (tok_slot, rest) = stage.split_at_mut(2 * b);
-        let (tok, slot) = tok_slot.split_at_mut(b);
+        let (tok, rest) = stage.split_at_mut(b);
         tok.copy_from_slice(input.tokens);
-        slot.copy_from_slice(input.slots);
         if sel.chain.is_none() {
             drv(
                 st.memcpy_htod(&*tok, &mut g.tokens.slice_mut(0..b)),
                 "decode tokens",
             )?;
         }
-        drv(st.memcpy_htod(&*slot, &mut g.slots), "decode slots")?;
         if let Some((d, held)) = g.draws.as_mut() {
             // Only what changed goes up: a greedy chain's records stay zero.
             if sel.draws.is_empty() {
@@ -300,6 +297,7 @@ impl CudaExec {
                 row_seq: input.row_seq,
                 positions: input.positions,
             },
+            input.slots,
             kv.n_blocks,
             rest,
         )?;
@@ -335,7 +333,7 @@ impl CudaExec {
                 // The attention batch's positions serve rope and the KV
                 // write too: one upload.
                 positions: DevIdx::View(g.batch.positions()),
-                slots: DevIdx::View(g.slots.slice(0..b)),
+                slots: DevIdx::View(g.batch.slots()?),
                 rows: DevIdx::View(g.rows.slice(0..b)),
                 batch: DevBatch::Fixed(&g.batch),
             };
