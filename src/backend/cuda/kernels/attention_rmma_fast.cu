@@ -42,7 +42,7 @@
 // function of the launch shape, as `fast` allows).
 //
 // ATT_RMMA_WARPS / ATT_RMMA_STAGES (head_dim 64) and _D4 (head_dim 128),
-// ATT_RMMA_CL_MAX: the host prelude's (launch/attention_forms.rs,
+// ATT_RMMA_CL_MAX: the host prelude's (launch/attention_rmma.rs,
 // att_rmma_shape).
 
 // Byte offset of 16-byte chunk c of row kk in a (16, HD) f16 tile.

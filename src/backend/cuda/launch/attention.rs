@@ -4,9 +4,10 @@
 use super::att_maps::{att_maps, att_tma_fits_cache, AttMaps};
 use super::attention_forms::{
     att_pipe_smem, att_threads, att_trace, cluster_ctas, cluster_wanted, deep_wanted, early_kv,
-    eight_wanted, fast_parts, fuse_merge, gqa_split_kernel, rmma_cluster_ctas, rmma_cluster_wanted,
-    rmma_wanted, row_wanted, tma_wanted, wide_wanted, Pipe,
+    eight_wanted, fast_parts, fuse_merge, gqa_split_kernel, row_wanted, tma_wanted, wide_wanted,
+    Pipe,
 };
+use super::attention_rmma::{rmma_cluster_ctas, rmma_cluster_wanted, rmma_wanted};
 use super::{arena3, RawArgs};
 use crate::backend::cuda::mem::{DevAttnBatch, DevKv, ATT_PARTS};
 use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};

@@ -18,6 +18,7 @@ mod att_maps;
 mod attention;
 mod attention_exact;
 mod attention_forms;
+mod attention_rmma;
 mod decode_layers;
 mod l2_ahead;
 mod matmul;
@@ -33,10 +34,10 @@ mod sample;
 pub(crate) use act_cache::ActKey;
 pub(crate) use attention_exact::{att_ex_threads, ATT_EX_CLUSTER_MAX};
 pub(crate) use attention_forms::{
-    att_pipe_smem, att_rmma_shape, att_row_stages, att_row_warps, att_stages, att_threads,
-    att_w_stages, ATT_CLUSTER_MAX, ATT_M3_STAGES, ATT_PIPE8_WARPS, ATT_RMMA_CL_MAX,
-    ATT_SPLIT_THREADS,
+    att_pipe_smem, att_row_stages, att_row_warps, att_stages, att_threads, att_w_stages,
+    ATT_CLUSTER_MAX, ATT_M3_STAGES, ATT_PIPE8_WARPS, ATT_SPLIT_THREADS,
 };
+pub(crate) use attention_rmma::{att_rmma_shape, ATT_RMMA_CL_MAX};
 pub(crate) use decode_layers::{
     DlLayerPtrs, DlModel, DL_CLUSTERS, DL_ENTRIES, DL_SMEM, DL_THREADS,
 };
