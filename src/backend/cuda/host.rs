@@ -11,9 +11,12 @@
 //! touch, remapped onto a compact buffer.
 
 use super::mem::{Dev, DevAttnBatch, DevKv, DevKvMut, DevMatrix};
+use super::{enter, supports};
 use super::{fingerprint, CudaBackend};
+use crate::backend::Backend;
 use crate::backend::{validate, AttnBatch, KvLayer, KvLayerMut, MatJob, Mode, Op, QMatrix};
 use anyhow::{anyhow, Result};
+use anyhow::{bail, Context};
 use cudarc::driver::{CudaSlice, CudaView};
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use std::collections::HashMap;
@@ -499,4 +502,56 @@ fn gather_blocks(
         vc.extend_from_slice(&vb[o..o + block_elems]);
     }
     (kc, vc)
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn supports_op(&self, op: &Op<'_>, mode: Mode) -> bool {
+        supports(self, &op.info(), mode)
+    }
+
+    fn run(&self, mut op: Op<'_>, mode: Mode) -> Result<()> {
+        let kind = op.kind();
+        if let Err(why) = self.capability(&op.info(), mode) {
+            bail!("op {kind} cannot run on the cuda backend ({mode:?}): {why}");
+        }
+        let disabled = self
+            .disabled
+            .lock()
+            .map_err(|_| anyhow!("cuda backend: state lock poisoned"))?
+            .clone();
+        if let Some(why) = disabled {
+            return match &self.fallback {
+                Some(cpu) => cpu.run(op, mode),
+                None => bail!("op {kind}: cuda backend disabled: {why}"),
+            };
+        }
+        self.forget_activations();
+        let res = enter(self).and_then(|_g| self.run_host(&mut op, mode));
+        match res {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                // Device failures (not bad input) disable the backend in auto.
+                let device_err = format!("{e:#}").contains("CUDA driver error");
+                match (&self.fallback, device_err) {
+                    (Some(cpu), true) => {
+                        let why = format!("{e:#}");
+                        tracing::warn!(
+                            "cuda backend failed on op {kind}: {why}; running this and every later op on the cpu"
+                        );
+                        eprintln!("warning: cuda backend failed on op {kind}: {why}; falling back to the cpu");
+                        if let Ok(mut d) = self.disabled.lock() {
+                            *d = Some(why);
+                        }
+                        cpu.run(op, mode)
+                            .with_context(|| format!("op {kind}: cpu fallback after a cuda error"))
+                    }
+                    _ => Err(e.context(format!("op {kind} on cuda"))),
+                }
+            }
+        }
+    }
 }

@@ -11,8 +11,11 @@
 //! buffer.
 
 use super::{drv, CudaBackend};
+use super::{enter, supports};
 use crate::backend::{validate, AttnBatch, KvInfo, Mem, WeightInfo};
+use crate::backend::{Backend, MatNorm, Mode, OpT};
 use crate::quant::GgmlType;
+use anyhow::bail;
 use anyhow::{Context, Result};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 
@@ -348,6 +351,136 @@ pub fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
     what: &str,
 ) -> Result<CudaSlice<T>> {
     drv(be.stream().alloc_zeros::<T>(len.max(1)), what)
+}
+
+/// Device-space ops: launched on the backend's stream, not synchronized
+/// (the executor synchronizes once per step, when it reads the logits).
+impl Backend<Dev> for CudaBackend {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn supports_op(&self, op: &OpT<'_, Dev>, mode: Mode) -> bool {
+        supports(self, &op.info(), mode)
+    }
+
+    fn run(&self, op: OpT<'_, Dev>, mode: Mode) -> Result<()> {
+        // Norm-ahead's blocks serve only the op right after their producer
+        // (taken first: an op that fails below drops them too).
+        let ahead = self.take_norm_ahead();
+        let kind = op.kind();
+        if let Err(why) = self.capability(&op.info(), mode) {
+            bail!("op {kind} cannot run on the cuda backend ({mode:?}): {why}");
+        }
+        let _g = enter(self)?;
+        if !matches!(op, OpT::MatMul { .. } | OpT::MatMuls { .. }) {
+            self.forget_activations();
+        }
+        match op {
+            OpT::MatMul { w, x, n, mut out } => self.d_mat_mul(&w, &x, n, &mut out, mode),
+            OpT::MatMuls {
+                x,
+                n,
+                mut jobs,
+                norm: None,
+                next_norm,
+                glu,
+            } => {
+                Self::check_glu(&jobs, glu.as_ref().map(|h| h.len()))?;
+                let mut done = false;
+                if let Some((g, eps)) = next_norm {
+                    done = self.mat_muls_ahead(&x, n, &mut jobs, (&g, eps), mode)?;
+                }
+                if !done {
+                    self.d_mat_muls(&x, n, &mut jobs, mode)?;
+                }
+                self.glu_after(&mut jobs, glu, n, mode)
+            }
+            OpT::MatMuls {
+                x,
+                n,
+                mut jobs,
+                norm: Some(MatNorm { w, eps, mut out }),
+                // A norm-carrying op is never a residual producer in the
+                // model graphs; the hint is not used here.
+                next_norm: _,
+                mut glu,
+            } => {
+                Self::check_glu(&jobs, glu.as_ref().map(|h| h.len()))?;
+                if let Some(h) = glu.as_mut() {
+                    if self.mat_muls_glu_fused(&x, &w, eps, &mut out, n, &mut jobs, h, mode)? {
+                        return Ok(());
+                    }
+                }
+                if !self.mat_muls_norm_ahead(&x, &w, eps, n, &mut jobs, mode, ahead)? {
+                    self.d_mat_muls_norm(&x, &w, eps, &mut out, n, &mut jobs, mode)?;
+                }
+                self.glu_after(&mut jobs, glu, n, mode)
+            }
+            OpT::RmsNorm {
+                x,
+                w,
+                dim,
+                eps,
+                mut out,
+            } => self.d_rms_norm(&x, &w, dim, eps, &mut out, mode),
+            OpT::Rope {
+                mut x,
+                n_heads,
+                head_dim,
+                rope_dim,
+                positions,
+                inv_freq,
+                neox,
+            } => self.d_rope(
+                &mut x, n_heads, head_dim, rope_dim, &positions, &inv_freq, neox,
+            ),
+            OpT::RopeKvWrite {
+                mut q,
+                mut k,
+                v,
+                n_heads,
+                rope_dim,
+                positions,
+                inv_freq,
+                neox,
+                slots,
+                mut cache,
+            } => self.d_rope_kv_write(
+                &mut q, &mut k, &v, n_heads, rope_dim, &positions, &inv_freq, neox, &slots,
+                &mut cache,
+            ),
+            OpT::SwiGlu { gate, up, mut out } => self.d_swiglu(&gate, &up, &mut out, None, mode),
+            OpT::GetRows {
+                table,
+                ids,
+                mut out,
+            } => self.d_get_rows(&table, &ids, &mut out),
+            OpT::SelectRows {
+                x,
+                dim,
+                rows,
+                mut out,
+            } => self.d_select_rows(&x, dim, &rows, &mut out),
+            OpT::Add { mut x, y } => self.d_add(&mut x, &y),
+            OpT::AddBias { mut x, bias } => self.d_add_bias(&mut x, &bias),
+            OpT::KvWrite {
+                k,
+                v,
+                slots,
+                mut cache,
+            } => self.d_kv_write(&k, &v, &slots, &mut cache),
+            OpT::PagedAttention {
+                q,
+                n_heads,
+                scale,
+                cache,
+                batch,
+                mut out,
+            } => self.d_attention(&q, n_heads, scale, &cache, batch, &mut out, mode),
+        }
+        .with_context(|| format!("op {kind} on cuda (device)"))
+    }
 }
 
 #[cfg(test)]
