@@ -94,7 +94,10 @@ fn rmma_form_wanted(
 /// 491-500 / 495 against 497-507 / 502, Q8_0 after 512 354 against
 /// 357-361. Past 4 x 128 KiB (the 1B after 2,048 tokens, the 8B after
 /// 1,024) clusters of 8 lost (1,549-1,565 against 1,605; 450 against
-/// 490), and at 512 KiB 6 CTAs did no better than 4.
+/// 490), and at 512 KiB 6 CTAs did no better than 4. Not where the split
+/// forms merge in a cluster of their own (no read-ahead): SmolLM2 Q4_0
+/// after 512 / 1,024 tokens 1,676-1,689 / 1,633-1,636 against 1,690-1,698
+/// / 1,645-1,654 (2026-11-28 night), a tie after 256.
 fn rmma_cluster_rule(
     units: usize,
     part_ctas: usize,
