@@ -331,10 +331,15 @@ impl DevAttnBatch {
         // last row's used blocks, not every slot of the stride.
         let used = need.last().map_or(0, |&nb| (n - 1) * stride + nb);
         if tables_changed(&mut self.held_tables, &flat[..used]) {
-            drv(
+            let copied = drv(
                 be.stream().memcpy_htod(&flat[..used], &mut self.tables),
                 "decode block tables",
-            )?;
+            );
+            if copied.is_err() {
+                // The device may hold neither table: the next refill copies.
+                self.held_tables = None;
+            }
+            copied?;
         }
         drv(
             be.stream().memcpy_htod(&*pos, &mut self.positions),
