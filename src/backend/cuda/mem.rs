@@ -100,8 +100,9 @@ pub struct DevAttnBatch {
     /// (n_rows,) sequence of each query row.
     pub(super) row_seq: CudaSlice<u32>,
     /// (n_rows,) absolute position of each query row; in a fixed batch
-    /// (n_rows * 2,): then each row's KV slot (`slots`), so that one copy
-    /// refills both.
+    /// (n_rows * 4,): then each row's KV slot (`slots`), its input token
+    /// (`tokens`) and a greedy step's status word, so that one copy
+    /// refills a step's inputs.
     pub(super) positions: CudaSlice<u32>,
     /// A fixed batch's block tables as its last refill copied them (the
     /// prefix its rows read): a refill whose tables are the same skips
@@ -236,15 +237,42 @@ impl DevAttnBatch {
         self.positions.slice(0..self.n_rows)
     }
 
+    /// Word `k * n_rows` of a fixed batch's step words (positions, slots,
+    /// tokens, statuses), checked to be one.
+    fn fixed_part(&self, k: usize, what: &str) -> Result<std::ops::Range<usize>> {
+        let n = self.n_rows;
+        anyhow::ensure!(
+            self.positions.len() >= 4 * n,
+            "decode batch: {what} of a batch that is not fixed"
+        );
+        Ok(k * n..(k + 1) * n)
+    }
+
     /// (n_rows,) each row's KV slot, refilled with the positions: fixed
     /// batches only.
     pub fn slots(&self) -> Result<CudaView<'_, u32>> {
-        let n = self.n_rows;
-        anyhow::ensure!(
-            self.positions.len() >= 2 * n,
-            "decode batch: slots of a batch that is not fixed"
-        );
-        Ok(self.positions.slice(n..2 * n))
+        Ok(self.positions.slice(self.fixed_part(1, "slots")?))
+    }
+
+    /// (n_rows,) each row's input token, refilled with the positions
+    /// unless a greedy chain's last node wrote them: fixed batches only.
+    pub fn tokens(&self) -> Result<CudaView<'_, u32>> {
+        Ok(self.positions.slice(self.fixed_part(2, "tokens")?))
+    }
+
+    /// The tokens, to be written in place (a chained step's tokens from
+    /// another graph's batch).
+    pub fn tokens_mut(&mut self) -> Result<CudaViewMut<'_, u32>> {
+        let r = self.fixed_part(2, "tokens")?;
+        Ok(self.positions.slice_mut(r))
+    }
+
+    /// (2 * n_rows,) the tokens then one status word per row: where a
+    /// greedy graph's last node (sample_rows) writes the next step's
+    /// tokens and their statuses.
+    pub fn tokens_and_status(&self) -> Result<CudaView<'_, u32>> {
+        let r = self.fixed_part(2, "tokens")?;
+        Ok(self.positions.slice(r.start..r.end + self.n_rows))
     }
 
     /// A batch of `n_rows` rows, one per sequence, whose block tables hold
@@ -268,7 +296,7 @@ impl DevAttnBatch {
             tables: zeros::<u32>(be, n_rows * stride, "decode block tables")?,
             table_off: be.up(&offs, "decode table offsets")?,
             row_seq: be.up(&seqs, "decode row_seq")?,
-            positions: zeros::<u32>(be, 2 * n_rows, "decode positions and slots")?,
+            positions: zeros::<u32>(be, 4 * n_rows, "decode positions, slots and tokens")?,
             held_tables: None,
             n_rows,
             block_size,
@@ -281,18 +309,21 @@ impl DevAttnBatch {
     }
 
     /// Validates a one-row-per-sequence `batch` against this fixed batch's
-    /// cache geometry and copies its tables, positions and the rows' KV
-    /// `slots` in place, through `stage` (n_rows * (stride + 2) values;
-    /// page-locked memory makes the copies asynchronous, so the caller must
-    /// not rewrite it before they have run). The positions and slots go
-    /// up in one copy, the tables only when they changed (a decode step's
-    /// table grows a block every block_size tokens): a copy on the stream
-    /// between two replays costs the device a few microseconds.
+    /// cache geometry and copies its tables, positions, the rows' KV
+    /// `slots` and their input `tokens` (None: a greedy chain's graph wrote
+    /// them on the device) in place, through `stage` (n_rows * (stride +
+    /// 3) values; page-locked memory makes the copies asynchronous, so the
+    /// caller must not rewrite it before they have run). The positions,
+    /// slots and tokens go up in one copy, the tables only when they
+    /// changed (a decode step's table grows a block every block_size
+    /// tokens): a copy on the stream between two replays costs the device
+    /// a few microseconds.
     pub fn refill(
         &mut self,
         be: &CudaBackend,
         batch: &AttnBatch<'_>,
         slots: &[u32],
+        tokens: Option<&[u32]>,
         stride: usize,
         stage: &mut [u32],
     ) -> Result<()> {
@@ -310,10 +341,15 @@ impl DevAttnBatch {
         );
         let n = self.n_rows;
         anyhow::ensure!(
-            stage.len() == n * (stride + 2) && slots.len() == n && self.positions.len() >= 2 * n,
-            "decode batch: staging of {} values and {} slots for {n} rows of {stride} blocks",
+            stage.len() == n * (stride + 3)
+                && slots.len() == n
+                && tokens.is_none_or(|t| t.len() == n)
+                && self.positions.len() >= 4 * n,
+            "decode batch: staging of {} values, {} slots and {:?} tokens for {n} rows of \
+             {stride} blocks",
             stage.len(),
-            slots.len()
+            slots.len(),
+            tokens.map(<[u32]>::len)
         );
         let (flat, pos) = stage.split_at_mut(n * stride);
         for (s, &nb) in need.iter().enumerate() {
@@ -326,7 +362,14 @@ impl DevAttnBatch {
             flat[s * stride..s * stride + nb].copy_from_slice(&batch.block_tables[s][..nb]);
         }
         pos[..n].copy_from_slice(batch.positions);
-        pos[n..].copy_from_slice(slots);
+        pos[n..2 * n].copy_from_slice(slots);
+        let words = match tokens {
+            Some(t) => {
+                pos[2 * n..].copy_from_slice(t);
+                3 * n
+            }
+            None => 2 * n,
+        };
         // A row's table is read up to its position's block: copy up to the
         // last row's used blocks, not every slot of the stride.
         let used = need.last().map_or(0, |&nb| (n - 1) * stride + nb);
@@ -342,8 +385,9 @@ impl DevAttnBatch {
             copied?;
         }
         drv(
-            be.stream().memcpy_htod(&*pos, &mut self.positions),
-            "decode positions and slots",
+            be.stream()
+                .memcpy_htod(&pos[..words], &mut self.positions.slice_mut(0..words)),
+            "decode positions, slots and tokens",
         )?;
         Ok(())
     }

@@ -58,11 +58,11 @@ pub(super) struct SendGraph(CudaGraph, Option<PdlExec>);
 // destroy) binds the context first and is serialized by `CudaExec::graphs`.
 unsafe impl Send for SendGraph {}
 
-/// Page-locked staging of decode inputs: tokens, then the block tables,
-/// positions and slots (DevAttnBatch::refill), (B * (stride + 3),) for a
-/// step of B rows, then the draw records. Async copies: the tokens (not
-/// in a greedy chain), the positions and slots in one, the tables when
-/// they changed, the draws when they changed (from pageable memory each
+/// Page-locked staging of decode inputs: the block tables, positions,
+/// slots and tokens (DevAttnBatch::refill), (B * (stride + 3),) for a
+/// step of B rows, then the draw records. Async copies: the positions,
+/// slots and tokens in one (not the tokens in a greedy chain), the tables
+/// when they changed, the draws when they changed (from pageable memory each
 /// upload cost the host a staging copy of its own: about 14 of a SmolLM2
 /// step's 700 us on an H100). Invariant: the host writes the buffer only after
 /// `done`, recorded behind the last copies that read it, has completed.
@@ -106,7 +106,6 @@ impl Staging {
 /// Fixed inputs, fixed logits buffer and the captured graph of the decode
 /// steps of one batch size (one row per sequence, every row's logits).
 pub(super) struct DecodeGraph {
-    pub(super) tokens: CudaSlice<u32>,
     pub(super) rows: CudaSlice<u32>,
     pub(super) batch: DevAttnBatch,
     /// (B, vocab) logits, written by the graph's last node (greedy graphs:
@@ -205,11 +204,10 @@ impl CudaExec {
         let ctas = key.1;
         if let std::collections::hash_map::Entry::Vacant(slot) = graphs.entry(key) {
             let rows: Vec<u32> = (0..b as u32).collect();
-            // Greedy graphs: tokens (b), then sample_rows' status (b); no
-            // logits copy.
-            let (nt, nl) = if greedy { (2 * b, 1) } else { (b, b * vocab) };
+            // Greedy graphs: no logits copy (their tokens and statuses
+            // are in the batch's step words).
+            let nl = if greedy { 1 } else { b * vocab };
             slot.insert(DecodeGraph {
-                tokens: zeros::<u32>(&self.be, nt, "decode tokens")?,
                 rows: self.be.up(&rows, "decode rows")?,
                 batch: DevAttnBatch::fixed(
                     &self.be,
@@ -250,7 +248,7 @@ impl CudaExec {
                     .zip(c)
                     .ok_or_else(|| anyhow!("greedy decode: the previous step's graph is gone"))?;
                 drv(
-                    st.memcpy_dtod(&p.tokens.slice(0..b), &mut c.tokens.slice_mut(0..b)),
+                    st.memcpy_dtod(&p.batch.tokens()?, &mut c.batch.tokens_mut()?),
                     "greedy decode: tokens from the previous graph",
                 )?;
             }
@@ -265,14 +263,6 @@ impl CudaExec {
         let nd = b * crate::backend::cuda::DRAW_WORDS;
         let stage = staging.take(&self.be, b * (kv.n_blocks + 3) + nd)?;
         let (stage, draw_stage) = stage.split_at_mut(b * (kv.n_blocks + 3));
-        let (tok, rest) = stage.split_at_mut(b);
-        tok.copy_from_slice(input.tokens);
-        if sel.chain.is_none() {
-            drv(
-                st.memcpy_htod(&*tok, &mut g.tokens.slice_mut(0..b)),
-                "decode tokens",
-            )?;
-        }
         if let Some((d, held)) = g.draws.as_mut() {
             // Only what changed goes up: a greedy chain's records stay zero.
             if sel.draws.is_empty() {
@@ -298,8 +288,10 @@ impl CudaExec {
                 positions: input.positions,
             },
             input.slots,
+            // A chained step's tokens are on the device already.
+            sel.chain.is_none().then_some(input.tokens),
             kv.n_blocks,
-            rest,
+            stage,
         )?;
         staging.mark(st)?;
         drop(staging);
@@ -318,7 +310,7 @@ impl CudaExec {
                     },
                     tokens: {
                         use cudarc::driver::DevicePtr;
-                        g.tokens.device_ptr(st).0
+                        g.batch.tokens_and_status()?.device_ptr(st).0
                     },
                     ring,
                     positions: g.batch.positions(),
@@ -329,7 +321,7 @@ impl CudaExec {
             let bufs = StepBufs {
                 n: b,
                 n_rows: b,
-                tokens: DevIdx::View(g.tokens.slice(0..b)),
+                tokens: DevIdx::View(g.batch.tokens()?),
                 // The attention batch's positions serve rope and the KV
                 // write too: one upload.
                 positions: DevIdx::View(g.batch.positions()),
@@ -456,8 +448,8 @@ impl CudaExec {
     ) -> Result<()> {
         let l = Self::rd(logits);
         match greedy {
-            // SAFETY: the graph's tokens buffer holds (b tokens, b
-            // statuses); the step read its tokens first (stream order);
+            // SAFETY: the graph's batch holds (b tokens, b statuses) at
+            // `tokens` (DevAttnBatch::tokens_and_status); the step read its tokens first (stream order);
             // its draws buffer holds b records, written only by uploads
             // ordered before the graph on this stream.
             Some(f) => unsafe {
