@@ -7,7 +7,7 @@ use super::attention_forms::{
     eight_wanted, fast_parts, fuse_merge, gqa_split_kernel, row_wanted, tma_wanted, wide_wanted,
     Pipe,
 };
-use super::attention_rmma::{rmma_cluster_ctas, rmma_cluster_wanted, rmma_wanted};
+use super::attention_rmma::{rmma_cluster_ctas, rmma_cluster_wanted, rmma_wanted, RmmaLaunch};
 use super::{arena3, RawArgs};
 use crate::backend::cuda::mem::{DevAttnBatch, DevKv, ATT_PARTS};
 use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
@@ -276,12 +276,19 @@ impl CudaBackend {
         // where the split forms' merge would be the combine launch (a
         // capture with the L2 read-ahead branch, a function of the model:
         // check-exact's unfused reference captures the same branch).
-        // A capture with the read-ahead branch (asked once: the cluster
-        // rule below reads it too).
-        let l2_branch = self.l2_branch_live()?;
+        // The launch as the tensor-core rules see it; `combine`: a capture
+        // with the read-ahead branch (asked once: the cluster rules below
+        // read it too).
+        let rl = RmmaLaunch {
+            units,
+            part_ctas: batch.part_ctas,
+            sms: self.sm_count(),
+            hd,
+            combine: self.l2_branch_live()?,
+        };
         let rmma = mode == Mode::Fast
             && gqa_split_kernel(group, hd, Pipe::RowMma).is_some()
-            && rmma_wanted(units, batch.part_ctas, self.sm_count(), hd, l2_branch);
+            && rmma_wanted(rl);
         // Else, rows of several chunks where the split forms would merge
         // by the combine launch: the tensor-core form in a thread-block
         // cluster of CTAs per unit (att_rmma_c_*, rmma_cluster_wanted),
@@ -290,7 +297,7 @@ impl CudaBackend {
         let rmma_cl_ctas = rmma_cluster_ctas(batch.part_ctas, hd);
         let rmma_cl = !rmma
             && mode == Mode::Fast
-            && rmma_cluster_wanted(units, batch.part_ctas, self.sm_count(), hd, l2_branch)
+            && rmma_cluster_wanted(rl)
             && gqa_split_kernel(group, hd, Pipe::RowMmaCluster)
                 .is_some_and(|c| units <= self.att_clusters(c, rmma_cl_ctas));
         let row = rmma
@@ -372,7 +379,7 @@ impl CudaBackend {
         let cluster = fused
             && !row
             && cluster_wanted(ctas_y)
-            && !l2_branch
+            && !rl.combine
             && units * ctas_y <= cluster_ctas()
             && gqa_split_kernel(group, hd, kernel_form(Pipe::Cluster))
                 .is_some_and(|c| units <= self.att_clusters(c, ctas_y));

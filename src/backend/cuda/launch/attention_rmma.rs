@@ -51,21 +51,32 @@ fn rmma_cl_kv_max() -> usize {
     *V.get_or_init(|| env_usize("QUIRE_ATT_RMMA_CL_MAX_KB").unwrap_or(128).max(16)) << 10
 }
 
-/// Whether a `fast` launch that does not take the one-CTA tensor-core row
-/// form takes its cluster form (att_rmma_c_*, rmma_cluster_ctas CTAs per
-/// unit), with rmma_wanted's arguments: rmma_cluster_rule
-/// (QUIRE_ATT_RMMA_CL=0: never; =1: every launch whose head_dim fits).
-pub(super) fn rmma_cluster_wanted(
-    units: usize,
-    part_ctas: usize,
-    sms: usize,
-    hd: usize,
-    combine: bool,
-) -> bool {
+/// A `fast` decode launch as the tensor-core forms' rules see it.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct RmmaLaunch {
+    /// (row, KV head) pairs.
+    pub(super) units: usize,
+    /// 128-key chunks of the longest row.
+    pub(super) part_ctas: usize,
+    /// The device's SMs.
+    pub(super) sms: usize,
+    /// head_dim (the forms' kernels take exactly 64 or 128).
+    pub(super) hd: usize,
+    /// Whether the split forms would merge by a second launch here (a
+    /// decode graph with the L2 read-ahead branch, whose resident CTAs
+    /// keep the cluster merge out).
+    pub(super) combine: bool,
+}
+
+/// Whether launch `l`, where it does not take the one-CTA tensor-core row
+/// form, takes its cluster form (att_rmma_c_*, rmma_cluster_ctas CTAs per
+/// unit): rmma_cluster_rule (QUIRE_ATT_RMMA_CL=0: never; =1: every launch
+/// whose head_dim fits).
+pub(super) fn rmma_cluster_wanted(l: RmmaLaunch) -> bool {
     static V: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    rmma_form_wanted(&V, "QUIRE_ATT_RMMA_CL", hd, || {
-        let c = rmma_cluster_ctas(part_ctas, hd);
-        rmma_cluster_rule(units, part_ctas, sms, hd, combine, c, rmma_cl_kv_max())
+    rmma_form_wanted(&V, "QUIRE_ATT_RMMA_CL", l.hd, || {
+        let c = rmma_cluster_ctas(l.part_ctas, l.hd);
+        rmma_cluster_rule(l, c, rmma_cl_kv_max())
     })
 }
 
@@ -98,16 +109,11 @@ fn rmma_form_wanted(
 /// forms merge in a cluster of their own (no read-ahead): SmolLM2 Q4_0
 /// after 512 / 1,024 tokens 1,676-1,689 / 1,633-1,636 against 1,690-1,698
 /// / 1,645-1,654 (2026-11-28 night), a tie after 256.
-fn rmma_cluster_rule(
-    units: usize,
-    part_ctas: usize,
-    sms: usize,
-    hd: usize,
-    combine: bool,
-    c: usize,
-    cl_kv_max: usize,
-) -> bool {
-    combine && part_ctas >= 2 && unit_kv(part_ctas, hd) <= c * cl_kv_max && 2 * units * c <= sms
+fn rmma_cluster_rule(l: RmmaLaunch, c: usize, cl_kv_max: usize) -> bool {
+    l.combine
+        && l.part_ctas >= 2
+        && unit_kv(l.part_ctas, l.hd) <= c * cl_kv_max
+        && 2 * l.units * c <= l.sms
 }
 
 /// (warps, stages) of the tensor-core row forms for head_dim 32 * d32
@@ -148,26 +154,14 @@ fn rmma_bytes(d32: usize, w: usize, st: usize) -> usize {
     w * st * 2 * 16 * 32 * d32 * 2
 }
 
-/// Whether a `fast` launch of `units` (row, KV head) pairs whose longest
-/// row has `part_ctas` 128-key chunks takes the tensor-core row form
-/// (att_rmma_*: one CTA per unit folds the whole row with m16n8k16 MMAs,
-/// merges its warps in shared memory and writes the output), `sms` the
-/// device's SMs, head_dim `hd` (exactly 64 or 128, the kernel's), `combine`
-/// whether the split forms would merge by a second launch here (a decode
-/// graph with the L2 read-ahead branch, whose resident CTAs keep the
-/// cluster merge out): rmma_rule (QUIRE_ATT_RMMA=0: never; =1: every
-/// launch whose head_dim fits, so the op parity harness checks it).
-pub(super) fn rmma_wanted(
-    units: usize,
-    part_ctas: usize,
-    sms: usize,
-    hd: usize,
-    combine: bool,
-) -> bool {
+/// Whether launch `l` takes the tensor-core row form (att_rmma_*: one CTA
+/// per unit folds the whole row with m16n8k16 MMAs, merges its warps in
+/// shared memory and writes the output): rmma_rule (QUIRE_ATT_RMMA=0:
+/// never; =1: every launch whose head_dim fits, so the op parity harness
+/// checks it).
+pub(super) fn rmma_wanted(l: RmmaLaunch) -> bool {
     static V: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    rmma_form_wanted(&V, "QUIRE_ATT_RMMA", hd, || {
-        rmma_rule(units, part_ctas, sms, hd, combine, rmma_kv_max())
-    })
+    rmma_form_wanted(&V, "QUIRE_ATT_RMMA", l.hd, || rmma_rule(l, rmma_kv_max()))
 }
 
 /// The most K and V bytes of a unit (KiB) the tensor-core row form folds
@@ -197,15 +191,9 @@ fn rmma_kv_max() -> usize {
 /// up to 4 chunks (511 tokens) and the 8B up to 2 (255); after 512 tokens
 /// the 1B's default was the split forms and the combine (1,700-1,733 tok/s
 /// on 2026-11-28 evening), which rmma_cluster_rule now replaces.
-fn rmma_rule(
-    units: usize,
-    part_ctas: usize,
-    sms: usize,
-    hd: usize,
-    combine: bool,
-    kv_max: usize,
-) -> bool {
-    2 * units <= sms && (part_ctas == 1 || (combine && unit_kv(part_ctas, hd) <= kv_max))
+fn rmma_rule(l: RmmaLaunch, kv_max: usize) -> bool {
+    2 * l.units <= l.sms
+        && (l.part_ctas == 1 || (l.combine && unit_kv(l.part_ctas, l.hd) <= kv_max))
 }
 
 /// Threads of tensor-core row-form entry `name` (32 per warp of
@@ -232,24 +220,38 @@ pub(super) fn rmma_smem(name: &str) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
+    use super::RmmaLaunch;
+
+    /// A launch of `units` (row, KV head) pairs whose longest row has
+    /// `part_ctas` chunks, on `sms` SMs, head_dim `hd`.
+    fn at(units: usize, part_ctas: usize, sms: usize, hd: usize, combine: bool) -> RmmaLaunch {
+        RmmaLaunch {
+            units,
+            part_ctas,
+            sms,
+            hd,
+            combine,
+        }
+    }
+
     #[test]
     fn rmma_form_for_one_chunk_or_a_row_that_one_sm_reads_in_time() {
         use super::super::attention_forms::{att_pipe_smem, att_threads};
         use super::{att_rmma_shape, rmma_rule};
         let kv = 192 << 10;
         // One chunk: every head shape, with or without the combine.
-        assert!(rmma_rule(3, 1, 132, 64, false, kv));
-        assert!(rmma_rule(8, 1, 132, 128, true, kv));
+        assert!(rmma_rule(at(3, 1, 132, 64, false), kv));
+        assert!(rmma_rule(at(8, 1, 132, 128, true), kv));
         // Past one chunk only instead of the combine launch, up to 192 KiB
         // of K and V: 6 chunks at head_dim 64, 3 at 128.
-        assert!(!rmma_rule(3, 2, 132, 64, false, kv));
-        assert!(rmma_rule(8, 6, 132, 64, true, kv));
-        assert!(!rmma_rule(8, 7, 132, 64, true, kv));
-        assert!(rmma_rule(8, 3, 132, 128, true, kv));
-        assert!(!rmma_rule(8, 4, 132, 128, true, kv));
+        assert!(!rmma_rule(at(3, 2, 132, 64, false), kv));
+        assert!(rmma_rule(at(8, 6, 132, 64, true), kv));
+        assert!(!rmma_rule(at(8, 7, 132, 64, true), kv));
+        assert!(rmma_rule(at(8, 3, 132, 128, true), kv));
+        assert!(!rmma_rule(at(8, 4, 132, 128, true), kv));
         // Not past one unit per two SMs.
-        assert!(!rmma_rule(67, 1, 132, 64, false, kv));
-        assert!(rmma_rule(66, 1, 132, 64, false, kv));
+        assert!(!rmma_rule(at(67, 1, 132, 64, false), kv));
+        assert!(rmma_rule(at(66, 1, 132, 64, false), kv));
         // The launch's threads and shared memory follow att_rmma_shape,
         // within the SM's opt-in 227 KiB.
         for d32 in [2, 4] {
@@ -274,49 +276,33 @@ mod tests {
         // graph's bucket after 512 tokens) are 256 KiB, 3 CTAs; 16 chunks
         // 512 KiB at 4; 32 chunks do not fit 4 x 128 KiB.
         assert_eq!(unit_kv(8, 64), 256 << 10);
-        assert!(rmma_cluster_rule(8, 8, 132, 64, true, 3, max));
+        assert!(rmma_cluster_rule(at(8, 8, 132, 64, true), 3, max));
         assert!(rmma_cluster_rule(
-            8,
-            16,
-            132,
-            64,
-            true,
+            at(8, 16, 132, 64, true),
             ATT_RMMA_CL_MAX,
             max
         ));
         assert!(!rmma_cluster_rule(
-            8,
-            32,
-            132,
-            64,
-            true,
+            at(8, 32, 132, 64, true),
             ATT_RMMA_CL_MAX,
             max
         ));
         // Only instead of the combine, and only past one chunk.
-        assert!(!rmma_cluster_rule(8, 8, 132, 64, false, 3, max));
-        assert!(!rmma_cluster_rule(8, 1, 132, 64, true, 2, max));
+        assert!(!rmma_cluster_rule(at(8, 8, 132, 64, false), 3, max));
+        assert!(!rmma_cluster_rule(at(8, 1, 132, 64, true), 2, max));
         // The 8B's heads (head_dim 128): 8 chunks are 512 KiB, 4 CTAs.
         assert!(rmma_cluster_rule(
-            8,
-            8,
-            132,
-            128,
-            true,
+            at(8, 8, 132, 128, true),
             ATT_RMMA_CL_MAX,
             max
         ));
         assert!(!rmma_cluster_rule(
-            8,
-            16,
-            132,
-            128,
-            true,
+            at(8, 16, 132, 128, true),
             ATT_RMMA_CL_MAX,
             max
         ));
         // At most one cluster's CTAs per two SMs.
-        assert!(rmma_cluster_rule(16, 8, 132, 64, true, 4, max));
-        assert!(!rmma_cluster_rule(17, 8, 132, 64, true, 4, max));
+        assert!(rmma_cluster_rule(at(16, 8, 132, 64, true), 4, max));
+        assert!(!rmma_cluster_rule(at(17, 8, 132, 64, true), 4, max));
     }
 }
