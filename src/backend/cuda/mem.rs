@@ -182,8 +182,8 @@ fn distinct(v: &[u32]) -> bool {
 
 /// Whether `tables` (the values a refill would copy) differ from `held`,
 /// what the device buffer holds since the last copy; if so `held` becomes
-/// them. Values the kernels never read (between rows' used blocks) are
-/// compared too: a difference there costs a copy, never a stale read.
+/// them. The words between rows' used blocks are zeros (`stage_step`),
+/// so only a used block's change costs a copy.
 fn tables_changed(held: &mut Option<Vec<u32>>, tables: &[u32]) -> bool {
     if held.as_deref() == Some(tables) {
         return false;
@@ -192,6 +192,48 @@ fn tables_changed(held: &mut Option<Vec<u32>>, tables: &[u32]) -> bool {
     h.clear();
     h.extend_from_slice(tables);
     true
+}
+
+/// Lays a one-row-per-sequence step of n rows out in `stage` (n *
+/// (stride + 3) words, checked by the caller): row s's `need[s]` used
+/// blocks at s * stride, then the positions, `slots` and `tokens`.
+/// Returns the table words to copy (up to the last row's used blocks: a
+/// row's table is read up to its position's block) and the step words to
+/// copy (2n, or 3n with tokens). The unused words between rows inside
+/// that prefix are zeroed, so equal tables stage equal prefixes
+/// (`tables_changed` compares them).
+fn stage_step(
+    batch: &AttnBatch<'_>,
+    need: &[usize],
+    slots: &[u32],
+    tokens: Option<&[u32]>,
+    stride: usize,
+    stage: &mut [u32],
+) -> Result<(usize, usize)> {
+    let n = need.len();
+    let (flat, pos) = stage.split_at_mut(n * stride);
+    for (s, &nb) in need.iter().enumerate() {
+        anyhow::ensure!(
+            nb <= stride,
+            "decode batch: a table of {nb} blocks exceeds {stride}"
+        );
+        let row = &mut flat[s * stride..(s + 1) * stride];
+        row[..nb].copy_from_slice(&batch.block_tables[s][..nb]);
+        if s + 1 < n {
+            row[nb..].fill(0);
+        }
+    }
+    pos[..n].copy_from_slice(batch.positions);
+    pos[n..2 * n].copy_from_slice(slots);
+    let words = match tokens {
+        Some(t) => {
+            pos[2 * n..3 * n].copy_from_slice(t);
+            3 * n
+        }
+        None => 2 * n,
+    };
+    let used = need.last().map_or(0, |&nb| (n - 1) * stride + nb);
+    Ok((used, words))
 }
 
 /// Partials a row at `max_pos` has (the most the batch's rows need).
@@ -351,28 +393,8 @@ impl DevAttnBatch {
             slots.len(),
             tokens.map(<[u32]>::len)
         );
+        let (used, words) = stage_step(batch, &need, slots, tokens, stride, stage)?;
         let (flat, pos) = stage.split_at_mut(n * stride);
-        for (s, &nb) in need.iter().enumerate() {
-            anyhow::ensure!(
-                nb <= stride,
-                "decode batch: a table of {nb} blocks exceeds {stride}"
-            );
-            // Only the blocks a row reads: the rest of its slot is never
-            // read (the kernels stop at the row's position).
-            flat[s * stride..s * stride + nb].copy_from_slice(&batch.block_tables[s][..nb]);
-        }
-        pos[..n].copy_from_slice(batch.positions);
-        pos[n..2 * n].copy_from_slice(slots);
-        let words = match tokens {
-            Some(t) => {
-                pos[2 * n..].copy_from_slice(t);
-                3 * n
-            }
-            None => 2 * n,
-        };
-        // A row's table is read up to its position's block: copy up to the
-        // last row's used blocks, not every slot of the stride.
-        let used = need.last().map_or(0, |&nb| (n - 1) * stride + nb);
         if tables_changed(&mut self.held_tables, &flat[..used]) {
             let copied = drv(
                 be.stream().memcpy_htod(&flat[..used], &mut self.tables),
@@ -566,6 +588,33 @@ mod tests {
         // An empty prefix (no row reads a block) is held too.
         assert!(tables_changed(&mut held, &[]));
         assert!(!tables_changed(&mut held, &[]));
+    }
+
+    #[test]
+    fn a_step_is_staged_tables_then_positions_slots_tokens() {
+        // Two rows, tables of stride 4: row 0 reads 3 blocks, row 1 one.
+        let (t0, t1) = ([5u32, 6, 7, 8], [9u32, 10]);
+        let tables: [&[u32]; 2] = [&t0, &t1];
+        let batch = AttnBatch {
+            block_tables: &tables,
+            row_seq: &[0, 1],
+            positions: &[40, 3],
+        };
+        // Stale words from an earlier use of the buffer.
+        let mut stage = vec![77u32; 2 * (4 + 3)];
+        let r = stage_step(&batch, &[3, 1], &[101, 102], Some(&[11, 12]), 4, &mut stage);
+        assert_eq!(r.unwrap(), (5, 6));
+        // Row 0's unused slot word zeroed (inside the copied prefix); row
+        // 1's past its block left alone (never copied).
+        assert_eq!(stage, [5, 6, 7, 0, 9, 77, 77, 77, 40, 3, 101, 102, 11, 12]);
+        // A chained step: no tokens, two words a row.
+        let mut stage2 = vec![0u32; 14];
+        let r = stage_step(&batch, &[3, 1], &[101, 102], None, 4, &mut stage2);
+        assert_eq!(r.unwrap(), (5, 4));
+        assert_eq!(&stage2[..5], &stage[..5]);
+        // A table longer than the stride is an error, not a panic.
+        let mut stage3 = vec![0u32; 2 * (2 + 3)];
+        assert!(stage_step(&batch, &[3, 1], &[1, 2], None, 2, &mut stage3).is_err());
     }
 
     #[test]
