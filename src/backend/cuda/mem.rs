@@ -180,18 +180,37 @@ fn distinct(v: &[u32]) -> bool {
     s.windows(2).all(|w| w[0] != w[1])
 }
 
-/// Whether `tables` (the values a refill would copy) differ from `held`,
-/// what the device buffer holds since the last copy; if so `held` becomes
-/// them. The words between rows' used blocks are zeros (`stage_step`),
-/// so only a used block's change costs a copy.
-fn tables_changed(held: &mut Option<Vec<u32>>, tables: &[u32]) -> bool {
-    if held.as_deref() == Some(tables) {
+/// Whether `words` differ from `held`, what a device buffer holds since
+/// the last copy into it (None: unknown); if so `held` becomes them.
+fn held_changed(held: &mut Option<Vec<u32>>, words: &[u32]) -> bool {
+    if held.as_deref() == Some(words) {
         return false;
     }
     let h = held.get_or_insert_with(Vec::new);
     h.clear();
-    h.extend_from_slice(tables);
+    h.extend_from_slice(words);
     true
+}
+
+/// Copies `src` (page-locked staging) to the start of `dst` unless `held`
+/// says `dst` holds it already: a copy on the stream between two graph
+/// replays costs the device a few microseconds. After a failed copy
+/// `held` is unknown, so the next call copies.
+pub(crate) fn upload_if_changed(
+    be: &CudaBackend,
+    held: &mut Option<Vec<u32>>,
+    src: &[u32],
+    dst: &mut CudaSlice<u32>,
+    what: &str,
+) -> Result<()> {
+    if !held_changed(held, src) {
+        return Ok(());
+    }
+    let copied = drv(be.stream().memcpy_htod(src, dst), what);
+    if copied.is_err() {
+        *held = None;
+    }
+    copied
 }
 
 /// Lays a one-row-per-sequence step of n rows out in `stage` (n *
@@ -200,8 +219,8 @@ fn tables_changed(held: &mut Option<Vec<u32>>, tables: &[u32]) -> bool {
 /// Returns the table words to copy (up to the last row's used blocks: a
 /// row's table is read up to its position's block) and the step words to
 /// copy (2n, or 3n with tokens). The unused words between rows inside
-/// that prefix are zeroed, so equal tables stage equal prefixes
-/// (`tables_changed` compares them).
+/// that prefix are zeroed, so equal tables stage equal prefixes (the
+/// refill copies them only when they changed).
 fn stage_step(
     batch: &AttnBatch<'_>,
     need: &[usize],
@@ -385,27 +404,24 @@ impl DevAttnBatch {
         anyhow::ensure!(
             stage.len() == n * (stride + 3)
                 && slots.len() == n
-                && tokens.is_none_or(|t| t.len() == n)
-                && self.positions.len() >= 4 * n,
+                && tokens.is_none_or(|t| t.len() == n),
             "decode batch: staging of {} values, {} slots and {:?} tokens for {n} rows of \
              {stride} blocks",
             stage.len(),
             slots.len(),
             tokens.map(<[u32]>::len)
         );
+        // The step words' layout (positions, slots, tokens): a fixed batch's.
+        self.fixed_part(2, "a refill")?;
         let (used, words) = stage_step(batch, &need, slots, tokens, stride, stage)?;
         let (flat, pos) = stage.split_at_mut(n * stride);
-        if tables_changed(&mut self.held_tables, &flat[..used]) {
-            let copied = drv(
-                be.stream().memcpy_htod(&flat[..used], &mut self.tables),
-                "decode block tables",
-            );
-            if copied.is_err() {
-                // The device may hold neither table: the next refill copies.
-                self.held_tables = None;
-            }
-            copied?;
-        }
+        upload_if_changed(
+            be,
+            &mut self.held_tables,
+            &flat[..used],
+            &mut self.tables,
+            "decode block tables",
+        )?;
         drv(
             be.stream()
                 .memcpy_htod(&pos[..words], &mut self.positions.slice_mut(0..words)),
@@ -577,17 +593,17 @@ mod tests {
     #[test]
     fn a_refill_copies_tables_only_when_they_change() {
         let mut held = None;
-        assert!(tables_changed(&mut held, &[7, 3]));
-        assert!(!tables_changed(&mut held, &[7, 3]));
+        assert!(held_changed(&mut held, &[7, 3]));
+        assert!(!held_changed(&mut held, &[7, 3]));
         // A block appended, a block replaced (copy on write), a table cut.
-        assert!(tables_changed(&mut held, &[7, 3, 9]));
-        assert!(!tables_changed(&mut held, &[7, 3, 9]));
-        assert!(tables_changed(&mut held, &[7, 4, 9]));
-        assert!(tables_changed(&mut held, &[7, 4]));
+        assert!(held_changed(&mut held, &[7, 3, 9]));
+        assert!(!held_changed(&mut held, &[7, 3, 9]));
+        assert!(held_changed(&mut held, &[7, 4, 9]));
+        assert!(held_changed(&mut held, &[7, 4]));
         assert_eq!(held.as_deref(), Some(&[7, 4][..]));
         // An empty prefix (no row reads a block) is held too.
-        assert!(tables_changed(&mut held, &[]));
-        assert!(!tables_changed(&mut held, &[]));
+        assert!(held_changed(&mut held, &[]));
+        assert!(!held_changed(&mut held, &[]));
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! next tokens (greedy.rs), any other's copies the logits out.
 
 use super::{CudaExec, DevBatch, DevBuf, DevIdx, DevKvCache, StepBufs};
-use crate::backend::cuda::mem::{zeros, DevAttnBatch};
+use crate::backend::cuda::mem::{upload_if_changed, zeros, DevAttnBatch};
 use crate::backend::cuda::{drv, CudaBackend, PdlExec};
 use crate::backend::AttnBatch;
 use crate::dispatch::Exec;
@@ -62,10 +62,11 @@ unsafe impl Send for SendGraph {}
 /// slots and tokens (DevAttnBatch::refill), (B * (stride + 3),) for a
 /// step of B rows, then the draw records. Async copies: the positions,
 /// slots and tokens in one (not the tokens in a greedy chain), the tables
-/// when they changed, the draws when they changed (from pageable memory each
-/// upload cost the host a staging copy of its own: about 14 of a SmolLM2
-/// step's 700 us on an H100). Invariant: the host writes the buffer only after
-/// `done`, recorded behind the last copies that read it, has completed.
+/// and the draws when they changed (`mem::upload_if_changed`; from
+/// pageable memory each upload cost the host a staging copy of its own:
+/// about 14 of a SmolLM2 step's 700 us on an H100). Invariant: the host
+/// writes the buffer only after `done`, recorded behind the last copies
+/// that read it, has completed.
 #[derive(Default)]
 pub(super) struct Staging {
     pub(super) buf: Option<PinnedHostSlice<u32>>,
@@ -115,7 +116,7 @@ pub(super) struct DecodeGraph {
     pub(super) ring: Option<Arc<crate::backend::cuda::GreedyRing>>,
     /// Greedy graphs: the draw records sample_rows reads (b, DRAW_WORDS),
     /// and the host's copy of what they hold (zeros: every row greedy).
-    pub(super) draws: Option<(CudaSlice<u32>, Vec<u32>)>,
+    pub(super) draws: Option<(CudaSlice<u32>, Option<Vec<u32>>)>,
     pub(super) graph: Option<SendGraph>,
     /// One uncaptured step ran with these inputs (it filled the buffer
     /// pool, so the capture allocates nothing).
@@ -225,7 +226,7 @@ impl CudaExec {
                 },
                 draws: if greedy {
                     let n = b * crate::backend::cuda::DRAW_WORDS;
-                    Some((zeros::<u32>(&self.be, n, "decode draws")?, vec![0; n]))
+                    Some((zeros::<u32>(&self.be, n, "decode draws")?, Some(vec![0; n])))
                 } else {
                     None
                 },
@@ -275,10 +276,7 @@ impl CudaExec {
                 );
                 draw_stage.copy_from_slice(sel.draws);
             }
-            if *draw_stage != *held {
-                drv(st.memcpy_htod(&*draw_stage, d), "decode draws")?;
-                held.copy_from_slice(draw_stage);
-            }
+            upload_if_changed(&self.be, held, draw_stage, d, "decode draws")?;
         }
         g.batch.refill(
             &self.be,
@@ -449,9 +447,10 @@ impl CudaExec {
         let l = Self::rd(logits);
         match greedy {
             // SAFETY: the graph's batch holds (b tokens, b statuses) at
-            // `tokens` (DevAttnBatch::tokens_and_status); the step read its tokens first (stream order);
-            // its draws buffer holds b records, written only by uploads
-            // ordered before the graph on this stream.
+            // `tokens` (DevAttnBatch::tokens_and_status); the step read its
+            // tokens first (stream order); its draws buffer holds b
+            // records, written only by uploads ordered before the graph on
+            // this stream.
             Some(f) => unsafe {
                 self.be.d_sample_rows_at(
                     &l,

@@ -1,5 +1,6 @@
 // Batch-1 decode attention on tensor cores, one CTA per (row, KV head)
-// folding the whole row (`fast` mode only; launch/attention.rs, rmma_rule).
+// folding the whole row, or a cluster of them (CL below) (`fast` mode only;
+// launch/attention_rmma.rs, rmma_rule and rmma_cluster_rule).
 //
 // Why: at batch 1 the split forms (attention_pipe_fast.cu) are bound by the
 // latency of their tile arithmetic (ATT_STAMP, H200, 2026-11-28: about
@@ -8,23 +9,23 @@
 // their partials (a cluster barrier or a second launch: 2,000-4,000 cycles
 // more). Here a KV head's query heads are the M rows of m16n8k16 f16 MMAs
 // (rows past the group are padding: zero queries, never stored; rows 8-15
-// are zeros), so a 16-key tile is a
-// handful of ldmatrix + MMA steps (S = Q·Kᵀ, the online softmax on the
-// accumulator fragments in base 2, O += P·V with P reused in registers as
-// the A operand), and one SM folds the whole row; the W warps' states are
-// merged in warp order in shared memory and the CTA writes the output and
-// its int8 copy itself: no partials, no combine, no cluster barrier.
+// are zeros), so a 16-key tile is a handful of ldmatrix + MMA steps (S =
+// Q·Kᵀ, the online softmax on the accumulator fragments in base 2, O +=
+// P·V with P reused in registers as the A operand), and one SM folds the
+// whole row; the W warps' states are merged in warp order in shared memory
+// and the CTA writes the output and its int8 copy itself: no partials, no
+// combine, no cluster barrier.
 //
 // Warp w folds the row's 16-key tiles w, w + W, w + 2W, ... (tile i: keys
 // 16 i .. 16 i + 15), each copied by cp.async into one of its own ST
 // stages while it computes an earlier one. With `early` (the host's word
 // that the row is its sequence's only row), those of a warp's first ST
 // tiles whose keys all precede the row's own position go out before the
-// programmatic wait (the KV write just before writes only that slot). K and V rows
-// are stored with 16-byte chunk c of row kk at slot c ^ (kk & 7) of its
-// group of 8 (rm_at), so the eight rows one ldmatrix phase reads hit eight
-// bank groups without padding. Keys past the row's position are copied as
-// zeros (so P·V never meets stale bits) and masked to -inf.
+// programmatic wait (the KV write just before writes only that slot). K
+// and V rows are stored with 16-byte chunk c of row kk at slot c ^ (kk &
+// 7) of its group of 8 (rm_at), so the eight rows one ldmatrix phase reads
+// hit eight bank groups without padding. Keys past the row's position are
+// copied as zeros (so P·V never meets stale bits) and masked to -inf.
 //
 // Bits: a head's result depends on its row's keys, head_dim, W, the f16
 // rounding of q·scale·log2(e), K, V and P, and the MUFU's ex2; not on the
