@@ -6,7 +6,7 @@
 //! graph whose weights call for it (`auto_ahead`: Q4_0 / Q4_1 / Q8_0, 256
 //! MiB or more) gets a second branch: after a memset of a progress word,
 //! one `l2_ahead` grid of 32 one-warp CTAs runs beside the whole chain and
-//! prefetches the step's weights into L2, a fixed distance (4-24 MiB) past
+//! prefetches the step's weights into L2, a fixed distance (4-16 MiB) past
 //! the chain's read position, which the one-row matvecs publish (`mv_mark`,
 //! common.cuh). The matvecs read the weights evict-first (MV_L2_POL,
 //! dequant.cuh), so the prefetched lines outlive the consumed ones.
@@ -85,41 +85,38 @@ pub(crate) struct StreamTypes {
     /// Every matrix is Q4_0, Q4_1 or Q8_0 (the types whose matvec loads
     /// are evict-first, MV_L2_POL in dequant.cuh, and were measured).
     pub ok: bool,
-    /// Some matrix is Q8_0.
-    pub q8: bool,
 }
 impl StreamTypes {
-    const START: StreamTypes = StreamTypes {
-        ok: true,
-        q8: false,
-    };
+    const START: StreamTypes = StreamTypes { ok: true };
     fn add(self, ty: GgmlType) -> Self {
         StreamTypes {
             ok: self.ok && matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0),
-            q8: self.q8 || ty == GgmlType::Q8_0,
         }
     }
 }
 
 /// The automatic distance for a step that reads `total` bytes of weights
 /// of types `t`: none for other types than Q4_0 / Q4_1 / Q8_0 or under 256
-/// MiB, else total / 48 within [4, 16] MiB (all Q4_0 / Q4_1) or [4, 24]
-/// MiB (some Q8_0). Measured on an H100 (2026-11-27, bulk prefetches, 32
-/// CTAs, the matvecs' weight loads evict-first), greedy tg128 tok/s: the
-/// 8B Q4_0 (4.5 GB) 431 at 16 MiB, 431 at 24, 413 at 32, 346 at 40; the
-/// 1B Q4_0 (0.7 GB) 1,571 at 8, 1,591 at 12, 1,586 at 16 and 20, 1,503
-/// at 32; the 8B Q8_0 277 without, 283 at 16, 286 at 24; SmolLM2-135M
-/// slower at 4-16 MiB (1,588 without, 1,535-1,541). Before the evict-first
-/// loads the Q8_0 lost 2% after a 512-token prompt and distances past 16-20
-/// MiB were slower than none: the lines the chain had just read stayed in
-/// the 50 MB L2.
+/// MiB, else total / 48 within [4, 16] MiB. Measured on an H100
+/// (2026-11-27, bulk prefetches, 32 CTAs, the matvecs' weight loads
+/// evict-first), greedy tg128 tok/s: the 8B Q4_0 (4.5 GB) 431 at 16 MiB,
+/// 431 at 24, 413 at 32, 346 at 40; the 1B Q4_0 (0.7 GB) 1,571 at 8, 1,591
+/// at 12, 1,586 at 16 and 20, 1,503 at 32; the 8B Q8_0 277 without, 283 at
+/// 16, 286 at 24; SmolLM2-135M slower at 4-16 MiB (1,588 without,
+/// 1,535-1,541). The Q8_0 cap was 24 MiB from that H100 run until the
+/// H200 (the machine) measured 16 faster in three calls
+/// (2026-11-28, tg128 / tg128@d512 tok/s, 16 against 24 MiB: 374.5 /
+/// 363.5 against 365.9 / 358.4 and 371.8 / 362.0 against 368.0 / 360.5 in
+/// one call, 1.1-1.5% in an earlier one). Before the evict-first loads the
+/// Q8_0 lost 2% after a 512-token prompt and distances past 16-20 MiB were
+/// slower than none: the lines the chain had just read stayed in the 50 MB
+/// L2.
 pub(crate) fn auto_ahead(total: u64, t: StreamTypes) -> u64 {
     const MIB: u64 = 1 << 20;
     if !t.ok || total < 256 * MIB {
         0
     } else {
-        let cap = if t.q8 { 24 * MIB } else { 16 * MIB };
-        (total / 48).clamp(4 * MIB, cap)
+        (total / 48).clamp(4 * MIB, 16 * MIB)
     }
 }
 
@@ -457,14 +454,7 @@ mod tests {
         let of = |tys: &[GgmlType]| tys.iter().fold(StreamTypes::START, |t, &ty| t.add(ty));
         let q4 = of(&[GgmlType::Q4_0, GgmlType::Q4_1]);
         let q8 = of(&[GgmlType::Q4_0, GgmlType::Q8_0]);
-        assert_eq!(
-            q4,
-            StreamTypes {
-                ok: true,
-                q8: false
-            }
-        );
-        assert_eq!(q8, StreamTypes { ok: true, q8: true });
+        assert!(q4.ok && q8.ok);
         assert!(!of(&[GgmlType::Q4_0, GgmlType::Q6_K, GgmlType::Q8_0]).ok);
         assert!(!of(&[GgmlType::F16]).ok);
         assert_eq!(auto_ahead(93 * mib, q4), 0); // SmolLM2-135M Q4_0
@@ -472,7 +462,7 @@ mod tests {
         assert_eq!(auto_ahead(150 * mib, q8), 0);
         assert_eq!(auto_ahead(663 * mib, q4), 663 * mib / 48); // Llama-3.2-1B Q4_0
         assert_eq!(auto_ahead(4520 * mib, q4), 16 * mib); // Llama-3.1-8B Q4_0
-        assert_eq!(auto_ahead(8540 * mib, q8), 24 * mib); // Llama-3.1-8B Q8_0
+        assert_eq!(auto_ahead(8540 * mib, q8), 16 * mib); // Llama-3.1-8B Q8_0
         assert_eq!(auto_ahead(16060 * mib, of(&[GgmlType::F16])), 0);
     }
 
