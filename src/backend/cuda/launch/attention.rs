@@ -272,8 +272,9 @@ impl CudaBackend {
         // int8 copy is q8_block's, so check-exact's unfused reference
         // takes it too and checks that copy bitwise).
         // `fast`, few units, head_dim 64 or 128: the same on tensor cores
-        // (att_rmma_*, rmma_wanted), for rows of one chunk, and of a few
-        // where the split forms' merge would be the combine launch (a
+        // (att_rmma_*, rmma_wanted), for rows of one chunk (two at
+        // head_dim 64), and of a few more where the split forms' merge
+        // would be the combine launch (a
         // capture with the L2 read-ahead branch, a function of the model:
         // check-exact's unfused reference captures the same branch).
         // The launch as the tensor-core rules see it; `combine`: a capture

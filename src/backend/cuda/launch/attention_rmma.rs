@@ -36,8 +36,8 @@ pub(super) fn rmma_cluster_ctas(part_ctas: usize, hd: usize) -> usize {
 }
 
 /// K and V bytes per CTA the cluster form aims at (QUIRE_ATT_RMMA_CL_KB,
-/// default 96 KiB: three 16-key tiles per warp at head_dim 64 and 16
-/// warps).
+/// default 96 KiB: six 16-key tiles per warp at head_dim 64 and 8 warps;
+/// chosen when the form ran 16 warps there, and measured faster at 8).
 fn rmma_cl_kv() -> usize {
     static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *V.get_or_init(|| env_usize("QUIRE_ATT_RMMA_CL_KB").unwrap_or(96).max(16)) << 10
@@ -121,8 +121,18 @@ fn rmma_cluster_rule(l: RmmaLaunch, c: usize, cl_kv_max: usize) -> bool {
 /// stages hold 16-key K and V tiles (4 KiB a stage at head_dim 64, 8 at
 /// 128), so warps x stages is bounded by the SM's 227 KiB:
 /// QUIRE_ATT_RMMA_WARPS (4, 8 or 16) and QUIRE_ATT_RMMA_STAGES (1..=8)
-/// override the defaults, 16 x 3 at head_dim 64 (every tile of a
-/// 768-key row requested at once) and 8 x 3 at 128, clamped to fit.
+/// override the defaults, 8 x 3 at head_dim 64 and at 128, clamped to
+/// fit. At head_dim 64 the default was 16 x 3 (every tile of a 768-key
+/// row requested at once; SmolLM2 with the form forced after 512 tokens:
+/// 16 x 3 1,604, 8 x 4 1,550 tok/s) until the rows the form takes were
+/// measured at 8 (H200, 2026-11-28 night, decode tok/s, 16 / 8 warps, two
+/// or three calls): the 1B from an empty cache 1,912-1,941 / 1,942-1,974,
+/// after 256 tokens 1,829-1,882 / 1,858-1,892, after 512 (the cluster
+/// form, 3 CTAs) 1,776-1,837 / 1,832-1,862; SmolLM2 from an empty cache
+/// 1,802-1,875 / 1,858-1,919, after 128 tokens 1,782-1,829 / 1,815-1,835.
+/// Fewer warps merge fewer states, and a row of at most 8 tiles (every
+/// row from an empty cache, here) leaves none idle; 8 x 4 lost on the 1B
+/// (1,804-1,836 against 1,832-1,862 after 512 tokens).
 pub(crate) fn att_rmma_shape(d32: usize) -> (usize, usize) {
     static V: std::sync::OnceLock<(Option<usize>, Option<usize>)> = std::sync::OnceLock::new();
     let (w, st) = *V.get_or_init(|| {
@@ -132,7 +142,7 @@ pub(crate) fn att_rmma_shape(d32: usize) -> (usize, usize) {
         )
     });
     let (w, mut st) = match d32 {
-        2 => (w.unwrap_or(16), st.unwrap_or(3)),
+        2 => (w.unwrap_or(8), st.unwrap_or(3)),
         _ => (w.unwrap_or(8), st.unwrap_or(3)),
     };
     // Room for the cluster form's slots too (its largest group, 8).
@@ -161,7 +171,18 @@ fn rmma_bytes(d32: usize, w: usize, st: usize) -> usize {
 /// checks it).
 pub(super) fn rmma_wanted(l: RmmaLaunch) -> bool {
     static V: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    rmma_form_wanted(&V, "QUIRE_ATT_RMMA", l.hd, || rmma_rule(l, rmma_kv_max()))
+    rmma_form_wanted(&V, "QUIRE_ATT_RMMA", l.hd, || {
+        rmma_rule(l, rmma_kv_max(), rmma_nc_kv_max())
+    })
+}
+
+/// The most K and V bytes of a unit (KiB) the tensor-core row form folds
+/// where the split forms would merge in a cluster of their own (no
+/// `combine`; QUIRE_ATT_RMMA_NC_KB overrides, for sweeps; default 64: two
+/// chunks at head_dim 64, one at 128).
+fn rmma_nc_kv_max() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| env_usize("QUIRE_ATT_RMMA_NC_KB").unwrap_or(64)) << 10
 }
 
 /// The most K and V bytes of a unit (KiB) the tensor-core row form folds
@@ -172,10 +193,11 @@ fn rmma_kv_max() -> usize {
     *V.get_or_init(|| env_usize("QUIRE_ATT_RMMA_KV_KB").unwrap_or(192)) << 10
 }
 
-/// At most one unit per two SMs (a CTA alone on its SM), and rows of one
-/// chunk, or where the split forms would merge by a second launch
-/// (`combine`), rows whose K and V (chunks x 128 keys x head_dim x 4 bytes)
-/// fit `kv_max`: one SM reads the whole row at about its L2 port's rate.
+/// At most one unit per two SMs (a CTA alone on its SM), and rows whose K
+/// and V (chunks x 128 keys x head_dim x 4 bytes) fit `kv_max` where the
+/// split forms would merge by a second launch (`combine`), else
+/// `nc_kv_max` (rows of one chunk, and at head_dim 64 of two): one SM
+/// reads the whole row at about its L2 port's rate.
 /// Measured on an H200 (2026-11-28, decode tok/s, split forms / this
 /// form; docs/PERF.md has every run): one chunk (tg128) SmolLM2 Q4_0
 /// 1,755-1,784 / 1,827-1,863, 1B Q4_0 1,826-1,886 / 1,892-1,940, 8B Q4_0
@@ -186,14 +208,17 @@ fn rmma_kv_max() -> usize {
 /// 522-525 / 504-513 / 486-491 (192 KiB at 384 keys wins, 320 at 640
 /// loses); instead of the cluster merge (SmolLM2, whose graph has no
 /// read-ahead) after 256 / 512 tokens 1,698-1,712 / 1,653-1,689 against
-/// 1,698-1,706 / 1,570-1,607: a tie, then a loss. A decode graph's rows
+/// 1,698-1,706 / 1,570-1,607: a tie, then a loss; after 128 tokens (two
+/// chunks; 2026-11-28 night) 1,778-1,829 against 1,721-1,726 (+3-6%), so
+/// such graphs take rows of two chunks at head_dim 64 (64 KiB), not four.
+/// A decode graph's rows
 /// have a power of two of chunks (its bucket), so this rule takes the 1B
 /// up to 4 chunks (511 tokens) and the 8B up to 2 (255); after 512 tokens
 /// the 1B's default was the split forms and the combine (1,700-1,733 tok/s
 /// on 2026-11-28 evening), which rmma_cluster_rule now replaces.
-fn rmma_rule(l: RmmaLaunch, kv_max: usize) -> bool {
-    2 * l.units <= l.sms
-        && (l.part_ctas == 1 || (l.combine && unit_kv(l.part_ctas, l.hd) <= kv_max))
+fn rmma_rule(l: RmmaLaunch, kv_max: usize, nc_kv_max: usize) -> bool {
+    let max = if l.combine { kv_max } else { nc_kv_max };
+    2 * l.units <= l.sms && unit_kv(l.part_ctas, l.hd) <= max
 }
 
 /// Threads of tensor-core row-form entry `name` (32 per warp of
@@ -238,20 +263,25 @@ mod tests {
     fn rmma_form_for_one_chunk_or_a_row_that_one_sm_reads_in_time() {
         use super::super::attention_forms::{att_pipe_smem, att_threads};
         use super::{att_rmma_shape, rmma_rule};
-        let kv = 192 << 10;
+        let (kv, nc) = (192 << 10, 64 << 10);
         // One chunk: every head shape, with or without the combine.
-        assert!(rmma_rule(at(3, 1, 132, 64, false), kv));
-        assert!(rmma_rule(at(8, 1, 132, 128, true), kv));
-        // Past one chunk only instead of the combine launch, up to 192 KiB
-        // of K and V: 6 chunks at head_dim 64, 3 at 128.
-        assert!(!rmma_rule(at(3, 2, 132, 64, false), kv));
-        assert!(rmma_rule(at(8, 6, 132, 64, true), kv));
-        assert!(!rmma_rule(at(8, 7, 132, 64, true), kv));
-        assert!(rmma_rule(at(8, 3, 132, 128, true), kv));
-        assert!(!rmma_rule(at(8, 4, 132, 128, true), kv));
+        assert!(rmma_rule(at(3, 1, 132, 64, false), kv, nc));
+        assert!(rmma_rule(at(8, 1, 132, 128, false), kv, nc));
+        assert!(rmma_rule(at(8, 1, 132, 128, true), kv, nc));
+        // Without the combine (SmolLM2) up to 64 KiB: two chunks at
+        // head_dim 64 (rows under 256 keys), not four; one at 128.
+        assert!(rmma_rule(at(3, 2, 132, 64, false), kv, nc));
+        assert!(!rmma_rule(at(3, 4, 132, 64, false), kv, nc));
+        assert!(!rmma_rule(at(8, 2, 132, 128, false), kv, nc));
+        // Instead of the combine launch, up to 192 KiB of K and V: 6
+        // chunks at head_dim 64, 3 at 128.
+        assert!(rmma_rule(at(8, 6, 132, 64, true), kv, nc));
+        assert!(!rmma_rule(at(8, 7, 132, 64, true), kv, nc));
+        assert!(rmma_rule(at(8, 3, 132, 128, true), kv, nc));
+        assert!(!rmma_rule(at(8, 4, 132, 128, true), kv, nc));
         // Not past one unit per two SMs.
-        assert!(!rmma_rule(at(67, 1, 132, 64, false), kv));
-        assert!(rmma_rule(at(66, 1, 132, 64, false), kv));
+        assert!(!rmma_rule(at(67, 1, 132, 64, false), kv, nc));
+        assert!(rmma_rule(at(66, 1, 132, 64, false), kv, nc));
         // The launch's threads and shared memory follow att_rmma_shape,
         // within the SM's opt-in 227 KiB.
         for d32 in [2, 4] {
