@@ -282,6 +282,7 @@ impl CudaBackend {
         // read it too).
         let rl = RmmaLaunch {
             units,
+            rows: batch.n_rows,
             part_ctas: batch.part_ctas,
             sms: self.sm_count(),
             hd,

@@ -56,6 +56,8 @@ fn rmma_cl_kv_max() -> usize {
 pub(super) struct RmmaLaunch {
     /// (row, KV head) pairs.
     pub(super) units: usize,
+    /// Query rows (one per sequence in a decode graph).
+    pub(super) rows: usize,
     /// 128-key chunks of the longest row.
     pub(super) part_ctas: usize,
     /// The device's SMs.
@@ -195,9 +197,11 @@ fn rmma_kv_max() -> usize {
 
 /// At most one unit per two SMs (a CTA alone on its SM), and rows whose K
 /// and V (chunks x 128 keys x head_dim x 4 bytes) fit `kv_max` where the
-/// split forms would merge by a second launch (`combine`), else
-/// `nc_kv_max` (rows of one chunk, and at head_dim 64 of two): one SM
-/// reads the whole row at about its L2 port's rate.
+/// split forms would merge by a second launch (`combine`, one-row graphs
+/// only), else rows of one chunk, and in one-row launches rows within
+/// `nc_kv_max` (at head_dim 64 two chunks): one SM reads the whole row at
+/// about its L2 port's rate. Batches of several rows past one chunk keep
+/// the split forms: not measured with this form.
 /// Measured on an H200 (2026-11-28, decode tok/s, split forms / this
 /// form; docs/PERF.md has every run): one chunk (tg128) SmolLM2 Q4_0
 /// 1,755-1,784 / 1,827-1,863, 1B Q4_0 1,826-1,886 / 1,892-1,940, 8B Q4_0
@@ -217,8 +221,9 @@ fn rmma_kv_max() -> usize {
 /// the 1B's default was the split forms and the combine (1,700-1,733 tok/s
 /// on 2026-11-28 evening), which rmma_cluster_rule now replaces.
 fn rmma_rule(l: RmmaLaunch, kv_max: usize, nc_kv_max: usize) -> bool {
-    let max = if l.combine { kv_max } else { nc_kv_max };
-    2 * l.units <= l.sms && unit_kv(l.part_ctas, l.hd) <= max
+    let fits = |max| unit_kv(l.part_ctas, l.hd) <= max;
+    2 * l.units <= l.sms
+        && (l.part_ctas == 1 || fits(if l.combine { kv_max } else { nc_kv_max }) && l.rows == 1)
 }
 
 /// Threads of tensor-core row-form entry `name` (32 per warp of
@@ -248,10 +253,12 @@ mod tests {
     use super::RmmaLaunch;
 
     /// A launch of `units` (row, KV head) pairs whose longest row has
-    /// `part_ctas` chunks, on `sms` SMs, head_dim `hd`.
+    /// `part_ctas` chunks, on `sms` SMs, head_dim `hd`: one row (`units` KV
+    /// heads).
     fn at(units: usize, part_ctas: usize, sms: usize, hd: usize, combine: bool) -> RmmaLaunch {
         RmmaLaunch {
             units,
+            rows: 1,
             part_ctas,
             sms,
             hd,
@@ -273,6 +280,13 @@ mod tests {
         assert!(rmma_rule(at(3, 2, 132, 64, false), kv, nc));
         assert!(!rmma_rule(at(3, 4, 132, 64, false), kv, nc));
         assert!(!rmma_rule(at(8, 2, 132, 128, false), kv, nc));
+        // Several rows: one chunk only (8 rows of SmolLM2's 3 KV heads).
+        let rows8 = |part_ctas| RmmaLaunch {
+            rows: 8,
+            ..at(24, part_ctas, 132, 64, false)
+        };
+        assert!(rmma_rule(rows8(1), kv, nc));
+        assert!(!rmma_rule(rows8(2), kv, nc));
         // Instead of the combine launch, up to 192 KiB of K and V: 6
         // chunks at head_dim 64, 3 at 128.
         assert!(rmma_rule(at(8, 6, 132, 64, true), kv, nc));
