@@ -19,6 +19,10 @@
 # Env: OUT (default ./gpu-goals-out: results.jsonl, summary.md, logs),
 # GOALS_AB (environment settings, e.g. "QUIRE_MV_PREFETCH_MB=16": every model's
 # decode also runs with them, alternating with the default, twice each),
+# GOALS_AB_GREEDY=1 (those A/B runs with `--greedy`: tokens chosen on the
+# device, the greedy graphs' path; without it every step feeds a token and
+# copies the logits out, as llama-bench does, and never replays a greedy
+# graph, so a change to the greedy chain needs it),
 # GOALS_MODELS (a subset of the rows, below), COPY_BW (the device's measured copy bandwidth, TB/s, read + write; 3.01
 # on the H100s here), REPS (default 3), GOALS_QUICK=1 (a dry run of this
 # script: every model the SmolLM2 shape, short runs; with GOALS_GPU=off it
@@ -119,10 +123,12 @@ for m in "${models[@]}"; do
   qbench "$name" fast "${fast[@]}" -p "$P1" -g "$G" --depth "$D"
   qbench "$name" fast-p2 "${fast[@]}" -p "$P2" -g 0
   if [ -n "${GOALS_AB:-}" ]; then
+    ab_flags=()
+    [ "${GOALS_AB_GREEDY:-0}" = 1 ] && ab_flags=(--greedy)
     for i in 1 2; do
-      qbench "$name" ab-off-$i "${fast[@]}" -p 0 -g "$G" --depth "$D"
+      qbench "$name" ab-off-$i "${fast[@]}" ${ab_flags[@]+"${ab_flags[@]}"} -p 0 -g "$G" --depth "$D"
       read -r -a AB_ENV <<<"$GOALS_AB"
-      qbench "$name" ab-on-$i "${fast[@]}" -p 0 -g "$G" --depth "$D"
+      qbench "$name" ab-on-$i "${fast[@]}" ${ab_flags[@]+"${ab_flags[@]}"} -p 0 -g "$G" --depth "$D"
       AB_ENV=()
     done
   fi
@@ -268,11 +274,14 @@ if os.path.exists(fi_md):
         print(f"\ngeometric mean {gm:.3f}; {sum(v >= 1.0 for v in logs)} of {len(logs)} shapes at 1.0 or above")
 
 if ab:
-    print(f"\n## Decode with `{ab}` against without (alternating runs)\n")
-    print(f"| model | {tg} off / on | {tgd} off / on | ratio ({tg}, {tgd}) |\n|---|---|---|---|")
+    # --greedy's rows carry its tag (quire bench's chain_tag).
+    tag = " greedy" if os.environ.get("GOALS_AB_GREEDY") == "1" else ""
+    atg, atgd = tg + tag, tgd + tag
+    print(f"\n## Decode with `{ab}` against without (alternating runs{', greedy' if tag else ''})\n")
+    print(f"| model | {atg} off / on | {atgd} off / on | ratio ({atg}, {atgd}) |\n|---|---|---|---|")
     for m in models:
-        offs = [(q(m, f"ab-off-{i}", tg), q(m, f"ab-off-{i}", tgd)) for i in (1, 2)]
-        ons = [(q(m, f"ab-on-{i}", tg), q(m, f"ab-on-{i}", tgd)) for i in (1, 2)]
+        offs = [(q(m, f"ab-off-{i}", atg), q(m, f"ab-off-{i}", atgd)) for i in (1, 2)]
+        ons = [(q(m, f"ab-on-{i}", atg), q(m, f"ab-on-{i}", atgd)) for i in (1, 2)]
         mean = lambda v: sum(v) / len(v) if v and all(v) else None
         a = [mean([o[j] for o in offs]) for j in (0, 1)]
         b = [mean([o[j] for o in ons]) for j in (0, 1)]
