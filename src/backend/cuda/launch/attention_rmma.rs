@@ -179,8 +179,8 @@ pub(super) fn rmma_wanted(l: RmmaLaunch) -> bool {
 }
 
 /// The most K and V bytes of a unit (KiB) the tensor-core row form folds
-/// where the split forms would merge in a cluster of their own (no
-/// `combine`; QUIRE_ATT_RMMA_NC_KB overrides, for sweeps; default 64: two
+/// in one-row launches where the split forms would merge in a cluster of
+/// their own (no `combine`; QUIRE_ATT_RMMA_NC_KB overrides, for sweeps; default 64: two
 /// chunks at head_dim 64, one at 128).
 fn rmma_nc_kv_max() -> usize {
     static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
@@ -213,17 +213,16 @@ fn rmma_kv_max() -> usize {
 /// loses); instead of the cluster merge (SmolLM2, whose graph has no
 /// read-ahead) after 256 / 512 tokens 1,698-1,712 / 1,653-1,689 against
 /// 1,698-1,706 / 1,570-1,607: a tie, then a loss; after 128 tokens (two
-/// chunks; 2026-11-28 night) 1,778-1,829 against 1,721-1,726 (+3-6%), so
-/// such graphs take rows of two chunks at head_dim 64 (64 KiB), not four.
-/// A decode graph's rows
-/// have a power of two of chunks (its bucket), so this rule takes the 1B
-/// up to 4 chunks (511 tokens) and the 8B up to 2 (255); after 512 tokens
+/// chunks; 2026-11-28 night, three rounds in one call) 1,826.8-1,828.8
+/// against 1,695.4-1,746.0 (+4.6-7.9%), so such graphs take rows of two
+/// chunks at head_dim 64 (64 KiB), not four. A decode graph's rows have a
+/// power of two of chunks (its bucket), so this rule takes the 1B up to 4
+/// chunks (511 tokens) and the 8B up to 2 (255); after 512 tokens
 /// the 1B's default was the split forms and the combine (1,700-1,733 tok/s
 /// on 2026-11-28 evening), which rmma_cluster_rule now replaces.
 fn rmma_rule(l: RmmaLaunch, kv_max: usize, nc_kv_max: usize) -> bool {
-    let fits = |max| unit_kv(l.part_ctas, l.hd) <= max;
-    2 * l.units <= l.sms
-        && (l.part_ctas == 1 || fits(if l.combine { kv_max } else { nc_kv_max }) && l.rows == 1)
+    let max = if l.combine { kv_max } else { nc_kv_max };
+    2 * l.units <= l.sms && (l.part_ctas == 1 || (l.rows == 1 && unit_kv(l.part_ctas, l.hd) <= max))
 }
 
 /// Threads of tensor-core row-form entry `name` (32 per warp of
@@ -315,38 +314,23 @@ mod tests {
     #[test]
     fn rmma_cluster_for_combine_rows_that_four_ctas_fold_at_128_kib() {
         use super::{rmma_cluster_rule, unit_kv, ATT_RMMA_CL_MAX};
-        let max = 128 << 10;
+        let rule = |l, c| rmma_cluster_rule(l, c, 128 << 10);
+        let c4 = ATT_RMMA_CL_MAX;
         // The 1B's heads (8 units, head_dim 64): 8 chunks (a decode
         // graph's bucket after 512 tokens) are 256 KiB, 3 CTAs; 16 chunks
         // 512 KiB at 4; 32 chunks do not fit 4 x 128 KiB.
         assert_eq!(unit_kv(8, 64), 256 << 10);
-        assert!(rmma_cluster_rule(at(8, 8, 132, 64, true), 3, max));
-        assert!(rmma_cluster_rule(
-            at(8, 16, 132, 64, true),
-            ATT_RMMA_CL_MAX,
-            max
-        ));
-        assert!(!rmma_cluster_rule(
-            at(8, 32, 132, 64, true),
-            ATT_RMMA_CL_MAX,
-            max
-        ));
+        assert!(rule(at(8, 8, 132, 64, true), 3));
+        assert!(rule(at(8, 16, 132, 64, true), c4));
+        assert!(!rule(at(8, 32, 132, 64, true), c4));
         // Only instead of the combine, and only past one chunk.
-        assert!(!rmma_cluster_rule(at(8, 8, 132, 64, false), 3, max));
-        assert!(!rmma_cluster_rule(at(8, 1, 132, 64, true), 2, max));
+        assert!(!rule(at(8, 8, 132, 64, false), 3));
+        assert!(!rule(at(8, 1, 132, 64, true), 2));
         // The 8B's heads (head_dim 128): 8 chunks are 512 KiB, 4 CTAs.
-        assert!(rmma_cluster_rule(
-            at(8, 8, 132, 128, true),
-            ATT_RMMA_CL_MAX,
-            max
-        ));
-        assert!(!rmma_cluster_rule(
-            at(8, 16, 132, 128, true),
-            ATT_RMMA_CL_MAX,
-            max
-        ));
+        assert!(rule(at(8, 8, 132, 128, true), c4));
+        assert!(!rule(at(8, 16, 132, 128, true), c4));
         // At most one cluster's CTAs per two SMs.
-        assert!(rmma_cluster_rule(at(16, 8, 132, 64, true), 4, max));
-        assert!(!rmma_cluster_rule(at(17, 8, 132, 64, true), 4, max));
+        assert!(rule(at(16, 8, 132, 64, true), 4));
+        assert!(!rule(at(17, 8, 132, 64, true), 4));
     }
 }

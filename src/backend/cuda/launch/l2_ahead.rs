@@ -79,25 +79,16 @@ fn knobs() -> (Ahead, u64, u32) {
     })
 }
 
-/// The weight types a step's matvecs read, as the automatic rule sees them.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) struct StreamTypes {
-    /// Every matrix is Q4_0, Q4_1 or Q8_0 (the types whose matvec loads
-    /// are evict-first, MV_L2_POL in dequant.cuh, and were measured).
-    pub ok: bool,
-}
-impl StreamTypes {
-    const START: StreamTypes = StreamTypes { ok: true };
-    fn add(self, ty: GgmlType) -> Self {
-        StreamTypes {
-            ok: self.ok && matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0),
-        }
-    }
+/// Whether the automatic rule reads ahead of weights of type `ty`: Q4_0,
+/// Q4_1 and Q8_0, whose matvec loads are evict-first (MV_L2_POL in
+/// dequant.cuh) and were measured.
+fn streams_ahead(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
 }
 
-/// The automatic distance for a step that reads `total` bytes of weights
-/// of types `t`: none for other types than Q4_0 / Q4_1 / Q8_0 or under 256
-/// MiB, else total / 48 within [4, 16] MiB. Measured on an H100
+/// The automatic distance for a step that reads `total` bytes of weights,
+/// all of them of `streams_ahead` types (`ok`): none for other types or
+/// under 256 MiB, else total / 48 within [4, 16] MiB. Measured on an H100
 /// (2026-11-27, bulk prefetches, 32 CTAs, the matvecs' weight loads
 /// evict-first), greedy tg128 tok/s: the 8B Q4_0 (4.5 GB) 431 at 16 MiB,
 /// 431 at 24, 413 at 32, 346 at 40; the 1B Q4_0 (0.7 GB) 1,571 at 8, 1,591
@@ -111,21 +102,21 @@ impl StreamTypes {
 /// Q8_0 lost 2% after a 512-token prompt and distances past 16-20 MiB were
 /// slower than none: the lines the chain had just read stayed in the 50 MB
 /// L2.
-pub(crate) fn auto_ahead(total: u64, t: StreamTypes) -> u64 {
+pub(crate) fn auto_ahead(total: u64, ok: bool) -> u64 {
     const MIB: u64 = 1 << 20;
-    if !t.ok || total < 256 * MIB {
+    if !ok || total < 256 * MIB {
         0
     } else {
         (total / 48).clamp(4 * MIB, 16 * MIB)
     }
 }
 
-/// The distance for a step of `total` bytes of weights of types `t` under
-/// the knob; 0: none.
-fn distance(total: u64, t: StreamTypes) -> u64 {
+/// The distance for a step of `total` bytes of weights (`ok`: all of
+/// `streams_ahead` types) under the knob; 0: none.
+fn distance(total: u64, ok: bool) -> u64 {
     match knobs().0 {
         Ahead::Off => 0,
-        Ahead::Auto => auto_ahead(total, t),
+        Ahead::Auto => auto_ahead(total, ok),
         Ahead::Bytes(v) => v,
     }
 }
@@ -139,8 +130,8 @@ pub(crate) struct L2Log {
     pos: u64,
     /// (device address, bytes) of each weight matrix, in stream order.
     segs: Vec<(u64, u64)>,
-    /// The types of the matrices so far (`auto_ahead`).
-    types: StreamTypes,
+    /// Every matrix so far is of a `streams_ahead` type (`auto_ahead`).
+    types_ok: bool,
 }
 
 impl L2Log {
@@ -149,7 +140,7 @@ impl L2Log {
             mark_ptr,
             pos: 0,
             segs: Vec::new(),
-            types: StreamTypes::START,
+            types_ok: true,
         }
     }
 
@@ -250,7 +241,7 @@ impl CudaBackend {
                 .map_err(|e| anyhow::anyhow!("l2 read-ahead: {e}"))?;
         let s = self.stream();
         let start = log.pos;
-        log.types = jobs.iter().fold(log.types, |t, j| t.add(j.w.ty));
+        log.types_ok &= jobs.iter().all(|j| streams_ahead(j.w.ty));
         for j in jobs {
             let bytes = (j.w.rows * rb) as u64;
             log.segs.push((dev_ptr(&j.w.data, s), bytes));
@@ -344,7 +335,7 @@ impl CudaBackend {
     /// read-ahead distance its weights call for (0: none; None: not
     /// measured).
     pub(crate) fn l2_measured(&self) -> Result<Option<u64>> {
-        Ok(self.l2_log()?.take().map(|l| distance(l.pos, l.types)))
+        Ok(self.l2_log()?.take().map(|l| distance(l.pos, l.types_ok)))
     }
 
     /// QUIRE_L2_TRACE=1 (a diagnostic): after a replay, waits for it and
@@ -383,7 +374,7 @@ impl CudaBackend {
     /// After a successful capture, before its first replay: the piece
     /// table of the recorded weights, on the stream.
     pub(crate) fn l2_upload(&self, b: &mut L2Bufs, log: &L2Log) -> Result<(usize, u64)> {
-        let ahead = distance(log.pos, log.types);
+        let ahead = distance(log.pos, log.types_ok);
         let mut t = if ahead == 0 {
             Vec::new()
         } else {
@@ -448,15 +439,15 @@ mod tests {
 
     #[test]
     fn auto_distance() {
-        use super::{auto_ahead, StreamTypes};
+        use super::{auto_ahead, streams_ahead};
         use crate::quant::GgmlType;
         let mib = 1u64 << 20;
-        let of = |tys: &[GgmlType]| tys.iter().fold(StreamTypes::START, |t, &ty| t.add(ty));
+        let of = |tys: &[GgmlType]| tys.iter().all(|&ty| streams_ahead(ty));
         let q4 = of(&[GgmlType::Q4_0, GgmlType::Q4_1]);
         let q8 = of(&[GgmlType::Q4_0, GgmlType::Q8_0]);
-        assert!(q4.ok && q8.ok);
-        assert!(!of(&[GgmlType::Q4_0, GgmlType::Q6_K, GgmlType::Q8_0]).ok);
-        assert!(!of(&[GgmlType::F16]).ok);
+        assert!(q4 && q8);
+        assert!(!of(&[GgmlType::Q4_0, GgmlType::Q6_K, GgmlType::Q8_0]));
+        assert!(!of(&[GgmlType::F16]));
         assert_eq!(auto_ahead(93 * mib, q4), 0); // SmolLM2-135M Q4_0
         assert_eq!(auto_ahead(256 * mib, q4), 16 * mib / 3);
         assert_eq!(auto_ahead(150 * mib, q8), 0);
