@@ -100,14 +100,21 @@ pub struct DevAttnBatch {
     /// (n_rows,) sequence of each query row.
     pub(super) row_seq: CudaSlice<u32>,
     /// (n_rows,) absolute position of each query row; in a fixed batch
-    /// (n_rows * 4,): then each row's KV slot (`slots`), its input token
-    /// (`tokens`) and a greedy step's status word, so that one copy
-    /// refills a step's inputs.
+    /// (n_rows * 4 + 1,), the "step words": then each row's KV slot
+    /// (`slots`), its input token (`tokens`), a greedy step's status word,
+    /// and the ticket of a greedy graph's advance (`step_words`), so that
+    /// one copy refills a step's inputs.
     pub(super) positions: CudaSlice<u32>,
     /// A fixed batch's block tables as its last refill copied them (the
     /// prefix its rows read): a refill whose tables are the same skips
     /// their copy. None until the first refill, and for uploaded batches.
     held_tables: Option<Vec<u32>>,
+    /// A fixed batch's positions and slots (2 n_rows words) as the device
+    /// holds them once the steps enqueued so far have run: what the last
+    /// refill copied, advanced by one per greedy replay since
+    /// ([`DevAttnBatch::hold_steps`]). A chained step whose positions and
+    /// slots are those skips their copy. None: unknown (then it copies).
+    held_steps: Option<Vec<u32>>,
     pub(super) n_rows: usize,
     pub(super) block_size: usize,
     pub(super) n_blocks: usize,
@@ -255,6 +262,41 @@ fn stage_step(
     Ok((used, words))
 }
 
+/// How many of a refill's staged step words (`words`: n positions, n
+/// slots, then n tokens unless the step is chained) to copy, given what
+/// the device will hold of the positions and slots (`held`): all of an
+/// unchained step's; none of a chained step's when the device holds
+/// them already (and `advance`, the comparison switch, allows it); else
+/// the positions and slots.
+fn step_copy(held: Option<&[u32]>, words: &[u32], n: usize, advance: bool) -> usize {
+    if words.len() > 2 * n {
+        words.len()
+    } else if advance && held == Some(words) {
+        0
+    } else {
+        words.len()
+    }
+}
+
+/// What the device holds of the positions and slots after a step that
+/// found `held` there: the same, or (`greedy`: sample_rows' advance) each
+/// word plus one.
+fn after_step(mut held: Option<Vec<u32>>, greedy: bool) -> Option<Vec<u32>> {
+    if greedy {
+        for w in held.iter_mut().flatten() {
+            *w = w.wrapping_add(1);
+        }
+    }
+    held
+}
+
+/// Whether a chained greedy step may skip copying positions and slots that
+/// the device advanced itself (QUIRE_STEP_ADVANCE, default on).
+fn step_advance_on() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("QUIRE_STEP_ADVANCE").map_or(true, |v| v != "0"))
+}
+
 /// Partials a row at `max_pos` has (the most the batch's rows need).
 pub fn att_parts(max_pos: usize) -> usize {
     (max_pos / ATT_CHUNK + 1).min(ATT_PARTS)
@@ -283,6 +325,7 @@ impl DevAttnBatch {
             row_seq: be.up(batch.row_seq, "paged_attention: row_seq")?,
             positions: be.up(batch.positions, "paged_attention: positions")?,
             held_tables: None,
+            held_steps: None,
             n_rows: batch.positions.len(),
             block_size,
             n_blocks,
@@ -299,11 +342,11 @@ impl DevAttnBatch {
     }
 
     /// Word `k * n_rows` of a fixed batch's step words (positions, slots,
-    /// tokens, statuses), checked to be one.
+    /// tokens, statuses, ticket), checked to be one.
     fn fixed_part(&self, k: usize, what: &str) -> Result<std::ops::Range<usize>> {
         let n = self.n_rows;
         anyhow::ensure!(
-            self.positions.len() >= 4 * n,
+            self.positions.len() > 4 * n,
             "decode batch: {what} of a batch that is not fixed"
         );
         Ok(k * n..(k + 1) * n)
@@ -336,6 +379,32 @@ impl DevAttnBatch {
         Ok(self.positions.slice(r.start..r.end + self.n_rows))
     }
 
+    /// (4 * n_rows + 1,) a fixed batch's step words: positions, slots,
+    /// tokens, statuses, and the ticket word that a greedy graph's
+    /// sample_rows counts its rows' CTAs with (zero between launches):
+    /// the last CTA advances every row's position and slot by one
+    /// (sample.cu).
+    pub fn step_words(&self) -> Result<CudaView<'_, u32>> {
+        let r = self.fixed_part(0, "step words")?;
+        Ok(self.positions.slice(0..4 * r.end + 1))
+    }
+
+    /// What the device will hold of the positions and slots once the
+    /// copies enqueued so far have run, taken while a step that reads them
+    /// is being enqueued: if it fails before its replay is on the stream,
+    /// the words are dropped (unknown: the next refill copies them).
+    pub fn take_held_steps(&mut self) -> Option<Vec<u32>> {
+        self.held_steps.take()
+    }
+
+    /// Gives back [`DevAttnBatch::take_held_steps`]'s words once the step
+    /// is on the stream; `greedy`: its graph ends with sample_rows, which
+    /// advances every row's position and slot by one (sample.cu), so the
+    /// next chained step at those positions skips their copy.
+    pub fn hold_steps(&mut self, held: Option<Vec<u32>>, greedy: bool) {
+        self.held_steps = after_step(held, greedy);
+    }
+
     /// A batch of `n_rows` rows, one per sequence, whose block tables hold
     /// at most `stride` blocks: fixed buffers (a captured graph reads
     /// them) refilled by [`DevAttnBatch::refill`] before each replay.
@@ -357,8 +426,9 @@ impl DevAttnBatch {
             tables: zeros::<u32>(be, n_rows * stride, "decode block tables")?,
             table_off: be.up(&offs, "decode table offsets")?,
             row_seq: be.up(&seqs, "decode row_seq")?,
-            positions: zeros::<u32>(be, 4 * n_rows, "decode positions, slots and tokens")?,
+            positions: zeros::<u32>(be, 4 * n_rows + 1, "decode positions, slots and tokens")?,
             held_tables: None,
+            held_steps: None,
             n_rows,
             block_size,
             n_blocks,
@@ -375,10 +445,14 @@ impl DevAttnBatch {
     /// them on the device) in place, through `stage` (n_rows * (stride +
     /// 3) values; page-locked memory makes the copies asynchronous, so the
     /// caller must not rewrite it before they have run). The positions,
-    /// slots and tokens go up in one copy, the tables only when they
+    /// slots and tokens go up in one copy; the tables only when they
     /// changed (a decode step's table grows a block every block_size
-    /// tokens): a copy on the stream between two replays costs the device
-    /// a few microseconds.
+    /// tokens), and a chained step's positions and slots only when they
+    /// are not what the device holds (`held_steps`: its last greedy replay
+    /// advanced them by one, so only a step into a new block copies): a
+    /// copy on the stream between two replays costs the device a few
+    /// microseconds. `QUIRE_STEP_ADVANCE=0` copies them every step (the
+    /// comparison's switch).
     pub fn refill(
         &mut self,
         be: &CudaBackend,
@@ -422,11 +496,21 @@ impl DevAttnBatch {
             &mut self.tables,
             "decode block tables",
         )?;
-        drv(
-            be.stream()
-                .memcpy_htod(&pos[..words], &mut self.positions.slice_mut(0..words)),
-            "decode positions, slots and tokens",
-        )?;
+        let copy = step_copy(
+            self.held_steps.as_deref(),
+            &pos[..words],
+            n,
+            step_advance_on(),
+        );
+        self.held_steps = None;
+        if copy > 0 {
+            drv(
+                be.stream()
+                    .memcpy_htod(&pos[..copy], &mut self.positions.slice_mut(0..copy)),
+                "decode positions, slots and tokens",
+            )?;
+        }
+        self.held_steps = Some(pos[..2 * n].to_vec());
         Ok(())
     }
 }
@@ -604,6 +688,34 @@ mod tests {
         // An empty prefix (no row reads a block) is held too.
         assert!(held_changed(&mut held, &[]));
         assert!(!held_changed(&mut held, &[]));
+    }
+
+    #[test]
+    fn a_chained_step_copies_positions_and_slots_only_into_a_new_block() {
+        // Two rows (n = 2), KV blocks of 16 tokens: row 0 at position 30
+        // (block 4: slots 64..80), row 1 at 47 (block 9: slots 144..160).
+        let n = 2;
+        let first = [30u32, 47, 78, 159, 11, 12];
+        // An unchained step copies everything, whatever the device holds.
+        assert_eq!(step_copy(None, &first, n, true), 6);
+        assert_eq!(step_copy(Some(&first[..4]), &first, n, true), 6);
+        // Its greedy replay advances the positions and slots on the device.
+        let held = after_step(Some(first[..4].to_vec()), true);
+        assert_eq!(held.as_deref(), Some(&[31u32, 48, 79, 160][..]));
+        // The chained step at 31 / 48: row 1 enters a new block (the host
+        // allocated block 12: slot 192, not 160), so both words go up.
+        let next = [31u32, 48, 79, 192];
+        assert_eq!(step_copy(held.as_deref(), &next, n, true), 4);
+        // The device holds them now; the step after needs no copy...
+        let held = after_step(Some(next.to_vec()), true);
+        assert_eq!(step_copy(held.as_deref(), &[32, 49, 80, 193], n, true), 0);
+        // ...unless the switch is off, or the graph did not advance them
+        // (a graph that copies the logits out instead).
+        assert_eq!(step_copy(held.as_deref(), &[32, 49, 80, 193], n, false), 4);
+        let held = after_step(Some(next.to_vec()), false);
+        assert_eq!(step_copy(held.as_deref(), &[32, 49, 80, 193], n, true), 4);
+        // A failed step leaves them unknown: copied.
+        assert_eq!(step_copy(None, &[32, 49, 80, 193], n, true), 4);
     }
 
     #[test]

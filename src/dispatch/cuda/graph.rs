@@ -10,7 +10,7 @@ use crate::backend::cuda::{drv, CudaBackend, PdlExec};
 use crate::backend::AttnBatch;
 use crate::dispatch::Exec;
 use anyhow::{anyhow, bail, ensure, Result};
-use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaView, PinnedHostSlice};
+use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, PinnedHostSlice};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -29,7 +29,9 @@ pub(super) struct GreedyOut<'g> {
     /// Device address of the graph's tokens: (b tokens, b statuses).
     pub(super) tokens: u64,
     pub(super) ring: &'g Arc<crate::backend::cuda::GreedyRing>,
-    pub(super) positions: CudaView<'g, u32>,
+    /// Device address of the graph's step words (DevAttnBatch::step_words:
+    /// b positions, b slots, b tokens, b statuses, the advance's ticket).
+    pub(super) steps: u64,
 }
 
 /// Which graph a decode step replays, and where its tokens come from.
@@ -293,6 +295,8 @@ impl CudaExec {
         )?;
         staging.mark(st)?;
         drop(staging);
+        // Dropped (unknown) if the step fails before its replay is enqueued.
+        let held_steps = g.batch.take_held_steps();
         if g.graph.is_some() && g.arena_len != self.be.arena_len() {
             g.graph = None;
         }
@@ -311,7 +315,10 @@ impl CudaExec {
                         g.batch.tokens_and_status()?.device_ptr(st).0
                     },
                     ring,
-                    positions: g.batch.positions(),
+                    steps: {
+                        use cudarc::driver::DevicePtr;
+                        g.batch.step_words()?.device_ptr(st).0
+                    },
                 }),
                 (true, _, _) => bail!("greedy decode graph without its ring or draws"),
                 (false, _, _) => None,
@@ -433,6 +440,9 @@ impl CudaExec {
             }
             g.replays += 1;
         }
+        // The step ran, or its replay is on the stream: a greedy one's
+        // sample_rows advances the positions and slots.
+        g.batch.hold_steps(held_steps, greedy);
         after(&self.be, g)
     }
 
@@ -447,10 +457,12 @@ impl CudaExec {
         let l = Self::rd(logits);
         match greedy {
             // SAFETY: the graph's batch holds (b tokens, b statuses) at
-            // `tokens` (DevAttnBatch::tokens_and_status); the step read its
-            // tokens first (stream order); its draws buffer holds b
-            // records, written only by uploads ordered before the graph on
-            // this stream.
+            // `tokens` (DevAttnBatch::tokens_and_status) and its 4 b + 1
+            // step words at `steps`, whose positions and slots every node
+            // before this one has finished reading (it is the step's last);
+            // the step read its tokens first (stream order); its draws
+            // buffer holds b records, written only by uploads ordered
+            // before the graph on this stream.
             Some(f) => unsafe {
                 self.be.d_sample_rows_at(
                     &l,
@@ -459,7 +471,7 @@ impl CudaExec {
                     f.draws,
                     f.tokens,
                     f.tokens + 4 * f.b as u64,
-                    Some((f.ring, &f.positions)),
+                    Some((f.ring, f.steps)),
                 )
             },
             None => drv(self.be.stream().memcpy_dtod(&l, out), "decode logits"),

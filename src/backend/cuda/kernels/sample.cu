@@ -30,9 +30,17 @@
 // logits: (n, vocab) f32; params: (n, 6) u32; tokens, status: (n,) u32.
 // ring (may be null): page-locked host memory mapped for the device,
 // nslots slots of (tokens (cap), status (cap)); the step's tokens and
-// statuses also go to slot positions[0] % nslots (the step's first row's
+// statuses also go to slot steps[0] % nslots (the step's first row's
 // position: consecutive steps take consecutive slots, and the host,
 // knowing the position, reads the slot once the step has completed).
+// steps (with the ring; a decode graph's step words, DevAttnBatch::
+// step_words): (4n + 1,) u32, n positions, n slots, n tokens, n statuses,
+// a ticket (zero at launch). With the ring the kernel also advances every
+// row's position and slot by one, the next chained step's inputs unless
+// the host copies others (a step into a new KV block): each row's rank 0
+// takes a ticket after reading steps[0], and the last to take one does
+// the n increments and zeroes the ticket, so no CTA reads steps[0] after
+// it changed. The increments do not depend on the order of the tickets.
 // 512 threads: 128 registers each, room for the 16 weights in flight
 // of the chunk sums without spilling.
 #define SAMPLE_THREADS 512
@@ -378,8 +386,7 @@ __device__ __forceinline__ void gather_chunk_sums(double* call, const double* cs
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_rows(const float* __restrict__ logits, int vocab, const unsigned* __restrict__ params,
                 unsigned* __restrict__ tokens, unsigned* __restrict__ status,
-                unsigned* __restrict__ ring, const unsigned* __restrict__ positions, int cap,
-                int nslots) {
+                unsigned* __restrict__ ring, unsigned* steps, int cap, int nslots) {
     GRID_DEP();
     __shared__ float sv[SAMPLE_THREADS / 32];
     __shared__ int si[SAMPLE_THREADS / 32];
@@ -768,9 +775,17 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
         tokens[ri] = tok;
         status[ri] = (unsigned)st;
         if (ring) {
-            unsigned* sl = ring + (long long)(positions[0] % (unsigned)nslots) * 2 * cap;
+            unsigned* sl = ring + (long long)(steps[0] % (unsigned)nslots) * 2 * cap;
             sl[ri] = tok;
             sl[cap + ri] = (unsigned)st;
+            const unsigned n = gridDim.y;
+            // This CTA's read of steps[0] precedes its ticket.
+            __threadfence();
+            if (atomicAdd(&steps[4 * n], 1u) == n - 1) {
+                __threadfence();
+                for (unsigned r = 0; r < 2 * n; r++) steps[r] += 1u;
+                atomicExch(&steps[4 * n], 0u);
+            }
         }
     }
 }

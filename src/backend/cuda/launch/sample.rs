@@ -149,13 +149,17 @@ impl CudaBackend {
 
     /// [`CudaBackend::d_sample_rows`] with device addresses (a decode
     /// graph's draw records, and its token input, which the step's
-    /// embedding reads first), and with `ring`, also into the slot of that
-    /// host ring (see [`GreedyRing`]) that `positions[0]` names.
+    /// embedding reads first), and with `ring` = (ring, steps), also into
+    /// the slot of that host ring (see [`GreedyRing`]) that the first of
+    /// the graph's step words (`DevAttnBatch::step_words`, its first row's
+    /// position) names; the launch then advances the step words' n
+    /// positions and n slots by one (sample.cu).
     ///
     /// # Safety
     /// `params` must be the address of n draw records (n * DRAW_WORDS
-    /// u32), `tokens` and `status` each of n u32, of device memory that
-    /// nothing writes (params) or reads or writes (tokens, status)
+    /// u32), `tokens` and `status` each of n u32, and with a ring `steps`
+    /// of 4 n + 1 u32 whose last is zero, of device memory that nothing
+    /// writes (params) or reads or writes (tokens, status, steps)
     /// concurrently with this launch (stream order).
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn d_sample_rows_at(
@@ -166,7 +170,7 @@ impl CudaBackend {
         params: u64,
         tokens: u64,
         status: u64,
-        ring: Option<(&GreedyRing, &CudaView<'_, u32>)>,
+        ring: Option<(&GreedyRing, u64)>,
     ) -> Result<()> {
         ensure!(
             vocab > 0 && logits.len() >= n * vocab,
@@ -177,21 +181,16 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        if let Some((r, pos)) = ring {
+        if let Some((r, _)) = ring {
             ensure!(
-                n <= r.cap && !pos.is_empty(),
+                n <= r.cap,
                 "sample_rows: {n} rows into a ring of {} per slot",
                 r.cap
             );
         }
         let vi = i32::try_from(vocab)?;
         let (rp, pp, cap, ns) = match ring {
-            Some((r, pos)) => (
-                r.dev_ptr,
-                dev_ptr(pos, self.stream()),
-                i32::try_from(r.cap)?,
-                GREEDY_SLOTS as i32,
-            ),
+            Some((r, steps)) => (r.dev_ptr, steps, i32::try_from(r.cap)?, GREEDY_SLOTS as i32),
             None => (0u64, 0u64, 0i32, 1i32),
         };
         // A cluster of SAMPLE_CLUSTER CTAs per row on sm_90+ (one row's
@@ -233,7 +232,7 @@ impl CudaBackend {
                 (nsp as *mut i32).cast(),
             ];
             // SAFETY: one pointer per sample_rows parameter (logits, vocab,
-            // params, tokens, status, ring, positions, cap, nslots), each to
+            // params, tokens, status, ring, steps, cap, nslots), each to
             // a value of its C type living through the call; the buffers
             // hold the n rows checked above or promised by the caller; the
             // cluster (SAMPLE_CLUSTER along x) divides the grid and is a
@@ -252,7 +251,7 @@ impl CudaBackend {
             .arg(&cap)
             .arg(&ns);
         // SAFETY: matches sample_rows (logits, vocab, params, tokens,
-        // status, ring, positions, cap, nslots); the grid has one CTA per
+        // status, ring, steps, cap, nslots); the grid has one CTA per
         // row, and each buffer holds the n rows checked above or promised
         // by the caller; the ring (when not null) is GREEDY_SLOTS slots of
         // 2 cap u32 of mapped host memory that lives as long as the graphs
