@@ -375,9 +375,11 @@ impl CudaBackend {
                 }
                 // The partials-only kernels (16- and 8-key tiles): fast_parts
                 // sizes the partition by them (their att_pipe_m_ forms run
-                // the same partition); and the deep merging form, whose
-                // occupancy deep_rule weighs.
+                // the same partition); the deep merging form, whose
+                // occupancy deep_rule weighs; the eight-warp partials
+                // kernels, whose one wave eight_rule keeps to.
                 if e.starts_with("att_pipe_d")
+                    || e.starts_with("att_pipe8_d")
                     || e.starts_with("att_pipe_w_d")
                     || e.starts_with("att_pipe_m3_d")
                     || e == "paged_attention_split"

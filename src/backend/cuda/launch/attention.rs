@@ -370,13 +370,18 @@ impl CudaBackend {
         // read-ahead CTAs no cluster was placed until they gave up).
         // `fast`, few CTAs in all: the partials, merging or cluster kernel
         // at eight warps per CTA, each warp one 16-key tile of a chunk
-        // (att_pipe8_*, eight_wanted; the same partition, other bits).
+        // (att_pipe8_*, eight_wanted; the same partition, other bits),
+        // within one wave of it.
+        let eight_per_sm = match gqa_split_kernel(group, hd, Pipe::Partials8) {
+            Some(n) => self.att_per_sm(n)?,
+            None => 0,
+        };
         let eight = mode == Mode::Fast
             && gqa.is_some()
             && !wide
             && !deep
             && !row
-            && eight_wanted(units * ctas_y, self.sm_count());
+            && eight_wanted(units * ctas_y, self.sm_count(), eight_per_sm);
         let kernel_form = |f: Pipe| if eight { f.eight() } else { f };
         let cluster = fused
             && !row

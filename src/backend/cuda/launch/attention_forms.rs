@@ -351,14 +351,15 @@ fn row_rule(units: usize, part_ctas: usize, sms: usize) -> bool {
 
 /// Whether a `fast` launch of `ctas` CTAs in all takes the eight-warp form
 /// of its partials, merging or cluster kernel (att_pipe8_*: each warp one
-/// 16-key tile of a chunk instead of two), `sms` the device's SMs:
+/// 16-key tile of a chunk instead of two), `sms` the device's SMs,
+/// `per_sm` the eight-warp partials kernel's resident CTAs per SM:
 /// eight_rule (QUIRE_ATT_EIGHT=0: never, for comparisons and
 /// gpu-check's parity step; =1: every such launch, whatever its size).
 /// Not in `deterministic` mode, whose bits must not depend on the batch.
-pub(super) fn eight_wanted(ctas: usize, sms: usize) -> bool {
+pub(super) fn eight_wanted(ctas: usize, sms: usize, per_sm: usize) -> bool {
     static V: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     V.get_or_init(|| env_switch("QUIRE_ATT_EIGHT"))
-        .unwrap_or_else(|| eight_rule(ctas, sms))
+        .unwrap_or_else(|| eight_rule(ctas, sms, per_sm))
 }
 
 /// Launches of at most two CTAs per SM, where a CTA's warps are (nearly)
@@ -371,8 +372,13 @@ pub(super) fn eight_wanted(ctas: usize, sms: usize) -> bool {
 /// 2,048 78.1 -> 89.9; batched decode B=32 / 64 6,589 / 8,247 -> 6,366 /
 /// 7,851 tok/s): with more CTAs per SM the schedulers have other warps
 /// already, and twice the shared memory per CTA halves the resident CTAs.
-fn eight_rule(ctas: usize, sms: usize) -> bool {
-    ctas <= 2 * sms
+/// And only while the launch is one wave of the eight-warp kernel itself:
+/// at head_dim 128 its stages (128 KiB) leave one CTA per SM, so B=1 at
+/// 8,192 keys (8 x 32 CTAs) ran in two waves (H200, 2026-11-28 night 3,
+/// bench-attn 8B heads, us per call with PDL: 19.45-19.51 against 15.42
+/// in the four-warp form, two per SM).
+fn eight_rule(ctas: usize, sms: usize, per_sm: usize) -> bool {
+    ctas <= per_sm.min(2) * sms
 }
 
 /// Dynamic shared memory of the pipelined kernel `name`
@@ -667,13 +673,18 @@ mod tests {
     #[test]
     fn eight_warp_forms_for_launches_of_few_ctas() {
         use Pipe::{Cluster, Cluster8, Deep, Merge, Merge8, Partials, Partials8, Wide};
-        // Batch 1 on 132 SMs: SmolLM2 (3 KV heads) and the 8B (8) at up to
-        // 2,048 keys (16 chunks) and the 8B at 8,192 (32 partials).
-        assert!(eight_rule(3 * 16, 132));
-        assert!(eight_rule(8 * 32, 132));
+        // Batch 1 on 132 SMs: SmolLM2 (3 KV heads, head_dim 64: three
+        // eight-warp CTAs per SM) at up to 2,048 keys (16 chunks) and the
+        // 8B (8, head_dim 128: one per SM) at up to 2,048; not the 8B at
+        // 8,192 (32 partials: two waves of the eight-warp form), which
+        // head_dim 64's two per SM would take.
+        assert!(eight_rule(3 * 16, 132, 3));
+        assert!(eight_rule(8 * 16, 132, 1));
+        assert!(!eight_rule(8 * 32, 132, 1));
+        assert!(eight_rule(8 * 32, 132, 3));
         // Batch 8 of the 8B at 512 keys (6 partials: 384 CTAs) and more.
-        assert!(!eight_rule(64 * 6, 132));
-        assert!(!eight_rule(256 * 3, 132));
+        assert!(!eight_rule(64 * 6, 132, 2));
+        assert!(!eight_rule(256 * 3, 132, 2));
         assert_eq!(Partials.eight(), Partials8);
         assert_eq!(Merge.eight(), Merge8);
         assert_eq!(Cluster.eight(), Cluster8);

@@ -78,8 +78,17 @@ pub(super) fn rmma_cluster_wanted(l: RmmaLaunch) -> bool {
     static V: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     rmma_form_wanted(&V, "QUIRE_ATT_RMMA_CL", l.hd, || {
         let c = rmma_cluster_ctas(l.part_ctas, l.hd);
-        rmma_cluster_rule(l, c, rmma_cl_kv_max())
+        rmma_cluster_rule(l, c, rmma_cl_kv_max(), rmma_cl_nc_kv_max())
     })
+}
+
+/// The most K and V bytes of a unit the cluster form takes in one-row
+/// launches where the split forms would merge in a cluster of their own
+/// (no `combine`; QUIRE_ATT_RMMA_CL_NC_KB overrides, for sweeps; default
+/// 256 KiB: a decode graph's bucket of 8 chunks at head_dim 64, 4 at 128).
+fn rmma_cl_nc_kv_max() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| env_usize("QUIRE_ATT_RMMA_CL_NC_KB").unwrap_or(256)) << 10
 }
 
 /// A tensor-core row form's choice: head_dim exactly 64 or 128 (its
@@ -107,12 +116,16 @@ fn rmma_form_wanted(
 /// 491-500 / 495 against 497-507 / 502, Q8_0 after 512 354 against
 /// 357-361. Past 4 x 128 KiB (the 1B after 2,048 tokens, the 8B after
 /// 1,024) clusters of 8 lost (1,549-1,565 against 1,605; 450 against
-/// 490), and at 512 KiB 6 CTAs did no better than 4. Not where the split
-/// forms merge in a cluster of their own (no read-ahead): SmolLM2 Q4_0
-/// after 512 / 1,024 tokens 1,676-1,689 / 1,633-1,636 against 1,690-1,698
-/// / 1,645-1,654 (2026-11-28 night), a tie after 256.
-fn rmma_cluster_rule(l: RmmaLaunch, c: usize, cl_kv_max: usize) -> bool {
-    l.combine
+/// 490), and at 512 KiB 6 CTAs did no better than 4. Where the split
+/// forms merge in a cluster of their own (no read-ahead: SmolLM2), one-row
+/// launches up to `nc_kv_max`: at 16 warps this form lost there (SmolLM2
+/// Q4_0 after 512 / 1,024 tokens 1,676-1,689 / 1,633-1,636 against
+/// 1,690-1,698 / 1,645-1,654, 2026-11-28 night); at 8 warps (2026-11-28
+/// night 3, three rounds, split forms / this form) after 256 tokens
+/// 1,708-1,728 / 1,734-1,752, after 512 1,701-1,711 / 1,718-1,723, but
+/// after 1,024 (512 KiB) 1,641-1,661 / 1,628-1,651.
+fn rmma_cluster_rule(l: RmmaLaunch, c: usize, cl_kv_max: usize, nc_kv_max: usize) -> bool {
+    (l.combine || (l.rows == 1 && unit_kv(l.part_ctas, l.hd) <= nc_kv_max))
         && l.part_ctas >= 2
         && unit_kv(l.part_ctas, l.hd) <= c * cl_kv_max
         && 2 * l.units * c <= l.sms
@@ -312,9 +325,9 @@ mod tests {
     }
 
     #[test]
-    fn rmma_cluster_for_combine_rows_that_four_ctas_fold_at_128_kib() {
+    fn rmma_cluster_for_rows_that_four_ctas_fold_at_128_kib() {
         use super::{rmma_cluster_rule, unit_kv, ATT_RMMA_CL_MAX};
-        let rule = |l, c| rmma_cluster_rule(l, c, 128 << 10);
+        let rule = |l, c| rmma_cluster_rule(l, c, 128 << 10, 256 << 10);
         let c4 = ATT_RMMA_CL_MAX;
         // The 1B's heads (8 units, head_dim 64): 8 chunks (a decode
         // graph's bucket after 512 tokens) are 256 KiB, 3 CTAs; 16 chunks
@@ -323,9 +336,26 @@ mod tests {
         assert!(rule(at(8, 8, 132, 64, true), 3));
         assert!(rule(at(8, 16, 132, 64, true), c4));
         assert!(!rule(at(8, 32, 132, 64, true), c4));
-        // Only instead of the combine, and only past one chunk.
-        assert!(!rule(at(8, 8, 132, 64, false), 3));
+        // Only past one chunk.
         assert!(!rule(at(8, 1, 132, 64, true), 2));
+        // Without the combine (SmolLM2's 3 KV heads): one-row launches up
+        // to 256 KiB (8 chunks at head_dim 64), not 16 chunks; not
+        // batches of several rows.
+        assert!(rule(at(3, 4, 132, 64, false), 2));
+        assert!(rule(at(3, 8, 132, 64, false), 3));
+        assert!(!rule(at(3, 16, 132, 64, false), 4));
+        let rows2 = RmmaLaunch {
+            rows: 2,
+            ..at(6, 8, 132, 64, false)
+        };
+        assert!(!rule(rows2, 3));
+        assert!(rule(
+            RmmaLaunch {
+                combine: true,
+                ..rows2
+            },
+            3
+        ));
         // The 8B's heads (head_dim 128): 8 chunks are 512 KiB, 4 CTAs.
         assert!(rule(at(8, 8, 132, 128, true), c4));
         assert!(!rule(at(8, 16, 132, 128, true), c4));
