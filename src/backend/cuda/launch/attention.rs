@@ -372,16 +372,15 @@ impl CudaBackend {
         // at eight warps per CTA, each warp one 16-key tile of a chunk
         // (att_pipe8_*, eight_wanted; the same partition, other bits),
         // within one wave of it.
-        let eight_per_sm = match gqa_split_kernel(group, hd, Pipe::Partials8) {
-            Some(n) => self.att_per_sm(n)?,
-            None => 0,
+        let eight = if mode == Mode::Fast && gqa.is_some() && !wide && !deep && !row {
+            let per_sm = match gqa_split_kernel(group, hd, Pipe::Partials8) {
+                Some(n) => self.att_per_sm(n)?,
+                None => 0,
+            };
+            eight_wanted(units * ctas_y, self.sm_count(), per_sm)
+        } else {
+            false
         };
-        let eight = mode == Mode::Fast
-            && gqa.is_some()
-            && !wide
-            && !deep
-            && !row
-            && eight_wanted(units * ctas_y, self.sm_count(), eight_per_sm);
         let kernel_form = |f: Pipe| if eight { f.eight() } else { f };
         let cluster = fused
             && !row
