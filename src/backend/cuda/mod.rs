@@ -109,8 +109,9 @@ pub struct CudaBackend {
     /// or `RunnerOptions::cuda_fused_layers` turns it on.
     pub(crate) fused_layers: bool,
     /// Whether one-row `fast` residual matvecs prepare the next op's
-    /// normalized input (launch/norm_ahead.rs). Off by default: not yet
-    /// measured on a device; QUIRE_NORM_AHEAD=1 or
+    /// normalized input (launch/norm_ahead.rs). Off by default: measured
+    /// a tie on SmolLM2 and slower on the 1B and 8B (docs/PERF.md,
+    /// 2026-11-28); QUIRE_NORM_AHEAD=1 or
     /// `RunnerOptions::cuda_norm_ahead` turns it on.
     pub(crate) norm_ahead_on: bool,
     /// Norm-ahead's pending blocks: their key (for the next op only) and
