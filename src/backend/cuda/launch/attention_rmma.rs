@@ -121,9 +121,10 @@ fn rmma_form_wanted(
 /// launches up to `nc_kv_max`: at 16 warps this form lost there (SmolLM2
 /// Q4_0 after 512 / 1,024 tokens 1,676-1,689 / 1,633-1,636 against
 /// 1,690-1,698 / 1,645-1,654, 2026-11-28 night); at 8 warps (2026-11-28
-/// night 3, three rounds, split forms / this form) after 256 tokens
-/// 1,708-1,728 / 1,734-1,752, after 512 1,701-1,711 / 1,718-1,723, but
-/// after 1,024 (512 KiB) 1,641-1,661 / 1,628-1,651.
+/// night 3, two calls of three rounds, split forms / this form) after 256
+/// tokens 1,708-1,744 / 1,734-1,771 (faster in six of six pairs), after
+/// 512 1,701-1,715 / 1,697-1,723 (a tie), but after 1,024 (512 KiB)
+/// 1,641-1,674 / 1,628-1,651.
 fn rmma_cluster_rule(l: RmmaLaunch, c: usize, cl_kv_max: usize, nc_kv_max: usize) -> bool {
     (l.combine || (l.rows == 1 && unit_kv(l.part_ctas, l.hd) <= nc_kv_max))
         && l.part_ctas >= 2
