@@ -264,14 +264,11 @@ fn stage_step(
 
 /// How many of a refill's staged step words (`words`: n positions, n
 /// slots, then n tokens unless the step is chained) to copy, given what
-/// the device will hold of the positions and slots (`held`): all of an
-/// unchained step's; none of a chained step's when the device holds
-/// them already (and `advance`, the comparison switch, allows it); else
-/// the positions and slots.
-fn step_copy(held: Option<&[u32]>, words: &[u32], n: usize, advance: bool) -> usize {
-    if words.len() > 2 * n {
-        words.len()
-    } else if advance && held == Some(words) {
+/// the device will hold of the positions and slots (`held`, 2 n words):
+/// none when `words` are those (a chained step: no tokens) and `advance`,
+/// the comparison switch, allows it; else all of them.
+fn step_copy(held: Option<&[u32]>, words: &[u32], advance: bool) -> usize {
+    if advance && held == Some(words) {
         0
     } else {
         words.len()
@@ -496,13 +493,9 @@ impl DevAttnBatch {
             &mut self.tables,
             "decode block tables",
         )?;
-        let copy = step_copy(
-            self.held_steps.as_deref(),
-            &pos[..words],
-            n,
-            step_advance_on(),
-        );
-        self.held_steps = None;
+        // Taken: unknown (None) if the copy fails; its buffer reused.
+        let held = self.held_steps.take();
+        let copy = step_copy(held.as_deref(), &pos[..words], step_advance_on());
         if copy > 0 {
             drv(
                 be.stream()
@@ -510,7 +503,10 @@ impl DevAttnBatch {
                 "decode positions, slots and tokens",
             )?;
         }
-        self.held_steps = Some(pos[..2 * n].to_vec());
+        let mut held = held.unwrap_or_default();
+        held.clear();
+        held.extend_from_slice(&pos[..2 * n]);
+        self.held_steps = Some(held);
         Ok(())
     }
 }
@@ -694,28 +690,27 @@ mod tests {
     fn a_chained_step_copies_positions_and_slots_only_into_a_new_block() {
         // Two rows (n = 2), KV blocks of 16 tokens: row 0 at position 30
         // (block 4: slots 64..80), row 1 at 47 (block 9: slots 144..160).
-        let n = 2;
         let first = [30u32, 47, 78, 159, 11, 12];
         // An unchained step copies everything, whatever the device holds.
-        assert_eq!(step_copy(None, &first, n, true), 6);
-        assert_eq!(step_copy(Some(&first[..4]), &first, n, true), 6);
+        assert_eq!(step_copy(None, &first, true), 6);
+        assert_eq!(step_copy(Some(&first[..4]), &first, true), 6);
         // Its greedy replay advances the positions and slots on the device.
         let held = after_step(Some(first[..4].to_vec()), true);
         assert_eq!(held.as_deref(), Some(&[31u32, 48, 79, 160][..]));
         // The chained step at 31 / 48: row 1 enters a new block (the host
         // allocated block 12: slot 192, not 160), so both words go up.
         let next = [31u32, 48, 79, 192];
-        assert_eq!(step_copy(held.as_deref(), &next, n, true), 4);
+        assert_eq!(step_copy(held.as_deref(), &next, true), 4);
         // The device holds them now; the step after needs no copy...
         let held = after_step(Some(next.to_vec()), true);
-        assert_eq!(step_copy(held.as_deref(), &[32, 49, 80, 193], n, true), 0);
+        assert_eq!(step_copy(held.as_deref(), &[32, 49, 80, 193], true), 0);
         // ...unless the switch is off, or the graph did not advance them
         // (a graph that copies the logits out instead).
-        assert_eq!(step_copy(held.as_deref(), &[32, 49, 80, 193], n, false), 4);
+        assert_eq!(step_copy(held.as_deref(), &[32, 49, 80, 193], false), 4);
         let held = after_step(Some(next.to_vec()), false);
-        assert_eq!(step_copy(held.as_deref(), &[32, 49, 80, 193], n, true), 4);
+        assert_eq!(step_copy(held.as_deref(), &[32, 49, 80, 193], true), 4);
         // A failed step leaves them unknown: copied.
-        assert_eq!(step_copy(None, &[32, 49, 80, 193], n, true), 4);
+        assert_eq!(step_copy(None, &[32, 49, 80, 193], true), 4);
     }
 
     #[test]

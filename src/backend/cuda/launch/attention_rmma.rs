@@ -26,29 +26,55 @@ fn unit_kv(part_ctas: usize, hd: usize) -> usize {
 
 /// CTAs per cluster of the tensor-core row form for rows of `part_ctas`
 /// 128-key chunks and head_dim `hd`: enough that each CTA folds at most
-/// rmma_cl_kv() of K and V, 2..=ATT_RMMA_CL_MAX
+/// kv_bounds().cl of K and V, 2..=ATT_RMMA_CL_MAX
 /// (QUIRE_ATT_RMMA_CL_CTAS overrides, clamped the same way).
 pub(super) fn rmma_cluster_ctas(part_ctas: usize, hd: usize) -> usize {
     static V: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     V.get_or_init(|| env_usize("QUIRE_ATT_RMMA_CL_CTAS"))
-        .unwrap_or_else(|| unit_kv(part_ctas, hd).div_ceil(rmma_cl_kv()))
+        .unwrap_or_else(|| unit_kv(part_ctas, hd).div_ceil(kv_bounds().cl))
         .clamp(2, ATT_RMMA_CL_MAX)
 }
 
-/// K and V bytes per CTA the cluster form aims at (QUIRE_ATT_RMMA_CL_KB,
-/// default 96 KiB: six 16-key tiles per warp at head_dim 64 and 8 warps;
-/// chosen when the form ran 16 warps there, and measured faster at 8).
-fn rmma_cl_kv() -> usize {
-    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| env_usize("QUIRE_ATT_RMMA_CL_KB").unwrap_or(96).max(16)) << 10
+/// The tensor-core forms' K and V bounds in bytes, read once from their
+/// knobs (KiB; for sweeps).
+struct KvBounds {
+    /// Per CTA, what the cluster form aims at (QUIRE_ATT_RMMA_CL_KB,
+    /// default 96 KiB, at least 16: six 16-key tiles per warp at head_dim
+    /// 64 and 8 warps; chosen when the form ran 16 warps there, and
+    /// measured faster at 8).
+    cl: usize,
+    /// Per CTA, the most the cluster form takes (QUIRE_ATT_RMMA_CL_MAX_KB,
+    /// default 128 KiB, at least 16): rows past ATT_RMMA_CL_MAX times that
+    /// keep the split forms.
+    cl_max: usize,
+    /// Per unit, the most the cluster form takes in one-row launches where
+    /// the split forms would merge in a cluster of their own (no
+    /// `combine`; QUIRE_ATT_RMMA_CL_NC_KB, default 256 KiB: a decode
+    /// graph's bucket of 8 chunks at head_dim 64, 4 at 128).
+    cl_nc_max: usize,
+    /// Per unit, the most the one-CTA row form folds past one chunk
+    /// (QUIRE_ATT_RMMA_KV_KB, default 192 KiB).
+    row_max: usize,
+    /// Per unit, the most the one-CTA row form folds in one-row launches
+    /// without the `combine` (QUIRE_ATT_RMMA_NC_KB, default 64 KiB: two
+    /// chunks at head_dim 64, one at 128).
+    row_nc_max: usize,
 }
 
-/// The most K and V bytes per CTA the cluster form takes
-/// (QUIRE_ATT_RMMA_CL_MAX_KB, default 128 KiB): rows past
-/// ATT_RMMA_CL_MAX times that keep the split forms.
-fn rmma_cl_kv_max() -> usize {
-    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| env_usize("QUIRE_ATT_RMMA_CL_MAX_KB").unwrap_or(128).max(16)) << 10
+fn kv_bounds() -> &'static KvBounds {
+    static V: std::sync::OnceLock<KvBounds> = std::sync::OnceLock::new();
+    V.get_or_init(|| {
+        let kib = |name: &str, default: usize, floor: usize| {
+            env_usize(name).unwrap_or(default).max(floor) << 10
+        };
+        KvBounds {
+            cl: kib("QUIRE_ATT_RMMA_CL_KB", 96, 16),
+            cl_max: kib("QUIRE_ATT_RMMA_CL_MAX_KB", 128, 16),
+            cl_nc_max: kib("QUIRE_ATT_RMMA_CL_NC_KB", 256, 0),
+            row_max: kib("QUIRE_ATT_RMMA_KV_KB", 192, 0),
+            row_nc_max: kib("QUIRE_ATT_RMMA_NC_KB", 64, 0),
+        }
+    })
 }
 
 /// A `fast` decode launch as the tensor-core forms' rules see it.
@@ -78,17 +104,9 @@ pub(super) fn rmma_cluster_wanted(l: RmmaLaunch) -> bool {
     static V: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     rmma_form_wanted(&V, "QUIRE_ATT_RMMA_CL", l.hd, || {
         let c = rmma_cluster_ctas(l.part_ctas, l.hd);
-        rmma_cluster_rule(l, c, rmma_cl_kv_max(), rmma_cl_nc_kv_max())
+        let b = kv_bounds();
+        rmma_cluster_rule(l, c, b.cl_max, b.cl_nc_max)
     })
-}
-
-/// The most K and V bytes of a unit the cluster form takes in one-row
-/// launches where the split forms would merge in a cluster of their own
-/// (no `combine`; QUIRE_ATT_RMMA_CL_NC_KB overrides, for sweeps; default
-/// 256 KiB: a decode graph's bucket of 8 chunks at head_dim 64, 4 at 128).
-fn rmma_cl_nc_kv_max() -> usize {
-    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| env_usize("QUIRE_ATT_RMMA_CL_NC_KB").unwrap_or(256)) << 10
 }
 
 /// A tensor-core row form's choice: head_dim exactly 64 or 128 (its
@@ -157,10 +175,7 @@ pub(crate) fn att_rmma_shape(d32: usize) -> (usize, usize) {
             env_usize("QUIRE_ATT_RMMA_STAGES").map(|s| s.clamp(1, 8)),
         )
     });
-    let (w, mut st) = match d32 {
-        2 => (w.unwrap_or(8), st.unwrap_or(3)),
-        _ => (w.unwrap_or(8), st.unwrap_or(3)),
-    };
+    let (w, mut st) = (w.unwrap_or(8), st.unwrap_or(3));
     // Room for the cluster form's slots too (its largest group, 8).
     while st > 1
         && rmma_bytes(d32, w, st) + 8 * ATT_RMMA_CL_MAX * (2 + 32 * d32) * 4 > RMMA_SMEM_MAX
@@ -188,25 +203,9 @@ fn rmma_bytes(d32: usize, w: usize, st: usize) -> usize {
 pub(super) fn rmma_wanted(l: RmmaLaunch) -> bool {
     static V: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     rmma_form_wanted(&V, "QUIRE_ATT_RMMA", l.hd, || {
-        rmma_rule(l, rmma_kv_max(), rmma_nc_kv_max())
+        let b = kv_bounds();
+        rmma_rule(l, b.row_max, b.row_nc_max)
     })
-}
-
-/// The most K and V bytes of a unit (KiB) the tensor-core row form folds
-/// in one-row launches where the split forms would merge in a cluster of
-/// their own (no `combine`; QUIRE_ATT_RMMA_NC_KB overrides, for sweeps; default 64: two
-/// chunks at head_dim 64, one at 128).
-fn rmma_nc_kv_max() -> usize {
-    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| env_usize("QUIRE_ATT_RMMA_NC_KB").unwrap_or(64)) << 10
-}
-
-/// The most K and V bytes of a unit (KiB) the tensor-core row form folds
-/// past one chunk (QUIRE_ATT_RMMA_KV_KB overrides, for sweeps; default
-/// 192).
-fn rmma_kv_max() -> usize {
-    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| env_usize("QUIRE_ATT_RMMA_KV_KB").unwrap_or(192)) << 10
 }
 
 /// At most one unit per two SMs (a CTA alone on its SM), and rows whose K
