@@ -312,6 +312,49 @@ impl CudaExec {
             && (self.mode != Mode::Fast || !crate::backend::cuda::fast_uses_blas(b))
     }
 
+    /// An activation of `len` elements from the pool (allocated only
+    /// outside a graph capture), cleared with a memset when `clear` (the
+    /// `zeros` contract; `output`'s buffers are written whole by their op).
+    fn pooled(&self, len: usize, clear: bool) -> Result<DevBuf> {
+        // A reused buffer may be the input the arena holds quantized.
+        self.be.forget_activations();
+        let reused = self
+            .pool
+            .bufs
+            .lock()
+            .map_err(|_| anyhow!("cuda: buffer pool lock poisoned"))?
+            .get_mut(&len)
+            .and_then(|v| v.pop());
+        let data = match reused {
+            Some(mut d) => {
+                if self.capturing.load(Ordering::Relaxed) {
+                    self.pool
+                        .pinned
+                        .lock()
+                        .map_err(|_| anyhow!("cuda: buffer pool lock poisoned"))?
+                        .insert(dev_addr(&d));
+                }
+                if clear {
+                    drv(
+                        self.be.stream().memset_zeros(&mut d),
+                        "zeroing an activation",
+                    )?;
+                }
+                d
+            }
+            None if self.capturing.load(Ordering::Relaxed) => {
+                bail!("cuda graph capture: no pooled buffer of {len} elements (would allocate)")
+            }
+            // Fresh allocations are zeroed either way (mem::zeros).
+            None => zeros::<f32>(&self.be, len, "allocating an activation")?,
+        };
+        Ok(DevBuf {
+            data: Some(data),
+            len,
+            pool: self.pool.clone(),
+        })
+    }
+
     /// Whether QUIRE_PROFILE_OPS=1 (per-op device time, no graphs).
     pub fn profiling(&self) -> bool {
         self.profile
@@ -365,40 +408,10 @@ impl Exec for CudaExec {
     type Kv = DevKvCache;
 
     fn zeros(&self, len: usize) -> Result<DevBuf> {
-        // A reused buffer may be the input the arena holds quantized.
-        self.be.forget_activations();
-        let reused = self
-            .pool
-            .bufs
-            .lock()
-            .map_err(|_| anyhow!("cuda: buffer pool lock poisoned"))?
-            .get_mut(&len)
-            .and_then(|v| v.pop());
-        let data = match reused {
-            Some(mut d) => {
-                if self.capturing.load(Ordering::Relaxed) {
-                    self.pool
-                        .pinned
-                        .lock()
-                        .map_err(|_| anyhow!("cuda: buffer pool lock poisoned"))?
-                        .insert(dev_addr(&d));
-                }
-                drv(
-                    self.be.stream().memset_zeros(&mut d),
-                    "zeroing an activation",
-                )?;
-                d
-            }
-            None if self.capturing.load(Ordering::Relaxed) => {
-                bail!("cuda graph capture: no pooled buffer of {len} elements (would allocate)")
-            }
-            None => zeros::<f32>(&self.be, len, "allocating an activation")?,
-        };
-        Ok(DevBuf {
-            data: Some(data),
-            len,
-            pool: self.pool.clone(),
-        })
+        self.pooled(len, true)
+    }
+    fn output(&self, len: usize) -> Result<DevBuf> {
+        self.pooled(len, false)
     }
     fn rd(b: &DevBuf) -> CudaView<'_, f32> {
         b.slice().slice(0..b.len)

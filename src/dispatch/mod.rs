@@ -104,6 +104,17 @@ pub trait Exec {
 
     /// A zero-filled activation of `len` elements.
     fn zeros(&self, len: usize) -> Result<Self::Buf>;
+    /// An activation of `len` elements that the next op writes whole
+    /// before anything reads it: its contents until then are unspecified.
+    /// The `cuda` executor hands back a pooled buffer without clearing it
+    /// (a clearing memset was a full-dependency node in every decode
+    /// graph, 14 per step: SmolLM2 and the 1B decode +4-6% on an H200,
+    /// docs/PERF.md). Every op's parity case starts its output from a
+    /// sentinel or random values the reference overwrites, so an op that
+    /// left an element unwritten fails there.
+    fn output(&self, len: usize) -> Result<Self::Buf> {
+        self.zeros(len)
+    }
     fn rd(b: &Self::Buf) -> <Self::M as Mem>::In<'_>;
     fn wr(b: &mut Self::Buf) -> <Self::M as Mem>::Out<'_>;
     fn mat<'a>(&'a self, m: &'a <Self::S as Store>::Mat) -> Result<<Self::M as Mem>::W<'a>>;

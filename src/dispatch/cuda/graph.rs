@@ -346,7 +346,7 @@ impl CudaExec {
                 }
                 let r = step(self, kv, &bufs).and_then(|l| {
                     let l = l.ok_or_else(|| anyhow!("decode step returned no logits"))?;
-                    self.decode_finish(&l, &mut g.out, fin.as_ref())
+                    self.decode_finish(l, &mut g.out, fin.as_ref())
                 });
                 if let Some(d) = self.be.l2_measured()? {
                     g.l2_measured = Some(d);
@@ -371,7 +371,7 @@ impl CudaExec {
                 };
                 let r = r.and_then(|()| step(self, kv, &bufs)).and_then(|l| {
                     let l = l.ok_or_else(|| anyhow!("decode step returned no logits"))?;
-                    self.decode_finish(&l, &mut g.out, fin.as_ref())
+                    self.decode_finish(l, &mut g.out, fin.as_ref())
                 });
                 let (r, l2_log) = match &l2 {
                     Some(b) => match self.be.l2_end(b) {
@@ -422,7 +422,7 @@ impl CudaExec {
                         g.capture_failed = true;
                         let logits = step(self, kv, &bufs)?
                             .ok_or_else(|| anyhow!("decode step returned no logits"))?;
-                        self.decode_finish(&logits, &mut g.out, fin.as_ref())?;
+                        self.decode_finish(logits, &mut g.out, fin.as_ref())?;
                     }
                 }
             }
@@ -446,15 +446,27 @@ impl CudaExec {
         after(&self.be, g)
     }
 
-    /// A decode step's last node: its logits copied into the graph's
-    /// `out`, or (`greedy`) sample_rows into the graph's tokens and ring.
+    /// A decode step's end: its logits buffer becomes the graph's `out`,
+    /// or (`greedy`) sample_rows into the graph's tokens and ring.
+    ///
+    /// The logits are not copied: the step's buffer and `out` trade places
+    /// (the pool gets `out`'s old buffer back when `logits` drops), so the
+    /// graph's last kernel writes `out` itself. A copy node there was a
+    /// full-dependency node of every replay. Only where the two differ in
+    /// length (never, for a pooled buffer of one length) is it copied.
     pub(super) fn decode_finish(
         &self,
-        logits: &DevBuf,
+        mut logits: DevBuf,
         out: &mut CudaSlice<f32>,
         greedy: Option<&GreedyOut<'_>>,
     ) -> Result<()> {
-        let l = Self::rd(logits);
+        if greedy.is_none() {
+            if let Some(d) = logits.data.as_mut().filter(|d| d.len() == out.len()) {
+                std::mem::swap(d, out);
+                return Ok(());
+            }
+        }
+        let l = Self::rd(&logits);
         match greedy {
             // SAFETY: the graph's batch holds (b tokens, b statuses) at
             // `tokens` (DevAttnBatch::tokens_and_status) and its 4 b + 1

@@ -400,24 +400,24 @@ pub fn forward_bufs<E: Exec>(
     let (n, m) = (b.n, b.n_rows);
     let (d, qd, kvd, hd) = (c.dim, c.q_dim(), c.kv_dim(), c.head_dim);
     let (tokens, positions, slots, batch) = (&b.tokens, &b.positions, &b.slots, &b.batch);
-    let mut x = e.zeros(n * d)?; // (n, dim) residual stream
+    let mut x = e.output(n * d)?; // (n, dim) residual stream
     e.run(OpT::GetRows {
         table: e.mat(&w.token_embd)?,
         ids: E::idx_view(tokens),
         out: E::wr(&mut x),
     })?;
     if !e.fused_layers(c, w, kv, b, &mut x)? {
-        let mut h = e.zeros(n * d)?; // (n, dim)
-        let mut q = e.zeros(n * qd)?; // (n, n_heads, head_dim)
-        let mut k = e.zeros(n * kvd)?; // (n, n_kv_heads, head_dim)
-        let mut v = e.zeros(n * kvd)?;
+        let mut h = e.output(n * d)?; // (n, dim)
+        let mut q = e.output(n * qd)?; // (n, n_heads, head_dim)
+        let mut k = e.output(n * kvd)?; // (n, n_kv_heads, head_dim)
+        let mut v = e.output(n * kvd)?;
         // Pre-norm q/k when the model has per-head q/k norms (Qwen3).
-        let mut q_raw = e.zeros(if c.arch == Arch::Qwen3 { n * qd } else { 0 })?;
-        let mut k_raw = e.zeros(if c.arch == Arch::Qwen3 { n * kvd } else { 0 })?;
-        let mut att = e.zeros(n * qd)?; // (n, n_heads, head_dim)
-        let mut gate = e.zeros(n * c.ffn_dim)?; // (n, ffn)
-        let mut up = e.zeros(n * c.ffn_dim)?;
-        let mut act = e.zeros(n * c.ffn_dim)?;
+        let mut q_raw = e.output(if c.arch == Arch::Qwen3 { n * qd } else { 0 })?;
+        let mut k_raw = e.output(if c.arch == Arch::Qwen3 { n * kvd } else { 0 })?;
+        let mut att = e.output(n * qd)?; // (n, n_heads, head_dim)
+        let mut gate = e.output(n * c.ffn_dim)?; // (n, ffn)
+        let mut up = e.output(n * c.ffn_dim)?;
+        let mut act = e.output(n * c.ffn_dim)?;
         let scale = 1.0f32 / (hd as f32).sqrt();
         for (li, l) in w.layers.iter().enumerate() {
             let qk_norm = match (&l.q_norm, &l.k_norm) {
@@ -526,14 +526,14 @@ pub fn forward_bufs<E: Exec>(
     if m == 0 {
         return Ok(None);
     }
-    let mut sel = e.zeros(m * d)?; // (m, dim)
+    let mut sel = e.output(m * d)?; // (m, dim)
     e.run(OpT::SelectRows {
         x: E::rd(&x),
         dim: d,
         rows: E::idx_view(&b.rows),
         out: E::wr(&mut sel),
     })?;
-    let mut normed = e.zeros(m * d)?;
+    let mut normed = e.output(m * d)?;
     e.run(OpT::RmsNorm {
         x: E::rd(&sel),
         w: E::param(&w.output_norm),
@@ -541,7 +541,7 @@ pub fn forward_bufs<E: Exec>(
         eps: c.rms_eps,
         out: E::wr(&mut normed),
     })?;
-    let mut logits = e.zeros(m * c.vocab_size)?; // (m, vocab)
+    let mut logits = e.output(m * c.vocab_size)?; // (m, vocab)
     e.run(OpT::MatMul {
         w: e.mat(&w.output)?,
         x: E::rd(&normed),
