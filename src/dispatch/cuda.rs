@@ -316,8 +316,6 @@ impl CudaExec {
     /// outside a graph capture), cleared with a memset when `clear` (the
     /// `zeros` contract; `output`'s buffers are written whole by their op).
     fn pooled(&self, len: usize, clear: bool) -> Result<DevBuf> {
-        // A reused buffer may be the input the arena holds quantized.
-        self.be.forget_activations();
         let reused = self
             .pool
             .bufs
@@ -327,6 +325,11 @@ impl CudaExec {
             .and_then(|v| v.pop());
         let data = match reused {
             Some(mut d) => {
+                // The buffer may be the input the arena holds quantized
+                // (its new user rewrites it); any other input's blocks
+                // stay valid (the output head's normed row, quantized by
+                // the norm, outlives the allocation of the logits).
+                self.be.forget_activations_at(dev_addr(&d), len);
                 if self.capturing.load(Ordering::Relaxed) {
                     self.pool
                         .pinned
@@ -345,8 +348,13 @@ impl CudaExec {
             None if self.capturing.load(Ordering::Relaxed) => {
                 bail!("cuda graph capture: no pooled buffer of {len} elements (would allocate)")
             }
-            // Fresh allocations are zeroed either way (mem::zeros).
-            None => zeros::<f32>(&self.be, len, "allocating an activation")?,
+            // Fresh allocations are zeroed either way (mem::zeros); the
+            // driver may hand out memory of a freed buffer the arena's
+            // blocks were of.
+            None => {
+                self.be.forget_activations();
+                zeros::<f32>(&self.be, len, "allocating an activation")?
+            }
         };
         Ok(DevBuf {
             data: Some(data),

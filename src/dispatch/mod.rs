@@ -79,6 +79,10 @@ pub struct StepBufs<I, B> {
     pub slots: I,
     /// (n_rows,) rows that go through the output head, checked < n.
     pub rows: I,
+    /// `rows` is 0..n (every row wants its logits, in order, as in every
+    /// decode step): the output head reads the residual stream itself,
+    /// with no row selection.
+    pub rows_all: bool,
     /// The attention batch (validated at upload).
     pub batch: B,
 }

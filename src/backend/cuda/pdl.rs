@@ -131,12 +131,24 @@ impl CudaBackend {
             Ok(ours.contains(&(func as usize)))
         };
         let mut changed = 0;
+        // Edges left full, by (from, to) node type: each is a drain of the
+        // whole GPU between two nodes (RUST_LOG=quire=debug lists them).
+        let mut full: std::collections::BTreeMap<(String, String), usize> = Default::default();
+        let kind = |node: sys::CUgraphNode| -> String {
+            let mut ty = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+            // SAFETY: node comes from this graph's edge list.
+            let _ = unsafe { sys::cuGraphNodeGetType(node, &mut ty) };
+            format!("{ty:?}")
+                .trim_start_matches("CU_GRAPH_NODE_TYPE_")
+                .to_lowercase()
+        };
         for i in 0..n.min(from.len()) {
             let d = data[i];
             if d.type_ != sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_DEFAULT as u8 {
                 continue;
             }
             if !(is_ours(from[i])? && is_ours(to[i])?) {
+                *full.entry((kind(from[i]), kind(to[i]))).or_default() += 1;
                 continue;
             }
             let pdl = sys::CUgraphEdgeData {
@@ -158,6 +170,10 @@ impl CudaBackend {
             )?;
             changed += 1;
         }
+        tracing::debug!("graph edges left full (from, to node type): {full:?}");
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            tracing::debug!("graph kernels: {:?}", self.kernel_counts(graph)?);
+        }
         let mut exec = std::ptr::null_mut();
         // SAFETY: graph is a valid, complete graph; exec receives the
         // instantiated handle, owned by the returned PdlExec.
@@ -166,6 +182,60 @@ impl CudaBackend {
             "instantiating a graph with programmatic edges",
         )?;
         Ok((PdlExec(exec), changed))
+    }
+
+    /// Kernel nodes of `graph` by function name (other nodes by type), for
+    /// the debug log: what a captured step launches.
+    fn kernel_counts(
+        &self,
+        graph: sys::CUgraph,
+    ) -> Result<std::collections::BTreeMap<String, usize>> {
+        let names: std::collections::HashMap<usize, &str> = self
+            .dev
+            .funcs
+            .iter()
+            .map(|(n, f)| (f.cu_function() as usize, *n))
+            .collect();
+        let mut count = 0usize;
+        // SAFETY: size query with a null array.
+        cu(
+            unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut count) },
+            "counting graph nodes",
+        )?;
+        let mut nodes = vec![std::ptr::null_mut(); count];
+        // SAFETY: the array holds `count` entries; count is updated to the
+        // number written.
+        cu(
+            unsafe { sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut count) },
+            "reading graph nodes",
+        )?;
+        let mut out = std::collections::BTreeMap::new();
+        for &node in nodes.iter().take(count) {
+            let mut ty = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+            // SAFETY: node comes from this graph's node list.
+            cu(
+                unsafe { sys::cuGraphNodeGetType(node, &mut ty) },
+                "graph node type",
+            )?;
+            let key = if ty == sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL {
+                let mut p = std::mem::MaybeUninit::<sys::CUDA_KERNEL_NODE_PARAMS>::zeroed();
+                // SAFETY: a kernel node; p receives its parameters (not
+                // kept).
+                cu(
+                    unsafe { sys::cuGraphKernelNodeGetParams_v2(node, p.as_mut_ptr()) },
+                    "kernel node parameters",
+                )?;
+                // SAFETY: written by the successful call above.
+                let f = unsafe { p.assume_init() }.func as usize;
+                names
+                    .get(&f)
+                    .map_or("(foreign kernel)".to_string(), |n| n.to_string())
+            } else {
+                format!("{ty:?}")
+            };
+            *out.entry(key).or_default() += 1;
+        }
+        Ok(out)
     }
 
     /// Launches a PDL graph on the backend's stream.

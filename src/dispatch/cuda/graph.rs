@@ -332,6 +332,9 @@ impl CudaExec {
                 positions: DevIdx::View(g.batch.positions()),
                 slots: DevIdx::View(g.batch.slots()?),
                 rows: DevIdx::View(g.rows.slice(0..b)),
+                // decode_run checked that every row wants its logits, in
+                // order.
+                rows_all: true,
                 batch: DevBatch::Fixed(&g.batch),
             };
             if !g.warm || g.capture_failed {

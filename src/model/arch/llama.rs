@@ -249,6 +249,8 @@ pub fn forward<E: Exec>(
         tokens: e.idx(input.tokens)?,
         positions: e.idx(input.positions)?,
         slots: e.idx(input.slots)?,
+        rows_all: logit_rows.iter().enumerate().all(|(i, &r)| r as usize == i)
+            && logit_rows.len() == n,
         rows: e.idx(&logit_rows)?,
         batch: e.batch(
             kv,
@@ -509,7 +511,7 @@ pub fn forward_bufs<E: Exec>(
                 Some(&mut act),
             )?;
             // x += act · w_downᵀ; the next layer's attention norm reads x
-            // next (the output norm follows a row selection: no hint).
+            // next (no hint: the output norm may follow a row selection).
             let next = w.layers.get(li + 1).map(|nl| (&nl.attn_norm, c.rms_eps));
             mat_muls(
                 e,
@@ -526,27 +528,30 @@ pub fn forward_bufs<E: Exec>(
     if m == 0 {
         return Ok(None);
     }
-    let mut sel = e.output(m * d)?; // (m, dim)
-    e.run(OpT::SelectRows {
-        x: E::rd(&x),
-        dim: d,
-        rows: E::idx_view(&b.rows),
-        out: E::wr(&mut sel),
-    })?;
+    // Every row (a decode step): x itself, no selection launch.
+    let sel = if b.rows_all {
+        None
+    } else {
+        let mut sel = e.output(m * d)?; // (m, dim)
+        e.run(OpT::SelectRows {
+            x: E::rd(&x),
+            dim: d,
+            rows: E::idx_view(&b.rows),
+            out: E::wr(&mut sel),
+        })?;
+        Some(sel)
+    };
     let mut normed = e.output(m * d)?;
-    e.run(OpT::RmsNorm {
-        x: E::rd(&sel),
-        w: E::param(&w.output_norm),
-        dim: d,
-        eps: c.rms_eps,
-        out: E::wr(&mut normed),
-    })?;
     let mut logits = e.output(m * c.vocab_size)?; // (m, vocab)
-    e.run(OpT::MatMul {
-        w: e.mat(&w.output)?,
-        x: E::rd(&normed),
-        n: m,
-        out: E::wr(&mut logits),
-    })?;
+                                                  // logits = rms_norm(rows) · outputᵀ (the norm rides on the op).
+    mat_muls(
+        e,
+        sel.as_ref().unwrap_or(&x),
+        m,
+        vec![(&w.output, &mut logits, false)],
+        Some((&w.output_norm, c.rms_eps, &mut normed)),
+        None,
+        None,
+    )?;
     Ok(Some(logits))
 }

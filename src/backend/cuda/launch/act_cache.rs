@@ -56,6 +56,17 @@ impl CudaBackend {
         }
     }
 
+    /// Forgets the held activations if they are those of a buffer
+    /// overlapping the `len` f32 at device address `ptr` (a pooled buffer
+    /// handed to a new user, who will write it): other buffers' stay.
+    pub(crate) fn forget_activations_at(&self, ptr: u64, len: usize) {
+        if let Ok(mut c) = self.act_cache.lock() {
+            if c.is_some_and(|k| f32_ranges_overlap(k.ptr, k.len, ptr, len)) {
+                *c = None;
+            }
+        }
+    }
+
     /// Whether the arena holds `key`'s quantized activations.
     pub(super) fn act_cached(&self, key: ActKey) -> bool {
         self.act_cache
