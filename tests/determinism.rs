@@ -143,3 +143,33 @@ fn bitwise_equal_alone_and_in_a_batch() {
         "batched logits differ from alone"
     );
 }
+
+/// The output head reads the residual stream directly when every row
+/// wants logits (`StepBufs::rows_all`) and selected rows otherwise: the
+/// last row's logits are the same bits either way.
+#[test]
+fn bitwise_equal_last_row_selected_or_all_rows() {
+    let mut r = runner(2);
+    let toks = prompt(21, 14);
+    let step = |r: &mut Runner, seq: SeqId, logits: LogitsWanted| {
+        let l = r
+            .step(&[SeqWork {
+                seq,
+                tokens: &toks,
+                start_pos: 0,
+                logits,
+            }])
+            .unwrap()
+            .remove(0);
+        r.free(seq);
+        l
+    };
+    let all = step(&mut r, SeqId(20), LogitsWanted::All);
+    let last = step(&mut r, SeqId(21), LogitsWanted::Last);
+    assert_eq!(all.len(), toks.len() * last.len());
+    assert!(last.iter().all(|x| x.is_finite()));
+    assert!(
+        bits(&all[all.len() - last.len()..]) == bits(&last),
+        "the last row's logits differ between a selected row and all rows"
+    );
+}
