@@ -248,6 +248,15 @@ impl CudaBackend {
             log.pos += bytes;
         }
         table.set_marks(log.mark_ptr, i32_of((start / UNIT) as usize, "l2 mark")?);
+        // The read-ahead brings these weights into L2 before the chain
+        // reads them, so the matvec's own prefetch before its wait
+        // (mv_prefetch) only competes with the kernel before it: measured
+        // on an H200 (2026-11-29, the 1B Q4_0, whose q/k/v and o matrices
+        // are under the 4 MiB prefetch limit; tg128 / tg128@d512 tok/s,
+        // prefetch on -> off, two pairs): 2,043.0 / 1,895.8 -> 2,068.2 /
+        // 1,932.8 and 2,064.9 / 1,887.7 -> 2,069.9 / 1,935.1. SmolLM2,
+        // without the read-ahead, keeps it (off: -6%).
+        table.no_prefetch();
         Ok(())
     }
 

@@ -309,6 +309,11 @@ impl MmJobs {
         self.mark = mark;
     }
 
+    /// No weight prefetch before the wait (the L2 read-ahead fetches them).
+    pub(super) fn no_prefetch(&mut self) {
+        self.prefetch = 0;
+    }
+
     /// The table's bytes, as a kernel parameter passed by value (RawArgs).
     pub(super) fn param_bytes(&self) -> Vec<u8> {
         // SAFETY: MmJobs is #[repr(C)] plain data without padding (eight
