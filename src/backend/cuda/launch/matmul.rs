@@ -351,6 +351,7 @@ impl MmJobs {
 /// Q4_0 +1.6%, but 8B Q4_0 -3.7% and 1B F16 -1.5% (there the early reads
 /// compete with the previous kernel's); up to 16 MiB: SmolLM2 1,305 ->
 /// 1,367, 8B 365.5 -> 361.4 (its q/k/v and o matrices are 14 and 9 MiB).
+/// Launches captured with the L2 read-ahead drop it (`l2_record`).
 fn mv_prefetch(jobs: &[MatJob<'_, Dev>]) -> bool {
     static MB: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let mb = *MB.get_or_init(|| {
