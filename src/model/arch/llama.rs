@@ -164,8 +164,9 @@ impl LlamaModel {
                 weight: Some(w.token_embd.ty),
                 head_dim: None,
             },
+            // The output head (a `MatMuls` with the output norm on it).
             OpInfo {
-                kind: "mat_mul",
+                kind: "mat_muls",
                 weight: Some(w.output.ty),
                 head_dim: None,
             },
