@@ -5,7 +5,8 @@
 //! Each launcher checks shapes with `backend::validate` (the same checks
 //! the cpu backend runs) before it launches anything.
 //!
-//! `matmul.rs`: matmul in every mode (`matmul_blas.rs`: its cuBLAS path;
+//! `matmul.rs`: matmul in every mode (`mm_jobs.rs`: the job table of its
+//! launches; `matmul_blas.rs`: its cuBLAS path;
 //! `matmul_wgmma.rs`: the Hopper prefill GEMM that replaces it for Q4_0 and
 //! Q4_1 on sm_90 where it measured faster (`wg_default_takes`; every
 //! 32-value block type with `QUIRE_WGMMA=1`); `act_cache.rs`: the
@@ -29,6 +30,7 @@ mod matmul_glu;
 mod matmul_mma;
 mod matmul_norm;
 mod matmul_wgmma;
+mod mm_jobs;
 mod norm_ahead;
 mod rms_norm;
 mod sample;
