@@ -21,7 +21,7 @@
 use super::CudaBackend;
 use anyhow::{anyhow, Result};
 use cudarc::driver::sys;
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap};
 
 /// An instantiated graph with programmatic edges; destroyed on drop.
 pub struct PdlExec(sys::CUgraphExec);
@@ -52,6 +52,82 @@ fn cu(r: sys::CUresult, what: &str) -> Result<()> {
         .map_err(|e| anyhow!("CUDA driver error: {what}: {e:?}"))
 }
 
+/// The function of a kernel node, None for other nodes.
+fn kernel_func(node: sys::CUgraphNode) -> Result<Option<sys::CUfunction>> {
+    let mut ty = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+    // SAFETY: node comes from a live graph's node or edge list.
+    cu(
+        unsafe { sys::cuGraphNodeGetType(node, &mut ty) },
+        "graph node type",
+    )?;
+    if ty != sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL {
+        return Ok(None);
+    }
+    let mut p = std::mem::MaybeUninit::<sys::CUDA_KERNEL_NODE_PARAMS>::zeroed();
+    // SAFETY: a kernel node; p receives its parameters (the pointers
+    // inside stay owned by the graph and are not used).
+    cu(
+        unsafe { sys::cuGraphKernelNodeGetParams_v2(node, p.as_mut_ptr()) },
+        "kernel node parameters",
+    )?;
+    // SAFETY: written by the successful call above.
+    Ok(Some(unsafe { p.assume_init() }.func))
+}
+
+/// A node's name in the debug listing: its kernel's (`names`, by function
+/// handle), or its node type.
+fn node_label(node: sys::CUgraphNode, names: &HashMap<usize, &str>) -> Result<String> {
+    if let Some(f) = kernel_func(node)? {
+        return Ok(names
+            .get(&(f as usize))
+            .map_or("(foreign kernel)".to_string(), |n| n.to_string()));
+    }
+    let mut ty = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+    // SAFETY: node comes from a live graph's node or edge list.
+    cu(
+        unsafe { sys::cuGraphNodeGetType(node, &mut ty) },
+        "graph node type",
+    )?;
+    Ok(format!("{ty:?}")
+        .trim_start_matches("CU_GRAPH_NODE_TYPE_")
+        .to_lowercase())
+}
+
+/// What a captured step holds, for the debug log: its nodes counted by
+/// label, and the `full` edges (left without programmatic launch) counted
+/// by (from, to) label.
+#[allow(clippy::type_complexity)]
+fn graph_listing(
+    graph: sys::CUgraph,
+    names: &HashMap<usize, &str>,
+    full: &[(sys::CUgraphNode, sys::CUgraphNode)],
+) -> Result<(BTreeMap<String, usize>, BTreeMap<(String, String), usize>)> {
+    let mut count = 0usize;
+    // SAFETY: size query with a null array.
+    cu(
+        unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut count) },
+        "counting graph nodes",
+    )?;
+    let mut nodes = vec![std::ptr::null_mut(); count];
+    // SAFETY: the array holds `count` entries; count is updated to the
+    // number written.
+    cu(
+        unsafe { sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut count) },
+        "reading graph nodes",
+    )?;
+    let mut by_label = BTreeMap::new();
+    for &node in nodes.iter().take(count) {
+        *by_label.entry(node_label(node, names)?).or_default() += 1;
+    }
+    let mut edges = BTreeMap::new();
+    for &(a, b) in full {
+        *edges
+            .entry((node_label(a, names)?, node_label(b, names)?))
+            .or_default() += 1;
+    }
+    Ok((by_label, edges))
+}
+
 impl CudaBackend {
     /// Whether decode graphs get programmatic edges: compute capability 9.0
     /// or newer (the kernels' `griddepcontrol` is compiled in only there)
@@ -64,11 +140,13 @@ impl CudaBackend {
     /// another programmatic, then instantiates it. Returns the exec and the
     /// number of edges changed. `graph` stays owned by the caller.
     pub(crate) fn instantiate_pdl(&self, graph: sys::CUgraph) -> Result<(PdlExec, usize)> {
-        let ours: HashSet<usize> = self
+        // This backend's kernels by function handle (their names label the
+        // debug listing).
+        let ours: HashMap<usize, &str> = self
             .dev
             .funcs
-            .values()
-            .map(|f| f.cu_function() as usize)
+            .iter()
+            .map(|(n, f)| (f.cu_function() as usize, *n))
             .collect();
         let mut n: usize = 0;
         // SAFETY: size query with null arrays, as the driver API allows.
@@ -110,45 +188,19 @@ impl CudaBackend {
             "reading graph edges",
         )?;
         let is_ours = |node: sys::CUgraphNode| -> Result<bool> {
-            let mut ty = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
-            // SAFETY: node comes from this graph's edge list.
-            cu(
-                unsafe { sys::cuGraphNodeGetType(node, &mut ty) },
-                "graph node type",
-            )?;
-            if ty != sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL {
-                return Ok(false);
-            }
-            let mut p = std::mem::MaybeUninit::<sys::CUDA_KERNEL_NODE_PARAMS>::zeroed();
-            // SAFETY: a kernel node; p receives its parameters (the
-            // pointers inside stay owned by the graph and are not used).
-            cu(
-                unsafe { sys::cuGraphKernelNodeGetParams_v2(node, p.as_mut_ptr()) },
-                "kernel node parameters",
-            )?;
-            // SAFETY: written by the successful call above.
-            let func = unsafe { p.assume_init() }.func;
-            Ok(ours.contains(&(func as usize)))
+            Ok(kernel_func(node)?.is_some_and(|f| ours.contains_key(&(f as usize))))
         };
         let mut changed = 0;
-        // Edges left full, by (from, to) node type: each is a drain of the
-        // whole GPU between two nodes (RUST_LOG=quire=debug lists them).
-        let mut full: std::collections::BTreeMap<(String, String), usize> = Default::default();
-        let kind = |node: sys::CUgraphNode| -> String {
-            let mut ty = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
-            // SAFETY: node comes from this graph's edge list.
-            let _ = unsafe { sys::cuGraphNodeGetType(node, &mut ty) };
-            format!("{ty:?}")
-                .trim_start_matches("CU_GRAPH_NODE_TYPE_")
-                .to_lowercase()
-        };
+        // Edges left full: each is a drain of the whole GPU between two
+        // nodes (listed with RUST_LOG=quire=debug).
+        let mut full = Vec::new();
         for i in 0..n.min(from.len()) {
             let d = data[i];
             if d.type_ != sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_DEFAULT as u8 {
                 continue;
             }
             if !(is_ours(from[i])? && is_ours(to[i])?) {
-                *full.entry((kind(from[i]), kind(to[i]))).or_default() += 1;
+                full.push((from[i], to[i]));
                 continue;
             }
             let pdl = sys::CUgraphEdgeData {
@@ -170,9 +222,15 @@ impl CudaBackend {
             )?;
             changed += 1;
         }
-        tracing::debug!("graph edges left full (from, to node type): {full:?}");
         if tracing::enabled!(tracing::Level::DEBUG) {
-            tracing::debug!("graph kernels: {:?}", self.kernel_counts(graph)?);
+            // A listing only: a failure to read it fails nothing else.
+            match graph_listing(graph, &ours, &full) {
+                Ok((nodes, edges)) => {
+                    tracing::debug!("graph nodes: {nodes:?}");
+                    tracing::debug!("graph edges left full (from, to): {edges:?}");
+                }
+                Err(e) => tracing::debug!("graph listing: {e:#}"),
+            }
         }
         let mut exec = std::ptr::null_mut();
         // SAFETY: graph is a valid, complete graph; exec receives the
@@ -182,60 +240,6 @@ impl CudaBackend {
             "instantiating a graph with programmatic edges",
         )?;
         Ok((PdlExec(exec), changed))
-    }
-
-    /// Kernel nodes of `graph` by function name (other nodes by type), for
-    /// the debug log: what a captured step launches.
-    fn kernel_counts(
-        &self,
-        graph: sys::CUgraph,
-    ) -> Result<std::collections::BTreeMap<String, usize>> {
-        let names: std::collections::HashMap<usize, &str> = self
-            .dev
-            .funcs
-            .iter()
-            .map(|(n, f)| (f.cu_function() as usize, *n))
-            .collect();
-        let mut count = 0usize;
-        // SAFETY: size query with a null array.
-        cu(
-            unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut count) },
-            "counting graph nodes",
-        )?;
-        let mut nodes = vec![std::ptr::null_mut(); count];
-        // SAFETY: the array holds `count` entries; count is updated to the
-        // number written.
-        cu(
-            unsafe { sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut count) },
-            "reading graph nodes",
-        )?;
-        let mut out = std::collections::BTreeMap::new();
-        for &node in nodes.iter().take(count) {
-            let mut ty = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
-            // SAFETY: node comes from this graph's node list.
-            cu(
-                unsafe { sys::cuGraphNodeGetType(node, &mut ty) },
-                "graph node type",
-            )?;
-            let key = if ty == sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL {
-                let mut p = std::mem::MaybeUninit::<sys::CUDA_KERNEL_NODE_PARAMS>::zeroed();
-                // SAFETY: a kernel node; p receives its parameters (not
-                // kept).
-                cu(
-                    unsafe { sys::cuGraphKernelNodeGetParams_v2(node, p.as_mut_ptr()) },
-                    "kernel node parameters",
-                )?;
-                // SAFETY: written by the successful call above.
-                let f = unsafe { p.assume_init() }.func as usize;
-                names
-                    .get(&f)
-                    .map_or("(foreign kernel)".to_string(), |n| n.to_string())
-            } else {
-                format!("{ty:?}")
-            };
-            *out.entry(key).or_default() += 1;
-        }
-        Ok(out)
     }
 
     /// Launches a PDL graph on the backend's stream.

@@ -250,8 +250,8 @@ pub fn forward<E: Exec>(
         tokens: e.idx(input.tokens)?,
         positions: e.idx(input.positions)?,
         slots: e.idx(input.slots)?,
-        rows_all: logit_rows.iter().enumerate().all(|(i, &r)| r as usize == i)
-            && logit_rows.len() == n,
+        rows_all: logit_rows.len() == n
+            && logit_rows.iter().enumerate().all(|(i, &r)| r as usize == i),
         rows: e.idx(&logit_rows)?,
         batch: e.batch(
             kv,
@@ -543,8 +543,8 @@ pub fn forward_bufs<E: Exec>(
         Some(sel)
     };
     let mut normed = e.output(m * d)?;
-    let mut logits = e.output(m * c.vocab_size)?; // (m, vocab)
-                                                  // logits = rms_norm(rows) · outputᵀ (the norm rides on the op).
+    // logits (m, vocab) = rms_norm(rows) · outputᵀ (the norm rides on the op).
+    let mut logits = e.output(m * c.vocab_size)?;
     mat_muls(
         e,
         sel.as_ref().unwrap_or(&x),
