@@ -287,6 +287,8 @@ impl Runner {
     /// Like [`Runner::step`], with the logits in one buffer (no copy per
     /// sequence).
     pub fn step_flat(&mut self, work: &[SeqWork<'_>]) -> Result<Logits> {
+        use crate::backend::cuda::step_times::{mark, Point};
+        mark(Point::StepStart);
         let t_alloc = std::time::Instant::now();
         let ctx = self.model.cfg.context_length;
         for w in work {
@@ -305,12 +307,15 @@ impl Runner {
                 self.copy_block(c.src, c.dst)?;
             }
         }
+        mark(Point::KvDone);
         if let Compute::Cuda { exec, .. } = &self.compute {
             if exec.profiling() {
                 exec.note_host("host: kv allocate", t_alloc.elapsed().as_secs_f64());
             }
         }
-        forward_batch(&self.model, &self.gguf, &mut self.compute, &self.kv, work)
+        let r = forward_batch(&self.model, &self.gguf, &mut self.compute, &self.kv, work);
+        mark(Point::StepEnd);
+        r
     }
 
     /// Like [`Runner::step`], but with blocks already allocated (and any
@@ -421,6 +426,7 @@ fn forward_batch(
     work: &[SeqWork<'_>],
 ) -> Result<Logits> {
     let bi = batch_input(model, kv, work)?;
+    crate::backend::cuda::step_times::mark(crate::backend::cuda::step_times::Point::InputBuilt);
     let input = bi.input();
     let (n_rows, logit_rows, wanted) = (bi.tokens.len(), &bi.logit_rows, &bi.wanted);
     let t_step = std::time::Instant::now();

@@ -193,7 +193,11 @@ fn time_batched(
                 crate::backend::cuda::profiler_range(false);
             }
         }
-        Ok((b * gen) as f64 / t0.elapsed().as_secs_f64())
+        let tps = (b * gen) as f64 / t0.elapsed().as_secs_f64();
+        for (phase, n, us) in crate::backend::cuda::step_times::report() {
+            eprintln!("step phase (QUIRE_STEP_TIMES=1, batch {b}): {phase:45} {n:6} x {us:8.2} us");
+        }
+        Ok(tps)
     })();
     for s in seqs {
         r.free(s);

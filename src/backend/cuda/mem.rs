@@ -202,22 +202,22 @@ fn held_changed(held: &mut Option<Vec<u32>>, words: &[u32]) -> bool {
 /// Copies `src` (page-locked staging) to the start of `dst` unless `held`
 /// says `dst` holds it already: a copy on the stream between two graph
 /// replays costs the device a few microseconds. After a failed copy
-/// `held` is unknown, so the next call copies.
+/// `held` is unknown, so the next call copies. Returns whether it copied.
 pub(crate) fn upload_if_changed(
     be: &CudaBackend,
     held: &mut Option<Vec<u32>>,
     src: &[u32],
     dst: &mut CudaSlice<u32>,
     what: &str,
-) -> Result<()> {
+) -> Result<bool> {
     if !held_changed(held, src) {
-        return Ok(());
+        return Ok(false);
     }
     let copied = drv(be.stream().memcpy_htod(src, dst), what);
     if copied.is_err() {
         *held = None;
     }
-    copied
+    copied.map(|()| true)
 }
 
 /// Lays a one-row-per-sequence step of n rows out in `stage` (n *
@@ -449,7 +449,9 @@ impl DevAttnBatch {
     /// advanced them by one, so only a step into a new block copies): a
     /// copy on the stream between two replays costs the device a few
     /// microseconds. `QUIRE_STEP_ADVANCE=0` copies them every step (the
-    /// comparison's switch).
+    /// comparison's switch). Returns whether any copy from `stage` was
+    /// enqueued (a chained greedy step often has none: then the caller
+    /// records no event behind it).
     pub fn refill(
         &mut self,
         be: &CudaBackend,
@@ -458,7 +460,7 @@ impl DevAttnBatch {
         tokens: Option<&[u32]>,
         stride: usize,
         stage: &mut [u32],
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let need = validate::attention_batch(batch, self.block_size, self.n_blocks)?;
         anyhow::ensure!(
             batch.positions.len() == self.n_rows
@@ -486,7 +488,7 @@ impl DevAttnBatch {
         self.fixed_part(2, "a refill")?;
         let (used, words) = stage_step(batch, &need, slots, tokens, stride, stage)?;
         let (flat, pos) = stage.split_at_mut(n * stride);
-        upload_if_changed(
+        let tables = upload_if_changed(
             be,
             &mut self.held_tables,
             &flat[..used],
@@ -507,7 +509,7 @@ impl DevAttnBatch {
         held.clear();
         held.extend_from_slice(&pos[..2 * n]);
         self.held_steps = Some(held);
-        Ok(())
+        Ok(tables || copy > 0)
     }
 }
 

@@ -30,6 +30,7 @@ pub mod mem;
 mod pdl;
 pub use pdl::PdlExec;
 pub mod source;
+pub mod step_times;
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{GpuMode, Mode, OpInfo};
@@ -671,7 +672,9 @@ impl CudaBackend {
             let host = drv(p.as_mut_slice(), what)?;
             drv(self.dev.stream.memcpy_dtoh(&v, &mut host[..len]), what)?;
         }
+        step_times::mark(step_times::Point::Wait);
         self.sync(what)?;
+        step_times::mark(step_times::Point::Waited);
         // SAFETY: the copy into p[..len] completed (stream synchronized
         // above) and p moves into the PinnedLogits, which nothing writes.
         let l = unsafe { PinnedLogits::new(p, len, self.pinned.clone()) };

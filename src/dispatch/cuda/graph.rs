@@ -73,6 +73,8 @@ unsafe impl Send for SendGraph {}
 pub(super) struct Staging {
     pub(super) buf: Option<PinnedHostSlice<u32>>,
     pub(super) done: Option<CudaEvent>,
+    /// `done` was recorded since the last `take` waited for it.
+    pub(super) marked: bool,
 }
 
 impl Staging {
@@ -80,8 +82,9 @@ impl Staging {
     /// the copies of its last use have run (long done when that step
     /// synchronized on its logits; not if it failed half way).
     fn take(&mut self, be: &CudaBackend, len: usize) -> Result<&mut [u32]> {
-        if let Some(e) = &self.done {
+        if let Some(e) = self.done.as_ref().filter(|_| self.marked) {
             drv(e.synchronize(), "decode inputs")?;
+            self.marked = false;
         }
         let buf = match self.buf.take() {
             Some(b) if b.len() >= len => b,
@@ -96,6 +99,7 @@ impl Staging {
     /// Records, on `st`, that the copies just issued from the buffer are
     /// the last to read it.
     fn mark(&mut self, st: &Arc<cudarc::driver::CudaStream>) -> Result<()> {
+        self.marked = true;
         match &self.done {
             Some(e) => drv(e.record(st), "decode inputs"),
             None => {
@@ -266,6 +270,8 @@ impl CudaExec {
         let nd = b * crate::backend::cuda::DRAW_WORDS;
         let stage = staging.take(&self.be, b * (kv.n_blocks + 3) + nd)?;
         let (stage, draw_stage) = stage.split_at_mut(b * (kv.n_blocks + 3));
+        // Whether a copy read the staging (then its event is recorded).
+        let mut copied = false;
         if let Some((d, held)) = g.draws.as_mut() {
             // Only what changed goes up: a greedy chain's records stay zero.
             if sel.draws.is_empty() {
@@ -278,9 +284,9 @@ impl CudaExec {
                 );
                 draw_stage.copy_from_slice(sel.draws);
             }
-            upload_if_changed(&self.be, held, draw_stage, d, "decode draws")?;
+            copied |= upload_if_changed(&self.be, held, draw_stage, d, "decode draws")?;
         }
-        g.batch.refill(
+        copied |= g.batch.refill(
             &self.be,
             &AttnBatch {
                 block_tables: input.block_tables,
@@ -293,8 +299,11 @@ impl CudaExec {
             kv.n_blocks,
             stage,
         )?;
-        staging.mark(st)?;
+        if copied {
+            staging.mark(st)?;
+        }
         drop(staging);
+        crate::backend::cuda::step_times::mark(crate::backend::cuda::step_times::Point::Uploaded);
         // Dropped (unknown) if the step fails before its replay is enqueued.
         let held_steps = g.batch.take_held_steps();
         if g.graph.is_some() && g.arena_len != self.be.arena_len() {
@@ -431,10 +440,13 @@ impl CudaExec {
             }
         }
         if let Some(SendGraph(graph, pdl)) = &g.graph {
+            use crate::backend::cuda::step_times::{mark, Point};
+            mark(Point::Launch);
             match pdl {
                 Some(exec) => self.be.launch_pdl(exec)?,
                 None => drv(graph.launch(), "launching a decode graph")?,
             }
+            mark(Point::Launched);
             if let Ok(mut c) = self.counts.lock() {
                 c.entry("decode_graph").or_insert((0, 0.0)).0 += 1;
             }
