@@ -73,30 +73,32 @@ unsafe impl Send for PinnedLogits {}
 unsafe impl Sync for PinnedLogits {}
 
 impl PinnedLogits {
-    /// Wraps `buf` after a completed copy of `len` values into it.
+    /// Wraps `buf`, whose first value is at `ptr`, after a completed copy
+    /// of `len` values into it. (The caller took `ptr` from the slice it
+    /// copied into: asking the buffer again would wait on its event, a
+    /// driver call on the step's critical path.)
     ///
     /// # Safety
-    /// The copy into `buf[..len]` must have completed (its stream
-    /// synchronized) and nothing may write `buf` afterwards.
+    /// `ptr` must be the start of `buf`; the copy into `buf[..len]` must
+    /// have completed (its stream synchronized) and nothing may write
+    /// `buf` afterwards.
     pub(crate) unsafe fn new(
         buf: PinnedHostSlice<f32>,
+        ptr: *const f32,
         len: usize,
         pool: PinnedPool,
-    ) -> Result<Self, cudarc::driver::DriverError> {
+    ) -> Self {
         assert!(
             len <= buf.len(),
             "pinned logits: {len} values in a buffer of {}",
             buf.len()
         );
-        // as_ptr waits on the buffer's event (never recorded: the copy went
-        // through a plain slice and the stream was synchronized).
-        let ptr = buf.as_ptr()?;
-        Ok(PinnedLogits {
+        PinnedLogits {
             buf: Some(buf),
             ptr,
             len,
             pool,
-        })
+        }
     }
 
     pub fn as_slice(&self) -> &[f32] {

@@ -31,6 +31,8 @@ mod pdl;
 pub use pdl::PdlExec;
 pub mod source;
 pub mod step_times;
+mod sync_count;
+use sync_count::SyncCount;
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{GpuMode, Mode, OpInfo};
@@ -132,6 +134,8 @@ pub struct CudaBackend {
     /// and prefill attention then write its f16 activations themselves
     /// (launch::f16wr_out); swiglu's row count is not part of its op.
     pub(crate) last_wgmma_rows: std::sync::atomic::AtomicUsize,
+    /// The stream's synchronizations (`sync_ticket` / `synced_past`).
+    syncs: SyncCount,
     /// Page-locked buffers the logits downloads land in (a copy into
     /// pageable memory pays a page fault per 4 KiB, and a second host copy
     /// costs as much as the transfer).
@@ -506,6 +510,7 @@ impl CudaBackend {
             arena: Mutex::new(arena),
             act_cache: Mutex::new(None),
             l2_log: Mutex::new(None),
+            syncs: SyncCount::default(),
             prequant: std::env::var("QUIRE_PREQUANT").map_or(true, |v| v != "0"),
             fused_layers: std::env::var("QUIRE_FUSED_LAYERS").is_ok_and(|v| v == "1"),
             norm_ahead_on: std::env::var("QUIRE_NORM_AHEAD").is_ok_and(|v| v == "1"),
@@ -665,20 +670,22 @@ impl CudaBackend {
             }
         };
         let v = d.slice(0..len);
-        {
+        let ptr = {
             // A plain slice of the page-locked memory: the copy moves
             // exactly `len` values (cudarc copies the destination's whole
             // length).
             let host = drv(p.as_mut_slice(), what)?;
             drv(self.dev.stream.memcpy_dtoh(&v, &mut host[..len]), what)?;
-        }
+            host.as_ptr()
+        };
         step_times::mark(step_times::Point::Wait);
         self.sync(what)?;
         step_times::mark(step_times::Point::Waited);
-        // SAFETY: the copy into p[..len] completed (stream synchronized
-        // above) and p moves into the PinnedLogits, which nothing writes.
-        let l = unsafe { PinnedLogits::new(p, len, self.pinned.clone()) };
-        Ok(crate::dispatch::HostLogits::Pinned(drv(l, what)?))
+        // SAFETY: ptr is p's start (its slice above); the copy into
+        // p[..len] completed (stream synchronized above) and p moves into
+        // the PinnedLogits, which nothing writes.
+        let l = unsafe { PinnedLogits::new(p, ptr, len, self.pinned.clone()) };
+        Ok(crate::dispatch::HostLogits::Pinned(l))
     }
 
     /// A page-locked host buffer of `len` u32 (staging for uploads that
@@ -693,7 +700,22 @@ impl CudaBackend {
     }
 
     pub fn sync(&self, what: &str) -> Result<()> {
-        drv(self.dev.stream.synchronize(), what)
+        let n = self.syncs.begin();
+        drv(self.dev.stream.synchronize(), what)?;
+        self.syncs.end(n);
+        Ok(())
+    }
+
+    /// A ticket for the work enqueued on the stream so far: it has run
+    /// once [`CudaBackend::synced_past`] says so.
+    pub fn sync_ticket(&self) -> u64 {
+        self.syncs.ticket()
+    }
+
+    /// Whether a synchronization that began after `ticket` was taken has
+    /// completed (so everything enqueued before the ticket has run).
+    pub fn synced_past(&self, ticket: u64) -> bool {
+        self.syncs.past(ticket)
     }
 }
 

@@ -45,6 +45,9 @@ pub(super) struct GraphSel<'d> {
     /// A greedy graph's draw records (b, DRAW_WORDS), uploaded where they
     /// differ from the graph's last ones; empty: every row greedy.
     pub(super) draws: &'d [u32],
+    /// The step synchronizes the stream before it returns (its logits are
+    /// downloaded), so its staging needs no event.
+    pub(super) synced: bool,
 }
 
 /// A decode step's ops on fixed buffers (`forward_bufs`): its logits.
@@ -75,6 +78,11 @@ pub(super) struct Staging {
     pub(super) done: Option<CudaEvent>,
     /// `done` was recorded since the last `take` waited for it.
     pub(super) marked: bool,
+    /// Copies read the buffer last in a step that synchronizes the stream
+    /// at its end (a step that returns its logits): no event recorded,
+    /// only the backend's sync ticket taken after them
+    /// (`CudaBackend::sync_ticket`).
+    pub(super) ticket: Option<u64>,
 }
 
 impl Staging {
@@ -86,6 +94,14 @@ impl Staging {
             drv(e.synchronize(), "decode inputs")?;
             self.marked = false;
         }
+        if let Some(t) = self.ticket {
+            // The step that copied meant to synchronize after; if it
+            // failed first, synchronize here.
+            if !be.synced_past(t) {
+                be.sync("decode inputs")?;
+            }
+            self.ticket = None;
+        }
         let buf = match self.buf.take() {
             Some(b) if b.len() >= len => b,
             // Sized for the next batch sizes too (steps grow one sequence
@@ -94,6 +110,13 @@ impl Staging {
         };
         let buf = self.buf.insert(buf);
         Ok(&mut drv(buf.as_mut_slice(), "decode inputs")?[..len])
+    }
+
+    /// Notes that the copies just issued from the buffer are the last to
+    /// read it, in a step that synchronizes the stream before it returns:
+    /// `take` then needs no event (one driver call fewer each way).
+    fn mark_synced(&mut self, be: &CudaBackend) {
+        self.ticket = Some(be.sync_ticket());
     }
 
     /// Records, on `st`, that the copies just issued from the buffer are
@@ -159,6 +182,7 @@ impl CudaExec {
             key: Self::graph_key(input, false),
             chain: None,
             draws: &[],
+            synced: true,
         };
         self.decode_run(vocab, input, kv, step, sel, |be, g| {
             be.down_logits(&g.out, b * vocab, "decode step logits")
@@ -299,8 +323,10 @@ impl CudaExec {
             kv.n_blocks,
             stage,
         )?;
-        if copied {
-            staging.mark(st)?;
+        match (copied, sel.synced) {
+            (false, _) => {}
+            (true, true) => staging.mark_synced(&self.be),
+            (true, false) => staging.mark(st)?,
         }
         drop(staging);
         crate::backend::cuda::step_times::mark(crate::backend::cuda::step_times::Point::Uploaded);

@@ -128,6 +128,7 @@ impl CudaExec {
                 key,
                 chain: from,
                 draws,
+                synced: false,
             },
             |_, _| Ok(()),
         )?;
