@@ -70,8 +70,10 @@ unsafe impl Send for SendGraph {}
 /// and the draws when they changed (`mem::upload_if_changed`; from
 /// pageable memory each upload cost the host a staging copy of its own:
 /// about 14 of a SmolLM2 step's 700 us on an H100). Invariant: the host
-/// writes the buffer only after `done`, recorded behind the last copies
-/// that read it, has completed.
+/// writes the buffer only after the last copies that read it have run:
+/// `done` recorded behind them has completed, or (`ticket`, a step that
+/// synchronizes the stream at its end) a stream synchronization begun
+/// after them has.
 #[derive(Default)]
 pub(super) struct Staging {
     pub(super) buf: Option<PinnedHostSlice<u32>>,
