@@ -52,14 +52,22 @@ fn cu(r: sys::CUresult, what: &str) -> Result<()> {
         .map_err(|e| anyhow!("CUDA driver error: {what}: {e:?}"))
 }
 
-/// The function of a kernel node, None for other nodes.
-fn kernel_func(node: sys::CUgraphNode) -> Result<Option<sys::CUfunction>> {
+/// A node's type.
+fn node_type(node: sys::CUgraphNode) -> Result<sys::CUgraphNodeType> {
     let mut ty = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
     // SAFETY: node comes from a live graph's node or edge list.
     cu(
         unsafe { sys::cuGraphNodeGetType(node, &mut ty) },
         "graph node type",
     )?;
+    Ok(ty)
+}
+
+/// The function of a kernel node (`ty`, its type), None for other nodes.
+fn kernel_func(
+    node: sys::CUgraphNode,
+    ty: sys::CUgraphNodeType,
+) -> Result<Option<sys::CUfunction>> {
     if ty != sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL {
         return Ok(None);
     }
@@ -77,20 +85,15 @@ fn kernel_func(node: sys::CUgraphNode) -> Result<Option<sys::CUfunction>> {
 /// A node's name in the debug listing: its kernel's (`names`, by function
 /// handle), or its node type.
 fn node_label(node: sys::CUgraphNode, names: &HashMap<usize, &str>) -> Result<String> {
-    if let Some(f) = kernel_func(node)? {
-        return Ok(names
+    let ty = node_type(node)?;
+    Ok(match kernel_func(node, ty)? {
+        Some(f) => names
             .get(&(f as usize))
-            .map_or("(foreign kernel)".to_string(), |n| n.to_string()));
-    }
-    let mut ty = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
-    // SAFETY: node comes from a live graph's node or edge list.
-    cu(
-        unsafe { sys::cuGraphNodeGetType(node, &mut ty) },
-        "graph node type",
-    )?;
-    Ok(format!("{ty:?}")
-        .trim_start_matches("CU_GRAPH_NODE_TYPE_")
-        .to_lowercase())
+            .map_or("(foreign kernel)".to_string(), |n| n.to_string()),
+        None => format!("{ty:?}")
+            .trim_start_matches("CU_GRAPH_NODE_TYPE_")
+            .to_lowercase(),
+    })
 }
 
 /// What a captured step holds, for the debug log: its nodes counted by
@@ -188,7 +191,8 @@ impl CudaBackend {
             "reading graph edges",
         )?;
         let is_ours = |node: sys::CUgraphNode| -> Result<bool> {
-            Ok(kernel_func(node)?.is_some_and(|f| ours.contains_key(&(f as usize))))
+            Ok(kernel_func(node, node_type(node)?)?
+                .is_some_and(|f| ours.contains_key(&(f as usize))))
         };
         let mut changed = 0;
         // Edges left full: each is a drain of the whole GPU between two
