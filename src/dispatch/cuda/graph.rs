@@ -6,7 +6,7 @@
 
 use super::{CudaExec, DevBatch, DevBuf, DevIdx, DevKvCache, StepBufs};
 use crate::backend::cuda::mem::{upload_if_changed, zeros, DevAttnBatch};
-use crate::backend::cuda::{drv, CudaBackend, PdlExec};
+use crate::backend::cuda::{drv, step_times, CudaBackend, PdlExec};
 use crate::backend::AttnBatch;
 use crate::dispatch::Exec;
 use anyhow::{anyhow, bail, ensure, Result};
@@ -70,21 +70,29 @@ unsafe impl Send for SendGraph {}
 /// and the draws when they changed (`mem::upload_if_changed`; from
 /// pageable memory each upload cost the host a staging copy of its own:
 /// about 14 of a SmolLM2 step's 700 us on an H100). Invariant: the host
-/// writes the buffer only after the last copies that read it have run:
-/// `done` recorded behind them has completed, or (`ticket`, a step that
-/// synchronizes the stream at its end) a stream synchronization begun
-/// after them has.
+/// writes the buffer only after the last copies that read it have run
+/// (`pending` says how to know).
 #[derive(Default)]
 pub(super) struct Staging {
     pub(super) buf: Option<PinnedHostSlice<u32>>,
-    pub(super) done: Option<CudaEvent>,
-    /// `done` was recorded since the last `take` waited for it.
-    pub(super) marked: bool,
-    /// Copies read the buffer last in a step that synchronizes the stream
-    /// at its end (a step that returns its logits): no event recorded,
-    /// only the backend's sync ticket taken after them
-    /// (`CudaBackend::sync_ticket`).
-    pub(super) ticket: Option<u64>,
+    /// The event recorded behind copies (made once, then re-recorded).
+    pub(super) event: Option<CudaEvent>,
+    pub(super) pending: Pending,
+}
+
+/// What the last copies from the staging left to wait for.
+#[derive(Default, Clone, Copy)]
+pub(super) enum Pending {
+    /// Nothing: no copy read it since the last `take` waited.
+    #[default]
+    Nothing,
+    /// `Staging::event`, recorded behind them.
+    Event,
+    /// A stream synchronization begun after this ticket
+    /// (`CudaBackend::sync_ticket`): the copies' step synchronizes the
+    /// stream at its end anyway (it returns its logits), so it records no
+    /// event and the next `take` waits for nothing unless it failed first.
+    Ticket(u64),
 }
 
 impl Staging {
@@ -92,18 +100,12 @@ impl Staging {
     /// the copies of its last use have run (long done when that step
     /// synchronized on its logits; not if it failed half way).
     fn take(&mut self, be: &CudaBackend, len: usize) -> Result<&mut [u32]> {
-        if let Some(e) = self.done.as_ref().filter(|_| self.marked) {
-            drv(e.synchronize(), "decode inputs")?;
-            self.marked = false;
+        match (self.pending, &self.event) {
+            (Pending::Event, Some(e)) => drv(e.synchronize(), "decode inputs")?,
+            (Pending::Ticket(t), _) if !be.synced_past(t) => be.sync("decode inputs")?,
+            _ => {}
         }
-        if let Some(t) = self.ticket {
-            // The step that copied meant to synchronize after; if it
-            // failed first, synchronize here.
-            if !be.synced_past(t) {
-                be.sync("decode inputs")?;
-            }
-            self.ticket = None;
-        }
+        self.pending = Pending::Nothing;
         let buf = match self.buf.take() {
             Some(b) if b.len() >= len => b,
             // Sized for the next batch sizes too (steps grow one sequence
@@ -114,24 +116,26 @@ impl Staging {
         Ok(&mut drv(buf.as_mut_slice(), "decode inputs")?[..len])
     }
 
-    /// Notes that the copies just issued from the buffer are the last to
-    /// read it, in a step that synchronizes the stream before it returns:
-    /// `take` then needs no event (one driver call fewer each way).
-    fn mark_synced(&mut self, be: &CudaBackend) {
-        self.ticket = Some(be.sync_ticket());
-    }
-
-    /// Records, on `st`, that the copies just issued from the buffer are
-    /// the last to read it.
-    fn mark(&mut self, st: &Arc<cudarc::driver::CudaStream>) -> Result<()> {
-        self.marked = true;
-        match &self.done {
-            Some(e) => drv(e.record(st), "decode inputs"),
-            None => {
-                self.done = Some(drv(st.record_event(None), "decode inputs")?);
-                Ok(())
-            }
+    /// Notes that the copies just issued from the buffer on `st` are the
+    /// last to read it: a ticket when their step synchronizes the stream
+    /// before it returns (`synced`; one driver call fewer each way), else
+    /// the event recorded behind them.
+    fn mark(
+        &mut self,
+        be: &CudaBackend,
+        st: &Arc<cudarc::driver::CudaStream>,
+        synced: bool,
+    ) -> Result<()> {
+        if synced {
+            self.pending = Pending::Ticket(be.sync_ticket());
+            return Ok(());
         }
+        match &self.event {
+            Some(e) => drv(e.record(st), "decode inputs")?,
+            None => self.event = Some(drv(st.record_event(None), "decode inputs")?),
+        }
+        self.pending = Pending::Event;
+        Ok(())
     }
 }
 
@@ -325,13 +329,11 @@ impl CudaExec {
             kv.n_blocks,
             stage,
         )?;
-        match (copied, sel.synced) {
-            (false, _) => {}
-            (true, true) => staging.mark_synced(&self.be),
-            (true, false) => staging.mark(st)?,
+        if copied {
+            staging.mark(&self.be, st, sel.synced)?;
         }
         drop(staging);
-        crate::backend::cuda::step_times::mark(crate::backend::cuda::step_times::Point::Uploaded);
+        step_times::mark(step_times::Point::Uploaded);
         // Dropped (unknown) if the step fails before its replay is enqueued.
         let held_steps = g.batch.take_held_steps();
         if g.graph.is_some() && g.arena_len != self.be.arena_len() {
@@ -468,13 +470,12 @@ impl CudaExec {
             }
         }
         if let Some(SendGraph(graph, pdl)) = &g.graph {
-            use crate::backend::cuda::step_times::{mark, Point};
-            mark(Point::Launch);
+            step_times::mark(step_times::Point::Launch);
             match pdl {
                 Some(exec) => self.be.launch_pdl(exec)?,
                 None => drv(graph.launch(), "launching a decode graph")?,
             }
-            mark(Point::Launched);
+            step_times::mark(step_times::Point::Launched);
             if let Ok(mut c) = self.counts.lock() {
                 c.entry("decode_graph").or_insert((0, 0.0)).0 += 1;
             }
