@@ -99,9 +99,10 @@ pub struct RunnerOptions {
     /// --mode fast-layers` sets it both ways.
     pub cuda_fused_layers: Option<bool>,
     /// Whether one-row `fast` residual matvecs prepare the next op's
-    /// normalized input on the device (launch/norm_ahead.rs; experimental,
-    /// not measured yet). None: QUIRE_NORM_AHEAD=1 turns it on, else off;
-    /// `check-exact --mode fast-norm-ahead` sets it both ways.
+    /// normalized input on the device (launch/norm_ahead.rs). None:
+    /// QUIRE_NORM_AHEAD=1 / 0 forces it, else the backend's rule (narrow
+    /// residual rows only); `check-exact --mode fast-norm-ahead` sets it
+    /// both ways.
     pub cuda_norm_ahead: Option<bool>,
 }
 
@@ -518,7 +519,7 @@ fn load_cuda(
         cuda.fused_layers = on;
     }
     if let Some(on) = opts.cuda_norm_ahead {
-        cuda.norm_ahead_on = on;
+        cuda.norm_ahead_on = Some(on);
     }
     for info in model.op_infos() {
         if let Err(why) = cuda.capability(&info, opts.mode) {

@@ -42,7 +42,7 @@ pub fn run(cuda: &mut CudaBackend, cpu: &dyn Backend, opts: &Options) -> Vec<Cas
         return out;
     }
     let was = cuda.norm_ahead_on;
-    cuda.norm_ahead_on = true;
+    cuda.norm_ahead_on = Some(true);
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed ^ 0x6e6f_726d);
     use GgmlType::*;
     let types: &[GgmlType] = if opts.quick {

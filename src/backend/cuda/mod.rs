@@ -112,11 +112,12 @@ pub struct CudaBackend {
     /// or `RunnerOptions::cuda_fused_layers` turns it on.
     pub(crate) fused_layers: bool,
     /// Whether one-row `fast` residual matvecs prepare the next op's
-    /// normalized input (launch/norm_ahead.rs). Off by default: measured
-    /// a tie on SmolLM2 and slower on the 1B and 8B (docs/PERF.md,
-    /// 2026-11-28); QUIRE_NORM_AHEAD=1 or
-    /// `RunnerOptions::cuda_norm_ahead` turns it on.
-    pub(crate) norm_ahead_on: bool,
+    /// normalized input (launch/norm_ahead.rs): Some(on) forces it
+    /// (QUIRE_NORM_AHEAD=1 / 0, or `RunnerOptions::cuda_norm_ahead`);
+    /// None leaves it to `launch::norm_ahead_rule` (residual rows of at
+    /// most 1,024 values: faster on SmolLM2, slower on the 1B and 8B,
+    /// docs/PERF.md 2026-11-29).
+    pub(crate) norm_ahead_on: Option<bool>,
     /// Norm-ahead's pending blocks: their key (for the next op only) and
     /// buffer.
     norm_ahead: Mutex<launch::NormAhead>,
@@ -513,7 +514,11 @@ impl CudaBackend {
             syncs: SyncCount::default(),
             prequant: std::env::var("QUIRE_PREQUANT").map_or(true, |v| v != "0"),
             fused_layers: std::env::var("QUIRE_FUSED_LAYERS").is_ok_and(|v| v == "1"),
-            norm_ahead_on: std::env::var("QUIRE_NORM_AHEAD").is_ok_and(|v| v == "1"),
+            norm_ahead_on: match std::env::var("QUIRE_NORM_AHEAD").as_deref() {
+                Ok("1") => Some(true),
+                Ok("0") => Some(false),
+                _ => None,
+            },
             norm_ahead: Mutex::new(launch::NormAhead::default()),
             norm_ahead_runs: std::sync::atomic::AtomicU64::new(0),
             glu_runs: std::sync::atomic::AtomicU64::new(0),

@@ -19,7 +19,14 @@
 //! Not the bits of `RmsNorm` then `MatMuls` (the 1/rms is applied after
 //! the products instead of before the rounding to int8), so `fast` mode
 //! only; `check-exact --mode fast-norm-ahead` checks it against the plain
-//! graph and the cpu. Not measured on a device yet: off by default.
+//! graph and the cpu.
+//!
+//! On by default for residual rows of at most [`NORM_AHEAD_MAX_DIM`]
+//! values (`norm_ahead_rule`): the producer gives each CTA 32 rows (a
+//! whole int8 block), so a narrow residual keeps its CTA count while a
+//! wide one loses most of its CTAs per SM. Measured on an H200
+//! (2026-11-29, docs/PERF.md): SmolLM2 (576) +0.5-1.6%, the 1B (2,048)
+//! -8%, the 8B (4,096) -15% (2026-11-28).
 
 use super::matmul::{job_table, mm_dims, mv_grid, mv_name, mv_warps, MV_Q8_NC};
 use super::{dev_ptr, dev_ptr_mut};
@@ -60,6 +67,16 @@ fn layout(dim: usize) -> (usize, usize, usize) {
     (ds, parts, parts + a(nb * 4))
 }
 
+/// The widest residual row (values) that norm-ahead takes by default.
+pub(crate) const NORM_AHEAD_MAX_DIM: usize = 1024;
+
+/// Whether a producer of `dim` residual values runs norm-ahead: `knob`
+/// (QUIRE_NORM_AHEAD, `RunnerOptions::cuda_norm_ahead`) when set, else
+/// rows of at most NORM_AHEAD_MAX_DIM.
+pub(crate) fn norm_ahead_rule(knob: Option<bool>, dim: usize) -> bool {
+    knob.unwrap_or(dim <= NORM_AHEAD_MAX_DIM)
+}
+
 /// Whether the weight type runs through the int8 warp-per-row matvecs.
 fn q8_type(ty: GgmlType) -> bool {
     !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
@@ -69,7 +86,7 @@ impl CudaBackend {
     /// The producer's key and the blocks' address, taken (so they serve
     /// only the op right after). Off, no producer ever sets them.
     pub(crate) fn take_norm_ahead(&self) -> Option<(AheadKey, u64)> {
-        if !self.norm_ahead_on {
+        if self.norm_ahead_on == Some(false) {
             return None;
         }
         self.norm_ahead.lock().ok().and_then(|mut s| s.key.take())
@@ -114,7 +131,7 @@ impl CudaBackend {
         }
         let job = &jobs[0];
         let (k, m) = (job.w.cols, job.w.rows);
-        if !self.norm_ahead_on
+        if !norm_ahead_rule(self.norm_ahead_on, m)
             || mode != Mode::Fast
             || n != 1
             || !job.add
