@@ -275,8 +275,9 @@ pub(crate) fn nmse_bound(op: &str) -> f64 {
     match op {
         "mat_mul" | "mat_muls" | "mat_muls_norm" | "norm_ahead" => 1e-4,
         // silu(gate) * up carries both products' errors (relative errors
-        // add): measured up to 1.4e-4 on random data in `fast`.
-        "mat_muls_glu" => 3e-4,
+        // add): measured up to 1.4e-4 on random data in `fast` (norm-ahead's
+        // SwiGlu: 1.04e-4 on an H200, 2026-11-29).
+        "mat_muls_glu" | "norm_ahead_glu" => 3e-4,
         "paged_attention" => 1e-5,
         "rms_norm" | "rope" | "swiglu" | "rope_kv_write" => 1e-6,
         _ => 1e-7, // get_rows, add, add_bias, kv_write: pure conversions/adds

@@ -19,14 +19,21 @@ use rand_chacha::ChaCha8Rng;
 use std::sync::atomic::Ordering;
 
 /// (dim: the residual's width and the consumer's k, the producer's k, the
-/// consumer's job rows): an o projection into q/k/v at SmolLM2's width (18
-/// blocks), a down projection into gate/up, a 1B-shaped down into q/k/v,
-/// and a consumer with rows long enough (k >= 3 m) for the split-row form.
-const SHAPES: &[(usize, usize, &[usize])] = &[
-    (576, 576, &[64, 16, 16]),
-    (576, 1536, &[192, 192]),
-    (2048, 8192, &[256, 64, 64]),
-    (256, 512, &[64]),
+/// consumer's job rows, whether the consumer is a gate/up op with its
+/// SwiGlu): an o projection into q/k/v at SmolLM2's width (18 blocks), a
+/// down projection into gate/up, a 1B-shaped down into q/k/v, a consumer
+/// with rows long enough (k >= 3 m) for the split-row form, and the 1B's
+/// o projection into its gate/up with the SwiGlu (256 blocks: the fused
+/// `mv_q8_r1_glu16_nc` for 32-value block types, the matvec then
+/// `swiglu` for the K-quants) and SmolLM2's (the unfused pair).
+type Shape = (usize, usize, &'static [usize], bool);
+const SHAPES: &[Shape] = &[
+    (576, 576, &[64, 16, 16], false),
+    (576, 1536, &[192, 192], false),
+    (2048, 8192, &[256, 64, 64], false),
+    (256, 512, &[64], false),
+    (2048, 2048, &[8192, 8192], true),
+    (576, 576, &[1536, 1536], true),
 ];
 
 /// Runs the cases with norm-ahead switched on in `cuda` (mode `fast` only:
@@ -51,7 +58,7 @@ pub fn run(cuda: &mut CudaBackend, cpu: &dyn Backend, opts: &Options) -> Vec<Cas
         &[Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K]
     };
     for &ty in types {
-        for &(dim, k_in, rows) in SHAPES {
+        for &(dim, k_in, rows, glu) in SHAPES {
             let bs = ty.block_size();
             if !dim.is_multiple_of(bs) || !k_in.is_multiple_of(bs) {
                 continue; // not a shape of this type
@@ -61,8 +68,8 @@ pub fn run(cuda: &mut CudaBackend, cpu: &dyn Backend, opts: &Options) -> Vec<Cas
             // feeds NaN to quantized matmuls in exact mode only;
             // DETERMINISM.md), and an Inf in the residual makes the norm's
             // products NaN.
-            let desc = format!("{ty:?} dim={dim} k={k_in} rows={rows:?}");
-            out.extend(case(cuda, cpu, &mut rng, ty, (dim, k_in, rows), &desc));
+            let desc = format!("{ty:?} dim={dim} k={k_in} rows={rows:?} glu={glu}");
+            out.extend(case(cuda, cpu, &mut rng, ty, (dim, k_in, rows, glu), &desc));
         }
     }
     cuda.norm_ahead_on = was;
@@ -105,11 +112,11 @@ fn case(
     cpu: &dyn Backend,
     rng: &mut ChaCha8Rng,
     ty: GgmlType,
-    (dim, k_in, rows): (usize, usize, &[usize]),
+    (dim, k_in, rows, glu): Shape,
     desc: &str,
 ) -> Vec<CaseResult> {
     let fail = |why: String| {
-        ["x", "out"]
+        ["x", "out", "glu"][..if glu { 3 } else { 2 }]
             .iter()
             .map(|part| CaseResult {
                 op: "norm_ahead",
@@ -162,8 +169,14 @@ fn case(
         return fail(format!("cpu reference: {e:#}"));
     }
     let before = cuda.norm_ahead_runs.load(Ordering::Relaxed);
-    let dev = device_pair(cuda, (&a, &x0, &g, eps), (&wp, &wc), ty, (dim, k_in, rows));
-    let ((x_dev, x_ok), outs_dev) = match dev {
+    let dev = device_pair(
+        cuda,
+        (&a, &x0, &g, eps),
+        (&wp, &wc),
+        ty,
+        (dim, k_in, rows, glu),
+    );
+    let ((x_dev, x_ok), outs_dev, glu_dev) = match dev {
         Ok(v) => v,
         Err(e) => return fail(format!("{e:#}")),
     };
@@ -172,6 +185,7 @@ fn case(
     }
     let mut outs_ref: Vec<Vec<f32>> = rows.iter().map(|&m| vec![0f32; m]).collect();
     let mut scratch = vec![0f32; dim];
+    let mut glu_ref = vec![0f32; if glu { rows[0] } else { 0 }];
     // The consumer's reference reads the device's residual, so each stage is
     // graded against the cpu on the inputs it had: against the cpu's own
     // residual, the consumer's error would also carry the producer's (two
@@ -197,7 +211,7 @@ fn case(
                 out: &mut scratch,
             }),
             next_norm: None,
-            glu: None,
+            glu: glu.then_some(glu_ref.as_mut_slice()),
         },
         Mode::Fast,
     );
@@ -228,10 +242,28 @@ fn case(
         ok,
         None,
     ));
+    if let Some((h, h_ok)) = glu_dev {
+        // silu(gate) * up: the SwiGlu's bound (both products' errors).
+        res.push(graded(
+            "norm_ahead_glu",
+            format!("glu: {desc}"),
+            Mode::Fast,
+            &h,
+            &glu_ref,
+            h_ok,
+            None,
+        ));
+    }
     res
 }
 
-type Pair = ((Vec<f32>, bool), Vec<(Vec<f32>, bool)>);
+/// The residual, the consumer's outputs and its SwiGlu (if any), each with
+/// whether its guards held.
+type Pair = (
+    (Vec<f32>, bool),
+    Vec<(Vec<f32>, bool)>,
+    Option<(Vec<f32>, bool)>,
+);
 
 /// An uploaded weight matrix of `ty` ((rows, cols), `len` bytes of data).
 fn dev_mat(
@@ -255,7 +287,7 @@ fn device_pair(
     (a, x0, g, eps): (&[f32], &[f32], &[f32], f32),
     (wp, wc): (&[u8], &[Vec<u8>]),
     ty: GgmlType,
-    (dim, k_in, rows): (usize, usize, &[usize]),
+    (dim, k_in, rows, glu): Shape,
 ) -> Result<Pair> {
     let a_d = cuda.up(a, "norm_ahead case: activations")?;
     let g_d = cuda.up(g, "norm_ahead case: norm weights")?;
@@ -270,6 +302,11 @@ fn device_pair(
         .map(|&m| guarded(cuda, &vec![0f32; m]))
         .collect::<Result<Vec<_>>>()?;
     let mut scratch_d = cuda.up(&vec![0f32; dim], "norm_ahead case: norm scratch")?;
+    let mut glu_d = if glu {
+        Some(guarded(cuda, &vec![0f32; rows[0]])?)
+    } else {
+        None
+    };
     Backend::<Dev>::run(
         cuda,
         OpT::MatMuls {
@@ -310,7 +347,7 @@ fn device_pair(
                 out: scratch_d.slice_mut(0..dim),
             }),
             next_norm: None,
-            glu: None,
+            glu: glu_d.as_mut().map(|h| h.slice_mut(GUARD..GUARD + rows[0])),
         },
         Mode::Fast,
     )
@@ -321,5 +358,9 @@ fn device_pair(
         .zip(rows)
         .map(|(o, &m)| body(cuda, o, m))
         .collect::<Result<Vec<_>>>()?;
-    Ok((x, outs))
+    let h = match &glu_d {
+        Some(h) => Some(body(cuda, h, rows[0])?),
+        None => None,
+    };
+    Ok((x, outs, h))
 }

@@ -126,6 +126,9 @@ impl CudaBackend {
                                 &mut djobs,
                                 &mut hd.slice_mut(0..glu_len),
                                 mode,
+                                // Host-slice ops never take norm-ahead's
+                                // blocks (no producer ran on the device).
+                                None,
                             )?;
                         }
                         if !fused {

@@ -577,7 +577,9 @@ impl Backend<Dev> for CudaBackend {
             } => {
                 Self::check_glu(&jobs, glu.as_ref().map(|h| h.len()))?;
                 if let Some(h) = glu.as_mut() {
-                    if self.mat_muls_glu_fused(&x, &w, eps, &mut out, n, &mut jobs, h, mode)? {
+                    if self
+                        .mat_muls_glu_fused(&x, &w, eps, &mut out, n, &mut jobs, h, mode, ahead)?
+                    {
                         return Ok(());
                     }
                 }

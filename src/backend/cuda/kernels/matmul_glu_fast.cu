@@ -47,12 +47,17 @@ __device__ __forceinline__ void mv_glu_pair(const u8* __restrict__ wg, const u8*
 // (st.shared::cluster) before the cluster barrier; rank 0 quantizes. So
 // a small FFN (SmolLM2: 48 blocks) spreads over more SMs than one CTA
 // per block allows.
-template <int W, int C>
+// NA (norm-ahead's consumer entries, `_nc`): xq / xds are the blocks of
+// x * g that the residual producer stored (mv_q8_r1_na*), and gate and up
+// are scaled by the norm's 1/rms from `norm` after their sums, as
+// mv_q8_r1_nc scales its rows.
+template <int W, int C, bool NA = false>
 __device__ __forceinline__ void mv_glu_body(const MmJobs& jobs, int k, long long row_bytes,
                                             int ty, const signed char* __restrict__ xq,
                                             const float2* __restrict__ xds, float* __restrict__ h,
                                             signed char* __restrict__ hq,
-                                            float2* __restrict__ hds) {
+                                            float2* __restrict__ hds,
+                                            NormIn norm = NormIn{nullptr, 0, 0.0f}) {
     constexpr int IPC = 32 / C;   // indices per CTA
     constexpr int IPW = IPC / W;  // indices per warp
     static_assert(IPW >= 1 && IPW * W * C == 32, "W warps x C CTAs own 32 indices");
@@ -77,6 +82,8 @@ __device__ __forceinline__ void mv_glu_body(const MmJobs& jobs, int k, long long
         }
     }
     GRID_DEP();
+    float npart = NA ? mv_norm_part(norm, l) : 0.0f;
+    float rs = 1.0f;
     int units = k / 32;
     // The trip count hidden from the compiler: with one index per warp it
     // otherwise drops the loop and schedules the pair loop worse (sm_90:
@@ -98,6 +105,12 @@ __device__ __forceinline__ void mv_glu_body(const MmJobs& jobs, int k, long long
 #pragma unroll
             for (int st = 16; st >= 1; st >>= 1)
                 acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], st, 32);
+        }
+        if (NA) {
+            // Warp-uniform (ii is): every lane takes part in the tree.
+            if (ii == 0) rs = mv_norm_scale(norm, npart);
+            acc[0] *= rs;
+            acc[1] *= rs;
         }
         if (l == 0) {
             gate[i] = acc[0];
@@ -152,5 +165,19 @@ extern "C" __global__ void __launch_bounds__(256, 6) mv_q8_r1_glu8c4(MV_GLU_PARA
 extern "C" __global__ void __launch_bounds__(512, 3) mv_q8_r1_glu16c2(MV_GLU_PARAMS) {
     mv_glu_body<16, 2>(MV_GLU_ARGS);
 }
+// The same forms as norm-ahead's consumers (`_nc`: NA above), with the
+// sums of squares `parts` (blocks of them) and the norm's eps.
+#define MV_GLU_NC(NAME, BOUNDS, W, C)                                                   \
+    extern "C" __global__ void BOUNDS NAME##_nc(MV_GLU_PARAMS, const float* __restrict__ parts, \
+                                                int blocks, float eps) {                \
+        mv_glu_body<W, C, true>(MV_GLU_ARGS, NormIn{parts, blocks, eps});               \
+    }
+MV_GLU_NC(mv_q8_r1_glu8, __launch_bounds__(256, 6), 8, 1)
+MV_GLU_NC(mv_q8_r1_glu16, __launch_bounds__(512, 3), 16, 1)
+MV_GLU_NC(mv_q8_r1_glu32, __launch_bounds__(1024, 1), 32, 1)
+MV_GLU_NC(mv_q8_r1_glu8c2, __launch_bounds__(256, 6), 8, 2)
+MV_GLU_NC(mv_q8_r1_glu8c4, __launch_bounds__(256, 6), 8, 4)
+MV_GLU_NC(mv_q8_r1_glu16c2, __launch_bounds__(512, 3), 16, 2)
+#undef MV_GLU_NC
 #undef MV_GLU_ARGS
 #undef MV_GLU_PARAMS

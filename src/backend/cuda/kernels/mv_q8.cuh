@@ -74,3 +74,25 @@ __device__ __forceinline__ void mv_q8_row(const u8* __restrict__ wr, int units,
 #ifndef MV_PREFETCH
 #define MV_PREFETCH 2
 #endif
+
+// Norm-ahead's consumer input (launch/norm_ahead.rs): the sums of squares
+// of x per 32-block that mv_q8_r1_na stored, how many, and the norm's eps.
+struct NormIn {
+    const float* parts;
+    int blocks;
+    float eps;
+};
+// Lane l's share of the sums, parts l, l + 32, ... added in order; loaded
+// right after the wait so that the loads overlap the row's dot.
+__device__ __forceinline__ float mv_norm_part(const NormIn& N, int l) {
+    float s = 0.0f;
+    for (int i = l; i < N.blocks; i += 32) s += N.parts[i];
+    return s;
+}
+// The norm's 1/rms from every lane's mv_norm_part (fixed xor tree: every
+// warp of the launch gets the same bits). Warp-uniform; all lanes call it.
+__device__ __forceinline__ float mv_norm_scale(const NormIn& N, float part) {
+#pragma unroll
+    for (int st = 16; st >= 1; st >>= 1) part += __shfl_xor_sync(0xffffffffu, part, st, 32);
+    return rsqrtf(part / (float)(32 * N.blocks) + N.eps);
+}

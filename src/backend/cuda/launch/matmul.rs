@@ -4,7 +4,7 @@
 
 use super::act_cache::{ActKey, ACT_F16, ACT_Q8};
 pub(super) use super::mm_jobs::{job_table, MmJobs};
-use super::{arena3, dev_ptr_mut};
+use super::{arena3, dev_ptr_mut, RawArgs};
 use crate::backend::cuda::mem::{Dev, DevMatrix};
 use crate::backend::cuda::{drv, grid_1d, i32_of, ty_code, CudaBackend};
 use crate::backend::{validate, MatJob, Mode, WeightInfo};
@@ -431,7 +431,7 @@ impl CudaBackend {
         self.l2_record(jobs, &mut table)?;
         let cfg = mv_grid(1, ctas)?;
         let name = if r == 2 { "mv_q8_r1_s2" } else { "mv_q8_r1_s4" };
-        self.mat_vec_q8(x, 1, jobs, (&d, &table, cfg, name), &[])
+        self.mat_vec_q8(x, 1, jobs, (&d, &table, cfg, name), &[], 1)
     }
 
     /// The warp-per-row kernels over every job in one launch (validated
@@ -466,7 +466,7 @@ impl CudaBackend {
             return Ok(());
         }
         let name = mv_name(n, warps, MV_Q8);
-        self.mat_vec_q8(x, n, jobs, (&d, &table, cfg, name), &[])
+        self.mat_vec_q8(x, n, jobs, (&d, &table, cfg, name), &[], 1)
     }
 
     /// Quantized weights: activations to int8 (quant_q8, unless the arena
@@ -481,6 +481,7 @@ impl CudaBackend {
         jobs: &[MatJob<'_, Dev>],
         (d, table, cfg, name): (&MmDims, &MmJobs, LaunchConfig, &str),
         extra: &[u64],
+        cluster: u32,
     ) -> Result<()> {
         let k = jobs[0].w.cols;
         let s = self.stream();
@@ -492,6 +493,26 @@ impl CudaBackend {
         arena3::<i8, f32, u8, ()>(&mut guard, (n * k, nblk * 2, 0), |xq, xds, _| {
             if !cached {
                 self.quant_q8(x, nblk, xq, xds)?;
+            }
+            if cluster > 1 {
+                let mut a = RawArgs::new()
+                    .bytes(&table.param_bytes())
+                    .i32(d.ki)
+                    .i64(d.rb)
+                    .i32(d.tc)
+                    .ptr(dev_ptr_mut(xq, s))
+                    .ptr(dev_ptr_mut(xds, s))
+                    .i32(d.ni);
+                for &e in extra {
+                    a = a.ptr(e);
+                }
+                // SAFETY: as the launch below (norm-ahead's cluster
+                // producers, whose caller's SAFETY note covers `extra`), in
+                // clusters of (1, cluster, 1) CTAs that divide the grid; the
+                // caller launches clusters only on sm_90+.
+                return unsafe {
+                    self.launch_clustered(name, cfg, (1, cluster, 1), &mut a.params())
+                };
             }
             let mut b = s.launch_builder(self.func(name)?);
             b.arg(table)

@@ -42,12 +42,16 @@ pub(super) const GLU_FORMS: [(&str, usize, usize); 6] = [
 /// the unfused pair is the faster (`fixed`: QUIRE_MV_GLU_FORM, any form;
 /// clusters only where the device has them). At 48 warps per SM a form of
 /// W warps holds 1,536 / (32 W) CTAs per SM; the rule takes the form whose
-/// grid is one wave.
+/// grid is one wave. `nc`: the input is norm-ahead's blocks (no norm
+/// launch before this op), where a grid of at most one block per SM takes
+/// 32 warps a block (SmolLM2's 48 blocks: +2.6% after 512 tokens on an
+/// H200, 2026-11-29, where without norm-ahead no form paid).
 pub(super) fn glu_form(
     blocks: usize,
     sms: usize,
     clusters: bool,
     fixed: Option<&'static str>,
+    nc: bool,
 ) -> Option<(&'static str, usize, usize)> {
     if let Some(f) = fixed {
         return GLU_FORMS
@@ -57,6 +61,8 @@ pub(super) fn glu_form(
     }
     if blocks > sms && blocks <= 3 * sms {
         Some(GLU_FORMS[1])
+    } else if nc && blocks <= sms {
+        Some(GLU_FORMS[2])
     } else {
         None
     }
@@ -86,7 +92,7 @@ impl CudaBackend {
         let clusters = crate::backend::cuda::pdl::arch_major(&self.arch) >= 9;
         on && self.prequant
             && !short_forced()
-            && glu_form(blocks, self.sm_count(), clusters, fixed).is_some()
+            && glu_form(blocks, self.sm_count(), clusters, fixed, false).is_some()
     }
 
     /// A `MatMuls`'s SwiGlu shapes (`validate::mat_muls_glu`), checked
@@ -141,6 +147,7 @@ impl CudaBackend {
         jobs: &mut [MatJob<'_, Dev>],
         glu: &mut CudaViewMut<'_, f32>,
         mode: Mode,
+        ahead: Option<(super::norm_ahead::AheadKey, u64)>,
     ) -> Result<bool> {
         let (on, fixed) = glu_knobs();
         if !on || mode == Mode::Exact || n != 1 || !self.prequant || jobs.len() != 2 {
@@ -174,7 +181,16 @@ impl CudaBackend {
         }
         let blocks = m / 32;
         let clusters = crate::backend::cuda::pdl::arch_major(&self.arch) >= 9;
-        let Some((name, warps, csize)) = glu_form(blocks, self.sm_count(), clusters, fixed) else {
+        // Norm-ahead's blocks where the residual's producer left them for
+        // this norm (launch/norm_ahead.rs; `fast` only): the `_nc` entry
+        // reads them and scales gate and up by the norm's 1/rms.
+        let nc = match mode {
+            Mode::Fast => self.ahead_for(x, w, eps, k, ahead).map(|(a, _)| a),
+            _ => None,
+        };
+        let Some((name, warps, csize)) =
+            glu_form(blocks, self.sm_count(), clusters, fixed, nc.is_some())
+        else {
             return Ok(false);
         };
         let d = mm_dims(&jobs[0].w, 1)?;
@@ -200,12 +216,23 @@ impl CudaBackend {
         let (mut table, _) = job_table(jobs, 32, s)?;
         self.l2_record(jobs, &mut table)?;
 
-        // rms_norm_fast of the one row, its blocks into (xq, xds).
-        // SAFETY: one row of k inputs, weights and scratch outputs, 16-byte
-        // aligned (checked); xq / xds an arena region of k bytes then k /
-        // 32 float2 (8-byte aligned: k is a multiple of 32).
-        unsafe { self.rms_norm_fast(x, w, 1, (i32_of(k, "dim")?, eps), true, scratch, (xq, xds)) }
-            .context("mat_muls glu: the norm")?;
+        let (xq, xds, name) = match nc {
+            Some((nq, nds, _, _)) => (nq, nds, format!("{name}_nc")),
+            None => {
+                // rms_norm_fast of the one row, its blocks into (xq, xds).
+                // SAFETY: one row of k inputs, weights and scratch outputs,
+                // 16-byte aligned (checked); xq / xds an arena region of k
+                // bytes then k / 32 float2 (8-byte aligned: k is a
+                // multiple of 32).
+                unsafe {
+                    self.rms_norm_fast(x, w, 1, (i32_of(k, "dim")?, eps), true, scratch, (xq, xds))
+                }
+                .context("mat_muls glu: the norm")?;
+                (xq, xds, name.to_string())
+            }
+        };
+        let name = name.as_str();
+        let (parts, nblocks) = nc.map_or((0u64, 0i32), |(_, _, p, b)| (p, b));
 
         let ctas = blocks * csize;
         let grid_y = u32::try_from(ctas).map_err(|_| anyhow!("mat_muls glu: {ctas} CTAs"))?;
@@ -225,6 +252,9 @@ impl CudaBackend {
                 .ptr(dev_ptr_mut(glu, s))
                 .ptr(hq)
                 .ptr(hds);
+            if nc.is_some() {
+                a = a.ptr(parts).i32(nblocks).f32(eps);
+            }
             let c = u32::try_from(csize)?;
             // SAFETY: as the launch below, in clusters of (1, csize, 1)
             // CTAs, which divide the grid (blocks * csize along y); the
@@ -243,7 +273,12 @@ impl CudaBackend {
                 .arg(&mut *glu)
                 .arg(&hq)
                 .arg(&hds);
-            // SAFETY: matches mv_q8_r1_glu*: the table's jobs 0 and 1 hold
+            if nc.is_some() {
+                b.arg(&parts).arg(&nblocks).arg(&eps);
+            }
+            // SAFETY: matches mv_q8_r1_glu* (the `_nc` entries: then the
+            // producer's k / 32 sums of squares at `parts`, their count
+            // and eps, and xq / xds its blocks of this x, `ahead_for`): the table's jobs 0 and 1 hold
             // m rows of rb bytes and outputs of m floats (checked above);
             // xq / xds the normalized row's blocks (k bytes, k / 32
             // float2); glu m floats; hq / hds q8_out's arena region of m
@@ -253,6 +288,10 @@ impl CudaBackend {
             drv(unsafe { b.launch(cfg) }, "mat_muls glu: launch")?;
         }
         self.q8_done(key);
+        if nc.is_some() {
+            self.norm_ahead_runs
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         self.glu_runs
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(true)
@@ -268,14 +307,23 @@ mod tests {
         // SmolLM2 (1,536 / 32 blocks) and the 8B (14,336 / 32) on 132 SMs
         // stay unfused; the 1B (8,192 / 32) takes 16 warps: 3 CTAs per SM,
         // one wave.
-        assert_eq!(glu_form(48, 132, true, None), None);
-        assert_eq!(glu_form(256, 132, true, None), Some(GLU_FORMS[1]));
-        assert_eq!(glu_form(448, 132, true, None), None);
+        assert_eq!(glu_form(48, 132, true, None, false), None);
+        assert_eq!(glu_form(256, 132, true, None, false), Some(GLU_FORMS[1]));
+        assert_eq!(glu_form(448, 132, true, None, false), None);
+        // On norm-ahead's blocks, a grid of at most one block per SM
+        // takes 32 warps a block (SmolLM2); larger grids as without.
+        assert_eq!(glu_form(48, 132, true, None, true), Some(GLU_FORMS[2]));
+        assert_eq!(glu_form(132, 132, true, None, true), Some(GLU_FORMS[2]));
+        assert_eq!(glu_form(256, 132, true, None, true), Some(GLU_FORMS[1]));
+        assert_eq!(glu_form(448, 132, true, None, true), None);
         // A fixed form, clusters only where the device has them.
         assert_eq!(
-            glu_form(48, 132, true, Some("mv_q8_r1_glu8c4")),
+            glu_form(48, 132, true, Some("mv_q8_r1_glu8c4"), false),
             Some(("mv_q8_r1_glu8c4", 8, 4))
         );
-        assert_eq!(glu_form(48, 132, false, Some("mv_q8_r1_glu8c4")), None);
+        assert_eq!(
+            glu_form(48, 132, false, Some("mv_q8_r1_glu8c4"), false),
+            None
+        );
     }
 }

@@ -77,6 +77,26 @@ pub(crate) fn norm_ahead_rule(knob: Option<bool>, dim: usize) -> bool {
     knob.unwrap_or(dim <= NORM_AHEAD_MAX_DIM)
 }
 
+/// The producer's entry for rows of `k` and a residual of `m` (kernels/
+/// matmul_fast.cu): (name, threads per CTA, rows per CTA, CTAs per
+/// cluster). With clusters (sm_90+; QUIRE_NORM_AHEAD_FORM=na keeps the
+/// one-CTA form) 4 CTAs of 8 rows share a block, a warp per row or, for
+/// long rows (k >= 3 m, the down projection: mv_warps' rule), two; else
+/// one CTA of 1,024 threads owns the block's 32 rows.
+pub(crate) fn producer_form(clusters: bool, k: usize, m: usize) -> (&'static str, u32, usize, u32) {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let one = *V.get_or_init(|| std::env::var("QUIRE_NORM_AHEAD_FORM").is_ok_and(|v| v == "na"));
+    producer_rule(clusters && !one, k, m)
+}
+
+fn producer_rule(clusters: bool, k: usize, m: usize) -> (&'static str, u32, usize, u32) {
+    match (clusters, k >= 3 * m) {
+        (false, _) => ("mv_q8_r1_na", 1024, 32, 1),
+        (true, false) => ("mv_q8_r1_na_c4", 256, 8, 4),
+        (true, true) => ("mv_q8_r1_na_w2c4", 512, 8, 4),
+    }
+}
+
 /// Whether the weight type runs through the int8 warp-per-row matvecs.
 fn q8_type(ty: GgmlType) -> bool {
     !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
@@ -153,23 +173,26 @@ impl CudaBackend {
         };
         let (ds_off, parts_off, _) = layout(m);
         let s = self.stream();
-        let (mut table, ctas) = job_table(jobs, 32, s)?;
+        let clusters = crate::backend::cuda::pdl::arch_major(&self.arch) >= 9;
+        let (name, threads, rows, csize) = producer_form(clusters, k, m);
+        let (mut table, ctas) = job_table(jobs, rows, s)?;
         self.l2_record(jobs, &mut table)?;
         let out_ptr = dev_ptr_mut(&jobs[0].out, s);
         let g_ptr = dev_ptr(g, s);
         let cfg = LaunchConfig {
             grid_dim: (1, ctas, 1),
-            block_dim: (1024, 1, 1),
+            block_dim: (threads, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY (of the launch in mat_vec_q8, for the `extra` arguments):
-        // mv_q8_r1_na takes one job of m rows (a multiple of 32: 32 per
-        // CTA, m / 32 CTAs) adding into its output of m floats (n = 1,
-        // validated), then g (m floats) and nq, nds, nparts pointing into
-        // the norm-ahead buffer laid out for m (`layout`): m bytes, m / 32
+        // mv_q8_r1_na* take one job of m rows (a multiple of 32: `rows`
+        // per CTA, csize CTAs per 32 rows, m / rows CTAs, which csize
+        // divides) adding into its output of m floats (n = 1, validated),
+        // then g (m floats) and nq, nds, nparts pointing into the
+        // norm-ahead buffer laid out for m (`layout`): m bytes, m / 32
         // float2 and m / 32 floats.
         let extra = [g_ptr, base, base + ds_off as u64, base + parts_off as u64];
-        self.mat_vec_q8(x, n, jobs, (&d, &table, cfg, "mv_q8_r1_na"), &extra)?;
+        self.mat_vec_q8(x, n, jobs, (&d, &table, cfg, name), &extra, csize)?;
         // As d_mat_muls records a warp-per-row matvec.
         self.last_mv_q8
             .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -189,6 +212,36 @@ impl CudaBackend {
         Ok(true)
     }
 
+    /// The producer's blocks if they are the input of an op normalizing
+    /// `x` (rows of `k`) with weights `w` and `eps`: (nq, nds, parts)
+    /// addresses and the block count.
+    pub(crate) fn ahead_for(
+        &self,
+        x: &CudaView<'_, f32>,
+        w: &CudaView<'_, f32>,
+        eps: f32,
+        k: usize,
+        ahead: Option<(AheadKey, u64)>,
+    ) -> Option<((u64, u64, u64, i32), u64)> {
+        let (key, base) = ahead?;
+        let s = self.stream();
+        let here = AheadKey {
+            x: dev_ptr(x, s),
+            len: x.len(),
+            w: dev_ptr(w, s),
+            eps: eps.to_bits(),
+        };
+        if here != key || k != key.len {
+            return None;
+        }
+        let (ds_off, parts_off, _) = layout(k);
+        let blocks = i32::try_from(k / 32).ok()?;
+        Some((
+            (base, base + ds_off as u64, base + parts_off as u64, blocks),
+            base,
+        ))
+    }
+
     /// The consumer: `jobs` of rms_norm(x) (weights `w`, `eps`) from the
     /// blocks the op before left (`ahead`, its key), by the one-row matvec
     /// with the norm's scale applied after the products. Ok(false): the
@@ -204,23 +257,12 @@ impl CudaBackend {
         mode: Mode,
         ahead: Option<(AheadKey, u64)>,
     ) -> Result<bool> {
-        let Some((key, base)) = ahead else {
-            return Ok(false);
-        };
         let s = self.stream();
         let k = jobs.first().map_or(0, |j| j.w.cols);
-        let here = AheadKey {
-            x: dev_ptr(x, s),
-            len: x.len(),
-            w: dev_ptr(w, s),
-            eps: eps.to_bits(),
+        let Some((_, base)) = self.ahead_for(x, w, eps, k, ahead) else {
+            return Ok(false);
         };
-        if here != key
-            || mode != Mode::Fast
-            || n != 1
-            || k != key.len
-            || jobs.iter().any(|j| !q8_type(j.w.ty) || j.w.cols != k)
-        {
+        if mode != Mode::Fast || n != 1 || jobs.iter().any(|j| !q8_type(j.w.ty) || j.w.cols != k) {
             return Ok(false);
         }
         let shapes: Vec<(&dyn WeightInfo, usize)> = jobs
@@ -276,6 +318,44 @@ impl CudaBackend {
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
+
+    #[test]
+    fn norm_ahead_by_default_on_narrow_residuals_only() {
+        // SmolLM2's 576 and the bound itself: on; the 1B's 2,048 and the
+        // 8B's 4,096: off.
+        assert!(norm_ahead_rule(None, 576));
+        assert!(norm_ahead_rule(None, 1024));
+        assert!(!norm_ahead_rule(None, 1056));
+        assert!(!norm_ahead_rule(None, 2048));
+        assert!(!norm_ahead_rule(None, 4096));
+        // The knob wins both ways.
+        assert!(norm_ahead_rule(Some(true), 4096));
+        assert!(!norm_ahead_rule(Some(false), 576));
+    }
+
+    #[test]
+    fn producer_in_clusters_of_four_where_the_device_has_them() {
+        // No clusters: one CTA of 1,024 threads per 32 rows.
+        assert_eq!(
+            producer_rule(false, 2048, 2048),
+            ("mv_q8_r1_na", 1024, 32, 1)
+        );
+        // The 1B's o projection (k = m): a warp per row, 8 rows per CTA.
+        assert_eq!(
+            producer_rule(true, 2048, 2048),
+            ("mv_q8_r1_na_c4", 256, 8, 4)
+        );
+        // Its down projection (k = 4 m): two warps per row.
+        assert_eq!(
+            producer_rule(true, 8192, 2048),
+            ("mv_q8_r1_na_w2c4", 512, 8, 4)
+        );
+        // SmolLM2's down projection (1,536 < 3 x 576): one warp per row.
+        assert_eq!(
+            producer_rule(true, 1536, 576),
+            ("mv_q8_r1_na_c4", 256, 8, 4)
+        );
+    }
 
     /// q8_block's arithmetic (common.cuh): d = amax / 127, q = round to
     /// nearest even of v / d, clamped to +-127.
