@@ -1,32 +1,39 @@
-//! Norm-ahead (`fast` mode, one row, `QUIRE_NORM_AHEAD=1` or
-//! `RunnerOptions::cuda_norm_ahead`): the RMS norm between a residual
-//! matvec and the next op's matvecs folded into both, so that a one-row
-//! decode layer loses its two `rms_norm_fast` launches.
+//! Norm-ahead (`fast` mode, one row; on by default for narrow residuals,
+//! `norm_ahead_rule`; `QUIRE_NORM_AHEAD=0|1` or
+//! `RunnerOptions::cuda_norm_ahead` forces it): the RMS norm between a
+//! residual matvec and the next op's matvecs folded into both, so that a
+//! one-row decode layer loses its two `rms_norm_fast` launches.
 //!
 //! The producer is a `MatMuls` whose one job adds into the residual stream
 //! x and whose `next_norm` names the next op's norm (the model passes it:
-//! o -> FFN norm, down -> the next layer's attention norm). It runs
-//! `mv_q8_r1_na`: a CTA owns 32 rows of x, stores them, and quantizes the
-//! block of x * g (without the norm's 1/rms, which divides out of every
-//! block's scale) and its sum of squares into this module's buffer. The
-//! consumer, the very next op (a `MatMuls` carrying that norm on that x),
-//! skips `rms_norm_fast` and the quantization and runs the usual one-row
-//! matvec on those blocks, which scales each output by rsqrt(sum / dim +
-//! eps) (`mv_q8_r1_nc` and its split-row forms: separate entries, so the
-//! plain matvecs keep their code). Any other op in between drops the pending
-//! blocks (`take_norm_ahead` at every op).
+//! o -> FFN norm, down -> the next layer's attention norm). It stores x
+//! and quantizes each block of 32 values of x * g (without the norm's
+//! 1/rms, which divides out of every block's scale) and stores the block's
+//! sum of squares into this module's buffer (`producer_form`: on sm_90+ a
+//! thread-block cluster of 4 CTAs of 8 rows per block, `mv_q8_r1_na_c4` /
+//! `_w2c4`, rank 0 quantizing; elsewhere one CTA of 1,024 threads,
+//! `mv_q8_r1_na`). The consumer, the very next op (a `MatMuls` carrying
+//! that norm on that x), skips `rms_norm_fast` and the quantization and
+//! runs the usual one-row matvec on those blocks, which scales each output
+//! by rsqrt(sum / dim + eps) (`mv_q8_r1_nc` and its split-row forms, or
+//! for a gate/up op with its SwiGlu the fused `mv_q8_r1_glu*_nc`: separate
+//! entries, so the plain kernels keep their code). Any other op in between
+//! drops the pending blocks (`take_norm_ahead` at every op).
 //!
 //! Not the bits of `RmsNorm` then `MatMuls` (the 1/rms is applied after
 //! the products instead of before the rounding to int8), so `fast` mode
 //! only; `check-exact --mode fast-norm-ahead` checks it against the plain
-//! graph and the cpu.
+//! graph and the cpu, `quire ops --mode fast --op norm_ahead` producer /
+//! consumer pairs against the cpu's ops.
 //!
 //! On by default for residual rows of at most [`NORM_AHEAD_MAX_DIM`]
-//! values (`norm_ahead_rule`): the producer gives each CTA 32 rows (a
-//! whole int8 block), so a narrow residual keeps its CTA count while a
-//! wide one loses most of its CTAs per SM. Measured on an H200
-//! (2026-11-29, docs/PERF.md): SmolLM2 (576) +0.5-1.6%, the 1B (2,048)
-//! -8%, the 8B (4,096) -15% (2026-11-28).
+//! values (`norm_ahead_rule`). Measured on an H200 (2026-11-29,
+//! docs/PERF.md), after 512 tokens: SmolLM2 (576) +5-7% with the cluster
+//! producer and the fused SwiGlu consumer (+0.5-1.6% with the one-CTA
+//! producer and the unfused pair); the 1B (2,048) -15% (the cluster
+//! producer's down projection ran 9.2 against 6.4 us alone under ncu, and
+//! its launches overlapped far less with their neighbours), the 8B (4,096)
+//! -11%.
 
 use super::matmul::{job_table, mm_dims, mv_grid, mv_name, mv_warps, MV_Q8_NC};
 use super::{dev_ptr, dev_ptr_mut};
