@@ -82,7 +82,8 @@ __device__ __forceinline__ void mv_glu_body(const MmJobs& jobs, int k, long long
         }
     }
     GRID_DEP();
-    float npart = NA ? mv_norm_part(norm, l) : 0.0f;
+    NormParts nparts = {};
+    if (NA) nparts = mv_norm_load(norm, l);
     float rs = 1.0f;
     int units = k / 32;
     // The trip count hidden from the compiler: with one index per warp it
@@ -108,7 +109,7 @@ __device__ __forceinline__ void mv_glu_body(const MmJobs& jobs, int k, long long
         }
         if (NA) {
             // Warp-uniform (ii is): every lane takes part in the tree.
-            if (ii == 0) rs = mv_norm_scale(norm, npart);
+            if (ii == 0) rs = mv_norm_scale(norm, mv_norm_sum(norm, nparts, l));
             acc[0] *= rs;
             acc[1] *= rs;
         }

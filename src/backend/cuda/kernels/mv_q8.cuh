@@ -82,14 +82,38 @@ struct NormIn {
     int blocks;
     float eps;
 };
-// Lane l's share of the sums, parts l, l + 32, ... added in order; loaded
-// right after the wait so that the loads overlap the row's dot.
-__device__ __forceinline__ float mv_norm_part(const NormIn& N, int l) {
+// Lane l's share of the sums, parts l, l + 32, ... added in order. Loaded
+// right after the wait by mv_norm_load and added by mv_norm_sum after the
+// row's dot: the first MV_NORM_LOADS parts are independent loads that stay
+// in flight under the dot (a loop that adds each part as it arrives made
+// every warp wait an L2 round trip before its first weight load: the 1B's
+// consumers ran about 1 us slower alone than the plain matvecs, ncu
+// 2026-11-29); parts past them (rows of more than 32 MV_NORM_LOADS
+// blocks) are added after, in the same order.
+#define MV_NORM_LOADS 4
+struct NormParts {
+    float p[MV_NORM_LOADS];
+};
+__device__ __forceinline__ NormParts mv_norm_load(const NormIn& N, int l) {
+    NormParts r;
+#pragma unroll
+    for (int j = 0; j < MV_NORM_LOADS; j++) {
+        int i = l + 32 * j;
+        r.p[j] = i < N.blocks ? N.parts[i] : 0.0f;
+    }
+    return r;
+}
+__device__ __forceinline__ float mv_norm_sum(const NormIn& N, const NormParts& r, int l) {
+    // 0 + p0 + p1 + ...: the loop's order (a part past the row is +0.0,
+    // which changes no sum of finite parts except -0.0, and a sum of
+    // squares is never negative).
     float s = 0.0f;
-    for (int i = l; i < N.blocks; i += 32) s += N.parts[i];
+#pragma unroll
+    for (int j = 0; j < MV_NORM_LOADS; j++) s += r.p[j];
+    for (int i = l + 32 * MV_NORM_LOADS; i < N.blocks; i += 32) s += N.parts[i];
     return s;
 }
-// The norm's 1/rms from every lane's mv_norm_part (fixed xor tree: every
+// The norm's 1/rms from every lane's mv_norm_sum (fixed xor tree: every
 // warp of the launch gets the same bits). Warp-uniform; all lanes call it.
 __device__ __forceinline__ float mv_norm_scale(const NormIn& N, float part) {
 #pragma unroll
