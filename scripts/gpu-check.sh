@@ -52,6 +52,12 @@ for s in "${steps[@]}"; do
       # form and the producer at one unit per lane in flight.
       QUIRE_MV_WARPS_LONG=4 run_step ops-fast-ahead-w4 "$QUIRE" ops --backend cuda --mode fast --op norm_ahead
       QUIRE_CUDA_DEFINES=MV_NA_UNITS=1 run_step ops-fast-ahead-u1 "$QUIRE" ops --backend cuda --mode fast --op norm_ahead
+      # The one-CTA producer (the default on sm_90+ is the cluster form),
+      # and every gate/up + SwiGlu form as norm-ahead's consumer.
+      QUIRE_NORM_AHEAD_FORM=na run_step ops-fast-ahead-na "$QUIRE" ops --backend cuda --mode fast --op norm_ahead
+      for form in glu8 glu16 glu32 glu8c2 glu8c4 glu16c2; do
+        QUIRE_MV_GLU_FORM=$form run_step "ops-fast-ahead-$form" "$QUIRE" ops --backend cuda --mode fast --op norm_ahead
+      done
       # The short-row matvec (by default only output heads) on every
       # one-row matmul case.
       QUIRE_MV_SHORT=4 run_step ops-fast-short4 "$QUIRE" ops --backend cuda --mode fast --op mat_mul
