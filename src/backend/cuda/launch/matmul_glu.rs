@@ -185,7 +185,7 @@ impl CudaBackend {
         // this norm (launch/norm_ahead.rs; `fast` only): the `_nc` entry
         // reads them and scales gate and up by the norm's 1/rms.
         let nc = match mode {
-            Mode::Fast => self.ahead_for(x, w, eps, k, ahead).map(|(a, _)| a),
+            Mode::Fast => self.ahead_for(x, w, eps, k, ahead),
             _ => None,
         };
         let Some((name, warps, csize)) =
@@ -217,7 +217,7 @@ impl CudaBackend {
         self.l2_record(jobs, &mut table)?;
 
         let (xq, xds, name) = match nc {
-            Some((nq, nds, _, _)) => (nq, nds, format!("{name}_nc")),
+            Some(a) => (a.nq, a.nds, format!("{name}_nc")),
             None => {
                 // rms_norm_fast of the one row, its blocks into (xq, xds).
                 // SAFETY: one row of k inputs, weights and scratch outputs,
@@ -232,7 +232,7 @@ impl CudaBackend {
             }
         };
         let name = name.as_str();
-        let (parts, nblocks) = nc.map_or((0u64, 0i32), |(_, _, p, b)| (p, b));
+        let (parts, nblocks) = nc.map_or((0u64, 0i32), |a| (a.parts, a.blocks));
 
         let ctas = blocks * csize;
         let grid_y = u32::try_from(ctas).map_err(|_| anyhow!("mat_muls glu: {ctas} CTAs"))?;

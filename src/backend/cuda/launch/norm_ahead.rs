@@ -54,6 +54,17 @@ pub(crate) struct AheadKey {
     eps: u32,
 }
 
+/// Device addresses of the producer's blocks for one consumer: the int8
+/// blocks (dim), their scales (dim / 32 float2), the sums of squares
+/// (dim / 32 f32), and how many blocks.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AheadBlocks {
+    pub(crate) nq: u64,
+    pub(crate) nds: u64,
+    pub(crate) parts: u64,
+    pub(crate) blocks: i32,
+}
+
 /// The pending blocks' key (valid for the next op only) with their
 /// address in the buffer, and the buffer: int8 blocks (dim), block scales
 /// (dim / 32 float2), sums of squares (dim / 32 f32), each at a 256-byte
@@ -220,8 +231,7 @@ impl CudaBackend {
     }
 
     /// The producer's blocks if they are the input of an op normalizing
-    /// `x` (rows of `k`) with weights `w` and `eps`: (nq, nds, parts)
-    /// addresses and the block count.
+    /// `x` (rows of `k`) with weights `w` and `eps`.
     pub(crate) fn ahead_for(
         &self,
         x: &CudaView<'_, f32>,
@@ -229,7 +239,7 @@ impl CudaBackend {
         eps: f32,
         k: usize,
         ahead: Option<(AheadKey, u64)>,
-    ) -> Option<((u64, u64, u64, i32), u64)> {
+    ) -> Option<AheadBlocks> {
         let (key, base) = ahead?;
         let s = self.stream();
         let here = AheadKey {
@@ -242,11 +252,12 @@ impl CudaBackend {
             return None;
         }
         let (ds_off, parts_off, _) = layout(k);
-        let blocks = i32::try_from(k / 32).ok()?;
-        Some((
-            (base, base + ds_off as u64, base + parts_off as u64, blocks),
-            base,
-        ))
+        Some(AheadBlocks {
+            nq: base,
+            nds: base + ds_off as u64,
+            parts: base + parts_off as u64,
+            blocks: i32::try_from(k / 32).ok()?,
+        })
     }
 
     /// The consumer: `jobs` of rms_norm(x) (weights `w`, `eps`) from the
@@ -266,7 +277,13 @@ impl CudaBackend {
     ) -> Result<bool> {
         let s = self.stream();
         let k = jobs.first().map_or(0, |j| j.w.cols);
-        let Some((_, base)) = self.ahead_for(x, w, eps, k, ahead) else {
+        let Some(AheadBlocks {
+            nq,
+            nds,
+            parts,
+            blocks,
+        }) = self.ahead_for(x, w, eps, k, ahead)
+        else {
             return Ok(false);
         };
         if mode != Mode::Fast || n != 1 || jobs.iter().any(|j| !q8_type(j.w.ty) || j.w.cols != k) {
@@ -277,8 +294,6 @@ impl CudaBackend {
             .map(|j| (&j.w as &dyn WeightInfo, j.out.len()))
             .collect();
         validate::mat_muls(x.len(), n, &shapes).context("mat_muls (norm-ahead consumer)")?;
-        let (ds_off, parts_off, _) = layout(k);
-        let (nq, nds) = (base, base + ds_off as u64);
         let d = mm_dims(&jobs[0].w, n)?;
         let m: usize = jobs.iter().map(|j| j.w.rows).sum();
         let warps = mv_warps(mode, n, false, k >= 3 * m);
@@ -289,7 +304,6 @@ impl CudaBackend {
         // The norm's scratch is not written and no arena block is: the
         // cached activations stay what they were.
         let mut b = s.launch_builder(self.func(name)?);
-        let (parts, blocks) = (base + parts_off as u64, i32::try_from(k / 32)?);
         b.arg(&table)
             .arg(&d.ki)
             .arg(&d.rb)
