@@ -24,8 +24,9 @@ use std::sync::atomic::Ordering;
 /// down projection into gate/up, a 1B-shaped down into q/k/v, a consumer
 /// with rows long enough (k >= 3 m) for the split-row form, and the 1B's
 /// o projection into its gate/up with the SwiGlu (256 blocks: the fused
-/// `mv_q8_r1_glu16_nc` for 32-value block types, the matvec then
-/// `swiglu` for the K-quants) and SmolLM2's (the unfused pair).
+/// `mv_q8_r1_glu16_nc` for 32-value block types) and SmolLM2's (48
+/// blocks: `mv_q8_r1_glu32_nc`, `glu_form`'s choice on norm-ahead's
+/// input); the K-quants take the matvec then `swiglu` in both.
 type Shape = (usize, usize, &'static [usize], bool);
 const SHAPES: &[Shape] = &[
     (576, 576, &[64, 16, 16], false),

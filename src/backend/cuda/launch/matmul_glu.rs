@@ -278,8 +278,9 @@ impl CudaBackend {
             }
             // SAFETY: matches mv_q8_r1_glu* (the `_nc` entries: then the
             // producer's k / 32 sums of squares at `parts`, their count
-            // and eps, and xq / xds its blocks of this x, `ahead_for`): the table's jobs 0 and 1 hold
-            // m rows of rb bytes and outputs of m floats (checked above);
+            // and eps, and xq / xds its blocks of this x, `ahead_for`):
+            // the table's jobs 0 and 1 hold m rows of rb bytes and
+            // outputs of m floats (checked above);
             // xq / xds the normalized row's blocks (k bytes, k / 32
             // float2); glu m floats; hq / hds q8_out's arena region of m
             // bytes and m / 32 float2, disjoint from xq / xds (the arena's
