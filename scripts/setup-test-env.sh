@@ -13,8 +13,13 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 has_nvrtc() { compgen -G "$venv/lib/python*/site-packages/nvidia/cu13/lib/libnvrtc.so.13" >/dev/null; }
 if ! "$venv/bin/python" -c "import gguf, numpy, torch, transformers, openai" >/dev/null 2>&1 || ! has_nvrtc; then
-  "$venv/bin/python" -m pip install -q --upgrade pip >&2
-  "$venv/bin/python" -m pip install -q "gguf>=0.17" numpy torch "transformers>=4.51" openai "nvidia-cuda-nvrtc==13.0.88" >&2
+  # pip unpacks each wheel (torch's is about 500 MB) under $TMPDIR and has
+  # been seen to leave those folders behind; repeated runs filled the disk.
+  # A private TMPDIR removed on exit keeps every run's scratch out of /tmp.
+  scratch=$(mktemp -d "${TMPDIR:-/tmp}/quire-pip.XXXXXX")
+  trap 'rm -rf "$scratch"' EXIT
+  TMPDIR="$scratch" "$venv/bin/python" -m pip install -q --no-cache-dir --upgrade pip >&2
+  TMPDIR="$scratch" "$venv/bin/python" -m pip install -q --no-cache-dir "gguf>=0.17" numpy torch "transformers>=4.51" openai "nvidia-cuda-nvrtc==13.0.88" >&2
 fi
 "$venv/bin/python" -c "import gguf, numpy, torch, transformers" >&2
 echo "$venv/bin/python"
