@@ -221,8 +221,9 @@ pub enum OpT<'a, M: Mem> {
     /// the next op, a `MatMuls` whose `norm` has these weights and eps. It
     /// changes no result of this op. In `fast` mode a backend may use it
     /// to prepare that op's input as it stores this output (CUDA, one row,
-    /// residual rows of at most 1,024 values or `QUIRE_NORM_AHEAD=1`: the int8 blocks of x * w and the row's sums of
-    /// squares, the 1/rms scale then applied after the next op's products);
+    /// residual rows of at most 1,024 values or `QUIRE_NORM_AHEAD=1`: the
+    /// int8 blocks of x * w and the row's sums of squares, the 1/rms scale
+    /// then applied after the next op's products);
     /// the next op then does not give the bits of `RmsNorm` then `MatMuls`
     /// (docs/DETERMINISM.md). Ignored in `exact` and `deterministic`.
     ///

@@ -38,6 +38,25 @@ pub(super) const GLU_FORMS: [(&str, usize, usize); 6] = [
     ("mv_q8_r1_glu16c2", 16, 2),
 ];
 
+/// Norm-ahead's consumer entry of each form (`_nc`), in GLU_FORMS' order.
+const GLU_FORMS_NC: [&str; 6] = [
+    "mv_q8_r1_glu8_nc",
+    "mv_q8_r1_glu16_nc",
+    "mv_q8_r1_glu32_nc",
+    "mv_q8_r1_glu8c2_nc",
+    "mv_q8_r1_glu8c4_nc",
+    "mv_q8_r1_glu16c2_nc",
+];
+
+/// The `_nc` entry of the form `name` (an entry of GLU_FORMS).
+fn glu_nc(name: &str) -> Result<&'static str> {
+    GLU_FORMS
+        .iter()
+        .position(|f| f.0 == name)
+        .map(|i| GLU_FORMS_NC[i])
+        .ok_or_else(|| anyhow!("mat_muls glu: no norm-ahead entry for {name}"))
+}
+
 /// The form for `blocks` blocks of 32 indices on `sms` SMs, or None where
 /// the unfused pair is the faster (`fixed`: QUIRE_MV_GLU_FORM, any form;
 /// clusters only where the device has them). At 48 warps per SM a form of
@@ -217,7 +236,7 @@ impl CudaBackend {
         self.l2_record(jobs, &mut table)?;
 
         let (xq, xds, name) = match nc {
-            Some(a) => (a.nq, a.nds, format!("{name}_nc")),
+            Some(a) => (a.nq, a.nds, glu_nc(name)?),
             None => {
                 // rms_norm_fast of the one row, its blocks into (xq, xds).
                 // SAFETY: one row of k inputs, weights and scratch outputs,
@@ -228,10 +247,9 @@ impl CudaBackend {
                     self.rms_norm_fast(x, w, 1, (i32_of(k, "dim")?, eps), true, scratch, (xq, xds))
                 }
                 .context("mat_muls glu: the norm")?;
-                (xq, xds, name.to_string())
+                (xq, xds, name)
             }
         };
-        let name = name.as_str();
         let (parts, nblocks) = nc.map_or((0u64, 0i32), |a| (a.parts, a.blocks));
 
         let ctas = blocks * csize;
@@ -301,7 +319,7 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{glu_form, GLU_FORMS};
+    use super::{glu_form, glu_nc, GLU_FORMS};
 
     #[test]
     fn form_rule() {
@@ -326,5 +344,20 @@ mod tests {
             glu_form(48, 132, false, Some("mv_q8_r1_glu8c4"), false),
             None
         );
+    }
+
+    #[test]
+    fn every_glu_form_has_its_norm_ahead_entry() {
+        let listed = |e: &str| {
+            crate::backend::cuda::source::KERNELS
+                .iter()
+                .any(|(_, _, entries)| entries.contains(&e))
+        };
+        for (name, _, _) in GLU_FORMS {
+            let nc = glu_nc(name).unwrap();
+            assert_eq!(nc, format!("{name}_nc"));
+            assert!(listed(nc), "{nc} is not in the kernel table");
+        }
+        assert!(glu_nc("mv_q8_r1_nc").is_err());
     }
 }
