@@ -185,8 +185,9 @@ for s in "${steps[@]}"; do
       run_step layers-llama "$QUIRE" check-exact --mode fast-layers -m "$tmp/llama1b-q4_0.gguf" --prompt-tokens 200 --tokens 16
       ;;
     ahead)
-      # Norm-ahead (default for residual rows <= 1,024; QUIRE_NORM_AHEAD): the norms folded into
-      # the residual matvecs and the next op's, against the op-by-op fast
+      # Norm-ahead (the default for residual rows <= 1,024;
+      # QUIRE_NORM_AHEAD): the norms folded into the residual matvecs and
+      # the next op's, against the op-by-op fast
       # graph, both against the cpu (NMSE): SmolLM2's 576-wide rows (18
       # blocks), the 1B's 2,048 (Q4_0, and Q4_K's superblocks), decode
       # graphs after a prompt.
