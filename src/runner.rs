@@ -104,6 +104,8 @@ pub struct RunnerOptions {
     /// residual rows only); `check-exact --mode fast-norm-ahead` sets it
     /// both ways.
     pub cuda_norm_ahead: Option<bool>,
+    /// Overrides of the CUDA backend's tuning table (`--tuning FILE`).
+    pub tuning: crate::backend::cuda::TuningOverrides,
 }
 
 impl Default for RunnerOptions {
@@ -118,6 +120,7 @@ impl Default for RunnerOptions {
             cuda_prequant: true,
             cuda_fused_layers: None,
             cuda_norm_ahead: None,
+            tuning: Default::default(),
         }
     }
 }
@@ -513,7 +516,7 @@ fn load_cuda(
     n_blocks: usize,
     name: &str,
 ) -> Result<std::result::Result<Compute, (CudaBackend, String)>> {
-    let mut cuda = CudaBackend::new(opts.gpu)?;
+    let mut cuda = CudaBackend::new_tuned(opts.gpu, &opts.tuning)?;
     cuda.prequant &= opts.cuda_prequant;
     if let Some(on) = opts.cuda_fused_layers {
         cuda.fused_layers = on;

@@ -61,6 +61,12 @@ pub struct BenchAttnArgs {
     /// Write a PNG plot of GB/s against context length, one line per batch.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// CUDA tuning overrides (JSON file; see `quire tuning`).
+    #[arg(long, value_name = "FILE")]
+    pub tuning: Option<PathBuf>,
+    /// One tuning override, `table.key=value` (repeatable).
+    #[arg(long = "tune", value_name = "KEY=VALUE")]
+    pub tune: Vec<String>,
 }
 
 /// Calls per captured graph.
@@ -104,7 +110,9 @@ pub fn bench_attn(a: BenchAttnArgs) -> Result<()> {
         !a.batch.is_empty() && !a.ctx.is_empty() && a.batch.iter().chain(&a.ctx).all(|&x| x > 0),
         "bench-attn: --batch and --ctx need at least one value each, all > 0"
     );
-    let be = CudaBackend::new(GpuMode::Required).context("quire bench-attn needs a CUDA device")?;
+    let tuning = super::tuning_overrides(a.tuning.as_deref(), &a.tune)?;
+    let be = CudaBackend::new_tuned(GpuMode::Required, &tuning)
+        .context("quire bench-attn needs a CUDA device")?;
     let cpu = CpuBackend::new(None)?;
     let max_b = *a.batch.iter().max().unwrap_or(&1);
     let max_ctx = *a.ctx.iter().max().unwrap_or(&1);

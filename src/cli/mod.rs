@@ -12,6 +12,7 @@ pub mod ops; // h-cuda
 mod plot;
 pub mod serve;
 pub mod synth;
+pub mod tuning;
 
 use crate::backend::{GpuMode, Mode};
 use crate::runner::{Runner, RunnerOptions};
@@ -66,6 +67,10 @@ pub enum Command {
     /// Compile every CUDA kernel file into the kernel cache for a device
     /// architecture (NVRTC only: no device needed), to carry to a device.
     Kernels(kernels::KernelsArgs),
+    /// Print the CUDA tuning table of an architecture as JSON (the
+    /// defaults, or with overrides laid over them): the start of a
+    /// `--tuning FILE`.
+    Tuning(tuning::TuningArgs),
 }
 
 /// Options shared by every command that loads a model.
@@ -97,6 +102,16 @@ pub struct ModelArgs {
     /// reported) or required (any fallback is an error).
     #[arg(long, default_value = "off")]
     pub gpu: GpuMode,
+    /// CUDA tuning overrides: a JSON file laid over the device
+    /// architecture's defaults (`quire tuning --arch sm_90` prints them;
+    /// docs/BACKENDS.md). No setting changes a bit of `exact` or
+    /// `deterministic` output.
+    #[arg(long, value_name = "FILE")]
+    pub tuning: Option<PathBuf>,
+    /// One tuning override, `table.key=value` (repeatable; after --tuning),
+    /// e.g. `--tune runtime.graphs=false`.
+    #[arg(long = "tune", value_name = "KEY=VALUE")]
+    pub tune: Vec<String>,
 }
 
 impl ModelArgs {
@@ -109,12 +124,18 @@ impl ModelArgs {
             mode: self.mode,
             progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
             gpu: self.gpu,
+            tuning: self.tuning_overrides()?,
             ..Default::default()
         };
         let runner = Runner::load(&path, &opts)?;
         let tok = Tokenizer::from_gguf(&runner.gguf)
             .with_context(|| format!("building the tokenizer of {}", path.display()))?;
         Ok((runner, tok))
+    }
+
+    /// `--tuning FILE` then every `--tune KEY=VALUE`, in order.
+    pub fn tuning_overrides(&self) -> Result<crate::backend::cuda::TuningOverrides> {
+        tuning_overrides(self.tuning.as_deref(), &self.tune)
     }
 
     pub fn report_backends(&self, runner: &Runner) {
@@ -200,5 +221,25 @@ pub fn main_with(cli: Cli) -> Result<()> {
         Command::CheckExact(a) => ops::check_exact(a),
         Command::CheckGreedy(a) => check_greedy::check_greedy(a),
         Command::Kernels(a) => kernels::kernels(a),
+        Command::Tuning(a) => tuning::tuning(a),
     }
+}
+
+/// Tuning overrides from an optional file and `KEY=VALUE` settings.
+pub fn tuning_overrides(
+    file: Option<&std::path::Path>,
+    tune: &[String],
+) -> Result<crate::backend::cuda::TuningOverrides> {
+    use crate::backend::cuda::TuningOverrides;
+    let mut o = match file {
+        Some(p) => TuningOverrides::from_file(p)?,
+        None => TuningOverrides::none(),
+    };
+    for kv in tune {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--tune {kv:?}: expected KEY=VALUE"))?;
+        o = o.set(k.trim(), v.trim())?;
+    }
+    Ok(o)
 }

@@ -40,6 +40,13 @@ pub struct OpsArgs {
     /// CPU threads of the reference.
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
+    /// CUDA tuning overrides (JSON file; see `quire tuning`).
+    #[arg(long, value_name = "FILE")]
+    pub tuning: Option<PathBuf>,
+    /// One tuning override, `table.key=value` (repeatable), e.g. to cover
+    /// a kernel form its planner does not take by default.
+    #[arg(long = "tune", value_name = "KEY=VALUE")]
+    pub tune: Vec<String>,
 }
 
 pub fn ops(a: OpsArgs) -> Result<()> {
@@ -61,7 +68,8 @@ pub fn ops(a: OpsArgs) -> Result<()> {
         "cuda" => {
             // Capabilities decide UNSUPPORTED; a device error fails the
             // case (no cpu fallback: that would compare the cpu with itself).
-            let mut c = crate::backend::cuda::CudaBackend::new(GpuMode::Auto)
+            let tuning = super::tuning_overrides(a.tuning.as_deref(), &a.tune)?;
+            let mut c = crate::backend::cuda::CudaBackend::new_tuned(GpuMode::Auto, &tuning)
                 .context("quire ops --backend cuda")?
                 .without_fallback();
             println!("device: {}", c.device_description());

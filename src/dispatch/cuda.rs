@@ -204,7 +204,7 @@ pub struct CudaExec {
     stage: Mutex<Staging>,
     /// Set while a graph is being captured: no allocation may happen then.
     capturing: AtomicBool,
-    /// CUDA graphs for decode steps (QUIRE_NO_GRAPHS=1 turns them off).
+    /// CUDA graphs for decode steps (tuning `runtime.graphs`).
     use_graphs: bool,
     /// Greedy steps in flight (greedy.rs).
     greedy: Mutex<greedy::Greedy>,
@@ -215,6 +215,7 @@ pub struct CudaExec {
 
 impl CudaExec {
     pub fn new(be: Arc<CudaBackend>, mode: Mode) -> Self {
+        let use_graphs = be.tuning.runtime.graphs;
         CudaExec {
             be,
             mode,
@@ -224,7 +225,7 @@ impl CudaExec {
             graphs: Mutex::new(HashMap::new()),
             stage: Mutex::new(Staging::default()),
             capturing: AtomicBool::new(false),
-            use_graphs: !std::env::var("QUIRE_NO_GRAPHS").is_ok_and(|v| v == "1"),
+            use_graphs,
             greedy: Mutex::new(greedy::Greedy::default()),
             shared_ring: Mutex::new(None),
         }

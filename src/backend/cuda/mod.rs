@@ -31,6 +31,11 @@ mod pdl;
 pub use pdl::PdlExec;
 pub mod source;
 pub mod step_times;
+mod tuning;
+pub use tuning::{
+    arch_major, AttentionTuning, MatmulTuning, MatvecTuning, RuntimeTuning, Switch, Tuning,
+    TuningOverrides,
+};
 mod sync_count;
 use sync_count::SyncCount;
 
@@ -83,6 +88,9 @@ pub fn profiler_range(on: bool) {
 
 pub struct CudaBackend {
     gpu_mode: GpuMode,
+    /// The tuning table of this device (its architecture's defaults with
+    /// the caller's overrides), read by the planners.
+    pub(crate) tuning: Tuning,
     dev: Device,
     name: String,
     arch: String,
@@ -308,6 +316,12 @@ impl CudaBackend {
     /// makes it an error; `auto` lets dispatch fall back. `GpuMode::Off` is
     /// refused (the caller must not build a CUDA backend then).
     pub fn new(gpu_mode: GpuMode) -> Result<Self> {
+        Self::new_tuned(gpu_mode, &TuningOverrides::none())
+    }
+
+    /// [`CudaBackend::new`] with `overrides` laid over the device
+    /// architecture's tuning defaults (`--tuning FILE`).
+    pub fn new_tuned(gpu_mode: GpuMode, overrides: &TuningOverrides) -> Result<Self> {
         if gpu_mode == GpuMode::Off {
             bail!("cuda backend: --gpu off never opens a device");
         }
@@ -326,6 +340,7 @@ impl CudaBackend {
         let ctx = drv(CudaContext::new(0), "opening device 0")?;
         let (maj, min) = drv(ctx.compute_capability(), "compute capability")?;
         let arch = format!("sm_{maj}{min}");
+        let tuning = Tuning::resolve(&arch, overrides)?;
         let name = drv(ctx.name(), "device name")?;
         let sms = drv(
             ctx.attribute(
@@ -507,6 +522,7 @@ impl CudaBackend {
         };
         Ok(CudaBackend {
             gpu_mode,
+            tuning,
             blas,
             arena: Mutex::new(arena),
             act_cache: Mutex::new(None),
@@ -540,6 +556,11 @@ impl CudaBackend {
             disabled: Mutex::new(None),
             fallback,
         })
+    }
+
+    /// The tuning table this backend runs with.
+    pub fn tuning(&self) -> &Tuning {
+        &self.tuning
     }
 
     /// Device name and architecture, e.g. "NVIDIA H100 80GB HBM3 (sm_90)".

@@ -16,7 +16,7 @@
 //!
 //! Only edges between two kernels of this backend change (foreign kernels,
 //! cuBLAS's, would not wait); memcpy and memset nodes keep full edges.
-//! `QUIRE_PDL=0` turns it off.
+//! Tuning `runtime.pdl = false` turns it off.
 
 use super::CudaBackend;
 use anyhow::{anyhow, Result};
@@ -134,9 +134,9 @@ fn graph_listing(
 impl CudaBackend {
     /// Whether decode graphs get programmatic edges: compute capability 9.0
     /// or newer (the kernels' `griddepcontrol` is compiled in only there)
-    /// and `QUIRE_PDL` is not `0`.
+    /// and the tuning table's `runtime.pdl` is on.
     pub(crate) fn pdl_enabled(&self) -> bool {
-        arch_major(&self.arch) >= 9 && std::env::var("QUIRE_PDL").map_or(true, |v| v != "0")
+        arch_major(&self.arch) >= 9 && self.tuning.runtime.pdl
     }
 
     /// Makes every edge of `graph` from one of this backend's kernels to
