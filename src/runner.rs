@@ -3,18 +3,19 @@
 //! model, and returns logits per sequence.
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::cuda::CudaBackend;
 use crate::backend::{Backend, GpuMode, Mode};
-use crate::dispatch::cuda::{CudaExec, DevKvCache, DevStore};
-use crate::dispatch::{Dispatcher, HostExec, HostLogits};
+use crate::dispatch::step_times::{mark, Point};
+use crate::dispatch::{
+    load_device, DeviceLoad, DeviceModel, DeviceOptions, Dispatcher, HostExec, HostLogits,
+    TuningOverrides,
+};
 use crate::gguf::GgufFile;
 use crate::kv::{KvManager, SeqId};
-use crate::model::arch::llama::LlamaWeights;
+use crate::model::arch::llama::LlamaGraph;
 use crate::model::{KvStorage, LlamaModel, ModelConfig, StepInput};
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::Path;
-use std::sync::Arc;
 
 mod greedy;
 
@@ -89,23 +90,10 @@ pub struct RunnerOptions {
     pub progress: bool,
     /// GPU use (h-cuda): off (default), auto or required.
     pub gpu: GpuMode,
-    /// Let rms_norm and swiglu quantize their outputs for the next matmul
-    /// on the device (the same bits; false runs the separate quantize
-    /// kernels, the reference of `check-exact --mode fast`).
-    pub cuda_prequant: bool,
-    /// Whether a one-row `fast` decode step runs every layer in one fused
-    /// launch on the device (experimental, slower today: docs/PERF.md).
-    /// None: QUIRE_FUSED_LAYERS=1 turns it on, else off; `check-exact
-    /// --mode fast-layers` sets it both ways.
-    pub cuda_fused_layers: Option<bool>,
-    /// Whether one-row `fast` residual matvecs prepare the next op's
-    /// normalized input on the device (launch/norm_ahead.rs). None:
-    /// QUIRE_NORM_AHEAD=1 / 0 forces it, else the backend's rule (narrow
-    /// residual rows only); `check-exact --mode fast-norm-ahead` sets it
-    /// both ways.
-    pub cuda_norm_ahead: Option<bool>,
-    /// Overrides of the CUDA backend's tuning table (`--tuning FILE`).
-    pub tuning: crate::backend::cuda::TuningOverrides,
+    /// Overrides of the CUDA backend's tuning table (`--tuning FILE`;
+    /// `check-exact` sets `matvec.prequant` and `matvec.norm_ahead`
+    /// through them for its fused and unfused runners).
+    pub tuning: TuningOverrides,
 }
 
 impl Default for RunnerOptions {
@@ -117,27 +105,20 @@ impl Default for RunnerOptions {
             mode: Mode::Exact,
             progress: false,
             gpu: GpuMode::Off,
-            cuda_prequant: true,
-            cuda_fused_layers: None,
-            cuda_norm_ahead: None,
             tuning: Default::default(),
         }
     }
 }
 
 /// Where a step's ops run and where the KV cache lives.
-#[allow(clippy::large_enum_variant)] // one per runner, never moved in a loop
 pub enum Compute {
     /// Host memory: ops through the dispatcher (cpu, or per-op cuda with
     /// host slices under `--gpu auto` when the device path cannot run the
     /// model); KV cache in host memory.
     Host { dx: Dispatcher, storage: KvStorage },
-    /// Device memory: weights, activations and KV cache on the GPU.
-    Cuda {
-        exec: CudaExec,
-        weights: LlamaWeights<DevStore>,
-        kv: DevKvCache,
-    },
+    /// Device memory: weights, activations and KV cache on the GPU, behind
+    /// the executor trait ([`load_device`]).
+    Device(Box<dyn DeviceModel>),
 }
 
 pub struct Runner {
@@ -184,22 +165,22 @@ impl Runner {
         match opts.gpu {
             GpuMode::Off => {}
             GpuMode::Required | GpuMode::Auto => {
-                match load_cuda(&gguf, &model, opts, n_blocks, &name) {
-                    Ok(Ok(compute)) => {
+                match open_device(&gguf, &model, opts, n_blocks, &name) {
+                    Ok(DeviceLoad::Device(d)) => {
                         return Ok(Runner {
                             gguf,
                             model,
                             kv,
-                            compute,
+                            compute: Compute::Device(d),
                             n_threads: 1,
                         })
                     }
                     // The device path cannot run this model (an op it does
                     // not support): under auto, per-op dispatch with host
                     // slices, cuda where it can and cpu elsewhere.
-                    Ok(Err((cuda, why))) => {
+                    Ok(DeviceLoad::OpByOp(cuda, why)) => {
                         eprintln!("warning: --gpu auto: {why}; running op by op (cuda where supported, else cpu) with host memory");
-                        host_backends.push(Box::new(cuda));
+                        host_backends.push(cuda);
                     }
                     Err(e) if opts.gpu == GpuMode::Required => {
                         return Err(
@@ -239,7 +220,7 @@ impl Runner {
     pub fn backend_report(&self) -> Vec<(String, String, u64)> {
         match &self.compute {
             Compute::Host { dx, .. } => dx.report(),
-            Compute::Cuda { exec, .. } => exec.report(),
+            Compute::Device(d) => d.report(),
         }
     }
 
@@ -248,7 +229,7 @@ impl Runner {
     pub fn op_profile(&self) -> Option<Vec<(String, u64, f64)>> {
         match &self.compute {
             Compute::Host { .. } => None,
-            Compute::Cuda { exec, .. } => exec.profile(),
+            Compute::Device(d) => d.profile(),
         }
     }
 
@@ -256,12 +237,7 @@ impl Runner {
     pub fn placement(&self) -> String {
         match &self.compute {
             Compute::Host { .. } => "host memory".into(),
-            Compute::Cuda { exec, .. } => {
-                format!(
-                    "cuda device memory, {}",
-                    exec.backend().device_description()
-                )
-            }
+            Compute::Device(d) => d.placement(),
         }
     }
 
@@ -269,7 +245,7 @@ impl Runner {
     pub fn copy_block(&mut self, src: u32, dst: u32) -> Result<()> {
         match &mut self.compute {
             Compute::Host { storage, .. } => storage.copy_block(src, dst),
-            Compute::Cuda { exec, kv, .. } => kv.copy_block(exec.backend(), src, dst),
+            Compute::Device(d) => d.copy_block(src, dst),
         }
     }
 
@@ -291,7 +267,6 @@ impl Runner {
     /// Like [`Runner::step`], with the logits in one buffer (no copy per
     /// sequence).
     pub fn step_flat(&mut self, work: &[SeqWork<'_>]) -> Result<Logits> {
-        use crate::backend::cuda::step_times::{mark, Point};
         mark(Point::StepStart);
         let t_alloc = std::time::Instant::now();
         let ctx = self.model.cfg.context_length;
@@ -312,9 +287,9 @@ impl Runner {
             }
         }
         mark(Point::KvDone);
-        if let Compute::Cuda { exec, .. } = &self.compute {
-            if exec.profiling() {
-                exec.note_host("host: kv allocate", t_alloc.elapsed().as_secs_f64());
+        if let Compute::Device(d) = &self.compute {
+            if d.profiling() {
+                d.note_host("host: kv allocate", t_alloc.elapsed().as_secs_f64());
             }
         }
         let r = forward_batch(&self.model, &self.gguf, &mut self.compute, &self.kv, work);
@@ -430,7 +405,7 @@ fn forward_batch(
     work: &[SeqWork<'_>],
 ) -> Result<Logits> {
     let bi = batch_input(model, kv, work)?;
-    crate::backend::cuda::step_times::mark(crate::backend::cuda::step_times::Point::InputBuilt);
+    mark(Point::InputBuilt);
     let input = bi.input();
     let (n_rows, logit_rows, wanted) = (bi.tokens.len(), &bi.logit_rows, &bi.wanted);
     let t_step = std::time::Instant::now();
@@ -438,23 +413,12 @@ fn forward_batch(
         Compute::Host { dx, storage } => {
             model.forward_host(&HostExec { dx, gguf }, storage, &input)?
         }
-        Compute::Cuda {
-            exec,
-            weights,
-            kv: dev_kv,
-        } => {
-            // A pure decode step (one row per sequence, all logits) replays
-            // a captured CUDA graph; anything else runs op by op.
+        Compute::Device(d) => {
+            // A pure decode step: one row per sequence, all logits.
             let decode = work
                 .iter()
                 .all(|w| w.tokens.len() == 1 && w.logits == LogitsWanted::Last);
-            if decode && exec.graphable(work.len()) {
-                exec.decode_step(model.cfg.vocab_size, &input, dev_kv, &mut |e, kv, bufs| {
-                    crate::model::arch::llama::forward_bufs(&model.cfg, weights, e, kv, bufs)
-                })?
-            } else {
-                crate::model::arch::llama::forward(&model.cfg, weights, exec, dev_kv, &input)?
-            }
+            d.step(&input, decode)?
         }
     };
     let v = model.cfg.vocab_size;
@@ -476,15 +440,15 @@ fn forward_batch(
         vocab: v,
         spans,
     };
-    if let Compute::Cuda { exec, .. } = compute {
-        if exec.profiling() {
+    if let Compute::Device(d) = compute {
+        if d.profiling() {
             let kind = match n_rows {
                 1 => "host: step wall time, 1 row",
                 2..=8 => "host: step wall time, 2..8 rows",
                 9..=64 => "host: step wall time, 9..64 rows",
                 _ => "host: step wall time, >64 rows",
             };
-            exec.note_host(kind, t_step.elapsed().as_secs_f64());
+            d.note_host(kind, t_step.elapsed().as_secs_f64());
         }
     }
     Ok(out)
@@ -504,68 +468,42 @@ fn progress_bar(show: bool, len: u64, template: &str, name: &str) -> ProgressBar
     b
 }
 
-/// The device path: a cuda backend, a whole-model capability check, the
-/// weights uploaded and the KV cache allocated on the device. `Ok(Err)`
-/// when the backend works but cannot run some op of this model (the reason
-/// names the op), so `auto` can fall back op by op.
-#[allow(clippy::type_complexity)]
-fn load_cuda(
+/// The device path ([`load_device`]): a device backend, a
+/// whole-model capability check, the weights uploaded and the KV cache
+/// allocated on the device; or, under `--gpu auto`, the backend and the
+/// op it cannot run, for op-by-op dispatch with host memory.
+fn open_device(
     gguf: &GgufFile,
     model: &LlamaModel,
     opts: &RunnerOptions,
     n_blocks: usize,
     name: &str,
-) -> Result<std::result::Result<Compute, (CudaBackend, String)>> {
-    let mut cuda = CudaBackend::new_tuned(opts.gpu, &opts.tuning)?;
-    cuda.prequant &= opts.cuda_prequant;
-    if let Some(on) = opts.cuda_fused_layers {
-        cuda.fused_layers = on;
-    }
-    if let Some(on) = opts.cuda_norm_ahead {
-        cuda.norm_ahead_on = Some(on);
-    }
-    for info in model.op_infos() {
-        if let Err(why) = cuda.capability(&info, opts.mode) {
-            let why = format!(
-                "op {} ({:?}{}) cannot run on the cuda backend: {why}",
-                info.kind,
-                opts.mode,
-                info.weight.map(|t| format!(", {t:?}")).unwrap_or_default()
-            );
-            if opts.gpu == GpuMode::Required {
-                bail!("{why}");
-            }
-            return Ok(Err((cuda, why)));
-        }
-    }
-    tracing::info!("cuda: model on {}", cuda.device_description());
-    let exec = CudaExec::new(Arc::new(cuda), opts.mode);
+) -> Result<DeviceLoad> {
     let cfg = &model.cfg;
-    let bar = progress_bar(
-        opts.progress,
-        cfg.n_layers as u64,
-        "uploading {msg} to the GPU [{bar:30}] {pos}/{len} layers",
-        name,
-    );
-    let weights = exec.upload_weights(
-        |mat, vec| {
-            model
-                .weights
-                .map::<DevStore>(mat, vec, &|i, _| bar.set_position(i as u64))
-        },
+    load_device(
         gguf,
-    )?;
-    bar.finish_and_clear();
-    let kv = DevKvCache::new(
-        exec.backend(),
-        cfg.n_layers,
-        n_blocks,
-        opts.block_size,
-        cfg.n_kv_heads,
-        cfg.head_dim,
+        LlamaGraph(cfg.clone()),
+        &model.weights,
+        &model.op_infos(),
+        &DeviceOptions {
+            gpu: opts.gpu,
+            mode: opts.mode,
+            tuning: &opts.tuning,
+            n_blocks,
+            block_size: opts.block_size,
+            n_kv_heads: cfg.n_kv_heads,
+            head_dim: cfg.head_dim,
+            n_layers: cfg.n_layers,
+        },
+        &|| {
+            progress_bar(
+                opts.progress,
+                cfg.n_layers as u64,
+                "uploading {msg} to the GPU [{bar:30}] {pos}/{len} layers",
+                name,
+            )
+        },
     )
-    .context("allocating the KV cache on the device")?;
-    Ok(Ok(Compute::Cuda { exec, weights, kv }))
 }
 
 fn prefault(g: &GgufFile, bar: &ProgressBar) -> Result<()> {

@@ -1,32 +1,27 @@
 //! Compiles every CUDA kernel source through NVRTC (no GPU needed), for
 //! the architectures the backend targets. Needs libnvrtc on the loader path
 //! (scripts/test.sh puts the `nvidia-cuda-nvrtc` pip package's lib dir on
-//! LD_LIBRARY_PATH); without it the test prints SKIPPED and passes — unless
-//! QUIRE_REQUIRE_NVRTC=1, which makes a missing NVRTC a failure (CI sets it).
+//! LD_LIBRARY_PATH); without it the tests that compile fail, naming the
+//! fix, so CI cannot pass without having compiled the kernels.
 
 use quire::backend::cuda::source;
 
 /// One entry of the kernel tables: (file stem, source, entry points).
 type KernelFile = (&'static str, &'static str, &'static [&'static str]);
 
-/// Whether NVRTC can run; without it prints SKIPPED (`what` was not
-/// done), or fails under QUIRE_REQUIRE_NVRTC=1.
-fn nvrtc_or_skip(what: &str) -> bool {
-    if source::nvrtc_present() {
-        return true;
-    }
-    if std::env::var("QUIRE_REQUIRE_NVRTC").as_deref() == Ok("1") {
-        panic!("QUIRE_REQUIRE_NVRTC=1 but libnvrtc cannot be loaded (LD_LIBRARY_PATH?)");
-    }
-    eprintln!("SKIPPED: libnvrtc not found; {what}");
-    false
+/// Fails naming the fix unless NVRTC can run.
+fn require_nvrtc(what: &str) {
+    assert!(
+        source::nvrtc_present(),
+        "libnvrtc cannot be loaded, so {what}. scripts/test.sh puts the lib dir of \
+         the nvidia-cuda-nvrtc pip package (installed by scripts/setup-test-env.sh) \
+         on LD_LIBRARY_PATH"
+    );
 }
 
 #[test]
 fn every_kernel_compiles_with_nvrtc() {
-    if !nvrtc_or_skip("CUDA kernels were NOT compiled") {
-        return;
-    }
+    require_nvrtc("the CUDA kernels were NOT compiled");
     let mut n = 0;
     // The Hopper-only files (wgmma) are compiled for sm_90a alone.
     let sets = [
@@ -140,9 +135,7 @@ fn kernel_table_names_every_op_file() {
 #[test]
 fn kernel_cache_compiles_stores_and_reloads_cubins() {
     use quire::backend::cuda::kcache::{load_in, Origin};
-    if !nvrtc_or_skip("the kernel cache was NOT exercised") {
-        return;
-    }
+    require_nvrtc("the kernel cache was NOT exercised");
     let dir = std::env::temp_dir().join(format!("quire-kcache-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     // A miss compiles a CUBIN (an ELF image) and stores it under its key.

@@ -59,6 +59,7 @@ fn run(be: &Skewed, mode: Mode) -> (usize, usize, usize) {
         perf: false,
         seed: 1,
         quick: true,
+        wave_tail_forced: false,
     };
     let res = opcheck::run(be, &cpu, &opts);
     for r in &res {
@@ -121,6 +122,7 @@ fn portable_cpu_matches_simd_cpu_on_the_quick_grid() {
         perf: false,
         seed: 3,
         quick: true,
+        wave_tail_forced: false,
     };
     let res = opcheck::run(&be, &cpu, &opts);
     let (p, f, u) = opcheck::summary(&res);

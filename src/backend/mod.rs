@@ -6,6 +6,8 @@
 
 pub mod cpu;
 pub mod cuda;
+mod host_logits;
+pub use host_logits::HostLogits;
 pub mod validate;
 
 use crate::quant::GgmlType;
@@ -221,7 +223,7 @@ pub enum OpT<'a, M: Mem> {
     /// the next op, a `MatMuls` whose `norm` has these weights and eps. It
     /// changes no result of this op. In `fast` mode a backend may use it
     /// to prepare that op's input as it stores this output (CUDA, one row,
-    /// residual rows of at most 1,024 values or `QUIRE_NORM_AHEAD=1`: the
+    /// residual rows of at most 1,024 values or tuning `matvec.norm_ahead`: the
     /// int8 blocks of x * w and the row's sums of squares, the 1/rms scale
     /// then applied after the next op's products);
     /// the next op then does not give the bits of `RmsNorm` then `MatMuls`

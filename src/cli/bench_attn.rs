@@ -10,7 +10,7 @@
 //! plus q and out (f32). Time: CUDA events around `--iters` calls, three
 //! ways: replayed from a CUDA graph of 20 calls with full edges between
 //! kernels; the same graph with programmatic edges (PDL, sm_90+ unless
-//! `QUIRE_PDL=0`), the way a decode step's graph runs them (GB/s uses this
+//! `--tune runtime.pdl=false`), the way a decode step's graph runs them (GB/s uses this
 //! one where it exists); and launched one by one from the host (where small
 //! shapes are bound by the host's per-call work). FlashInfer's decode
 //! wrapper launches with PDL by default on sm_90+ (`enable_pdl`), so its
@@ -141,7 +141,7 @@ pub fn bench_attn(a: BenchAttnArgs) -> Result<()> {
         if pdl {
             ", then programmatic (PDL, as in decode graphs)"
         } else {
-            " only (no PDL: before sm_90 or QUIRE_PDL=0)"
+            " only (no PDL: before sm_90 or --tune runtime.pdl=false)"
         }
     );
     if !a.json {

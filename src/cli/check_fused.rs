@@ -1,14 +1,13 @@
-//! `quire check-exact --mode fast-layers | fast-norm-ahead`: a `fast`
-//! decode path whose arithmetic differs from the op-by-op graph's (the
-//! fused decode layers, one launch for every layer of a one-row step,
-//! launch/decode_layers.rs; or norm-ahead, the RMS norms folded into the
-//! residual matvecs and the next op's, launch/norm_ahead.rs) against the
-//! op-by-op `fast` graph, both against the cpu's exact logits. Not
-//! bitwise: at every step the fused logits must agree on NaN/Inf and be
-//! no farther from the cpu's than a bound derived from the op-by-op path's
-//! own distance, and the fused path must have run.
+//! `quire check-exact --mode fast-norm-ahead`: a `fast` decode path whose
+//! arithmetic differs from the op-by-op graph's (norm-ahead: the RMS norms
+//! folded into the residual matvecs and the next op's,
+//! launch/norm_ahead.rs) against the op-by-op `fast` graph, both against
+//! the cpu's exact logits. Not bitwise: at every step the fused logits
+//! must agree on NaN/Inf and be no farther from the cpu's than a bound
+//! derived from the op-by-op path's own distance, and the fused path must
+//! have run.
 
-use super::ops::{argmax, greedy_chunk, last_logits, random_prompt, CheckExactArgs};
+use super::greedy_run::{argmax, greedy_chunk, last_logits, random_prompt, GreedyRunArgs};
 use crate::backend::{GpuMode, Mode};
 use crate::opcheck::compare;
 use crate::runner::{Runner, RunnerOptions};
@@ -20,49 +19,34 @@ use anyhow::{bail, Context, Result};
 const RATIO: f64 = 4.0;
 const FLOOR: f64 = 1e-4;
 
-/// Which fused path the check runs against the op-by-op graph.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Variant {
-    /// The fused decode layers (`RunnerOptions::cuda_fused_layers`).
-    Layers,
-    /// Norm-ahead (`RunnerOptions::cuda_norm_ahead`).
-    NormAhead,
-}
+/// What the check names the fused path in its output.
+const NAME: &str = "norm-ahead";
+/// The backend report's entry that counts the fused path's runs.
+const REPORT_KEY: &str = "norm_ahead";
 
-impl Variant {
-    fn name(self) -> &'static str {
-        match self {
-            Variant::Layers => "fused decode layers",
-            Variant::NormAhead => "norm-ahead",
-        }
-    }
-    /// The backend report's entry that counts the fused path's runs.
-    fn report_key(self) -> &'static str {
-        match self {
-            Variant::Layers => "decode_layers",
-            Variant::NormAhead => "norm_ahead",
-        }
-    }
-}
-
-pub fn check_fused(a: &CheckExactArgs, v: Variant) -> Result<()> {
+/// Runs `run` three times side by side (norm-ahead on the GPU, op by op on
+/// the GPU, exact on the cpu with `threads`) and compares every step.
+pub fn check_norm_ahead(run: &GreedyRunArgs, threads: Option<usize>) -> Result<()> {
     let base = RunnerOptions {
-        threads: a.threads,
-        kv_tokens: (a.run.prompt_tokens + a.run.tokens + 16).max(64),
+        threads,
+        kv_tokens: (run.prompt_tokens + run.tokens + 16).max(64),
         mode: Mode::Fast,
+        tuning: super::tuning_overrides(None, &run.tune)?,
         ..Default::default()
     };
     // Only the variant under test differs between the two GPU runners.
-    let gpu_opts = |fused| RunnerOptions {
-        gpu: GpuMode::Required,
-        cuda_fused_layers: Some(fused && v == Variant::Layers),
-        cuda_norm_ahead: Some(fused && v == Variant::NormAhead),
-        ..base.clone()
+    let gpu_opts = |fused: bool| -> Result<RunnerOptions> {
+        let switch = if fused { "on" } else { "off" };
+        Ok(RunnerOptions {
+            gpu: GpuMode::Required,
+            tuning: base.tuning.clone().set("matvec.norm_ahead", switch)?,
+            ..base.clone()
+        })
     };
-    let mut fused = Runner::load(&a.run.model, &gpu_opts(true)).context("loading (fused)")?;
-    let mut plain = Runner::load(&a.run.model, &gpu_opts(false)).context("loading (op by op)")?;
+    let mut fused = Runner::load(&run.model, &gpu_opts(true)?).context("loading (fused)")?;
+    let mut plain = Runner::load(&run.model, &gpu_opts(false)?).context("loading (op by op)")?;
     let mut cpu = Runner::load(
-        &a.run.model,
+        &run.model,
         &RunnerOptions {
             mode: Mode::Exact,
             ..base.clone()
@@ -71,15 +55,15 @@ pub fn check_fused(a: &CheckExactArgs, v: Variant) -> Result<()> {
     .context("loading the cpu reference")?;
     println!(
         "check-exact: fast mode, {} against op by op, both against the cpu (exact)",
-        v.name()
+        NAME
     );
     let vocab = cpu.config().vocab_size;
-    let prompt = random_prompt(a.run.seed, a.run.prompt_tokens, vocab);
+    let prompt = random_prompt(run.seed, run.prompt_tokens, vocab);
     let mut toks = prompt.clone();
     let (mut worst, mut sum_f, mut sum_p) = (0f64, 0f64, 0f64);
     let (mut top_f, mut top_p) = (0usize, 0usize);
     let mut bad: Option<String> = None;
-    for step in 0..=a.run.tokens {
+    for step in 0..=run.tokens {
         let (chunk, start) = greedy_chunk(&prompt, &toks, step);
         let work = last_logits(&chunk, start);
         let lf = fused
@@ -107,33 +91,33 @@ pub fn check_fused(a: &CheckExactArgs, v: Variant) -> Result<()> {
                 cf.nmse, cp.nmse, cf.nan_inf_ok
             ));
         }
-        if step < a.run.tokens {
+        if step < run.tokens {
             toks.push(argmax(c));
         }
     }
-    let n = a.run.tokens.max(1) as f64;
+    let n = run.tokens.max(1) as f64;
     let ran = fused
         .backend_report()
         .iter()
-        .find(|(op, _, _)| op == v.report_key())
+        .find(|(op, _, _)| op == REPORT_KEY)
         .map_or(0, |r| r.2);
     println!(
         "check-exact: {} decode steps: mean NMSE vs cpu fused {:.3e}, op by op {:.3e} (worst step ratio {:.2}); greedy token as the cpu's: fused {top_f}, op by op {top_p}; fused launches {ran}",
-        a.run.tokens,
+        run.tokens,
         sum_f / n,
         sum_p / n,
         worst
     );
     // Decode graphs replay the captured launch without going through the
     // executor, so the count is of steps run op by op or captured.
-    if ran == 0 && a.run.tokens > 0 {
+    if ran == 0 && run.tokens > 0 {
         bail!(
             "the {} never ran (not taken for this model or device: see RUST_LOG=debug)",
-            v.name()
+            NAME
         );
     }
     if let Some(why) = bad {
-        bail!("{}: {why}", v.name());
+        bail!("{}: {why}", NAME);
     }
     println!("check-exact: PASS (fused within {RATIO}x the op-by-op NMSE or below {FLOOR:e} at every step)");
     Ok(())

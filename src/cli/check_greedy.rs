@@ -19,7 +19,7 @@ use std::time::Instant;
 #[derive(Args, Debug)]
 pub struct CheckGreedyArgs {
     #[command(flatten)]
-    pub run: super::ops::GreedyRunArgs,
+    pub run: super::greedy_run::GreedyRunArgs,
     #[arg(long, default_value = "fast", value_parser = ["exact", "deterministic", "fast"])]
     pub mode: String,
 }
@@ -66,7 +66,10 @@ fn crafted_rows(vocab: usize, rng: &mut rand_chacha::ChaCha8Rng) -> Vec<Vec<f32>
 /// The device's greedy rule (sample_rows) on crafted rows against the sampler: returns
 /// the number of rows checked.
 fn check_rows(r: &Runner, vocab: usize, seed: u64) -> Result<usize> {
-    let Compute::Cuda { exec, .. } = &r.compute else {
+    let Some(exec) = (match &r.compute {
+        Compute::Device(d) => d.cuda(),
+        Compute::Host { .. } => None,
+    }) else {
         bail!("check-greedy: the model is not on the device");
     };
     let be = exec.backend();
@@ -124,7 +127,7 @@ pub fn check_greedy(a: CheckGreedyArgs) -> Result<()> {
     )
     .context("loading the model with --gpu required")?;
     if !r.greedy_on_device() {
-        bail!("check-greedy: decode steps here do not run as CUDA graphs (QUIRE_NO_GRAPHS or QUIRE_GREEDY_CHAIN=0?)");
+        bail!("check-greedy: decode steps here do not run as CUDA graphs (tuning runtime.graphs or runtime.greedy_chain off?)");
     }
     let vocab = r.config().vocab_size;
     let mut rows = 0;

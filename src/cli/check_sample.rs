@@ -109,7 +109,10 @@ fn sample_on(
 /// The device's draws on crafted rows against `Sampler::sample_with`:
 /// returns the number of (row, parameters, uniform) cases checked.
 fn check_rows(r: &Runner, vocab: usize, seed: u64) -> Result<usize> {
-    let Compute::Cuda { exec, .. } = &r.compute else {
+    let Some(exec) = (match &r.compute {
+        Compute::Device(d) => d.cuda(),
+        Compute::Host { .. } => None,
+    }) else {
         bail!("check-sample: the model is not on the device");
     };
     let be = exec.backend();
@@ -166,7 +169,10 @@ fn check_rows(r: &Runner, vocab: usize, seed: u64) -> Result<usize> {
 /// rows of `vocab` logits per parameter shape: what a step pays for its
 /// draw. Printed, not checked.
 fn time_rows(r: &Runner, vocab: usize, n: usize) -> Result<String> {
-    let Compute::Cuda { exec, .. } = &r.compute else {
+    let Some(exec) = (match &r.compute {
+        Compute::Device(d) => d.cuda(),
+        Compute::Host { .. } => None,
+    }) else {
         bail!("check-sample: the model is not on the device");
     };
     let be = exec.backend();
@@ -227,7 +233,7 @@ fn time_rows(r: &Runner, vocab: usize, n: usize) -> Result<String> {
 /// lockstep with different parameters.
 pub(super) fn check_sampled(
     r: &mut Runner,
-    a: &super::ops::GreedyRunArgs,
+    a: &super::greedy_run::GreedyRunArgs,
     mode: crate::backend::Mode,
 ) -> Result<()> {
     let vocab = r.config().vocab_size;

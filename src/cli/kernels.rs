@@ -10,8 +10,9 @@ use std::path::PathBuf;
 #[derive(Args, Debug)]
 pub struct KernelsArgs {
     /// Device architectures, comma-separated (sm_80, sm_90, ...). For
-    /// sm_90 the Hopper-only files are compiled for sm_90a too (unless
-    /// QUIRE_WGMMA=0), as a device of compute capability 9.0 loads them.
+    /// sm_90 the Hopper-only files are compiled for sm_90a too, as a
+    /// device of compute capability 9.0 loads them (unless its tuning
+    /// table turns `matmul.wgmma` off).
     #[arg(long, default_value = "sm_90")]
     pub arch: String,
     /// Cache directory (default: QUIRE_KERNEL_CACHE); a process uses it
@@ -34,7 +35,7 @@ pub fn kernels(a: KernelsArgs) -> Result<()> {
                 .iter()
                 .map(|(s, _, _)| (*s, arch.to_string())),
         );
-        if arch == "sm_90" && crate::backend::cuda::wgmma_wanted() {
+        if arch == "sm_90" {
             jobs.extend(
                 source::KERNELS_SM90A
                     .iter()

@@ -6,6 +6,7 @@ mod check_fused;
 pub mod check_greedy;
 mod check_sample;
 pub mod generate;
+pub mod greedy_run;
 pub mod inspect;
 pub mod kernels;
 pub mod ops; // h-cuda
@@ -125,7 +126,6 @@ impl ModelArgs {
             progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
             gpu: self.gpu,
             tuning: self.tuning_overrides()?,
-            ..Default::default()
         };
         let runner = Runner::load(&path, &opts)?;
         let tok = Tokenizer::from_gguf(&runner.gguf)

@@ -3,14 +3,13 @@
 //! greedy run on the GPU (`--gpu required`) and on the CPU, comparing the
 //! logits bitwise at every step.
 
+use super::greedy_run::{argmax, greedy_chunk, last_logits, random_prompt, GreedyRunArgs};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{GpuMode, Mode};
-use crate::kv::SeqId;
 use crate::opcheck::{self, Status};
-use crate::runner::{LogitsWanted, Runner, RunnerOptions, SeqWork};
+use crate::runner::{Runner, RunnerOptions};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -51,12 +50,13 @@ pub struct OpsArgs {
 
 pub fn ops(a: OpsArgs) -> Result<()> {
     let cpu = CpuBackend::new(a.threads)?;
-    let opts = opcheck::Options {
+    let mut opts = opcheck::Options {
         mode: a.mode,
         op_filter: a.op.clone(),
         perf: a.perf,
         seed: a.seed,
         quick: a.quick,
+        wave_tail_forced: false,
     };
     let header = || {
         println!(
@@ -73,12 +73,14 @@ pub fn ops(a: OpsArgs) -> Result<()> {
                 .context("quire ops --backend cuda")?
                 .without_fallback();
             println!("device: {}", c.device_description());
+            opts.wave_tail_forced = c.tuning().matmul.wr_tail_sms.is_some();
             header();
             let glu_before = c.glu_runs.load(std::sync::atomic::Ordering::Relaxed);
             let mut res = opcheck::run(&c, &cpu, &opts);
             // The fused gate/up + SwiGlu launch must have run where its
             // rule takes one of the one-row shapes built for it (not in
-            // `exact`; QUIRE_MV_GLU=0 or QUIRE_PREQUANT=0 turn it off).
+            // `exact`; matmul.mv_glu_form=off or matvec.prequant=false
+            // turn it off).
             let glu_wanted = opts.mode != crate::backend::Mode::Exact
                 && opts
                     .op_filter
@@ -130,24 +132,6 @@ pub fn ops(a: OpsArgs) -> Result<()> {
     Ok(())
 }
 
-/// A model and a greedy run on it: a random prompt, then greedy tokens
-/// (check-exact, check-greedy).
-#[derive(Args, Debug)]
-pub struct GreedyRunArgs {
-    /// GGUF model.
-    #[arg(long, short = 'm')]
-    pub model: PathBuf,
-    /// Greedy tokens to generate after the prompt.
-    #[arg(long, default_value_t = 256)]
-    pub tokens: usize,
-    /// Random prompt tokens (prefilled in one step; > 32 crosses an
-    /// attention chunk inside the prefill).
-    #[arg(long, default_value_t = 40)]
-    pub prompt_tokens: usize,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-}
-
 #[derive(Args, Debug)]
 pub struct CheckExactArgs {
     #[command(flatten)]
@@ -158,61 +142,18 @@ pub struct CheckExactArgs {
     /// exact: the GPU against the CPU. deterministic / fast: the GPU with
     /// its fusions (norm and swiglu quantizing for the next matmul) against
     /// the GPU without them, same mode: the fusions must not change a bit.
-    /// fast-layers: the fused decode layers against the op-by-op graph,
-    /// both against the CPU (NMSE, not bitwise); fast-norm-ahead: the same
-    /// for norm-ahead (the norms folded into the residual matvecs and the
-    /// next op's).
-    #[arg(long, default_value = "exact", value_parser = ["exact", "deterministic", "fast", "fast-layers", "fast-norm-ahead"])]
+    /// fast-norm-ahead: norm-ahead (the norms folded into the residual
+    /// matvecs and the next op's) against the op-by-op graph, both against
+    /// the CPU (NMSE, not bitwise).
+    #[arg(long, default_value = "exact", value_parser = ["exact", "deterministic", "fast", "fast-norm-ahead"])]
     pub mode: String,
-}
-
-/// The first maximum's index (check-exact continues with it).
-pub(super) fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0usize;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-/// `n` (at least 1) random token ids below `vocab`, from `seed`.
-pub(super) fn random_prompt(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-    (0..n.max(1))
-        .map(|_| rng.random_range(0..vocab as u32))
-        .collect()
-}
-
-/// Step `step` of a greedy run whose tokens so far are `toks` (the prompt,
-/// then one token per step): the step's tokens and first position.
-pub(super) fn greedy_chunk(prompt: &[u32], toks: &[u32], step: usize) -> (Vec<u32>, usize) {
-    if step == 0 {
-        (prompt.to_vec(), 0)
-    } else {
-        (vec![*toks.last().unwrap_or(&0)], toks.len() - 1)
-    }
-}
-
-/// One sequence's step asking for its last row's logits.
-pub(super) fn last_logits(tokens: &[u32], start: usize) -> [SeqWork<'_>; 1] {
-    [SeqWork {
-        seq: SeqId(1),
-        tokens,
-        start_pos: start,
-        logits: LogitsWanted::Last,
-    }]
 }
 
 /// Loads the model twice (GPU required + exact, and CPU), prefills a random
 /// prompt and decodes greedily, comparing every step's logits bitwise.
 pub fn check_exact(a: CheckExactArgs) -> Result<()> {
-    if a.mode == "fast-layers" {
-        return super::check_fused::check_fused(&a, super::check_fused::Variant::Layers);
-    }
     if a.mode == "fast-norm-ahead" {
-        return super::check_fused::check_fused(&a, super::check_fused::Variant::NormAhead);
+        return super::check_fused::check_norm_ahead(&a.run, a.threads);
     }
     let mode = match a.mode.as_str() {
         "deterministic" => Mode::Deterministic,
@@ -223,10 +164,9 @@ pub fn check_exact(a: CheckExactArgs) -> Result<()> {
         threads: a.threads,
         kv_tokens: (a.run.prompt_tokens + a.run.tokens + 16).max(64),
         mode,
-        // The prequant fusions are checked on the op-by-op graph (the
-        // fused decode layers have their own check, `fast-layers`).
-        cuda_fused_layers: Some(false),
-        cuda_norm_ahead: Some(false),
+        // The prequant fusions are checked without norm-ahead (it has its
+        // own check, `fast-norm-ahead`).
+        tuning: super::tuning_overrides(None, &a.run.tune)?.set("matvec.norm_ahead", "off")?,
         ..Default::default()
     };
     let mut gpu = Runner::load(
@@ -245,7 +185,7 @@ pub fn check_exact(a: CheckExactArgs) -> Result<()> {
             "gpu-unfused",
             RunnerOptions {
                 gpu: GpuMode::Required,
-                cuda_prequant: false,
+                tuning: base.tuning.clone().set("matvec.prequant", "false")?,
                 ..base.clone()
             },
         )

@@ -4,18 +4,20 @@
 //! inputs (token ids, positions, slots, block tables: a few KB) and
 //! downloads only the logits of the rows that asked for them.
 
-mod fused;
 mod graph;
 mod greedy;
+mod model;
+pub mod step_ops;
 pub use graph::DecodeFn;
 use graph::{DecodeGraph, GraphKey, Staging};
 pub use greedy::GreedyTicket;
+pub(super) use model::load;
 
 use super::{Exec, StepBufs};
 use crate::backend::cuda::mem::{zeros, Dev, DevAttnBatch, DevKv, DevKvMut, DevMatrix};
 use crate::backend::cuda::{drv, CudaBackend};
 use crate::backend::{AttnBatch, Backend, Mode, OpT};
-use crate::model::weights::{Store, WeightRef};
+use crate::dispatch::weights::{Store, WeightRef};
 use crate::quant::GgmlType;
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
@@ -532,16 +534,6 @@ impl Exec for CudaExec {
             e.1 += dt;
         }
         Ok(())
-    }
-    fn fused_layers(
-        &self,
-        c: &crate::model::config::ModelConfig,
-        w: &crate::model::arch::llama::LlamaWeights<DevStore>,
-        kv: &mut DevKvCache,
-        b: &StepBufs<DevIdx<'_>, DevBatch<'_>>,
-        x: &mut DevBuf,
-    ) -> Result<bool> {
-        self.run_fused_layers(c, w, kv, b, x)
     }
     fn download(&self, b: DevBuf) -> Result<super::HostLogits> {
         let t0 = std::time::Instant::now();

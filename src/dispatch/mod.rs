@@ -1,15 +1,33 @@
 //! Per-op backend choice. Asks each backend, in priority order, whether it
 //! supports the op in the current mode; never compares backend names.
 //! Records which backend ran each op kind, for `--show-backends`.
+//!
+//! Also the runner's view of a device: a model loaded into a device's
+//! memory ([`DeviceModel`], behind a box: the runner never names the
+//! backend), and the model's step graph as an executor runs it ([`Graph`],
+//! which the model implements, so dispatch never names a model).
 
 pub mod cuda;
+mod input;
+pub mod weights;
 
-use crate::backend::{AttnBatch, Backend, Host, KvLayer, KvLayerMut, Mem, Mode, Op, OpT, QMatrix};
+pub use crate::backend::HostLogits;
+pub use input::StepInput;
+
+/// Host-side phases of decode steps (`QUIRE_STEP_TIMES=1`), marked by the
+/// runner around the executor's own marks.
+pub use crate::backend::cuda::step_times;
+/// The tuning overrides a device is opened with (`--tuning FILE`,
+/// `--tune KEY=VALUE`).
+pub use crate::backend::cuda::TuningOverrides;
+
+use crate::backend::{
+    AttnBatch, Backend, GpuMode, Host, KvLayer, KvLayerMut, Mem, Mode, Op, OpInfo, OpT, QMatrix,
+};
 use crate::gguf::GgufFile;
-use crate::model::arch::llama::LlamaWeights;
-use crate::model::config::ModelConfig;
-use crate::model::weights::{HostStore, Store, WeightRef};
-use crate::model::KvStorage;
+use crate::kv::KvStorage;
+use weights::{HostStore, Store, WeightRef};
+use crate::sampler::DrawParams;
 use anyhow::{anyhow, Context, Result};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -136,22 +154,137 @@ pub trait Exec {
     fn run(&self, op: OpT<'_, Self::M>) -> Result<()>;
     /// Moves an activation to the host (waits for every queued op).
     fn download(&self, b: Self::Buf) -> Result<HostLogits>;
-    /// Runs every layer of a llama-family step on the residual stream `x`
-    /// (n, dim) in one fused launch where the executor has one for this
-    /// model and step (the `cuda` executor: `fast` mode, one row;
-    /// launch/decode_layers.rs), writing each layer's K/V as the op-by-op
-    /// graph would. Ok(false): not taken, nothing was run, and the graph
-    /// runs the layers op by op.
-    fn fused_layers(
+}
+
+/// A model's step graph, written once over [`Exec`] (`model/arch/*.rs`):
+/// what a device loader needs to move its weights into a device's store
+/// and to run a step there.
+pub trait Graph: Send + 'static {
+    /// The weights in store `S`.
+    type Weights<S: Store>;
+
+    /// The host weights moved into another store, matrix by matrix;
+    /// `progress(done, total)` counts layers.
+    fn map_weights<S: Store>(
+        host: &Self::Weights<HostStore>,
+        mat: &mut dyn FnMut(&WeightRef) -> Result<S::Mat>,
+        vec: &mut dyn FnMut(&Vec<f32>) -> Result<S::Vec>,
+        progress: &dyn Fn(usize, usize),
+    ) -> Result<Self::Weights<S>>;
+
+    /// Rows of logits a step returns are `vocab` wide.
+    fn vocab(&self) -> usize;
+
+    /// One step on `e`: K/V of every input row written into its slot,
+    /// logits (input.logit_rows.len(), vocab) returned.
+    fn forward<E: Exec>(
         &self,
-        _c: &ModelConfig,
-        _w: &LlamaWeights<Self::S>,
-        _kv: &mut Self::Kv,
-        _b: &StepBufs<Self::IdxBuf<'_>, Self::BatchBuf<'_>>,
-        _x: &mut Self::Buf,
-    ) -> Result<bool> {
-        Ok(false)
-    }
+        w: &Self::Weights<E::S>,
+        e: &E,
+        kv: &mut E::Kv,
+        input: &StepInput<'_>,
+    ) -> Result<HostLogits>;
+
+    /// One step on inputs already in `e`'s memory (no host sync: a device
+    /// executor captures it as a graph); the logits buffer, None when no
+    /// row wants logits.
+    fn forward_bufs<E: Exec>(
+        &self,
+        w: &Self::Weights<E::S>,
+        e: &E,
+        kv: &mut E::Kv,
+        b: &StepBufs<E::IdxBuf<'_>, E::BatchBuf<'_>>,
+    ) -> Result<Option<E::Buf>>;
+}
+
+/// A decode step in flight whose tokens the device chose
+/// ([`DeviceModel::enqueue_chained`]); its tokens come back from
+/// [`DeviceModel::chained_tokens`], tickets in the order issued.
+pub use cuda::GreedyTicket as ChainTicket;
+
+/// A model resident on a device: weights, KV cache and the executor that
+/// runs its steps. The runner holds one behind a box and sees only this.
+pub trait DeviceModel: Send {
+    /// Where the model lives, for the user ("cuda device memory, ...").
+    fn placement(&self) -> String;
+    /// Which backend ran each op kind, and how often.
+    fn report(&self) -> Vec<(String, String, u64)>;
+    /// Per op kind (kind, count, seconds), when profiling ops.
+    fn profile(&self) -> Option<Vec<(String, u64, f64)>>;
+    /// Whether ops are being profiled (then host times are noted too).
+    fn profiling(&self) -> bool;
+    /// Adds host wall time under `kind` to the profile.
+    fn note_host(&self, kind: &'static str, seconds: f64);
+    /// Copies physical KV block `src` to `dst` in every layer.
+    fn copy_block(&mut self, src: u32, dst: u32) -> Result<()>;
+    /// Runs one step; `decode`: every sequence has one row and wants its
+    /// logits (the device may replay a captured graph for it).
+    fn step(&mut self, input: &StepInput<'_>, decode: bool) -> Result<HostLogits>;
+    /// Whether a decode step of `rows` rows can choose its tokens on the
+    /// device and feed them to the next step there.
+    fn chains_tokens(&self, rows: usize) -> bool;
+    /// Whether the device can draw with `p` over `vocab` logits, whatever
+    /// the logits are.
+    fn draws(&self, p: &DrawParams, vocab: usize) -> bool;
+    /// Enqueues a decode step (one row per sequence) whose tokens the
+    /// device chooses, without waiting for them. `chain`: the step's tokens
+    /// are the previous such step's choices (`input.tokens` then only
+    /// gives the row count). `draws`: per row, None (greedy) or its draw
+    /// parameters (within [`DeviceModel::draws`]) and this step's uniform;
+    /// empty: every row greedy.
+    fn enqueue_chained(
+        &mut self,
+        input: &StepInput<'_>,
+        chain: bool,
+        draws: &[Option<(DrawParams, f64)>],
+    ) -> Result<ChainTicket>;
+    /// Waits for an enqueued step and returns its tokens, one per row.
+    fn chained_tokens(&self, t: ChainTicket) -> Result<Vec<u32>>;
+    /// The CUDA executor underneath, for the device checks that launch
+    /// kernels directly (`quire check-greedy`, `check-sample`).
+    fn cuda(&self) -> Option<&cuda::CudaExec>;
+}
+
+/// How [`load_device`] opens a device and lays out the KV cache.
+pub struct DeviceOptions<'a> {
+    pub gpu: GpuMode,
+    pub mode: Mode,
+    pub tuning: &'a TuningOverrides,
+    /// KV cache geometry: physical blocks (block 0 the null block), tokens
+    /// per block, and the model's KV heads, head_dim and layers.
+    pub n_blocks: usize,
+    pub block_size: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub n_layers: usize,
+}
+
+/// What [`load_device`] gives back: the model on the device, or (`--gpu auto`)
+/// the backend with the reason it cannot run some op of this model, so the
+/// caller can dispatch op by op with host memory instead.
+pub enum DeviceLoad {
+    Device(Box<dyn DeviceModel>),
+    OpByOp(Box<dyn Backend>, String),
+}
+
+/// Loads a model onto the device (the cuda backend, tuned by
+/// `opts.tuning`): checks that it can run every op in `ops` (the model's
+/// [`OpInfo`]s) in `opts.mode`, uploads the weights `host` (progress on the
+/// bar `upload_bar` makes once the check passed) and allocates the KV
+/// cache. Under `--gpu required` an op the device cannot run is an error
+/// naming it; under `auto`, [`DeviceLoad::OpByOp`].
+pub fn load_device<G: Graph>(
+    gguf: &GgufFile,
+    graph: G,
+    host: &G::Weights<HostStore>,
+    ops: &[OpInfo],
+    opts: &DeviceOptions<'_>,
+    upload_bar: &dyn Fn() -> indicatif::ProgressBar,
+) -> Result<DeviceLoad>
+where
+    G::Weights<cuda::DevStore>: Send,
+{
+    cuda::load(gguf, graph, host, ops, opts, upload_bar)
 }
 
 /// Host-memory execution: every op goes through the [`Dispatcher`], which
@@ -211,61 +344,5 @@ impl Exec for HostExec<'_> {
     }
     fn download(&self, b: Vec<f32>) -> Result<HostLogits> {
         Ok(HostLogits::Vec(b))
-    }
-}
-
-/// A step's logits on the host: a vector (host execution) or the
-/// page-locked memory a device copied them into (read in place, no second
-/// copy; it returns to the backend's pool when dropped).
-#[derive(Debug)]
-pub enum HostLogits {
-    Vec(Vec<f32>),
-    Pinned(crate::backend::cuda::PinnedLogits),
-}
-
-impl Default for HostLogits {
-    fn default() -> Self {
-        HostLogits::Vec(Vec::new())
-    }
-}
-
-impl HostLogits {
-    pub fn as_slice(&self) -> &[f32] {
-        match self {
-            HostLogits::Vec(v) => v,
-            HostLogits::Pinned(p) => p.as_slice(),
-        }
-    }
-    pub fn len(&self) -> usize {
-        self.as_slice().len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    /// The values as a vector (a copy for pinned memory).
-    pub fn into_vec(self) -> Vec<f32> {
-        match self {
-            HostLogits::Vec(v) => v,
-            HostLogits::Pinned(p) => p.as_slice().to_vec(),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::HostLogits;
-
-    #[test]
-    fn host_logits_vec_reads_in_place() {
-        let v = vec![0.5f32, -1.25, 3.0];
-        let ptr = v.as_ptr();
-        let l = HostLogits::Vec(v);
-        assert_eq!(l.len(), 3);
-        assert!(!l.is_empty());
-        assert_eq!(l.as_slice(), &[0.5, -1.25, 3.0]);
-        // The host vector moves out without a copy.
-        let back = l.into_vec();
-        assert_eq!(back.as_ptr(), ptr);
-        assert!(HostLogits::default().is_empty());
     }
 }

@@ -17,10 +17,12 @@ mod free_queue;
 mod hash;
 mod manager;
 mod pool;
+pub mod storage;
 
 pub use hash::{hash_block, ROOT_HASH};
 pub use manager::{KvManager, KvMetrics, DEFAULT_BLOCK_SIZE};
 pub use pool::BlockPool;
+pub use storage::KvStorage;
 
 /// Identifier of one sequence (one request, or one fork of it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

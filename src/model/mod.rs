@@ -2,59 +2,13 @@
 
 pub mod arch;
 pub mod config;
-pub mod kv_storage;
 pub mod synth;
 pub mod weights;
 
-use anyhow::{bail, Result};
-
 pub use arch::llama::LlamaModel;
 pub use config::{Arch, ModelConfig};
-pub use kv_storage::KvStorage;
+/// The host KV storage (owned by `kv`), re-exported for the graph.
+pub use crate::kv::KvStorage;
 
-/// The inputs of one forward step over a batch of rows.
-/// Row i is token `tokens[i]` of sequence `row_seq[i]` at `positions[i]`;
-/// its K/V go to physical cell `slots[i]`.
-pub struct StepInput<'a> {
-    /// (n_rows,)
-    pub tokens: &'a [u32],
-    /// (n_rows,)
-    pub positions: &'a [u32],
-    /// (n_rows,) index into `block_tables`.
-    pub row_seq: &'a [u32],
-    /// (n_rows,) physical KV cell of each row.
-    pub slots: &'a [u32],
-    /// One block table per sequence of the step.
-    pub block_tables: &'a [&'a [u32]],
-    /// Rows whose logits are returned, in this order.
-    pub logit_rows: &'a [usize],
-}
-
-impl StepInput<'_> {
-    pub fn validate(&self, vocab: usize) -> Result<()> {
-        let n = self.tokens.len();
-        if self.positions.len() != n || self.row_seq.len() != n || self.slots.len() != n {
-            bail!(
-                "step input: {} tokens, {} positions, {} row_seq, {} slots (must be equal)",
-                n,
-                self.positions.len(),
-                self.row_seq.len(),
-                self.slots.len()
-            );
-        }
-        if let Some(&t) = self.tokens.iter().find(|&&t| t as usize >= vocab) {
-            bail!("token id {t} out of range for a vocabulary of {vocab}");
-        }
-        if let Some(&s) = self
-            .row_seq
-            .iter()
-            .find(|&&s| s as usize >= self.block_tables.len())
-        {
-            bail!(
-                "row_seq {s} out of range ({} block tables)",
-                self.block_tables.len()
-            );
-        }
-        Ok(())
-    }
-}
+/// The inputs of one step (defined by dispatch, which runs them).
+pub use crate::dispatch::StepInput;

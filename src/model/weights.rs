@@ -3,77 +3,11 @@
 //! Matrices stay in the mmap in their stored type (no copy, no dequant);
 //! small vectors (norms, biases) are decoded to f32 once at load.
 
-use crate::backend::QMatrix;
 use crate::gguf::GgufFile;
-use crate::quant::{self, GgmlType};
+use crate::quant;
 use anyhow::{bail, Context, Result};
 
-/// Where a model's weights live: the types of its matrices and vectors.
-/// The graph is generic over it, so one graph runs from the mmap (host) or
-/// from device copies.
-pub trait Store {
-    type Mat;
-    type Vec;
-}
-
-/// Weights on the host: matrices in the GGUF mmap, vectors decoded to f32.
-pub struct HostStore;
-
-impl Store for HostStore {
-    type Mat = WeightRef;
-    type Vec = Vec<f32>;
-}
-
-/// A 2-D weight matrix stored in the GGUF data section.
-#[derive(Clone, Debug)]
-pub struct WeightRef {
-    pub name: String,
-    pub ty: GgmlType,
-    /// Output features (GGUF dims[1]).
-    pub rows: usize,
-    /// Input features (GGUF dims[0], contiguous).
-    pub cols: usize,
-}
-
-impl WeightRef {
-    /// Looks up `name` and checks it is a (rows, cols) matrix.
-    pub fn load(g: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Self> {
-        let t = g
-            .tensor(name)
-            .with_context(|| format!("missing tensor {name}"))?;
-        let (c, r) = match t.dims.as_slice() {
-            [c] => (*c as usize, 1),
-            [c, r] => (*c as usize, *r as usize),
-            other => bail!("tensor {name}: expected 2 dims, got {other:?}"),
-        };
-        if r != rows || c != cols {
-            bail!("tensor {name}: shape [{c}, {r}] but the model config needs [{cols}, {rows}] (GGUF order)");
-        }
-        Ok(WeightRef {
-            name: name.to_string(),
-            ty: t.ty,
-            rows,
-            cols,
-        })
-    }
-
-    pub fn optional(g: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Option<Self>> {
-        if g.tensor(name).is_none() {
-            return Ok(None);
-        }
-        Self::load(g, name, rows, cols).map(Some)
-    }
-
-    /// The matrix as an op argument, borrowing the mmap.
-    pub fn matrix<'a>(&self, g: &'a GgufFile) -> Result<QMatrix<'a>> {
-        Ok(QMatrix {
-            ty: self.ty,
-            rows: self.rows,
-            cols: self.cols,
-            data: g.tensor_data(&self.name)?,
-        })
-    }
-}
+pub use crate::dispatch::weights::{HostStore, Store, WeightRef};
 
 /// Decodes a 1-D tensor of `len` elements (any supported type) to f32.
 pub fn load_vector(g: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {

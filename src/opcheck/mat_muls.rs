@@ -133,9 +133,9 @@ impl Ctx<'_> {
         }
         use GgmlType::*;
         let mode = self.opts.mode;
-        if std::env::var("QUIRE_WR_TAIL_SMS").is_ok() {
+        if self.opts.wave_tail_forced {
             eprintln!(
-                "mat_muls: fused-vs-unfused bit check SKIPPED: QUIRE_WR_TAIL_SMS plans a \
+                "mat_muls: fused-vs-unfused bit check SKIPPED: matmul.wr_tail_sms plans a \
                  wave tail per launch (the cpu comparison runs)"
             );
         }
@@ -203,10 +203,10 @@ impl Ctx<'_> {
                 );
                 let mut err = None;
                 let mut unfused_diff = None;
-                // QUIRE_WR_TAIL_SMS (CUDA, parity runs) plans a wave tail
+                // A forced wave tail (Options::wave_tail_forced) is planned
                 // per launch, so fused and unfused launches differ in bits
                 // by design there; the cpu comparison still runs.
-                let bits = std::env::var("QUIRE_WR_TAIL_SMS").is_err();
+                let bits = !self.opts.wave_tail_forced;
                 if sup {
                     if let Err(e) = self.cpu.run(
                         Op::MatMuls {

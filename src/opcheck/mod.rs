@@ -140,6 +140,11 @@ pub struct Options {
     pub seed: u64,
     /// A reduced grid (CI, quick checks).
     pub quick: bool,
+    /// The backend plans a wgmma wave tail on every launch it can (CUDA
+    /// tuning key `matmul.wr_tail_sms` set, for parity coverage), so fused
+    /// and unfused MatMuls launches differ in bits by design: mat_muls
+    /// skips its fused-vs-unfused bit check (the cpu comparison runs).
+    pub wave_tail_forced: bool,
 }
 
 const GUARD: usize = 64;
@@ -519,8 +524,8 @@ impl Ctx<'_> {
                 shapes.push((2049, 2048, 1));
                 shapes.push((576, 1536, 64));
                 // Several CTA rows by several token tiles, both partial:
-                // with QUIRE_WR_TAIL_SMS=4 or 7 every wgmma CTA shape takes
-                // a wave tail (launch/matmul_wgmma.rs, wr_tail).
+                // with matmul.wr_tail_sms=4 or 7 every wgmma CTA shape
+                // takes a wave tail (launch/matmul/wr.rs, wr_tail).
                 shapes.push((520, 1024, 300));
             }
             let mut shapes: Vec<(usize, usize, usize, bool)> = shapes

@@ -10,7 +10,7 @@
 
 use super::{graded, randv, CaseResult, Guarded, Options, Status, GUARD};
 use crate::backend::cuda::mem::{Dev, DevMatrix};
-use crate::backend::cuda::CudaBackend;
+use crate::backend::cuda::{CudaBackend, Switch};
 use crate::backend::{Backend, MatJob, MatNorm, Mode, Op, OpT, QMatrix};
 use crate::quant::GgmlType;
 use anyhow::{Context, Result};
@@ -49,8 +49,8 @@ pub fn run(cuda: &mut CudaBackend, cpu: &dyn Backend, opts: &Options) -> Vec<Cas
     {
         return out;
     }
-    let was = cuda.norm_ahead_on;
-    cuda.norm_ahead_on = Some(true);
+    let was = cuda.tuning.matvec.norm_ahead;
+    cuda.tuning.matvec.norm_ahead = Switch::On;
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed ^ 0x6e6f_726d);
     use GgmlType::*;
     let types: &[GgmlType] = if opts.quick {
@@ -73,7 +73,7 @@ pub fn run(cuda: &mut CudaBackend, cpu: &dyn Backend, opts: &Options) -> Vec<Cas
             out.extend(case(cuda, cpu, &mut rng, ty, (dim, k_in, rows, glu), &desc));
         }
     }
-    cuda.norm_ahead_on = was;
+    cuda.tuning.matvec.norm_ahead = was;
     out
 }
 
@@ -168,6 +168,9 @@ fn case(
     );
     if let Err(e) = r1 {
         return fail(format!("cpu reference: {e:#}"));
+    }
+    if !pass_pairs(cuda, ty, (dim, k_in, rows, glu), eps) {
+        return fail("the fusion pass does not plan these ops as norm-ahead's pair".into());
     }
     let before = cuda.norm_ahead_runs.load(Ordering::Relaxed);
     let dev = device_pair(
@@ -279,6 +282,51 @@ fn dev_mat(
         cols,
         data: d.slice(0..len),
     }
+}
+
+/// Whether the fusion pass (backend/cuda/fusion.rs), under the backend's
+/// tuning, plans the case's two ops as norm-ahead's producer and consumer:
+/// the pair the device then runs fused is the pass's.
+fn pass_pairs(cuda: &CudaBackend, ty: GgmlType, (dim, k_in, rows, glu): Shape, eps: f32) -> bool {
+    use crate::backend::cuda::fusion::{plan, ActRead, JobDesc, MatOp, NormDesc, StepOp};
+    // Buffers: the producer's input, the residual, the norm's scratch, the
+    // SwiGlu's output, the consumer's outputs; one norm.
+    let (a, x, h, act, norm_w) = (0, 1, 2, 3, 0);
+    let producer = StepOp::MatMuls(MatOp {
+        x: a,
+        n: 1,
+        k: k_in,
+        ty,
+        jobs: vec![JobDesc {
+            m: dim,
+            add: true,
+            out: x,
+        }],
+        norm: None,
+        next_norm: Some((norm_w, eps.to_bits())),
+        glu: None,
+        reads: ActRead::Q8,
+    });
+    let consumer = StepOp::MatMuls(MatOp {
+        x,
+        n: 1,
+        k: dim,
+        ty,
+        jobs: (4..)
+            .zip(rows)
+            .map(|(out, &m)| JobDesc { m, add: false, out })
+            .collect(),
+        norm: Some(NormDesc {
+            w: norm_w,
+            eps: eps.to_bits(),
+            scratch: h,
+        }),
+        next_norm: None,
+        glu: glu.then_some(act),
+        reads: ActRead::Q8,
+    });
+    let f = plan(&[producer, consumer], Mode::Fast, &cuda.tuning.matvec);
+    f.ops[0].ahead_producer && f.ops[1].ahead_consumer
 }
 
 /// The producer then the consumer as device ops; the residual and the

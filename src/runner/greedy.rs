@@ -7,17 +7,17 @@
 //! so its per-step work (KV allocation, input staging, graph launch)
 //! overlaps the device's, and no step waits on a logits download.
 //! Elsewhere (cpu, op-by-op cuda, parameters the device cannot draw,
-//! QUIRE_GREEDY_CHAIN=0) it samples each step's logits on the host.
+//! tuning `runtime.greedy_chain = false`) it samples each step's logits on
+//! the host.
 //! Either way the tokens are those of the rows' `Sampler`s on the same
 //! logits.
 
 use super::{Compute, LogitsWanted, Runner, SeqWork};
-use crate::backend::cuda::{device_draws, draw_record, DRAW_WORDS};
-use crate::dispatch::cuda::GreedyTicket;
+use crate::dispatch::ChainTicket;
 use crate::kv::KvManager;
 use crate::kv::SeqId;
 use crate::model::StepInput;
-use crate::sampler::{Sampler, SamplingParams};
+use crate::sampler::{DrawParams, Sampler, SamplingParams};
 use anyhow::{bail, Context, Result};
 use std::collections::VecDeque;
 
@@ -26,13 +26,6 @@ struct Rows<'r> {
     seqs: &'r [SeqId],
     firsts: &'r [u32],
     starts: &'r [usize],
-}
-
-/// Whether greedy decoding may keep its tokens on the device
-/// (QUIRE_GREEDY_CHAIN=0: never, for comparisons; the same tokens).
-fn chain_wanted() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("QUIRE_GREEDY_CHAIN").map_or(true, |v| v != "0"))
 }
 
 impl Runner {
@@ -118,14 +111,22 @@ impl Runner {
         }
     }
 
-    /// Whether a decode step of these rows' samplers runs as a CUDA graph
-    /// (and the chain is wanted) and the device can draw for every row.
+    /// Whether a decode step of these rows' samplers can chain its tokens
+    /// on the device and the device can draw for every row.
     pub fn draws_on_device(&self, samplers: &[Sampler]) -> bool {
         let vocab = self.model.cfg.vocab_size;
         self.greedy_on_device_rows(samplers.len())
-            && samplers
-                .iter()
-                .all(|s| s.params().logits_only() && device_draws(&s.params().draw_params(), vocab))
+            && samplers.iter().all(|s| {
+                s.params().logits_only() && self.device_draws(&s.params().draw_params(), vocab)
+            })
+    }
+
+    /// Whether the device holding the model can draw with `p`.
+    fn device_draws(&self, p: &DrawParams, vocab: usize) -> bool {
+        match &self.compute {
+            Compute::Device(d) => d.draws(p, vocab),
+            Compute::Host { .. } => false,
+        }
     }
 
     /// A decode step of `work` (one token per sequence, each wanting its
@@ -140,7 +141,7 @@ impl Runner {
         &mut self,
         kv: &KvManager,
         work: &[SeqWork<'_>],
-        draws: &[Option<(crate::sampler::DrawParams, f64)>],
+        draws: &[Option<(DrawParams, f64)>],
     ) -> Result<Option<Vec<u32>>> {
         let b = work.len();
         let vocab = self.model.cfg.vocab_size;
@@ -150,34 +151,27 @@ impl Runner {
         let drawable = draws.len() == b
             && draws
                 .iter()
-                .all(|d| d.as_ref().is_none_or(|(p, _)| device_draws(p, vocab)));
+                .all(|d| d.as_ref().is_none_or(|(p, _)| self.device_draws(p, vocab)));
         if b == 0 || !decode || !drawable || !self.greedy_on_device_rows(b) {
             return Ok(None);
         }
-        let recs: Vec<u32> = if draws.iter().all(Option::is_none) {
-            Vec::new()
-        } else {
-            draws
-                .iter()
-                .flat_map(|d| draw_record(d.as_ref().map(|(p, u)| (p, *u))))
-                .collect()
-        };
         let bi = super::batch_input(&self.model, kv, work)?;
-        let t = enqueue(&self.model, &mut self.compute, &bi.input(), false, &recs)?;
+        let t = enqueue(&mut self.compute, &bi.input(), false, draws)?;
         self.greedy_wait(t).map(Some)
     }
 
-    /// Whether a one-row decode step here runs as a CUDA graph (and the
-    /// chain is wanted).
+    /// Whether a one-row decode step here chains its tokens on the device
+    /// (it runs as a CUDA graph, and tuning `runtime.greedy_chain` is on).
     pub fn greedy_on_device(&self) -> bool {
         self.greedy_on_device_rows(1)
     }
 
-    /// Whether a decode step of `b` rows here runs as a CUDA graph (and
-    /// the chain is wanted).
+    /// Whether a decode step of `b` rows here chains its tokens on the
+    /// device (it runs as a CUDA graph, and tuning `runtime.greedy_chain`
+    /// is on).
     pub fn greedy_on_device_rows(&self, b: usize) -> bool {
         match &self.compute {
-            Compute::Cuda { exec, .. } => chain_wanted() && exec.graphable(b),
+            Compute::Device(d) => d.chains_tokens(b),
             Compute::Host { .. } => false,
         }
     }
@@ -240,7 +234,7 @@ impl Runner {
         samplers: &mut [Sampler],
         on_tokens: &mut dyn FnMut(&[u32]) -> Result<bool>,
     ) -> Result<Vec<Vec<u32>>> {
-        let mut pending: VecDeque<GreedyTicket> = VecDeque::new();
+        let mut pending: VecDeque<ChainTicket> = VecDeque::new();
         let r = self.greedy_device_loop(rows, max, samplers, on_tokens, &mut pending);
         // After an error or a stop, the steps still in flight are waited
         // for (and their tokens dropped): the next run starts with none out.
@@ -256,14 +250,12 @@ impl Runner {
         max: usize,
         samplers: &mut [Sampler],
         on_tokens: &mut dyn FnMut(&[u32]) -> Result<bool>,
-        pending: &mut VecDeque<GreedyTicket>,
+        pending: &mut VecDeque<ChainTicket>,
     ) -> Result<Vec<Vec<u32>>> {
         let greedy = samplers.iter().all(|s| s.params().temperature == 0.0);
-        let mut recs = Vec::with_capacity(if greedy {
-            0
-        } else {
-            samplers.len() * DRAW_WORDS
-        });
+        // Each row's draw (empty when every row is greedy: the graph's
+        // greedy rule).
+        let mut draws = Vec::with_capacity(if greedy { 0 } else { samplers.len() });
         let mut out = vec![Vec::new(); rows.seqs.len()];
         let mut take = |toks: Vec<u32>, out: &mut Vec<Vec<u32>>| -> Result<bool> {
             for (o, &t) in out.iter_mut().zip(&toks) {
@@ -274,7 +266,7 @@ impl Runner {
         for i in 0..max {
             // Each sampled row's uniform for step i, in step order (the
             // host path draws the same ones, one per step).
-            recs.clear();
+            draws.clear();
             if !greedy {
                 for s in samplers.iter_mut() {
                     let d = s.params().draw_params();
@@ -283,10 +275,10 @@ impl Runner {
                     } else {
                         0.0
                     };
-                    recs.extend(draw_record(Some((&d, u))));
+                    draws.push(Some((d, u)));
                 }
             }
-            pending.push_back(self.greedy_enqueue(rows, i, &recs)?);
+            pending.push_back(self.greedy_enqueue(rows, i, &draws)?);
             // One step ahead: step i is queued before step i - 1's tokens
             // are read.
             if pending.len() > 1 {
@@ -307,7 +299,12 @@ impl Runner {
     /// Allocates step `i`'s positions (`starts[r] + i`) and enqueues the
     /// step: the first tokens, or from step 1 on the previous step's
     /// choices on the device.
-    fn greedy_enqueue(&mut self, rows: &Rows<'_>, i: usize, draws: &[u32]) -> Result<GreedyTicket> {
+    fn greedy_enqueue(
+        &mut self,
+        rows: &Rows<'_>,
+        i: usize,
+        draws: &[Option<(DrawParams, f64)>],
+    ) -> Result<ChainTicket> {
         let ctx = self.model.cfg.context_length;
         let b = rows.seqs.len();
         let mut slots = Vec::with_capacity(b);
@@ -351,12 +348,12 @@ impl Runner {
             block_tables: &tables,
             logit_rows: &(0..b).collect::<Vec<_>>(),
         };
-        enqueue(&self.model, &mut self.compute, &input, i > 0, draws)
+        enqueue(&mut self.compute, &input, i > 0, draws)
     }
 
-    fn greedy_wait(&self, t: GreedyTicket) -> Result<Vec<u32>> {
+    fn greedy_wait(&self, t: ChainTicket) -> Result<Vec<u32>> {
         match &self.compute {
-            Compute::Cuda { exec, .. } => exec.greedy_wait(t),
+            Compute::Device(d) => d.chained_tokens(t),
             Compute::Host { .. } => bail!("greedy decode on the device: the model is on the host"),
         }
     }
@@ -370,30 +367,16 @@ fn greedy_samplers(b: usize) -> Result<Vec<Sampler>> {
 }
 
 /// Enqueues a decode step of `input` whose tokens are chosen on the device
-/// (see `CudaExec::decode_step_greedy`; `chain`: its tokens are the
-/// previous such step's; `draws`: the rows' draw records, empty: greedy).
+/// (`DeviceModel::enqueue_chained`; `chain`: its tokens are the previous
+/// such step's; `draws`: the rows' draws, empty: greedy).
 fn enqueue(
-    model: &crate::model::LlamaModel,
     compute: &mut Compute,
     input: &StepInput<'_>,
     chain: bool,
-    draws: &[u32],
-) -> Result<GreedyTicket> {
+    draws: &[Option<(DrawParams, f64)>],
+) -> Result<ChainTicket> {
     match compute {
-        Compute::Cuda {
-            exec,
-            weights,
-            kv: dev_kv,
-        } => exec.decode_step_greedy(
-            model.cfg.vocab_size,
-            input,
-            dev_kv,
-            &mut |e, kv, bufs| {
-                crate::model::arch::llama::forward_bufs(&model.cfg, weights, e, kv, bufs)
-            },
-            chain,
-            draws,
-        ),
+        Compute::Device(d) => d.enqueue_chained(input, chain, draws),
         Compute::Host { .. } => bail!("greedy decode on the device: the model is on the host"),
     }
 }

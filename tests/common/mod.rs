@@ -1,6 +1,8 @@
 //! Shared test helpers.
 #![allow(dead_code)]
 
+pub mod cuda;
+
 use std::path::PathBuf;
 use std::process::Command;
 

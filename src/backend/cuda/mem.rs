@@ -10,6 +10,7 @@
 //! out-of-range slot writes nothing), so no value can reach outside a
 //! buffer.
 
+use super::fusion::OpFusion;
 use super::{drv, CudaBackend};
 use super::{enter, supports};
 use crate::backend::{validate, AttnBatch, KvInfo, Mem, WeightInfo};
@@ -265,10 +266,10 @@ fn stage_step(
 /// How many of a refill's staged step words (`words`: n positions, n
 /// slots, then n tokens unless the step is chained) to copy, given what
 /// the device will hold of the positions and slots (`held`, 2 n words):
-/// none when `words` are those (a chained step: no tokens) and `advance`,
-/// the comparison switch, allows it; else all of them.
-fn step_copy(held: Option<&[u32]>, words: &[u32], advance: bool) -> usize {
-    if advance && held == Some(words) {
+/// none when `words` are those (a chained step: no tokens); else all of
+/// them.
+fn step_copy(held: Option<&[u32]>, words: &[u32]) -> usize {
+    if held == Some(words) {
         0
     } else {
         words.len()
@@ -285,13 +286,6 @@ fn after_step(mut held: Option<Vec<u32>>, greedy: bool) -> Option<Vec<u32>> {
         }
     }
     held
-}
-
-/// Whether a chained greedy step may skip copying positions and slots that
-/// the device advanced itself (QUIRE_STEP_ADVANCE, default on).
-fn step_advance_on() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("QUIRE_STEP_ADVANCE").map_or(true, |v| v != "0"))
 }
 
 /// Partials a row at `max_pos` has (the most the batch's rows need).
@@ -448,8 +442,7 @@ impl DevAttnBatch {
     /// are not what the device holds (`held_steps`: its last greedy replay
     /// advanced them by one, so only a step into a new block copies): a
     /// copy on the stream between two replays costs the device a few
-    /// microseconds. `QUIRE_STEP_ADVANCE=0` copies them every step (the
-    /// comparison's switch). Returns whether any copy from `stage` was
+    /// microseconds. Returns whether any copy from `stage` was
     /// enqueued (a chained greedy step often has none: then the caller
     /// records no event behind it).
     pub fn refill(
@@ -497,7 +490,7 @@ impl DevAttnBatch {
         )?;
         // Taken: unknown (None) if the copy fails; its buffer reused.
         let held = self.held_steps.take();
-        let copy = step_copy(held.as_deref(), &pos[..words], step_advance_on());
+        let copy = step_copy(held.as_deref(), &pos[..words]);
         if copy > 0 {
             drv(
                 be.stream()
@@ -534,14 +527,28 @@ impl Backend<Dev> for CudaBackend {
     }
 
     fn run(&self, op: OpT<'_, Dev>, mode: Mode) -> Result<()> {
+        self.run_fused(op, mode, None)
+    }
+}
+
+impl CudaBackend {
+    /// Runs `op` with its annotation from the step's fusion pass
+    /// (`fusion::plan`; None: an op outside a planned step, whose fusions
+    /// follow the backend's rules and the last matmul, as `run`).
+    pub fn run_fused(&self, op: OpT<'_, Dev>, mode: Mode, fusion: Option<OpFusion>) -> Result<()> {
         // Norm-ahead's blocks serve only the op right after their producer
-        // (taken first: an op that fails below drops them too).
-        let ahead = self.take_norm_ahead();
+        // (taken first: an op that fails below drops them too), and only an
+        // op the pass planned as their consumer where it has an annotation.
+        let ahead = self
+            .take_norm_ahead()
+            .filter(|_| fusion.is_none_or(|f| f.ahead_consumer));
         let kind = op.kind();
         if let Err(why) = self.capability(&op.info(), mode) {
             bail!("op {kind} cannot run on the cuda backend ({mode:?}): {why}");
         }
         let _g = enter(self)?;
+        // The annotation holds for this op only (cleared however it ends).
+        let _scope = self.fusion_scope(fusion)?;
         if !matches!(op, OpT::MatMul { .. } | OpT::MatMuls { .. }) {
             self.forget_activations();
         }
@@ -696,25 +703,24 @@ mod tests {
         // (block 4: slots 64..80), row 1 at 47 (block 9: slots 144..160).
         let first = [30u32, 47, 78, 159, 11, 12];
         // An unchained step copies everything, whatever the device holds.
-        assert_eq!(step_copy(None, &first, true), 6);
-        assert_eq!(step_copy(Some(&first[..4]), &first, true), 6);
+        assert_eq!(step_copy(None, &first), 6);
+        assert_eq!(step_copy(Some(&first[..4]), &first), 6);
         // Its greedy replay advances the positions and slots on the device.
         let held = after_step(Some(first[..4].to_vec()), true);
         assert_eq!(held.as_deref(), Some(&[31u32, 48, 79, 160][..]));
         // The chained step at 31 / 48: row 1 enters a new block (the host
         // allocated block 12: slot 192, not 160), so both words go up.
         let next = [31u32, 48, 79, 192];
-        assert_eq!(step_copy(held.as_deref(), &next, true), 4);
+        assert_eq!(step_copy(held.as_deref(), &next), 4);
         // The device holds them now; the step after needs no copy...
         let held = after_step(Some(next.to_vec()), true);
-        assert_eq!(step_copy(held.as_deref(), &[32, 49, 80, 193], true), 0);
-        // ...unless the switch is off, or the graph did not advance them
-        // (a graph that copies the logits out instead).
-        assert_eq!(step_copy(held.as_deref(), &[32, 49, 80, 193], false), 4);
+        assert_eq!(step_copy(held.as_deref(), &[32, 49, 80, 193]), 0);
+        // ...unless the graph did not advance them (a graph that copies
+        // the logits out instead).
         let held = after_step(Some(next.to_vec()), false);
-        assert_eq!(step_copy(held.as_deref(), &[32, 49, 80, 193], true), 4);
+        assert_eq!(step_copy(held.as_deref(), &[32, 49, 80, 193]), 4);
         // A failed step leaves them unknown: copied.
-        assert_eq!(step_copy(None, &[32, 49, 80, 193], true), 4);
+        assert_eq!(step_copy(None, &[32, 49, 80, 193]), 4);
     }
 
     #[test]

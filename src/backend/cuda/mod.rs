@@ -20,15 +20,17 @@
 mod host;
 mod launch;
 mod logits;
+mod ops;
 pub use logits::PinnedLogits;
 
 pub(crate) use launch::fast_uses_blas;
+pub(crate) use launch::L2Bufs;
 pub(crate) use launch::{device_draws, draw_record, GreedyRing, DRAW_WORDS, GREEDY_SLOTS};
-pub(crate) use launch::{DlLayerPtrs, DlModel, L2Bufs};
 pub mod kcache;
 pub mod mem;
 mod pdl;
 pub use pdl::PdlExec;
+pub mod fusion;
 pub mod source;
 pub mod step_times;
 mod tuning;
@@ -110,22 +112,11 @@ pub struct CudaBackend {
     /// While a decode graph is captured with the L2 read-ahead: the weights
     /// its matvecs read, in order (launch/l2_ahead.rs).
     l2_log: Mutex<Option<launch::L2Log>>,
-    /// Whether rms_norm and swiglu quantize their output for the next
-    /// matmul themselves (launch::q8_out; QUIRE_PREQUANT=0 turns it off:
-    /// the same bits, one more kernel per norm and swiglu).
-    pub(crate) prequant: bool,
-    /// Whether a one-row `fast` decode step may run every layer in one
-    /// fused launch (launch/decode_layers.rs). Off by default: measured
-    /// slower than the op-by-op graph (docs/PERF.md); QUIRE_FUSED_LAYERS=1
-    /// or `RunnerOptions::cuda_fused_layers` turns it on.
-    pub(crate) fused_layers: bool,
-    /// Whether one-row `fast` residual matvecs prepare the next op's
-    /// normalized input (launch/norm_ahead.rs): Some(on) forces it
-    /// (QUIRE_NORM_AHEAD=1 / 0, or `RunnerOptions::cuda_norm_ahead`);
-    /// None leaves it to `launch::norm_ahead_rule` (residual rows of at
-    /// most 1,024 values: faster on SmolLM2, slower on the 1B and 8B,
-    /// docs/PERF.md 2026-11-29).
-    pub(crate) norm_ahead_on: Option<bool>,
+    /// The fusion pass's annotation of the op being run (fusion.rs), set
+    /// by `run_fused` for the op's duration only: what its output is
+    /// written as for the next op, whether it is norm-ahead's producer or
+    /// consumer. None outside an executor's planned step.
+    op_fusion: Mutex<Option<fusion::OpFusion>>,
     /// Norm-ahead's pending blocks: their key (for the next op only) and
     /// buffer.
     norm_ahead: Mutex<launch::NormAhead>,
@@ -181,36 +172,6 @@ fn ty_code(ty: GgmlType) -> Option<i32> {
         GgmlType::BF16 => 22,
         GgmlType::Q8_1 | GgmlType::Q8_K => return None,
     })
-}
-
-/// How the wgmma prefill GEMM (kernels/matmul_wgmma_fast.cu, sm_90 only)
-/// is used, from QUIRE_WGMMA: unset, for the types and shapes where it beats
-/// the cuBLAS path (launch/matmul_wgmma.rs, `wg_default_takes`: on an H100,
-/// 8B pp512 Q4_0 31.0k and Q8_0 28.6k tokens/s on 2026-11-26 against the
-/// cuBLAS path's 20.9k and 20.1k of 2026-11-25; Q5_0 1.34x and Q5_1 1.20x
-/// side by side on 2026-11-26);
-/// `1` for every type it decodes and every shape (comparisons); `0` never
-/// (its kernels are not even compiled).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum WgmmaUse {
-    Off,
-    Default,
-    AllTypes,
-}
-
-pub(crate) fn wgmma_use() -> WgmmaUse {
-    // Read once: consulted on every prefill matmul.
-    static USE: std::sync::OnceLock<WgmmaUse> = std::sync::OnceLock::new();
-    *USE.get_or_init(|| match std::env::var("QUIRE_WGMMA").as_deref() {
-        Ok("0") => WgmmaUse::Off,
-        Ok("1") => WgmmaUse::AllTypes,
-        _ => WgmmaUse::Default,
-    })
-}
-
-/// Whether the Hopper-only kernels are compiled (see `wgmma_use`).
-pub(crate) fn wgmma_wanted() -> bool {
-    wgmma_use() != WgmmaUse::Off
 }
 
 /// Raises kernel `name`'s dynamic shared memory limit to `bytes` (past
@@ -390,109 +351,27 @@ impl CudaBackend {
                 } else if e.starts_with("mm_q8_mma") {
                     Some(launch::mq_smem_max(e))
                 } else {
-                    launch::att_pipe_smem(e)
+                    ops::attention::att_pipe_smem(e)
                 };
                 if let Some(bytes) = big_smem {
                     allow_smem(&f, bytes, e)?;
                 }
-                // The partials-only kernels (16- and 8-key tiles): fast_parts
-                // sizes the partition by them (their att_pipe_m_ forms run
-                // the same partition); the deep merging form, whose
-                // occupancy deep_rule weighs; the eight-warp partials
-                // kernels, whose one wave eight_rule keeps to.
-                if e.starts_with("att_pipe_d")
-                    || e.starts_with("att_pipe8_d")
-                    || e.starts_with("att_pipe_w_d")
-                    || e.starts_with("att_pipe_m3_d")
-                    || e == "paged_attention_split"
-                {
-                    let smem = launch::att_pipe_smem(e).unwrap_or(0);
-                    let n = drv(
-                        f.occupancy_max_active_blocks_per_multiprocessor(
-                            u32::try_from(launch::att_threads(e))?,
-                            smem,
-                            None,
-                        ),
-                        &format!("{e}: occupancy"),
-                    )?;
-                    att_per_sm.insert(e, n.max(1) as usize);
-                }
-                if clusters
-                    && (e.starts_with("att_pipe_c_")
-                        || e.starts_with("att_pipe8_c_")
-                        || e.starts_with("att_rmma_c_"))
-                {
-                    let smem = launch::att_pipe_smem(e).unwrap_or(0);
-                    // Clusters past the portable 8 CTAs are opt-in.
-                    if let Err(why) = f.set_attribute(
-                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
-                        1,
-                    ) {
-                        tracing::warn!("{e}: no clusters past 8 CTAs ({why:?})");
-                    }
-                    for c in 2..=launch::ATT_CLUSTER_MAX {
-                        match launch::max_active_clusters(
-                            &f,
-                            &stream,
-                            smem,
-                            c,
-                            launch::att_threads(e),
-                        ) {
-                            Ok(n) => {
-                                att_clusters.insert((e, c), n);
-                            }
-                            // No count: the combine merges (same bits).
-                            Err(why) => tracing::warn!("{e}, clusters of {c}: {why:#}"),
-                        }
-                    }
-                }
-                // The fused decode layers (launch/decode_layers.rs): one
-                // cluster of 16 (opt-in past 8) or 8 CTAs, one per SM.
-                if clusters && e.starts_with("decode_layers_") {
-                    let loaded = (|| -> Result<()> {
-                        allow_smem(&f, launch::DL_SMEM, e)?;
-                        drv(
-                            f.set_attribute(
-                                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
-                                1,
-                            ),
-                            &format!("{e}: clusters past 8 CTAs"),
-                        )?;
-                        for c in launch::DL_CLUSTERS {
-                            let n = launch::max_active_clusters(
-                                &f,
-                                &stream,
-                                launch::DL_SMEM,
-                                c,
-                                launch::DL_THREADS,
-                            )?;
-                            att_clusters.insert((e, c), n);
-                        }
-                        Ok(())
-                    })();
-                    // Not counted: the layers run op by op (no fused step).
-                    if let Err(why) = loaded {
-                        tracing::warn!("{e}: no fused decode layers ({why:#})");
-                    }
-                }
-                // The exact kernel's clusters (attention_exact.rs):
-                // static shared memory only.
-                if clusters && e == "paged_attention_par" {
-                    let threads = launch::att_ex_threads() as usize;
-                    for c in 2..=launch::ATT_EX_CLUSTER_MAX {
-                        match launch::max_active_clusters(&f, &stream, 0, c, threads) {
-                            Ok(n) => {
-                                att_clusters.insert((e, c), n);
-                            }
-                            // No count: one CTA per (row, head) (same bits).
-                            Err(why) => tracing::warn!("{e}, clusters of {c}: {why:#}"),
-                        }
-                    }
-                }
+                // What the attention planner weighs: occupancy and
+                // resident clusters (ops/attention/caps.rs).
+                ops::attention::count_at_load(
+                    e,
+                    &f,
+                    &stream,
+                    clusters,
+                    &mut att_per_sm,
+                    &mut att_clusters,
+                )?;
                 funcs.insert(e, f);
             }
         }
-        if arch == "sm_90" && wgmma_wanted() {
+        // The Hopper-only kernels, unless the table turns the wgmma GEMM
+        // off (then they are not even compiled).
+        if arch == "sm_90" && tuning.matmul.wgmma != Switch::Off {
             load_sm90a(&ctx, &mut funcs);
         }
         // Runs only the one op that hit a device error (later ops are
@@ -528,13 +407,7 @@ impl CudaBackend {
             act_cache: Mutex::new(None),
             l2_log: Mutex::new(None),
             syncs: SyncCount::default(),
-            prequant: std::env::var("QUIRE_PREQUANT").map_or(true, |v| v != "0"),
-            fused_layers: std::env::var("QUIRE_FUSED_LAYERS").is_ok_and(|v| v == "1"),
-            norm_ahead_on: match std::env::var("QUIRE_NORM_AHEAD").as_deref() {
-                Ok("1") => Some(true),
-                Ok("0") => Some(false),
-                _ => None,
-            },
+            op_fusion: Mutex::new(None),
             norm_ahead: Mutex::new(launch::NormAhead::default()),
             norm_ahead_runs: std::sync::atomic::AtomicU64::new(0),
             glu_runs: std::sync::atomic::AtomicU64::new(0),
@@ -589,10 +462,10 @@ impl CudaBackend {
             }
         }
         match op.head_dim {
-            Some(hd) if hd > 256 => Err(format!(
-                "head_dim {hd} > 256 (the attention kernel keeps 8 values per thread)"
-            )),
-            _ => Ok(()),
+            // The attention planner's bound: a plan exists for every
+            // batch of such heads in every mode.
+            Some(hd) => ops::attention::head_dim_supported(hd),
+            None => Ok(()),
         }
     }
 
@@ -610,16 +483,6 @@ impl CudaBackend {
     /// Streaming multiprocessors of the device.
     pub(crate) fn sm_count(&self) -> usize {
         self.sms
-    }
-
-    /// CTAs per SM of split-attention kernel `name` (att_pipe_d*_g* or
-    /// paged_attention_split), measured at load.
-    fn att_per_sm(&self, name: &str) -> Result<usize> {
-        self.dev
-            .att_per_sm
-            .get(name)
-            .copied()
-            .ok_or_else(|| anyhow!("cuda backend: no occupancy for kernel {name}"))
     }
 
     fn func(&self, name: &str) -> Result<&CudaFunction> {
@@ -679,10 +542,10 @@ impl CudaBackend {
         d: &CudaSlice<f32>,
         len: usize,
         what: &str,
-    ) -> Result<crate::dispatch::HostLogits> {
+    ) -> Result<crate::backend::HostLogits> {
         if len == 0 {
             self.sync(what)?;
-            return Ok(crate::dispatch::HostLogits::Vec(Vec::new()));
+            return Ok(crate::backend::HostLogits::Vec(Vec::new()));
         }
         let mut p = match self.pinned.take(len) {
             Some(p) => p,
@@ -711,7 +574,7 @@ impl CudaBackend {
         // p[..len] completed (stream synchronized above) and p moves into
         // the PinnedLogits, which nothing writes.
         let l = unsafe { PinnedLogits::new(p, ptr, len, self.pinned.clone()) };
-        Ok(crate::dispatch::HostLogits::Pinned(l))
+        Ok(crate::backend::HostLogits::Pinned(l))
     }
 
     /// A page-locked host buffer of `len` u32 (staging for uploads that

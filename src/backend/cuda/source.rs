@@ -27,8 +27,6 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
             "mm_float",
             "mv_exact32",
             "mv_exact32_r1",
-            "mv_exact32_s2",
-            "mv_exact32_r1_s2",
         ],
     ),
     (
@@ -53,6 +51,12 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
             "mv_float_r1",
             "mv_float_r1_w2",
             "mv_float_r1_w4",
+        ],
+    ),
+    (
+        "matmul_f16_fast",
+        include_str!("kernels/matmul_f16_fast.cu"),
+        &[
             "mm_f16_tile",
             "split_sum",
             "split_sum_jobs",
@@ -87,7 +91,7 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
             include_str!("kernels/mv_q8.cuh"),
             include_str!("kernels/matmul_short_fast.cu")
         ),
-        &["mv_q8_r1_s2", "mv_q8_r1_s4"],
+        &["mv_q8_r1_s4"],
     ),
     (
         "matmul_mma_fast",
@@ -113,7 +117,7 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     ("rope", include_str!("kernels/rope.cu"), &["rope"]),
     (
         "rope_kv_write",
-        include_str!("kernels/rope_kv_write.cu"),
+        include_str!("ops/attention/kernels/rope_kv_write.cu"),
         &["rope_kv_write"],
     ),
     (
@@ -143,12 +147,12 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     ),
     (
         "kv_write",
-        include_str!("kernels/kv_write.cu"),
+        include_str!("ops/attention/kernels/kv_write.cu"),
         &["kv_write"],
     ),
     (
         "attention",
-        include_str!("kernels/attention.cu"),
+        include_str!("ops/attention/kernels/attention.cu"),
         &[
             "paged_attention",
             "paged_attention_par",
@@ -158,36 +162,31 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     (
         "attention_fast",
         concat!(
-            include_str!("kernels/attention_split.cuh"),
-            include_str!("kernels/attention_fast.cu")
+            include_str!("ops/attention/kernels/attention_split.cuh"),
+            include_str!("ops/attention/kernels/attention_fast.cu")
         ),
         &ATT_FAST_HEAD,
     ),
     (
         "attention_pipe_fast",
         concat!(
-            include_str!("kernels/attention_split.cuh"),
-            include_str!("kernels/attention_pipe_fast.cu")
+            include_str!("ops/attention/kernels/attention_split.cuh"),
+            include_str!("ops/attention/kernels/attention_pipe_fast.cu")
         ),
         &ATT_PIPE_ENTRIES,
     ),
     (
         "attention_rmma_fast",
         concat!(
-            include_str!("kernels/attention_split.cuh"),
-            include_str!("kernels/attention_rmma_fast.cu")
+            include_str!("ops/attention/kernels/attention_split.cuh"),
+            include_str!("ops/attention/kernels/attention_rmma_fast.cu")
         ),
         &ATT_RMMA_ENTRIES,
     ),
     (
         "attention_prefill_fast",
-        include_str!("kernels/attention_prefill_fast.cu"),
+        include_str!("ops/attention/kernels/attention_prefill_fast.cu"),
         &["flash_attention_prefill", "flash_attention_prefill_g"],
-    ),
-    (
-        "decode_layers_fast",
-        include_str!("kernels/decode_layers_fast.cu"),
-        &super::launch::DL_ENTRIES,
     ),
     (
         "l2_ahead_fast",
@@ -198,7 +197,7 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
 
 /// Kernel files that use Hopper-only instructions (wgmma): compiled for
 /// `sm_90a`, only on devices of compute capability 9.0 (`sm_90a` code runs
-/// nowhere else) unless QUIRE_WGMMA=0 (cuda/mod.rs, `wgmma_use`; see
+/// nowhere else) unless the tuning table's `matmul.wgmma` is off (cuda/mod.rs; see
 /// matmul_wgmma_fast.cu's status). A compile or load failure leaves them
 /// out: the ops then take the portable kernels.
 pub const KERNELS_SM90A: &[(&str, &str, &[&str])] = &[(
@@ -240,7 +239,7 @@ const WG_ENTRIES: [&str; 3 * WG_KERNELS.len() + 2] = {
 /// ATT_M3_STAGES stages), then `att_pipe8{_,_m_,_c_}d{2,4}_g{1,2,3,4,8}`
 /// (the partials, merging and cluster forms at eight warps per CTA), then
 /// `att_row_d{2,4}_g{1,2,3,4,8}` (one CTA per (row, KV head) folding the
-/// whole row); launch/attention.rs, gqa_split_kernel, picks one.
+/// whole row); ops/attention/geometry.rs, gqa_split_kernel, picks one.
 pub const ATT_PIPE: [[[&str; 5]; 2]; 9] = [
     [
         [
@@ -393,7 +392,7 @@ pub const ATT_PIPE: [[[&str; 5]; 2]; 9] = [
 /// (one CTA per (row, KV head) folding the whole row with m16n8k16 MMAs)
 /// and `att_rmma_c_d{2,4}_g{1,2,3,4,8}` (a thread-block cluster of CTAs
 /// per (row, KV head), merged in rank 0); gqa_split_kernel picks one for
-/// `Pipe::RowMma` / `Pipe::RowMmaCluster`.
+/// `SplitForm::RowMma` / `SplitForm::RowMmaCluster`.
 pub const ATT_RMMA: [[[&str; 5]; 2]; 2] = [
     [
         [
@@ -491,33 +490,33 @@ pub fn prelude() -> String {
         (1.0f32 / 3_628_800.0).to_bits()
     ));
     s.push_str(&format!(
-        "#define QUIRE_ACT_QMAX __int_as_float((int)0x{:08x}u)\n",
+        "#define ACT_QMAX __int_as_float((int)0x{:08x}u)\n",
         ACT_QMAX.to_bits()
     ));
     s.push_str(&format!("#define MV_EXACT_WR {MV_EXACT_WR}\n"));
     s.push_str(&format!(
         "#define ATT_STAGES {}\n#define ATT_W_STAGES {}\n#define ATT_M3_STAGES {}\n#define ATT_SPLIT_THREADS {}\n#define ATT_PIPE8_WARPS {}\n",
-        crate::backend::cuda::launch::att_stages(),
-        crate::backend::cuda::launch::att_w_stages(),
-        crate::backend::cuda::launch::ATT_M3_STAGES,
-        crate::backend::cuda::launch::ATT_SPLIT_THREADS,
-        crate::backend::cuda::launch::ATT_PIPE8_WARPS
+        crate::backend::cuda::ops::attention::ATT_STAGES,
+        crate::backend::cuda::ops::attention::ATT_W_STAGES,
+        crate::backend::cuda::ops::attention::ATT_M3_STAGES,
+        crate::backend::cuda::ops::attention::ATT_SPLIT_THREADS,
+        crate::backend::cuda::ops::attention::ATT_PIPE8_WARPS
     ));
     s.push_str(&format!(
         "#define ATT_ROW_STAGES {}\n#define ATT_ROW_STAGES_D4 {}\n#define ATT_ROW_WARPS {}\n#define ATT_ROW_WARPS_D4 {}\n#define ATT_CLUSTER_MAX {}\n",
-        crate::backend::cuda::launch::att_row_stages(2),
-        crate::backend::cuda::launch::att_row_stages(4),
-        crate::backend::cuda::launch::att_row_warps(2),
-        crate::backend::cuda::launch::att_row_warps(4),
-        crate::backend::cuda::launch::ATT_CLUSTER_MAX
+        crate::backend::cuda::ops::attention::att_row_stages(2),
+        crate::backend::cuda::ops::attention::att_row_stages(4),
+        crate::backend::cuda::ops::attention::att_row_warps(2),
+        crate::backend::cuda::ops::attention::att_row_warps(4),
+        crate::backend::cuda::ops::attention::ATT_CLUSTER_MAX
     ));
     let ((rw, rs), (rw4, rs4)) = (
-        crate::backend::cuda::launch::att_rmma_shape(2),
-        crate::backend::cuda::launch::att_rmma_shape(4),
+        crate::backend::cuda::ops::attention::att_rmma_shape(2),
+        crate::backend::cuda::ops::attention::att_rmma_shape(4),
     );
     s.push_str(&format!(
         "#define ATT_RMMA_WARPS {rw}\n#define ATT_RMMA_STAGES {rs}\n#define ATT_RMMA_WARPS_D4 {rw4}\n#define ATT_RMMA_STAGES_D4 {rs4}\n#define ATT_RMMA_CL_MAX {}\n",
-        crate::backend::cuda::launch::ATT_RMMA_CL_MAX
+        crate::backend::cuda::ops::attention::ATT_RMMA_CL_MAX
     ));
     // The dynamic shared memory the host launches each split-attention
     // entry with: attention_pipe_fast.cu's ATT_PIPE_GQA asserts its layout matches.
@@ -527,7 +526,7 @@ pub fn prelude() -> String {
         .flatten()
         .chain(ATT_RMMA.iter().flatten().flatten())
     {
-        if let Some(bytes) = crate::backend::cuda::launch::att_pipe_smem(name) {
+        if let Some(bytes) = crate::backend::cuda::ops::attention::att_pipe_smem(name) {
             s.push_str(&format!("#define ATT_SMEM_{name} {bytes}\n"));
         }
     }
@@ -583,20 +582,7 @@ pub fn nvrtc_options(arch: &str) -> Vec<String> {
         "--ftz=false".into(),
         "--std=c++17".into(),
     ];
-    // QUIRE_WG_DEFINES: the same for the sm_90a file alone (its timing
-    // knobs), so the other kernels stay compiled and cached.
-    let wg = std::env::var("QUIRE_WG_DEFINES")
-        .ok()
-        .filter(|_| arch == "sm_90a");
-    if arch == "sm_90a" {
-        if let Some((sr, sx)) = super::launch::wr_stages_knob() {
-            o.push(format!("-DWR_STAGES_FORCE={}", 8 * sr + sx));
-        }
-    }
-    for defs in [std::env::var("QUIRE_CUDA_DEFINES").ok(), wg]
-        .into_iter()
-        .flatten()
-    {
+    if let Ok(defs) = std::env::var("QUIRE_CUDA_DEFINES") {
         o.extend(
             defs.split(',')
                 .map(str::trim)

@@ -161,9 +161,10 @@ pub(super) struct DecodeGraph {
     /// Scratch arena size at capture: a larger arena is a new allocation,
     /// and the graph must be captured again.
     pub(super) arena_len: usize,
-    /// The L2 read-ahead branch's buffers (QUIRE_L2_AHEAD_MB; None: off).
+    /// The L2 read-ahead branch's buffers (tuning `matvec.l2_ahead_mb`;
+    /// None: off).
     pub(super) l2: Option<crate::backend::cuda::L2Bufs>,
-    /// Replays so far (QUIRE_L2_TRACE's sampling).
+    /// Replays so far (the read-ahead trace's sampling, `l2_trace`).
     pub(super) replays: u64,
     /// The read-ahead distance the uncaptured step's weights call for (0:
     /// the graph gets no branch; None: not measured).
@@ -179,7 +180,7 @@ impl CudaExec {
     pub fn decode_step(
         &self,
         vocab: usize,
-        input: &crate::model::StepInput<'_>,
+        input: &crate::dispatch::StepInput<'_>,
         kv: &mut DevKvCache,
         step: &mut DecodeFn<'_>,
     ) -> Result<crate::dispatch::HostLogits> {
@@ -197,7 +198,7 @@ impl CudaExec {
 
     /// The graph key of a step: (rows, split-KV CTAs per row and head,
     /// greedy).
-    pub(super) fn graph_key(input: &crate::model::StepInput<'_>, greedy: bool) -> GraphKey {
+    pub(super) fn graph_key(input: &crate::dispatch::StepInput<'_>, greedy: bool) -> GraphKey {
         // Split-KV CTAs are baked into a graph: one graph per power-of-two
         // bucket of the longest row's partial count.
         let max_pos = input.positions.iter().copied().max().unwrap_or(0) as usize;
@@ -218,7 +219,7 @@ impl CudaExec {
     pub(super) fn decode_run<R>(
         &self,
         vocab: usize,
-        input: &crate::model::StepInput<'_>,
+        input: &crate::dispatch::StepInput<'_>,
         kv: &mut DevKvCache,
         step: &mut DecodeFn<'_>,
         sel: GraphSel<'_>,

@@ -83,7 +83,7 @@ impl CudaExec {
     pub fn decode_step_greedy(
         &self,
         vocab: usize,
-        input: &crate::model::StepInput<'_>,
+        input: &crate::dispatch::StepInput<'_>,
         kv: &mut DevKvCache,
         step: &mut DecodeFn<'_>,
         chain: bool,

@@ -7,10 +7,10 @@
 //! batch: batch invariance follows from the backend's per-row arithmetic.
 
 use crate::backend::{validate, AttnBatch, MatJob, MatNorm, OpInfo, OpT, WeightInfo as _};
-use crate::dispatch::{Exec, HostExec, HostLogits, StepBufs};
+use crate::dispatch::{Exec, Graph, HostExec, HostLogits, StepBufs};
 use crate::gguf::GgufFile;
 use crate::model::config::{Arch, ModelConfig};
-use crate::model::kv_storage::KvStorage;
+use crate::kv::KvStorage;
 use crate::model::weights::{load_vector, optional_vector, HostStore, Store, WeightRef};
 use crate::model::StepInput;
 use anyhow::{bail, ensure, Context, Result};
@@ -218,6 +218,44 @@ impl LlamaModel {
     }
 }
 
+/// The llama graph as a device loader takes it ([`Graph`]): the model's
+/// config; the weights come separately, in the store of the executor.
+pub struct LlamaGraph(pub ModelConfig);
+
+impl Graph for LlamaGraph {
+    type Weights<S: Store> = LlamaWeights<S>;
+
+    fn map_weights<S: Store>(
+        host: &LlamaWeights<HostStore>,
+        mat: &mut dyn FnMut(&WeightRef) -> Result<S::Mat>,
+        vec: &mut dyn FnMut(&Vec<f32>) -> Result<S::Vec>,
+        progress: &dyn Fn(usize, usize),
+    ) -> Result<LlamaWeights<S>> {
+        host.map(mat, vec, progress)
+    }
+    fn vocab(&self) -> usize {
+        self.0.vocab_size
+    }
+    fn forward<E: Exec>(
+        &self,
+        w: &LlamaWeights<E::S>,
+        e: &E,
+        kv: &mut E::Kv,
+        input: &StepInput<'_>,
+    ) -> Result<HostLogits> {
+        forward(&self.0, w, e, kv, input)
+    }
+    fn forward_bufs<E: Exec>(
+        &self,
+        w: &LlamaWeights<E::S>,
+        e: &E,
+        kv: &mut E::Kv,
+        b: &StepBufs<E::IdxBuf<'_>, E::BatchBuf<'_>>,
+    ) -> Result<Option<E::Buf>> {
+        forward_bufs(&self.0, w, e, kv, b)
+    }
+}
+
 /// Runs one step of the graph in `e`'s memory space. Writes K/V of every
 /// input row into its slot, and returns logits (input.logit_rows.len(),
 /// vocab) for the rows asked.
@@ -409,121 +447,119 @@ pub fn forward_bufs<E: Exec>(
         ids: E::idx_view(tokens),
         out: E::wr(&mut x),
     })?;
-    if !e.fused_layers(c, w, kv, b, &mut x)? {
-        let mut h = e.output(n * d)?; // (n, dim)
-        let mut q = e.output(n * qd)?; // (n, n_heads, head_dim)
-        let mut k = e.output(n * kvd)?; // (n, n_kv_heads, head_dim)
-        let mut v = e.output(n * kvd)?;
-        // Pre-norm q/k when the model has per-head q/k norms (Qwen3).
-        let mut q_raw = e.output(if c.arch == Arch::Qwen3 { n * qd } else { 0 })?;
-        let mut k_raw = e.output(if c.arch == Arch::Qwen3 { n * kvd } else { 0 })?;
-        let mut att = e.output(n * qd)?; // (n, n_heads, head_dim)
-        let mut gate = e.output(n * c.ffn_dim)?; // (n, ffn)
-        let mut up = e.output(n * c.ffn_dim)?;
-        let mut act = e.output(n * c.ffn_dim)?;
-        let scale = 1.0f32 / (hd as f32).sqrt();
-        for (li, l) in w.layers.iter().enumerate() {
-            let qk_norm = match (&l.q_norm, &l.k_norm) {
-                (Some(qn), Some(kn)) => Some((qn, kn)),
-                _ => None,
-            };
-            // With q/k norms the projections land in q_raw / k_raw first.
-            let (q_dst, k_dst) = if qk_norm.is_some() {
-                (&mut q_raw, &mut k_raw)
-            } else {
-                (&mut q, &mut k)
-            };
-            // q/k/v of rms_norm(x) (the attention norm rides on the op).
-            mat_muls(
-                e,
-                &x,
-                n,
-                vec![
-                    (&l.wq, &mut *q_dst, false),
-                    (&l.wk, &mut *k_dst, false),
-                    (&l.wv, &mut v, false),
-                ],
-                Some((&l.attn_norm, c.rms_eps, &mut h)),
-                None,
-                None,
-            )?;
-            for (b, out) in [(&l.bq, q_dst), (&l.bk, k_dst), (&l.bv, &mut v)] {
-                if let Some(b) = b {
-                    e.run(OpT::AddBias {
-                        x: E::wr(out),
-                        bias: E::param(b),
-                    })?;
-                }
+    let mut h = e.output(n * d)?; // (n, dim)
+    let mut q = e.output(n * qd)?; // (n, n_heads, head_dim)
+    let mut k = e.output(n * kvd)?; // (n, n_kv_heads, head_dim)
+    let mut v = e.output(n * kvd)?;
+    // Pre-norm q/k when the model has per-head q/k norms (Qwen3).
+    let mut q_raw = e.output(if c.arch == Arch::Qwen3 { n * qd } else { 0 })?;
+    let mut k_raw = e.output(if c.arch == Arch::Qwen3 { n * kvd } else { 0 })?;
+    let mut att = e.output(n * qd)?; // (n, n_heads, head_dim)
+    let mut gate = e.output(n * c.ffn_dim)?; // (n, ffn)
+    let mut up = e.output(n * c.ffn_dim)?;
+    let mut act = e.output(n * c.ffn_dim)?;
+    let scale = 1.0f32 / (hd as f32).sqrt();
+    for (li, l) in w.layers.iter().enumerate() {
+        let qk_norm = match (&l.q_norm, &l.k_norm) {
+            (Some(qn), Some(kn)) => Some((qn, kn)),
+            _ => None,
+        };
+        // With q/k norms the projections land in q_raw / k_raw first.
+        let (q_dst, k_dst) = if qk_norm.is_some() {
+            (&mut q_raw, &mut k_raw)
+        } else {
+            (&mut q, &mut k)
+        };
+        // q/k/v of rms_norm(x) (the attention norm rides on the op).
+        mat_muls(
+            e,
+            &x,
+            n,
+            vec![
+                (&l.wq, &mut *q_dst, false),
+                (&l.wk, &mut *k_dst, false),
+                (&l.wv, &mut v, false),
+            ],
+            Some((&l.attn_norm, c.rms_eps, &mut h)),
+            None,
+            None,
+        )?;
+        for (b, out) in [(&l.bq, q_dst), (&l.bk, k_dst), (&l.bv, &mut v)] {
+            if let Some(b) = b {
+                e.run(OpT::AddBias {
+                    x: E::wr(out),
+                    bias: E::param(b),
+                })?;
             }
-            if let Some((qn, kn)) = qk_norm {
-                // Per-head RMS norm: view (n, heads, hd) as (n * heads, hd).
-                for (src, nw, dst) in [(&q_raw, qn, &mut q), (&k_raw, kn, &mut k)] {
-                    e.run(OpT::RmsNorm {
-                        x: E::rd(src),
-                        w: E::param(nw),
-                        dim: hd,
-                        eps: c.rms_eps,
-                        out: E::wr(dst),
-                    })?;
-                }
-            }
-            e.run(OpT::RopeKvWrite {
-                q: E::wr(&mut q),
-                k: E::wr(&mut k),
-                v: E::rd(&v),
-                n_heads: c.n_heads,
-                rope_dim: c.rope_dim,
-                positions: E::idx_view(positions),
-                inv_freq: E::param(&w.inv_freq),
-                neox: c.arch.neox_rope(),
-                slots: E::idx_view(slots),
-                cache: E::kv_layer_mut(kv, li)?,
-            })
-            .with_context(|| format!("layer {li}"))?;
-            e.run(OpT::PagedAttention {
-                q: E::rd(&q),
-                n_heads: c.n_heads,
-                scale,
-                cache: E::kv_layer(kv, li)?,
-                batch: E::batch_view(batch),
-                out: E::wr(&mut att),
-            })
-            .with_context(|| format!("layer {li}"))?;
-            // x += att · woᵀ (the residual add folded into the matmul); the
-            // FFN norm reads x next.
-            mat_muls(
-                e,
-                &att,
-                n,
-                vec![(&l.wo, &mut x, true)],
-                None,
-                Some((&l.ffn_norm, c.rms_eps)),
-                None,
-            )?;
-            // act = silu(gate) * up, riding on the gate/up op where it is
-            // one (a backend may fold it into the products' epilogue).
-            mat_muls(
-                e,
-                &x,
-                n,
-                vec![(&l.w_gate, &mut gate, false), (&l.w_up, &mut up, false)],
-                Some((&l.ffn_norm, c.rms_eps, &mut h)),
-                None,
-                Some(&mut act),
-            )?;
-            // x += act · w_downᵀ; the next layer's attention norm reads x
-            // next (no hint: the output norm may follow a row selection).
-            let next = w.layers.get(li + 1).map(|nl| (&nl.attn_norm, c.rms_eps));
-            mat_muls(
-                e,
-                &act,
-                n,
-                vec![(&l.w_down, &mut x, true)],
-                None,
-                next,
-                None,
-            )?;
         }
+        if let Some((qn, kn)) = qk_norm {
+            // Per-head RMS norm: view (n, heads, hd) as (n * heads, hd).
+            for (src, nw, dst) in [(&q_raw, qn, &mut q), (&k_raw, kn, &mut k)] {
+                e.run(OpT::RmsNorm {
+                    x: E::rd(src),
+                    w: E::param(nw),
+                    dim: hd,
+                    eps: c.rms_eps,
+                    out: E::wr(dst),
+                })?;
+            }
+        }
+        e.run(OpT::RopeKvWrite {
+            q: E::wr(&mut q),
+            k: E::wr(&mut k),
+            v: E::rd(&v),
+            n_heads: c.n_heads,
+            rope_dim: c.rope_dim,
+            positions: E::idx_view(positions),
+            inv_freq: E::param(&w.inv_freq),
+            neox: c.arch.neox_rope(),
+            slots: E::idx_view(slots),
+            cache: E::kv_layer_mut(kv, li)?,
+        })
+        .with_context(|| format!("layer {li}"))?;
+        e.run(OpT::PagedAttention {
+            q: E::rd(&q),
+            n_heads: c.n_heads,
+            scale,
+            cache: E::kv_layer(kv, li)?,
+            batch: E::batch_view(batch),
+            out: E::wr(&mut att),
+        })
+        .with_context(|| format!("layer {li}"))?;
+        // x += att · woᵀ (the residual add folded into the matmul); the
+        // FFN norm reads x next.
+        mat_muls(
+            e,
+            &att,
+            n,
+            vec![(&l.wo, &mut x, true)],
+            None,
+            Some((&l.ffn_norm, c.rms_eps)),
+            None,
+        )?;
+        // act = silu(gate) * up, riding on the gate/up op where it is
+        // one (a backend may fold it into the products' epilogue).
+        mat_muls(
+            e,
+            &x,
+            n,
+            vec![(&l.w_gate, &mut gate, false), (&l.w_up, &mut up, false)],
+            Some((&l.ffn_norm, c.rms_eps, &mut h)),
+            None,
+            Some(&mut act),
+        )?;
+        // x += act · w_downᵀ; the next layer's attention norm reads x
+        // next (no hint: the output norm may follow a row selection).
+        let next = w.layers.get(li + 1).map(|nl| (&nl.attn_norm, c.rms_eps));
+        mat_muls(
+            e,
+            &act,
+            n,
+            vec![(&l.w_down, &mut x, true)],
+            None,
+            next,
+            None,
+        )?;
     }
     // Only the rows that want logits go through the output head.
     if m == 0 {

@@ -344,7 +344,7 @@ __device__ __forceinline__ u32 h2_bytes23(u32 x) { return __byte_perm(x, 0x64646
 
 // Unit u of weight row `row` (or zeros when `valid` is false) as 32 f16
 // values A * q + B in h (values 2i, 2i + 1 in h[i], the lower first), for
-// the tensor-core tile kernels (matmul_fast, matmul_wgmma_fast). The integer q
+// the tensor-core tile kernels (matmul_f16_fast, matmul_wgmma_fast). The integer q
 // is made exactly in f16 (1024 + biased byte, minus the bias), then one f16
 // FMA with A and B rounded to f16 (exact for the 32-block types' f16
 // scales; the K-quants' products d * sc round once more: fast mode only).

@@ -17,7 +17,7 @@
 // progress: (4,) i32: [0] the chain's read position in the same units
 //   (mv_mark in common.cuh raises it), [1] CTAs that gave up waiting, [2]
 //   the highest piece end one gave up on, [3] the highest position one gave
-//   up at (a diagnostic the host reads with QUIRE_L2_TRACE=1); all zeroed
+//   up at (a diagnostic the host logs at trace level, l2_trace); all zeroed
 //   before the step.
 //
 // CTA c (one warp) takes pieces c, c + gridDim.x, ... A piece is fetched
@@ -29,9 +29,9 @@
 //
 // A chain that cannot go on while the read-ahead's CTAs are resident is the
 // other case, and it was seen (H100, 2026-11-27): with 64 CTAs
-// (QUIRE_L2_CTAS=64) every step after a 512-token prompt waited out the
+// (matvec.l2_ctas = 64) every step after a 512-token prompt waited out the
 // whole patience (1B Q4_0 48 tok/s, 8B Q8_0 42, against 1,530 and 276 with
-// 32 CTAs). The give-up record (progress[1..3], QUIRE_L2_TRACE=1) showed
+// 32 CTAs). The give-up record (progress[1..3], l2_trace) showed
 // all 64 CTAs giving up at the first layer's attention, which runs in
 // thread-block clusters from 128 keys on. The clusters off removed the
 // stall, and so did a preferred shared-memory carveout of 100% for this

@@ -8,11 +8,11 @@
 
 
 // Activation quantization of one block of `len` values (canon::quantize_block
-// with the activation integer range QUIRE_ACT_QMAX).
+// with the activation integer range ACT_QMAX).
 __device__ __forceinline__ float quant_block(const float* x, int len, short* q) {
     float amax = 0.0f;
     for (int i = 0; i < len; i++) amax = q_max(amax, fabsf(x[i]));
-    float d = q_div(amax, QUIRE_ACT_QMAX);
+    float d = q_div(amax, ACT_QMAX);
     float id = (d == 0.0f) ? 0.0f : q_div(1.0f, d);
     for (int i = 0; i < len; i++) {
         float r = q_round_away(q_mul(x[i], id));
@@ -20,7 +20,7 @@ __device__ __forceinline__ float quant_block(const float* x, int len, short* q) 
         if (q_isnan(r)) {
             v = 0;
         } else {
-            r = fminf(fmaxf(r, -QUIRE_ACT_QMAX), QUIRE_ACT_QMAX);
+            r = fminf(fmaxf(r, -ACT_QMAX), ACT_QMAX);
             v = (short)(int)r;
         }
         q[i] = v;
@@ -80,14 +80,14 @@ extern "C" __global__ void quant_act32(const float* __restrict__ x, int n, int k
     float v = x[(long long)row * k + 32 * b + i];
     float amax = q_max(0.0f, fabsf(v));  // a NaN counts as 0, as in quant_block
     for (int o = 16; o >= 1; o >>= 1) amax = q_max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    float db = q_div(amax, QUIRE_ACT_QMAX);
+    float db = q_div(amax, ACT_QMAX);
     float id = (db == 0.0f) ? 0.0f : q_div(1.0f, db);
     float r = q_round_away(q_mul(v, id));
     short q;
     if (q_isnan(r)) {
         q = 0;
     } else {
-        r = fminf(fmaxf(r, -QUIRE_ACT_QMAX), QUIRE_ACT_QMAX);
+        r = fminf(fmaxf(r, -ACT_QMAX), ACT_QMAX);
         q = (short)(int)r;
     }
     qs[(long long)row * k + canon_chunk(nb, b, i >> 3) + (i & 7)] = q;
@@ -329,22 +329,6 @@ __device__ __forceinline__ float mv_exact_fold(float a, float t, int i0, int nb,
     return a;
 }
 
-// The same fold when a warp pair shares its weight rows (mv_exact32_s2):
-// warp h of the pair takes chains 4h .. 4h + 3, so in a group of 64 blocks
-// from i0 its lane l decodes block i0 + 8 (l >> 2) + 4h + (l & 3) (runs of
-// four consecutive blocks) and lane c < 4 keeps chain 4h + c, adding the
-// terms of lanes c, c + 4, ..., c + 28 (its blocks in increasing order).
-// i0h = i0 + 4h.
-template <bool FULL>
-__device__ __forceinline__ float mv_exact_fold_s2(float a, float t, int i0h, int nb, int l) {
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        float tj = j == 0 ? t : __shfl_down_sync(0xffffffffu, t, 4 * j);
-        if (l < 4 && (FULL || i0h + 8 * j + l < nb)) a = q_add(a, tj);
-    }
-    return a;
-}
-
 // Moves the activations (quant_act32's qs, ad, as and its integer sums si)
 // and the output to this CTA's group of NR activation rows (grid x);
 // returns how many rows it has.
@@ -393,13 +377,13 @@ __device__ __forceinline__ float exact_term(const int4* v, const int* w, float d
 // The terms of a group's blocks (lane l's block b; ok: b is inside the
 // row) with the n activation rows, folded into acc. dec(q, w, dw, mw)
 // gives weight row q's decoded block (decode_unit's RAW values).
-template <int TY, int NR, int S, bool FULL, class Dec>
+template <int TY, int NR, bool FULL, class Dec>
 __device__ __forceinline__ void mv_exact_terms(int i0, int b, bool ok, Dec dec, int nw, int nb,
                                                const short* __restrict__ qs,
                                                const float* __restrict__ ad,
                                                const float* __restrict__ as,
                                                const int* __restrict__ si, int k, int n, int l,
-                                               int h, float (*acc)[NR]) {
+                                               float (*acc)[NR]) {
     // Q4_0 / Q5_0 values stay unsigned (decode_unit's RAW): the offset is
     // taken once per block and activation row, from si.
     constexpr int OFF = TY == TY_Q4_0 ? 8 : TY == TY_Q5_0 ? 16 : 0;
@@ -427,25 +411,23 @@ __device__ __forceinline__ void mv_exact_terms(int i0, int b, bool ok, Dec dec, 
                 dec(q, w, dw, mw);
                 t = exact_term<TY>(v, w, dw, adr, mw, asr, ioff);
             }
-            acc[q][r] = S == 1 ? mv_exact_fold<FULL>(acc[q][r], t, i0, nb, l)
-                               : mv_exact_fold_s2<FULL>(acc[q][r], t, i0 + 4 * h, nb, l);
+            acc[q][r] = mv_exact_fold<FULL>(acc[q][r], t, i0, nb, l);
         }
     }
 }
 
-// One group of 32 * S blocks from i0 (see mv_exact_rows). FULL: all of it
+// One group of 32 blocks from i0 (see mv_exact_rows). FULL: all of it
 // is inside the row and all MV_EXACT_WR weight rows inside the matrix, so
 // nothing is checked (the same loads, terms and additions).
-template <int TY, int NR, int S, bool FULL>
+template <int TY, int NR, bool FULL>
 __device__ __forceinline__ void mv_exact_group(int i0, const u8* __restrict__ wr,
                                                long long row_bytes, int nw, int nb,
                                                const short* __restrict__ qs,
                                                const float* __restrict__ ad,
                                                const float* __restrict__ as,
                                                const int* __restrict__ si, int k, int n, int l,
-                                               int h, unsigned long long pol,
-                                               float (*acc)[NR]) {
-    int b = S == 1 ? i0 + l : i0 + 8 * (l >> 2) + 4 * h + (l & 3);
+                                               unsigned long long pol, float (*acc)[NR]) {
+    int b = i0 + l;
     bool ok = FULL || b < nb;
     int w[MV_EXACT_WR][8];
     float dw[MV_EXACT_WR], mw[MV_EXACT_WR], a1;
@@ -461,7 +443,7 @@ __device__ __forceinline__ void mv_exact_group(int i0, const u8* __restrict__ wr
         d = dw[q];
         m = mw[q];
     };
-    mv_exact_terms<TY, NR, S, FULL>(i0, b, ok, dec, nw, nb, qs, ad, as, si, k, n, l, h, acc);
+    mv_exact_terms<TY, NR, FULL>(i0, b, ok, dec, nw, nb, qs, ad, as, si, k, n, l, acc);
 }
 
 // MV_EXACT_PIPE (tuning knob): 1: Q4_0's whole groups keep the next
@@ -477,20 +459,19 @@ __device__ __forceinline__ void mv_exact_group(int i0, const u8* __restrict__ wr
 #endif
 
 // The whole groups of a warp's MV_EXACT_WR Q4_0 rows (all inside the
-// matrix) for one activation row, software-pipelined: group i0 + 32 S's
+// matrix) for one activation row, software-pipelined: group i0 + 32's
 // words are loaded before group i0's terms, which decode each row's block
 // just before its dot (fewer registers live). Returns where the groups left
 // for mv_exact_group begin.
-template <int S>
 __device__ __forceinline__ int mv_exact_q4_0_pipe(const u8* __restrict__ wr, long long row_bytes,
                                                   int nb, const short* __restrict__ qs,
                                                   const float* __restrict__ ad,
                                                   const float* __restrict__ as,
                                                   const int* __restrict__ si, int k, int n,
-                                                  int l, int h, unsigned long long pol,
+                                                  int l, unsigned long long pol,
                                                   float (*acc)[1]) {
-    constexpr int G = 32 * S, WR = MV_EXACT_WR;
-    const int lb = S == 1 ? l : 8 * (l >> 2) + 4 * h + (l & 3);  // lane's block in a group
+    constexpr int G = 32, WR = MV_EXACT_WR;
+    const int lb = l;  // lane's block in a group
     if (G > nb) return 0;
     u32 cur[WR][5];
     int sh[WR];
@@ -510,8 +491,8 @@ __device__ __forceinline__ int mv_exact_q4_0_pipe(const u8* __restrict__ wr, lon
         u32 nxt[WR][5];
         int shn[WR];
         load(i0 + G, nxt, shn);
-        mv_exact_terms<TY_Q4_0, 1, S, true>(i0, i0 + lb, true, dec, WR, nb, qs, ad, as, si, k, n,
-                                            l, h, acc);
+        mv_exact_terms<TY_Q4_0, 1, true>(i0, i0 + lb, true, dec, WR, nb, qs, ad, as, si, k, n, l,
+                                         acc);
 #pragma unroll
         for (int q = 0; q < WR; q++) {
             sh[q] = shn[q];
@@ -519,62 +500,51 @@ __device__ __forceinline__ int mv_exact_q4_0_pipe(const u8* __restrict__ wr, lon
             for (int e = 0; e < 5; e++) cur[q][e] = nxt[q][e];
         }
     }
-    mv_exact_terms<TY_Q4_0, 1, S, true>(i0, i0 + lb, true, dec, WR, nb, qs, ad, as, si, k, n, l,
-                                        h, acc);
+    mv_exact_terms<TY_Q4_0, 1, true>(i0, i0 + lb, true, dec, WR, nb, qs, ad, as, si, k, n, l,
+                                     acc);
     return i0 + G;
 }
 
 // wr: the warp's first weight row; row_bytes apart; nw (1..MV_EXACT_WR) of
-// them are inside the matrix; n (<= NR) activation rows. S: warps per
-// weight row (1, or 2: this warp is half h of a pair, mv_exact_fold_s2).
-// Whole groups of a warp with all its rows run unchecked, the rest checked.
-template <int TY, int NR, int S>
+// them are inside the matrix; n (<= NR) activation rows. Whole groups of a warp with all its rows run unchecked, the rest checked.
+template <int TY, int NR>
 __device__ __forceinline__ void mv_exact_rows(const u8* __restrict__ wr, long long row_bytes,
                                               int nw, int nb, const short* __restrict__ qs,
                                               const float* __restrict__ ad,
                                               const float* __restrict__ as,
                                               const int* __restrict__ si, int k, int n, int l,
-                                              int h, float (*acc)[NR]) {
+                                              float (*acc)[NR]) {
     // The weights' L2 policy (MV_L2_POL, dequant.cuh; loads only).
     unsigned long long pol = MV_L2_POL ? l2_evict_first() : 0ull;
     int i0 = 0;
     if (MV_EXACT_PIPE && TY == TY_Q4_0 && NR == 1 && nw == MV_EXACT_WR)
-        i0 = mv_exact_q4_0_pipe<S>(wr, row_bytes, nb, qs, ad, as, si, k, n, l, h, pol,
-                                   (float(*)[1])acc);
+        i0 = mv_exact_q4_0_pipe(wr, row_bytes, nb, qs, ad, as, si, k, n, l, pol,
+                                (float(*)[1])acc);
     if (nw == MV_EXACT_WR)
-        for (; i0 + 32 * S <= nb; i0 += 32 * S)
-            mv_exact_group<TY, NR, S, true>(i0, wr, row_bytes, nw, nb, qs, ad, as, si, k, n, l,
-                                            h, pol, acc);
-    for (; i0 < nb; i0 += 32 * S)
-        mv_exact_group<TY, NR, S, false>(i0, wr, row_bytes, nw, nb, qs, ad, as, si, k, n, l, h,
-                                         pol, acc);
+        for (; i0 + 32 <= nb; i0 += 32)
+            mv_exact_group<TY, NR, true>(i0, wr, row_bytes, nw, nb, qs, ad, as, si, k, n, l, pol,
+                                         acc);
+    for (; i0 < nb; i0 += 32)
+        mv_exact_group<TY, NR, false>(i0, wr, row_bytes, nw, nb, qs, ad, as, si, k, n, l, pol,
+                                      acc);
 }
 
-// Grid: (ceil(n / NR), job CTAs of 8 / S * MV_EXACT_WR weight rows); block
+// Grid: (ceil(n / NR), job CTAs of 8 * MV_EXACT_WR weight rows); block
 // 256 threads (8 warps). qs, ad, as: quant_act32's outputs. NR =
 // MV_EXACT_ROWS (mv_exact32) or 1 (mv_exact32_r1, batch-1 decode: fewer
 // registers); one row's terms and their fold are the same in both, so are
-// its bits. S = 2 (the _s2 kernels, for launches of too few rows to fill
-// the GPU with one warp per MV_EXACT_WR rows): warps 2p and 2p + 1 share
-// weight rows, each holding four of the eight chains; the pair meets at
-// named barrier 1 + p, and warp 2p finishes the canonical tree with the
-// other warp's chains in its lanes 4..7 (q_group_tree8's order). Same bits.
-template <int NR, int S>
+// its bits.
+template <int NR>
 __device__ __forceinline__ void mv_exact32_body(MmJobs jobs, int k, int ty,
                                                 const short* __restrict__ qs,
                                                 const float* __restrict__ ad,
                                                 const float* __restrict__ as, int n_all) {
-    // Warp 2p + 1's chains 4..7 per (weight row, activation row) of pair p
-    // (4 pairs: the host launches 256 threads).
-    __shared__ float xch[S == 2 ? 4 : 1][MV_EXACT_WR][NR][4];
     MmJob jb = mm_job(jobs, blockIdx.y);
     int m = jb.m;
     float* __restrict__ out = jb.out;
     int warp = threadIdx.x >> 5;
-    int h = warp % S;
-    int row0 = (jb.by * (blockDim.x >> 5) / S + warp / S) * MV_EXACT_WR;
+    int row0 = (jb.by * (blockDim.x >> 5) + warp) * MV_EXACT_WR;
     int l = threadIdx.x & 31;
-    // Both warps of a pair have the same row0: they return together.
     if (row0 >= m) return;
     int nw = min(MV_EXACT_WR, m - row0);
     const int* si;
@@ -588,29 +558,11 @@ __device__ __forceinline__ void mv_exact32_body(MmJobs jobs, int k, int ty,
 #pragma unroll
         for (int r = 0; r < NR; r++) acc[q][r] = 0.0f;
     switch (ty) {
-        case TY_Q4_0: mv_exact_rows<TY_Q4_0, NR, S>(wr, row_bytes, nw, nb, qs, ad, as, si, k, n, l, h, acc); break;
-        case TY_Q4_1: mv_exact_rows<TY_Q4_1, NR, S>(wr, row_bytes, nw, nb, qs, ad, as, si, k, n, l, h, acc); break;
-        case TY_Q5_0: mv_exact_rows<TY_Q5_0, NR, S>(wr, row_bytes, nw, nb, qs, ad, as, si, k, n, l, h, acc); break;
-        case TY_Q5_1: mv_exact_rows<TY_Q5_1, NR, S>(wr, row_bytes, nw, nb, qs, ad, as, si, k, n, l, h, acc); break;
-        default: mv_exact_rows<TY_Q8_0, NR, S>(wr, row_bytes, nw, nb, qs, ad, as, si, k, n, l, h, acc); break;
-    }
-    if (S == 2) {
-        int p = warp >> 1;
-        if (h == 1 && l < 4) {
-#pragma unroll
-            for (int q = 0; q < MV_EXACT_WR; q++)
-#pragma unroll
-                for (int r = 0; r < NR; r++) xch[p][q][r][l] = acc[q][r];
-        }
-        // Named barrier of the pair (64 threads; 0 is __syncthreads).
-        asm volatile("bar.sync %0, 64;" ::"r"(1 + p) : "memory");
-        if (h == 1) return;
-        if (l >= 4 && l < 8) {
-#pragma unroll
-            for (int q = 0; q < MV_EXACT_WR; q++)
-#pragma unroll
-                for (int r = 0; r < NR; r++) acc[q][r] = xch[p][q][r][l - 4];
-        }
+        case TY_Q4_0: mv_exact_rows<TY_Q4_0, NR>(wr, row_bytes, nw, nb, qs, ad, as, si, k, n, l, acc); break;
+        case TY_Q4_1: mv_exact_rows<TY_Q4_1, NR>(wr, row_bytes, nw, nb, qs, ad, as, si, k, n, l, acc); break;
+        case TY_Q5_0: mv_exact_rows<TY_Q5_0, NR>(wr, row_bytes, nw, nb, qs, ad, as, si, k, n, l, acc); break;
+        case TY_Q5_1: mv_exact_rows<TY_Q5_1, NR>(wr, row_bytes, nw, nb, qs, ad, as, si, k, n, l, acc); break;
+        default: mv_exact_rows<TY_Q8_0, NR>(wr, row_bytes, nw, nb, qs, ad, as, si, k, n, l, acc); break;
     }
 #pragma unroll
     for (int q = 0; q < MV_EXACT_WR; q++) {
@@ -640,15 +592,13 @@ __device__ __forceinline__ void mv_exact32_body(MmJobs jobs, int k, int ty,
 #else
 #define MV_EXACT_R1_BOUNDS
 #endif
-#define MV_EXACT_ENTRY(NAME, BOUNDS, NR, S)                                                  \
+#define MV_EXACT_ENTRY(NAME, BOUNDS, NR)                                                     \
     extern "C" __global__ void BOUNDS NAME(MmJobs jobs, int k, int ty,                       \
                                            const short* __restrict__ qs,                     \
                                            const float* __restrict__ ad,                     \
                                            const float* __restrict__ as, int n_all) {        \
         GRID_DEP();                                                                          \
-        mv_exact32_body<NR, S>(jobs, k, ty, qs, ad, as, n_all);                              \
+        mv_exact32_body<NR>(jobs, k, ty, qs, ad, as, n_all);                                 \
     }
-MV_EXACT_ENTRY(mv_exact32, , MV_EXACT_ROWS, 1)
-MV_EXACT_ENTRY(mv_exact32_s2, , MV_EXACT_ROWS, 2)
-MV_EXACT_ENTRY(mv_exact32_r1, MV_EXACT_R1_BOUNDS, 1, 1)
-MV_EXACT_ENTRY(mv_exact32_r1_s2, MV_EXACT_R1_BOUNDS, 1, 2)
+MV_EXACT_ENTRY(mv_exact32, , MV_EXACT_ROWS)
+MV_EXACT_ENTRY(mv_exact32_r1, MV_EXACT_R1_BOUNDS, 1)

@@ -1,6 +1,6 @@
 // Batched decode on 32-block quantized weights (Q4_0, Q4_1, Q8_0), `fast`
-// mode (8..64 activation rows by default; any count when QUIRE_MMA_MAX_ROWS
-// sends prefill here too): int8 tensor-core MMA on the weights' own integers and
+// mode (2..64 activation rows by default; any count when the tuning table's
+// matmul.mma_max_rows sends prefill here too): int8 tensor-core MMA on the weights' own integers and
 // quant_q8's int8 activations (the layout the warp-per-row kernels read and
 // rms_norm_fast / swiglu_q8 write).
 //

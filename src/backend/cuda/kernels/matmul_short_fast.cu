@@ -44,9 +44,6 @@ __device__ __forceinline__ void mv_short_body(const MmJobs& jobs, int k, long lo
         const float2 *__restrict__ xds, int n_all
 // n_all (always 1) keeps mv_q8_r1's parameter list, so the launch is
 // mat_vec_q8's.
-extern "C" __global__ void __launch_bounds__(256, 6) mv_q8_r1_s2(MV_SHORT_PARAMS) {
-    mv_short_body<2>(jobs, k, row_bytes, ty, xq, xds);
-}
 extern "C" __global__ void __launch_bounds__(256, 6) mv_q8_r1_s4(MV_SHORT_PARAMS) {
     mv_short_body<4>(jobs, k, row_bytes, ty, xq, xds);
 }

@@ -6,8 +6,8 @@
 // model's prefill) nor to a shared f16 tile.
 //
 // Status: the default prefill GEMM on sm_90 for every type it decodes
-// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; every shape with QUIRE_WGMMA=1, none with
-// 0: cuda/mod.rs, wgmma_use).
+// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; every shape with the tuning table's
+// matmul.wgmma on, none with off: launch/matmul/mod.rs, wg_takes).
 // On an H100 (2026-11-25) 8B Q4_0 pp512 ran at 27.0-27.3k tokens/s (with k
 // splits for o and down) against the cuBLAS path's 20.9k and the F16
 // model's 27.7-28.4k; 8B Q8_0 at 22.0k against 20.1k (Q5_0 then ran at
@@ -63,22 +63,11 @@
 
 #define WG_BK 64
 #define WG_SMEM_MAX 232448
-// Timing-only knobs (wrong results; QUIRE_WG_DEFINES): leave out the
-// weight decode, the activation copies or the raw weight copies.
-#ifndef WG_NO_DECODE
-#define WG_NO_DECODE 0
-#endif
-#ifndef WG_NO_XCOPY
-#define WG_NO_XCOPY 0
-#endif
 // Raw weights by one 2-D bulk tensor copy per superchunk (the copy engine,
 // a tensor map per job: JobMaps) or, with WR_TMA=0, by the producer's
 // cp.async (docs/PERF.md: 2026-11-26, Q8_0 prefill).
 #ifndef WR_TMA
 #define WR_TMA 1
-#endif
-#ifndef WG_NO_WCOPY
-#define WG_NO_WCOPY 0
 #endif
 
 // Shared-memory matrix descriptor of a K-major f16 tile with 128-byte rows
@@ -147,15 +136,7 @@ __host__ __device__ constexpr int wr_smem_bytes(int bs, int mt, int sr, int sx, 
 // Stage counts (raw superchunks sr, activation chunks sx): the first of
 // (3, 6), (3, 5), (2, 6), (2, 5), (2, 4) that fits; encoded as 8 sr + sx
 // (launch/matmul_wgmma.rs mirrors it; WR_ENTRY checks at compile time).
-// WR_STAGES_FORCE = 8 sr + sx (QUIRE_WR_STAGES, launch/matmul_wgmma.rs):
-// that pair wherever it fits.
-#ifndef WR_STAGES_FORCE
-#define WR_STAGES_FORCE 0
-#endif
 __host__ __device__ constexpr int wr_stages(int bs, int mt, int bn) {
-    if (WR_STAGES_FORCE &&
-        wr_smem_bytes(bs, mt, WR_STAGES_FORCE / 8, WR_STAGES_FORCE % 8, bn) <= WG_SMEM_MAX)
-        return WR_STAGES_FORCE;
     const int c[5][2] = {{3, 6}, {3, 5}, {2, 6}, {2, 5}, {2, 4}};
     for (int i = 0; i < 5; i++)
         if (wr_smem_bytes(bs, mt, c[i][0], c[i][1], bn) <= WG_SMEM_MAX)
@@ -341,16 +322,15 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const JobMaps& maps,
                     // c0 / 4 + s, row row0 of the job; rows past the job's
                     // arrive as zeros (never stored).
                     if (t == 0) {
-                        mbar_expect(full_r + s % SR, WG_NO_WCOPY ? 0 : RAW);
-                        if (!WG_NO_WCOPY)
-                            tma_2d_g2s(dst, &maps.m[jb.j], (c0 / 4 + s) * BS, row0,
-                                       full_r + s % SR);
+                        mbar_expect(full_r + s % SR, RAW);
+                        tma_2d_g2s(dst, &maps.m[jb.j], (c0 / 4 + s) * BS, row0,
+                                   full_r + s % SR);
                     }
                 } else {
                     const u8* src = jb.w + (long long)s * 8 * BS;
                     constexpr int P = BS / 2;  // 16-byte pieces per row
 #pragma unroll 1
-                    for (int i = t; i < 128 * MT * P && !WG_NO_WCOPY; i += 128) {
+                    for (int i = t; i < 128 * MT * P; i += 128) {
                         const int r = i / P, pc = i - r * P;
                         // Rows past the job's: its first row (never stored).
                         const int gr = row0 + r < m ? row0 + r : row0;
@@ -367,9 +347,9 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const JobMaps& maps,
             // group retired.
             if (c >= SX) mbar_wait(empty_x + c % SX, ((c - SX) / SX) & 1);
             if (t == 0) {
-                mbar_expect(full_x + c % SX, WG_NO_XCOPY ? 0 : BN * 128);
+                mbar_expect(full_x + c % SX, BN * 128);
 #pragma unroll
-                for (int h = 0; h < BN / WR_BN && !WG_NO_XCOPY; h++)
+                for (int h = 0; h < BN / WR_BN; h++)
                     bulk_g2s(SX_(c) + h * WR_BN * 128,
                              xt + ((long long)h * nk_all + c) * (WR_BN * 64), WR_BN * 128,
                              full_x + c % SX);
@@ -408,14 +388,9 @@ __device__ __forceinline__ void wr_body(const MmJobs& J, const JobMaps& maps,
             if ((c & 3) == 0) mbar_wait(full_r + (c / 4) % SR, ((c / 4) / SR) & 1);
             mbar_wait(full_x + c % SX, (c / SX) & 1);
         }
-        if (WG_NO_DECODE) {
-#pragma unroll
-            for (int i = 0; i < 8; i++) fr[i] = 0x3C003C00u;
-        } else {
-            const u8* rb = SR_(c / 4) + (2 * (c & 3) + (b & 1)) * BS;
-            wr_frag<TY>(rb + roff0, q, fr);
-            wr_frag<TY>(rb + roff1, q, fr + 4);
-        }
+        const u8* rb = SR_(c / 4) + (2 * (c & 3) + (b & 1)) * BS;
+        wr_frag<TY>(rb + roff0, q, fr);
+        wr_frag<TY>(rb + roff1, q, fr + 4);
     };
 #pragma unroll
     for (int j = 0; j < LA; j++) decode(j, f[j]);

@@ -4,7 +4,8 @@
 //! `q8_out`), so consecutive matmuls of one input quantize it once.
 
 use super::arena3;
-use super::matmul::{mma_rows, MV_BATCH};
+use super::matmul::{mma_rows, plan, ExactForm, MmPlan, MmShape, MV_BATCH};
+use crate::backend::cuda::fusion::{ActRead, OpFusion};
 use crate::backend::cuda::launch::{dev_ptr, dev_ptr_mut};
 use crate::backend::cuda::mem::Dev;
 use crate::backend::cuda::{drv, grid_1d, CudaBackend};
@@ -39,6 +40,32 @@ impl ActKey {
             k: if layout == ACT_Q8 { 0 } else { k },
             layout,
         }
+    }
+}
+
+/// What the producer of a matmul's input knows of that matmul.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reader {
+    /// Its plan is known (the op's own products, or the step's fusion
+    /// pass): the layout it reads, None where it prepares nothing.
+    Known(Option<ActRead>),
+    /// A later op's, not known here: predicted from the last matmul that
+    /// ran (`last_mv_q8`, `last_wgmma_rows`); the output's rows where known.
+    Predicted(Option<usize>),
+}
+
+/// The activation layout a matmul plan reads its input in (None: it
+/// prepares nothing: float weights, or nothing runs).
+pub(crate) fn act_read(plan: &MmPlan) -> Option<ActRead> {
+    match plan {
+        MmPlan::Empty | MmPlan::Zero => None,
+        MmPlan::Exact(ExactForm::Float) | MmPlan::Matvec { float: true, .. } => Some(ActRead::Raw),
+        MmPlan::Exact(_) => Some(ActRead::Canon),
+        MmPlan::Matvec { float: false, .. } | MmPlan::Short | MmPlan::Mq { .. } => {
+            Some(ActRead::Q8)
+        }
+        MmPlan::Tile { .. } | MmPlan::Blas => Some(ActRead::F16),
+        MmPlan::Wgmma { .. } => Some(ActRead::F16Wr),
     }
 }
 
@@ -92,10 +119,13 @@ impl CudaBackend {
     /// quant_q8 (the warp-per-row kernels: `deterministic`, or `fast` at
     /// decode row counts), the cache key to record once the producer is
     /// queued and the arena addresses (xq, xds) it fills instead, with the
-    /// same bits (q8_block). QUIRE_PREQUANT=0 turns this off.
-    /// `rows` None: the rows of the last matmul (`last_mv_q8`); `k` then
-    /// only needs to divide the length (the quantized bytes of a buffer do
-    /// not depend on its row length, a multiple of 32).
+    /// same bits (q8_block). The tuning's `matvec.prequant` = false turns
+    /// this off.
+    /// The next matmul is the next op's: as the fusion pass planned it
+    /// where the running op has an annotation, else predicted from the
+    /// last matmul (`rows` None: its rows, `last_mv_q8`; `k` then only
+    /// needs to divide the length: the quantized bytes of a buffer do not
+    /// depend on its row length, a multiple of 32).
     pub(crate) fn q8_out(
         &self,
         out: &CudaViewMut<'_, f32>,
@@ -103,8 +133,30 @@ impl CudaBackend {
         k: usize,
         mode: Mode,
     ) -> Result<Option<(ActKey, u64, u64)>> {
+        self.q8_out_for(out, self.output_reader(rows), k, mode)
+    }
+
+    /// The fusion pass's annotation of the op being run, if it has one
+    /// (`run_fused`).
+    pub(crate) fn current_fusion(&self) -> Option<OpFusion> {
+        self.op_fusion.lock().ok().and_then(|f| *f)
+    }
+
+    /// The op's output's reader: the matmul of the next op, as the fusion
+    /// pass planned it where the op has an annotation (`out_for_next`),
+    /// else `Predicted(rows)`.
+    pub(super) fn output_reader(&self, rows: Option<usize>) -> Reader {
+        match self.current_fusion() {
+            Some(f) => Reader::Known(f.out_for_next),
+            None => Reader::Predicted(rows),
+        }
+    }
+
+    /// Whether the matmul after the op writing `rows` rows reads quant_q8's
+    /// blocks, predicted from the last matmul (`Reader::Predicted`).
+    fn predicted_q8(&self, rows: Option<usize>, mode: Mode) -> bool {
         let (lo, hi) = mma_rows();
-        let mv_rows = match (mode, rows) {
+        match (mode, rows) {
             (Mode::Exact, _) => false,
             (Mode::Deterministic, _) => true,
             // Past the warp-per-row rows, mm_q8_mma reads the same int8
@@ -116,9 +168,23 @@ impl CudaBackend {
                         && self.last_mv_q8.load(std::sync::atomic::Ordering::Relaxed))
             }
             (Mode::Fast, None) => self.last_mv_q8.load(std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+
+    /// `q8_out` for the matmul `reader` describes.
+    pub(crate) fn q8_out_for(
+        &self,
+        out: &CudaViewMut<'_, f32>,
+        reader: Reader,
+        k: usize,
+        mode: Mode,
+    ) -> Result<Option<(ActKey, u64, u64)>> {
+        let mv_rows = match reader {
+            Reader::Known(r) => mode != Mode::Exact && r == Some(ActRead::Q8),
+            Reader::Predicted(rows) => self.predicted_q8(rows, mode),
         };
         let len = out.len();
-        if !self.prequant
+        if !self.tuning.matvec.prequant
             || !mv_rows
             || len == 0
             || k == 0
@@ -147,11 +213,14 @@ impl CudaBackend {
     /// For rms_norm, swiglu or the prefill attention about to write
     /// activations `out` (n rows of k) in `fast` mode: where the next
     /// matmul of `out` would convert it with to_f16_wr for the wgmma
-    /// prefill GEMM (the last matmul took that GEMM on n rows, k a
-    /// multiple of 256, `out` 16-byte aligned), the cache key to record once the producer is queued and
+    /// prefill GEMM (the fusion pass planned it so for the next op, or
+    /// without an annotation the last matmul took that GEMM on n rows; k a
+    /// multiple of 256, `out` 16-byte aligned), the cache key to record
+    /// once the producer is queued and
     /// the arena address of the f16 tiles it writes instead (whole tiles
     /// of 128 rows, up to a multiple of 256 rows: every CTA shape's
-    /// padding; the same bits). QUIRE_PREQUANT=0 turns this off.
+    /// padding; the same bits). The tuning's `matvec.prequant` = false turns
+    /// this off.
     pub(crate) fn f16wr_out(
         &self,
         out: &CudaViewMut<'_, f32>,
@@ -159,15 +228,33 @@ impl CudaBackend {
         k: usize,
         mode: Mode,
     ) -> Result<Option<(ActKey, u64)>> {
+        self.f16wr_out_for(out, n, k, mode, self.output_reader(Some(n)))
+    }
+
+    /// `f16wr_out` for the matmul `reader` describes (predicted: the last
+    /// matmul took the wgmma GEMM on n rows).
+    pub(crate) fn f16wr_out_for(
+        &self,
+        out: &CudaViewMut<'_, f32>,
+        n: usize,
+        k: usize,
+        mode: Mode,
+        reader: Reader,
+    ) -> Result<Option<(ActKey, u64)>> {
         let s = self.stream();
-        // The GEMM took n rows only past the decode kernels' row counts.
-        if !self.prequant
+        let wgmma = match reader {
+            Reader::Known(r) => r == Some(ActRead::F16Wr),
+            // The GEMM took n rows only past the decode kernels' row counts.
+            Reader::Predicted(_) => {
+                self.last_wgmma_rows
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                    == n
+            }
+        };
+        if !self.tuning.matvec.prequant
             || mode != Mode::Fast
             || n == 0
-            || self
-                .last_wgmma_rows
-                .load(std::sync::atomic::Ordering::Relaxed)
-                != n
+            || !wgmma
             || !k.is_multiple_of(256)
             || out.len() != n * k
             || !dev_ptr_mut(out, s).is_multiple_of(16)
@@ -226,6 +313,56 @@ impl CudaBackend {
     }
 }
 
+/// The running op's fusion annotation, cleared when dropped (the end of
+/// `run_fused`, also on an error).
+pub(crate) struct FusionScope<'a>(&'a CudaBackend);
+
+impl Drop for FusionScope<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut f) = self.0.op_fusion.lock() {
+            *f = None;
+        }
+    }
+}
+
+impl CudaBackend {
+    /// What a `MatMuls` of `n` rows of `k` values by `ty` weights with job
+    /// rows `rows` reads in `mode`, as the matmul planner plans it over
+    /// the executor's buffers (whole allocations: 16-byte aligned): the
+    /// fusion pass's input (dispatch/cuda/step_ops.rs). Where the buffers
+    /// turn out otherwise the launcher plans again; a producer's blocks
+    /// that the products then do not read cost time, never a bit
+    /// (`act_cached`).
+    pub fn planned_read(
+        &self,
+        mode: Mode,
+        n: usize,
+        ty: crate::quant::GgmlType,
+        k: usize,
+        rows: &[usize],
+    ) -> ActRead {
+        let shape = MmShape {
+            ty,
+            k,
+            n,
+            rows,
+            aligned16: true,
+            outs_vec4: false,
+        };
+        act_read(&plan(&shape, mode, &self.mm_caps(), &self.tuning.matmul)).unwrap_or(ActRead::Raw)
+    }
+
+    /// Sets the running op's annotation (`current_fusion`) until the scope
+    /// ends.
+    pub(crate) fn fusion_scope(&self, f: Option<OpFusion>) -> Result<FusionScope<'_>> {
+        *self
+            .op_fusion
+            .lock()
+            .map_err(|_| anyhow::anyhow!("cuda backend: op fusion lock poisoned"))? = f;
+        Ok(FusionScope(self))
+    }
+}
+
 /// Whether `a_len` f32 values at device address `a` and `b_len` at `b`
 /// share a byte.
 fn f32_ranges_overlap(a: u64, a_len: usize, b: u64, b_len: usize) -> bool {
@@ -236,6 +373,55 @@ fn f32_ranges_overlap(a: u64, a_len: usize, b: u64, b_len: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::f32_ranges_overlap;
+
+    #[test]
+    fn each_plan_reads_its_layout() {
+        use super::{act_read, ExactForm, MmPlan};
+        use crate::backend::cuda::fusion::ActRead::*;
+        let cases = [
+            (MmPlan::Empty, None),
+            (MmPlan::Zero, None),
+            (MmPlan::Exact(ExactForm::Float), Some(Raw)),
+            (MmPlan::Exact(ExactForm::KQuant), Some(Canon)),
+            (MmPlan::Exact(ExactForm::Matvec), Some(Canon)),
+            (MmPlan::Exact(ExactForm::Q32), Some(Canon)),
+            (
+                MmPlan::Matvec {
+                    float: true,
+                    warps: 1,
+                },
+                Some(Raw),
+            ),
+            (
+                MmPlan::Matvec {
+                    float: false,
+                    warps: 2,
+                },
+                Some(Q8),
+            ),
+            (MmPlan::Short, Some(Q8)),
+            (
+                MmPlan::Tile {
+                    splits: vec![(1, 4)],
+                },
+                Some(F16),
+            ),
+            (MmPlan::Blas, Some(F16)),
+            (
+                MmPlan::Wgmma {
+                    shape: 0,
+                    splits: 1,
+                    tail: None,
+                },
+                Some(F16Wr),
+            ),
+        ];
+        for (plan, want) in cases {
+            assert_eq!(act_read(&plan), want, "{plan:?}");
+            // The planner's own q8 answer agrees.
+            assert_eq!(want == Some(Q8), plan.reads_q8(), "{plan:?}");
+        }
+    }
 
     #[test]
     fn overlap_of_device_ranges() {

@@ -27,9 +27,9 @@
 //! with the marks pointed at the progress word (`l2_record`, called by the
 //! matvec launch), joins the branch last (`l2_end`), and the piece table
 //! is uploaded once after the capture, before the first replay
-//! (`l2_upload`). `QUIRE_L2_AHEAD_MB=0` turns it off, `=N` forces N MiB on
-//! every decode graph of any row count (`QUIRE_L2_PIECE_KB`,
-//! `QUIRE_L2_CTAS`: the pieces and CTAs).
+//! (`l2_upload`). The tuning table's `matvec.l2_ahead_mb` = 0 turns it
+//! off, N forces N MiB on every decode graph of any row count
+//! (`matvec.l2_piece_kb`, `matvec.l2_ctas`: the pieces and CTAs).
 //!
 //! The branch writes nothing the chain reads, and the chain never waits
 //! for it (it joins the stream only at the graph's end): results are the
@@ -38,7 +38,7 @@
 use super::matmul::MmJobs;
 use super::{dev_ptr, i32_of};
 use crate::backend::cuda::mem::Dev;
-use crate::backend::cuda::{drv, CudaBackend};
+use crate::backend::cuda::{drv, CudaBackend, MatvecTuning};
 use crate::backend::MatJob;
 use crate::quant::GgmlType;
 use anyhow::{bail, Result};
@@ -48,7 +48,7 @@ use std::sync::Arc;
 /// Bytes per unit of the progress word and the pieces' end marks.
 const UNIT: u64 = 256;
 
-/// How far ahead the read-ahead runs (QUIRE_L2_AHEAD_MB).
+/// How far ahead the read-ahead runs (tuning `matvec.l2_ahead_mb`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Ahead {
     Off,
@@ -57,26 +57,20 @@ pub(crate) enum Ahead {
     Bytes(u64),
 }
 
-/// The knobs, read once: the distance (QUIRE_L2_AHEAD_MB: unset, auto;
-/// 0, off; else MiB), bytes per bulk prefetch (QUIRE_L2_PIECE_KB, 64) and
-/// CTAs of the read-ahead grid (QUIRE_L2_CTAS, 32; 64 made every step after
-/// a 512-token prompt wait out the kernel's patience, L2A_PATIENCE_NS in
-/// l2_ahead_fast.cu).
-fn knobs() -> (Ahead, u64, u32) {
-    static K: std::sync::OnceLock<(Ahead, u64, u32)> = std::sync::OnceLock::new();
-    *K.get_or_init(|| {
-        let num = |var: &str| -> Option<u64> { std::env::var(var).ok()?.parse().ok() };
-        let ahead = match num("QUIRE_L2_AHEAD_MB") {
-            None => Ahead::Auto,
-            Some(0) => Ahead::Off,
-            Some(mb) => Ahead::Bytes(mb << 20),
-        };
-        (
-            ahead,
-            (num("QUIRE_L2_PIECE_KB").unwrap_or(64) << 10).clamp(4 << 10, 1 << 30),
-            num("QUIRE_L2_CTAS").unwrap_or(32).clamp(1, 1024) as u32,
-        )
-    })
+/// The read-ahead's settings from the tuning table: the distance (null:
+/// auto; 0: off; else MiB), bytes per bulk prefetch and CTAs of the
+/// read-ahead grid (clamped into what the kernel takes).
+fn knobs(t: &MatvecTuning) -> (Ahead, u64, u32) {
+    let ahead = match t.l2_ahead_mb {
+        None => Ahead::Auto,
+        Some(0) => Ahead::Off,
+        Some(mb) => Ahead::Bytes(mb << 20),
+    };
+    (
+        ahead,
+        (t.l2_piece_kb.min(1 << 20) << 10).clamp(4 << 10, 1 << 30),
+        t.l2_ctas.clamp(1, 1024),
+    )
 }
 
 /// Whether the automatic rule reads ahead of weights of type `ty`: Q4_0,
@@ -112,9 +106,9 @@ pub(crate) fn auto_ahead(total: u64, ok: bool) -> u64 {
 }
 
 /// The distance for a step of `total` bytes of weights (`ok`: all of
-/// `streams_ahead` types) under the knob; 0: none.
-fn distance(total: u64, ok: bool) -> u64 {
-    match knobs().0 {
+/// `streams_ahead` types) under the tuning table; 0: none.
+fn distance(t: &MatvecTuning, total: u64, ok: bool) -> u64 {
+    match knobs(t).0 {
         Ahead::Off => 0,
         Ahead::Auto => auto_ahead(total, ok),
         Ahead::Bytes(v) => v,
@@ -217,10 +211,10 @@ impl CudaBackend {
     }
 
     /// Whether decode graphs get the read-ahead branch: unless
-    /// `QUIRE_L2_AHEAD_MB=0`, on devices with bulk prefetches (sm_90+,
+    /// `matvec.l2_ahead_mb` is 0, on devices with bulk prefetches (sm_90+,
     /// where decode graphs have programmatic edges).
     pub(crate) fn l2_ahead_on(&self) -> bool {
-        knobs().0 != Ahead::Off && self.pdl_enabled()
+        knobs(&self.tuning.matvec).0 != Ahead::Off && self.pdl_enabled()
     }
 
     /// A launch of the one-row matvec with job table `table` during a
@@ -298,7 +292,7 @@ impl CudaBackend {
         drv(s.memset_zeros(&mut b.progress), "l2 read-ahead: progress")?;
         drv(b.fork.record(s), "l2 read-ahead: fork")?;
         drv(b.side.wait(&b.fork), "l2 read-ahead: fork")?;
-        let ctas = knobs().2;
+        let ctas = knobs(&self.tuning.matvec).2;
         let cfg = LaunchConfig {
             grid_dim: (ctas, 1, 1),
             block_dim: (32, 1, 1),
@@ -327,7 +321,7 @@ impl CudaBackend {
     /// measured; batches of 8 or more rows run the tensor-core kernels,
     /// which publish no progress), with an explicit one any.
     pub(crate) fn l2_wants_rows(&self, rows: usize) -> bool {
-        self.l2_ahead_on() && (knobs().0 != Ahead::Auto || rows == 1)
+        self.l2_ahead_on() && (knobs(&self.tuning.matvec).0 != Ahead::Auto || rows == 1)
     }
 
     /// Before an uncaptured step: its matvecs record their weights
@@ -344,16 +338,20 @@ impl CudaBackend {
     /// read-ahead distance its weights call for (0: none; None: not
     /// measured).
     pub(crate) fn l2_measured(&self) -> Result<Option<u64>> {
-        Ok(self.l2_log()?.take().map(|l| distance(l.pos, l.types_ok)))
+        let t = &self.tuning.matvec;
+        Ok(self
+            .l2_log()?
+            .take()
+            .map(|l| distance(t, l.pos, l.types_ok)))
     }
 
-    /// QUIRE_L2_TRACE=1 (a diagnostic): after a replay, waits for it and
-    /// logs where the chain's marks ended and whether read-ahead CTAs gave
-    /// up waiting (a step that waits out the kernel's patience), for the
-    /// first 4 replays of a graph and every 64th.
+    /// A diagnostic at `trace` level (RUST_LOG=quire::backend::cuda=trace;
+    /// it synchronizes the stream, so it is off otherwise): after a replay,
+    /// waits for it and logs where the chain's marks ended and whether
+    /// read-ahead CTAs gave up waiting (a step that waits out the kernel's
+    /// patience), for the first 4 replays of a graph and every 64th.
     pub(crate) fn l2_trace(&self, b: &L2Bufs, replay: u64) -> Result<()> {
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        if !*ON.get_or_init(|| std::env::var("QUIRE_L2_TRACE").is_ok_and(|v| v == "1")) {
+        if !tracing::enabled!(tracing::Level::TRACE) {
             return Ok(());
         }
         if replay >= 4 && !replay.is_multiple_of(64) {
@@ -363,8 +361,8 @@ impl CudaBackend {
             self.stream().clone_dtoh(&b.progress),
             "l2 read-ahead: trace",
         )?;
-        eprintln!(
-            "l2 trace: replay {replay}: marks reached {} of {} units (ahead {}); {} CTAs gave up, on a piece ending at {}, at mark {}",
+        tracing::trace!(
+            "l2 read-ahead: replay {replay}: marks reached {} of {} units (ahead {}); {} CTAs gave up, on a piece ending at {}, at mark {}",
             v[0], b.end_units, b.ahead_units, v[1], v[2], v[3]
         );
         Ok(())
@@ -383,11 +381,11 @@ impl CudaBackend {
     /// After a successful capture, before its first replay: the piece
     /// table of the recorded weights, on the stream.
     pub(crate) fn l2_upload(&self, b: &mut L2Bufs, log: &L2Log) -> Result<(usize, u64)> {
-        let ahead = distance(log.pos, log.types_ok);
+        let ahead = distance(&self.tuning.matvec, log.pos, log.types_ok);
         let mut t = if ahead == 0 {
             Vec::new()
         } else {
-            piece_table(&log.segs, knobs().1)?
+            piece_table(&log.segs, knobs(&self.tuning.matvec).1)?
         };
         let n = t.len() / 2;
         if t.is_empty() {
@@ -473,6 +471,25 @@ mod tests {
         // attention may still run in clusters; a capture's log has one.
         assert!(!L2Log::new(0).with_branch());
         assert!(L2Log::new(0x7f00_0000_0100).with_branch());
+    }
+
+    #[test]
+    fn settings_from_the_tuning_table() {
+        use super::{distance, knobs, Ahead};
+        let mut t = crate::backend::cuda::Tuning::for_arch("sm_90").matvec;
+        assert_eq!(knobs(&t), (Ahead::Auto, 64 << 10, 32));
+        let mib = 1u64 << 20;
+        assert_eq!(distance(&t, 4520 * mib, true), 16 * mib);
+        t.l2_ahead_mb = Some(0);
+        assert_eq!(knobs(&t).0, Ahead::Off);
+        assert_eq!(distance(&t, 4520 * mib, true), 0);
+        t.l2_ahead_mb = Some(12);
+        assert_eq!(distance(&t, 93 * mib, false), 12 * mib);
+        // Pieces and CTAs kept within what the kernel takes.
+        (t.l2_piece_kb, t.l2_ctas) = (1, 0);
+        assert_eq!((knobs(&t).1, knobs(&t).2), (4 << 10, 1));
+        (t.l2_piece_kb, t.l2_ctas) = (u64::MAX, 5000);
+        assert_eq!((knobs(&t).1, knobs(&t).2), (1 << 30, 1024));
     }
 
     #[test]

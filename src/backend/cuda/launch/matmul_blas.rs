@@ -9,7 +9,7 @@
 //! up each end on a partial wave.
 
 use super::act_cache::{ActKey, ACT_F16};
-use super::matmul::{mm_dims, MmDims};
+use super::mm_jobs::{mm_dims, MmDims};
 use super::{arena3, dev_ptr, dev_ptr_mut};
 use crate::backend::cuda::mem::Dev;
 use crate::backend::cuda::{drv, grid_1d, CudaBackend};
@@ -96,15 +96,10 @@ impl CudaBackend {
         n: usize,
         jobs: &mut [MatJob<'_, Dev>],
     ) -> Result<()> {
-        let batched = batched_gemms();
         let mut i = 0;
         while i < jobs.len() {
             let mut e = i + 1;
-            while batched
-                && e < jobs.len()
-                && jobs[e].w.rows == jobs[i].w.rows
-                && jobs[e].add == jobs[i].add
-            {
+            while e < jobs.len() && jobs[e].w.rows == jobs[i].w.rows && jobs[e].add == jobs[i].add {
                 e += 1;
             }
             self.gemm_f16(x, n, &mut jobs[i..e])?;
@@ -245,13 +240,6 @@ impl CudaBackend {
         self.act_remember(key, &out_ranges);
         Ok(())
     }
-}
-
-/// Whether same-shaped jobs share one batched GEMM (QUIRE_BATCHED_GEMM=0:
-/// one GEMM each, for comparisons).
-fn batched_gemms() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("QUIRE_BATCHED_GEMM").map_or(true, |v| v != "0"))
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 
 use super::act_cache::ACT_CANON;
 use super::arena3;
-use super::matmul::{job_table, mm_dims, MmDims, MV_ROWS};
+use super::matmul::{job_table, mm_dims, ExactForm, MmDims};
 use crate::backend::cuda::mem::{Dev, DevMatrix};
 use crate::backend::cuda::{drv, grid_1d, CudaBackend};
 use crate::backend::MatJob;
@@ -11,54 +11,29 @@ use crate::quant::GgmlType;
 use anyhow::Result;
 use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
-/// The exact decode matvec for `n` activation rows: `_r1` for one row,
-/// `_s2` for two warps per weight row.
-pub(super) fn mv_exact_name(n: usize, split: bool) -> &'static str {
-    match (n, split) {
-        (1, false) => "mv_exact32_r1",
-        (1, true) => "mv_exact32_r1_s2",
-        (_, false) => "mv_exact32",
-        (_, true) => "mv_exact32_s2",
-    }
-}
+/// The exact decode matvecs: several rows, one row.
+pub(super) const MV_EXACT: [&str; 2] = ["mv_exact32", "mv_exact32_r1"];
 
-/// Whether an exact decode launch of `ctas` one-warp CTAs (8 warps of
-/// MV_EXACT_WR weight rows each) runs with a warp pair per
-/// row instead: when it is under QUIRE_MV_EXACT_SPLIT_WAVES waves of 4
-/// CTAs per SM. Both forms give the same bits; the split trades a pair
-/// barrier and longer folds for twice the warps in flight (the 8B's QKV, o
-/// and down projections are 384, 256 and 256 CTAs for 528 slots on an
-/// H100 at 4 CTAs per SM; the one-row kernels run at 3 since 2026-11-27,
-/// MV_EXACT_R1_MINB). Default 0 (never). Measured on an H100 (2026-11-23, exact tg128,
-/// waves 0 / 1 / 2 / always): 8B Q4_0 251.2 / 258.9 / 261.7 / 245.9 tok/s;
-/// 8B Q8_0 (34-byte blocks: a lane's loads keep more bytes in flight)
-/// 207.6 / - / 203.0 / 193.5. Once the Q4_0 loop lost its offset
-/// subtractions (2026-11-27, 115.5 -> 76 instructions per block and row)
-/// the split stopped paying for Q4_0 too: waves 2 -> 0, 8B Q4_0 tg128 /
-/// tg128@d512 300.3 / 284.7 -> 310.2 / 293.4 tok/s.
-fn exact_split(ctas: usize, sms: usize) -> bool {
-    static V: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let set = *V.get_or_init(|| {
-        std::env::var("QUIRE_MV_EXACT_SPLIT_WAVES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-    });
-    ctas < set.unwrap_or(0) * 4 * sms
+/// The exact decode matvec for `n` activation rows: `_r1` for one row.
+fn mv_exact_name(n: usize) -> &'static str {
+    MV_EXACT[(n == 1) as usize]
 }
 
 impl CudaBackend {
-    /// The canonical kernels for validated jobs (n, m, k > 0): 32-block
-    /// weights quantize the activations once (cached across ops) and run
-    /// every job in one mv_exact32 launch for decode; other shapes and
-    /// types run job by job.
+    /// The canonical kernels for validated jobs (n, m, k > 0) in the
+    /// planned form: 32-block weights quantize the activations once
+    /// (cached across ops) and run every job in one mv_exact32 launch for
+    /// decode (`ExactForm::Matvec`) or mm_q32 per job; float and K-quant
+    /// weights run job by job.
     pub(super) fn mat_muls_exact(
         &self,
         x: &CudaView<'_, f32>,
         n: usize,
         jobs: &mut [MatJob<'_, Dev>],
+        form: ExactForm,
     ) -> Result<()> {
         let ty = jobs[0].w.ty;
-        if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) || ty.block_size() == 256 {
+        if matches!(form, ExactForm::Float | ExactForm::KQuant) {
             for j in jobs.iter_mut() {
                 self.mat_mul_exact_one(&j.w, x, n, &mut j.out, j.add)?;
             }
@@ -100,16 +75,11 @@ impl CudaBackend {
                     "mat_mul: launching quant_act32",
                 )?;
             }
-            if n <= MV_ROWS {
-                // Decode: the warp-per-row kernel (same bits), all jobs;
-                // a warp pair per MV_EXACT_WR rows when one warp each
-                // leaves the GPU short of warps (exact_split).
+            if form == ExactForm::Matvec {
+                // Decode: the warp-per-row kernel (same bits), all jobs,
+                // 8 warps of MV_EXACT_WR weight rows a CTA.
                 let wr = crate::backend::cuda::source::MV_EXACT_WR;
-                // CTAs of the one-warp form (8 warps of MV_EXACT_WR rows).
-                let ctas1: usize = jobs.iter().map(|j| j.w.rows.div_ceil(8 * wr)).sum();
-                let split = exact_split(ctas1, self.sm_count());
-                let per_cta = if split { 4 * wr } else { 8 * wr };
-                let (table, ctas) = job_table(jobs, per_cta, s)?;
+                let (table, ctas) = job_table(jobs, 8 * wr, s)?;
                 let tc = crate::backend::cuda::ty_code(ty)
                     .ok_or_else(|| anyhow::anyhow!("mat_mul: {ty:?} is not a weight type"))?;
                 let cfg = LaunchConfig {
@@ -117,7 +87,7 @@ impl CudaBackend {
                     block_dim: (256, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                let name = mv_exact_name(n, split);
+                let name = mv_exact_name(n);
                 let mut b = s.launch_builder(self.func(name)?);
                 b.arg(&table)
                     .arg(&ki)
@@ -126,12 +96,11 @@ impl CudaBackend {
                     .arg(&mut *ad)
                     .arg(&mut *asum)
                     .arg(&ni);
-                // SAFETY: matches mv_exact32, mv_exact32_r1 and their _s2
-                // forms (the same parameters); the job table holds each
-                // job's weights (m rows) and output (n*m, validated) and its
-                // CTA ranges of per_cta rows (8 / S warps of MV_EXACT_WR
-                // rows, the kernel's S); n <= MV_EXACT_ROWS; static shared
-                // memory only.
+                // SAFETY: matches mv_exact32 and mv_exact32_r1 (the same
+                // parameters); the job table holds each job's weights (m
+                // rows) and output (n*m, validated) and its CTA ranges of 8
+                // warps of MV_EXACT_WR rows; n <= MV_EXACT_ROWS (the plan:
+                // at most MV_ROWS); static shared memory only.
                 drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_exact32")?;
                 return Ok(());
             }

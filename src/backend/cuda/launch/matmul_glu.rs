@@ -15,10 +15,10 @@
 //! Q8_0): the K-quants' paired-row loops spill at the kernel's 40
 //! registers.
 //!
-//! `QUIRE_MV_GLU=0` turns the fused launch off (for comparisons);
-//! `QUIRE_MV_GLU_FORM` fixes its entry (`glu_form`, `GLU_FORMS`).
+//! The tuning table's `matmul.mv_glu_form` turns the fused launch off or
+//! fixes its entry (`glu_form`, `GLU_FORMS`, launch/matmul/glu.rs).
 
-use super::matmul::{job_table, mm_dims, short_forced};
+use super::matmul::{glu_form, mm_dims};
 use super::{arena3, dev_ptr, dev_ptr_mut, i32_of, RawArgs};
 use crate::backend::cuda::mem::Dev;
 use crate::backend::cuda::{drv, CudaBackend};
@@ -26,17 +26,6 @@ use crate::backend::{validate, MatJob, Mode, WeightInfo};
 use crate::quant::GgmlType;
 use anyhow::{anyhow, Context, Result};
 use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
-
-/// The fused launch's entries (kernels/matmul_glu_fast.cu): name, warps
-/// per CTA, CTAs per cluster (sharing one block of 32 indices).
-pub(super) const GLU_FORMS: [(&str, usize, usize); 6] = [
-    ("mv_q8_r1_glu8", 8, 1),
-    ("mv_q8_r1_glu16", 16, 1),
-    ("mv_q8_r1_glu32", 32, 1),
-    ("mv_q8_r1_glu8c2", 8, 2),
-    ("mv_q8_r1_glu8c4", 8, 4),
-    ("mv_q8_r1_glu16c2", 16, 2),
-];
 
 /// The `_nc` entry (norm-ahead's consumer) of the form `name`, as the
 /// kernel table lists it: a `&'static str`, so no name is built per launch.
@@ -48,61 +37,12 @@ fn glu_nc(name: &str) -> Result<&'static str> {
         .ok_or_else(|| anyhow!("mat_muls glu: no norm-ahead entry for {name}"))
 }
 
-/// The form for `blocks` blocks of 32 indices on `sms` SMs, or None where
-/// the unfused pair is the faster (`fixed`: QUIRE_MV_GLU_FORM, any form;
-/// clusters only where the device has them). At 48 warps per SM a form of
-/// W warps holds 1,536 / (32 W) CTAs per SM; the rule takes the form whose
-/// grid is one wave. `nc`: the input is norm-ahead's blocks (no norm
-/// launch before this op), where a grid of at most one block per SM takes
-/// 32 warps a block (SmolLM2's 48 blocks: +2.6% after 512 tokens on an
-/// H200, 2026-11-29, where without norm-ahead no form paid).
-pub(super) fn glu_form(
-    blocks: usize,
-    sms: usize,
-    clusters: bool,
-    fixed: Option<&'static str>,
-    nc: bool,
-) -> Option<(&'static str, usize, usize)> {
-    if let Some(f) = fixed {
-        return GLU_FORMS
-            .iter()
-            .copied()
-            .find(|&(n, _, c)| n == f && (c == 1 || clusters));
-    }
-    if blocks > sms && blocks <= 3 * sms {
-        Some(GLU_FORMS[1])
-    } else if nc && blocks <= sms {
-        Some(GLU_FORMS[2])
-    } else {
-        None
-    }
-}
-
-/// QUIRE_MV_GLU (0: off) and QUIRE_MV_GLU_FORM (an entry of GLU_FORMS,
-/// with or without its `mv_q8_r1_` prefix).
-fn glu_knobs() -> (bool, Option<&'static str>) {
-    static V: std::sync::OnceLock<(bool, Option<&'static str>)> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        let on = std::env::var("QUIRE_MV_GLU").map_or(true, |v| v != "0");
-        let form = std::env::var("QUIRE_MV_GLU_FORM").ok().and_then(|v| {
-            GLU_FORMS
-                .iter()
-                .map(|f| f.0)
-                .find(|n| *n == v || n.strip_prefix("mv_q8_r1_") == Some(v.as_str()))
-        });
-        (on, form)
-    })
-}
-
 impl CudaBackend {
     /// Whether a one-row gate/up op of `blocks` blocks of 32 indices (32-value
     /// block weights, the norm on the op) takes the fused launch here.
     pub(crate) fn glu_takes(&self, blocks: usize) -> bool {
-        let (on, fixed) = glu_knobs();
-        let clusters = crate::backend::cuda::pdl::arch_major(&self.arch) >= 9;
-        on && self.prequant
-            && !short_forced()
-            && glu_form(blocks, self.sm_count(), clusters, fixed, false).is_some()
+        self.tuning.matvec.prequant
+            && glu_form(blocks, false, &self.mm_caps(), &self.tuning.matmul).is_some()
     }
 
     /// A `MatMuls`'s SwiGlu shapes (`validate::mat_muls_glu`), checked
@@ -159,8 +99,8 @@ impl CudaBackend {
         mode: Mode,
         ahead: Option<(super::norm_ahead::AheadKey, u64)>,
     ) -> Result<bool> {
-        let (on, fixed) = glu_knobs();
-        if !on || mode == Mode::Exact || n != 1 || !self.prequant || jobs.len() != 2 {
+        let off = self.tuning.matmul.mv_glu_form == crate::backend::cuda::tuning::GluForm::Off;
+        if off || mode == Mode::Exact || n != 1 || !self.tuning.matvec.prequant || jobs.len() != 2 {
             return Ok(false);
         }
         // Bad shapes get the unfused path's errors first.
@@ -190,7 +130,6 @@ impl CudaBackend {
             return Ok(false);
         }
         let blocks = m / 32;
-        let clusters = crate::backend::cuda::pdl::arch_major(&self.arch) >= 9;
         // Norm-ahead's blocks where the residual's producer left them for
         // this norm (launch/norm_ahead.rs; `fast` only): the `_nc` entry
         // reads them and scales gate and up by the norm's 1/rms.
@@ -199,7 +138,7 @@ impl CudaBackend {
             _ => None,
         };
         let Some((name, warps, csize)) =
-            glu_form(blocks, self.sm_count(), clusters, fixed, nc.is_some())
+            glu_form(blocks, nc.is_some(), &self.mm_caps(), &self.tuning.matmul)
         else {
             return Ok(false);
         };
@@ -223,7 +162,7 @@ impl CudaBackend {
         let Some((key, hq, hds)) = self.q8_out(glu, Some(1), m, mode)? else {
             return Ok(false);
         };
-        let (mut table, _) = job_table(jobs, 32, s)?;
+        let (mut table, _) = self.mm_job_table(jobs, 32)?;
         self.l2_record(jobs, &mut table)?;
 
         let (xq, xds, name) = match nc {
@@ -310,32 +249,8 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{glu_form, glu_nc, GLU_FORMS};
-
-    #[test]
-    fn form_rule() {
-        // SmolLM2 (1,536 / 32 blocks) and the 8B (14,336 / 32) on 132 SMs
-        // stay unfused; the 1B (8,192 / 32) takes 16 warps: 3 CTAs per SM,
-        // one wave.
-        assert_eq!(glu_form(48, 132, true, None, false), None);
-        assert_eq!(glu_form(256, 132, true, None, false), Some(GLU_FORMS[1]));
-        assert_eq!(glu_form(448, 132, true, None, false), None);
-        // On norm-ahead's blocks, a grid of at most one block per SM
-        // takes 32 warps a block (SmolLM2); larger grids as without.
-        assert_eq!(glu_form(48, 132, true, None, true), Some(GLU_FORMS[2]));
-        assert_eq!(glu_form(132, 132, true, None, true), Some(GLU_FORMS[2]));
-        assert_eq!(glu_form(256, 132, true, None, true), Some(GLU_FORMS[1]));
-        assert_eq!(glu_form(448, 132, true, None, true), None);
-        // A fixed form, clusters only where the device has them.
-        assert_eq!(
-            glu_form(48, 132, true, Some("mv_q8_r1_glu8c4"), false),
-            Some(("mv_q8_r1_glu8c4", 8, 4))
-        );
-        assert_eq!(
-            glu_form(48, 132, false, Some("mv_q8_r1_glu8c4"), false),
-            None
-        );
-    }
+    use super::super::matmul::glu::GLU_FORMS;
+    use super::glu_nc;
 
     #[test]
     fn every_glu_form_has_its_norm_ahead_entry() {

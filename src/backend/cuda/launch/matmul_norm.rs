@@ -4,12 +4,12 @@
 //! op.
 //!
 //! A fold of the norm into the one-row matvecs (every CTA normalizing and
-//! quantizing the row itself in shared memory, `QUIRE_NORM_FOLD=1`, commit
-//! 6387180) was measured on an H100 on 2026-11-26 and removed: the
+//! quantizing the row itself in shared memory, commit 6387180) was measured on an H100 on 2026-11-26 and removed: the
 //! 1B Q4_0 decode ran 14% slower (1,448 -> 1,246 tok/s; every CTA of every
 //! wave repeats the row's L2 read and block reduction before its first
 //! weight load), SmolLM2 +0.4% (docs/PERF.md).
 
+use super::act_cache::{act_read, Reader};
 use crate::backend::cuda::mem::Dev;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::{validate, MatJob, Mode};
@@ -40,7 +40,11 @@ impl CudaBackend {
         // The scratch is about to be rewritten: no cached activation may
         // claim it.
         self.forget_activations();
-        self.d_rms_norm(x, w, k, eps, out, mode)?;
+        // The products' plan is this op's: the norm writes the layout they
+        // read (norm -> quantize -> matmul, fusion.rs), with no guess from
+        // the last matmul that ran.
+        let read = act_read(&self.mm_plan(&out.as_view(), n, jobs, mode));
+        self.d_rms_norm_for(x, w, k, eps, out, mode, Reader::Known(read))?;
         self.d_mat_muls(&out.as_view(), n, jobs, mode)
     }
 }

@@ -5,28 +5,24 @@
 //! Each launcher checks shapes with `backend::validate` (the same checks
 //! the cpu backend runs) before it launches anything.
 //!
-//! `matmul.rs`: matmul in every mode (`mm_jobs.rs`: the job table of its
-//! launches; `matmul_blas.rs`: its cuBLAS path;
-//! `matmul_wgmma.rs`: the Hopper prefill GEMM that replaces it for Q4_0 and
-//! Q4_1 on sm_90 where it measured faster (`wg_default_takes`; every
-//! 32-value block type with `QUIRE_WGMMA=1`); `act_cache.rs`: the
-//! activation cache);
-//! `attention.rs`: paged attention in every mode; `rms_norm.rs`: the RMS
+//! `matmul/`: the matmul planner (pure: kernel and geometry of every
+//! `MatMuls` op); `matmul_launch.rs`: its entry and the matvec and tile
+//! launches (`mm_jobs.rs`: the job table of its launches;
+//! `matmul_exact.rs`, `matmul_mma.rs`, `matmul_blas.rs`: the canonical,
+//! int8 tensor-core and cuBLAS forms; `matmul_wgmma.rs`: the Hopper
+//! prefill GEMM; `matmul_glu.rs`: gate/up with the SwiGlu);
+//! `act_cache.rs`: the activation cache;
+//! `rms_norm.rs`: the RMS
 //! norm launches; here: the scratch arena
 //! and the element-wise ops.
 
 mod act_cache;
-mod att_maps;
-mod attention;
-mod attention_exact;
-mod attention_forms;
-mod attention_rmma;
-mod decode_layers;
 mod l2_ahead;
 mod matmul;
 mod matmul_blas;
 mod matmul_exact;
 mod matmul_glu;
+mod matmul_launch;
 mod matmul_mma;
 mod matmul_norm;
 mod matmul_wgmma;
@@ -36,19 +32,8 @@ mod rms_norm;
 mod sample;
 
 pub(crate) use act_cache::ActKey;
-pub(crate) use attention_exact::{att_ex_threads, ATT_EX_CLUSTER_MAX};
-pub(crate) use attention_forms::{
-    att_pipe_smem, att_row_stages, att_row_warps, att_stages, att_threads, att_w_stages,
-    ATT_CLUSTER_MAX, ATT_M3_STAGES, ATT_PIPE8_WARPS, ATT_SPLIT_THREADS,
-};
-pub(crate) use attention_rmma::{att_rmma_shape, ATT_RMMA_CL_MAX};
-pub(crate) use decode_layers::{
-    DlLayerPtrs, DlModel, DL_CLUSTERS, DL_ENTRIES, DL_SMEM, DL_THREADS,
-};
 pub(crate) use l2_ahead::{L2Bufs, L2Log};
-pub(crate) use matmul::{fast_uses_blas, TILE_SMEM};
-pub(crate) use matmul_mma::mq_smem_max;
-pub(crate) use matmul_wgmma::{wg_smem, wr_stages_knob};
+pub(crate) use matmul::{fast_uses_blas, mq_smem_max, wg_smem, TILE_SMEM};
 pub(crate) use norm_ahead::NormAhead;
 pub(crate) use sample::{device_draws, draw_record, GreedyRing, DRAW_WORDS, GREEDY_SLOTS};
 
@@ -64,7 +49,7 @@ const ARENA_ALIGN: usize = 256;
 /// Runs `f` on three typed, disjoint regions at the start of the arena,
 /// of `la`, `lb` and `lc` elements. The arena was sized by
 /// [`CudaBackend::arena`] for them.
-pub(super) fn arena3<A, B, C, R>(
+pub(crate) fn arena3<A, B, C, R>(
     arena: &mut CudaSlice<u8>,
     (la, lb, lc): (usize, usize, usize),
     f: impl FnOnce(
@@ -191,7 +176,7 @@ pub(crate) fn max_active_clusters(
 /// of `dtype` at device address `addr`, with byte `strides` for the dims
 /// past the first and boxes of `boxd`: unit element strides, no
 /// interleave, zeros past the edges. `what` names the tensor in the error.
-pub(super) fn encode_tiled_map(
+pub(crate) fn encode_tiled_map(
     map: &mut cudarc::driver::sys::CUtensorMap,
     dtype: cudarc::driver::sys::CUtensorMapDataType,
     addr: u64,
@@ -351,17 +336,6 @@ impl CudaBackend {
         r.result().map_err(|e| {
             anyhow!("CUDA driver error: launching {name} in clusters of {cluster:?}: {e:?}")
         })
-    }
-
-    /// Clusters of `cluster` CTAs of att_pipe_c_ kernel `name` resident
-    /// on the whole GPU at once (0: unknown or before sm_90, where none
-    /// is counted, so never launched that way).
-    pub(crate) fn att_clusters(&self, name: &str, cluster: usize) -> usize {
-        self.dev
-            .att_clusters
-            .get(&(name, cluster))
-            .copied()
-            .unwrap_or(0)
     }
 
     /// Bytes of the scratch arena (it only grows; a new size is a new

@@ -1,6 +1,6 @@
 //! Norm-ahead (`fast` mode, one row; on by default for narrow residuals,
-//! `norm_ahead_rule`; `QUIRE_NORM_AHEAD=0|1` or
-//! `RunnerOptions::cuda_norm_ahead` forces it): the RMS norm between a
+//! `fusion::norm_ahead_rule`; the tuning switch `matvec.norm_ahead`
+//! forces it): the RMS norm between a
 //! residual matvec and the next op's matvecs folded into both, so that a
 //! one-row decode layer loses its two `rms_norm_fast` launches.
 //!
@@ -9,7 +9,7 @@
 //! o -> FFN norm, down -> the next layer's attention norm). It stores x
 //! and quantizes each block of 32 values of x * g (without the norm's
 //! 1/rms, which divides out of every block's scale) and stores the block's
-//! sum of squares into this module's buffer (`producer_form`: on sm_90+ a
+//! sum of squares into this module's buffer (`fusion::producer_form`: on sm_90+ a
 //! thread-block cluster of 4 CTAs of 8 rows per block, `mv_q8_r1_na_c4` /
 //! `_w2c4`, rank 0 quantizing; elsewhere one CTA of 1,024 threads,
 //! `mv_q8_r1_na`). The consumer, the very next op (a `MatMuls` carrying
@@ -26,8 +26,8 @@
 //! graph and the cpu, `quire ops --mode fast --op norm_ahead` producer /
 //! consumer pairs against the cpu's ops.
 //!
-//! On by default for residual rows of at most [`NORM_AHEAD_MAX_DIM`]
-//! values (`norm_ahead_rule`). Measured on an H200 (2026-11-29,
+//! On by default for residual rows of at most
+//! `fusion::NORM_AHEAD_MAX_DIM` values (`fusion::norm_ahead_rule`). Measured on an H200 (2026-11-29,
 //! docs/PERF.md), after 512 tokens: SmolLM2 (576) +5-7% with the cluster
 //! producer and the fused SwiGlu consumer (+0.5-1.6% with the one-CTA
 //! producer and the unfused pair); the 1B (2,048) -15% (the cluster
@@ -37,8 +37,9 @@
 
 use super::matmul::{job_table, mm_dims, mv_grid, mv_name, mv_warps, MV_Q8_NC};
 use super::{dev_ptr, dev_ptr_mut};
+use crate::backend::cuda::fusion::{norm_ahead_rule, producer_form};
 use crate::backend::cuda::mem::Dev;
-use crate::backend::cuda::{drv, CudaBackend};
+use crate::backend::cuda::{drv, CudaBackend, Switch};
 use crate::backend::{validate, MatJob, Mode, WeightInfo};
 use crate::quant::GgmlType;
 use anyhow::{Context, Result};
@@ -85,36 +86,6 @@ fn layout(dim: usize) -> (usize, usize, usize) {
     (ds, parts, parts + a(nb * 4))
 }
 
-/// The widest residual row (values) that norm-ahead takes by default.
-pub(crate) const NORM_AHEAD_MAX_DIM: usize = 1024;
-
-/// Whether a producer of `dim` residual values runs norm-ahead: `knob`
-/// (QUIRE_NORM_AHEAD, `RunnerOptions::cuda_norm_ahead`) when set, else
-/// rows of at most NORM_AHEAD_MAX_DIM.
-pub(crate) fn norm_ahead_rule(knob: Option<bool>, dim: usize) -> bool {
-    knob.unwrap_or(dim <= NORM_AHEAD_MAX_DIM)
-}
-
-/// The producer's entry for rows of `k` and a residual of `m` (kernels/
-/// matmul_fast.cu): (name, threads per CTA, rows per CTA, CTAs per
-/// cluster). With clusters (sm_90+; QUIRE_NORM_AHEAD_FORM=na keeps the
-/// one-CTA form) 4 CTAs of 8 rows share a block, a warp per row or, for
-/// long rows (k >= 3 m, the down projection: mv_warps' rule), two; else
-/// one CTA of 1,024 threads owns the block's 32 rows.
-pub(crate) fn producer_form(clusters: bool, k: usize, m: usize) -> (&'static str, u32, usize, u32) {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let one = *V.get_or_init(|| std::env::var("QUIRE_NORM_AHEAD_FORM").is_ok_and(|v| v == "na"));
-    producer_rule(clusters && !one, k, m)
-}
-
-fn producer_rule(clusters: bool, k: usize, m: usize) -> (&'static str, u32, usize, u32) {
-    match (clusters, k >= 3 * m) {
-        (false, _) => ("mv_q8_r1_na", 1024, 32, 1),
-        (true, false) => ("mv_q8_r1_na_c4", 256, 8, 4),
-        (true, true) => ("mv_q8_r1_na_w2c4", 512, 8, 4),
-    }
-}
-
 /// Whether the weight type runs through the int8 warp-per-row matvecs.
 fn q8_type(ty: GgmlType) -> bool {
     !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
@@ -124,7 +95,7 @@ impl CudaBackend {
     /// The producer's key and the blocks' address, taken (so they serve
     /// only the op right after). Off, no producer ever sets them.
     pub(crate) fn take_norm_ahead(&self) -> Option<(AheadKey, u64)> {
-        if self.norm_ahead_on == Some(false) {
+        if self.tuning.matvec.norm_ahead == Switch::Off {
             return None;
         }
         self.norm_ahead.lock().ok().and_then(|mut s| s.key.take())
@@ -169,7 +140,14 @@ impl CudaBackend {
         }
         let job = &jobs[0];
         let (k, m) = (job.w.cols, job.w.rows);
-        if !norm_ahead_rule(self.norm_ahead_on, m)
+        // The fusion pass's decision where the op has an annotation
+        // (fusion.rs: it pairs the producer with the next op), else the
+        // rule; the structural conditions below hold either way.
+        let on = self.current_fusion().map_or_else(
+            || norm_ahead_rule(self.tuning.matvec.norm_ahead, m),
+            |f| f.ahead_producer,
+        );
+        if !on
             || mode != Mode::Fast
             || n != 1
             || !job.add
@@ -191,7 +169,8 @@ impl CudaBackend {
         };
         let (ds_off, parts_off, _) = layout(m);
         let s = self.stream();
-        let clusters = crate::backend::cuda::pdl::arch_major(&self.arch) >= 9;
+        let clusters = crate::backend::cuda::pdl::arch_major(&self.arch) >= 9
+            && self.tuning.matvec.norm_ahead_clusters;
         let (name, threads, rows, csize) = producer_form(clusters, k, m);
         let (mut table, ctas) = job_table(jobs, rows, s)?;
         self.l2_record(jobs, &mut table)?;
@@ -339,44 +318,6 @@ impl CudaBackend {
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
-
-    #[test]
-    fn norm_ahead_by_default_on_narrow_residuals_only() {
-        // SmolLM2's 576 and the bound itself: on; the 1B's 2,048 and the
-        // 8B's 4,096: off.
-        assert!(norm_ahead_rule(None, 576));
-        assert!(norm_ahead_rule(None, 1024));
-        assert!(!norm_ahead_rule(None, 1056));
-        assert!(!norm_ahead_rule(None, 2048));
-        assert!(!norm_ahead_rule(None, 4096));
-        // The knob wins both ways.
-        assert!(norm_ahead_rule(Some(true), 4096));
-        assert!(!norm_ahead_rule(Some(false), 576));
-    }
-
-    #[test]
-    fn producer_in_clusters_of_four_where_the_device_has_them() {
-        // No clusters: one CTA of 1,024 threads per 32 rows.
-        assert_eq!(
-            producer_rule(false, 2048, 2048),
-            ("mv_q8_r1_na", 1024, 32, 1)
-        );
-        // The 1B's o projection (k = m): a warp per row, 8 rows per CTA.
-        assert_eq!(
-            producer_rule(true, 2048, 2048),
-            ("mv_q8_r1_na_c4", 256, 8, 4)
-        );
-        // Its down projection (k = 4 m): two warps per row.
-        assert_eq!(
-            producer_rule(true, 8192, 2048),
-            ("mv_q8_r1_na_w2c4", 512, 8, 4)
-        );
-        // SmolLM2's down projection (1,536 < 3 x 576): one warp per row.
-        assert_eq!(
-            producer_rule(true, 1536, 576),
-            ("mv_q8_r1_na_c4", 256, 8, 4)
-        );
-    }
 
     /// q8_block's arithmetic (common.cuh): d = amax / 127, q = round to
     /// nearest even of v / d, clamped to +-127.

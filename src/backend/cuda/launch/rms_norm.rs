@@ -4,6 +4,7 @@
 //! the thread count that fixes a fast row's sum order.
 
 use super::super::{drv, grid_1d, i32_of, CudaBackend};
+use super::act_cache::Reader;
 use super::{dev_ptr, dev_ptr_mut};
 use crate::backend::{validate, Mode};
 use anyhow::Result;
@@ -50,6 +51,9 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// An `RmsNorm` op: the matmul that reads its output is a later op's,
+    /// as the fusion pass planned it where the op has an annotation, else
+    /// predicted (`output_reader`).
     pub(crate) fn d_rms_norm(
         &self,
         x: &CudaView<'_, f32>,
@@ -59,7 +63,30 @@ impl CudaBackend {
         out: &mut CudaViewMut<'_, f32>,
         mode: Mode,
     ) -> Result<()> {
+        let reader = self.output_reader(None);
+        self.d_rms_norm_for(x, w, dim, eps, out, mode, reader)
+    }
+
+    /// rms_norm of x (n rows of dim) into `out`; outside `exact`, also
+    /// written in the layout the matmul that reads `out` next takes
+    /// (`reader`; `Predicted(None)`: predicted for this op's rows) where
+    /// the buffers allow (the same bits: fusion.rs).
+    #[allow(clippy::too_many_arguments)] // the op's fields
+    pub(crate) fn d_rms_norm_for(
+        &self,
+        x: &CudaView<'_, f32>,
+        w: &CudaView<'_, f32>,
+        dim: usize,
+        eps: f32,
+        out: &mut CudaViewMut<'_, f32>,
+        mode: Mode,
+        reader: Reader,
+    ) -> Result<()> {
         let n = validate::rms_norm(x.len(), w.len(), dim, out.len())?;
+        let reader = match reader {
+            Reader::Predicted(None) => Reader::Predicted(Some(n)),
+            r => r,
+        };
         if n == 0 {
             return Ok(());
         }
@@ -74,7 +101,7 @@ impl CudaBackend {
         );
         if mode != Mode::Exact {
             let pre = if vec4 == 1 {
-                self.q8_out(out, Some(n), dim, mode)?
+                self.q8_out_for(out, reader, dim, mode)?
             } else {
                 None
             };
@@ -82,7 +109,7 @@ impl CudaBackend {
             // The wgmma GEMM's f16 tiles (prefill rows, mutually exclusive
             // with q8_out's decode rows); the grid then covers whole tiles.
             let f16 = if vec4 == 1 && pre.is_none() {
-                self.f16wr_out(out, n, dim, mode)?
+                self.f16wr_out_for(out, n, dim, mode, reader)?
             } else {
                 None
             };
@@ -156,25 +183,10 @@ impl CudaBackend {
 /// two fast kernels, so a fast row's sum order, and with it its bits,
 /// never depends on the batch or on which kernel ran it;
 /// `rms_norm_block`'s canonical order does not depend on its thread
-/// count at all. QUIRE_RMS_THREADS fixes the vec4 count (a multiple of 32
-/// up to 1,024; 256 was the rule until 2026-11-27, for comparisons).
+/// count at all.
 fn rms_threads(dim: usize, vec4: bool) -> u32 {
-    static V: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
-    let fixed = *V.get_or_init(|| {
-        std::env::var("QUIRE_RMS_THREADS")
-            .ok()
-            .and_then(|v| v.parse::<u32>().ok())
-            .filter(|t| *t > 0 && t.is_multiple_of(32) && *t <= 1024)
-    });
-    rms_threads_rule(dim, vec4, fixed)
-}
-
-fn rms_threads_rule(dim: usize, vec4: bool, fixed: Option<u32>) -> u32 {
     if !vec4 {
         return 256;
-    }
-    if let Some(t) = fixed {
-        return t;
     }
     // dim / 4 float4s, rounded up to whole warps: at most 1,024.
     (dim / 4).next_multiple_of(32).clamp(32, 1024) as u32
@@ -182,18 +194,16 @@ fn rms_threads_rule(dim: usize, vec4: bool, fixed: Option<u32>) -> u32 {
 
 #[cfg(test)]
 mod tests {
-    use super::rms_threads_rule;
+    use super::rms_threads;
 
     #[test]
     fn one_float4_per_thread_up_to_1024() {
         // SmolLM2, the 1B, the 8B, a 14336-wide row, a tiny one.
-        assert_eq!(rms_threads_rule(576, true, None), 160);
-        assert_eq!(rms_threads_rule(2048, true, None), 512);
-        assert_eq!(rms_threads_rule(4096, true, None), 1024);
-        assert_eq!(rms_threads_rule(14336, true, None), 1024);
-        assert_eq!(rms_threads_rule(64, true, None), 32);
-        assert_eq!(rms_threads_rule(4096, false, None), 256);
-        assert_eq!(rms_threads_rule(4096, true, Some(256)), 256);
-        assert_eq!(rms_threads_rule(4096, false, Some(512)), 256);
+        assert_eq!(rms_threads(576, true), 160);
+        assert_eq!(rms_threads(2048, true), 512);
+        assert_eq!(rms_threads(4096, true), 1024);
+        assert_eq!(rms_threads(14336, true), 1024);
+        assert_eq!(rms_threads(64, true), 32);
+        assert_eq!(rms_threads(4096, false), 256);
     }
 }

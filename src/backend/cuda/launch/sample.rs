@@ -194,9 +194,10 @@ impl CudaBackend {
             None => (0u64, 0u64, 0i32, 1i32),
         };
         // A cluster of SAMPLE_CLUSTER CTAs per row on sm_90+ (one row's
-        // passes over the logits spread over as many SMs), else one CTA.
+        // passes over the logits spread over as many SMs; tuning
+        // `runtime.sample_cluster`), else one CTA.
         let cl = if crate::backend::cuda::pdl::arch_major(&self.arch) >= 9
-            && std::env::var("QUIRE_SAMPLE_CLUSTER").map_or(true, |v| v != "0")
+            && self.tuning.runtime.sample_cluster
         {
             SAMPLE_CLUSTER
         } else {

@@ -21,7 +21,7 @@ mod matvec;
 mod runtime;
 
 pub use attention::AttentionTuning;
-pub use matmul::MatmulTuning;
+pub use matmul::{GluForm, MatmulTuning, WrShape};
 pub use matvec::MatvecTuning;
 pub use runtime::RuntimeTuning;
 

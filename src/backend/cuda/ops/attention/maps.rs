@@ -32,46 +32,15 @@ impl AttMaps {
     }
 }
 
-/// Whether a launch of the pipelined split kernel with tiles of `kt` keys
-/// over `cache` can take the bulk tensor copies (which launches do:
-/// attention_forms.rs, tma_wanted): sm_90+, head_dim 64 or 128 (the
-/// kernel's row width exactly, so a box lands as its stage's rows), pages
-/// a multiple of the tile (a tile is `kt` consecutive cells of one page)
-/// and cells addressable by the kernel's 32-bit coordinate.
-pub(crate) fn att_tma_fits_cache(arch_major: u32, cache: &DevKv<'_>, kt: usize) -> bool {
-    att_tma_fits(
-        arch_major,
-        cache.head_dim,
-        cache.block_size,
-        kt,
-        kv_cells(cache),
-    )
-}
-
 /// The cells (block_size-cell pages x pages) of one layer's cache.
-fn kv_cells(cache: &DevKv<'_>) -> usize {
+pub(super) fn kv_cells(cache: &DevKv<'_>) -> usize {
     cache.k.len() / (cache.n_kv_heads * cache.head_dim).max(1)
 }
 
-fn att_tma_fits(arch_major: u32, hd: usize, bs: usize, kt: usize, cells: usize) -> bool {
-    arch_major >= 9
-        && (hd == 64 || hd == 128)
-        && kt > 0
-        && bs.is_multiple_of(kt)
-        && i32::try_from(cells).is_ok()
-}
-
-/// The maps' L2 promotion (QUIRE_ATT_TMA_L2=0|64|128|256, default 256:
-/// a K or V row of the 8B's heads is 256 contiguous bytes).
-fn att_l2_promotion() -> sys::CUtensorMapL2promotion {
-    use sys::CUtensorMapL2promotion as P;
-    match std::env::var("QUIRE_ATT_TMA_L2").as_deref() {
-        Ok("0") => P::CU_TENSOR_MAP_L2_PROMOTION_NONE,
-        Ok("64") => P::CU_TENSOR_MAP_L2_PROMOTION_L2_64B,
-        Ok("128") => P::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-        _ => P::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-    }
-}
+/// The maps' L2 promotion: 256 bytes (a K or V row of the 8B's heads is
+/// 256 contiguous bytes).
+const ATT_L2_PROMOTION: sys::CUtensorMapL2promotion =
+    sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
 
 /// One map's geometry over `cells` cells of `nkv` heads of `hd` u16: dims
 /// (head_dim, kv heads, cells), strides in bytes of a head and a cell, the
@@ -119,13 +88,13 @@ pub(crate) fn att_maps(
     ];
     for (i, (addr, box_x, swizzle)) in sides.into_iter().enumerate() {
         let (dims, strides, boxd) = att_map_geometry(cells, nkv, hd, box_x, kt);
-        super::encode_tiled_map(
+        crate::backend::cuda::launch::encode_tiled_map(
             &mut maps.0[i],
             sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
             addr,
             (&dims, &strides, &boxd),
             swizzle,
-            att_l2_promotion(),
+            ATT_L2_PROMOTION,
             &|| {
                 let side = if i == 0 { "K" } else { "V" };
                 format!(
@@ -140,7 +109,7 @@ pub(crate) fn att_maps(
 
 #[cfg(test)]
 mod tests {
-    use super::{att_map_geometry, att_tma_fits};
+    use super::att_map_geometry;
 
     #[test]
     fn kv_maps_fit_the_drivers_limits() {
@@ -162,20 +131,5 @@ mod tests {
             }
         }
         assert_eq!(att_map_geometry(64, 8, 128, 64, 16).2[0] * 2, 128);
-    }
-
-    #[test]
-    fn bulk_copies_only_where_a_tile_is_one_page_of_whole_rows() {
-        assert!(att_tma_fits(9, 128, 16, 16, 1 << 20));
-        assert!(att_tma_fits(9, 64, 32, 16, 1 << 20));
-        assert!(att_tma_fits(10, 128, 8, 8, 1 << 20));
-        // Before sm_90, other head sizes, pages that split a tile, and
-        // cells past the kernel's 32-bit coordinate take cp.async.
-        assert!(!att_tma_fits(8, 128, 16, 16, 1 << 20));
-        assert!(!att_tma_fits(9, 96, 16, 16, 1 << 20));
-        assert!(!att_tma_fits(9, 80, 16, 16, 1 << 20));
-        assert!(!att_tma_fits(9, 128, 8, 16, 1 << 20));
-        assert!(!att_tma_fits(9, 128, 24, 16, 1 << 20));
-        assert!(!att_tma_fits(9, 128, 16, 16, 1 << 31));
     }
 }

@@ -31,7 +31,7 @@
 // half the shared memory per stage and fewer registers, so more CTAs fit
 // per SM (a different tile, so different bits; ATT_W_STAGES also comes
 // from the host prelude). The shared memory is dynamic, laid out as
-// att_pipe_smem (launch/attention.rs) computes. FUSE (the att_pipe_m_
+// att_pipe_smem (ops/attention/geometry.rs) computes. FUSE (the att_pipe_m_
 // entries, launched with one CTA per (row, KV head)): the CTA then also
 // merges its partials, so no attention_combine launch follows.
 // Bytes of att_pipe_gqa's shared memory layout (below) for one entry;
@@ -43,7 +43,7 @@ __host__ __device__ constexpr int att_pipe_bytes(int d32, int gm, int kt, int st
 // The cluster forms' extra shared memory (after att_pipe_bytes' layout):
 // the unit's partials, (ATT_CLUSTER_MAX, GM) slots of 2 + 32 D32 floats,
 // which every CTA of the cluster stores into rank 0's copy (cl_peer).
-// ATT_CLUSTER_MAX: the host prelude's (launch/attention_forms.rs).
+// ATT_CLUSTER_MAX: the host prelude's (ops/attention/geometry.rs).
 __host__ __device__ constexpr int att_pipe_cl_bytes(int d32, int gm) {
     return ATT_CLUSTER_MAX * gm * (2 + 32 * d32) * 4;
 }
@@ -61,7 +61,7 @@ __host__ __device__ constexpr int att_pipe_cl_bytes(int d32, int gm) {
 // (head_dim, n_kv_heads, cells) of u16, one map for K (boxes of (64, 1,
 // KT), 128-byte swizzle: the layout att_k_at describes) and one for V
 // (boxes of (head_dim, 1, KT), no swizzle: rows as the cp.async path
-// stores them). launch/attention.rs att_maps encodes them (AttMaps,
+// stores them). ops/attention/maps.rs att_maps encodes them (AttMaps,
 // attention_split.cuh); zeros (never read) when `tma` is 0.
 #ifndef ATT_TMA
 #define ATT_TMA 1
@@ -562,12 +562,12 @@ __device__ __forceinline__ void att_pipe_gqa(
 // att_pipe_w_d*_g*: partials only, 8-key tiles (see att_pipe_gqa);
 // att_pipe_m3_d*_g*: att_pipe_m_'s merging form at ATT_M3_STAGES stages,
 // for launches where one CTA per (row, KV head) folds rows of several
-// chunks (`fast`: launch/attention.rs, deep_rule).
-// ATT_SMEM_<name> (host prelude): the bytes launch/attention.rs launches
+// chunks (`fast`: ops/attention/forms.rs, deep_rule).
+// ATT_SMEM_<name> (host prelude): the bytes ops/attention/launch.rs launches
 // each entry with (att_pipe_smem); it must equal the kernel's layout.
 #define ATT_PIPE_CHECK(NAME, D32, GM, KT, ST, W)                                               \
     static_assert(att_pipe_bytes(D32, GM, KT, ST, W) == ATT_SMEM_##NAME,                       \
-                  "launch/attention.rs disagrees on " #NAME "'s shared memory");
+                  "ops/attention/geometry.rs disagrees on " #NAME "'s shared memory");
 // The partials, merging and cluster entries of prefix PRE (att_pipe_ or
 // att_pipe8_) at W warps per CTA, 16-key tiles at ATT_STAGES stages.
 #define ATT_PIPE_SPLIT(PRE, D32, GM, W)                                                         \
@@ -575,7 +575,7 @@ __device__ __forceinline__ void att_pipe_gqa(
     ATT_PIPE_CHECK(PRE##m_d##D32##_g##GM, D32, GM, 16, ATT_STAGES, W)                           \
     static_assert(att_pipe_bytes(D32, GM, 16, ATT_STAGES, W) + att_pipe_cl_bytes(D32, GM) ==    \
                       ATT_SMEM_##PRE##c_d##D32##_g##GM,                                         \
-                  "launch/attention.rs disagrees on the cluster form's shared memory");         \
+                  "ops/attention/geometry.rs disagrees on the cluster form's shared memory");         \
     extern "C" __global__ void __launch_bounds__(32 * W) PRE##d##D32##_g##GM(ATT_PIPE_ARGS) {   \
         att_pipe_gqa<D32, GM, ATT_FUSE_NONE, 16, ATT_STAGES, W>(ATT_PIPE_PASS, nullptr, nullptr, \
                                                                nullptr);                        \
@@ -607,18 +607,18 @@ __device__ __forceinline__ void att_pipe_gqa(
 // att_pipe8_{d,m_,c_}d*_g*: the partials, merging and cluster forms with
 // ATT_PIPE8_WARPS warps per CTA, so each warp folds one 16-key tile of a
 // 128-key chunk instead of two (`fast` mode, launches of at most about two
-// CTAs per SM: launch/attention_forms.rs, eight_rule). At batch 1 a
+// CTAs per SM: ops/attention/forms.rs, eight_rule). At batch 1 a
 // CTA's warps are alone on their SM and a tile is about 2,200 cycles of
 // dependent shared-memory loads, FMAs and shuffles (ATT_STAMP, H200,
 // 2026-11-28): two warps per scheduler, each with half the tiles, end the
 // tile loop in 2,200 cycles instead of 5,300. The warps' states are merged
 // in warp order as in the 4-warp forms, over 16-key runs instead of 32:
 // other bits (a function of the launch shape, as `fast` allows).
-// ATT_PIPE8_WARPS: the host prelude's (launch/attention_forms.rs).
+// ATT_PIPE8_WARPS: the host prelude's (ops/attention/geometry.rs).
 #define ATT_PIPE_GQA8(D32, GM) ATT_PIPE_SPLIT(att_pipe8_, D32, GM, ATT_PIPE8_WARPS)
 // att_row_d*_g*: ATT_FUSE_ROW (above) at ATT_ROW_WARPS warps (head_dim
 // <= 64) or ATT_ROW_WARPS_D4 (<= 128) per CTA, 8-key tiles at
-// ATT_ROW_STAGES (ATT_ROW_STAGES_D4) stages (host prelude, launch/attention_forms.rs:
+// ATT_ROW_STAGES (ATT_ROW_STAGES_D4) stages (host prelude, ops/attention/geometry.rs:
 // row_rule picks it for `fast` launches of few (row, KV head) units).
 #define ATT_ROW(D32, GM, W, ST)                                                                 \
     ATT_PIPE_CHECK(att_row_d##D32##_g##GM, D32, GM, 8, ST, W)                                    \

@@ -16,7 +16,7 @@
 // arithmetic of a row depends only on its own keys, the constants and
 // n_parts, never on G or the block layout. `deterministic` passes n_parts =
 // ATT_PARTS always: batch- and KV-cache invariant. `fast` passes fewer when
-// the batch alone fills the GPU (launch/attention.rs, fast_parts), so each
+// the batch alone fills the GPU (ops/attention/forms.rs, parts_for_slots), so each
 // CTA folds more chunks and fewer partials are written and merged.
 //
 // Inside a chunk, warp w takes keys w*32 + 0..31 of each group of
@@ -28,7 +28,7 @@
 #define ATT_SPLIT_WARPS 4
 #define ATT_CHUNK (32 * ATT_SPLIT_WARPS)
 static_assert(32 * ATT_SPLIT_WARPS == ATT_SPLIT_THREADS,
-              "launch/attention.rs launches the split kernels with another CTA size");
+              "ops/attention/launch.rs launches the split kernels with another CTA size");
 #define ATT_PARTS 32
 #define ATT_VSTAGE 16
 

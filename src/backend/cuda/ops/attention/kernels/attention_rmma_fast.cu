@@ -1,6 +1,6 @@
 // Batch-1 decode attention on tensor cores, one CTA per (row, KV head)
 // folding the whole row, or a cluster of them (CL below) (`fast` mode only;
-// launch/attention_rmma.rs, rmma_rule and rmma_cluster_rule).
+// ops/attention/rmma.rs, rmma_rule and rmma_cluster_rule).
 //
 // Why: at batch 1 the split forms (attention_pipe_fast.cu) are bound by the
 // latency of their tile arithmetic (ATT_STAMP, H200, 2026-11-28: about
@@ -43,7 +43,7 @@
 // function of the launch shape, as `fast` allows).
 //
 // ATT_RMMA_WARPS / ATT_RMMA_STAGES (head_dim 64) and _D4 (head_dim 128),
-// ATT_RMMA_CL_MAX: the host prelude's (launch/attention_rmma.rs,
+// ATT_RMMA_CL_MAX: the host prelude's (ops/attention/geometry.rs,
 // att_rmma_shape).
 
 // Byte offset of 16-byte chunk c of row kk in a (16, HD) f16 tile.

@@ -1,22 +1,12 @@
-//! The tensor-core row forms of the split-attention kernel
-//! (attention_rmma_fast.cu, att_rmma_* and its cluster form att_rmma_c_*):
-//! when a `fast` decode launch takes them, how many CTAs a cluster has,
-//! and the warps, stages, threads and shared memory their entries are
-//! launched with. Pure functions of the batch shape, the device's SMs
-//! and the knobs, so tested here without a device; the other forms'
-//! rules are in attention_forms.rs.
+//! The `fast` rules of the tensor-core row forms of the split-attention
+//! kernel (attention_rmma_fast.cu, att_rmma_* and its cluster form
+//! att_rmma_c_*): when a decode launch takes them and how many CTAs a
+//! cluster has. Pure functions of the batch shape, the device's SMs and
+//! the tuning table, gathered by the planner (planner.rs); the other
+//! forms' rules are in forms.rs, the entries' geometry in geometry.rs.
 
-use super::attention_forms::{entry_shape, env_switch, env_usize};
-
-/// (D32, GM) of tensor-core row-form entry `name` (att_rmma_d{D32}_g{GM}
-/// or its cluster form att_rmma_c_d{D32}_g{GM}).
-fn rmma_shape_of(name: &str) -> Option<(usize, usize)> {
-    entry_shape(name, "att_rmma_d").or_else(|| entry_shape(name, "att_rmma_c_d"))
-}
-
-/// The most CTAs of a tensor-core row form's cluster (ATT_RMMA_CL_MAX in
-/// the prelude: rank 0 holds that many slots per head).
-pub(crate) const ATT_RMMA_CL_MAX: usize = 4;
+use super::geometry::ATT_RMMA_CL_MAX;
+use crate::backend::cuda::tuning::AttentionTuning;
 
 /// K and V bytes of a unit whose longest row has `part_ctas` 128-key
 /// chunks of head_dim `hd` (f16 K and V).
@@ -25,56 +15,19 @@ fn unit_kv(part_ctas: usize, hd: usize) -> usize {
 }
 
 /// CTAs per cluster of the tensor-core row form for rows of `part_ctas`
-/// 128-key chunks and head_dim `hd`: enough that each CTA folds at most
-/// kv_bounds().cl of K and V, 2..=ATT_RMMA_CL_MAX
-/// (QUIRE_ATT_RMMA_CL_CTAS overrides, clamped the same way).
-pub(super) fn rmma_cluster_ctas(part_ctas: usize, hd: usize) -> usize {
-    static V: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    V.get_or_init(|| env_usize("QUIRE_ATT_RMMA_CL_CTAS"))
-        .unwrap_or_else(|| unit_kv(part_ctas, hd).div_ceil(kv_bounds().cl))
+/// 128-key chunks and head_dim `hd`: `t.rmma_cluster_ctas`, or enough
+/// that each CTA folds at most `t.rmma_cl_kib` (at least 16 KiB: six
+/// 16-key tiles per warp at head_dim 64 and 8 warps) of K and V;
+/// 2..=ATT_RMMA_CL_MAX either way.
+pub(super) fn rmma_cluster_ctas(part_ctas: usize, hd: usize, t: &AttentionTuning) -> usize {
+    t.rmma_cluster_ctas
+        .unwrap_or_else(|| unit_kv(part_ctas, hd).div_ceil(kib(t.rmma_cl_kib, 16)))
         .clamp(2, ATT_RMMA_CL_MAX)
 }
 
-/// The tensor-core forms' K and V bounds in bytes, read once from their
-/// knobs (KiB; for sweeps).
-struct KvBounds {
-    /// Per CTA, what the cluster form aims at (QUIRE_ATT_RMMA_CL_KB,
-    /// default 96 KiB, at least 16: six 16-key tiles per warp at head_dim
-    /// 64 and 8 warps; chosen when the form ran 16 warps there, and
-    /// measured faster at 8).
-    cl: usize,
-    /// Per CTA, the most the cluster form takes (QUIRE_ATT_RMMA_CL_MAX_KB,
-    /// default 128 KiB, at least 16): rows past ATT_RMMA_CL_MAX times that
-    /// keep the split forms.
-    cl_max: usize,
-    /// Per unit, the most the cluster form takes in one-row launches where
-    /// the split forms would merge in a cluster of their own (no
-    /// `combine`; QUIRE_ATT_RMMA_CL_NC_KB, default 256 KiB: a decode
-    /// graph's bucket of 8 chunks at head_dim 64, 4 at 128).
-    cl_nc_max: usize,
-    /// Per unit, the most the one-CTA row form folds past one chunk
-    /// (QUIRE_ATT_RMMA_KV_KB, default 192 KiB).
-    row_max: usize,
-    /// Per unit, the most the one-CTA row form folds in one-row launches
-    /// without the `combine` (QUIRE_ATT_RMMA_NC_KB, default 64 KiB: two
-    /// chunks at head_dim 64, one at 128).
-    row_nc_max: usize,
-}
-
-fn kv_bounds() -> &'static KvBounds {
-    static V: std::sync::OnceLock<KvBounds> = std::sync::OnceLock::new();
-    V.get_or_init(|| {
-        let kib = |name: &str, default: usize, floor: usize| {
-            env_usize(name).unwrap_or(default).max(floor) << 10
-        };
-        KvBounds {
-            cl: kib("QUIRE_ATT_RMMA_CL_KB", 96, 16),
-            cl_max: kib("QUIRE_ATT_RMMA_CL_MAX_KB", 128, 16),
-            cl_nc_max: kib("QUIRE_ATT_RMMA_CL_NC_KB", 256, 0),
-            row_max: kib("QUIRE_ATT_RMMA_KV_KB", 192, 0),
-            row_nc_max: kib("QUIRE_ATT_RMMA_NC_KB", 64, 0),
-        }
-    })
+/// `n` KiB in bytes, at least `floor` KiB.
+fn kib(n: usize, floor: usize) -> usize {
+    n.max(floor) << 10
 }
 
 /// A `fast` decode launch as the tensor-core forms' rules see it.
@@ -98,27 +51,14 @@ pub(super) struct RmmaLaunch {
 
 /// Whether launch `l`, where it does not take the one-CTA tensor-core row
 /// form, takes its cluster form (att_rmma_c_*, rmma_cluster_ctas CTAs per
-/// unit): rmma_cluster_rule (QUIRE_ATT_RMMA_CL=0: never; =1: every launch
-/// whose head_dim fits).
-pub(super) fn rmma_cluster_wanted(l: RmmaLaunch) -> bool {
-    static V: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    rmma_form_wanted(&V, "QUIRE_ATT_RMMA_CL", l.hd, || {
-        let c = rmma_cluster_ctas(l.part_ctas, l.hd);
-        let b = kv_bounds();
-        rmma_cluster_rule(l, c, b.cl_max, b.cl_nc_max)
-    })
-}
-
-/// A tensor-core row form's choice: head_dim exactly 64 or 128 (its
-/// kernels'), then the comparison switch `knob` (read once into `v`) or
-/// else `rule`.
-fn rmma_form_wanted(
-    v: &std::sync::OnceLock<Option<bool>>,
-    knob: &str,
-    hd: usize,
-    rule: impl FnOnce() -> bool,
-) -> bool {
-    (hd == 64 || hd == 128) && v.get_or_init(|| env_switch(knob)).unwrap_or_else(rule)
+/// unit): head_dim exactly 64 or 128 (its kernels'), then `t.rmma_cluster`
+/// (auto: rmma_cluster_rule).
+pub(super) fn rmma_cluster_wanted(l: RmmaLaunch, t: &AttentionTuning) -> bool {
+    (l.hd == 64 || l.hd == 128)
+        && t.rmma_cluster.or({
+            let c = rmma_cluster_ctas(l.part_ctas, l.hd, t);
+            rmma_cluster_rule(l, c, kib(t.rmma_cl_max_kib, 16), kib(t.rmma_cl_nc_kib, 0))
+        })
 }
 
 /// Rows of several chunks where the split forms would merge by the
@@ -150,62 +90,14 @@ fn rmma_cluster_rule(l: RmmaLaunch, c: usize, cl_kv_max: usize, nc_kv_max: usize
         && 2 * l.units * c <= l.sms
 }
 
-/// (warps, stages) of the tensor-core row forms for head_dim 32 * d32
-/// (ATT_RMMA_WARPS / _STAGES and their _D4 in the prelude). Each warp's
-/// stages hold 16-key K and V tiles (4 KiB a stage at head_dim 64, 8 at
-/// 128), so warps x stages is bounded by the SM's 227 KiB:
-/// QUIRE_ATT_RMMA_WARPS (4, 8 or 16) and QUIRE_ATT_RMMA_STAGES (1..=8)
-/// override the defaults, 8 x 3 at head_dim 64 and at 128, clamped to
-/// fit. At head_dim 64 the default was 16 x 3 (every tile of a 768-key
-/// row requested at once; SmolLM2 with the form forced after 512 tokens:
-/// 16 x 3 1,604, 8 x 4 1,550 tok/s) until the rows the form takes were
-/// measured at 8 (H200, 2026-11-28 night, decode tok/s, 16 / 8 warps, two
-/// or three calls): the 1B from an empty cache 1,912-1,941 / 1,942-1,974,
-/// after 256 tokens 1,829-1,882 / 1,858-1,892, after 512 (the cluster
-/// form, 3 CTAs) 1,776-1,837 / 1,832-1,862; SmolLM2 from an empty cache
-/// 1,802-1,875 / 1,858-1,919, after 128 tokens 1,782-1,829 / 1,815-1,835.
-/// Fewer warps merge fewer states, and a row of at most 8 tiles (every
-/// row from an empty cache, here) leaves none idle; 8 x 4 lost on the 1B
-/// (1,804-1,836 against 1,832-1,862 after 512 tokens).
-pub(crate) fn att_rmma_shape(d32: usize) -> (usize, usize) {
-    static V: std::sync::OnceLock<(Option<usize>, Option<usize>)> = std::sync::OnceLock::new();
-    let (w, st) = *V.get_or_init(|| {
-        (
-            env_usize("QUIRE_ATT_RMMA_WARPS").filter(|w| [4, 8, 16].contains(w)),
-            env_usize("QUIRE_ATT_RMMA_STAGES").map(|s| s.clamp(1, 8)),
-        )
-    });
-    let (w, mut st) = (w.unwrap_or(8), st.unwrap_or(3));
-    // Room for the cluster form's slots too (its largest group, 8).
-    while st > 1
-        && rmma_bytes(d32, w, st) + 8 * ATT_RMMA_CL_MAX * (2 + 32 * d32) * 4 > RMMA_SMEM_MAX
-    {
-        st -= 1;
-    }
-    (w, st)
-}
-
-/// The most dynamic shared memory a tensor-core row form takes (an sm_90
-/// SM's 227 KiB opt-in).
-const RMMA_SMEM_MAX: usize = 227 * 1024;
-
-/// ATT_RMMA_BYTES (attention_rmma_fast.cu): warps x stages of a 16-key K
-/// and V tile of 32 * d32 f16 dims.
-fn rmma_bytes(d32: usize, w: usize, st: usize) -> usize {
-    w * st * 2 * 16 * 32 * d32 * 2
-}
-
 /// Whether launch `l` takes the tensor-core row form (att_rmma_*: one CTA
 /// per unit folds the whole row with m16n8k16 MMAs, merges its warps in
-/// shared memory and writes the output): rmma_rule (QUIRE_ATT_RMMA=0:
-/// never; =1: every launch whose head_dim fits, so the op parity harness
-/// checks it).
-pub(super) fn rmma_wanted(l: RmmaLaunch) -> bool {
-    static V: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    rmma_form_wanted(&V, "QUIRE_ATT_RMMA", l.hd, || {
-        let b = kv_bounds();
-        rmma_rule(l, b.row_max, b.row_nc_max)
-    })
+/// shared memory and writes the output): head_dim exactly 64 or 128,
+/// then `t.rmma` (auto: rmma_rule).
+pub(super) fn rmma_wanted(l: RmmaLaunch, t: &AttentionTuning) -> bool {
+    (l.hd == 64 || l.hd == 128)
+        && t.rmma
+            .or(rmma_rule(l, kib(t.rmma_kv_kib, 0), kib(t.rmma_nc_kib, 0)))
 }
 
 /// At most one unit per two SMs (a CTA alone on its SM), and rows whose K
@@ -238,28 +130,6 @@ fn rmma_rule(l: RmmaLaunch, kv_max: usize, nc_kv_max: usize) -> bool {
     2 * l.units <= l.sms && (l.part_ctas == 1 || (l.rows == 1 && unit_kv(l.part_ctas, l.hd) <= max))
 }
 
-/// Threads of tensor-core row-form entry `name` (32 per warp of
-/// att_rmma_shape), None for other entries.
-pub(super) fn rmma_threads(name: &str) -> Option<usize> {
-    let (d32, _) = rmma_shape_of(name)?;
-    Some(32 * att_rmma_shape(d32).0)
-}
-
-/// Dynamic shared memory of tensor-core row-form entry `name`, None for
-/// other entries: its warps' K and V stages, and in the cluster form the
-/// slots rank 0 merges in, (GM, ATT_RMMA_CL_MAX) states of 2 + head_dim
-/// f32 (ATT_RMMA_CL_BYTES).
-pub(super) fn rmma_smem(name: &str) -> Option<usize> {
-    let (d32, gm) = rmma_shape_of(name)?;
-    let (w, st) = att_rmma_shape(d32);
-    let cl = if name.starts_with("att_rmma_c_") {
-        gm * ATT_RMMA_CL_MAX * (2 + 32 * d32) * 4
-    } else {
-        0
-    };
-    Some(rmma_bytes(d32, w, st) + cl)
-}
-
 #[cfg(test)]
 mod tests {
     use super::RmmaLaunch;
@@ -280,8 +150,7 @@ mod tests {
 
     #[test]
     fn rmma_form_for_one_chunk_or_a_row_that_one_sm_reads_in_time() {
-        use super::super::attention_forms::{att_pipe_smem, att_threads};
-        use super::{att_rmma_shape, rmma_rule};
+        use super::rmma_rule;
         let (kv, nc) = (192 << 10, 64 << 10);
         // One chunk: every head shape, with or without the combine.
         assert!(rmma_rule(at(3, 1, 132, 64, false), kv, nc));
@@ -308,20 +177,6 @@ mod tests {
         // Not past one unit per two SMs.
         assert!(!rmma_rule(at(67, 1, 132, 64, false), kv, nc));
         assert!(rmma_rule(at(66, 1, 132, 64, false), kv, nc));
-        // The launch's threads and shared memory follow att_rmma_shape,
-        // within the SM's opt-in 227 KiB.
-        for d32 in [2, 4] {
-            let (w, st) = att_rmma_shape(d32);
-            let name = if d32 == 2 {
-                "att_rmma_d2_g3"
-            } else {
-                "att_rmma_d4_g4"
-            };
-            assert_eq!(att_threads(name), 32 * w);
-            let smem = att_pipe_smem(name).unwrap();
-            assert_eq!(smem, w * st * 2 * 16 * 32 * d32 * 2);
-            assert!(smem <= 227 * 1024);
-        }
     }
 
     #[test]

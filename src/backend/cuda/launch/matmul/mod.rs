@@ -1,0 +1,437 @@
+//! The matmul planner: one pure function, `plan`, chooses the kernel and
+//! its geometry for every `MatMuls` op from the op's shapes, the mode, what
+//! the device offers (`MmCaps`) and the tuning table; the launchers
+//! (`matmul_launch.rs`, `matmul_exact.rs`, `matmul_mma.rs`,
+//! `matmul_wgmma.rs`, `matmul_blas.rs`, `matmul_glu.rs`) match on its
+//! `MmPlan`. Nothing here touches a device, so `tests.rs` pins the choices
+//! on the CPU, with the invariant that makes `deterministic` and `exact`
+//! what they are: a row's reduction order (`MmPlan::k_order`) never
+//! depends on the number of rows in the batch.
+//!
+//! This module sits below the launchers: it imports none of them (the job
+//! table's helpers, `mm_jobs.rs`, are re-exported for the launches that
+//! build one).
+
+pub(crate) mod glu;
+pub(crate) mod mq;
+#[cfg(test)]
+mod tests;
+mod wr;
+
+pub(crate) use super::mm_jobs::MV_ROWS;
+pub(super) use super::mm_jobs::{job_table, mm_dims, mv_grid, MmDims, MmJobs};
+pub(crate) use glu::glu_form;
+pub(crate) use mq::{mq_kernel, mq_smem, mq_smem_max, mq_splits, mq_takes, MqKernel, MQ_ROWS};
+pub(crate) use wr::{
+    wg_default_takes, wg_smem, wg_type_index, wr_plan, wr_smem_of, wr_tail, wr_threads, WR_SHAPES,
+};
+
+use crate::backend::cuda::tuning::{MatmulTuning, Switch};
+use crate::backend::Mode;
+use crate::quant::GgmlType;
+
+/// Up to this many rows `fast` mode keeps the warp-per-row kernels (one
+/// group of MV_ROWS: weights streamed once) unless the tensor-core decode
+/// kernels take them; beyond, the prefill GEMMs. Measured on an H100 (8B
+/// Q4_0): the warp-per-row kernel over 4 and 8 groups gave only 835 and
+/// 853 tokens/s at batch 32 and 64.
+pub(crate) const MV_BATCH: usize = MV_ROWS;
+
+/// Weight rows and activation rows of one mm_f16_tile CTA (TT_ROWS,
+/// TT_TOK in matmul_f16_fast.cu), and its k chunk in 32-value units.
+pub(crate) const TILE_ROWS: usize = 128;
+pub(crate) const TILE_TOK: usize = 64;
+const TILE_KU: usize = 2;
+/// mm_f16_tile's dynamic shared memory (TT_SMEM): the f16 weight tile
+/// (128 rows of 72 halves), then 3 pipeline stages of raw weights (128 rows
+/// of 17 words) and activations (64 rows of 72 halves): 70.5 KiB.
+pub(crate) const TILE_SMEM: usize = 128 * 72 * 2 + 3 * (128 * 17 * 4 + 64 * 72 * 2);
+
+/// The warp-per-row kernel families (see `mv_name`).
+pub(crate) const MV_FLOAT: [&str; 4] = [
+    "mv_float",
+    "mv_float_r1",
+    "mv_float_r1_w2",
+    "mv_float_r1_w4",
+];
+pub(crate) const MV_Q8: [&str; 4] = ["mv_q8", "mv_q8_r1", "mv_q8_r1_w2", "mv_q8_r1_w4"];
+/// Norm-ahead's consumers (one row only: no grouped form).
+pub(crate) const MV_Q8_NC: [&str; 4] = ["", "mv_q8_r1_nc", "mv_q8_r1_w2_nc", "mv_q8_r1_w4_nc"];
+
+/// The short-row matvec's rows per warp (`mv_q8_r1_s4`).
+pub(crate) const SHORT_ROWS: usize = 4;
+
+/// What the device offers the matmul kernels, read once at load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MmCaps {
+    /// Compute capability major (9: Hopper; thread-block clusters from 9).
+    pub arch_major: u32,
+    /// Streaming multiprocessors.
+    pub sms: usize,
+    /// cuBLAS loaded.
+    pub cublas: bool,
+    /// The sm_90a wgmma kernels loaded.
+    pub wgmma: bool,
+}
+
+/// One `MatMuls` op's shapes: every job has `ty` weights with rows of `k`
+/// values over the same `n` activation rows; job j has `rows[j]` weight
+/// rows. The two alignment facts are the launcher's reading of the
+/// buffers' addresses (the planner sees no device).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MmShape<'a> {
+    pub ty: GgmlType,
+    pub k: usize,
+    pub n: usize,
+    pub rows: &'a [usize],
+    /// The input and every job's weights start 16-byte aligned (the wgmma
+    /// GEMM's bulk copies and 16-byte loads).
+    pub aligned16: bool,
+    /// Every job's n * m is a multiple of 4 and its output 16-byte aligned
+    /// (split_sum_jobs adds four floats at a time).
+    pub outs_vec4: bool,
+}
+
+impl MmShape<'_> {
+    fn float_w(&self) -> bool {
+        is_float(self.ty)
+    }
+    fn m_all(&self) -> usize {
+        self.rows.iter().sum()
+    }
+}
+
+/// Whether `ty` is a float weight type (no blocks).
+pub(crate) fn is_float(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+}
+
+/// The canonical kernels' forms (`exact`, and any mode where k is not a
+/// multiple of 32); all give the cpu's bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ExactForm {
+    /// mm_float per job (float weights).
+    Float,
+    /// quant_actk + mm_qk per job (256-value K-quant blocks).
+    KQuant,
+    /// quant_act32 + one mv_exact32 (several rows) or mv_exact32_r1 (one)
+    /// launch over every job: decode, at most MV_ROWS rows.
+    Matvec,
+    /// quant_act32 + mm_q32 per job.
+    Q32,
+}
+
+/// A `MatMuls` op's kernel and launch geometry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum MmPlan {
+    /// No rows or no jobs' rows: nothing runs.
+    Empty,
+    /// k = 0: out = 0, or out += 0.
+    Zero,
+    /// The canonical kernels.
+    Exact(ExactForm),
+    /// The warp-per-row matvec (`mv_float*` / `mv_q8*`, `mv_name`): `warps`
+    /// per weight row (1; 2 or 4 only for one row in `fast`).
+    Matvec { float: bool, warps: usize },
+    /// `fast`, one row of short quantized rows: `mv_q8_r1_s4`.
+    Short,
+    /// `fast`: one mm_q8_mma-family launch over every job, k split in
+    /// `splits` ranges of `per_split` blocks (partials added in split
+    /// order; `vec4`: by one split_sum_jobs launch, else split_sum per
+    /// job).
+    Mq {
+        kern: MqKernel,
+        splits: usize,
+        per_split: usize,
+        vec4: bool,
+    },
+    /// `fast`: mm_f16_tile per job, job j's k split as `splits[j]` =
+    /// (splits, 32-value units per split).
+    Tile { splits: Vec<(usize, usize)> },
+    /// `fast`, sm_90: the wgmma GEMM over every job in CTA shape
+    /// `WR_SHAPES[shape]`, k in `splits` ranges, or unsplit with a wave
+    /// `tail` (first CTA row, k ranges).
+    Wgmma {
+        shape: usize,
+        splits: usize,
+        tail: Option<(usize, usize)>,
+    },
+    /// `fast`: cuBLAS f16 GEMMs (weights dequantized per call).
+    Blas,
+}
+
+/// The part of a plan that fixes a row's reduction order: what
+/// `deterministic` and `exact` must keep independent of the batch (the
+/// planner tests assert it).
+#[cfg(test)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum KOrder {
+    /// Nothing is summed.
+    None,
+    /// The canonical order (docs/DETERMINISM.md): the cpu's bits.
+    Canonical,
+    /// The warp-per-row kernels' lane order, `warps` per weight row.
+    WarpPerRow { warps: usize },
+    /// The short-row matvec's eight lanes a row.
+    ShortRow,
+    /// A tensor-core tile kernel, k in `splits` ranges of `per_split`
+    /// (blocks or units) each (the first job's, for the tile kernel).
+    SplitK { splits: usize, per_split: usize },
+    /// The wgmma GEMM's shape, k splits and wave tail.
+    Wgmma {
+        shape: usize,
+        splits: usize,
+        tail: bool,
+    },
+    /// cuBLAS's own (it may pick a split-K by shape).
+    Library,
+}
+
+impl MmPlan {
+    /// The reduction order this plan gives a row.
+    #[cfg(test)]
+    pub(crate) fn k_order(&self) -> KOrder {
+        match self {
+            MmPlan::Empty | MmPlan::Zero => KOrder::None,
+            MmPlan::Exact(_) => KOrder::Canonical,
+            MmPlan::Matvec { warps, .. } => KOrder::WarpPerRow { warps: *warps },
+            MmPlan::Short => KOrder::ShortRow,
+            MmPlan::Mq {
+                splits, per_split, ..
+            } => KOrder::SplitK {
+                splits: *splits,
+                per_split: *per_split,
+            },
+            MmPlan::Tile { splits } => {
+                let (splits, per_split) = splits.first().copied().unwrap_or((1, 0));
+                KOrder::SplitK { splits, per_split }
+            }
+            MmPlan::Wgmma {
+                shape,
+                splits,
+                tail,
+            } => KOrder::Wgmma {
+                shape: *shape,
+                splits: *splits,
+                tail: tail.is_some(),
+            },
+            MmPlan::Blas => KOrder::Library,
+        }
+    }
+
+    /// Whether the plan reads quant_q8's int8 activations (the warp-per-row
+    /// and int8 tensor-core kernels).
+    pub(crate) fn reads_q8(&self) -> bool {
+        matches!(
+            self,
+            MmPlan::Matvec { float: false, .. } | MmPlan::Short | MmPlan::Mq { .. }
+        )
+    }
+}
+
+/// The plan of a `MatMuls` op (validated shapes).
+///
+/// `exact`, or k not a multiple of 32: the canonical kernels.
+/// `deterministic`: the warp-per-row kernels for every n, in groups of
+/// MV_ROWS rows (batch-invariant). `fast`, by rows: mm_q8_mma past
+/// `mq_min_rows` up to `mma_max_rows` for the types it takes; the f16 tile
+/// kernel past `mma_min_rows` up to `mma_max_rows` for other quantized
+/// types; past both, the wgmma GEMM (sm_90, where it takes the op) or
+/// cuBLAS; else the warp-per-row kernels (split rows or the short-row form
+/// for one row where the rules say).
+pub(crate) fn plan(s: &MmShape<'_>, mode: Mode, caps: &MmCaps, t: &MatmulTuning) -> MmPlan {
+    let (n, k, ty) = (s.n, s.k, s.ty);
+    if n == 0 || s.rows.iter().all(|&r| r == 0) {
+        return MmPlan::Empty;
+    }
+    if k == 0 {
+        return MmPlan::Zero;
+    }
+    let float_w = s.float_w();
+    if mode == Mode::Exact || !k.is_multiple_of(32) {
+        return MmPlan::Exact(if float_w {
+            ExactForm::Float
+        } else if ty.block_size() == 256 {
+            ExactForm::KQuant
+        } else if n <= MV_ROWS {
+            ExactForm::Matvec
+        } else {
+            ExactForm::Q32
+        });
+    }
+    let fast = mode == Mode::Fast;
+    let (lo, hi) = (t.mma_min_rows, t.mma_max_rows);
+    if fast && n > t.mq_min_rows.min(lo) && n <= hi && mq_takes(ty, k, t) {
+        let kern = mq_kernel(ty, n, t);
+        let ctas: usize = s.rows.iter().map(|r| r.div_ceil(MQ_ROWS)).sum();
+        let (splits, per_split) = mq_splits(
+            ctas * MQ_ROWS,
+            n,
+            kern.tok,
+            k / 32,
+            caps.sms,
+            t.mq_ctas_per_sm,
+        );
+        return MmPlan::Mq {
+            kern,
+            splits,
+            per_split,
+            vec4: s.outs_vec4,
+        };
+    }
+    if fast && !float_w && n > lo && n <= hi {
+        let splits = s
+            .rows
+            .iter()
+            .map(|&m| tile_splits(m, n, k / 32, t.tile_ctas_per_sm * caps.sms))
+            .collect();
+        return MmPlan::Tile { splits };
+    }
+    if fast && n > hi && n > MV_BATCH && wg_takes(s, caps, t) {
+        let (shape, splits) = wr_plan(s.rows, n, k, caps.sms, s.outs_vec4, t);
+        let tail = if splits == 1 {
+            let mt = WR_SHAPES[shape].0;
+            let ctas: usize = s.rows.iter().map(|r| r.div_ceil(128 * mt)).sum();
+            wr_tail(ctas, n.div_ceil(WR_SHAPES[shape].1), k, shape, caps.sms, t)
+        } else {
+            None
+        };
+        return MmPlan::Wgmma {
+            shape,
+            splits,
+            tail,
+        };
+    }
+    if fast && n > MV_BATCH && caps.cublas {
+        return MmPlan::Blas;
+    }
+    let long_rows = k >= 3 * s.m_all();
+    let warps = mv_warps_of(t, mode, n, float_w, long_rows);
+    if warps == 1 && !float_w && short_takes(mode, n, k / 32, s.m_all(), caps.sms, t) {
+        return MmPlan::Short;
+    }
+    MmPlan::Matvec {
+        float: float_w,
+        warps,
+    }
+}
+
+/// Whether the wgmma GEMM takes these jobs: its kernels are loaded
+/// (sm_90, the table's `wgmma` not Off), the table's rule (`On`: any type
+/// it decodes, any shape; `Auto`: `wg_default_takes`), k a multiple of 256
+/// (the raw superchunks: eight blocks, a multiple of 16 bytes for every
+/// such type) and the buffers 16-byte aligned.
+fn wg_takes(s: &MmShape<'_>, caps: &MmCaps, t: &MatmulTuning) -> bool {
+    let rule = match t.wgmma {
+        Switch::Off => false,
+        Switch::On => true,
+        Switch::Auto => wg_default_takes(s.ty, s.k, s.rows, s.n, caps.sms, t),
+    };
+    caps.wgmma && rule && wg_type_index(s.ty).is_some() && s.k.is_multiple_of(256) && s.aligned16
+}
+
+/// Whether `fast` mode may run an `n`-row matmul of quantized weights
+/// through cuBLAS (which a CUDA graph does not capture).
+pub(crate) fn fast_uses_blas_with(n: usize, t: &MatmulTuning) -> bool {
+    n > MV_BATCH && !(n > t.mma_min_rows && n <= t.mma_max_rows)
+}
+
+/// `fast_uses_blas_with` under the default table (callers that have no
+/// backend at hand; the table's defaults do not depend on the arch).
+pub(crate) fn fast_uses_blas(n: usize) -> bool {
+    fast_uses_blas_with(n, &MatmulTuning::for_arch(0))
+}
+
+/// The default table's tensor-core decode row range (`mma_min_rows`,
+/// `mma_max_rows`), for the activation cache's guess of the next matmul's
+/// kernel (no bit depends on it: a wrong guess costs one quantization).
+pub(crate) fn mma_rows() -> (usize, usize) {
+    let t = MatmulTuning::for_arch(0);
+    (t.mma_min_rows, t.mma_max_rows)
+}
+
+/// The warp-per-row kernel of a family (`[grouped, r1, r1_w2, r1_w4]`)
+/// for `n` activation rows and `warps` per weight row: the grouped kernel
+/// for several rows; for one row the `r1` variant, whose per-row
+/// arithmetic is the grouped kernel's (batch invariance is kept), or with
+/// `warps` 2 or 4 the split-row variants (`fast` mode only, `mv_warps_of`).
+pub(crate) fn mv_name(n: usize, warps: usize, family: [&'static str; 4]) -> &'static str {
+    match (n, warps) {
+        (1, 2) => family[2],
+        (1, 4) => family[3],
+        (1, _) => family[1],
+        _ => family[0],
+    }
+}
+
+/// Warps per weight row of the one-row matvecs: `fast` mode only (the
+/// split changes a row's arithmetic, which `deterministic` must keep
+/// batch-invariant), from the table: `mv_warps_float` (float weights),
+/// `mv_warps_long` (quantized, long rows: k at least 3 m, the FFN down
+/// projection: few rows, too few warps in flight), `mv_warps`; a value
+/// other than 1, 2 or 4 counts as 1.
+pub(crate) fn mv_warps_of(
+    t: &MatmulTuning,
+    mode: Mode,
+    n: usize,
+    float_w: bool,
+    long_rows: bool,
+) -> usize {
+    if mode != Mode::Fast || n != 1 {
+        return 1;
+    }
+    match match (float_w, long_rows) {
+        (true, _) => t.mv_warps_float,
+        (false, true) => t.mv_warps_long,
+        (false, false) => t.mv_warps,
+    } {
+        w @ (2 | 4) => w,
+        _ => 1,
+    }
+}
+
+/// `mv_warps_of` under the default table (norm-ahead's consumer).
+pub(crate) fn mv_warps(mode: Mode, n: usize, float_w: bool, long_rows: bool) -> usize {
+    mv_warps_of(&MatmulTuning::for_arch(0), mode, n, float_w, long_rows)
+}
+
+/// Whether one row of `units` 32-value units a weight row, `m` rows in
+/// all, runs the short-row matvec (`mv_q8_r1_s4`; `fast`, quantized
+/// weights, one warp a row otherwise): by the table's `mv_short`, whose
+/// rule takes rows of at most 24 units (three loads per lane at most) in
+/// matrices of at least 64 rows per SM, where mv_q8_r1 runs many waves of
+/// warps with idle lanes (the output heads of models as narrow as
+/// SmolLM2: 49,152 rows of 18 units; +0.5-2% on an H200; everywhere,
+/// -17 to -20%).
+pub(crate) fn short_takes(
+    mode: Mode,
+    n: usize,
+    units: usize,
+    m: usize,
+    sms: usize,
+    t: &MatmulTuning,
+) -> bool {
+    if mode != Mode::Fast || n != 1 || units == 0 {
+        return false;
+    }
+    t.mv_short.or(units <= 24 && m >= 64 * sms)
+}
+
+/// Split-K of a tile kernel: (splits, k units per split) so that `tiles`
+/// output tiles times the splits make about `target` CTAs (one wave; a
+/// 4096-row matrix has only 32 row tiles), each split a whole number of
+/// `chunk`-unit k chunks and none empty. Depends only on the shapes and
+/// the device, never on the data.
+pub(crate) fn split_k(tiles: usize, units: usize, chunk: usize, target: usize) -> (usize, usize) {
+    let chunks = units.div_ceil(chunk);
+    let want = (target / tiles.max(1)).clamp(1, chunks.max(1));
+    let upc = chunks.div_ceil(want) * chunk;
+    (units.div_ceil(upc).max(1), upc)
+}
+
+/// Split-K for mm_f16_tile (`split_k` over its 128 x 64 tiles and
+/// TILE_KU-unit chunks), aiming at `target` CTAs.
+pub(crate) fn tile_splits(m: usize, n: usize, units: usize, target: usize) -> (usize, usize) {
+    let tiles = m.div_ceil(TILE_ROWS) * n.div_ceil(TILE_TOK);
+    split_k(tiles, units, TILE_KU, target)
+}

@@ -1,0 +1,5 @@
+//! One room per op family: its planner (a pure function from the op's
+//! shape, the mode, the device's capabilities and the tuning table to the
+//! kernel and its geometry), its launchers and its kernel sources.
+
+pub(crate) mod attention;
