@@ -129,14 +129,20 @@ fn test_children(m: &Module, is_dir_module: bool, src: &str) -> Vec<Module> {
         let mut decl = rest.trim_start();
         let mut path_stem = None;
         if let Some(p) = decl.strip_prefix("#[path") {
-                let end = p.find(']').unwrap_or(0);
-            let lit = p[..end].trim().trim_start_matches('=').trim().trim_matches('"');
+            let end = p.find(']').unwrap_or(0);
+            let lit = p[..end]
+                .trim()
+                .trim_start_matches('=')
+                .trim()
+                .trim_matches('"');
             path_stem = Some(lit.trim_end_matches(".rs").to_string());
             decl = p[end + 1..].trim_start();
         }
         let decl = decl.strip_prefix("pub(crate) ").unwrap_or(decl);
         let decl = decl.strip_prefix("pub ").unwrap_or(decl);
-        let Some(name) = decl.strip_prefix("mod ") else { continue };
+        let Some(name) = decl.strip_prefix("mod ") else {
+            continue;
+        };
         let name: String = name
             .chars()
             .take_while(|c| c.is_alphanumeric() || *c == '_')

@@ -13,10 +13,10 @@ use graph::{DecodeGraph, GraphKey, Staging};
 pub use greedy::GreedyTicket;
 pub(super) use model::load;
 
-use super::{Exec, StepBufs};
+use super::{Exec, Graph, StepBufs};
 use crate::backend::cuda::mem::{zeros, Dev, DevAttnBatch, DevKv, DevKvMut, DevMatrix};
 use crate::backend::cuda::{drv, CudaBackend};
-use crate::backend::{AttnBatch, Backend, Mode, OpT};
+use crate::backend::{AttnBatch, Mode, OpT};
 use crate::dispatch::weights::{Store, WeightRef};
 use crate::quant::GgmlType;
 use anyhow::{anyhow, bail, Context, Result};
@@ -189,6 +189,9 @@ impl Drop for DevBuf {
     }
 }
 
+/// Step shapes whose fusion plans `CudaExec` keeps at once.
+const MAX_PLANS: usize = 64;
+
 /// Runs every op of a step on the cuda backend's device space.
 pub struct CudaExec {
     be: Arc<CudaBackend>,
@@ -213,6 +216,11 @@ pub struct CudaExec {
     /// The ring every greedy graph of up to SHARED_RING_ROWS rows writes
     /// (greedy.rs), made by the first.
     shared_ring: Mutex<Option<Arc<crate::backend::cuda::GreedyRing>>>,
+    /// The fusion pass's plans of steps by (rows, logit rows, every row
+    /// in order), recorded once each (step_ops.rs).
+    plans: Mutex<HashMap<(usize, usize, bool), Arc<step_ops::Planned>>>,
+    /// The step being issued: each op's annotation in turn.
+    cursor: Mutex<step_ops::Cursor>,
 }
 
 impl CudaExec {
@@ -230,11 +238,92 @@ impl CudaExec {
             use_graphs,
             greedy: Mutex::new(greedy::Greedy::default()),
             shared_ring: Mutex::new(None),
+            plans: Mutex::new(HashMap::new()),
+            cursor: Mutex::new(step_ops::Cursor::default()),
         }
     }
 
     pub fn backend(&self) -> &CudaBackend {
         &self.be
+    }
+
+    /// The fusion pass's plan of a step of `n` rows, `n_rows` of them
+    /// wanting logits (`rows_all`: every row, in order), over the ops
+    /// `graph` issues for it (recorded once per shape, step_ops.rs); None
+    /// where the recording fails (the step then runs unannotated).
+    pub fn plan_step<G: Graph>(
+        &self,
+        graph: &G,
+        weights: &G::Weights<DevStore>,
+        kv: &DevKvCache,
+        (n, n_rows, rows_all): (usize, usize, bool),
+    ) -> Option<Arc<step_ops::Planned>> {
+        let key = (n, n_rows, rows_all);
+        if let Some(p) = self.plans.lock().ok()?.get(&key) {
+            return Some(p.clone());
+        }
+        let (be, mode) = (&self.be, self.mode);
+        let reads = |n: usize, ty: GgmlType, k: usize, rows: &[usize]| {
+            be.planned_read(mode, n, ty, k, rows)
+        };
+        let e = step_ops::ShapeExec::<DevStore>::new(
+            |m: &Arc<DevWeight>| step_ops::MatShape {
+                ty: m.ty,
+                rows: m.rows,
+                cols: m.cols,
+            },
+            &reads,
+        );
+        let mut shape = step_ops::KvShape {
+            geometry: (kv.block_size, kv.n_kv_heads, kv.head_dim),
+            cells: kv.n_blocks * kv.block_size,
+            layers: kv.k.len(),
+        };
+        let bufs = step_ops::ShapeExec::<DevStore>::step_bufs(n, n_rows, rows_all);
+        if let Err(err) = graph.forward_bufs(weights, &e, &mut shape, &bufs) {
+            tracing::debug!("fusion: recording a step of {n} rows failed: {err:#}");
+            return None;
+        }
+        let (ops, keys) = e.into_parts();
+        let p = Arc::new(step_ops::Planned::new(
+            ops,
+            keys,
+            mode,
+            &self.be.tuning.matvec,
+        ));
+        if let Ok(mut plans) = self.plans.lock() {
+            // Prefill chunks come in many sizes: a bounded cache (a plan
+            // is recorded again in well under a step's time).
+            if plans.len() >= MAX_PLANS {
+                plans.clear();
+            }
+            plans.insert(key, p.clone());
+        }
+        Some(p)
+    }
+
+    /// The ops issued from now on get `planned`'s annotations in order
+    /// (None: none, as outside a step).
+    pub fn begin_step(&self, planned: Option<Arc<step_ops::Planned>>) {
+        if let Ok(mut c) = self.cursor.lock() {
+            c.start(planned);
+        }
+    }
+
+    /// One step of `graph` on inputs already on the device
+    /// (`forward_bufs`), its ops annotated by the fusion pass.
+    pub fn forward_fused<G: Graph>(
+        &self,
+        graph: &G,
+        weights: &G::Weights<DevStore>,
+        kv: &mut DevKvCache,
+        bufs: &StepBufs<DevIdx<'_>, DevBatch<'_>>,
+    ) -> Result<Option<DevBuf>> {
+        let planned = self.plan_step(graph, weights, kv, (bufs.n, bufs.n_rows, bufs.rows_all));
+        self.begin_step(planned);
+        let r = graph.forward_bufs(weights, self, kv, bufs);
+        self.begin_step(None);
+        r
     }
 
     /// Uploads a model's weights (matrices keep their stored type). Tied
@@ -520,7 +609,10 @@ impl Exec for CudaExec {
         } else {
             None
         };
-        Backend::<Dev>::run(self.be.as_ref(), op, self.mode)?;
+        // The op's annotation from the step's fusion pass, if the step
+        // was planned (`forward_fused`, `begin_step`).
+        let fusion = self.cursor.lock().ok().and_then(|mut c| c.take(&op));
+        self.be.run_fused(op, self.mode, fusion)?;
         let dt = match t0 {
             Some(t) => {
                 self.be.sync("profiling")?;

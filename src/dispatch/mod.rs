@@ -26,11 +26,11 @@ use crate::backend::{
 };
 use crate::gguf::GgufFile;
 use crate::kv::KvStorage;
-use weights::{HostStore, Store, WeightRef};
 use crate::sampler::DrawParams;
 use anyhow::{anyhow, Context, Result};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use weights::{HostStore, Store, WeightRef};
 
 pub struct Dispatcher {
     backends: Vec<Box<dyn Backend>>,

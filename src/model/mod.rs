@@ -5,10 +5,10 @@ pub mod config;
 pub mod synth;
 pub mod weights;
 
-pub use arch::llama::LlamaModel;
-pub use config::{Arch, ModelConfig};
 /// The host KV storage (owned by `kv`), re-exported for the graph.
 pub use crate::kv::KvStorage;
+pub use arch::llama::LlamaModel;
+pub use config::{Arch, ModelConfig};
 
 /// The inputs of one step (defined by dispatch, which runs them).
 pub use crate::dispatch::StepInput;

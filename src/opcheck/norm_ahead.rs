@@ -9,7 +9,8 @@
 //! output intact, and the norm-ahead path must have run.
 
 use super::{graded, randv, CaseResult, Guarded, Options, Status, GUARD};
-use crate::backend::cuda::mem::{Dev, DevMatrix};
+use crate::backend::cuda::fusion::OpFusion;
+use crate::backend::cuda::mem::DevMatrix;
 use crate::backend::cuda::{CudaBackend, Switch};
 use crate::backend::{Backend, MatJob, MatNorm, Mode, Op, OpT, QMatrix};
 use crate::quant::GgmlType;
@@ -169,9 +170,9 @@ fn case(
     if let Err(e) = r1 {
         return fail(format!("cpu reference: {e:#}"));
     }
-    if !pass_pairs(cuda, ty, (dim, k_in, rows, glu), eps) {
+    let Some(fusion) = pass_pair(cuda, ty, (dim, k_in, rows, glu), eps) else {
         return fail("the fusion pass does not plan these ops as norm-ahead's pair".into());
-    }
+    };
     let before = cuda.norm_ahead_runs.load(Ordering::Relaxed);
     let dev = device_pair(
         cuda,
@@ -179,6 +180,7 @@ fn case(
         (&wp, &wc),
         ty,
         (dim, k_in, rows, glu),
+        fusion,
     );
     let ((x_dev, x_ok), outs_dev, glu_dev) = match dev {
         Ok(v) => v,
@@ -284,10 +286,16 @@ fn dev_mat(
     }
 }
 
-/// Whether the fusion pass (backend/cuda/fusion.rs), under the backend's
-/// tuning, plans the case's two ops as norm-ahead's producer and consumer:
-/// the pair the device then runs fused is the pass's.
-fn pass_pairs(cuda: &CudaBackend, ty: GgmlType, (dim, k_in, rows, glu): Shape, eps: f32) -> bool {
+/// The fusion pass's annotations of the case's two ops (backend/cuda/
+/// fusion.rs, under the backend's tuning), where it plans them as
+/// norm-ahead's producer and consumer: the device runs them with these,
+/// as an executor runs a planned step.
+fn pass_pair(
+    cuda: &CudaBackend,
+    ty: GgmlType,
+    (dim, k_in, rows, glu): Shape,
+    eps: f32,
+) -> Option<(OpFusion, OpFusion)> {
     use crate::backend::cuda::fusion::{plan, ActRead, JobDesc, MatOp, NormDesc, StepOp};
     // Buffers: the producer's input, the residual, the norm's scratch, the
     // SwiGlu's output, the consumer's outputs; one norm.
@@ -325,8 +333,32 @@ fn pass_pairs(cuda: &CudaBackend, ty: GgmlType, (dim, k_in, rows, glu): Shape, e
         glu: glu.then_some(act),
         reads: ActRead::Q8,
     });
-    let f = plan(&[producer, consumer], Mode::Fast, &cuda.tuning.matvec);
-    f.ops[0].ahead_producer && f.ops[1].ahead_consumer
+    // With the SwiGlu, the down projection that reads it in a model (not
+    // run here): the consumer's annotation writes its int8 blocks, as in
+    // a decode step, so the gate/up op may take the fused launch.
+    let down = StepOp::MatMuls(MatOp {
+        x: act,
+        n: 1,
+        k: rows[0],
+        ty,
+        jobs: vec![JobDesc {
+            m: dim,
+            add: true,
+            out: x,
+        }],
+        norm: None,
+        next_norm: None,
+        glu: None,
+        reads: ActRead::Q8,
+    });
+    let ops = if glu {
+        vec![producer, consumer, down]
+    } else {
+        vec![producer, consumer]
+    };
+    let f = plan(&ops, Mode::Fast, &cuda.tuning.matvec);
+    let (p, c) = (f.ops[0], f.ops[1]);
+    (p.ahead_producer && c.ahead_consumer).then_some((p, c))
 }
 
 /// The producer then the consumer as device ops; the residual and the
@@ -337,6 +369,7 @@ fn device_pair(
     (wp, wc): (&[u8], &[Vec<u8>]),
     ty: GgmlType,
     (dim, k_in, rows, glu): Shape,
+    (fp, fc): (OpFusion, OpFusion),
 ) -> Result<Pair> {
     let a_d = cuda.up(a, "norm_ahead case: activations")?;
     let g_d = cuda.up(g, "norm_ahead case: norm weights")?;
@@ -356,8 +389,7 @@ fn device_pair(
     } else {
         None
     };
-    Backend::<Dev>::run(
-        cuda,
+    cuda.run_fused(
         OpT::MatMuls {
             x: a_d.slice(0..k_in),
             n: 1,
@@ -371,6 +403,7 @@ fn device_pair(
             glu: None,
         },
         Mode::Fast,
+        Some(fp),
     )
     .context("producer")?;
     let jobs = outs_d
@@ -384,8 +417,7 @@ fn device_pair(
             add: false,
         })
         .collect();
-    Backend::<Dev>::run(
-        cuda,
+    cuda.run_fused(
         OpT::MatMuls {
             x: x_d.slice(GUARD..GUARD + dim),
             n: 1,
@@ -399,6 +431,7 @@ fn device_pair(
             glu: glu_d.as_mut().map(|h| h.slice_mut(GUARD..GUARD + rows[0])),
         },
         Mode::Fast,
+        Some(fc),
     )
     .context("consumer")?;
     let x = body(cuda, &x_d, dim)?;

@@ -6,9 +6,17 @@
 //!
 //! The pass is pure: it sees the step's ops as [`StepOp`]s, whose buffers
 //! are named by the graph ([`BufId`], [`ParamId`]), never by device
-//! address, and answers one [`OpFusion`] per op. The executor computes
-//! the [`StepFusion`] once per step shape (or graph capture) and hands
-//! each op its annotation; nothing is carried between op calls.
+//! address, and answers one [`OpFusion`] per op. The device executor
+//! records the ops by running the model's graph over a recording
+//! executor (dispatch/cuda/step_ops.rs), plans once per step shape, and
+//! hands each op its annotation (`CudaBackend::run_fused`): what an op
+//! writes for the next op and whether it takes part in norm-ahead are
+//! decided here, not from the ops that ran before it.
+//!
+//! `input_from` is the pass's model of the scratch arena: the launchers
+//! still find prepared inputs by the arena's own record
+//! (launch/act_cache.rs), which also covers a producer whose buffers
+//! turned out unaligned at run time (it then writes nothing extra).
 //!
 //! Every fusion here keeps the bits of the unfused sequence except
 //! norm-ahead (`fast` only; docs/DETERMINISM.md), whose parity cases are

@@ -534,14 +534,14 @@ impl Backend<Dev> for CudaBackend {
 impl CudaBackend {
     /// Runs `op` with its annotation from the step's fusion pass
     /// (`fusion::plan`; None: an op outside a planned step, whose fusions
-    /// follow the backend's rules and the last matmul, as `run`).
+    /// follow the backend's rules alone, as `run`).
     pub fn run_fused(&self, op: OpT<'_, Dev>, mode: Mode, fusion: Option<OpFusion>) -> Result<()> {
         // Norm-ahead's blocks serve only the op right after their producer
-        // (taken first: an op that fails below drops them too), and only an
-        // op the pass planned as their consumer where it has an annotation.
+        // (taken first: an op that fails below drops them too), and only
+        // one the fusion pass planned as their consumer.
         let ahead = self
             .take_norm_ahead()
-            .filter(|_| fusion.is_none_or(|f| f.ahead_consumer));
+            .filter(|_| fusion.is_some_and(|f| f.ahead_consumer));
         let kind = op.kind();
         if let Err(why) = self.capability(&op.info(), mode) {
             bail!("op {kind} cannot run on the cuda backend ({mode:?}): {why}");
@@ -564,8 +564,8 @@ impl CudaBackend {
             } => {
                 Self::check_glu(&jobs, glu.as_ref().map(|h| h.len()))?;
                 let mut done = false;
-                if let Some((g, eps)) = next_norm {
-                    done = self.mat_muls_ahead(&x, n, &mut jobs, (&g, eps), mode)?;
+                if let Some((g, _eps)) = next_norm {
+                    done = self.mat_muls_ahead(&x, n, &mut jobs, &g, mode)?;
                 }
                 if !done {
                     self.d_mat_muls(&x, n, &mut jobs, mode)?;
@@ -590,7 +590,7 @@ impl CudaBackend {
                         return Ok(());
                     }
                 }
-                if !self.mat_muls_norm_ahead(&x, &w, eps, n, &mut jobs, mode, ahead)? {
+                if !self.mat_muls_norm_ahead(&x, eps, n, &mut jobs, mode, ahead)? {
                     self.d_mat_muls_norm(&x, &w, eps, &mut out, n, &mut jobs, mode)?;
                 }
                 self.glu_after(&mut jobs, glu, n, mode)

@@ -125,15 +125,6 @@ pub struct CudaBackend {
     /// gate/up matvecs with the SwiGlu in their epilogue launched or
     /// captured (launch/matmul_glu.rs).
     pub(crate) glu_runs: std::sync::atomic::AtomicU64,
-    /// Whether the last matmul ran the warp-per-row quantized kernel (so the
-    /// next one of the same row count will): swiglu's row count is not
-    /// part of its op.
-    pub(crate) last_mv_q8: std::sync::atomic::AtomicBool,
-    /// The row count of the last matmul if it ran the wgmma prefill GEMM,
-    /// else 0 (the next one of those rows likely will): the norm, swiglu
-    /// and prefill attention then write its f16 activations themselves
-    /// (launch::f16wr_out); swiglu's row count is not part of its op.
-    pub(crate) last_wgmma_rows: std::sync::atomic::AtomicUsize,
     /// The stream's synchronizations (`sync_ticket` / `synced_past`).
     syncs: SyncCount,
     /// Page-locked buffers the logits downloads land in (a copy into
@@ -411,8 +402,6 @@ impl CudaBackend {
             norm_ahead: Mutex::new(launch::NormAhead::default()),
             norm_ahead_runs: std::sync::atomic::AtomicU64::new(0),
             glu_runs: std::sync::atomic::AtomicU64::new(0),
-            last_mv_q8: std::sync::atomic::AtomicBool::new(false),
-            last_wgmma_rows: std::sync::atomic::AtomicUsize::new(0),
             pinned: logits::PinnedPool::default(),
             dev: Device {
                 ctx,

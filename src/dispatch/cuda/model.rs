@@ -5,10 +5,10 @@
 use super::{CudaExec, DevKvCache, DevStore, GreedyTicket};
 use crate::backend::cuda::{device_draws, draw_record, CudaBackend};
 use crate::backend::{GpuMode, OpInfo};
-use crate::dispatch::{DeviceLoad, DeviceModel, DeviceOptions, Graph, HostLogits};
-use crate::gguf::GgufFile;
 use crate::dispatch::weights::HostStore;
 use crate::dispatch::StepInput;
+use crate::dispatch::{DeviceLoad, DeviceModel, DeviceOptions, Graph, HostLogits};
+use crate::gguf::GgufFile;
 use crate::sampler::DrawParams;
 use anyhow::{bail, Context, Result};
 use indicatif::ProgressBar;
@@ -110,13 +110,22 @@ where
         let (graph, weights) = (&self.graph, &self.weights);
         // A pure decode step (one row per sequence, all logits) replays a
         // captured CUDA graph; anything else runs op by op.
+        // Every step's ops carry the fusion pass's annotations
+        // (backend/cuda/fusion.rs), planned once per step shape.
         if decode && self.exec.graphable(input.tokens.len()) {
             self.exec
                 .decode_step(graph.vocab(), input, &mut self.kv, &mut |e, kv, bufs| {
-                    graph.forward_bufs(weights, e, kv, bufs)
+                    e.forward_fused(graph, weights, kv, bufs)
                 })
         } else {
-            graph.forward(weights, &self.exec, &mut self.kv, input)
+            let (n, rows) = (input.tokens.len(), input.logit_rows);
+            let rows_all = rows.len() == n && rows.iter().enumerate().all(|(i, &r)| r == i);
+            let shape = (n, rows.len(), rows_all);
+            let planned = self.exec.plan_step(graph, weights, &self.kv, shape);
+            self.exec.begin_step(planned);
+            let r = graph.forward(weights, &self.exec, &mut self.kv, input);
+            self.exec.begin_step(None);
+            r
         }
     }
     fn chains_tokens(&self, rows: usize) -> bool {
@@ -145,7 +154,7 @@ where
             graph.vocab(),
             input,
             &mut self.kv,
-            &mut |e, kv, bufs| graph.forward_bufs(weights, e, kv, bufs),
+            &mut |e, kv, bufs| e.forward_fused(graph, weights, kv, bufs),
             chain,
             &self.recs,
         )

@@ -139,10 +139,14 @@ impl Cursor {
     /// of the step runs without annotations: the backend's rules, the
     /// same bits as before the pass).
     pub fn take<M: Mem>(&mut self, op: &OpT<'_, M>) -> Option<OpFusion> {
+        self.take_key(op_key(op))
+    }
+
+    /// `take` by the op's key.
+    pub fn take_key(&mut self, key: OpKey) -> Option<OpFusion> {
         let p = self.planned.as_ref()?;
         let i = self.next;
         self.next += 1;
-        let key = op_key(op);
         if p.keys.get(i) == Some(&key) {
             return p.fusion.ops.get(i).copied();
         }

@@ -119,3 +119,40 @@ fn norm_ahead_pairs_follow_the_graph_hints() {
         producers.iter().map(|i| i + 1).collect::<Vec<_>>()
     );
 }
+
+#[test]
+fn the_cursor_hands_out_annotations_in_order_until_an_op_differs() {
+    // tiny-llama's recorded step (one row, `fast`): the executor issuing
+    // the same ops gets each one's annotation; a step whose op differs
+    // from the plan runs on without any.
+    let dir = tempfile::tempdir().unwrap();
+    let model = load("tiny-llama", GgmlType::Q4_0, dir.path());
+    let c = &model.cfg;
+    let r = |n: usize, ty: GgmlType, k: usize, _rows: &[usize]| reads(Mode::Fast, n, ty, k);
+    let e = ShapeExec::<HostStore>::new(shape_of, &r);
+    let mut kv = KvShape {
+        geometry: (16, c.n_kv_heads, c.head_dim),
+        cells: 1024,
+        layers: c.n_layers,
+    };
+    let bufs = ShapeExec::<HostStore>::step_bufs(1, 1, true);
+    forward_bufs(c, &model.weights, &e, &mut kv, &bufs).unwrap();
+    let (ops, keys) = e.into_parts();
+    let want = plan(&ops, Mode::Fast, &tuning()).ops;
+    let planned = Arc::new(Planned::new(ops, keys.clone(), Mode::Fast, &tuning()));
+    let mut cursor = Cursor::default();
+    cursor.start(Some(planned.clone()));
+    let got: Vec<Option<OpFusion>> = keys.iter().map(|&k| cursor.take_key(k)).collect();
+    assert_eq!(got, want.iter().copied().map(Some).collect::<Vec<_>>());
+    // An op the plan does not have: no annotation, then none for the rest.
+    cursor.start(Some(planned.clone()));
+    assert_eq!(cursor.take_key(keys[0]), Some(want[0]));
+    assert_eq!(cursor.take_key(("add", None)), None);
+    assert_eq!(cursor.take_key(keys[2]), None);
+    // A matmul of other rows is another op.
+    cursor.start(Some(planned.clone()));
+    assert_eq!(cursor.take_key((keys[0].0, Some(2))), None);
+    // No plan: no annotations.
+    cursor.start(None);
+    assert_eq!(cursor.take_key(keys[0]), None);
+}

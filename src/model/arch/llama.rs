@@ -9,8 +9,8 @@
 use crate::backend::{validate, AttnBatch, MatJob, MatNorm, OpInfo, OpT, WeightInfo as _};
 use crate::dispatch::{Exec, Graph, HostExec, HostLogits, StepBufs};
 use crate::gguf::GgufFile;
-use crate::model::config::{Arch, ModelConfig};
 use crate::kv::KvStorage;
+use crate::model::config::{Arch, ModelConfig};
 use crate::model::weights::{load_vector, optional_vector, HostStore, Store, WeightRef};
 use crate::model::StepInput;
 use anyhow::{bail, ensure, Context, Result};

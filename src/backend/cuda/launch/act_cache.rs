@@ -49,23 +49,27 @@ pub(crate) enum Reader {
     /// Its plan is known (the op's own products, or the step's fusion
     /// pass): the layout it reads, None where it prepares nothing.
     Known(Option<ActRead>),
-    /// A later op's, not known here: predicted from the last matmul that
-    /// ran (`last_mv_q8`, `last_wgmma_rows`); the output's rows where known.
+    /// A later op's, not planned (an op outside an executor's planned
+    /// step): only what the rows alone tell (`predicted_q8`); the output's
+    /// rows where known.
     Predicted(Option<usize>),
 }
 
 /// The activation layout a matmul plan reads its input in (None: it
 /// prepares nothing: float weights, or nothing runs).
 pub(crate) fn act_read(plan: &MmPlan) -> Option<ActRead> {
+    // The planner's own answer for quant_q8's blocks.
+    if plan.reads_q8() {
+        return Some(ActRead::Q8);
+    }
     match plan {
         MmPlan::Empty | MmPlan::Zero => None,
-        MmPlan::Exact(ExactForm::Float) | MmPlan::Matvec { float: true, .. } => Some(ActRead::Raw),
+        MmPlan::Exact(ExactForm::Float) => Some(ActRead::Raw),
         MmPlan::Exact(_) => Some(ActRead::Canon),
-        MmPlan::Matvec { float: false, .. } | MmPlan::Short | MmPlan::Mq { .. } => {
-            Some(ActRead::Q8)
-        }
         MmPlan::Tile { .. } | MmPlan::Blas => Some(ActRead::F16),
         MmPlan::Wgmma { .. } => Some(ActRead::F16Wr),
+        // Past reads_q8: the float matvecs.
+        MmPlan::Matvec { .. } | MmPlan::Short | MmPlan::Mq { .. } => Some(ActRead::Raw),
     }
 }
 
@@ -123,7 +127,7 @@ impl CudaBackend {
     /// this off.
     /// The next matmul is the next op's: as the fusion pass planned it
     /// where the running op has an annotation, else predicted from the
-    /// last matmul (`rows` None: its rows, `last_mv_q8`; `k` then only
+    /// rows (`predicted_q8`; `rows` None: unknown, none written; `k` only
     /// needs to divide the length: the quantized bytes of a buffer do not
     /// depend on its row length, a multiple of 32).
     pub(crate) fn q8_out(
@@ -152,22 +156,19 @@ impl CudaBackend {
         }
     }
 
-    /// Whether the matmul after the op writing `rows` rows reads quant_q8's
-    /// blocks, predicted from the last matmul (`Reader::Predicted`).
+    /// Whether the matmul after an op writing `rows` rows, not planned
+    /// (`Reader::Predicted`: an op outside an executor's planned step),
+    /// reads quant_q8's blocks: those the warp-per-row kernels surely read
+    /// (`deterministic`; `fast` below the tensor-core rows). Past them
+    /// mm_q8_mma reads the same blocks for the types it takes, but which
+    /// type comes next is the plan's to know: none are written.
     fn predicted_q8(&self, rows: Option<usize>, mode: Mode) -> bool {
         let (lo, hi) = mma_rows();
         match (mode, rows) {
             (Mode::Exact, _) => false,
             (Mode::Deterministic, _) => true,
-            // Past the warp-per-row rows, mm_q8_mma reads the same int8
-            // rows for the weight types it takes: like the last matmul.
-            (Mode::Fast, Some(n)) => {
-                (n <= MV_BATCH && !(n > lo && n <= hi))
-                    || (n > lo
-                        && n <= hi
-                        && self.last_mv_q8.load(std::sync::atomic::Ordering::Relaxed))
-            }
-            (Mode::Fast, None) => self.last_mv_q8.load(std::sync::atomic::Ordering::Relaxed),
+            (Mode::Fast, Some(n)) => n <= MV_BATCH && !(n > lo && n <= hi),
+            (Mode::Fast, None) => false,
         }
     }
 
@@ -213,10 +214,9 @@ impl CudaBackend {
     /// For rms_norm, swiglu or the prefill attention about to write
     /// activations `out` (n rows of k) in `fast` mode: where the next
     /// matmul of `out` would convert it with to_f16_wr for the wgmma
-    /// prefill GEMM (the fusion pass planned it so for the next op, or
-    /// without an annotation the last matmul took that GEMM on n rows; k a
-    /// multiple of 256, `out` 16-byte aligned), the cache key to record
-    /// once the producer is queued and
+    /// prefill GEMM (the fusion pass planned it so: an op outside a
+    /// planned step writes none; k a multiple of 256, `out` 16-byte
+    /// aligned), the cache key to record once the producer is queued and
     /// the arena address of the f16 tiles it writes instead (whole tiles
     /// of 128 rows, up to a multiple of 256 rows: every CTA shape's
     /// padding; the same bits). The tuning's `matvec.prequant` = false turns
@@ -242,15 +242,8 @@ impl CudaBackend {
         reader: Reader,
     ) -> Result<Option<(ActKey, u64)>> {
         let s = self.stream();
-        let wgmma = match reader {
-            Reader::Known(r) => r == Some(ActRead::F16Wr),
-            // The GEMM took n rows only past the decode kernels' row counts.
-            Reader::Predicted(_) => {
-                self.last_wgmma_rows
-                    .load(std::sync::atomic::Ordering::Relaxed)
-                    == n
-            }
-        };
+        // Only a planned reader's GEMM is known to be the wgmma one.
+        let wgmma = reader == Reader::Known(Some(ActRead::F16Wr));
         if !self.tuning.matvec.prequant
             || mode != Mode::Fast
             || n == 0

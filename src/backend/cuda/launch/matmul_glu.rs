@@ -134,7 +134,7 @@ impl CudaBackend {
         // this norm (launch/norm_ahead.rs; `fast` only): the `_nc` entry
         // reads them and scales gate and up by the norm's 1/rms.
         let nc = match mode {
-            Mode::Fast => self.ahead_for(x, w, eps, k, ahead),
+            Mode::Fast => self.ahead_for(k, ahead),
             _ => None,
         };
         let Some((name, warps, csize)) =

@@ -113,12 +113,6 @@ impl CudaBackend {
             self.forget_activations();
         }
         let plan = self.mm_plan(x, n, jobs, mode);
-        if !matches!(plan, MmPlan::Empty | MmPlan::Zero) {
-            self.last_wgmma_rows
-                .store(0, std::sync::atomic::Ordering::Relaxed);
-            self.last_mv_q8
-                .store(plan.reads_q8(), std::sync::atomic::Ordering::Relaxed);
-        }
         match plan {
             MmPlan::Empty => Ok(()),
             MmPlan::Zero => self.mat_muls_zero(jobs),
@@ -139,11 +133,7 @@ impl CudaBackend {
                 shape,
                 splits,
                 tail,
-            } => {
-                self.last_wgmma_rows
-                    .store(n, std::sync::atomic::Ordering::Relaxed);
-                self.mm_wgmma(x, n, jobs, (shape, splits, tail))
-            }
+            } => self.mm_wgmma(x, n, jobs, (shape, splits, tail)),
             MmPlan::Blas => self.gemm_f16_jobs(x, n, jobs),
             MmPlan::Short => self.mat_vec_short(x, jobs),
             MmPlan::Matvec { warps, .. } => self.mat_vec(x, n, jobs, warps),

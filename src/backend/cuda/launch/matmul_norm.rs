@@ -41,8 +41,7 @@ impl CudaBackend {
         // claim it.
         self.forget_activations();
         // The products' plan is this op's: the norm writes the layout they
-        // read (norm -> quantize -> matmul, fusion.rs), with no guess from
-        // the last matmul that ran.
+        // read (norm -> quantize -> matmul, fusion.rs).
         let read = act_read(&self.mm_plan(&out.as_view(), n, jobs, mode));
         self.d_rms_norm_for(x, w, k, eps, out, mode, Reader::Known(read))?;
         self.d_mat_muls(&out.as_view(), n, jobs, mode)

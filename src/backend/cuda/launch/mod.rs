@@ -383,9 +383,10 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// swiglu. Where the next matmul would quantize the output (q8_out:
-    /// the rows are `rows` when known, else those of the last matmul, whose
-    /// output the gate is), swiglu_q8 does it in the same pass.
+    /// swiglu. Where the next matmul reads the output quantized (q8_out:
+    /// the op's fusion annotation, else by the rows, `rows` when known),
+    /// swiglu_q8 does it in the same pass; where it reads the wgmma GEMM's
+    /// tiles (the annotation, with `rows`), swiglu_f16wr.
     pub(crate) fn d_swiglu(
         &self,
         gate: &CudaView<'_, f32>,
@@ -405,12 +406,9 @@ impl CudaBackend {
             Some(_) => None,
             None => self.q8_out(out, None, 32, mode)?,
         };
-        // The device path's op has no row count: the last wgmma GEMM's
-        // (f16wr_out takes none other).
-        let r = rows.unwrap_or_else(|| {
-            self.last_wgmma_rows
-                .load(std::sync::atomic::Ordering::Relaxed)
-        });
+        // A `SwiGlu` op has no row count: no wgmma tiles then (they need
+        // the rows); q8 blocks need none.
+        let r = rows.unwrap_or(0);
         let f16 = if pre.is_none()
             && r > 0
             && out.len().is_multiple_of(r)

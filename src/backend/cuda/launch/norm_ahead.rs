@@ -1,24 +1,28 @@
 //! Norm-ahead (`fast` mode, one row; on by default for narrow residuals,
 //! `fusion::norm_ahead_rule`; the tuning switch `matvec.norm_ahead`
-//! forces it): the RMS norm between a
-//! residual matvec and the next op's matvecs folded into both, so that a
-//! one-row decode layer loses its two `rms_norm_fast` launches.
+//! forces it): the RMS norm between a residual matvec and the next op's
+//! matvecs folded into both, so that a one-row decode layer loses its two
+//! `rms_norm_fast` launches. Which ops pair up is the step's fusion pass's
+//! answer (fusion.rs: `ahead_producer`, `ahead_consumer`); an op outside a
+//! planned step takes no part.
 //!
 //! The producer is a `MatMuls` whose one job adds into the residual stream
 //! x and whose `next_norm` names the next op's norm (the model passes it:
 //! o -> FFN norm, down -> the next layer's attention norm). It stores x
 //! and quantizes each block of 32 values of x * g (without the norm's
 //! 1/rms, which divides out of every block's scale) and stores the block's
-//! sum of squares into this module's buffer (`fusion::producer_form`: on sm_90+ a
-//! thread-block cluster of 4 CTAs of 8 rows per block, `mv_q8_r1_na_c4` /
-//! `_w2c4`, rank 0 quantizing; elsewhere one CTA of 1,024 threads,
-//! `mv_q8_r1_na`). The consumer, the very next op (a `MatMuls` carrying
-//! that norm on that x), skips `rms_norm_fast` and the quantization and
-//! runs the usual one-row matvec on those blocks, which scales each output
-//! by rsqrt(sum / dim + eps) (`mv_q8_r1_nc` and its split-row forms, or
-//! for a gate/up op with its SwiGlu the fused `mv_q8_r1_glu*_nc`: separate
-//! entries, so the plain kernels keep their code). Any other op in between
-//! drops the pending blocks (`take_norm_ahead` at every op).
+//! sum of squares into this module's buffer (`fusion::producer_form`: on
+//! sm_90+ a thread-block cluster of 4 CTAs of 8 rows per block,
+//! `mv_q8_r1_na_c4` / `_w2c4`, rank 0 quantizing; elsewhere one CTA of
+//! 1,024 threads, `mv_q8_r1_na`). The consumer, the very next op (a
+//! `MatMuls` carrying that norm on that x), skips `rms_norm_fast` and the
+//! quantization and runs the usual one-row matvec on those blocks, which
+//! scales each output by rsqrt(sum / dim + eps) (`mv_q8_r1_nc` and its
+//! split-row forms, or for a gate/up op with its SwiGlu the fused
+//! `mv_q8_r1_glu*_nc`: separate entries, so the plain kernels keep their
+//! code). The blocks serve the next op only (`take_norm_ahead` at every
+//! op), and only if the producer ran (it may not find its buffer during a
+//! capture: the consumer then runs the plain path).
 //!
 //! Not the bits of `RmsNorm` then `MatMuls` (the 1/rms is applied after
 //! the products instead of before the rounding to int8), so `fast` mode
@@ -26,8 +30,8 @@
 //! graph and the cpu, `quire ops --mode fast --op norm_ahead` producer /
 //! consumer pairs against the cpu's ops.
 //!
-//! On by default for residual rows of at most
-//! `fusion::NORM_AHEAD_MAX_DIM` values (`fusion::norm_ahead_rule`). Measured on an H200 (2026-11-29,
+//! On by default for residual rows of at most `fusion::NORM_AHEAD_MAX_DIM`
+//! values (`fusion::norm_ahead_rule`). Measured on an H200 (2026-11-29,
 //! docs/PERF.md), after 512 tokens: SmolLM2 (576) +5-7% with the cluster
 //! producer and the fused SwiGlu consumer (+0.5-1.6% with the one-CTA
 //! producer and the unfused pair); the 1B (2,048) -15% (the cluster
@@ -35,9 +39,9 @@
 //! its launches overlapped far less with their neighbours), the 8B (4,096)
 //! -11%.
 
+use super::dev_ptr;
 use super::matmul::{job_table, mm_dims, mv_grid, mv_name, mv_warps, MV_Q8_NC};
-use super::{dev_ptr, dev_ptr_mut};
-use crate::backend::cuda::fusion::{norm_ahead_rule, producer_form};
+use crate::backend::cuda::fusion::producer_form;
 use crate::backend::cuda::mem::Dev;
 use crate::backend::cuda::{drv, CudaBackend, Switch};
 use crate::backend::{validate, MatJob, Mode, WeightInfo};
@@ -45,14 +49,14 @@ use crate::quant::GgmlType;
 use anyhow::{Context, Result};
 use cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 
-/// What the producer left for the next op: the residual stream's device
-/// address and length, the norm weights' address and eps bits.
+/// What the producer left for the next op: blocks of a residual row of
+/// `len` values. Which op consumes them is the fusion pass's answer
+/// (fusion.rs: the op right after, normalizing that residual with the
+/// producer's norm weights and eps), never a match of device addresses;
+/// the width is checked.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) struct AheadKey {
-    x: u64,
     len: usize,
-    w: u64,
-    eps: u32,
 }
 
 /// Device addresses of the producer's blocks for one consumer: the int8
@@ -92,8 +96,8 @@ fn q8_type(ty: GgmlType) -> bool {
 }
 
 impl CudaBackend {
-    /// The producer's key and the blocks' address, taken (so they serve
-    /// only the op right after). Off, no producer ever sets them.
+    /// The producer's blocks (their width and address), taken (so they
+    /// serve only the op right after). Off, no producer ever sets them.
     pub(crate) fn take_norm_ahead(&self) -> Option<(AheadKey, u64)> {
         if self.tuning.matvec.norm_ahead == Switch::Off {
             return None;
@@ -125,14 +129,15 @@ impl CudaBackend {
 
     /// The producer: `jobs` (one adding job, the residual stream) by
     /// `mv_q8_r1_na` when norm-ahead applies, leaving the next op's input
-    /// blocks for norm weights `g` and `eps`. Ok(false): it does not apply
-    /// (nothing ran; the caller runs the plain op).
+    /// blocks for norm weights `g` (its eps is the consumer's to apply).
+    /// Ok(false): it does not apply (nothing ran; the caller runs the plain
+    /// op).
     pub(crate) fn mat_muls_ahead(
         &self,
         x: &CudaView<'_, f32>,
         n: usize,
         jobs: &mut [MatJob<'_, Dev>],
-        (g, eps): (&CudaView<'_, f32>, f32),
+        g: &CudaView<'_, f32>,
         mode: Mode,
     ) -> Result<bool> {
         if jobs.len() != 1 {
@@ -140,13 +145,11 @@ impl CudaBackend {
         }
         let job = &jobs[0];
         let (k, m) = (job.w.cols, job.w.rows);
-        // The fusion pass's decision where the op has an annotation
-        // (fusion.rs: it pairs the producer with the next op), else the
-        // rule; the structural conditions below hold either way.
-        let on = self.current_fusion().map_or_else(
-            || norm_ahead_rule(self.tuning.matvec.norm_ahead, m),
-            |f| f.ahead_producer,
-        );
+        // The fusion pass's decision (fusion.rs: it pairs the producer with
+        // the next op, under `fusion::norm_ahead_rule`); an op outside a
+        // planned step is never a producer. The structural conditions
+        // below are the pass's too.
+        let on = self.current_fusion().is_some_and(|f| f.ahead_producer);
         if !on
             || mode != Mode::Fast
             || n != 1
@@ -174,7 +177,6 @@ impl CudaBackend {
         let (name, threads, rows, csize) = producer_form(clusters, k, m);
         let (mut table, ctas) = job_table(jobs, rows, s)?;
         self.l2_record(jobs, &mut table)?;
-        let out_ptr = dev_ptr_mut(&jobs[0].out, s);
         let g_ptr = dev_ptr(g, s);
         let cfg = LaunchConfig {
             grid_dim: (1, ctas, 1),
@@ -190,44 +192,21 @@ impl CudaBackend {
         // float2 and m / 32 floats.
         let extra = [g_ptr, base, base + ds_off as u64, base + parts_off as u64];
         self.mat_vec_q8(x, n, jobs, (&d, &table, cfg, name), &extra, csize)?;
-        // As d_mat_muls records a warp-per-row matvec.
-        self.last_mv_q8
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-        self.last_wgmma_rows
-            .store(0, std::sync::atomic::Ordering::Relaxed);
         if let Ok(mut st) = self.norm_ahead.lock() {
-            st.key = Some((
-                AheadKey {
-                    x: out_ptr,
-                    len: m,
-                    w: g_ptr,
-                    eps: eps.to_bits(),
-                },
-                base,
-            ));
+            st.key = Some((AheadKey { len: m }, base));
         }
         Ok(true)
     }
 
-    /// The producer's blocks if they are the input of an op normalizing
-    /// `x` (rows of `k`) with weights `w` and `eps`.
+    /// The producer's blocks (`ahead`, left by the op before, which the
+    /// fusion pass paired with this one) as the input of rows of `k`.
     pub(crate) fn ahead_for(
         &self,
-        x: &CudaView<'_, f32>,
-        w: &CudaView<'_, f32>,
-        eps: f32,
         k: usize,
         ahead: Option<(AheadKey, u64)>,
     ) -> Option<AheadBlocks> {
         let (key, base) = ahead?;
-        let s = self.stream();
-        let here = AheadKey {
-            x: dev_ptr(x, s),
-            len: x.len(),
-            w: dev_ptr(w, s),
-            eps: eps.to_bits(),
-        };
-        if here != key || k != key.len {
+        if k != key.len {
             return None;
         }
         let (ds_off, parts_off, _) = layout(k);
@@ -239,15 +218,14 @@ impl CudaBackend {
         })
     }
 
-    /// The consumer: `jobs` of rms_norm(x) (weights `w`, `eps`) from the
-    /// blocks the op before left (`ahead`, its key), by the one-row matvec
-    /// with the norm's scale applied after the products. Ok(false): the
-    /// blocks are not this op's input (nothing ran).
-    #[allow(clippy::too_many_arguments)] // the op's fields
+    /// The consumer: `jobs` of rms_norm(x) (the norm's `eps`; its weights
+    /// were the producer's) from the blocks the op before left (`ahead`),
+    /// by the one-row matvec with the norm's scale applied after the
+    /// products. Ok(false): no blocks of this width, or not a one-row
+    /// `fast` op of quantized weights (nothing ran).
     pub(crate) fn mat_muls_norm_ahead(
         &self,
         x: &CudaView<'_, f32>,
-        w: &CudaView<'_, f32>,
         eps: f32,
         n: usize,
         jobs: &mut [MatJob<'_, Dev>],
@@ -261,7 +239,7 @@ impl CudaBackend {
             nds,
             parts,
             blocks,
-        }) = self.ahead_for(x, w, eps, k, ahead)
+        }) = self.ahead_for(k, ahead)
         else {
             return Ok(false);
         };
@@ -305,11 +283,6 @@ impl CudaBackend {
         )?;
         self.norm_ahead_runs
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        // As d_mat_muls records a warp-per-row matvec.
-        self.last_mv_q8
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-        self.last_wgmma_rows
-            .store(0, std::sync::atomic::Ordering::Relaxed);
         Ok(true)
     }
 }
