@@ -86,7 +86,8 @@ pub fn ops(a: OpsArgs) -> Result<()> {
                     .op_filter
                     .as_deref()
                     .is_none_or(|f| "mat_muls_glu".contains(f))
-                && opcheck::mat_muls_glu::fusable_blocks().any(|b| c.glu_takes(b));
+                && opcheck::mat_muls_glu::fusable_cases(opts.quick)
+                    .any(|(ty, k, b)| c.glu_takes(ty, k, b));
             if glu_wanted && c.glu_runs.load(std::sync::atomic::Ordering::Relaxed) == glu_before {
                 res.push(opcheck::CaseResult {
                     op: "mat_muls_glu",

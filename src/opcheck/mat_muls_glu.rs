@@ -7,6 +7,7 @@
 use super::mat_muls::{fused_types, job_matrices, jobs, split_outs, unfused_bits};
 use super::{randv, Ctx, Guarded};
 use crate::backend::{MatNorm, Op, QMatrix};
+use crate::quant::GgmlType;
 
 /// (rows m of the gate and the up job, k, n, with the input's norm):
 /// decode rows with the norm (the model graph's op, which CUDA fuses):
@@ -23,14 +24,19 @@ const SHAPES: &[(usize, usize, usize, bool)] = &[
     (64, 256, 3, true),
 ];
 
-/// Blocks of 32 indices of the one-row shapes with the norm (those a
-/// backend may fuse; `quire ops` checks that CUDA's fused launch ran where
-/// its rule takes one of them).
-pub fn fusable_blocks() -> impl Iterator<Item = usize> {
+/// The one-row cases with the norm (those a backend may fuse), as (weight
+/// type, k, blocks of 32 output rows): `quire ops` checks that CUDA's
+/// fused launch ran where its rule takes one of them.
+pub fn fusable_cases(quick: bool) -> impl Iterator<Item = (GgmlType, usize, usize)> {
     SHAPES
         .iter()
         .filter(|&&(m, _, n, norm)| n == 1 && norm && m.is_multiple_of(32))
-        .map(|&(m, ..)| m / 32)
+        .flat_map(move |&(m, k, ..)| {
+            fused_types(quick)
+                .iter()
+                .filter(move |ty| k.is_multiple_of(ty.block_size()))
+                .map(move |&ty| (ty, k, m / 32))
+        })
 }
 
 impl Ctx<'_> {

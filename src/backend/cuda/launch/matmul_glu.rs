@@ -40,8 +40,34 @@ fn glu_nc(name: &str) -> Result<&'static str> {
 impl CudaBackend {
     /// Whether a one-row gate/up op of `blocks` blocks of 32 indices (32-value
     /// block weights, the norm on the op) takes the fused launch here.
-    pub(crate) fn glu_takes(&self, blocks: usize) -> bool {
-        self.tuning.matvec.prequant
+    ///
+    /// The same conditions as the launch (`mat_muls_glu_fused`): a 32-value
+    /// block type `ty` of `k` columns whose one-row products the planner
+    /// gives the one-row q8 matvec (under tuning overrides that send one
+    /// row elsewhere, the fused launch does not run either), and a form.
+    pub(crate) fn glu_takes(&self, ty: GgmlType, k: usize, blocks: usize) -> bool {
+        use super::matmul::{plan, MmPlan, MmShape};
+        let block32 = matches!(
+            ty,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0
+        );
+        let m = blocks * 32;
+        let shape = MmShape {
+            ty,
+            k,
+            n: 1,
+            rows: &[m, m],
+            aligned16: false,
+            outs_vec4: false,
+        };
+        let one_row_q8 = plan(&shape, Mode::Fast, &self.mm_caps(), &self.tuning.matmul)
+            == MmPlan::Matvec {
+                float: false,
+                warps: 1,
+            };
+        block32
+            && one_row_q8
+            && self.tuning.matvec.prequant
             && glu_form(blocks, false, &self.mm_caps(), &self.tuning.matmul).is_some()
     }
 
