@@ -17,7 +17,7 @@
 # run on the same files right after Quire's runs of each model.
 #
 # Env: OUT (default ./gpu-goals-out: results.jsonl, summary.md, logs),
-# GOALS_AB (environment settings, e.g. "QUIRE_MV_PREFETCH_MB=16": every model's
+# GOALS_AB (quire flags, e.g. "--tune matmul.mv_prefetch_mb=16": every model's
 # decode also runs with them, alternating with the default, twice each),
 # GOALS_AB_GREEDY=1 (those A/B runs with `--greedy`: tokens chosen on the
 # device, the greedy graphs' path; without it every step feeds a token and
@@ -88,14 +88,14 @@ for m in "${models[@]}"; do
 done
 
 # One `quire bench --json` run, recorded as {"model", "label", "bytes",
-# "quire": {...}}; AB_ENV (settings) applies to this run only.
-AB_ENV=()
+# "quire": {...}}; AB_FLAGS (quire flags) apply to this run only.
+AB_FLAGS=()
 qbench() {
   local name=$1 label=$2
   shift 2
   local log="$OUT/$name-$label.log" bytes
   bytes=$(stat -c %s "$tmp/$name.gguf")
-  if env "${AB_ENV[@]}" "$QUIRE" bench -m "$tmp/$name.gguf" --gpu "$GPU" --json "$@" >"$log" 2>&1; then
+  if "$QUIRE" bench -m "$tmp/$name.gguf" --gpu "$GPU" --json "$@" ${AB_FLAGS[@]+"${AB_FLAGS[@]}"} >"$log" 2>&1; then
     printf '{"model":"%s","label":"%s","bytes":%s,"quire":%s}\n' "$name" "$label" "$bytes" "$(grep '^{' "$log" | tail -1)" >>"$res"
   else
     echo "quire bench $name $label failed: $(tail -1 "$log")"
@@ -127,9 +127,9 @@ for m in "${models[@]}"; do
     [ "${GOALS_AB_GREEDY:-0}" = 1 ] && ab_flags=(--greedy)
     for i in 1 2; do
       qbench "$name" ab-off-$i "${fast[@]}" ${ab_flags[@]+"${ab_flags[@]}"} -p 0 -g "$G" --depth "$D"
-      read -r -a AB_ENV <<<"$GOALS_AB"
+      read -r -a AB_FLAGS <<<"$GOALS_AB"
       qbench "$name" ab-on-$i "${fast[@]}" ${ab_flags[@]+"${ab_flags[@]}"} -p 0 -g "$G" --depth "$D"
-      AB_ENV=()
+      AB_FLAGS=()
     done
   fi
   lbench "$name"

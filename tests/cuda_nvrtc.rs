@@ -4,7 +4,8 @@
 //! LD_LIBRARY_PATH); without it the tests that compile fail, naming the
 //! fix, so CI cannot pass without having compiled the kernels.
 
-use quire::backend::cuda::source;
+use quire::backend::cuda::device::compile;
+use quire::backend::cuda::kernels;
 
 /// One entry of the kernel tables: (file stem, source, entry points).
 type KernelFile = (&'static str, &'static str, &'static [&'static str]);
@@ -12,7 +13,7 @@ type KernelFile = (&'static str, &'static str, &'static [&'static str]);
 /// Fails naming the fix unless NVRTC can run.
 fn require_nvrtc(what: &str) {
     assert!(
-        source::nvrtc_present(),
+        compile::nvrtc_present(),
         "libnvrtc cannot be loaded, so {what}. scripts/test.sh puts the lib dir of \
          the nvidia-cuda-nvrtc pip package (installed by scripts/setup-test-env.sh) \
          on LD_LIBRARY_PATH"
@@ -25,9 +26,9 @@ fn every_kernel_compiles_with_nvrtc() {
     let mut n = 0;
     // The Hopper-only files (wgmma) are compiled for sm_90a alone.
     let sets = [
-        ("sm_80", source::KERNELS),
-        ("sm_90", source::KERNELS),
-        ("sm_90a", source::KERNELS_SM90A),
+        ("sm_80", kernels::KERNELS),
+        ("sm_90", kernels::KERNELS),
+        ("sm_90a", kernels::KERNELS_SM90A),
     ];
     // Compiled concurrently, as the backend does at start (NVRTC programs
     // are independent), then checked in order.
@@ -38,7 +39,9 @@ fn every_kernel_compiles_with_nvrtc() {
     let compiled: Vec<_> = {
         use rayon::prelude::*;
         jobs.par_iter()
-            .map(|(arch, (stem, _, _))| source::compile(stem, arch))
+            .map(|(arch, (stem, _, _))| {
+                kernels::full_source(stem).and_then(|src| compile::compile(stem, &src, arch))
+            })
             .collect()
     };
     for ((arch, (stem, _, entries)), ptx) in jobs.into_iter().zip(compiled) {
@@ -66,7 +69,7 @@ fn every_kernel_compiles_with_nvrtc() {
             let name = body.split('(').next().unwrap_or("?").trim();
             assert!(
                 name.starts_with("_Z") || entries.contains(&name),
-                "{stem}.cu ({arch}): kernel {name} is not in source::KERNELS"
+                "{stem}.cu ({arch}): kernel {name} is not in kernels::KERNELS"
             );
         }
         // Every kernel waits for the previous grid (GRID_DEP,
@@ -108,7 +111,7 @@ fn every_kernel_compiles_with_nvrtc() {
 
 #[test]
 fn kernel_table_names_every_op_file() {
-    let stems: Vec<&str> = source::KERNELS.iter().map(|(s, _, _)| *s).collect();
+    let stems: Vec<&str> = kernels::KERNELS.iter().map(|(s, _, _)| *s).collect();
     for want in [
         "matmul",
         "rms_norm",
@@ -124,7 +127,7 @@ fn kernel_table_names_every_op_file() {
     // Entry names are non-empty and loaded once (some lists are built by
     // const code, e.g. attention_pipe_fast's from ATT_PIPE).
     let mut seen = std::collections::HashSet::new();
-    for (stem, _, entries) in source::KERNELS.iter().chain(source::KERNELS_SM90A) {
+    for (stem, _, entries) in kernels::KERNELS.iter().chain(kernels::KERNELS_SM90A) {
         for e in entries.iter() {
             assert!(!e.is_empty(), "{stem}.cu: an empty entry name");
             assert!(seen.insert(*e), "{stem}.cu: entry {e} listed twice");
@@ -134,12 +137,13 @@ fn kernel_table_names_every_op_file() {
 
 #[test]
 fn kernel_cache_compiles_stores_and_reloads_cubins() {
-    use quire::backend::cuda::kcache::{load_in, Origin};
+    use quire::backend::cuda::device::kcache::{load_in, Origin};
     require_nvrtc("the kernel cache was NOT exercised");
     let dir = std::env::temp_dir().join(format!("quire-kcache-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
+    let add = kernels::full_source("add").unwrap();
     // A miss compiles a CUBIN (an ELF image) and stores it under its key.
-    let (_, o) = load_in(Some(&dir), "add", "sm_90").unwrap();
+    let (_, o) = load_in(Some(&dir), "add", &add, "sm_90").unwrap();
     assert_eq!(o, Origin::Compiled);
     let files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
     assert_eq!(files.len(), 1, "one file, no temporary left behind");
@@ -152,21 +156,21 @@ fn kernel_cache_compiles_stores_and_reloads_cubins() {
     assert!(std::fs::read(&path).unwrap().starts_with(b"\x7fELF"));
     // A hit reads it back; another architecture is another file.
     assert_eq!(
-        load_in(Some(&dir), "add", "sm_90").unwrap().1,
+        load_in(Some(&dir), "add", &add, "sm_90").unwrap().1,
         Origin::Cached
     );
     assert_eq!(
-        load_in(Some(&dir), "add", "sm_80").unwrap().1,
+        load_in(Some(&dir), "add", &add, "sm_80").unwrap().1,
         Origin::Compiled
     );
     // A damaged file is not loaded: compiled again and replaced.
     std::fs::write(&path, b"not a cubin").unwrap();
     assert_eq!(
-        load_in(Some(&dir), "add", "sm_90").unwrap().1,
+        load_in(Some(&dir), "add", &add, "sm_90").unwrap().1,
         Origin::Compiled
     );
     assert!(std::fs::read(&path).unwrap().starts_with(b"\x7fELF"));
     // No cache: PTX, as without one.
-    assert_eq!(load_in(None, "add", "sm_90").unwrap().1, Origin::Ptx);
+    assert_eq!(load_in(None, "add", &add, "sm_90").unwrap().1, Origin::Ptx);
     let _ = std::fs::remove_dir_all(&dir);
 }

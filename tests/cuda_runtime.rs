@@ -8,7 +8,8 @@ mod common;
 
 use common::cuda::backend;
 use quire::backend::cpu::CpuBackend;
-use quire::backend::cuda::{source, CudaBackend};
+use quire::backend::cuda::device::compile as source;
+use quire::backend::cuda::CudaBackend;
 use quire::backend::{GpuMode, Mode};
 use quire::opcheck;
 

@@ -59,7 +59,7 @@ pub struct BenchArgs {
     /// `TEMPERATURE,TOP_K,TOP_P,MIN_P` (e.g. `0.8,40,0.95,0.05`, the `run`
     /// defaults; seeded per sequence): on the GPU drawn on the device
     /// where it can (kernels/sample.cu), else on the host
-    /// (QUIRE_GREEDY_CHAIN=0: always on the host). Rows marked "sampled".
+    /// (`--tune runtime.greedy_chain=false`: always on the host). Rows marked "sampled".
     #[arg(long, value_parser = parse_sample)]
     pub sample: Option<SamplingParams>,
     /// Write a PNG plot of decode tokens/s against batch size and against
@@ -194,7 +194,7 @@ fn time_batched(
             }
         }
         let tps = (b * gen) as f64 / t0.elapsed().as_secs_f64();
-        for (phase, n, us) in crate::backend::cuda::step_times::report() {
+        for (phase, n, us) in crate::backend::cuda::device::step_times::report() {
             eprintln!("step phase (QUIRE_STEP_TIMES=1, batch {b}): {phase:45} {n:6} x {us:8.2} us");
         }
         Ok(tps)

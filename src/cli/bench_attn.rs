@@ -17,7 +17,7 @@
 //! graph is to be compared with the PDL column.
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::cuda::mem::{Dev, DevAttnBatch, DevKv};
+use crate::backend::cuda::device::memory::{Dev, DevAttnBatch, DevKv};
 use crate::backend::cuda::CudaBackend;
 use crate::backend::{AttnBatch, Backend, GpuMode, KvLayer, Mode, Op, OpT};
 use anyhow::{ensure, Context, Result};

@@ -1,8 +1,9 @@
-//! `quire kernels`: fills the kernel cache (backend/cuda/kcache.rs) for a
+//! `quire kernels`: fills the kernel cache (backend/cuda/device/kcache.rs) for a
 //! device architecture without a device, e.g. to build the CUBINs on one
 //! machine and carry them to another (NVRTC only; no driver needed).
 
-use crate::backend::cuda::{kcache, source};
+use crate::backend::cuda::device::kcache;
+use crate::backend::cuda::kernels as table;
 use anyhow::{bail, Result};
 use clap::Args;
 use std::path::PathBuf;
@@ -31,13 +32,13 @@ pub fn kernels(a: KernelsArgs) -> Result<()> {
             bail!("--arch {arch}: give a real architecture such as sm_90");
         }
         jobs.extend(
-            source::KERNELS
+            table::KERNELS
                 .iter()
                 .map(|(s, _, _)| (*s, arch.to_string())),
         );
         if arch == "sm_90" {
             jobs.extend(
-                source::KERNELS_SM90A
+                table::KERNELS_SM90A
                     .iter()
                     .map(|(s, _, _)| (*s, "sm_90a".to_string())),
             );
@@ -49,7 +50,8 @@ pub fn kernels(a: KernelsArgs) -> Result<()> {
         jobs.par_iter()
             .map(|(stem, arch)| {
                 let t = std::time::Instant::now();
-                let r = kcache::load_in(Some(&dir), stem, arch)
+                let r = table::full_source(stem)
+                    .and_then(|src| kcache::load_in(Some(&dir), stem, &src, arch))
                     .map(|(_, o)| (o, t.elapsed().as_secs_f64()));
                 (format!("{stem}.cu ({arch})"), r)
             })

@@ -14,7 +14,7 @@ pub use greedy::GreedyTicket;
 pub(super) use model::load;
 
 use super::{Exec, Graph, StepBufs};
-use crate::backend::cuda::mem::{zeros, Dev, DevAttnBatch, DevKv, DevKvMut, DevMatrix};
+use crate::backend::cuda::device::memory::{zeros, Dev, DevAttnBatch, DevKv, DevKvMut, DevMatrix};
 use crate::backend::cuda::{drv, CudaBackend};
 use crate::backend::{AttnBatch, Mode, OpT};
 use crate::dispatch::weights::{Store, WeightRef};
@@ -417,11 +417,6 @@ impl CudaExec {
             .and_then(|v| v.pop());
         let data = match reused {
             Some(mut d) => {
-                // The buffer may be the input the arena holds quantized
-                // (its new user rewrites it); any other input's blocks
-                // stay valid (the output head's normed row, quantized by
-                // the norm, outlives the allocation of the logits).
-                self.be.forget_activations_at(dev_addr(&d), len);
                 if self.capturing.load(Ordering::Relaxed) {
                     self.pool
                         .pinned
@@ -440,13 +435,8 @@ impl CudaExec {
             None if self.capturing.load(Ordering::Relaxed) => {
                 bail!("cuda graph capture: no pooled buffer of {len} elements (would allocate)")
             }
-            // Fresh allocations are zeroed either way (mem::zeros); the
-            // driver may hand out memory of a freed buffer the arena's
-            // blocks were of.
-            None => {
-                self.be.forget_activations();
-                zeros::<f32>(&self.be, len, "allocating an activation")?
-            }
+            // Fresh allocations are zeroed either way (mem::zeros).
+            None => zeros::<f32>(&self.be, len, "allocating an activation")?,
         };
         Ok(DevBuf {
             data: Some(data),

@@ -16,7 +16,7 @@ pub use input::StepInput;
 
 /// Host-side phases of decode steps (`QUIRE_STEP_TIMES=1`), marked by the
 /// runner around the executor's own marks.
-pub use crate::backend::cuda::step_times;
+pub use crate::backend::cuda::device::step_times;
 /// The tuning overrides a device is opened with (`--tuning FILE`,
 /// `--tune KEY=VALUE`).
 pub use crate::backend::cuda::TuningOverrides;

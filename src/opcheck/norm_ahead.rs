@@ -9,8 +9,8 @@
 //! output intact, and the norm-ahead path must have run.
 
 use super::{graded, randv, CaseResult, Guarded, Options, Status, GUARD};
+use crate::backend::cuda::device::memory::DevMatrix;
 use crate::backend::cuda::fusion::OpFusion;
-use crate::backend::cuda::mem::DevMatrix;
 use crate::backend::cuda::{CudaBackend, Switch};
 use crate::backend::{Backend, MatJob, MatNorm, Mode, Op, OpT, QMatrix};
 use crate::quant::GgmlType;

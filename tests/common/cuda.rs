@@ -4,7 +4,8 @@
 //! `--ignored` (scripts/gpu-check.sh's `tests` step) it fails, naming what
 //! is missing, where there is no usable device.
 
-use quire::backend::cuda::{source, CudaBackend};
+use quire::backend::cuda::device::compile as source;
+use quire::backend::cuda::CudaBackend;
 use quire::backend::GpuMode;
 
 /// Panics unless the CUDA driver library and NVRTC both load.

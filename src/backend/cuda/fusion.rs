@@ -13,10 +13,14 @@
 //! writes for the next op and whether it takes part in norm-ahead are
 //! decided here, not from the ops that ran before it.
 //!
-//! `input_from` is the pass's model of the scratch arena: the launchers
-//! still find prepared inputs by the arena's own record
-//! (launch/act_cache.rs), which also covers a producer whose buffers
-//! turned out unaligned at run time (it then writes nothing extra).
+//! `input_from` is the pass's model of the scratch arena, and the
+//! launchers act on it alone (launch/prepared.rs): a reader so annotated
+//! skips preparing its input, so an annotated producer always writes it
+//! (where its fused kernel cannot, for a buffer it finds unaligned or a
+//! kernel form without the epilogue, the standalone conversion runs
+//! after it). Only what a producer can always write is annotated: q8
+//! blocks for any rows, wgmma tiles only where the op knows its rows (not
+//! a bare `SwiGlu` op).
 //!
 //! Every fusion here keeps the bits of the unfused sequence except
 //! norm-ahead (`fast` only; docs/DETERMINISM.md), whose parity cases are
@@ -177,8 +181,8 @@ fn q8_type(ty: GgmlType) -> bool {
 /// Whether an elementwise producer of `len` values in rows of `k` may
 /// write `read` for a matmul in `mode`: q8 blocks outside `exact` (whole
 /// 32-value blocks of whole rows), wgmma tiles in `fast` (k a multiple of
-/// 256). Alignment of the device buffers is the launcher's to check (it
-/// falls back to the plain kernel, the same bits).
+/// 256). Alignment of the device buffers is the launcher's to handle (the
+/// plain kernel then the standalone conversion, the same bits).
 fn producible(read: ActRead, mode: Mode, len: usize, k: usize) -> bool {
     let rows_ok = len > 0 && k > 0 && len.is_multiple_of(k);
     match read {
@@ -277,20 +281,21 @@ pub fn plan(ops: &[StepOp], mode: Mode, t: &MatvecTuning) -> StepFusion {
                     // The SwiGlu after the products rewrites the arena.
                     arena = None;
                     let len = m.n * m.jobs.first().map_or(0, |j| j.m);
-                    elementwise(ops, i, g, len, f, &mut arena, mode, t);
+                    elementwise(ops, i, (g, len, true), f, &mut arena, mode, t);
                 }
             }
             StepOp::RmsNorm { out: b, n, dim } => {
                 arena = None;
-                elementwise(ops, i, *b, n * dim, f, &mut arena, mode, t);
+                elementwise(ops, i, (*b, n * dim, true), f, &mut arena, mode, t);
             }
             StepOp::SwiGlu { out: b, len } => {
                 arena = None;
-                elementwise(ops, i, *b, *len, f, &mut arena, mode, t);
+                // No rows: q8 blocks only (the tiles need the rows).
+                elementwise(ops, i, (*b, *len, false), f, &mut arena, mode, t);
             }
             StepOp::PagedAttention { out: b, n, width } => {
                 arena = None;
-                elementwise(ops, i, *b, n * width, f, &mut arena, mode, t);
+                elementwise(ops, i, (*b, n * width, true), f, &mut arena, mode, t);
             }
             StepOp::Other { .. } => arena = None,
         }
@@ -298,21 +303,21 @@ pub fn plan(ops: &[StepOp], mode: Mode, t: &MatvecTuning) -> StepFusion {
     StepFusion { ops: out }
 }
 
-/// An elementwise op writing `len` values of `buf`: prequant for the next
-/// op's matmul where it reads `buf` in a layout this op can write.
-#[allow(clippy::too_many_arguments)]
+/// An elementwise op writing `len` values of `buf` (`rows`: whether the
+/// op knows its rows): prequant for the next op's matmul where it reads
+/// `buf` in a layout this op can write.
 fn elementwise(
     ops: &[StepOp],
     i: usize,
-    buf: BufId,
-    len: usize,
+    (buf, len, rows): (BufId, usize, bool),
     f: &mut OpFusion,
     arena: &mut Option<(BufId, ActRead, usize)>,
     mode: Mode,
     t: &MatvecTuning,
 ) {
     if let Some((read, k)) = next_reader(ops, i, buf) {
-        if t.prequant && producible(read, mode, len, k) {
+        let tiles_ok = rows || read != ActRead::F16Wr;
+        if t.prequant && tiles_ok && producible(read, mode, len, k) {
             f.out_for_next = Some(read);
             *arena = Some((buf, read, i));
         }

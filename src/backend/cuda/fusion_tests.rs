@@ -121,7 +121,8 @@ const QWEN3: Shape = Shape {
 pub(crate) fn reads(mode: Mode, n: usize, ty: GgmlType, k: usize) -> ActRead {
     let float = !q8_type(ty);
     match mode {
-        Mode::Exact if float => ActRead::Raw,
+        // quant_actk's blocks (256-value types) are the op's own.
+        Mode::Exact if float || ty.block_size() == 256 => ActRead::Raw,
         Mode::Exact => ActRead::Canon,
         Mode::Deterministic if float => ActRead::Raw,
         Mode::Deterministic => ActRead::Q8,
@@ -508,12 +509,68 @@ fn split_groups_share_one_quantized_input() {
     assert_eq!(f[s].out_for_next, Some(ActRead::Q8));
     assert_eq!(f[s + 1].input_from, Some(s));
     assert_eq!(f[s + 2].input_from, Some(s));
-    // `exact`: the first matmul quantizes (canonical rows), the second
-    // reads them.
+    // `exact`: the K-quant canonical kernel quantizes per job (quant_actk)
+    // and keeps nothing: each op prepares its own.
     let f = plan(&step(&L8B_KM, Mode::Exact, 1, 1).0, Mode::Exact, &t).ops;
     assert_eq!(f[s], NONE);
     assert_eq!(f[s + 1].input_from, None);
+    assert_eq!(f[s + 2].input_from, None);
+    // A 32-block type split across ops (q/k in Q8_0, v in Q4_0): the
+    // first matmul quantizes (canonical rows), the second reads them.
+    let split = Shape {
+        ty: GgmlType::Q8_0,
+        ty_v: GgmlType::Q4_0,
+        ty_down: GgmlType::Q8_0,
+        ty_out: GgmlType::Q8_0,
+        ..L8B_KM
+    };
+    let f = plan(&step(&split, Mode::Exact, 1, 1).0, Mode::Exact, &t).ops;
+    assert_eq!(f[s], NONE);
+    assert_eq!(f[s + 1].input_from, None);
     assert_eq!(f[s + 2].input_from, Some(s + 1));
+}
+
+#[test]
+fn wgmma_tiles_only_from_ops_that_know_their_rows() {
+    // A bare `SwiGlu` op has no rows: the wgmma reader after it converts
+    // its own input; q8 blocks need no rows. A norm before the same
+    // reader writes the tiles.
+    let t = tuning();
+    let (n, k) = (128, 8192);
+    let reader = |reads| {
+        StepOp::MatMuls(MatOp {
+            x: ACT,
+            n,
+            k,
+            ty: GgmlType::Q4_0,
+            jobs: vec![JobDesc {
+                m: 4096,
+                add: true,
+                out: X,
+            }],
+            norm: None,
+            next_norm: None,
+            glu: None,
+            reads,
+        })
+    };
+    for (producer, read, want) in [
+        (StepOp::SwiGlu { out: ACT, len: n * k }, ActRead::F16Wr, None),
+        (StepOp::SwiGlu { out: ACT, len: n * k }, ActRead::Q8, Some(ActRead::Q8)),
+        (
+            StepOp::RmsNorm {
+                out: ACT,
+                n,
+                dim: k,
+            },
+            ActRead::F16Wr,
+            Some(ActRead::F16Wr),
+        ),
+    ] {
+        let f = plan(&[producer, reader(read)], Mode::Fast, &t).ops;
+        assert_eq!(f[0].out_for_next, want, "{read:?}");
+        assert_eq!(f[1].input_from, want.map(|_| 0), "{read:?}");
+    }
 }
 
 #[test]

@@ -10,7 +10,7 @@
 //! fingerprint). KV ops upload only the blocks their slots or block tables
 //! touch, remapped onto a compact buffer.
 
-use super::mem::{Dev, DevAttnBatch, DevKv, DevKvMut, DevMatrix};
+use super::device::memory::{Dev, DevAttnBatch, DevKv, DevKvMut, DevMatrix};
 use super::{enter, supports};
 use super::{fingerprint, CudaBackend};
 use crate::backend::Backend;
@@ -532,7 +532,6 @@ impl Backend for CudaBackend {
                 None => bail!("op {kind}: cuda backend disabled: {why}"),
             };
         }
-        self.forget_activations();
         let res = enter(self).and_then(|_g| self.run_host(&mut op, mode));
         match res {
             Ok(()) => Ok(()),

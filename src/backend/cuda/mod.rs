@@ -9,37 +9,41 @@
 //! `deterministic` and `fast` run the kernels of `<op>_fast.cu` where they
 //! differ (docs/DETERMINISM.md).
 //!
+//! Rooms: `device/` (context, memory, kernel loading, NVRTC and its cache,
+//! graphs and PDL), `ops/` (the kernel table and one room per op family),
+//! `launch/` (the other families' launchers), `tuning/` (the table).
+//!
 //! Two memory spaces, one set of kernels (`launch/`):
-//! * `Backend<Dev>` (`mem.rs`): ops over device buffers. A model step runs
-//!   entirely on the device through `dispatch::cuda::CudaExec`: weights
-//!   uploaded once, the paged KV cache and block tables resident, K/V read
-//!   through the block table inside the attention kernel.
+//! * `Backend<Dev>` (`run_dev.rs`, buffers in `device/memory.rs`): ops over
+//!   device buffers. A model step runs entirely on the device through
+//!   `dispatch::cuda::CudaExec`: weights uploaded once, the paged KV cache
+//!   and block tables resident, K/V read through the block table inside
+//!   the attention kernel.
 //! * `Backend<Host>` (`host.rs`): ops over host slices, uploaded and
 //!   downloaded per op (the parity harness; single-op fallback).
 
+pub mod device;
 mod host;
 mod launch;
-mod logits;
 mod ops;
-pub use logits::PinnedLogits;
+mod run_dev;
+pub use device::pinned::PinnedLogits;
+pub use ops::kernels;
 
+pub use device::pdl::PdlExec;
 pub(crate) use launch::fast_uses_blas;
 pub(crate) use launch::L2Bufs;
 pub(crate) use launch::{device_draws, draw_record, GreedyRing, DRAW_WORDS, GREEDY_SLOTS};
-pub mod kcache;
-pub mod mem;
-mod pdl;
-pub use pdl::PdlExec;
 pub mod fusion;
-pub mod source;
-pub mod step_times;
 mod tuning;
+pub(crate) use device::drv;
+use device::step_times;
+use device::sync_count::SyncCount;
+use device::{allow_smem, Device};
 pub use tuning::{
     arch_major, AttentionTuning, MatmulTuning, MatvecTuning, RuntimeTuning, Switch, Tuning,
     TuningOverrides,
 };
-mod sync_count;
-use sync_count::SyncCount;
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{GpuMode, Mode, OpInfo};
@@ -48,19 +52,6 @@ use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-
-/// Compiled kernels and the device they run on.
-struct Device {
-    ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
-    funcs: HashMap<&'static str, CudaFunction>,
-    /// CTAs per SM of each split-attention kernel (128 threads, its
-    /// dynamic shared memory), from the driver's occupancy at load.
-    att_per_sm: HashMap<&'static str, usize>,
-    /// Clusters resident at once of each att_pipe_c_ kernel by cluster
-    /// size (2..=ATT_CLUSTER_MAX CTAs), from the driver at load (sm_90+).
-    att_clusters: HashMap<(&'static str, usize), usize>,
-}
 
 /// Weight cache key: (address, length, fingerprint of the first and last
 /// bytes) — the address alone could be reused by a later allocation.
@@ -74,7 +65,7 @@ pub(crate) const WEIGHT_PAD: usize = 16;
 /// `ncu --profile-from-start off` around chosen work (`quire bench` with
 /// QUIRE_NCU_STEP). No effect without a CUDA driver.
 pub fn profiler_range(on: bool) {
-    if !source::driver_present() {
+    if !device::compile::driver_present() {
         return;
     }
     // SAFETY: plain driver calls without arguments; they only fail (and
@@ -104,11 +95,10 @@ pub struct CudaBackend {
     /// Scratch memory of matmul (quantized activations), reused op after
     /// op; see `launch/`.
     arena: Mutex<CudaSlice<u8>>,
-    /// Which activation rows the arena holds quantized (see
-    /// `launch::act_cache::ActKey`): consecutive matmuls of one input (q, k, v;
-    /// gate, up) quantize it once. Cleared by every other op, every
-    /// activation allocation and arena growth.
-    act_cache: Mutex<Option<launch::ActKey>>,
+    /// The layout the running op's producer kernel wrote its output in for
+    /// the next op's matmul (launch/prepared.rs), set and cleared with
+    /// `op_fusion`: the op's own record, never read by another op.
+    op_wrote: Mutex<Option<fusion::ActRead>>,
     /// While a decode graph is captured with the L2 read-ahead: the weights
     /// its matvecs read, in order (launch/l2_ahead.rs).
     l2_log: Mutex<Option<launch::L2Log>>,
@@ -130,7 +120,7 @@ pub struct CudaBackend {
     /// Page-locked buffers the logits downloads land in (a copy into
     /// pageable memory pays a page fault per 4 KiB, and a second host copy
     /// costs as much as the transfer).
-    pinned: logits::PinnedPool,
+    pinned: device::pinned::PinnedPool,
     /// cuBLAS on the backend's stream (fast-mode GEMMs), when libcublas
     /// loads; without it fast mode uses the warp-per-row kernel.
     blas: Option<cudarc::cublas::CudaBlas>,
@@ -139,13 +129,6 @@ pub struct CudaBackend {
     /// back to its cpu backend).
     disabled: Mutex<Option<String>>,
     fallback: Option<CpuBackend>,
-}
-
-pub(crate) fn drv<T>(
-    r: std::result::Result<T, cudarc::driver::DriverError>,
-    what: &str,
-) -> Result<T> {
-    r.map_err(|e| anyhow!("CUDA driver error in {what}: {e:?}"))
 }
 
 fn ty_code(ty: GgmlType) -> Option<i32> {
@@ -163,67 +146,6 @@ fn ty_code(ty: GgmlType) -> Option<i32> {
         GgmlType::BF16 => 22,
         GgmlType::Q8_1 | GgmlType::Q8_K => return None,
     })
-}
-
-/// Raises kernel `name`'s dynamic shared memory limit to `bytes` (past
-/// the default 48 KiB).
-fn allow_smem(f: &CudaFunction, bytes: usize, name: &str) -> Result<()> {
-    drv(
-        f.set_attribute(
-            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            i32::try_from(bytes)?,
-        ),
-        &format!("{name}: shared memory size"),
-    )
-}
-
-/// Loads a compiled kernel file. A CUBIN from the kernel cache that the
-/// driver refuses (another CUDA version's, say) is deleted from the cache
-/// and the file compiled to PTX and loaded instead.
-fn load_module(
-    ctx: &Arc<CudaContext>,
-    stem: &str,
-    arch: &str,
-    (ptx, origin): (cudarc::nvrtc::Ptx, kcache::Origin),
-) -> Result<Arc<cudarc::driver::CudaModule>> {
-    match ctx.load_module(ptx) {
-        Ok(m) => Ok(m),
-        Err(e) if origin != kcache::Origin::Ptx => {
-            tracing::warn!("{stem}.cu: the driver refused its CUBIN ({e:?}); compiling PTX");
-            kcache::forget(stem, arch);
-            let ptx = source::compile(stem, arch)?;
-            drv(ctx.load_module(ptx), &format!("loading module {stem}"))
-        }
-        Err(e) => Err(anyhow!("loading module {stem}: {e:?}")),
-    }
-}
-
-/// Compiles and loads `source::KERNELS_SM90A` for `sm_90a` into `funcs`.
-/// A failure is logged and leaves them out (the portable kernels serve the
-/// same ops), so a driver or NVRTC without `sm_90a` still runs.
-fn load_sm90a(ctx: &Arc<CudaContext>, funcs: &mut HashMap<&'static str, CudaFunction>) {
-    for (stem, _, entries) in source::KERNELS_SM90A {
-        let loaded = (|| -> Result<Vec<(&'static str, CudaFunction)>> {
-            let module = load_module(ctx, stem, "sm_90a", kcache::load(stem, "sm_90a")?)?;
-            let mut v = Vec::new();
-            for &e in entries.iter() {
-                let f = drv(module.load_function(e), &format!("kernel {e} of {stem}.cu"))?;
-                // The GEMMs take more than the default 48 KiB of dynamic
-                // shared memory; to_f16_wr takes none.
-                if let Some(bytes) = launch::wg_smem(e) {
-                    allow_smem(&f, bytes, e)?;
-                }
-                v.push((e, f));
-            }
-            Ok(v)
-        })();
-        match loaded {
-            Ok(v) => funcs.extend(v),
-            Err(e) => {
-                tracing::warn!("{stem}.cu (sm_90a) not loaded, its ops use portable kernels: {e:#}")
-            }
-        }
-    }
 }
 
 fn i32_of(v: usize, what: &str) -> Result<i32> {
@@ -277,10 +199,10 @@ impl CudaBackend {
         if gpu_mode == GpuMode::Off {
             bail!("cuda backend: --gpu off never opens a device");
         }
-        if !source::driver_present() {
+        if !device::compile::driver_present() {
             bail!("cuda backend: the CUDA driver library (libcuda) was not found");
         }
-        if !source::nvrtc_present() {
+        if !device::compile::nvrtc_present() {
             bail!(
                 "cuda backend: NVRTC (libnvrtc) was not found; it compiles the kernels at run time"
             );
@@ -308,33 +230,15 @@ impl CudaBackend {
         // disabled before any buffer exists.
         unsafe { ctx.disable_event_tracking() };
         let stream = drv(ctx.new_stream(), "creating a stream")?;
-        let mut funcs = HashMap::new();
         let mut att_per_sm = HashMap::new();
         let mut att_clusters = HashMap::new();
-        let clusters = pdl::arch_major(&arch) >= 9;
-        // Every file compiled (or read from the kernel cache, kcache.rs) in
-        // parallel, then loaded in order.
-        let t0 = std::time::Instant::now();
-        let compiled: Vec<Result<(cudarc::nvrtc::Ptx, kcache::Origin)>> = {
-            use rayon::prelude::*;
-            source::KERNELS
-                .par_iter()
-                .map(|(stem, _, _)| kcache::load(stem, &arch))
-                .collect()
-        };
-        let cached = compiled
-            .iter()
-            .filter(|r| matches!(r, Ok((_, kcache::Origin::Cached))))
-            .count();
-        tracing::info!(
-            "{} kernel files for {arch} ready in {:.1} s ({cached} from the kernel cache)",
-            compiled.len(),
-            t0.elapsed().as_secs_f64()
-        );
-        for ((stem, _, entries), ptx) in source::KERNELS.iter().zip(compiled) {
-            let module = load_module(&ctx, stem, &arch, ptx?)?;
-            for &e in entries.iter() {
-                let f = drv(module.load_function(e), &format!("kernel {e} of {stem}.cu"))?;
+        let clusters = device::pdl::arch_major(&arch) >= 9;
+        let mut funcs = device::load_kernels(
+            &ctx,
+            &arch,
+            ops::kernels::KERNELS,
+            ops::kernels::full_source,
+            &mut |e, f| {
                 // Kernels past the default 48 KiB of dynamic shared memory
                 // opt in to what they use.
                 let big_smem = if e == "mm_f16_tile" {
@@ -345,25 +249,35 @@ impl CudaBackend {
                     ops::attention::att_pipe_smem(e)
                 };
                 if let Some(bytes) = big_smem {
-                    allow_smem(&f, bytes, e)?;
+                    allow_smem(f, bytes, e)?;
                 }
                 // What the attention planner weighs: occupancy and
                 // resident clusters (ops/attention/caps.rs).
                 ops::attention::count_at_load(
                     e,
-                    &f,
+                    f,
                     &stream,
                     clusters,
                     &mut att_per_sm,
                     &mut att_clusters,
-                )?;
-                funcs.insert(e, f);
-            }
-        }
+                )
+            },
+        )?;
         // The Hopper-only kernels, unless the table turns the wgmma GEMM
         // off (then they are not even compiled).
         if arch == "sm_90" && tuning.matmul.wgmma != Switch::Off {
-            load_sm90a(&ctx, &mut funcs);
+            device::load_sm90a(
+                &ctx,
+                ops::kernels::KERNELS_SM90A,
+                ops::kernels::full_source,
+                &mut funcs,
+                // The GEMMs take more than the default 48 KiB of dynamic
+                // shared memory; to_f16_wr takes none.
+                &mut |e, f| match launch::wg_smem(e) {
+                    Some(bytes) => allow_smem(f, bytes, e),
+                    None => Ok(()),
+                },
+            );
         }
         // Runs only the one op that hit a device error (later ops are
         // declined and go to the dispatcher's own cpu backend): one thread.
@@ -395,14 +309,14 @@ impl CudaBackend {
             tuning,
             blas,
             arena: Mutex::new(arena),
-            act_cache: Mutex::new(None),
+            op_wrote: Mutex::new(None),
             l2_log: Mutex::new(None),
             syncs: SyncCount::default(),
             op_fusion: Mutex::new(None),
             norm_ahead: Mutex::new(launch::NormAhead::default()),
             norm_ahead_runs: std::sync::atomic::AtomicU64::new(0),
             glu_runs: std::sync::atomic::AtomicU64::new(0),
-            pinned: logits::PinnedPool::default(),
+            pinned: device::pinned::PinnedPool::default(),
             dev: Device {
                 ctx,
                 stream,

@@ -5,8 +5,9 @@
 //! next tokens (greedy.rs), any other's copies the logits out.
 
 use super::{CudaExec, DevBatch, DevBuf, DevIdx, DevKvCache, StepBufs};
-use crate::backend::cuda::mem::{upload_if_changed, zeros, DevAttnBatch};
-use crate::backend::cuda::{drv, step_times, CudaBackend, PdlExec};
+use crate::backend::cuda::device::memory::{upload_if_changed, zeros, DevAttnBatch};
+use crate::backend::cuda::device::step_times;
+use crate::backend::cuda::{drv, CudaBackend, PdlExec};
 use crate::backend::AttnBatch;
 use crate::dispatch::Exec;
 use anyhow::{anyhow, bail, ensure, Result};
@@ -202,7 +203,7 @@ impl CudaExec {
         // Split-KV CTAs are baked into a graph: one graph per power-of-two
         // bucket of the longest row's partial count.
         let max_pos = input.positions.iter().copied().max().unwrap_or(0) as usize;
-        let ctas = crate::backend::cuda::mem::att_parts(max_pos).next_power_of_two();
+        let ctas = crate::backend::cuda::device::memory::att_parts(max_pos).next_power_of_two();
         (input.tokens.len(), ctas, greedy)
     }
 

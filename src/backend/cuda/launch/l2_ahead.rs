@@ -37,7 +37,7 @@
 
 use super::matmul::MmJobs;
 use super::{dev_ptr, i32_of};
-use crate::backend::cuda::mem::Dev;
+use crate::backend::cuda::device::memory::Dev;
 use crate::backend::cuda::{drv, CudaBackend, MatvecTuning};
 use crate::backend::MatJob;
 use crate::quant::GgmlType;

@@ -8,10 +8,10 @@
 //! projection alone fills a quarter of an H100 at 512 tokens, and gate and
 //! up each end on a partial wave.
 
-use super::act_cache::{ActKey, ACT_F16};
+use super::prepared::outs_overlap;
 use super::mm_jobs::{mm_dims, MmDims};
 use super::{arena3, dev_ptr, dev_ptr_mut};
-use crate::backend::cuda::mem::Dev;
+use crate::backend::cuda::device::memory::Dev;
 use crate::backend::cuda::{drv, grid_1d, CudaBackend};
 use crate::backend::MatJob;
 use crate::quant::GgmlType;
@@ -95,14 +95,19 @@ impl CudaBackend {
         x: &CudaView<'_, f32>,
         n: usize,
         jobs: &mut [MatJob<'_, Dev>],
+        pre: bool,
     ) -> Result<()> {
-        let mut i = 0;
+        let s = self.stream();
+        let (mut i, mut pre) = (0, pre);
         while i < jobs.len() {
             let mut e = i + 1;
             while e < jobs.len() && jobs[e].w.rows == jobs[i].w.rows && jobs[e].add == jobs[i].add {
                 e += 1;
             }
-            self.gemm_f16(x, n, &mut jobs[i..e])?;
+            self.gemm_f16(x, n, &mut jobs[i..e], pre)?;
+            // The next GEMMs find the f16 rows this one wrote, unless a
+            // job wrote over its own input.
+            pre = !outs_overlap(x, &jobs[..e], s);
             i = e;
         }
         Ok(())
@@ -116,6 +121,7 @@ impl CudaBackend {
         x: &CudaView<'_, f32>,
         n: usize,
         jobs: &mut [MatJob<'_, Dev>],
+        pre: bool,
     ) -> Result<()> {
         use cudarc::cublas::sys::{
             cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType,
@@ -137,8 +143,10 @@ impl CudaBackend {
         let plan = batch_plan(&outs, f16_weights.then_some(&wptrs[..]))
             .filter(|p| p.stride_c as u64 >= (n * m) as u64);
         if jobs.len() > 1 && plan.is_none() {
+            let mut pre = pre;
             for j in 0..jobs.len() {
-                self.gemm_f16(x, n, &mut jobs[j..j + 1])?;
+                self.gemm_f16(x, n, &mut jobs[j..j + 1], pre)?;
+                pre = !outs_overlap(x, &jobs[..=j], s);
             }
             return Ok(());
         }
@@ -148,17 +156,10 @@ impl CudaBackend {
         };
         let batch = order.len();
         let wlen = if f16_weights { 0 } else { batch * m * k };
-        let mut guard = self.arena(&[n * k * 2, wlen * 2, 0])?;
         // The f16 activations at the start of the arena (mm_tile's layout)
-        // serve every matmul of the same input: q/k/v and gate/up convert
-        // their input once.
-        let key = ActKey::new(x, k, ACT_F16, s);
-        let cached = self.act_cached(key);
-        let out_ranges: Vec<(u64, usize)> = jobs
-            .iter()
-            .zip(&outs)
-            .map(|(j, &p)| (p, j.out.len()))
-            .collect();
+        // serve every matmul of the same input (`pre`): q/k/v and gate/up
+        // convert their input once.
+        let (mut guard, cached) = self.arena_kept(&[n * k * 2, wlen * 2, 0], pre)?;
         arena3::<u16, u16, u8, ()>(&mut guard, (n * k, wlen, 0), |x16, w16, _| {
             if !f16_weights {
                 // Quantized types: one thread per 32-value unit (k is a
@@ -236,9 +237,7 @@ impl CudaBackend {
                 )
             }
             .map_err(|e| anyhow!("mat_mul: cuBLAS GEMM ({m} x {k}, n {n}, batch {batch}): {e:?}"))
-        })?;
-        self.act_remember(key, &out_ranges);
-        Ok(())
+        })
     }
 }
 

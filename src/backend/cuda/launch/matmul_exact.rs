@@ -1,10 +1,9 @@
 //! Matmul launches of `exact` mode: the canonical kernels (bitwise equal to
 //! the cpu), for every job of a `MatMuls` op.
 
-use super::act_cache::ACT_CANON;
 use super::arena3;
 use super::matmul::{job_table, mm_dims, ExactForm, MmDims};
-use crate::backend::cuda::mem::{Dev, DevMatrix};
+use crate::backend::cuda::device::memory::{Dev, DevMatrix};
 use crate::backend::cuda::{drv, grid_1d, CudaBackend};
 use crate::backend::MatJob;
 use crate::quant::GgmlType;
@@ -22,7 +21,7 @@ fn mv_exact_name(n: usize) -> &'static str {
 impl CudaBackend {
     /// The canonical kernels for validated jobs (n, m, k > 0) in the
     /// planned form: 32-block weights quantize the activations once
-    /// (cached across ops) and run every job in one mv_exact32 launch for
+    /// (prepared by the op before where `pre`) and run every job in one mv_exact32 launch for
     /// decode (`ExactForm::Matvec`) or mm_q32 per job; float and K-quant
     /// weights run job by job.
     pub(super) fn mat_muls_exact(
@@ -31,6 +30,7 @@ impl CudaBackend {
         n: usize,
         jobs: &mut [MatJob<'_, Dev>],
         form: ExactForm,
+        pre: bool,
     ) -> Result<()> {
         let ty = jobs[0].w.ty;
         if matches!(form, ExactForm::Float | ExactForm::KQuant) {
@@ -44,10 +44,7 @@ impl CudaBackend {
         let nb = k / 32;
         // qs: (n, k) i16; ad: (n, nb); asum: (2, n, nb), the float sums
         // then the integer ones (quant_act32).
-        let mut guard = self.arena(&[n * k * 2, n * nb * 4, 2 * n * nb * 4])?;
-        let key = super::ActKey::new(x, k, ACT_CANON, s);
-        let cached = self.act_cached(key);
-        let outs = Self::out_ranges(jobs, s);
+        let (mut guard, cached) = self.arena_kept(&[n * k * 2, n * nb * 4, 2 * n * nb * 4], pre)?;
         let ni = crate::backend::cuda::i32_of(n, "n")?;
         let ki = crate::backend::cuda::i32_of(k, "k")?;
         arena3::<i16, f32, f32, ()>(&mut guard, (n * k, n * nb, 2 * n * nb), |qs, ad, asum| {
@@ -78,7 +75,7 @@ impl CudaBackend {
             if form == ExactForm::Matvec {
                 // Decode: the warp-per-row kernel (same bits), all jobs,
                 // 8 warps of MV_EXACT_WR weight rows a CTA.
-                let wr = crate::backend::cuda::source::MV_EXACT_WR;
+                let wr = crate::backend::cuda::ops::kernels::MV_EXACT_WR;
                 let (table, ctas) = job_table(jobs, 8 * wr, s)?;
                 let tc = crate::backend::cuda::ty_code(ty)
                     .ok_or_else(|| anyhow::anyhow!("mat_mul: {ty:?} is not a weight type"))?;
@@ -124,9 +121,7 @@ impl CudaBackend {
                 drv(unsafe { b.launch(cfg) }, "mat_mul: launching mm_q32")?;
             }
             Ok(())
-        })?;
-        self.act_remember(key, &outs);
-        Ok(())
+        })
     }
 
     /// One job of float or K-quant weights.
@@ -160,7 +155,6 @@ impl CudaBackend {
             )?;
             return Ok(());
         }
-        self.forget_activations();
         let nb = k / 256;
         let (ra, qcfg) = q_grid(w.rows, n)?;
         let mut guard = self.arena(&[n * k * 2, n * nb * 4, n * nb * 16 * 4])?;

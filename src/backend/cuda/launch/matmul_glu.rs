@@ -7,7 +7,7 @@
 //! `mv_q8_r1_glu*` launch (kernels/matmul_glu_fast.cu) computes gate and up
 //! with mv_q8_r1's bits, the SwiGlu with swiglu_q8's, and quantizes its
 //! output for the down projection at the arena's start, where that matvec
-//! looks for it (act_cache.rs). So the `swiglu_q8` launch, one dependent
+//! looks for it (prepared.rs). So the `swiglu_q8` launch, one dependent
 //! kernel boundary per layer, goes away and no result changes.
 //! Everywhere else: the op's matmuls, then `d_swiglu`.
 //!
@@ -20,7 +20,7 @@
 
 use super::matmul::{glu_form, mm_dims};
 use super::{arena3, dev_ptr, dev_ptr_mut, i32_of, RawArgs};
-use crate::backend::cuda::mem::Dev;
+use crate::backend::cuda::device::memory::Dev;
 use crate::backend::cuda::{drv, CudaBackend};
 use crate::backend::{validate, MatJob, Mode, WeightInfo};
 use crate::quant::GgmlType;
@@ -30,7 +30,7 @@ use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 /// The `_nc` entry (norm-ahead's consumer) of the form `name`, as the
 /// kernel table lists it: a `&'static str`, so no name is built per launch.
 fn glu_nc(name: &str) -> Result<&'static str> {
-    crate::backend::cuda::source::KERNELS
+    crate::backend::cuda::ops::kernels::KERNELS
         .iter()
         .flat_map(|(_, _, entries)| entries.iter().copied())
         .find(|e| e.strip_suffix("_nc") == Some(name))
@@ -94,9 +94,6 @@ impl CudaBackend {
         let Some(mut glu) = glu else {
             return Ok(());
         };
-        // As before a separate `SwiGlu` op: no cached activation may claim
-        // the arena the kernel may rewrite.
-        self.forget_activations();
         let (g, rest) = jobs.split_at_mut(1);
         self.d_swiglu(
             &g[0].out.as_view(),
@@ -169,9 +166,6 @@ impl CudaBackend {
             return Ok(false);
         };
         let d = mm_dims(&jobs[0].w, 1)?;
-        // The arena is about to be rewritten: no cached activation may
-        // claim it.
-        self.forget_activations();
         // The arena: the SwiGlu's blocks first (m int8, m / 32 float2:
         // where q8_out puts them and the down projection reads them), then
         // the normalized input's (k int8, k / 32 float2), which the CTAs
@@ -185,7 +179,15 @@ impl CudaBackend {
                 Ok((p, p + k as u64))
             })?
         };
-        let Some((key, hq, hds)) = self.q8_out(glu, Some(1), m, mode)? else {
+        // The kernel writes its output's blocks: for the down projection
+        // where the op's annotation says it reads them; without an
+        // annotation (an op outside a planned step) too, so that the op
+        // runs the same kernel, though no op reads them then.
+        let reader = match self.current_fusion() {
+            Some(f) => f.out_for_next,
+            None => Some(crate::backend::cuda::fusion::ActRead::Q8),
+        };
+        let Some((key, hq, hds)) = self.q8_out_for(glu, reader, m, mode)? else {
             return Ok(false);
         };
         let (mut table, _) = self.mm_job_table(jobs, 32)?;

@@ -3,15 +3,15 @@
 //! matvec and the f16 tile kernel; the other forms have their own files
 //! (matmul_exact.rs, matmul_mma.rs, matmul_wgmma.rs, matmul_blas.rs).
 
-use super::act_cache::{ActKey, ACT_F16, ACT_Q8};
+use super::prepared::{act_read, outs_overlap};
 use super::matmul::{
     is_float, mv_grid, mv_name, plan, MmCaps, MmPlan, MmShape, MV_FLOAT, MV_Q8, SHORT_ROWS,
     TILE_ROWS, TILE_SMEM, TILE_TOK,
 };
 use super::mm_jobs::{job_table_mb, mm_dims, vec4_ok, MmDims, MmJobs};
 use super::{arena3, dev_ptr, dev_ptr_mut, RawArgs};
-use crate::backend::cuda::mem::{Dev, DevMatrix};
-use crate::backend::cuda::source::WG_KERNELS;
+use crate::backend::cuda::device::memory::{Dev, DevMatrix};
+use crate::backend::cuda::ops::kernels::WG_KERNELS;
 use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
 use crate::backend::{validate, MatJob, Mode, WeightInfo};
 use anyhow::Result;
@@ -51,7 +51,7 @@ impl CudaBackend {
 
     /// What this device offers the matmul planner.
     pub(super) fn mm_caps(&self) -> MmCaps {
-        let arch_major = crate::backend::cuda::pdl::arch_major(&self.arch);
+        let arch_major = crate::backend::cuda::device::pdl::arch_major(&self.arch);
         MmCaps {
             arch_major,
             sms: self.sm_count(),
@@ -91,7 +91,8 @@ impl CudaBackend {
     /// Each job: out (n, m) = x (n, k) · wᵀ, or += with `add`, by the
     /// planner's choice (`matmul::plan`). The warp-per-row kernels (every
     /// mode) run all jobs in one launch, with the add folded into the
-    /// store.
+    /// store. The input is prepared in the arena where the op's fusion
+    /// annotation says so (`annotated_input`).
     pub(crate) fn d_mat_muls(
         &self,
         x: &CudaView<'_, f32>,
@@ -99,33 +100,50 @@ impl CudaBackend {
         jobs: &mut [MatJob<'_, Dev>],
         mode: Mode,
     ) -> Result<()> {
+        self.mat_muls_in(x, n, jobs, mode, None)
+    }
+
+    /// `d_mat_muls`, the input prepared as `own` says where given (the
+    /// op's own norm wrote its layout: matmul_norm.rs), else as the op's
+    /// annotation says.
+    pub(super) fn mat_muls_in(
+        &self,
+        x: &CudaView<'_, f32>,
+        n: usize,
+        jobs: &mut [MatJob<'_, Dev>],
+        mode: Mode,
+        own: Option<bool>,
+    ) -> Result<()> {
         let shapes: Vec<(&dyn WeightInfo, usize)> = jobs
             .iter()
             .map(|j| (&j.w as &dyn WeightInfo, j.out.len()))
             .collect();
         validate::mat_muls(x.len(), n, &shapes)?;
-        let (ty, k) = (jobs[0].w.ty, jobs[0].w.cols);
-        let float_w = is_float(ty);
-        let blas = mode == Mode::Fast && n > super::matmul::MV_BATCH && self.blas.is_some();
-        if float_w && !(blas && k.is_multiple_of(32)) {
-            // Float kernels quantize nothing but may overwrite a cached
-            // input (the cuBLAS path keeps the cache itself: gemm_f16).
-            self.forget_activations();
-        }
         let plan = self.mm_plan(x, n, jobs, mode);
+        let actual = act_read(&plan);
+        let pre = match own {
+            Some(wrote) => wrote,
+            None => self.annotated_input(n, jobs, mode, actual),
+        };
         match plan {
             MmPlan::Empty => Ok(()),
             MmPlan::Zero => self.mat_muls_zero(jobs),
-            MmPlan::Exact(form) => self.mat_muls_exact(x, n, jobs, form),
+            MmPlan::Exact(form) => self.mat_muls_exact(x, n, jobs, form, pre),
             MmPlan::Mq {
                 kern,
                 splits,
                 per_split,
                 vec4,
-            } => self.mm_q8_mma(x, n, jobs, kern, (splits, per_split), vec4),
+            } => self.mm_q8_mma(x, n, jobs, kern, (splits, per_split), vec4, pre),
             MmPlan::Tile { splits } => {
-                for (j, sp) in jobs.iter_mut().zip(splits) {
-                    self.mm_tile(&j.w, x, n, &mut j.out, j.add, sp)?;
+                // Each job after the first finds the f16 rows the one
+                // before wrote (unless a job wrote over its own input).
+                let s = self.stream();
+                let mut pre = pre;
+                for (j, sp) in splits.into_iter().enumerate() {
+                    let job = &mut jobs[j];
+                    self.mm_tile(&job.w, x, n, &mut job.out, job.add, sp, pre)?;
+                    pre = !outs_overlap(x, &jobs[..=j], s);
                 }
                 Ok(())
             }
@@ -133,11 +151,12 @@ impl CudaBackend {
                 shape,
                 splits,
                 tail,
-            } => self.mm_wgmma(x, n, jobs, (shape, splits, tail)),
-            MmPlan::Blas => self.gemm_f16_jobs(x, n, jobs),
-            MmPlan::Short => self.mat_vec_short(x, jobs),
-            MmPlan::Matvec { warps, .. } => self.mat_vec(x, n, jobs, warps),
-        }
+            } => self.mm_wgmma(x, n, jobs, (shape, splits, tail), pre),
+            MmPlan::Blas => self.gemm_f16_jobs(x, n, jobs, pre),
+            MmPlan::Short => self.mat_vec_short(x, jobs, pre),
+            MmPlan::Matvec { warps, .. } => self.mat_vec(x, n, jobs, warps, pre),
+        }?;
+        self.keep_planned_input(x, n, jobs, mode, actual)
     }
 
     /// k = 0: the product is zero: out = 0, or out += 0 (as MatMul then Add).
@@ -188,12 +207,17 @@ impl CudaBackend {
 
     /// One row of short rows (`short_takes`): `mv_q8_r1_s4`, SHORT_ROWS
     /// rows per warp.
-    fn mat_vec_short(&self, x: &CudaView<'_, f32>, jobs: &mut [MatJob<'_, Dev>]) -> Result<()> {
+    fn mat_vec_short(
+        &self,
+        x: &CudaView<'_, f32>,
+        jobs: &mut [MatJob<'_, Dev>],
+        pre: bool,
+    ) -> Result<()> {
         let d = mm_dims(&jobs[0].w, 1)?;
         let (mut table, ctas) = self.mm_job_table(jobs, 8 * SHORT_ROWS)?;
         self.l2_record(jobs, &mut table)?;
         let cfg = mv_grid(1, ctas)?;
-        self.mat_vec_q8(x, 1, jobs, (&d, &table, cfg, "mv_q8_r1_s4"), &[], 1)
+        self.mat_vec_q8(x, 1, jobs, (&d, &table, cfg, "mv_q8_r1_s4"), &[], 1, pre)
     }
 
     /// `job_table` with the table's weight prefetch bound.
@@ -218,6 +242,7 @@ impl CudaBackend {
         n: usize,
         jobs: &mut [MatJob<'_, Dev>],
         warps: usize,
+        pre: bool,
     ) -> Result<()> {
         let w0 = &jobs[0].w;
         let d = mm_dims(w0, n)?;
@@ -238,14 +263,15 @@ impl CudaBackend {
             return Ok(());
         }
         let name = mv_name(n, warps, MV_Q8);
-        self.mat_vec_q8(x, n, jobs, (&d, &table, cfg, name), &[], 1)
+        self.mat_vec_q8(x, n, jobs, (&d, &table, cfg, name), &[], 1, pre)
     }
 
-    /// Quantized weights: activations to int8 (quant_q8, unless the arena
-    /// holds them), then the warp-per-row dp4a kernel `name` over every
+    /// Quantized weights: activations to int8 (quant_q8, unless `pre`: the
+    /// arena holds them), then the warp-per-row dp4a kernel `name` over every
     /// job, with `mat_vec`'s dimensions, job table and grid. `extra`: the
     /// kernel's parameters after the common ones (device addresses; only
     /// norm-ahead's producer `mv_q8_r1_na` has any).
+    #[allow(clippy::too_many_arguments)] // the launch's parts
     pub(super) fn mat_vec_q8(
         &self,
         x: &CudaView<'_, f32>,
@@ -254,14 +280,12 @@ impl CudaBackend {
         (d, table, cfg, name): (&MmDims, &MmJobs, LaunchConfig, &str),
         extra: &[u64],
         cluster: u32,
+        pre: bool,
     ) -> Result<()> {
         let k = jobs[0].w.cols;
         let s = self.stream();
         let nblk = n * k / 32;
-        let mut guard = self.arena(&[n * k, nblk * 8, 0])?;
-        let key = ActKey::new(x, k, ACT_Q8, s);
-        let cached = self.act_cached(key);
-        let outs = Self::out_ranges(jobs, s);
+        let (mut guard, cached) = self.arena_kept(&[n * k, nblk * 8, 0], pre)?;
         arena3::<i8, f32, u8, ()>(&mut guard, (n * k, nblk * 2, 0), |xq, xds, _| {
             if !cached {
                 self.quant_q8(x, nblk, xq, xds)?;
@@ -304,9 +328,7 @@ impl CudaBackend {
             // allocation) and its output n*m; xq/xds as above.
             drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_q8")?;
             Ok(())
-        })?;
-        self.act_remember(key, &outs);
-        Ok(())
+        })
     }
 
     /// Batched decode on quantized weights: activations to f16, then
@@ -315,6 +337,7 @@ impl CudaBackend {
     /// units per split), and the splits' partial sums added in order
     /// (split_sum), which (or the one split's store) adds into `out` for
     /// `add`.
+    #[allow(clippy::too_many_arguments)] // a job's fields and its plan
     fn mm_tile(
         &self,
         w: &DevMatrix<'_>,
@@ -323,17 +346,15 @@ impl CudaBackend {
         out: &mut CudaViewMut<'_, f32>,
         add: bool,
         (splits, upc): (usize, usize),
+        pre: bool,
     ) -> Result<()> {
         let d = mm_dims(w, n)?;
         let (m, k) = (w.rows, w.cols);
         let part_len = if splits > 1 { splits * n * m } else { 0 };
         let s = self.stream();
-        let mut guard = self.arena(&[n * k * 2, part_len * 4, 0])?;
         // The f16 activations at the start of the arena serve every matmul
-        // of the same input (q/k/v, gate/up), like quant_q8's.
-        let key = ActKey::new(x, k, ACT_F16, s);
-        let cached = self.act_cached(key);
-        let outs = [(dev_ptr_mut(out, s), out.len())];
+        // of the same input (q/k/v, gate/up), like quant_q8's (`pre`).
+        let (mut guard, cached) = self.arena_kept(&[n * k * 2, part_len * 4, 0], pre)?;
         let add = add as i32;
         arena3::<u16, f32, u8, ()>(&mut guard, (n * k, part_len, 0), |x16, part, _| {
             if !cached {
@@ -387,9 +408,7 @@ impl CudaBackend {
                 drv(unsafe { b.launch(cfg) }, "mat_mul: mm_f16_tile")?;
             }
             Ok(())
-        })?;
-        self.act_remember(key, &outs);
-        Ok(())
+        })
     }
 }
 

@@ -5,11 +5,10 @@
 //! both block scales applied per 32-block in f32. The kernel, its split-K
 //! and the sum's form are the planner's (`MmPlan::Mq`, launch/matmul/mq.rs).
 
-use super::act_cache::{ActKey, ACT_Q8};
 use super::arena3;
 use super::matmul::{mm_dims, mq_smem, MqKernel, MQ_ROWS};
 use super::mm_jobs::{job_maps, JobMaps};
-use crate::backend::cuda::mem::Dev;
+use crate::backend::cuda::device::memory::Dev;
 use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
 use crate::backend::MatJob;
 use anyhow::Result;
@@ -24,6 +23,7 @@ impl CudaBackend {
     /// the output for `add`: by one split_sum_jobs launch for every job
     /// (`vec4`: every n * m a multiple of 4, every output 16-byte
     /// aligned), else split_sum per job.
+    #[allow(clippy::too_many_arguments)] // the plan's fields
     pub(super) fn mm_q8_mma(
         &self,
         x: &CudaView<'_, f32>,
@@ -32,6 +32,7 @@ impl CudaBackend {
         kern: MqKernel,
         (splits, bpc): (usize, usize),
         vec4: bool,
+        pre: bool,
     ) -> Result<()> {
         let (ty, k) = (jobs[0].w.ty, jobs[0].w.cols);
         let smem = mq_smem(ty, kern).ok_or_else(|| {
@@ -45,16 +46,13 @@ impl CudaBackend {
         let (table, ctas) = self.mm_job_table(jobs, MQ_ROWS)?;
         // The weights' tensor maps (sm_90+: the bulk tensor copies of the
         // Q4_0 / Q8_0 chunks, boxes of MQ_ROWS = 128 rows x 8 blocks).
-        let maps = if crate::backend::cuda::pdl::arch_major(&self.arch) >= 9 {
+        let maps = if crate::backend::cuda::device::pdl::arch_major(&self.arch) >= 9 {
             job_maps(&table, k, ty.type_size(), 1)?
         } else {
             JobMaps::none()
         };
         let part_len = if splits > 1 { splits * n * m_all } else { 0 };
-        let mut guard = self.arena(&[n * k, nblk * 8, part_len * 4])?;
-        let key = ActKey::new(x, k, ACT_Q8, s);
-        let cached = self.act_cached(key);
-        let outs = Self::out_ranges(jobs, s);
+        let (mut guard, cached) = self.arena_kept(&[n * k, nblk * 8, part_len * 4], pre)?;
         arena3::<i8, f32, f32, ()>(&mut guard, (n * k, nblk * 2, part_len), |xq, xds, part| {
             if !cached {
                 self.quant_q8(x, nblk, xq, xds)?;
@@ -133,10 +131,6 @@ impl CudaBackend {
                 }
             }
             Ok(())
-        })?;
-        // A later matmul of the same input finds its int8 rows in the
-        // arena, unless an output overwrote the input.
-        self.act_remember(key, &outs);
-        Ok(())
+        })
     }
 }

@@ -9,8 +9,8 @@
 //! wave repeats the row's L2 read and block reduction before its first
 //! weight load), SmolLM2 +0.4% (docs/PERF.md).
 
-use super::act_cache::{act_read, Reader};
-use crate::backend::cuda::mem::Dev;
+use super::prepared::act_read;
+use crate::backend::cuda::device::memory::Dev;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::{validate, MatJob, Mode};
 use anyhow::Result;
@@ -37,13 +37,11 @@ impl CudaBackend {
             .map(|j| j.w.cols)
             .ok_or_else(|| anyhow::anyhow!("mat_muls: no jobs"))?;
         validate::mat_muls_norm(x.len(), k, w.len(), out.len())?;
-        // The scratch is about to be rewritten: no cached activation may
-        // claim it.
-        self.forget_activations();
         // The products' plan is this op's: the norm writes the layout they
-        // read (norm -> quantize -> matmul, fusion.rs).
+        // read (norm -> quantize -> matmul, fusion.rs), with or without an
+        // annotation; where it could not, they prepare their own.
         let read = act_read(&self.mm_plan(&out.as_view(), n, jobs, mode));
-        self.d_rms_norm_for(x, w, k, eps, out, mode, Reader::Known(read))?;
-        self.d_mat_muls(&out.as_view(), n, jobs, mode)
+        let wrote = self.d_rms_norm_for(x, w, k, eps, out, mode, read)?;
+        self.mat_muls_in(&out.as_view(), n, jobs, mode, Some(wrote))
     }
 }

@@ -5,12 +5,11 @@
 //! device memory per call. All jobs of a MatMuls op run in one launch; the
 //! CTA shape, k splits and wave tail are the planner's (launch/matmul/wr.rs).
 
-use super::act_cache::{ActKey, ACT_F16_WR};
 use super::arena3;
 use super::matmul::{wg_type_index, wr_smem_of, wr_threads, WR_SHAPES};
 use super::mm_jobs::job_maps;
-use crate::backend::cuda::mem::Dev;
-use crate::backend::cuda::source::WG_KERNELS;
+use crate::backend::cuda::device::memory::Dev;
+use crate::backend::cuda::ops::kernels::WG_KERNELS;
 use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
 use crate::backend::MatJob;
 use anyhow::{anyhow, Result};
@@ -27,6 +26,7 @@ impl CudaBackend {
         n: usize,
         jobs: &mut [MatJob<'_, Dev>],
         (v, splits, tail): (usize, usize, Option<(usize, usize)>),
+        pre: bool,
     ) -> Result<()> {
         let s = self.stream();
         let (ty, k) = (jobs[0].w.ty, jobs[0].w.cols);
@@ -38,8 +38,9 @@ impl CudaBackend {
         let name = WG_KERNELS[t][v];
         // The f16 activations in to_f16_wr's tiled layout (whole tiles of
         // 128 tokens up to a multiple of `bn`, zeros past n) at the start of
-        // the arena, under their own cache key: the next MatMuls op of the
-        // same input converts nothing.
+        // the arena, unless `pre` (the op before wrote them there): the
+        // next MatMuls op of the same input, so annotated, converts
+        // nothing.
         let padded = n.div_ceil(bn) * bn;
         let (table, ctas) = self.mm_job_table(jobs, 128 * mt)?;
         let maps = job_maps(&table, k, ty.type_size(), mt)?;
@@ -53,13 +54,7 @@ impl CudaBackend {
             None if splits > 1 => splits * n * m_all,
             None => 0,
         };
-        let mut guard = self.arena(&[padded * k * 2, part_len * 4, 0])?;
-        let key = ActKey::new(x, k, ACT_F16_WR, s);
-        let cached = self.act_cached(key);
-        let out_ranges: Vec<(u64, usize)> = jobs
-            .iter()
-            .map(|j| (super::dev_ptr_mut(&j.out, s), j.out.len()))
-            .collect();
+        let (mut guard, cached) = self.arena_kept(&[padded * k * 2, part_len * 4, 0], pre)?;
         let (ni, ki) = (i32_of(n, "n")?, i32_of(k, "k")?);
         arena3::<u16, f32, u8, ()>(&mut guard, (padded * k, part_len, 0), |x16, part, _| {
             if super::dev_ptr_mut(x16, s) % 16 != 0 {
@@ -68,17 +63,8 @@ impl CudaBackend {
                 ));
             }
             if !cached {
-                let pieces = padded * k / 8;
-                let p64 = i64::try_from(pieces)?;
-                let mut b = s.launch_builder(self.func("to_f16_wr")?);
-                b.arg(x).arg(&ni).arg(&ki).arg(&p64).arg(&mut *x16);
-                // SAFETY: matches to_f16_wr (x, n, k, pieces, out): x holds
-                // n * k floats, 16-byte aligned (wg_takes), out padded * k
-                // halves; k is a multiple of 256 (wg_takes).
-                drv(
-                    unsafe { b.launch(grid_1d(pieces, 256)?) },
-                    "mat_mul: to_f16_wr",
-                )?;
+                // x 16-byte aligned and k a multiple of 256 (wg_takes).
+                self.to_f16_wr(x, n, k, padded, x16)?;
             }
             // With a tail, grid rows from.. hold the tail's CTA rows once
             // per k range (wr_body).
@@ -179,8 +165,6 @@ impl CudaBackend {
                 )?;
             }
             Ok(())
-        })?;
-        self.act_remember(key, &out_ranges);
-        Ok(())
+        })
     }
 }

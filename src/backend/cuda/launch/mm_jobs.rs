@@ -5,7 +5,7 @@
 //! their weights before waiting for the kernel before them.
 
 use super::{dev_ptr, dev_ptr_mut, i32_of};
-use crate::backend::cuda::mem::{Dev, DevMatrix};
+use crate::backend::cuda::device::memory::{Dev, DevMatrix};
 use crate::backend::cuda::ty_code;
 use crate::backend::{MatJob, MAX_MAT_JOBS};
 use anyhow::{anyhow, Result};

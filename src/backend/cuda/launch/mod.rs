@@ -11,12 +11,11 @@
 //! `matmul_exact.rs`, `matmul_mma.rs`, `matmul_blas.rs`: the canonical,
 //! int8 tensor-core and cuBLAS forms; `matmul_wgmma.rs`: the Hopper
 //! prefill GEMM; `matmul_glu.rs`: gate/up with the SwiGlu);
-//! `act_cache.rs`: the activation cache;
+//! `prepared.rs`: matmul inputs prepared in the arena by the op before;
 //! `rms_norm.rs`: the RMS
 //! norm launches; here: the scratch arena
 //! and the element-wise ops.
 
-mod act_cache;
 mod l2_ahead;
 mod matmul;
 mod matmul_blas;
@@ -28,16 +27,16 @@ mod matmul_norm;
 mod matmul_wgmma;
 mod mm_jobs;
 mod norm_ahead;
+mod prepared;
 mod rms_norm;
 mod sample;
 
-pub(crate) use act_cache::ActKey;
 pub(crate) use l2_ahead::{L2Bufs, L2Log};
 pub(crate) use matmul::{fast_uses_blas, mq_smem_max, wg_smem, TILE_SMEM};
 pub(crate) use norm_ahead::NormAhead;
 pub(crate) use sample::{device_draws, draw_record, GreedyRing, DRAW_WORDS, GREEDY_SLOTS};
 
-use super::mem::{DevKvMut, DevMatrix};
+use super::device::memory::{DevKvMut, DevMatrix};
 use super::{drv, grid_1d, i32_of, ty_code, CudaBackend};
 use crate::backend::{validate, KvInfo, Mode};
 use anyhow::{anyhow, bail, Result};
@@ -286,16 +285,25 @@ impl CudaBackend {
         &self,
         bytes: &[usize],
     ) -> Result<std::sync::MutexGuard<'_, CudaSlice<u8>>> {
+        Ok(self.arena_grown(bytes)?.0)
+    }
+
+    /// `arena`, and whether it grew (a new allocation: what the old one
+    /// held, a prepared input included, is not in it).
+    pub(crate) fn arena_grown(
+        &self,
+        bytes: &[usize],
+    ) -> Result<(std::sync::MutexGuard<'_, CudaSlice<u8>>, bool)> {
         let need: usize = bytes.iter().map(|b| b.next_multiple_of(ARENA_ALIGN)).sum();
         let mut g = self
             .arena
             .lock()
             .map_err(|_| anyhow!("cuda backend: arena lock poisoned"))?;
-        if g.len() < need {
-            self.forget_activations();
+        let grow = g.len() < need;
+        if grow {
             *g = self.scratch::<u8>(need.max(2 * g.len()), "growing the scratch arena")?;
         }
-        Ok(g)
+        Ok((g, grow))
     }
 
     /// Launches kernel `name` on the backend's stream with thread-block
@@ -383,10 +391,11 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// swiglu. Where the next matmul reads the output quantized (q8_out:
-    /// the op's fusion annotation, else by the rows, `rows` when known),
-    /// swiglu_q8 does it in the same pass; where it reads the wgmma GEMM's
-    /// tiles (the annotation, with `rows`), swiglu_f16wr.
+    /// swiglu. Where the op's annotation says the next matmul reads the
+    /// output quantized (q8_out), swiglu_q8 does it in the same pass; where
+    /// it reads the wgmma GEMM's tiles (with `rows` known), swiglu_f16wr;
+    /// where neither kernel could (buffers unaligned), the plain kernel and
+    /// the standalone conversion (`finish_out_for_next`).
     pub(crate) fn d_swiglu(
         &self,
         gate: &CudaView<'_, f32>,
@@ -460,10 +469,10 @@ impl CudaBackend {
         let len = out.len() as i64;
         let cfg = grid_1d(out.len(), 256)?;
         let mut b = self.stream().launch_builder(self.func("swiglu")?);
-        b.arg(gate).arg(up).arg(&len).arg(out);
+        b.arg(gate).arg(up).arg(&len).arg(&mut *out);
         // SAFETY: matches swiglu; all three buffers hold len elements.
         drv(unsafe { b.launch(cfg) }, "swiglu: launch")?;
-        Ok(())
+        self.finish_out_for_next(&out.as_view(), rows, mode)
     }
 
     pub(crate) fn d_get_rows(

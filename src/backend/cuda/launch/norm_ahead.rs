@@ -39,10 +39,11 @@
 //! its launches overlapped far less with their neighbours), the 8B (4,096)
 //! -11%.
 
+use crate::backend::cuda::fusion::ActRead;
 use super::dev_ptr;
 use super::matmul::{job_table, mm_dims, mv_grid, mv_name, mv_warps, MV_Q8_NC};
+use crate::backend::cuda::device::memory::Dev;
 use crate::backend::cuda::fusion::producer_form;
-use crate::backend::cuda::mem::Dev;
 use crate::backend::cuda::{drv, CudaBackend, Switch};
 use crate::backend::{validate, MatJob, Mode, WeightInfo};
 use crate::quant::GgmlType;
@@ -172,7 +173,7 @@ impl CudaBackend {
         };
         let (ds_off, parts_off, _) = layout(m);
         let s = self.stream();
-        let clusters = crate::backend::cuda::pdl::arch_major(&self.arch) >= 9
+        let clusters = crate::backend::cuda::device::pdl::arch_major(&self.arch) >= 9
             && self.tuning.matvec.norm_ahead_clusters;
         let (name, threads, rows, csize) = producer_form(clusters, k, m);
         let (mut table, ctas) = job_table(jobs, rows, s)?;
@@ -191,7 +192,10 @@ impl CudaBackend {
         // norm-ahead buffer laid out for m (`layout`): m bytes, m / 32
         // float2 and m / 32 floats.
         let extra = [g_ptr, base, base + ds_off as u64, base + parts_off as u64];
-        self.mat_vec_q8(x, n, jobs, (&d, &table, cfg, name), &extra, csize)?;
+        // The input's blocks as the op's annotation says (the attention
+        // before may have written them); the kernel reads quant_q8's.
+        let pre = self.annotated_input(n, jobs, mode, Some(ActRead::Q8));
+        self.mat_vec_q8(x, n, jobs, (&d, &table, cfg, name), &extra, csize, pre)?;
         if let Ok(mut st) = self.norm_ahead.lock() {
             st.key = Some((AheadKey { len: m }, base));
         }

@@ -4,7 +4,7 @@
 //! the thread count that fixes a fast row's sum order.
 
 use super::super::{drv, grid_1d, i32_of, CudaBackend};
-use super::act_cache::Reader;
+use crate::backend::cuda::fusion::ActRead;
 use super::{dev_ptr, dev_ptr_mut};
 use crate::backend::{validate, Mode};
 use anyhow::Result;
@@ -51,9 +51,10 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// An `RmsNorm` op: the matmul that reads its output is a later op's,
-    /// as the fusion pass planned it where the op has an annotation, else
-    /// predicted (`output_reader`).
+    /// An `RmsNorm` op: the matmul that reads its output is the next op's,
+    /// as the fusion pass planned it where the op has an annotation (none
+    /// written without one); written in that layout also where the fused
+    /// kernel could not (`finish_out_for_next`).
     pub(crate) fn d_rms_norm(
         &self,
         x: &CudaView<'_, f32>,
@@ -63,14 +64,16 @@ impl CudaBackend {
         out: &mut CudaViewMut<'_, f32>,
         mode: Mode,
     ) -> Result<()> {
-        let reader = self.output_reader(None);
-        self.d_rms_norm_for(x, w, dim, eps, out, mode, reader)
+        let reader = self.current_fusion().and_then(|f| f.out_for_next);
+        self.d_rms_norm_for(x, w, dim, eps, out, mode, reader)?;
+        let rows = if dim > 0 { Some(out.len() / dim) } else { None };
+        self.finish_out_for_next(&out.as_view(), rows, mode)
     }
 
     /// rms_norm of x (n rows of dim) into `out`; outside `exact`, also
     /// written in the layout the matmul that reads `out` next takes
-    /// (`reader`; `Predicted(None)`: predicted for this op's rows) where
-    /// the buffers allow (the same bits: fusion.rs).
+    /// (`reader`: Q8 or F16Wr; None: none) where the buffers allow (the
+    /// same bits: fusion.rs). Returns whether it wrote that layout.
     #[allow(clippy::too_many_arguments)] // the op's fields
     pub(crate) fn d_rms_norm_for(
         &self,
@@ -80,15 +83,11 @@ impl CudaBackend {
         eps: f32,
         out: &mut CudaViewMut<'_, f32>,
         mode: Mode,
-        reader: Reader,
-    ) -> Result<()> {
+        reader: Option<ActRead>,
+    ) -> Result<bool> {
         let n = validate::rms_norm(x.len(), w.len(), dim, out.len())?;
-        let reader = match reader {
-            Reader::Predicted(None) => Reader::Predicted(Some(n)),
-            r => r,
-        };
         if n == 0 {
-            return Ok(());
+            return Ok(false);
         }
         let (ni, di) = (i32_of(n, "rows")?, i32_of(dim, "dim")?);
         // 16-byte loads when every row starts 16-byte aligned.
@@ -136,7 +135,7 @@ impl CudaBackend {
                 // a grid of `rows` CTAs.
                 drv(unsafe { b.launch(cfg) }, "rms_norm: launch")?;
                 self.q8_done(key);
-                return Ok(());
+                return Ok(true);
             }
             // SAFETY: vec4 only with 16-byte aligned rows (above); xq /
             // xds null, or (vec4, dim a multiple of 32) arena regions of
@@ -144,8 +143,9 @@ impl CudaBackend {
             unsafe { self.rms_norm_fast(x, w, n, (di, eps), vec4 == 1, out, (xq, xds)) }?;
             if let Some((key, _, _)) = pre {
                 self.q8_done(key);
+                return Ok(true);
             }
-            return Ok(());
+            return Ok(false);
         }
         // Rows that fit the default 48 KiB of shared memory take the
         // block-per-row kernel (same bits, far less latency-bound).
@@ -161,7 +161,7 @@ impl CudaBackend {
             // weights, dim floats of dynamic shared memory; vec4 only with
             // 16-byte aligned rows.
             drv(unsafe { b.launch(cfg) }, "rms_norm: launch")?;
-            return Ok(());
+            return Ok(false);
         }
         let mut b = self.stream().launch_builder(self.func("rms_norm")?);
         b.arg(x).arg(w).arg(&ni).arg(&di).arg(&eps).arg(out);
@@ -170,7 +170,7 @@ impl CudaBackend {
             unsafe { b.launch(grid_1d(n * 32, 256)?) },
             "rms_norm: launch",
         )?;
-        Ok(())
+        Ok(false)
     }
 }
 

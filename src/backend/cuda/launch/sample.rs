@@ -196,7 +196,7 @@ impl CudaBackend {
         // A cluster of SAMPLE_CLUSTER CTAs per row on sm_90+ (one row's
         // passes over the logits spread over as many SMs; tuning
         // `runtime.sample_cluster`), else one CTA.
-        let cl = if crate::backend::cuda::pdl::arch_major(&self.arch) >= 9
+        let cl = if crate::backend::cuda::device::pdl::arch_major(&self.arch) >= 9
             && self.tuning.runtime.sample_cluster
         {
             SAMPLE_CLUSTER

@@ -1,6 +1,6 @@
 //! The matvec family's part of the tuning table (see `tuning/mod.rs`):
 //! the fusions between a step's ops (fusion.rs, launch/norm_ahead.rs,
-//! launch/act_cache.rs) and the L2 read-ahead of decode graphs
+//! launch/prepared.rs) and the L2 read-ahead of decode graphs
 //! (launch/l2_ahead.rs).
 
 use super::Switch;

@@ -342,14 +342,6 @@ pub(crate) fn fast_uses_blas(n: usize) -> bool {
     fast_uses_blas_with(n, &MatmulTuning::for_arch(0))
 }
 
-/// The default table's tensor-core decode row range (`mma_min_rows`,
-/// `mma_max_rows`), for the activation cache's guess of the next matmul's
-/// kernel (no bit depends on it: a wrong guess costs one quantization).
-pub(crate) fn mma_rows() -> (usize, usize) {
-    let t = MatmulTuning::for_arch(0);
-    (t.mma_min_rows, t.mma_max_rows)
-}
-
 /// The warp-per-row kernel of a family (`[grouped, r1, r1_w2, r1_w4]`)
 /// for `n` activation rows and `warps` per weight row: the grouped kernel
 /// for several rows; for one row the `r1` variant, whose per-row

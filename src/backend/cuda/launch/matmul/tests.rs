@@ -455,7 +455,7 @@ fn matvec_kernel_choice() {
         }
     }
     // Every name the launches use is a kernel the backend loads.
-    let loaded: Vec<&str> = crate::backend::cuda::source::KERNELS
+    let loaded: Vec<&str> = crate::backend::cuda::ops::kernels::KERNELS
         .iter()
         .flat_map(|(_, _, e)| e.iter().copied())
         .collect();

@@ -2,7 +2,7 @@
 //! sm_90): which ops it takes by default, its CTA shape and k splits, the
 //! wave tail, its pipeline stages and shared memory.
 
-use crate::backend::cuda::source::WG_KERNELS;
+use crate::backend::cuda::ops::kernels::WG_KERNELS;
 use crate::backend::cuda::tuning::{MatmulTuning, WrShape};
 use crate::backend::cuda::ty_code;
 use crate::quant::GgmlType;

@@ -4,15 +4,15 @@
 //! exact_plan) picks the entry and the cluster; every form gives the same
 //! bits.
 
+use crate::backend::cuda::device::memory::{DevAttnBatch, DevKv};
 use crate::backend::cuda::launch::RawArgs;
-use crate::backend::cuda::mem::{DevAttnBatch, DevKv};
 use crate::backend::cuda::CudaBackend;
 use anyhow::Result;
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, LaunchConfig};
 
 /// Threads of `paged_attention_par`: 32 x ATT_EX_W, its launch bound (8
 /// warps, or the value a tuning run compiles in through
-/// `QUIRE_CUDA_DEFINES=ATT_EX_W=N`, which source.rs passes to NVRTC).
+/// `QUIRE_CUDA_DEFINES=ATT_EX_W=N`, which device/compile.rs passes to NVRTC).
 pub(crate) fn att_ex_threads() -> u32 {
     static T: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     *T.get_or_init(|| {

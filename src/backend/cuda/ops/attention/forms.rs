@@ -6,7 +6,7 @@
 //! rules are in rmma.rs.
 
 use super::geometry::{SplitForm, ATT_CLUSTER_MAX};
-use crate::backend::cuda::mem::ATT_PARTS;
+use crate::backend::cuda::device::memory::ATT_PARTS;
 use crate::backend::cuda::tuning::{AttentionTuning, Switch};
 
 /// Whether a unit's `ctas` CTAs may merge in a cluster: 2 to

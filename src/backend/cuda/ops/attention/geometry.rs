@@ -2,7 +2,7 @@
 //! att_pipe_*, att_row_*; attention_rmma_fast.cu, att_rmma_*): the entry
 //! of each form for a head shape, and the threads, pipeline stages and
 //! shared memory each entry is compiled and launched with. Compile-time
-//! numbers (source.rs writes them into the prelude, the host launches by
+//! numbers (ops/kernels.rs writes them into the prelude, the host launches by
 //! them), so constants: the bottom of the attention family's imports.
 
 /// The forms of the pipelined split kernel (attention_pipe_fast.cu):
@@ -17,7 +17,7 @@
 /// (att_row_*, row_rule), and the same on tensor cores in one CTA
 /// (att_rmma_*, rmma_rule) or a cluster (att_rmma_c_*,
 /// rmma_cluster_rule). The discriminant of the first nine indexes
-/// source::ATT_PIPE.
+/// entries.rs, ATT_PIPE.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum SplitForm {
     Partials = 0,
@@ -263,7 +263,7 @@ pub(crate) fn gqa_split_kernel(
     head_dim: usize,
     form: SplitForm,
 ) -> Option<&'static str> {
-    use crate::backend::cuda::source::{ATT_PIPE, ATT_RMMA};
+    use super::entries::{ATT_PIPE, ATT_RMMA};
     let d = match head_dim {
         1..=64 => 0,
         65..=128 => 1,
@@ -326,7 +326,7 @@ mod tests {
         assert_eq!(gqa_split_kernel(9, 128, Partials), None);
         assert_eq!(gqa_split_kernel(4, 256, Merge), None);
         // Every pipelined kernel's shared memory fits an H100's 227 KiB
-        // per CTA (the names come from source::ATT_PIPE, which KERNELS
+        // per CTA (the names come from entries::ATT_PIPE, which KERNELS
         // loads).
         for g in 1..=8 {
             for hd in (8..=128).step_by(8) {

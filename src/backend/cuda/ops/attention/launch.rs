@@ -3,8 +3,8 @@
 
 use super::maps::{att_maps, kv_cells, AttMaps};
 use super::planner::{plan, AttnCaps, AttnPlan, AttnShape, SplitPlan};
+use crate::backend::cuda::device::memory::{DevAttnBatch, DevKv};
 use crate::backend::cuda::launch::{arena3, RawArgs};
-use crate::backend::cuda::mem::{DevAttnBatch, DevKv};
 use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
 use crate::backend::{validate, KvInfo, Mode};
 use anyhow::{ensure, Result};
@@ -93,7 +93,7 @@ impl CudaBackend {
             read_ahead: mode != Mode::Exact && self.l2_branch_live()?,
         };
         let caps = AttnCaps {
-            arch_major: crate::backend::cuda::pdl::arch_major(&self.arch),
+            arch_major: crate::backend::cuda::device::pdl::arch_major(&self.arch),
             sms: self.sm_count(),
             per_sm: &self.dev.att_per_sm,
             clusters: &self.dev.att_clusters,

@@ -3,7 +3,7 @@
 //! the copy engine (one bulk tensor copy per tile and half row) instead of
 //! each lane's 16-byte `cp.async` (sm_90+).
 
-use crate::backend::cuda::mem::DevKv;
+use crate::backend::cuda::device::memory::DevKv;
 use anyhow::Result;
 use cudarc::driver::sys;
 

@@ -3,7 +3,8 @@
 //! the launchers (`launch.rs`: every mode's entry and the split-KV and
 //! tensor-core prefill launches; `exact.rs`: the canonical kernels'; and
 //! `maps.rs`: the K/V cache's tensor maps for the bulk copies), what the
-//! device offers them, counted at load (`caps.rs`), and the
+//! device offers them, counted at load (`caps.rs`), their entry points
+//! (`entries.rs`, which the kernel table loads), and the
 //! kernels (`kernels/`: attention.cu canonical, the `_fast` forms, the
 //! KV writes).
 //!
@@ -11,6 +12,7 @@
 //! rmma.rs -> geometry.rs.
 
 mod caps;
+mod entries;
 mod exact;
 mod forms;
 mod geometry;
@@ -20,6 +22,7 @@ mod planner;
 mod rmma;
 
 pub(crate) use caps::count_at_load;
+pub(crate) use entries::{ATT_FAST_HEAD, ATT_PIPE, ATT_PIPE_ENTRIES, ATT_RMMA, ATT_RMMA_ENTRIES};
 pub(crate) use exact::att_ex_threads;
 pub(crate) use geometry::{
     att_pipe_smem, att_rmma_shape, att_row_stages, att_row_warps, ATT_CLUSTER_MAX, ATT_M3_STAGES,

@@ -19,7 +19,7 @@ use super::forms::{
 };
 use super::geometry::{att_pipe_smem, att_threads, att_tma_fits, gqa_split_kernel, SplitForm};
 use super::rmma::{rmma_cluster_ctas, rmma_cluster_wanted, rmma_wanted, RmmaLaunch};
-use crate::backend::cuda::mem::ATT_PARTS;
+use crate::backend::cuda::device::memory::ATT_PARTS;
 use crate::backend::cuda::tuning::AttentionTuning;
 use crate::backend::Mode;
 use anyhow::{anyhow, bail, Result};

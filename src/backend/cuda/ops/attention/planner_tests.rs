@@ -3,7 +3,7 @@
 //! and `exact` (a row's reduction order does not follow the batch).
 
 use super::*;
-use crate::backend::cuda::source::{ATT_PIPE, ATT_RMMA};
+use crate::backend::cuda::ops::attention::{ATT_PIPE, ATT_RMMA};
 use crate::backend::cuda::tuning::{Switch, Tuning};
 
 /// A device's capabilities: `sms` SMs of `arch_major`, the occupancy of

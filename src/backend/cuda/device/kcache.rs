@@ -16,10 +16,10 @@
 //! CUDA major version loads on any driver of it, so a cache built on one
 //! machine (`quire kernels --dir D`) can be carried to another. A CUBIN the
 //! driver refuses is deleted and the file compiled to PTX instead
-//! (`CudaBackend::new`). Used on the lent H100s since 2026-11-27 (built
-//! here with `quire kernels --arch sm_90`, carried; docs/PERF.md).
+//! (`device::load_module`). Used on the lent H100s (built here with
+//! `quire kernels --arch sm_90`, carried; docs/PERF.md).
 
-use super::source;
+use super::compile;
 use anyhow::{anyhow, bail, Context, Result};
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
@@ -58,7 +58,7 @@ pub fn file_name(stem: &str, arch: &str, src: &str, opts: &[String]) -> String {
 /// architecture, `sm_XY` or `sm_90a`). Errors carry the NVRTC log.
 pub fn compile_cubin(stem: &str, arch: &str, src: &str, opts: &[String]) -> Result<Vec<u8>> {
     use cudarc::nvrtc::{result, sys};
-    if !source::nvrtc_present() {
+    if !compile::nvrtc_present() {
         bail!("NVRTC (libnvrtc) not found: cannot compile CUDA kernel {stem}.cu");
     }
     let c_src = CString::new(src).map_err(|_| anyhow!("{stem}.cu: NUL byte in the source"))?;
@@ -129,43 +129,45 @@ pub enum Origin {
     Ptx,
 }
 
-/// Kernel file `stem` for `arch`: the cached CUBIN, else compiled now (a
-/// CUBIN, stored in the cache; a cache that cannot be written is only
-/// logged), or PTX when there is no cache. `forget` drops a cached file
-/// the driver refused.
-pub fn load(stem: &str, arch: &str) -> Result<(cudarc::nvrtc::Ptx, Origin)> {
-    load_in(cache_dir().as_deref(), stem, arch)
+/// Kernel file `stem` (its full translation unit `src`) for `arch`: the
+/// cached CUBIN, else compiled now (a CUBIN, stored in the cache; a cache
+/// that cannot be written is only logged), or PTX when there is no cache.
+/// `forget` drops a cached file the driver refused.
+pub fn load(stem: &str, src: &str, arch: &str) -> Result<(cudarc::nvrtc::Ptx, Origin)> {
+    load_in(cache_dir().as_deref(), stem, src, arch)
 }
 
 /// `load` with the cache in `dir` (None: no cache).
-pub fn load_in(dir: Option<&Path>, stem: &str, arch: &str) -> Result<(cudarc::nvrtc::Ptx, Origin)> {
+pub fn load_in(
+    dir: Option<&Path>,
+    stem: &str,
+    src: &str,
+    arch: &str,
+) -> Result<(cudarc::nvrtc::Ptx, Origin)> {
     let Some(dir) = dir else {
-        return Ok((source::compile(stem, arch)?, Origin::Ptx));
+        return Ok((compile::compile(stem, src, arch)?, Origin::Ptx));
     };
-    let src = source::full_source(stem)?;
-    let opts = source::nvrtc_options(arch);
-    let path = dir.join(file_name(stem, arch, &src, &opts));
+    let opts = compile::nvrtc_options(arch);
+    let path = dir.join(file_name(stem, arch, src, &opts));
     if let Ok(bytes) = std::fs::read(&path) {
         if is_elf(&bytes) {
             return Ok((cudarc::nvrtc::Ptx::from_binary(bytes), Origin::Cached));
         }
         tracing::warn!("{path:?} is not a CUBIN; compiling {stem}.cu again");
     }
-    let bin = compile_cubin(stem, arch, &src, &opts)?;
+    let bin = compile_cubin(stem, arch, src, &opts)?;
     if let Err(e) = write_atomic(&path, &bin) {
         tracing::warn!("kernel cache not written ({e:#}); set QUIRE_KERNEL_CACHE=0 to skip it");
     }
     Ok((cudarc::nvrtc::Ptx::from_binary(bin), Origin::Compiled))
 }
 
-/// Deletes the cached CUBIN of `stem` for `arch` (the driver refused it),
-/// so the next process compiles it again.
-pub fn forget(stem: &str, arch: &str) {
+/// Deletes the cached CUBIN of `stem` (from `src`) for `arch` (the driver
+/// refused it), so the next process compiles it again.
+pub fn forget(stem: &str, src: &str, arch: &str) {
     let Some(dir) = cache_dir() else { return };
-    if let Ok(src) = source::full_source(stem) {
-        let opts = source::nvrtc_options(arch);
-        let _ = std::fs::remove_file(dir.join(file_name(stem, arch, &src, &opts)));
-    }
+    let opts = compile::nvrtc_options(arch);
+    let _ = std::fs::remove_file(dir.join(file_name(stem, arch, src, &opts)));
 }
 
 #[cfg(test)]

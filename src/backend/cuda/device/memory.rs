@@ -1,6 +1,8 @@
-//! The device memory space of the `cuda` backend: ops whose tensors are
-//! device buffers, so a whole step runs on the GPU with one upload of the
-//! step's inputs and one download of its logits.
+//! The device memory space of the `cuda` backend: the buffers ops read and
+//! write when their tensors live on the device (`Dev`: weights, KV cache,
+//! attention batches), so a whole step runs on the GPU with one upload of
+//! the step's inputs and one download of its logits. The ops over them are
+//! dispatched by `run_dev.rs`.
 //!
 //! Index *values* in device buffers cannot be checked by the op without a
 //! download. They are checked on the host where they are uploaded
@@ -10,13 +12,10 @@
 //! out-of-range slot writes nothing), so no value can reach outside a
 //! buffer.
 
-use super::fusion::OpFusion;
-use super::{drv, CudaBackend};
-use super::{enter, supports};
+use super::drv;
+use crate::backend::cuda::CudaBackend;
 use crate::backend::{validate, AttnBatch, KvInfo, Mem, WeightInfo};
-use crate::backend::{Backend, MatNorm, Mode, OpT};
 use crate::quant::GgmlType;
-use anyhow::bail;
 use anyhow::{Context, Result};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 
@@ -95,17 +94,17 @@ impl KvInfo for DevKvMut<'_> {
 /// unvalidated batch exists.
 pub struct DevAttnBatch {
     /// Concatenated block tables, each cut to the blocks its rows read.
-    pub(super) tables: CudaSlice<u32>,
+    pub(in crate::backend::cuda) tables: CudaSlice<u32>,
     /// (n_seqs,) start of each sequence's table in `tables`.
-    pub(super) table_off: CudaSlice<u32>,
+    pub(in crate::backend::cuda) table_off: CudaSlice<u32>,
     /// (n_rows,) sequence of each query row.
-    pub(super) row_seq: CudaSlice<u32>,
+    pub(in crate::backend::cuda) row_seq: CudaSlice<u32>,
     /// (n_rows,) absolute position of each query row; in a fixed batch
     /// (n_rows * 4 + 1,), the "step words": then each row's KV slot
     /// (`slots`), its input token (`tokens`), a greedy step's status word,
     /// and the ticket of a greedy graph's advance (`step_words`), so that
     /// one copy refills a step's inputs.
-    pub(super) positions: CudaSlice<u32>,
+    pub(in crate::backend::cuda) positions: CudaSlice<u32>,
     /// A fixed batch's block tables as its last refill copied them (the
     /// prefix its rows read): a refill whose tables are the same skips
     /// their copy. None until the first refill, and for uploaded batches.
@@ -116,24 +115,24 @@ pub struct DevAttnBatch {
     /// ([`DevAttnBatch::hold_steps`]). A chained step whose positions and
     /// slots are those skips their copy. None: unknown (then it copies).
     held_steps: Option<Vec<u32>>,
-    pub(super) n_rows: usize,
-    pub(super) block_size: usize,
-    pub(super) n_blocks: usize,
+    pub(in crate::backend::cuda) n_rows: usize,
+    pub(in crate::backend::cuda) block_size: usize,
+    pub(in crate::backend::cuda) n_blocks: usize,
     /// Split-KV attention: partial slots per (row, head) in the scratch
     /// buffer (at least the most partials any row can have) and CTAs per
     /// (row, head) (`ATT_PARTS` bounds both; see attention.cu). Neither
     /// changes the arithmetic.
-    pub(super) part_stride: usize,
-    pub(super) part_ctas: usize,
+    pub(in crate::backend::cuda) part_stride: usize,
+    pub(in crate::backend::cuda) part_ctas: usize,
     /// Prefill tiles of the tensor-core kernel, (n_tiles, 2) = {first row,
     /// rows}: runs of at most 16 consecutive rows of one sequence. Only for
     /// batches of at least FA_MIN_ROWS rows.
-    pub(super) tiles: Option<(CudaSlice<u32>, usize)>,
+    pub(in crate::backend::cuda) tiles: Option<(CudaSlice<u32>, usize)>,
     /// Every row is the only row of its sequence (a decode batch): then a
     /// row's keys before its position are not written by this step's KV
     /// write, and the split kernels may read them before their
     /// programmatic wait (attention_pipe_fast.cu, att_pipe_gqa).
-    pub(super) one_row_per_seq: bool,
+    pub(in crate::backend::cuda) one_row_per_seq: bool,
 }
 
 /// Batches of at least this many rows may take the tensor-core prefill
@@ -513,152 +512,6 @@ pub fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
     what: &str,
 ) -> Result<CudaSlice<T>> {
     drv(be.stream().alloc_zeros::<T>(len.max(1)), what)
-}
-
-/// Device-space ops: launched on the backend's stream, not synchronized
-/// (the executor synchronizes once per step, when it reads the logits).
-impl Backend<Dev> for CudaBackend {
-    fn name(&self) -> &'static str {
-        "cuda"
-    }
-
-    fn supports_op(&self, op: &OpT<'_, Dev>, mode: Mode) -> bool {
-        supports(self, &op.info(), mode)
-    }
-
-    fn run(&self, op: OpT<'_, Dev>, mode: Mode) -> Result<()> {
-        self.run_fused(op, mode, None)
-    }
-}
-
-impl CudaBackend {
-    /// Runs `op` with its annotation from the step's fusion pass
-    /// (`fusion::plan`; None: an op outside a planned step, whose fusions
-    /// follow the backend's rules alone, as `run`).
-    pub fn run_fused(&self, op: OpT<'_, Dev>, mode: Mode, fusion: Option<OpFusion>) -> Result<()> {
-        // Norm-ahead's blocks serve only the op right after their producer
-        // (taken first: an op that fails below drops them too), and only
-        // one the fusion pass planned as their consumer.
-        let ahead = self
-            .take_norm_ahead()
-            .filter(|_| fusion.is_some_and(|f| f.ahead_consumer));
-        let kind = op.kind();
-        if let Err(why) = self.capability(&op.info(), mode) {
-            bail!("op {kind} cannot run on the cuda backend ({mode:?}): {why}");
-        }
-        let _g = enter(self)?;
-        // The annotation holds for this op only (cleared however it ends).
-        let _scope = self.fusion_scope(fusion)?;
-        if !matches!(op, OpT::MatMul { .. } | OpT::MatMuls { .. }) {
-            self.forget_activations();
-        }
-        match op {
-            OpT::MatMul { w, x, n, mut out } => self.d_mat_mul(&w, &x, n, &mut out, mode),
-            OpT::MatMuls {
-                x,
-                n,
-                mut jobs,
-                norm: None,
-                next_norm,
-                glu,
-            } => {
-                Self::check_glu(&jobs, glu.as_ref().map(|h| h.len()))?;
-                let mut done = false;
-                if let Some((g, _eps)) = next_norm {
-                    done = self.mat_muls_ahead(&x, n, &mut jobs, &g, mode)?;
-                }
-                if !done {
-                    self.d_mat_muls(&x, n, &mut jobs, mode)?;
-                }
-                self.glu_after(&mut jobs, glu, n, mode)
-            }
-            OpT::MatMuls {
-                x,
-                n,
-                mut jobs,
-                norm: Some(MatNorm { w, eps, mut out }),
-                // A norm-carrying op is never a residual producer in the
-                // model graphs; the hint is not used here.
-                next_norm: _,
-                mut glu,
-            } => {
-                Self::check_glu(&jobs, glu.as_ref().map(|h| h.len()))?;
-                if let Some(h) = glu.as_mut() {
-                    if self
-                        .mat_muls_glu_fused(&x, &w, eps, &mut out, n, &mut jobs, h, mode, ahead)?
-                    {
-                        return Ok(());
-                    }
-                }
-                if !self.mat_muls_norm_ahead(&x, eps, n, &mut jobs, mode, ahead)? {
-                    self.d_mat_muls_norm(&x, &w, eps, &mut out, n, &mut jobs, mode)?;
-                }
-                self.glu_after(&mut jobs, glu, n, mode)
-            }
-            OpT::RmsNorm {
-                x,
-                w,
-                dim,
-                eps,
-                mut out,
-            } => self.d_rms_norm(&x, &w, dim, eps, &mut out, mode),
-            OpT::Rope {
-                mut x,
-                n_heads,
-                head_dim,
-                rope_dim,
-                positions,
-                inv_freq,
-                neox,
-            } => self.d_rope(
-                &mut x, n_heads, head_dim, rope_dim, &positions, &inv_freq, neox,
-            ),
-            OpT::RopeKvWrite {
-                mut q,
-                mut k,
-                v,
-                n_heads,
-                rope_dim,
-                positions,
-                inv_freq,
-                neox,
-                slots,
-                mut cache,
-            } => self.d_rope_kv_write(
-                &mut q, &mut k, &v, n_heads, rope_dim, &positions, &inv_freq, neox, &slots,
-                &mut cache,
-            ),
-            OpT::SwiGlu { gate, up, mut out } => self.d_swiglu(&gate, &up, &mut out, None, mode),
-            OpT::GetRows {
-                table,
-                ids,
-                mut out,
-            } => self.d_get_rows(&table, &ids, &mut out),
-            OpT::SelectRows {
-                x,
-                dim,
-                rows,
-                mut out,
-            } => self.d_select_rows(&x, dim, &rows, &mut out),
-            OpT::Add { mut x, y } => self.d_add(&mut x, &y),
-            OpT::AddBias { mut x, bias } => self.d_add_bias(&mut x, &bias),
-            OpT::KvWrite {
-                k,
-                v,
-                slots,
-                mut cache,
-            } => self.d_kv_write(&k, &v, &slots, &mut cache),
-            OpT::PagedAttention {
-                q,
-                n_heads,
-                scale,
-                cache,
-                batch,
-                mut out,
-            } => self.d_attention(&q, n_heads, scale, &cache, batch, &mut out, mode),
-        }
-        .with_context(|| format!("op {kind} on cuda (device)"))
-    }
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@
 //! cuBLAS's, would not wait); memcpy and memset nodes keep full edges.
 //! Tuning `runtime.pdl = false` turns it off.
 
-use super::CudaBackend;
+use crate::backend::cuda::CudaBackend;
 use anyhow::{anyhow, Result};
 use cudarc::driver::sys;
 use std::collections::{BTreeMap, HashMap};

@@ -14,22 +14,22 @@ pub(crate) struct SyncCount {
 
 impl SyncCount {
     /// A synchronization begins: its index.
-    pub(super) fn begin(&self) -> u64 {
+    pub(crate) fn begin(&self) -> u64 {
         self.starts
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel)
     }
 
     /// Synchronization `n` completed.
-    pub(super) fn end(&self, n: u64) {
+    pub(crate) fn end(&self, n: u64) {
         self.done
             .fetch_max(n + 1, std::sync::atomic::Ordering::AcqRel);
     }
 
-    pub(super) fn ticket(&self) -> u64 {
+    pub(crate) fn ticket(&self) -> u64 {
         self.starts.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    pub(super) fn past(&self, ticket: u64) -> bool {
+    pub(crate) fn past(&self, ticket: u64) -> bool {
         self.done.load(std::sync::atomic::Ordering::Acquire) > ticket
     }
 }
