@@ -555,8 +555,22 @@ fn wgmma_tiles_only_from_ops_that_know_their_rows() {
         })
     };
     for (producer, read, want) in [
-        (StepOp::SwiGlu { out: ACT, len: n * k }, ActRead::F16Wr, None),
-        (StepOp::SwiGlu { out: ACT, len: n * k }, ActRead::Q8, Some(ActRead::Q8)),
+        (
+            StepOp::SwiGlu {
+                out: ACT,
+                len: n * k,
+            },
+            ActRead::F16Wr,
+            None,
+        ),
+        (
+            StepOp::SwiGlu {
+                out: ACT,
+                len: n * k,
+            },
+            ActRead::Q8,
+            Some(ActRead::Q8),
+        ),
         (
             StepOp::RmsNorm {
                 out: ACT,

@@ -8,8 +8,8 @@
 //! projection alone fills a quarter of an H100 at 512 tokens, and gate and
 //! up each end on a partial wave.
 
-use super::prepared::outs_overlap;
 use super::mm_jobs::{mm_dims, MmDims};
+use super::prepared::outs_overlap;
 use super::{arena3, dev_ptr, dev_ptr_mut};
 use crate::backend::cuda::device::memory::Dev;
 use crate::backend::cuda::{drv, grid_1d, CudaBackend};
@@ -105,9 +105,9 @@ impl CudaBackend {
                 e += 1;
             }
             self.gemm_f16(x, n, &mut jobs[i..e], pre)?;
-            // The next GEMMs find the f16 rows this one wrote, unless a
-            // job wrote over its own input.
-            pre = !outs_overlap(x, &jobs[..e], s);
+            // The next GEMMs find the f16 rows this one wrote, unless one
+            // of its jobs wrote over the input.
+            pre = !outs_overlap(x, &jobs[i..e], s);
             i = e;
         }
         Ok(())
@@ -146,7 +146,7 @@ impl CudaBackend {
             let mut pre = pre;
             for j in 0..jobs.len() {
                 self.gemm_f16(x, n, &mut jobs[j..j + 1], pre)?;
-                pre = !outs_overlap(x, &jobs[..=j], s);
+                pre = !outs_overlap(x, &jobs[j..=j], s);
             }
             return Ok(());
         }

@@ -3,12 +3,12 @@
 //! matvec and the f16 tile kernel; the other forms have their own files
 //! (matmul_exact.rs, matmul_mma.rs, matmul_wgmma.rs, matmul_blas.rs).
 
-use super::prepared::{act_read, outs_overlap};
 use super::matmul::{
     is_float, mv_grid, mv_name, plan, MmCaps, MmPlan, MmShape, MV_FLOAT, MV_Q8, SHORT_ROWS,
     TILE_ROWS, TILE_SMEM, TILE_TOK,
 };
 use super::mm_jobs::{job_table_mb, mm_dims, vec4_ok, MmDims, MmJobs};
+use super::prepared::{act_read, outs_overlap};
 use super::{arena3, dev_ptr, dev_ptr_mut, RawArgs};
 use crate::backend::cuda::device::memory::{Dev, DevMatrix};
 use crate::backend::cuda::ops::kernels::WG_KERNELS;
@@ -137,13 +137,13 @@ impl CudaBackend {
             } => self.mm_q8_mma(x, n, jobs, kern, (splits, per_split), vec4, pre),
             MmPlan::Tile { splits } => {
                 // Each job after the first finds the f16 rows the one
-                // before wrote (unless a job wrote over its own input).
+                // before wrote (unless that job wrote over its input).
                 let s = self.stream();
                 let mut pre = pre;
                 for (j, sp) in splits.into_iter().enumerate() {
                     let job = &mut jobs[j];
                     self.mm_tile(&job.w, x, n, &mut job.out, job.add, sp, pre)?;
-                    pre = !outs_overlap(x, &jobs[..=j], s);
+                    pre = !outs_overlap(x, &jobs[j..=j], s);
                 }
                 Ok(())
             }

@@ -42,6 +42,9 @@ impl CudaBackend {
         // annotation; where it could not, they prepare their own.
         let read = act_read(&self.mm_plan(&out.as_view(), n, jobs, mode));
         let wrote = self.d_rms_norm_for(x, w, k, eps, out, mode, read)?;
+        // Those blocks are the op's input, not the output it writes for
+        // the next op (its SwiGlu's: `finish_out_for_next`).
+        self.forget_op_wrote();
         self.mat_muls_in(&out.as_view(), n, jobs, mode, Some(wrote))
     }
 }

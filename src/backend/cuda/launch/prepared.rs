@@ -178,7 +178,12 @@ impl CudaBackend {
         let x16 = arena3::<u16, u8, u8, _>(&mut guard, (padded * k, 0, 0), |x16, _, _| {
             Ok(dev_ptr_mut(x16, s))
         })?;
-        Ok(Some((ActKey { read: ActRead::F16Wr }, x16)))
+        Ok(Some((
+            ActKey {
+                read: ActRead::F16Wr,
+            },
+            x16,
+        )))
     }
 
     /// Records that the op's producer kernel, just queued, wrote the
@@ -187,6 +192,14 @@ impl CudaBackend {
     pub(crate) fn q8_done(&self, key: ActKey) {
         if let Ok(mut w) = self.op_wrote.lock() {
             *w = Some(key.read);
+        }
+    }
+
+    /// Forgets what the op wrote so far (its own input's blocks, which are
+    /// not its output).
+    pub(super) fn forget_op_wrote(&self) {
+        if let Ok(mut w) = self.op_wrote.lock() {
+            *w = None;
         }
     }
 
@@ -311,7 +324,7 @@ impl CudaBackend {
             return false;
         };
         let fusion = self.current_fusion();
-        if !fusion.is_some_and(|f| f.input_from.is_some()) {
+        if fusion.is_none_or(|f| f.input_from.is_none()) {
             return false;
         }
         let rows: Vec<usize> = jobs.iter().map(|j| j.w.rows).collect();
@@ -335,7 +348,8 @@ impl CudaBackend {
         let Some(j0) = jobs.first() else {
             return Ok(());
         };
-        if self.current_fusion().is_none() || actual == Some(ActRead::F16Wr) {
+        // The tiles are `fast`'s alone.
+        if mode != Mode::Fast || self.current_fusion().is_none() || actual == Some(ActRead::F16Wr) {
             return Ok(());
         }
         let rows: Vec<usize> = jobs.iter().map(|j| j.w.rows).collect();

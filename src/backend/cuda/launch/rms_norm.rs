@@ -4,8 +4,8 @@
 //! the thread count that fixes a fast row's sum order.
 
 use super::super::{drv, grid_1d, i32_of, CudaBackend};
-use crate::backend::cuda::fusion::ActRead;
 use super::{dev_ptr, dev_ptr_mut};
+use crate::backend::cuda::fusion::ActRead;
 use crate::backend::{validate, Mode};
 use anyhow::Result;
 use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
@@ -66,7 +66,7 @@ impl CudaBackend {
     ) -> Result<()> {
         let reader = self.current_fusion().and_then(|f| f.out_for_next);
         self.d_rms_norm_for(x, w, dim, eps, out, mode, reader)?;
-        let rows = if dim > 0 { Some(out.len() / dim) } else { None };
+        let rows = out.len().checked_div(dim);
         self.finish_out_for_next(&out.as_view(), rows, mode)
     }
 
