@@ -1,7 +1,7 @@
 //! `quire check-exact --mode fast-norm-ahead`: a `fast` decode path whose
 //! arithmetic differs from the op-by-op graph's (norm-ahead: the RMS norms
 //! folded into the residual matvecs and the next op's,
-//! launch/norm_ahead.rs) against the op-by-op `fast` graph, both against
+//! ops/matmul/norm_ahead.rs) against the op-by-op `fast` graph, both against
 //! the cpu's exact logits. Not bitwise: at every step the fused logits
 //! must agree on NaN/Inf and be no farther from the cpu's than a bound
 //! derived from the op-by-op path's own distance, and the fused path must

@@ -525,7 +525,7 @@ impl Ctx<'_> {
                 shapes.push((576, 1536, 64));
                 // Several CTA rows by several token tiles, both partial:
                 // with matmul.wr_tail_sms=4 or 7 every wgmma CTA shape
-                // takes a wave tail (launch/matmul/wr.rs, wr_tail).
+                // takes a wave tail (ops/matmul/wr.rs, wr_tail).
                 shapes.push((520, 1024, 300));
             }
             let mut shapes: Vec<(usize, usize, usize, bool)> = shapes

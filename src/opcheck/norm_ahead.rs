@@ -1,5 +1,5 @@
 //! Parity cases of norm-ahead (cuda, `fast` mode, one row;
-//! launch/norm_ahead.rs): a residual `MatMuls` with `next_norm` (the
+//! ops/matmul/norm_ahead.rs): a residual `MatMuls` with `next_norm` (the
 //! producer, `mv_q8_r1_na`) and right after it a `MatMuls` carrying that
 //! norm on that residual (the consumer, `mv_q8_r1_nc` or a split-row
 //! form), run as device ops on device buffers (host ops upload every input

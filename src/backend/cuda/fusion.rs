@@ -14,7 +14,7 @@
 //! decided here, not from the ops that ran before it.
 //!
 //! `input_from` is the pass's model of the scratch arena, and the
-//! launchers act on it alone (launch/prepared.rs): a reader so annotated
+//! launchers act on it alone (ops/matmul/prepared.rs): a reader so annotated
 //! skips preparing its input, so an annotated producer always writes it
 //! (where its fused kernel cannot, for a buffer it finds unaligned or a
 //! kernel form without the epilogue, the standalone conversion runs
@@ -150,7 +150,7 @@ pub struct StepFusion {
 
 /// The widest residual row (values) that norm-ahead takes by default.
 /// Measured on an H200 after 512 tokens: SmolLM2 (576) +5-7%, the 1B
-/// (2,048) -15%, the 8B (4,096) -11% (launch/norm_ahead.rs).
+/// (2,048) -15%, the 8B (4,096) -11% (ops/matmul/norm_ahead.rs).
 pub const NORM_AHEAD_MAX_DIM: usize = 1024;
 
 /// Whether a producer of `dim` residual values runs norm-ahead: the

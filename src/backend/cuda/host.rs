@@ -1,5 +1,5 @@
 //! The host-slice path of the `cuda` backend (`Backend<Host>`): each op
-//! uploads its inputs, runs the device launcher of `launch/` and
+//! uploads its inputs, runs the device launcher of `ops/` and
 //! downloads its outputs. This is what the parity harness drives, and what
 //! `--gpu auto` uses for single ops when a model cannot run wholly on the
 //! device. A model step on the GPU uses the device space instead

@@ -1,4 +1,4 @@
-//! The `cuda` backend: CUDA C kernels (`kernels/<op>.cu`) compiled at run
+//! The `cuda` backend: CUDA C kernels (`ops/<family>/kernels/<op>.cu`) compiled at run
 //! time by NVRTC for the device's architecture, driven through `cudarc`
 //! with dynamic loading (the binary builds and starts without CUDA).
 //!
@@ -11,9 +11,9 @@
 //!
 //! Rooms: `device/` (context, memory, kernel loading, NVRTC and its cache,
 //! graphs and PDL), `ops/` (the kernel table and one room per op family),
-//! `launch/` (the other families' launchers), `tuning/` (the table).
+//! `tuning/` (the table).
 //!
-//! Two memory spaces, one set of kernels (`launch/`):
+//! Two memory spaces, one set of kernels (`ops/`):
 //! * `Backend<Dev>` (`run_dev.rs`, buffers in `device/memory.rs`): ops over
 //!   device buffers. A model step runs entirely on the device through
 //!   `dispatch::cuda::CudaExec`: weights uploaded once, the paged KV cache
@@ -24,16 +24,15 @@
 
 pub mod device;
 mod host;
-mod launch;
 mod ops;
 mod run_dev;
 pub use device::pinned::PinnedLogits;
 pub use ops::kernels;
 
 pub use device::pdl::PdlExec;
-pub(crate) use launch::fast_uses_blas;
-pub(crate) use launch::L2Bufs;
-pub(crate) use launch::{device_draws, draw_record, GreedyRing, DRAW_WORDS, GREEDY_SLOTS};
+pub(crate) use ops::fast_uses_blas;
+pub(crate) use ops::L2Bufs;
+pub(crate) use ops::{device_draws, draw_record, GreedyRing, DRAW_WORDS, GREEDY_SLOTS};
 pub mod fusion;
 mod tuning;
 pub(crate) use device::drv;
@@ -93,15 +92,15 @@ pub struct CudaBackend {
     /// Serializes runs (one stream, one set of scratch buffers).
     lock: Mutex<()>,
     /// Scratch memory of matmul (quantized activations), reused op after
-    /// op; see `launch/`.
+    /// op; see `device/launch.rs`.
     arena: Mutex<CudaSlice<u8>>,
     /// The layout the running op's producer kernel wrote its output in for
-    /// the next op's matmul (launch/prepared.rs), set and cleared with
+    /// the next op's matmul (ops/matmul/prepared.rs), set and cleared with
     /// `op_fusion`: the op's own record, never read by another op.
     op_wrote: Mutex<Option<fusion::ActRead>>,
     /// While a decode graph is captured with the L2 read-ahead: the weights
-    /// its matvecs read, in order (launch/l2_ahead.rs).
-    l2_log: Mutex<Option<launch::L2Log>>,
+    /// its matvecs read, in order (ops/l2_ahead).
+    l2_log: Mutex<Option<ops::L2Log>>,
     /// The fusion pass's annotation of the op being run (fusion.rs), set
     /// by `run_fused` for the op's duration only: what its output is
     /// written as for the next op, whether it is norm-ahead's producer or
@@ -109,11 +108,11 @@ pub struct CudaBackend {
     op_fusion: Mutex<Option<fusion::OpFusion>>,
     /// Norm-ahead's pending blocks: their key (for the next op only) and
     /// buffer.
-    norm_ahead: Mutex<launch::NormAhead>,
+    norm_ahead: Mutex<ops::NormAhead>,
     /// How many ops took norm-ahead's blocks (launched or captured).
     pub(crate) norm_ahead_runs: std::sync::atomic::AtomicU64,
     /// gate/up matvecs with the SwiGlu in their epilogue launched or
-    /// captured (launch/matmul_glu.rs).
+    /// captured (ops/matmul/glu_launch.rs).
     pub(crate) glu_runs: std::sync::atomic::AtomicU64,
     /// The stream's synchronizations (`sync_ticket` / `synced_past`).
     syncs: SyncCount,
@@ -242,9 +241,9 @@ impl CudaBackend {
                 // Kernels past the default 48 KiB of dynamic shared memory
                 // opt in to what they use.
                 let big_smem = if e == "mm_f16_tile" {
-                    Some(launch::TILE_SMEM)
+                    Some(ops::TILE_SMEM)
                 } else if e.starts_with("mm_q8_mma") {
-                    Some(launch::mq_smem_max(e))
+                    Some(ops::mq_smem_max(e))
                 } else {
                     ops::attention::att_pipe_smem(e)
                 };
@@ -273,7 +272,7 @@ impl CudaBackend {
                 &mut funcs,
                 // The GEMMs take more than the default 48 KiB of dynamic
                 // shared memory; to_f16_wr takes none.
-                &mut |e, f| match launch::wg_smem(e) {
+                &mut |e, f| match ops::wg_smem(e) {
                     Some(bytes) => allow_smem(f, bytes, e),
                     None => Ok(()),
                 },
@@ -313,7 +312,7 @@ impl CudaBackend {
             l2_log: Mutex::new(None),
             syncs: SyncCount::default(),
             op_fusion: Mutex::new(None),
-            norm_ahead: Mutex::new(launch::NormAhead::default()),
+            norm_ahead: Mutex::new(ops::NormAhead::default()),
             norm_ahead_runs: std::sync::atomic::AtomicU64::new(0),
             glu_runs: std::sync::atomic::AtomicU64::new(0),
             pinned: device::pinned::PinnedPool::default(),
@@ -357,7 +356,8 @@ impl CudaBackend {
     /// Both memory spaces ask this; it depends only on what `OpInfo`
     /// carries (op kind, weight type, head_dim), never on where tensors live.
     pub fn capability(&self, op: &OpInfo, mode: Mode) -> std::result::Result<(), String> {
-        // Every op has a kernel in every mode (launch/ picks it).
+        // Every op has a kernel in every mode (its family's planner picks
+        // it): only the weight type and the attention's head_dim bound it.
         let _ = mode;
         if let Some(ty) = op.weight {
             if ty_code(ty).is_none() {

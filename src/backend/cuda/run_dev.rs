@@ -151,7 +151,7 @@ impl CudaBackend {
                 let rows = batch.n_rows;
                 self.d_attention(&q, n_heads, scale, &cache, batch, &mut out, mode)?;
                 // The attention's forms without the annotated epilogue:
-                // the standalone conversion (launch/prepared.rs).
+                // the standalone conversion (ops/matmul/prepared.rs).
                 self.finish_out_for_next(&out.as_view(), Some(rows), mode)
             }
         }

@@ -406,7 +406,7 @@ impl CudaExec {
                     "beginning graph capture",
                 )?;
                 self.capturing.store(true, Ordering::Relaxed);
-                // The read-ahead branch (launch/l2_ahead.rs) forks first and
+                // The read-ahead branch (ops/l2_ahead) forks first and
                 // is joined last, after a failed step too.
                 let mut l2 = g.l2.as_mut().filter(|_| l2_on);
                 let r = match &mut l2 {

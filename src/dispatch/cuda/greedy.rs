@@ -1,7 +1,7 @@
 //! Decode steps whose next tokens are chosen on the device and never
 //! leave it on the critical path ("greedy" graphs, named for their first
 //! use; rows may also sample). Such a graph ends with `sample_rows`
-//! (backend/cuda/launch/sample.rs: the sampler's greedy rule, or its draw
+//! (backend/cuda/ops/sample: the sampler's greedy rule, or its draw
 //! given the step's uniform, bit for bit) instead of the logits copy: each row's token goes into the graph's own token input
 //! (the next replay's) and into a slot of a page-locked ring mapped for
 //! the device (one shared by the graphs of up to SHARED_RING_ROWS rows),

@@ -14,6 +14,7 @@
 
 pub mod compile;
 pub mod kcache;
+pub(crate) mod launch;
 pub mod memory;
 pub(crate) mod pdl;
 pub(crate) mod pinned;

@@ -21,7 +21,7 @@ pub const DEQUANT: &str = include_str!("../kernels/dequant.cuh");
 pub const KERNELS: &[(&str, &str, &[&str])] = &[
     (
         "matmul",
-        include_str!("../kernels/matmul.cu"),
+        include_str!("matmul/kernels/matmul.cu"),
         &[
             "quant_act32",
             "quant_actk",
@@ -35,8 +35,8 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     (
         "matmul_fast",
         concat!(
-            include_str!("../kernels/mv_q8.cuh"),
-            include_str!("../kernels/matmul_fast.cu")
+            include_str!("matmul/kernels/mv_q8.cuh"),
+            include_str!("matmul/kernels/matmul_fast.cu")
         ),
         &[
             "quant_q8",
@@ -58,7 +58,7 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     ),
     (
         "matmul_f16_fast",
-        include_str!("../kernels/matmul_f16_fast.cu"),
+        include_str!("matmul/kernels/matmul_f16_fast.cu"),
         &[
             "mm_f16_tile",
             "split_sum",
@@ -70,8 +70,8 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     (
         "matmul_glu_fast",
         concat!(
-            include_str!("../kernels/mv_q8.cuh"),
-            include_str!("../kernels/matmul_glu_fast.cu")
+            include_str!("matmul/kernels/mv_q8.cuh"),
+            include_str!("matmul/kernels/matmul_glu_fast.cu")
         ),
         &[
             "mv_q8_r1_glu8",
@@ -91,14 +91,14 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     (
         "matmul_short_fast",
         concat!(
-            include_str!("../kernels/mv_q8.cuh"),
-            include_str!("../kernels/matmul_short_fast.cu")
+            include_str!("matmul/kernels/mv_q8.cuh"),
+            include_str!("matmul/kernels/matmul_short_fast.cu")
         ),
         &["mv_q8_r1_s4"],
     ),
     (
         "matmul_mma_fast",
-        include_str!("../kernels/matmul_mma_fast.cu"),
+        include_str!("matmul/kernels/matmul_mma_fast.cu"),
         &[
             "mm_q8_mma",
             "mm_q8_mma_w2",
@@ -109,15 +109,19 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     ),
     (
         "rms_norm",
-        include_str!("../kernels/rms_norm.cu"),
+        include_str!("norm/kernels/rms_norm.cu"),
         &["rms_norm", "rms_norm_block"],
     ),
     (
         "rms_norm_fast",
-        include_str!("../kernels/rms_norm_fast.cu"),
+        include_str!("norm/kernels/rms_norm_fast.cu"),
         &["rms_norm_fast", "rms_norm_fast_f16wr"],
     ),
-    ("rope", include_str!("../kernels/rope.cu"), &["rope"]),
+    (
+        "rope",
+        include_str!("elementwise/kernels/rope.cu"),
+        &["rope"],
+    ),
     (
         "rope_kv_write",
         include_str!("attention/kernels/rope_kv_write.cu"),
@@ -125,27 +129,27 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     ),
     (
         "swiglu",
-        include_str!("../kernels/swiglu.cu"),
+        include_str!("elementwise/kernels/swiglu.cu"),
         &["swiglu", "swiglu_q8", "swiglu_f16wr"],
     ),
     (
         "get_rows",
-        include_str!("../kernels/get_rows.cu"),
+        include_str!("elementwise/kernels/get_rows.cu"),
         &["get_rows"],
     ),
     (
         "sample",
-        include_str!("../kernels/sample.cu"),
+        include_str!("sample/kernels/sample.cu"),
         &["sample_rows"],
     ),
     (
         "select_rows",
-        include_str!("../kernels/select_rows.cu"),
+        include_str!("elementwise/kernels/select_rows.cu"),
         &["select_rows"],
     ),
     (
         "add",
-        include_str!("../kernels/add.cu"),
+        include_str!("elementwise/kernels/add.cu"),
         &["add", "add_bias", "add_zero"],
     ),
     (
@@ -193,7 +197,7 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     ),
     (
         "l2_ahead_fast",
-        include_str!("../kernels/l2_ahead_fast.cu"),
+        include_str!("l2_ahead/kernels/l2_ahead_fast.cu"),
         &["l2_ahead"],
     ),
 ];
@@ -205,14 +209,14 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
 /// out: the ops then take the portable kernels.
 pub const KERNELS_SM90A: &[(&str, &str, &[&str])] = &[(
     "matmul_wgmma_fast",
-    include_str!("../kernels/matmul_wgmma_fast.cu"),
+    include_str!("matmul/kernels/matmul_wgmma_fast.cu"),
     &WG_ENTRIES,
 )];
 
 /// matmul_wgmma_fast.cu's GEMM entries, [type][CTA shape] for the 32-value
 /// block types in type-code order (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0):
 /// `mm_wr_<type>_m1` (128 weight rows x 128 tokens), `_m2` (256 x 128),
-/// `_n256` (128 x 256); launch/matmul_wgmma.rs, WR_SHAPES.
+/// `_n256` (128 x 256); ops/matmul/wgmma.rs, WR_SHAPES.
 pub const WG_KERNELS: [[&str; 3]; 5] = [
     ["mm_wr_q4_0_m1", "mm_wr_q4_0_m2", "mm_wr_q4_0_n256"],
     ["mm_wr_q4_1_m1", "mm_wr_q4_1_m2", "mm_wr_q4_1_n256"],
@@ -307,7 +311,7 @@ pub fn prelude() -> String {
     // The dynamic shared memory the host launches each wgmma entry with:
     // matmul_wgmma_fast.cu's WG_ENTRY asserts its own layout matches.
     for name in WG_KERNELS.iter().flatten() {
-        if let Some(bytes) = crate::backend::cuda::launch::wg_smem(name) {
+        if let Some(bytes) = crate::backend::cuda::ops::wg_smem(name) {
             s.push_str(&format!("#define WG_SMEM_{name} {bytes}\n"));
         }
     }

@@ -1,6 +1,6 @@
 //! The matmul family's part of the tuning table (see `tuning/mod.rs`):
 //! the thresholds between the matmul kernel forms and their geometry
-//! knobs, read by the planner (`launch/matmul.rs`, `plan`).
+//! knobs, read by the planner (`ops/matmul/mod.rs`, `plan`).
 //!
 //! No field changes a bit of `exact` or `deterministic` output: those modes
 //! plan the canonical kernels and the one-warp matvecs whatever the table

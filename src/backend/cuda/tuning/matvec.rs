@@ -1,7 +1,7 @@
 //! The matvec family's part of the tuning table (see `tuning/mod.rs`):
-//! the fusions between a step's ops (fusion.rs, launch/norm_ahead.rs,
-//! launch/prepared.rs) and the L2 read-ahead of decode graphs
-//! (launch/l2_ahead.rs).
+//! the fusions between a step's ops (fusion.rs, ops/matmul/norm_ahead.rs,
+//! ops/matmul/prepared.rs) and the L2 read-ahead of decode graphs
+//! (ops/l2_ahead).
 
 use super::Switch;
 use serde::{Deserialize, Serialize};
@@ -15,7 +15,7 @@ pub struct MatvecTuning {
     /// off runs the separate quantize kernels (the reference of
     /// `check-exact --mode fast`).
     pub prequant: bool,
-    /// Norm-ahead (launch/norm_ahead.rs, `fast`, one row): a residual
+    /// Norm-ahead (ops/matmul/norm_ahead.rs, `fast`, one row): a residual
     /// matvec prepares the next op's normalized int8 input. `auto`: rows
     /// of at most 1,024 values (faster on SmolLM2, slower on the 1B and
     /// 8B). Not the bits of the plain graph (`check-exact --mode

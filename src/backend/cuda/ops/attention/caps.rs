@@ -5,8 +5,8 @@
 
 use super::geometry::{att_pipe_smem, att_threads, ATT_CLUSTER_MAX};
 use super::planner::ATT_EX_CLUSTER_MAX;
+use crate::backend::cuda::device::launch::max_active_clusters;
 use crate::backend::cuda::drv;
-use crate::backend::cuda::launch::max_active_clusters;
 use anyhow::Result;
 use cudarc::driver::{CudaFunction, CudaStream};
 use std::collections::HashMap;

@@ -4,8 +4,8 @@
 //! exact_plan) picks the entry and the cluster; every form gives the same
 //! bits.
 
+use crate::backend::cuda::device::launch::RawArgs;
 use crate::backend::cuda::device::memory::{DevAttnBatch, DevKv};
-use crate::backend::cuda::launch::RawArgs;
 use crate::backend::cuda::CudaBackend;
 use anyhow::Result;
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, LaunchConfig};

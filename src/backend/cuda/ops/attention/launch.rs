@@ -3,8 +3,8 @@
 
 use super::maps::{att_maps, kv_cells, AttMaps};
 use super::planner::{plan, AttnCaps, AttnPlan, AttnShape, SplitPlan};
+use crate::backend::cuda::device::launch::{arena3, RawArgs};
 use crate::backend::cuda::device::memory::{DevAttnBatch, DevKv};
-use crate::backend::cuda::launch::{arena3, RawArgs};
 use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
 use crate::backend::{validate, KvInfo, Mode};
 use anyhow::{ensure, Result};

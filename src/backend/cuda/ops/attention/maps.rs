@@ -88,7 +88,7 @@ pub(crate) fn att_maps(
     ];
     for (i, (addr, box_x, swizzle)) in sides.into_iter().enumerate() {
         let (dims, strides, boxd) = att_map_geometry(cells, nkv, hd, box_x, kt);
-        crate::backend::cuda::launch::encode_tiled_map(
+        crate::backend::cuda::device::launch::encode_tiled_map(
             &mut maps.0[i],
             sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
             addr,

@@ -16,6 +16,7 @@ mod entries;
 mod exact;
 mod forms;
 mod geometry;
+mod kv_write;
 mod launch;
 mod maps;
 mod planner;

@@ -8,9 +8,9 @@
 //! projection alone fills a quarter of an H100 at 512 tokens, and gate and
 //! up each end on a partial wave.
 
-use super::mm_jobs::{mm_dims, MmDims};
+use super::jobs::{mm_dims, MmDims};
 use super::prepared::outs_overlap;
-use super::{arena3, dev_ptr, dev_ptr_mut};
+use crate::backend::cuda::device::launch::{arena3, dev_ptr, dev_ptr_mut};
 use crate::backend::cuda::device::memory::Dev;
 use crate::backend::cuda::{drv, grid_1d, CudaBackend};
 use crate::backend::MatJob;

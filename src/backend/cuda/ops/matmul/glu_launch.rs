@@ -16,11 +16,12 @@
 //! registers.
 //!
 //! The tuning table's `matmul.mv_glu_form` turns the fused launch off or
-//! fixes its entry (`glu_form`, `GLU_FORMS`, launch/matmul/glu.rs).
+//! fixes its entry (`glu_form`, `GLU_FORMS`, ops/matmul/glu.rs).
 
-use super::matmul::{glu_form, mm_dims};
-use super::{arena3, dev_ptr, dev_ptr_mut, i32_of, RawArgs};
+use super::{glu_form, mm_dims};
+use crate::backend::cuda::device::launch::{arena3, dev_ptr, dev_ptr_mut, RawArgs};
 use crate::backend::cuda::device::memory::Dev;
+use crate::backend::cuda::i32_of;
 use crate::backend::cuda::{drv, CudaBackend};
 use crate::backend::{validate, MatJob, Mode, WeightInfo};
 use crate::quant::GgmlType;
@@ -46,7 +47,7 @@ impl CudaBackend {
     /// gives the one-row q8 matvec (under tuning overrides that send one
     /// row elsewhere, the fused launch does not run either), and a form.
     pub(crate) fn glu_takes(&self, ty: GgmlType, k: usize, blocks: usize) -> bool {
-        use super::matmul::{plan, MmPlan, MmShape};
+        use super::{plan, MmPlan, MmShape};
         let block32 = matches!(
             ty,
             GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0
@@ -120,7 +121,7 @@ impl CudaBackend {
         jobs: &mut [MatJob<'_, Dev>],
         glu: &mut CudaViewMut<'_, f32>,
         mode: Mode,
-        ahead: Option<(super::norm_ahead::AheadKey, u64)>,
+        ahead: Option<(crate::backend::cuda::ops::matmul::norm_ahead::AheadKey, u64)>,
     ) -> Result<bool> {
         let off = self.tuning.matmul.mv_glu_form == crate::backend::cuda::tuning::GluForm::Off;
         if off || mode == Mode::Exact || n != 1 || !self.tuning.matvec.prequant || jobs.len() != 2 {
@@ -154,7 +155,7 @@ impl CudaBackend {
         }
         let blocks = m / 32;
         // Norm-ahead's blocks where the residual's producer left them for
-        // this norm (launch/norm_ahead.rs; `fast` only): the `_nc` entry
+        // this norm (ops/matmul/norm_ahead.rs; `fast` only): the `_nc` entry
         // reads them and scales gate and up by the norm's 1/rms.
         let nc = match mode {
             Mode::Fast => self.ahead_for(k, ahead),
@@ -277,7 +278,7 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::super::matmul::glu::GLU_FORMS;
+    use super::super::glu::GLU_FORMS;
     use super::glu_nc;
 
     #[test]

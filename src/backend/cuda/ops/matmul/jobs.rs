@@ -4,8 +4,9 @@
 //! output, rows and CTA range, and whether the one-row matvecs prefetch
 //! their weights before waiting for the kernel before them.
 
-use super::{dev_ptr, dev_ptr_mut, i32_of};
+use crate::backend::cuda::device::launch::{dev_ptr, dev_ptr_mut};
 use crate::backend::cuda::device::memory::{Dev, DevMatrix};
+use crate::backend::cuda::i32_of;
 use crate::backend::cuda::ty_code;
 use crate::backend::{MatJob, MAX_MAT_JOBS};
 use anyhow::{anyhow, Result};
@@ -17,7 +18,7 @@ pub(crate) const MV_ROWS: usize = 8;
 
 /// A matmul's kernel arguments: the weight type code, bytes per weight
 /// row, and m, k, n as the kernels' ints (n * k checked to fit too).
-pub(super) struct MmDims {
+pub(crate) struct MmDims {
     pub tc: i32,
     pub rb: i64,
     pub mi: i32,
@@ -25,7 +26,7 @@ pub(super) struct MmDims {
     pub ni: i32,
 }
 
-pub(super) fn mm_dims(w: &DevMatrix<'_>, n: usize) -> Result<MmDims> {
+pub(crate) fn mm_dims(w: &DevMatrix<'_>, n: usize) -> Result<MmDims> {
     let (m, k) = (w.rows, w.cols);
     let tc = ty_code(w.ty).ok_or_else(|| anyhow!("mat_mul: {:?} is not a weight type", w.ty))?;
     let rb = w.ty.row_bytes(k).map_err(|e| anyhow!("mat_mul: {e}"))? as i64;
@@ -41,7 +42,7 @@ pub(super) fn mm_dims(w: &DevMatrix<'_>, n: usize) -> Result<MmDims> {
 
 /// Grid of the warp-per-row kernels: activation-row groups fastest, then
 /// the job table's `ctas` CTAs of 8 weight rows (warps, 256 threads).
-pub(super) fn mv_grid(n: usize, ctas: u32) -> Result<LaunchConfig> {
+pub(crate) fn mv_grid(n: usize, ctas: u32) -> Result<LaunchConfig> {
     Ok(LaunchConfig {
         grid_dim: (u32::try_from(n.div_ceil(MV_ROWS))?, ctas, 1),
         block_dim: (256, 1, 1),
@@ -54,7 +55,7 @@ pub(super) fn mv_grid(n: usize, ctas: u32) -> Result<LaunchConfig> {
 /// tensor copy (the wgmma GEMM, the batched-decode mq kernels).
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub(super) struct JobMaps([cudarc::driver::sys::CUtensorMap; MAX_MAT_JOBS]);
+pub(crate) struct JobMaps([cudarc::driver::sys::CUtensorMap; MAX_MAT_JOBS]);
 // SAFETY: plain data (opaque 64-byte-aligned tensor maps that hold device
 // addresses, none into host memory), laid out as the kernels' struct
 // JobMaps (MM_JOBS = MAX_MAT_JOBS maps of 128 bytes).
@@ -63,7 +64,7 @@ unsafe impl cudarc::driver::DeviceRepr for JobMaps {}
 impl JobMaps {
     /// All zeros: for launches whose kernels copy no weights by tensor
     /// map (devices before sm_90).
-    pub(super) fn none() -> Self {
+    pub(crate) fn none() -> Self {
         JobMaps([cudarc::driver::sys::CUtensorMap { opaque: [0; 16] }; MAX_MAT_JOBS])
     }
 }
@@ -73,7 +74,7 @@ impl JobMaps {
 /// bytes, the box (u64, rows) = one raw superchunk of the CTA's 128 `mt`
 /// rows (8 blocks: `bs` u64). The driver's limits: the stride and the box's
 /// row bytes multiples of 16, box sides at most 256.
-pub(super) fn wr_map_geometry(
+pub(crate) fn wr_map_geometry(
     m: usize,
     k: usize,
     bs: usize,
@@ -91,12 +92,12 @@ pub(super) fn wr_map_geometry(
 /// blocks of `bs` bytes, k a multiple of 256), for CTAs of 128 `mt` rows:
 /// 2-D u64 elements as wr_map_geometry says, no swizzle (a box lands as
 /// the raw stage's rows of 8 `bs` bytes), zeros past the last row.
-pub(super) fn job_maps(table: &MmJobs, k: usize, bs: usize, mt: usize) -> Result<JobMaps> {
+pub(crate) fn job_maps(table: &MmJobs, k: usize, bs: usize, mt: usize) -> Result<JobMaps> {
     use cudarc::driver::sys;
     let mut maps = JobMaps::none();
     for (j, (addr, m)) in table.weights().enumerate() {
         let (dims, stride, boxd) = wr_map_geometry(m, k, bs, mt);
-        super::encode_tiled_map(
+        crate::backend::cuda::device::launch::encode_tiled_map(
             &mut maps.0[j],
             sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT64,
             addr,
@@ -113,10 +114,10 @@ pub(super) fn job_maps(table: &MmJobs, k: usize, bs: usize, mt: usize) -> Result
 /// weights and output addresses, rows, and the end of its CTA range.
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug)]
-pub(super) struct MmJobs {
+pub(crate) struct MmJobs {
     w: [u64; MAX_MAT_JOBS],
     out: [u64; MAX_MAT_JOBS],
-    /// The L2 read-ahead's progress word, or 0 (l2_ahead.rs).
+    /// The L2 read-ahead's progress word, or 0 (ops/l2_ahead).
     mark_ptr: u64,
     m: [i32; MAX_MAT_JOBS],
     end: [i32; MAX_MAT_JOBS],
@@ -135,31 +136,31 @@ unsafe impl cudarc::driver::DeviceRepr for MmJobs {}
 
 impl MmJobs {
     /// Each job's weight address and rows, in table order.
-    pub(super) fn weights(&self) -> impl Iterator<Item = (u64, usize)> + '_ {
+    pub(crate) fn weights(&self) -> impl Iterator<Item = (u64, usize)> + '_ {
         let count = (self.count.max(0) as usize).min(MAX_MAT_JOBS);
         (0..count).map(|j| (self.w[j], self.m[j].max(0) as usize))
     }
 
     /// Points job `j`'s output at device address `addr`.
-    pub(super) fn set_out(&mut self, j: usize, addr: u64) {
+    pub(crate) fn set_out(&mut self, j: usize, addr: u64) {
         self.out[j] = addr;
     }
 
     /// Points the one-row matvecs' progress marks (mv_mark) at device
     /// address `ptr`: job 0 starts at `mark` (256-byte units) of the
     /// step's weight stream.
-    pub(super) fn set_marks(&mut self, ptr: u64, mark: i32) {
+    pub(crate) fn set_marks(&mut self, ptr: u64, mark: i32) {
         self.mark_ptr = ptr;
         self.mark = mark;
     }
 
     /// No weight prefetch before the wait (the L2 read-ahead fetches them).
-    pub(super) fn no_prefetch(&mut self) {
+    pub(crate) fn no_prefetch(&mut self) {
         self.prefetch = 0;
     }
 
     /// The table's bytes, as a kernel parameter passed by value (RawArgs).
-    pub(super) fn param_bytes(&self) -> Vec<u8> {
+    pub(crate) fn param_bytes(&self) -> Vec<u8> {
         // SAFETY: MmJobs is #[repr(C)] plain data without padding (eight
         // u64s and their arrays, then i32s: 120 bytes, a multiple of 8),
         // so all of its bytes are initialized.
@@ -173,7 +174,7 @@ impl MmJobs {
     }
 
     /// Sets the table's add bits (bit j: job j adds into its output).
-    pub(super) fn set_add(&mut self, bits: i32) {
+    pub(crate) fn set_add(&mut self, bits: i32) {
         self.add = bits;
     }
 }
@@ -181,7 +182,7 @@ impl MmJobs {
 /// Whether split_sum_jobs can add the partials of `n` activation rows
 /// four floats at a time: for every job (its rows, its output's address)
 /// n * m a multiple of 4 and the output 16-byte aligned.
-pub(super) fn vec4_ok(n: usize, jobs: impl IntoIterator<Item = (usize, u64)>) -> bool {
+pub(crate) fn vec4_ok(n: usize, jobs: impl IntoIterator<Item = (usize, u64)>) -> bool {
     jobs.into_iter()
         .all(|(m, out)| (n * m).is_multiple_of(4) && out.is_multiple_of(16))
 }
@@ -213,7 +214,7 @@ fn prefetch_wanted(bytes: usize, quantized: bool, limit: usize) -> bool {
 /// The job table of validated jobs for a kernel of `rows_per_cta` weight
 /// rows per CTA (grid y), and the total CTA count; the weight prefetch by
 /// the default `mv_prefetch_mb` (`job_table_mb` takes the table's).
-pub(super) fn job_table(
+pub(crate) fn job_table(
     jobs: &mut [MatJob<'_, Dev>],
     rows_per_cta: usize,
     s: &std::sync::Arc<CudaStream>,
@@ -223,7 +224,7 @@ pub(super) fn job_table(
 
 /// `job_table` with the weight prefetch for launches of at most
 /// `prefetch_mb` MiB of quantized weights.
-pub(super) fn job_table_mb(
+pub(crate) fn job_table_mb(
     jobs: &mut [MatJob<'_, Dev>],
     rows_per_cta: usize,
     s: &std::sync::Arc<CudaStream>,

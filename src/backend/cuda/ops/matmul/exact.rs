@@ -1,8 +1,8 @@
 //! Matmul launches of `exact` mode: the canonical kernels (bitwise equal to
 //! the cpu), for every job of a `MatMuls` op.
 
-use super::arena3;
-use super::matmul::{job_table, mm_dims, ExactForm, MmDims};
+use super::{job_table, mm_dims, ExactForm, MmDims};
+use crate::backend::cuda::device::launch::arena3;
 use crate::backend::cuda::device::memory::{Dev, DevMatrix};
 use crate::backend::cuda::{drv, grid_1d, CudaBackend};
 use crate::backend::MatJob;

@@ -1,26 +1,38 @@
 //! The matmul planner: one pure function, `plan`, chooses the kernel and
 //! its geometry for every `MatMuls` op from the op's shapes, the mode, what
 //! the device offers (`MmCaps`) and the tuning table; the launchers
-//! (`matmul_launch.rs`, `matmul_exact.rs`, `matmul_mma.rs`,
-//! `matmul_wgmma.rs`, `matmul_blas.rs`, `matmul_glu.rs`) match on its
-//! `MmPlan`. Nothing here touches a device, so `tests.rs` pins the choices
+//! (`launch.rs`: the entry and the matvec and tile launches; `exact.rs`,
+//! `mma.rs`, `wgmma.rs`, `blas.rs`: the canonical, int8 tensor-core,
+//! Hopper and cuBLAS forms; `glu_launch.rs`: gate/up with the SwiGlu;
+//! `norm.rs`: a `MatMuls` carrying its input's norm) match on its
+//! `MmPlan`; `jobs.rs` builds their job tables and `prepared.rs` says
+//! which input layout an earlier op left in the arena. Nothing here touches a device, so `tests.rs` pins the choices
 //! on the CPU, with the invariant that makes `deterministic` and `exact`
 //! what they are: a row's reduction order (`MmPlan::k_order`) never
 //! depends on the number of rows in the batch.
 //!
-//! This module sits below the launchers: it imports none of them (the job
-//! table's helpers, `mm_jobs.rs`, are re-exported for the launches that
-//! build one).
+//! The planner (this file, `glu.rs`, `mq.rs`, `wr.rs`) imports none of
+//! the launchers; the job table's helpers (`jobs.rs`) sit below it.
 
+mod blas;
+mod exact;
 pub(crate) mod glu;
+mod glu_launch;
+mod jobs;
+mod launch;
+mod mma;
 pub(crate) mod mq;
+mod norm;
+pub(crate) mod norm_ahead;
+pub(crate) mod prepared;
 #[cfg(test)]
 mod tests;
+mod wgmma;
 mod wr;
 
-pub(crate) use super::mm_jobs::MV_ROWS;
-pub(super) use super::mm_jobs::{job_table, mm_dims, mv_grid, MmDims, MmJobs};
 pub(crate) use glu::glu_form;
+pub(crate) use jobs::MV_ROWS;
+pub(crate) use jobs::{job_table, mm_dims, mv_grid, MmDims, MmJobs};
 pub(crate) use mq::{mq_kernel, mq_smem, mq_smem_max, mq_splits, mq_takes, MqKernel, MQ_ROWS};
 pub(crate) use wr::{
     wg_default_takes, wg_smem, wg_type_index, wr_plan, wr_smem_of, wr_tail, wr_threads, WR_SHAPES,

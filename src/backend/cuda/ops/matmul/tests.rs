@@ -463,7 +463,7 @@ fn matvec_kernel_choice() {
         .iter()
         .chain(MV_FLOAT.iter())
         .chain(MV_Q8_NC.iter().skip(1))
-        .chain(super::super::matmul_exact::MV_EXACT.iter())
+        .chain(super::exact::MV_EXACT.iter())
         .chain(std::iter::once(&"mv_q8_r1_s4"))
         .chain(super::glu::GLU_FORMS.iter().map(|f| &f.0))
         .chain(super::mq::MQ_KERNELS.iter().map(|k| &k.name));

@@ -4,7 +4,7 @@
 //! sampler/draw.rs's draw given the step's uniform. A row with a NaN or
 //! +inf logit (or, sampled, only -inf logits) is flagged, not chosen from.
 
-use super::{dev_ptr, dev_ptr_mut};
+use crate::backend::cuda::device::launch::{dev_ptr, dev_ptr_mut};
 use crate::backend::cuda::{drv, CudaBackend};
 use anyhow::{anyhow, ensure, Result};
 use cudarc::driver::{sys, CudaView, CudaViewMut, LaunchConfig, PinnedHostSlice, PushKernelArg};

@@ -39,8 +39,8 @@
 //! its launches overlapped far less with their neighbours), the 8B (4,096)
 //! -11%.
 
-use super::dev_ptr;
-use super::matmul::{job_table, mm_dims, mv_grid, mv_name, mv_warps, MV_Q8_NC};
+use super::{job_table, mm_dims, mv_grid, mv_name, mv_warps, MV_Q8_NC};
+use crate::backend::cuda::device::launch::dev_ptr;
 use crate::backend::cuda::device::memory::Dev;
 use crate::backend::cuda::fusion::producer_form;
 use crate::backend::cuda::fusion::ActRead;

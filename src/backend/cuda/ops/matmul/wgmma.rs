@@ -3,11 +3,11 @@
 //! registers and multiplied with f16 activations and f32 accumulation, in
 //! place of the cuBLAS path's dequantization of every whole matrix to
 //! device memory per call. All jobs of a MatMuls op run in one launch; the
-//! CTA shape, k splits and wave tail are the planner's (launch/matmul/wr.rs).
+//! CTA shape, k splits and wave tail are the planner's (ops/matmul/wr.rs).
 
-use super::arena3;
-use super::matmul::{wg_type_index, wr_smem_of, wr_threads, WR_SHAPES};
-use super::mm_jobs::job_maps;
+use super::jobs::job_maps;
+use super::{wg_type_index, wr_smem_of, wr_threads, WR_SHAPES};
+use crate::backend::cuda::device::launch::arena3;
 use crate::backend::cuda::device::memory::Dev;
 use crate::backend::cuda::ops::kernels::WG_KERNELS;
 use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
@@ -57,7 +57,7 @@ impl CudaBackend {
         let (mut guard, cached) = self.arena_kept(&[padded * k * 2, part_len * 4, 0], pre)?;
         let (ni, ki) = (i32_of(n, "n")?, i32_of(k, "k")?);
         arena3::<u16, f32, u8, ()>(&mut guard, (padded * k, part_len, 0), |x16, part, _| {
-            if super::dev_ptr_mut(x16, s) % 16 != 0 {
+            if crate::backend::cuda::device::launch::dev_ptr_mut(x16, s) % 16 != 0 {
                 return Err(anyhow!(
                     "mat_mul: {name}: f16 activations not 16-byte aligned"
                 ));
@@ -71,7 +71,7 @@ impl CudaBackend {
             let (tail_from, tail_sp) = tail.unwrap_or((ctas as usize, 1));
             let grid_y = tail_from + tail_sp * (ctas as usize - tail_from);
             let tail_part = if tail.is_some() {
-                super::dev_ptr_mut(part, s)
+                crate::backend::cuda::device::launch::dev_ptr_mut(part, s)
             } else {
                 0u64
             };
@@ -94,7 +94,7 @@ impl CudaBackend {
             let stride = if splits > 1 { (n * m_all) as i64 } else { 0 };
             let mut kt = table;
             if splits > 1 {
-                let base = super::dev_ptr_mut(part, s);
+                let base = crate::backend::cuda::device::launch::dev_ptr_mut(part, s);
                 let mut off = 0u64;
                 for (j, r) in rows.iter().enumerate() {
                     kt.set_out(j, base + 4 * off);

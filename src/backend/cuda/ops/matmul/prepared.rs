@@ -15,9 +15,9 @@
 //! (`arena_kept`). An op without annotation quantizes its own input (the
 //! same kernels, the same blocks: only slower).
 
-use super::arena3;
-use super::matmul::{plan, ExactForm, MmPlan, MmShape};
-use super::{dev_ptr, dev_ptr_mut};
+use super::{plan, ExactForm, MmPlan, MmShape};
+use crate::backend::cuda::device::launch::arena3;
+use crate::backend::cuda::device::launch::{dev_ptr, dev_ptr_mut};
 use crate::backend::cuda::device::memory::Dev;
 use crate::backend::cuda::fusion::{ActRead, OpFusion};
 use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
@@ -313,7 +313,7 @@ impl CudaBackend {
     /// Whether the products of an op over x (n rows) that read it in the
     /// layout `actual` find it prepared: the op's annotation says so and
     /// its plan reads what the pass planned.
-    pub(super) fn annotated_input(
+    pub(crate) fn annotated_input(
         &self,
         n: usize,
         jobs: &[MatJob<'_, Dev>],

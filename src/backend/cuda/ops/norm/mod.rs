@@ -4,7 +4,7 @@
 //! the thread count that fixes a fast row's sum order.
 
 use super::super::{drv, grid_1d, i32_of, CudaBackend};
-use super::{dev_ptr, dev_ptr_mut};
+use crate::backend::cuda::device::launch::{dev_ptr, dev_ptr_mut};
 use crate::backend::cuda::fusion::ActRead;
 use crate::backend::{validate, Mode};
 use anyhow::Result;

@@ -65,7 +65,7 @@ pub(crate) const MQ_T8_K2B: MqKernel = MqKernel {
     stages: 3,
     ..MQ_T16_K2B
 };
-/// Every instantiation (source.rs loads these names).
+/// Every instantiation (the kernel table, ops/kernels.rs, loads these names).
 pub(crate) const MQ_KERNELS: [MqKernel; 5] = [MQ_BASE, MQ_W2, MQ_T16_K2B, MQ_T16_K2, MQ_T8_K2B];
 
 /// Weight rows of one mq CTA (MQ_ROWS), its k chunk in 32-blocks (MQ_KB)

@@ -235,7 +235,7 @@ pub(crate) fn wg_default_takes(
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::mm_jobs::wr_map_geometry;
+    use super::super::jobs::wr_map_geometry;
     use super::{
         wg_default_takes, wg_smem, wg_type_index, wr_plan, wr_smem_of, wr_stages, wr_tail,
         WG_SMEM_MAX, WG_TYPES, WR_SHAPES,

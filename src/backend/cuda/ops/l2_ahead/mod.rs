@@ -35,9 +35,10 @@
 //! for it (it joins the stream only at the graph's end): results are the
 //! same bits with it on or off.
 
-use super::matmul::MmJobs;
-use super::{dev_ptr, i32_of};
+use crate::backend::cuda::device::launch::dev_ptr;
 use crate::backend::cuda::device::memory::Dev;
+use crate::backend::cuda::i32_of;
+use crate::backend::cuda::ops::matmul::MmJobs;
 use crate::backend::cuda::{drv, CudaBackend, MatvecTuning};
 use crate::backend::MatJob;
 use crate::quant::GgmlType;

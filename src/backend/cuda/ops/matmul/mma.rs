@@ -3,11 +3,11 @@
 //! activations (quantized once per input, or already written by the
 //! elementwise kernel before: `q8_out`) times the weights' own integers,
 //! both block scales applied per 32-block in f32. The kernel, its split-K
-//! and the sum's form are the planner's (`MmPlan::Mq`, launch/matmul/mq.rs).
+//! and the sum's form are the planner's (`MmPlan::Mq`, ops/matmul/mq.rs).
 
-use super::arena3;
-use super::matmul::{mm_dims, mq_smem, MqKernel, MQ_ROWS};
-use super::mm_jobs::{job_maps, JobMaps};
+use super::jobs::{job_maps, JobMaps};
+use super::{mm_dims, mq_smem, MqKernel, MQ_ROWS};
+use crate::backend::cuda::device::launch::arena3;
 use crate::backend::cuda::device::memory::Dev;
 use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
 use crate::backend::MatJob;

@@ -1,15 +1,15 @@
 //! The matmul launches' entry (`d_mat_muls`: plan, then `match` on the
 //! plan) and the launchers of the warp-per-row matvecs, the short-row
 //! matvec and the f16 tile kernel; the other forms have their own files
-//! (matmul_exact.rs, matmul_mma.rs, matmul_wgmma.rs, matmul_blas.rs).
+//! (exact.rs, mma.rs, wgmma.rs, blas.rs).
 
-use super::matmul::{
+use super::jobs::{job_table_mb, mm_dims, vec4_ok, MmDims, MmJobs};
+use super::prepared::{act_read, outs_overlap};
+use super::{
     is_float, mv_grid, mv_name, plan, MmCaps, MmPlan, MmShape, MV_FLOAT, MV_Q8, SHORT_ROWS,
     TILE_ROWS, TILE_SMEM, TILE_TOK,
 };
-use super::mm_jobs::{job_table_mb, mm_dims, vec4_ok, MmDims, MmJobs};
-use super::prepared::{act_read, outs_overlap};
-use super::{arena3, dev_ptr, dev_ptr_mut, RawArgs};
+use crate::backend::cuda::device::launch::{arena3, dev_ptr, dev_ptr_mut, RawArgs};
 use crate::backend::cuda::device::memory::{Dev, DevMatrix};
 use crate::backend::cuda::ops::kernels::WG_KERNELS;
 use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
@@ -104,7 +104,7 @@ impl CudaBackend {
     }
 
     /// `d_mat_muls`, the input prepared as `own` says where given (the
-    /// op's own norm wrote its layout: matmul_norm.rs), else as the op's
+    /// op's own norm wrote its layout: norm.rs), else as the op's
     /// annotation says.
     pub(super) fn mat_muls_in(
         &self,
@@ -181,7 +181,7 @@ impl CudaBackend {
 
     /// Whether `d_mat_muls` runs these jobs with `mv_q8_r1` (one row, one
     /// warp a weight row), the kernel whose per-row bits the fused
-    /// launches (matmul_glu.rs) reproduce: the planner's answer, so the
+    /// launches (glu_launch.rs) reproduce: the planner's answer, so the
     /// two never disagree.
     pub(super) fn takes_mv_q8_r1(&self, mode: Mode, n: usize, jobs: &[MatJob<'_, Dev>]) -> bool {
         let Some(j0) = jobs.first() else {
@@ -272,7 +272,7 @@ impl CudaBackend {
     /// kernel's parameters after the common ones (device addresses; only
     /// norm-ahead's producer `mv_q8_r1_na` has any).
     #[allow(clippy::too_many_arguments)] // the launch's parts
-    pub(super) fn mat_vec_q8(
+    pub(crate) fn mat_vec_q8(
         &self,
         x: &CudaView<'_, f32>,
         n: usize,
