@@ -15,7 +15,7 @@
 # entries, default the four decode rows of issue 5), MODE (fast), DEPTH
 # (512), COPY_BW (3.01 TB/s, the H100s here), NCU (ncu), EXTRA_ENV
 # (environment for both runs, e.g. "QUIRE_CUDA_DEFINES=MQ_TMA=0"; a tuning
-# setting goes in as QUIRE_ARGS="--tune runtime.pdl=false"), PROFILE_QUICK=1 (the
+# setting goes in as PROFILE_ARGS="--tune runtime.pdl=false"), PROFILE_QUICK=1 (the
 # SmolLM2 shape only, 8-token depth: a dry run of the script).
 set -uo pipefail
 QUIRE="${QUIRE:-./target/release/quire}"
@@ -42,8 +42,8 @@ for m in "${models[@]}"; do
     status=1
     continue
   fi
-  # shellcheck disable=SC2206 # QUIRE_ARGS: quire flags, split on spaces
-  bench=(bench -m "$f" --gpu required --mode "$MODE" -p 0 --depth "$DEPTH" --greedy --json ${QUIRE_ARGS:-})
+  # shellcheck disable=SC2206 # PROFILE_ARGS: quire flags, split on spaces
+  bench=(bench -m "$f" --gpu required --mode "$MODE" -p 0 --depth "$DEPTH" --greedy --json ${PROFILE_ARGS:-})
   # The step's wall time: tokens/s of the greedy decode after DEPTH tokens.
   if ! env "${extra[@]}" "$QUIRE" "${bench[@]}" -g 128 -r 2 >"$OUT/$name-bench.log" 2>&1; then
     echo "quire bench $name failed: $(tail -1 "$OUT/$name-bench.log")" | tee -a "$summary"

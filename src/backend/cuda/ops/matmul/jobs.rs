@@ -254,7 +254,7 @@ mod tests {
     #[test]
     fn split_sum_jobs_needs_whole_float4s() {
         // q/k/v of the 8B at 64 rows: three jobs, 16-byte aligned outputs.
-        let mut jobs = vec![
+        let mut jobs = [
             (4096, 0x7000_0000u64),
             (1024, 0x7100_0000),
             (1024, 0x7200_0100),

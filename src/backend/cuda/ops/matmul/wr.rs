@@ -376,8 +376,7 @@ mod tests {
                     );
                 }
                 // No wave tail either (it depends on the launch's CTAs).
-                for v in 0..3 {
-                    let (mt, bn) = WR_SHAPES[v];
+                for (v, &(mt, bn)) in WR_SHAPES.iter().enumerate() {
                     let rows = |ms: &[usize]| ms.iter().map(|m| m.div_ceil(128 * mt)).sum();
                     assert_eq!(wr_tail(rows(ms), n.div_ceil(bn), k, v, sms, &t), None);
                     for &m in ms {
