@@ -18,6 +18,7 @@ use crate::backend::cuda::device::memory::{zeros, Dev, DevAttnBatch, DevKv, DevK
 use crate::backend::cuda::{drv, CudaBackend};
 use crate::backend::{AttnBatch, Mode, OpT};
 use crate::dispatch::weights::{Store, WeightRef};
+use crate::kv::KvGeometry;
 use crate::quant::GgmlType;
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
@@ -49,36 +50,22 @@ impl Store for DevStore {
     type Vec = DevVec;
 }
 
-/// The device KV cache. Per layer k, v: (n_blocks, block_size, n_kv_heads,
-/// head_dim) f16 bits, initialized to NaN like the host cache (a read of a
-/// never-written cell shows up as NaN).
+/// The device KV cache: `kv::KvGeometry`'s layout (per layer k, v:
+/// (n_blocks, block_size, n_kv_heads, head_dim) f16 bits, NaN until
+/// written, like the host cache) in device memory.
 pub struct DevKvCache {
     k: Vec<CudaSlice<u16>>,
     v: Vec<CudaSlice<u16>>,
-    n_blocks: usize,
-    block_size: usize,
-    n_kv_heads: usize,
-    head_dim: usize,
+    geo: KvGeometry,
 }
 
 impl DevKvCache {
-    pub fn new(
-        be: &CudaBackend,
-        n_layers: usize,
-        n_blocks: usize,
-        block_size: usize,
-        n_kv_heads: usize,
-        head_dim: usize,
-    ) -> Result<Self> {
-        let per_layer = n_blocks
-            .checked_mul(block_size)
-            .and_then(|c| c.checked_mul(n_kv_heads * head_dim))
-            .ok_or_else(|| anyhow!("KV cache of {n_blocks} blocks overflows"))?;
-        // f16 quiet NaN, the host cache's fill.
-        let fill = vec![half::f16::NAN.to_bits(); per_layer];
-        let mut k = Vec::with_capacity(n_layers);
-        let mut v = Vec::with_capacity(n_layers);
-        for li in 0..n_layers {
+    pub fn new(be: &CudaBackend, geo: KvGeometry) -> Result<Self> {
+        let per_layer = geo.layer_elems();
+        let fill = vec![KvGeometry::FILL.to_bits(); per_layer];
+        let mut k = Vec::with_capacity(geo.n_layers);
+        let mut v = Vec::with_capacity(geo.n_layers);
+        for li in 0..geo.n_layers {
             let what = format!(
                 "allocating KV layer {li} ({} MiB for K and V)",
                 (2 * per_layer * 2) >> 20
@@ -87,45 +74,27 @@ impl DevKvCache {
             v.push(be.up(&fill, &what)?);
         }
         be.sync("KV cache allocation")?;
-        Ok(DevKvCache {
-            k,
-            v,
-            n_blocks,
-            block_size,
-            n_kv_heads,
-            head_dim,
-        })
+        Ok(DevKvCache { k, v, geo })
     }
 
     fn layer_len(&self) -> usize {
-        self.n_blocks * self.block_size * self.n_kv_heads * self.head_dim
+        self.geo.layer_elems()
     }
 
     /// Copies physical block `src` to `dst` in every layer (copy-on-write),
     /// on the device.
     pub fn copy_block(&mut self, be: &CudaBackend, src: u32, dst: u32) -> Result<()> {
-        let (s, d) = (src as usize, dst as usize);
-        if s >= self.n_blocks || d >= self.n_blocks {
-            bail!(
-                "copy_block {src} -> {dst}: out of range ({} blocks)",
-                self.n_blocks
-            );
-        }
+        let (s, d) = self.geo.copy_ranges(src, dst)?;
         if s == d {
             return Ok(());
         }
-        let n = self.block_size * self.n_kv_heads * self.head_dim;
         be.bind()?;
         for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
             // Two views of one buffer cannot be borrowed at once: copy the
             // source block out to a scratch buffer first (device to device).
-            let tmp = drv(
-                be.stream().clone_dtod(&buf.slice(s * n..(s + 1) * n)),
-                "copy_block",
-            )?;
+            let tmp = drv(be.stream().clone_dtod(&buf.slice(s.clone())), "copy_block")?;
             drv(
-                be.stream()
-                    .memcpy_dtod(&tmp, &mut buf.slice_mut(d * n..(d + 1) * n)),
+                be.stream().memcpy_dtod(&tmp, &mut buf.slice_mut(d.clone())),
                 "copy_block",
             )?;
         }
@@ -275,8 +244,8 @@ impl CudaExec {
             &reads,
         );
         let mut shape = step_ops::KvShape {
-            geometry: (kv.block_size, kv.n_kv_heads, kv.head_dim),
-            cells: kv.n_blocks * kv.block_size,
+            geometry: (kv.geo.block_size, kv.geo.n_kv_heads, kv.geo.head_dim),
+            cells: kv.geo.n_blocks * kv.geo.block_size,
             layers: kv.k.len(),
         };
         let bufs = step_ops::ShapeExec::<DevStore>::step_bufs(n, n_rows, rows_all);
@@ -541,8 +510,8 @@ impl Exec for CudaExec {
         Ok(DevBatch::Owned(Box::new(DevAttnBatch::upload(
             &self.be,
             &b,
-            kv.block_size,
-            kv.n_blocks,
+            kv.geo.block_size,
+            kv.geo.n_blocks,
         )?)))
     }
     fn batch_view<'a>(b: &'a DevBatch<'_>) -> &'a DevAttnBatch {
@@ -552,7 +521,7 @@ impl Exec for CudaExec {
         }
     }
     fn kv_cells(kv: &DevKvCache) -> usize {
-        kv.n_blocks * kv.block_size
+        kv.geo.n_blocks * kv.geo.block_size
     }
     fn kv_layer(kv: &DevKvCache, li: usize) -> Result<DevKv<'_>> {
         let len = kv.layer_len();
@@ -560,9 +529,9 @@ impl Exec for CudaExec {
             (Some(k), Some(v)) => Ok(DevKv {
                 k: k.slice(0..len),
                 v: v.slice(0..len),
-                block_size: kv.block_size,
-                n_kv_heads: kv.n_kv_heads,
-                head_dim: kv.head_dim,
+                block_size: kv.geo.block_size,
+                n_kv_heads: kv.geo.n_kv_heads,
+                head_dim: kv.geo.head_dim,
             }),
             _ => bail!("KV layer {li} out of range ({} layers)", kv.k.len()),
         }
@@ -574,9 +543,9 @@ impl Exec for CudaExec {
             (Some(k), Some(v)) => Ok(DevKvMut {
                 k: k.slice_mut(0..len),
                 v: v.slice_mut(0..len),
-                block_size: kv.block_size,
-                n_kv_heads: kv.n_kv_heads,
-                head_dim: kv.head_dim,
+                block_size: kv.geo.block_size,
+                n_kv_heads: kv.geo.n_kv_heads,
+                head_dim: kv.geo.head_dim,
             }),
             _ => bail!("KV layer {li} out of range ({n} layers)"),
         }

@@ -22,7 +22,7 @@ pub mod storage;
 pub use hash::{hash_block, ROOT_HASH};
 pub use manager::{KvManager, KvMetrics, DEFAULT_BLOCK_SIZE};
 pub use pool::BlockPool;
-pub use storage::KvStorage;
+pub use storage::{KvGeometry, KvStorage};
 
 /// Identifier of one sequence (one request, or one fork of it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

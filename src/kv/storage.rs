@@ -1,20 +1,104 @@
-//! Host storage of the paged KV cache (the CPU backend reads it in place).
+//! The paged KV cache's storage: its layout ([`KvGeometry`], the one
+//! definition every memory space allocates and indexes by) and its host
+//! memory ([`KvStorage`], which the CPU backend reads in place; the device
+//! executor allocates the same geometry in device memory).
 //!
-//! Layout per layer: k, v: (n_blocks, block_size, n_kv_heads, head_dim), f16.
-//! Block ids and tables are owned by `kv::KvManager`; this is only memory.
+//! Layout per layer: k, v: (n_blocks, block_size, n_kv_heads, head_dim), f16,
+//! every cell NaN until written (a read of a never-written cell shows up as
+//! NaN in the output instead of passing silently). Block ids and tables are
+//! owned by `kv::KvManager`; this is only memory.
 
 use crate::backend::{KvLayer, KvLayerMut};
 use anyhow::{bail, Result};
 use half::f16;
 
+/// The shape of a paged KV cache, checked once: every product fits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvGeometry {
+    pub n_layers: usize,
+    pub n_blocks: usize,
+    pub block_size: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl KvGeometry {
+    /// The value every cell holds until written: f16 quiet NaN.
+    pub const FILL: f16 = f16::NAN;
+
+    /// A geometry whose per-layer and total sizes fit in `usize` (bytes
+    /// included), else an error naming the sizes.
+    pub fn new(
+        n_layers: usize,
+        n_blocks: usize,
+        block_size: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<Self> {
+        let cell = n_kv_heads.checked_mul(head_dim);
+        let fits = cell
+            .and_then(|c| c.checked_mul(block_size))
+            .and_then(|b| b.checked_mul(n_blocks))
+            .and_then(|l| l.checked_mul(n_layers))
+            .and_then(|t| t.checked_mul(2 * 2));
+        if fits.is_none() {
+            bail!(
+                "KV cache of {n_layers} layers x {n_blocks} blocks x {block_size} cells x \
+                 {n_kv_heads} x {head_dim} elements overflows"
+            );
+        }
+        Ok(KvGeometry {
+            n_layers,
+            n_blocks,
+            block_size,
+            n_kv_heads,
+            head_dim,
+        })
+    }
+
+    /// f16 elements of one cell (all KV heads of one position).
+    pub fn cell_elems(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// f16 elements of one block of one layer's K (or V).
+    pub fn block_elems(&self) -> usize {
+        self.block_size * self.cell_elems()
+    }
+
+    /// f16 elements of one layer's K (or V).
+    pub fn layer_elems(&self) -> usize {
+        self.n_blocks * self.block_elems()
+    }
+
+    /// Bytes of K and V over all layers.
+    pub fn bytes(&self) -> usize {
+        2 * self.n_layers * self.layer_elems() * 2
+    }
+
+    /// The element ranges of blocks `src` and `dst` in one layer's K (or
+    /// V), for a copy-on-write copy; an error if either is out of range.
+    pub fn copy_ranges(
+        &self,
+        src: u32,
+        dst: u32,
+    ) -> Result<(std::ops::Range<usize>, std::ops::Range<usize>)> {
+        let (s, d) = (src as usize, dst as usize);
+        if s >= self.n_blocks || d >= self.n_blocks {
+            bail!(
+                "copy_block {src} -> {dst}: out of range ({} blocks)",
+                self.n_blocks
+            );
+        }
+        let n = self.block_elems();
+        Ok((s * n..(s + 1) * n, d * n..(d + 1) * n))
+    }
+}
+
 pub struct KvStorage {
     k: Vec<Vec<f16>>,
     v: Vec<Vec<f16>>,
-    n_blocks: usize,
-    block_size: usize,
-    n_kv_heads: usize,
-    head_dim: usize,
-    cell_elems: usize,
+    geo: KvGeometry,
 }
 
 impl KvStorage {
@@ -25,38 +109,35 @@ impl KvStorage {
         n_kv_heads: usize,
         head_dim: usize,
     ) -> Result<Self> {
-        let cell_elems = n_kv_heads * head_dim;
-        let Some(per_layer) = n_blocks
-            .checked_mul(block_size)
-            .and_then(|c| c.checked_mul(cell_elems))
-        else {
-            bail!("KV cache of {n_blocks} blocks x {block_size} cells x {cell_elems} elements overflows");
-        };
-        // Filled with NaN so a read of a cell that was never written shows up
-        // as NaN in the output instead of passing silently.
-        let fill = f16::NAN;
+        let geo = KvGeometry::new(n_layers, n_blocks, block_size, n_kv_heads, head_dim)?;
+        let per_layer = geo.layer_elems();
         Ok(KvStorage {
-            k: (0..n_layers).map(|_| vec![fill; per_layer]).collect(),
-            v: (0..n_layers).map(|_| vec![fill; per_layer]).collect(),
-            n_blocks,
-            block_size,
-            n_kv_heads,
-            head_dim,
-            cell_elems,
+            k: (0..n_layers)
+                .map(|_| vec![KvGeometry::FILL; per_layer])
+                .collect(),
+            v: (0..n_layers)
+                .map(|_| vec![KvGeometry::FILL; per_layer])
+                .collect(),
+            geo,
         })
     }
 
+    /// The cache's layout.
+    pub fn geometry(&self) -> KvGeometry {
+        self.geo
+    }
+
     pub fn block_size(&self) -> usize {
-        self.block_size
+        self.geo.block_size
     }
 
     pub fn n_blocks(&self) -> usize {
-        self.n_blocks
+        self.geo.n_blocks
     }
 
     /// Bytes of K and V over all layers.
     pub fn bytes(&self) -> usize {
-        2 * self.k.len() * self.n_blocks * self.block_size * self.cell_elems * 2
+        self.geo.bytes()
     }
 
     pub fn layer(&self, i: usize) -> Result<KvLayer<'_>> {
@@ -64,9 +145,9 @@ impl KvStorage {
             (Some(k), Some(v)) => Ok(KvLayer {
                 k,
                 v,
-                block_size: self.block_size,
-                n_kv_heads: self.n_kv_heads,
-                head_dim: self.head_dim,
+                block_size: self.geo.block_size,
+                n_kv_heads: self.geo.n_kv_heads,
+                head_dim: self.geo.head_dim,
             }),
             _ => bail!("KV layer {i} out of range ({} layers)", self.k.len()),
         }
@@ -78,9 +159,9 @@ impl KvStorage {
             (Some(k), Some(v)) => Ok(KvLayerMut {
                 k,
                 v,
-                block_size: self.block_size,
-                n_kv_heads: self.n_kv_heads,
-                head_dim: self.head_dim,
+                block_size: self.geo.block_size,
+                n_kv_heads: self.geo.n_kv_heads,
+                head_dim: self.geo.head_dim,
             }),
             _ => bail!("KV layer {i} out of range ({n} layers)"),
         }
@@ -88,17 +169,55 @@ impl KvStorage {
 
     /// Copies physical block `src` to `dst` in every layer (copy-on-write).
     pub fn copy_block(&mut self, src: u32, dst: u32) -> Result<()> {
-        let (s, d) = (src as usize, dst as usize);
-        if s >= self.n_blocks || d >= self.n_blocks {
-            bail!(
-                "copy_block {src} -> {dst}: out of range ({} blocks)",
-                self.n_blocks
-            );
-        }
-        let n = self.block_size * self.cell_elems;
+        let (s, d) = self.geo.copy_ranges(src, dst)?;
         for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
-            buf.copy_within(s * n..(s + 1) * n, d * n);
+            buf.copy_within(s.clone(), d.start);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{KvGeometry, KvStorage};
+
+    #[test]
+    fn geometry_sizes_and_block_ranges() {
+        let g = KvGeometry::new(2, 5, 16, 8, 64).unwrap();
+        assert_eq!(g.cell_elems(), 512);
+        assert_eq!(g.block_elems(), 16 * 512);
+        assert_eq!(g.layer_elems(), 5 * 16 * 512);
+        assert_eq!(g.bytes(), 2 * 2 * 5 * 16 * 512 * 2);
+        let (s, d) = g.copy_ranges(1, 4).unwrap();
+        assert_eq!((s.start, s.end), (8192, 16384));
+        assert_eq!((d.start, d.end), (32768, 40960));
+        let e = g.copy_ranges(5, 0).unwrap_err();
+        assert!(format!("{e}").contains("out of range (5 blocks)"), "{e}");
+        assert!(g.copy_ranges(0, 5).is_err());
+    }
+
+    #[test]
+    fn a_geometry_that_overflows_is_an_error() {
+        assert!(KvGeometry::new(32, usize::MAX / 2, 16, 8, 128).is_err());
+        assert!(KvGeometry::new(usize::MAX, 1, 1, 1, 1).is_err());
+        assert!(KvStorage::new(1, usize::MAX, 16, 8, 128).is_err());
+    }
+
+    #[test]
+    fn host_storage_is_nan_until_written_and_copies_whole_blocks() {
+        let mut kv = KvStorage::new(1, 3, 2, 1, 4).unwrap();
+        assert!(kv.layer(0).unwrap().k.iter().all(|x| x.is_nan()));
+        {
+            let l = kv.layer_mut(0).unwrap();
+            for (i, x) in l.k.iter_mut().enumerate() {
+                *x = half::f16::from_f32(i as f32);
+            }
+        }
+        kv.copy_block(0, 2).unwrap();
+        let k = kv.layer(0).unwrap().k.to_vec();
+        assert_eq!(&k[16..24], &k[0..8]);
+        assert_eq!(k[8], half::f16::from_f32(8.0));
+        assert!(kv.copy_block(3, 0).is_err());
+        assert!(kv.layer(1).is_err());
     }
 }

@@ -251,9 +251,9 @@ impl CudaExec {
                 batch: DevAttnBatch::fixed(
                     &self.be,
                     b,
-                    kv.n_blocks,
-                    kv.block_size,
-                    kv.n_blocks,
+                    kv.geo.n_blocks,
+                    kv.geo.block_size,
+                    kv.geo.n_blocks,
                     ctas,
                 )?,
                 out: zeros::<f32>(&self.be, nl, "decode logits")?,
@@ -300,8 +300,8 @@ impl CudaExec {
             .lock()
             .map_err(|_| anyhow!("cuda: staging lock poisoned"))?;
         let nd = b * crate::backend::cuda::DRAW_WORDS;
-        let stage = staging.take(&self.be, b * (kv.n_blocks + 3) + nd)?;
-        let (stage, draw_stage) = stage.split_at_mut(b * (kv.n_blocks + 3));
+        let stage = staging.take(&self.be, b * (kv.geo.n_blocks + 3) + nd)?;
+        let (stage, draw_stage) = stage.split_at_mut(b * (kv.geo.n_blocks + 3));
         // Whether a copy read the staging (then its event is recorded).
         let mut copied = false;
         if let Some((d, held)) = g.draws.as_mut() {
@@ -328,7 +328,7 @@ impl CudaExec {
             input.slots,
             // A chained step's tokens are on the device already.
             sel.chain.is_none().then_some(input.tokens),
-            kv.n_blocks,
+            kv.geo.n_blocks,
             stage,
         )?;
         if copied {

@@ -53,15 +53,15 @@ where
         gguf,
     )?;
     bar.finish_and_clear();
-    let kv = DevKvCache::new(
-        exec.backend(),
+    let geo = crate::kv::KvGeometry::new(
         opts.n_layers,
         opts.n_blocks,
         opts.block_size,
         opts.n_kv_heads,
         opts.head_dim,
-    )
-    .context("allocating the KV cache on the device")?;
+    )?;
+    let kv =
+        DevKvCache::new(exec.backend(), geo).context("allocating the KV cache on the device")?;
     Ok(DeviceLoad::Device(Box::new(CudaModel {
         exec,
         weights,
