@@ -58,7 +58,7 @@ pub struct BenchArgs {
     /// As --greedy, but the tokens are sampled with these parameters,
     /// `TEMPERATURE,TOP_K,TOP_P,MIN_P` (e.g. `0.8,40,0.95,0.05`, the `run`
     /// defaults; seeded per sequence): on the GPU drawn on the device
-    /// where it can (kernels/sample.cu), else on the host
+    /// where it can (ops/sample/kernels/sample.cu), else on the host
     /// (`--tune runtime.greedy_chain=false`: always on the host). Rows marked "sampled".
     #[arg(long, value_parser = parse_sample)]
     pub sample: Option<SamplingParams>,

@@ -31,7 +31,7 @@ pub fn check_norm_ahead(run: &GreedyRunArgs, threads: Option<usize>) -> Result<(
         threads,
         kv_tokens: (run.prompt_tokens + run.tokens + 16).max(64),
         mode: Mode::Fast,
-        tuning: super::tuning_overrides(None, &run.tune)?,
+        tuning: run.tuning()?,
         ..Default::default()
     };
     // Only the variant under test differs between the two GPU runners.

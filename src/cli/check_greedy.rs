@@ -122,6 +122,7 @@ pub fn check_greedy(a: CheckGreedyArgs) -> Result<()> {
             kv_tokens: 2 * (a.run.prompt_tokens + a.run.tokens + 16)
                 + 4 * (a.run.prompt_tokens.max(12) + 80),
             mode,
+            tuning: a.run.tuning()?,
             ..Default::default()
         },
     )

@@ -1,5 +1,5 @@
 //! The sampled half of `quire check-greedy`: the device's draw
-//! (`sample_rows`, kernels/sample.cu) against the host sampler's, bit for
+//! (`sample_rows`, ops/sample/kernels/sample.cu) against the host sampler's, bit for
 //! bit. First on crafted rows (ties, signed zeros, -inf runs, a NaN, a
 //! +inf, random rows of several widths) for every parameter shape the
 //! device draws (id order with and without min-p, top-k with and without

@@ -24,11 +24,21 @@ pub struct GreedyRunArgs {
     pub prompt_tokens: usize,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// One CUDA tuning override, `table.key=value` (repeatable), for every
-    /// GPU runner of the check (under what the check itself sets), e.g.
-    /// `--tune matvec.l2_ahead_mb=0`.
+    /// CUDA tuning overrides (JSON file; see `quire tuning`) for every GPU
+    /// runner of the check (under what the check itself sets).
+    #[arg(long, value_name = "FILE")]
+    pub tuning: Option<std::path::PathBuf>,
+    /// One CUDA tuning override, `table.key=value` (repeatable; after
+    /// --tuning), e.g. `--tune matvec.l2_ahead_mb=0`.
     #[arg(long = "tune", value_name = "KEY=VALUE")]
     pub tune: Vec<String>,
+}
+
+impl GreedyRunArgs {
+    /// `--tuning FILE` then every `--tune`, in order.
+    pub(super) fn tuning(&self) -> anyhow::Result<crate::backend::cuda::TuningOverrides> {
+        super::tuning_overrides(self.tuning.as_deref(), &self.tune)
+    }
 }
 
 /// The first maximum's index (check-exact continues with it).

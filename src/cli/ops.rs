@@ -167,7 +167,7 @@ pub fn check_exact(a: CheckExactArgs) -> Result<()> {
         mode,
         // The prequant fusions are checked without norm-ahead (it has its
         // own check, `fast-norm-ahead`).
-        tuning: super::tuning_overrides(None, &a.run.tune)?.set("matvec.norm_ahead", "off")?,
+        tuning: a.run.tuning()?.set("matvec.norm_ahead", "off")?,
         ..Default::default()
     };
     let mut gpu = Runner::load(

@@ -1,6 +1,6 @@
 //! The draw of a sampled (temperature > 0) token from its logits and one
 //! uniform, in fixed IEEE double arithmetic that the CUDA sampler
-//! (`kernels/sample.cu`) repeats operation for operation: the same logits
+//! (`backend/cuda/ops/sample/kernels/sample.cu`) repeats operation for operation: the same logits
 //! and uniform give the same token on the host and on the device.
 //!
 //! - weights: `w_i = det_exp((l_i - max) * (1 / T))` (so the most likely

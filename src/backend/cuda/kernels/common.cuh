@@ -441,7 +441,7 @@ __device__ __forceinline__ float2 q_f16x2(u32 v) {
     return make_float2(q_f16((u16)(v & 0xFFFF)), q_f16((u16)(v >> 16)));
 }
 
-// A MatMuls op's job table (launch/matmul.rs MmJobs, same layout): up to
+// A MatMuls op's job table (ops/matmul/jobs.rs MmJobs, same layout): up to
 // MM_JOBS matrices of one type and k applied to one input in one launch.
 // Job j owns the CTAs blockIdx.y in [end[j - 1], end[j]) (end[-1] = 0) and
 // writes out[j] (n, m[j]); bit j of `add` makes it add into out[j] instead
@@ -462,7 +462,7 @@ struct MmJobs {
 };
 
 // One CUtensorMap per job of a MatMuls table (cuTensorMapEncodeTiled on
-// the host, launch/matmul_wgmma.rs job_maps): job j's weights as (m_j rows,
+// the host, ops/matmul/jobs.rs job_maps): job j's weights as (m_j rows,
 // row_bytes / 8 u64), boxes of (one CTA's rows, 8 blocks of a row), no
 // swizzle, rows past m_j filled with zeros. A kernel takes it as a grid
 // constant parameter (the copy engine reads it from parameter space);
@@ -501,7 +501,7 @@ __device__ __forceinline__ MmJob mm_job(const MmJobs& J, int by) {
     return r;
 }
 
-// The L2 read-ahead's progress (launch/l2_ahead.rs): every 16th CTA of a
+// The L2 read-ahead's progress (ops/l2_ahead): every 16th CTA of a
 // job (thread 0) raises the progress word to where its rows (`row_bytes`
 // each, every job's) start in the step's weight stream (jobs are
 // consecutive there, in table order), so

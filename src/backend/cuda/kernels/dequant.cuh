@@ -182,7 +182,7 @@ __device__ __forceinline__ int ld_words(const u8* p, u32* v, unsigned long long 
 // 1,490 -> 1,593 / 1,539; 8B Q8_0 (read-ahead off) 269.2 / 266.7 -> 276.7
 // / 273.0; exact 8B Q4_0 281.0 / 266.1 -> 293.5 / 275.9, Q8_0 225.0 /
 // 215.7 -> 231.3 / 221.3. It also let the read-ahead pay on Q8_0
-// (auto_ahead in launch/l2_ahead.rs).
+// (auto_ahead in ops/l2_ahead).
 #ifndef MV_L2_POL
 #define MV_L2_POL 1
 #endif

@@ -1,4 +1,4 @@
-//! The token choice on the device (kernels/sample.cu): a decode step's
+//! The token choice on the device (kernels/sample.cu here): a decode step's
 //! next token without downloading its logits. The rule is the sampler's,
 //! bit for bit: at temperature 0 the first maximum in id order; above it,
 //! sampler/draw.rs's draw given the step's uniform. A row with a NaN or

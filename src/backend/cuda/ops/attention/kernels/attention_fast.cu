@@ -1,7 +1,7 @@
 // Paged attention for the fast and deterministic modes (not the canonical
 // arithmetic: FMA, __expf; see attention.cu for exact). Both kernels here
 // are batch- and KV-cache invariant. The split-KV partition and merge:
-// attention_split.cuh, which source.rs puts before this file; the
+// attention_split.cuh, which the kernel table (ops/kernels.rs) puts before this file; the
 // pipelined GQA kernels: attention_pipe_fast.cu.
 
 // Fallback for head_dim not a multiple of 8: one block of ATT_WARPS warps per (row,

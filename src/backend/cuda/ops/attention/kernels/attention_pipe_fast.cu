@@ -1,6 +1,6 @@
 // The pipelined GQA-grouped split-KV decode attention (fast and
 // deterministic modes; the partition, partials and merge of
-// attention_split.cuh, which source.rs puts before this file).
+// attention_split.cuh, which the kernel table (ops/kernels.rs) puts before this file).
 
 // GQA-grouped split-KV decode: the same partition and partials as
 // paged_attention_split (so attention_combine merges them), but one CTA per

@@ -1,5 +1,5 @@
 // The split-KV decode attention's shared part (attention_fast.cu and
-// attention_pipe_fast.cu each start with it, source.rs): the partition's
+// attention_pipe_fast.cu each start with it, ops/kernels.rs): the partition's
 // constants and the ordered merge of a row's partials.
 
 #ifndef ATT_MAXD

@@ -1,4 +1,4 @@
-// The L2 read-ahead of a captured one-row decode step (launch/l2_ahead.rs).
+// The L2 read-ahead of a captured one-row decode step (ops/l2_ahead).
 //
 // Why: a decode step is a chain of dependent kernels, and between (and
 // inside) the weight-streaming matvecs sit latency-bound ones (norms, rope,
@@ -38,7 +38,7 @@
 // kernel (31% and 44% did not): an SM holding a read-ahead CTA keeps a
 // carveout too small for the cluster form, and the placement of whole
 // clusters on the other SMs did not succeed. Decode graphs with this branch
-// now merge their attention without clusters (launch/attention.rs).
+// now merge their attention without clusters (ops/attention/launch.rs).
 // The patience stays 2 ms (it was 20): at 2 ms the 1B made 374 tok/s in
 // that case, not 48; chain kernels publish progress every few microseconds,
 // so 2 ms never cuts a working read-ahead short.

@@ -310,7 +310,7 @@ extern "C" __global__ void mm_float(const u8* __restrict__ w, int m, int k, int 
 // b, so in each group of 32 blocks warp lane c < 8 adds its own term and
 // those of lanes c + 8, c + 16, c + 24 (shuffled to it), skipping blocks
 // past the row. The 8-lane tree of lanes 0..7 finishes. MV_EXACT_WR comes
-// from the host (source.rs prelude), which sizes the grid by it.
+// from the host (the prelude of ops/kernels.rs), which sizes the grid by it.
 #define MV_EXACT_ROWS 8
 
 // Adds this group's term t (lane l's block i0 + l) to acc in the canonical

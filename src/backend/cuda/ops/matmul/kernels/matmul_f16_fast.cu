@@ -319,7 +319,7 @@ extern "C" __global__ void split_sum(const float* __restrict__ part, int splits,
 // n * (m_0 + ..)), so element i belongs to the job whose range holds it.
 // out_j[i - start_j] (=, or += for an adding job) = the sum over s = 0..
 // splits-1, in that order, of part[s * stride + i]: the same bits as
-// split_sum. Requirements (launch/matmul_mma.rs checks them): every n * m_j
+// split_sum. Requirements (ops/matmul/mma.rs checks them): every n * m_j
 // and stride a multiple of 4, part and every out_j 16-byte aligned.
 extern "C" __global__ void split_sum_jobs(const float* __restrict__ part, int splits,
                                           long long stride, int n, MmJobs J) {

@@ -1,4 +1,4 @@
-// The FFN's gate/up matvec with the SwiGlu in its epilogue (launch/
+// The FFN's gate/up matvec with the SwiGlu in its epilogue (ops/matmul/
 // matmul_glu.rs; one activation row, `deterministic` and `fast`): a
 // MatMuls of two jobs, job 0 the gate and job 1 the up projection (m rows
 // each, m a multiple of 32), whose op also asks for h = silu(gate) * up.

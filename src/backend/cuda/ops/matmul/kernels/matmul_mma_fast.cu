@@ -34,11 +34,11 @@
 // k = j (low nibble) and k = j + 16 (high nibble): bytes 4t..4t+3 of the
 // block give both a0 (low nibbles) and a2 (high nibbles).
 //
-// Requirements (launch/matmul_mma.rs checks them): k a multiple of 256 and
+// Requirements (ops/matmul/mma.rs checks them): k a multiple of 256 and
 // rows 16-byte aligned (row bytes a multiple of 16: true for k % 256 == 0),
 // split ranges whole chunks.
 
-// Template arguments (launch/matmul_mma.rs MqKernel lists the same; KS k
+// Template arguments (ops/matmul/mq.rs MqKernel lists the same; KS k
 // groups of 4 WN warps split every chunk's blocks, see mq_kernel):
 // WN warps along the activation rows (4 WN warps, MQ_THREADS(WN) threads),
 // TOK activation rows per CTA (each warp then has mq_ntw(WN, TOK) = TOK / 8

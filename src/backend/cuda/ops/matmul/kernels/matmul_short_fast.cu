@@ -1,4 +1,4 @@
-// One-row decode matvec for short rows (`fast` mode; launch/matmul.rs,
+// One-row decode matvec for short rows (`fast` mode; ops/matmul,
 // mv_short_rows): R weight rows per warp, each taken by a group of 32 / R
 // lanes. A row of k = 576 (SmolLM2: 18 units) keeps only 18 of a warp's
 // 32 lanes busy in mv_q8_r1, one load round trip per warp; its 49,152-row

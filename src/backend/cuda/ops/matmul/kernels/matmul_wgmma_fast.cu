@@ -7,7 +7,7 @@
 //
 // Status: the default prefill GEMM on sm_90 for every type it decodes
 // (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; every shape with the tuning table's
-// matmul.wgmma on, none with off: launch/matmul/mod.rs, wg_takes).
+// matmul.wgmma on, none with off: ops/matmul/wr.rs, wg_default_takes).
 // On an H100 (2026-11-25) 8B Q4_0 pp512 ran at 27.0-27.3k tokens/s (with k
 // splits for o and down) against the cuBLAS path's 20.9k and the F16
 // model's 27.7-28.4k; 8B Q8_0 at 22.0k against 20.1k (Q5_0 then ran at
@@ -57,7 +57,7 @@
 // tokens x 128 B), raw (SR x 128 MT rows x 8 blocks), mbarriers.
 // Grid: (ceil(n / BN), CTA rows of the job table J (128 MT weight rows
 // each; with a wave tail, its rows once per k range: wr_body), k splits).
-// Requirements (launch/matmul_wgmma.rs): k a multiple of 256,
+// Requirements (ops/matmul/wgmma.rs): k a multiple of 256,
 // weights 16-byte aligned, x16 ceil(n / BN) x BN / 128 tiles of 128 tokens
 // x k f16 in to_f16_wr's layout, 16-byte aligned.
 
@@ -135,7 +135,7 @@ __host__ __device__ constexpr int wr_smem_bytes(int bs, int mt, int sr, int sx, 
 }
 // Stage counts (raw superchunks sr, activation chunks sx): the first of
 // (3, 6), (3, 5), (2, 6), (2, 5), (2, 4) that fits; encoded as 8 sr + sx
-// (launch/matmul_wgmma.rs mirrors it; WR_ENTRY checks at compile time).
+// (ops/matmul/wr.rs mirrors it; WR_ENTRY checks at compile time).
 __host__ __device__ constexpr int wr_stages(int bs, int mt, int bn) {
     const int c[5][2] = {{3, 6}, {3, 5}, {2, 6}, {2, 5}, {2, 4}};
     for (int i = 0; i < 5; i++)
@@ -508,7 +508,7 @@ extern "C" __global__ void wr_tail_sum(const float* __restrict__ part, int len, 
     static_assert(wr_smem_bytes(gr_type_size(TY), MT, wr_stages(gr_type_size(TY), MT, BN) / 8, \
                                 wr_stages(gr_type_size(TY), MT, BN) % 8, BN) ==                \
                       WG_SMEM_##NAME,                                                          \
-                  "launch/matmul_wgmma.rs disagrees on " #NAME "'s shared memory");            \
+                  "ops/matmul/wr.rs disagrees on " #NAME "'s shared memory");            \
     extern "C" __global__ void __launch_bounds__(WR_THREADS(MT), 1)                              \
         NAME(MmJobs J, const u16* __restrict__ x16, int n, int k, long long pstride,           \
              int tail_from, int tail_sp, float* __restrict__ tail_part,                        \

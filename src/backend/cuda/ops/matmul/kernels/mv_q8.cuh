@@ -67,7 +67,7 @@ __device__ __forceinline__ void mv_q8_row(const u8* __restrict__ wr, int units,
 }
 
 // A quantized matvec whose job table says so (small matrices, see
-// mv_prefetch in launch/matmul.rs) fetches the start of its rows before
+// mv_prefetch in ops/matmul/jobs.rs) fetches the start of its rows before
 // griddepcontrol.wait (prefetch_line in common.cuh): lane l of the s-th of
 // W warps on a row takes line 32 s + l of the row, into L2 (MV_PREFETCH=2;
 // 1: into L1, 0: never).
@@ -75,7 +75,7 @@ __device__ __forceinline__ void mv_q8_row(const u8* __restrict__ wr, int units,
 #define MV_PREFETCH 2
 #endif
 
-// Norm-ahead's consumer input (launch/norm_ahead.rs): the sums of squares
+// Norm-ahead's consumer input (ops/matmul/norm_ahead.rs): the sums of squares
 // of x per 32-block that mv_q8_r1_na stored, how many, and the norm's eps.
 struct NormIn {
     const float* parts;

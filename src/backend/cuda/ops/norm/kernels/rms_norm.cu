@@ -20,7 +20,7 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
     for (int e = l; e < dim; e += 32) o[e] = q_mul(q_mul(xr[e], scale), w[e]);
 }
 
-// The same arithmetic with one block per row (launch/mod.rs, rms_threads:
+// The same arithmetic with one block per row (ops/norm, rms_threads:
 // a float4 per thread up to 1,024 threads; the bits do not depend on the
 // count): all threads
 // stage x·x in shared memory (dynamic, dim floats) with many loads in

@@ -1,6 +1,6 @@
 // RMS norm for the fast and deterministic modes (not the canonical
 // arithmetic: FMA partial sums, a shuffle tree, rsqrtf). One block per
-// row, of a thread count that is a function of dim alone (launch/mod.rs,
+// row, of a thread count that is a function of dim alone (ops/norm,
 // rms_threads: one float4 per thread up to 1,024 threads, so a 4,096
 // row is one round of loads in each phase instead of four dependent ones).
 // Each row depends only on itself in a fixed order: batch-invariant.

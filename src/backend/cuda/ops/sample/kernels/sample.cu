@@ -22,7 +22,7 @@
 // status: 0 ok; 1 a NaN or +inf logit (the sampler's error); 2 every logit
 // -inf at temperature > 0 (the sampler's error); 3 more than SAMPLE_KMAX
 // top-k candidates, or an id-order / nucleus row past SAMPLE_MAX_CHUNKS
-// chunks (the host draws such rows: launch/sample.rs).
+// chunks (the host draws such rows: ops/sample).
 // A cluster of CTAs per row (grid (csize, n); on sm_90, csize up to 8,
 // else 1): CTA rank r reads the r-th run of whole chunks of the row; the
 // maximum, counts, chunk sums, histograms and candidates meet through
