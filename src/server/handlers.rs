@@ -106,9 +106,11 @@ async fn chat_inner(state: Arc<AppState>, body: Bytes) -> Result<Response, ApiEr
     check_model(&state, &req.common.model)?;
     let msgs = req.messages()?;
     let top = api::chat_logprobs(&req)?;
-    let text = state
-        .tok
-        .apply_chat_template(&msgs, true)
+    // Off the async runtime: a hostile template may burn its whole budget.
+    let st = state.clone();
+    let text = tokio::task::spawn_blocking(move || st.tok.apply_chat_template(&msgs, true))
+        .await
+        .map_err(|e| ApiError::internal(format!("chat template task: {e}")))?
         .map_err(|e| ApiError::bad_request(format!("chat template: {e:#}"), Some("messages")))?;
     let prompt = state
         .tok

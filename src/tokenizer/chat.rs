@@ -3,9 +3,18 @@
 //! globals HF templates expect.
 
 use super::Tokenizer;
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Result};
 use minijinja::{context, Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
+use std::io;
+
+/// Instructions one rendering may execute (minijinja's fuel). Real chat
+/// templates spend a few hundred per message; this stops a runaway loop in
+/// well under a second.
+pub const TEMPLATE_FUEL: u64 = 5_000_000;
+
+/// Bytes a rendering may produce beyond four times the messages' own bytes.
+pub const TEMPLATE_OUTPUT_SLACK: usize = 1 << 20;
 
 /// One chat turn.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -75,16 +84,68 @@ pub fn render(
             .unwrap_or(0);
         strftime_utc(&fmt, secs)
     });
-    env.render_str(
-        src,
-        context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => bos_token,
-            eos_token => eos_token,
-        },
-    )
-    .map_err(|e| anyhow!("rendering the chat template: {e:#}"))
+    env.set_fuel(Some(TEMPLATE_FUEL));
+    let tmpl = env
+        .template_from_str(src)
+        .map_err(|e| anyhow!("parsing the chat template: {e:#}"))?;
+    let input: usize = messages
+        .iter()
+        .map(|m| m.role.len() + m.content.len())
+        .sum::<usize>()
+        + bos_token.len()
+        + eos_token.len();
+    let cap = input
+        .saturating_mul(4)
+        .saturating_add(TEMPLATE_OUTPUT_SLACK);
+    let mut out = CappedBuf {
+        buf: Vec::new(),
+        cap,
+        overflowed: false,
+    };
+    let ctx = context! {
+        messages => messages,
+        add_generation_prompt => add_generation_prompt,
+        bos_token => bos_token,
+        eos_token => eos_token,
+    };
+    if let Err(e) = tmpl.render_captured_to(ctx, &mut out) {
+        if out.overflowed {
+            bail!(
+                "the chat template exceeded its budget: its output passed {cap} bytes \
+                 (4 x the {input} bytes of the messages + {TEMPLATE_OUTPUT_SLACK})"
+            );
+        }
+        if e.kind() == ErrorKind::OutOfFuel {
+            bail!(
+                "the chat template exceeded its budget of {TEMPLATE_FUEL} instructions \
+                 (a runaway loop in tokenizer.chat_template?)"
+            );
+        }
+        bail!("rendering the chat template: {e:#}");
+    }
+    String::from_utf8(out.buf).map_err(|e| anyhow!("the chat template's output is not UTF-8: {e}"))
+}
+
+/// A writer that refuses to grow past `cap` bytes.
+struct CappedBuf {
+    buf: Vec<u8>,
+    cap: usize,
+    overflowed: bool,
+}
+
+impl io::Write for CappedBuf {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        if self.buf.len().saturating_add(b.len()) > self.cap {
+            self.overflowed = true;
+            return Err(io::Error::other("chat template output cap reached"));
+        }
+        self.buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 const MONTHS: [&str; 12] = [

@@ -18,7 +18,10 @@ pub mod spec;
 pub mod spm;
 mod stream;
 
-pub use chat::{ChatMessage, CHATML_TEMPLATE};
+pub use chat::{
+    render as render_chat_template, ChatMessage, CHATML_TEMPLATE, TEMPLATE_FUEL,
+    TEMPLATE_OUTPUT_SLACK,
+};
 pub use spec::{TokenType, TokenizerModel, TokenizerSpec};
 pub use stream::StreamDecoder;
 
