@@ -55,6 +55,27 @@ pub struct ModelConfig {
     pub context_length: usize,
 }
 
+/// Checks `block_count` against the layers the file holds, before anything
+/// is sized by it: at least 1, no more than the tensor count, and the last
+/// layer's `attn_norm.weight` present.
+fn check_block_count(g: &GgufFile, arch_name: &str, n_layers: usize) -> Result<()> {
+    let key = format!("{arch_name}.block_count");
+    let n_tensors = g.tensors().len();
+    if n_layers == 0 {
+        bail!("{key} is 0: a model needs at least one layer");
+    }
+    if n_layers > n_tensors {
+        bail!("{key} is {n_layers} but the file holds only {n_tensors} tensors");
+    }
+    let last = format!("blk.{}.attn_norm.weight", n_layers - 1);
+    if g.tensor(&last).is_none() {
+        bail!(
+            "{key} is {n_layers} but the file has no tensor {last} (it holds {n_tensors} tensors)"
+        );
+    }
+    Ok(())
+}
+
 impl ModelConfig {
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
         let arch_name = g.arch()?.to_string();
@@ -102,6 +123,13 @@ impl ModelConfig {
         if vocab_size == 0 {
             bail!("token_embd.weight has no vocabulary dimension");
         }
+        if embd.dims[0] as usize != dim {
+            bail!(
+                "{arch_name}.embedding_length is {dim} but token_embd.weight has rows of {}",
+                embd.dims[0]
+            );
+        }
+        check_block_count(g, &arch_name, n_layers)?;
         Ok(ModelConfig {
             arch,
             arch_name,
