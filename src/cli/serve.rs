@@ -21,7 +21,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
     /// Require `Authorization: Bearer <key>` (every endpoint but /health).
-    /// Default: the QUIRE_API_KEY environment variable, else no key.
+    /// Default: the QUIRE_API_KEY environment variable, else no key. An
+    /// empty or whitespace-only key refuses to start.
     #[arg(long)]
     pub api_key: Option<String>,
     /// Most sequences waiting for admission; beyond it requests get 429.
@@ -68,6 +69,14 @@ fn parse_cap(s: &str) -> std::result::Result<PrefillCap, String> {
 }
 
 pub fn serve(a: ServeArgs) -> Result<()> {
+    // Checked before the model loads: a bad key fails at once.
+    let api_key = match &a.api_key {
+        Some(k) => Some(crate::server::check_api_key(k).context("--api-key")?),
+        None => match std::env::var("QUIRE_API_KEY") {
+            Ok(k) => Some(crate::server::check_api_key(&k).context("QUIRE_API_KEY")?),
+            Err(_) => None,
+        },
+    };
     let path = crate::fetch::resolve_model(a.model.model.as_deref())?;
     let model_id = a.served_model_name.clone().unwrap_or_else(|| {
         path.file_name()
@@ -91,11 +100,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         tok: Arc::new(tok),
         fingerprint: format!("quire-{}-{mode}", env!("CARGO_PKG_VERSION")),
         model_id,
-        api_key: a
-            .api_key
-            .clone()
-            .or_else(|| std::env::var("QUIRE_API_KEY").ok())
-            .filter(|k| !k.is_empty()),
+        api_key,
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())

@@ -58,12 +58,37 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/models", get(models))
         .route("/metrics", get(metrics))
-        .fallback(not_found)
-        .route_layer(middleware::from_fn_with_state(state.clone(), auth));
+        .fallback(not_found);
+    // A layer over the whole router (not a route_layer), so that unknown
+    // paths and wrong methods need the key too; `auth` lets /health through.
     Router::new()
         .route("/health", get(health))
         .merge(protected)
+        .layer(middleware::from_fn_with_state(state.clone(), auth))
         .with_state(state)
+}
+
+/// Checks an API key before the server starts: it must not be empty,
+/// whitespace-only, or hold whitespace or control characters at its ends
+/// or inside (a header could not carry it intact).
+pub fn check_api_key(key: &str) -> anyhow::Result<String> {
+    if key.is_empty() {
+        anyhow::bail!("the API key is empty: give a key, or leave it unset to serve without one");
+    }
+    if key.trim().is_empty() {
+        anyhow::bail!("the API key is only whitespace");
+    }
+    if key.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        anyhow::bail!("the API key holds whitespace or control characters");
+    }
+    Ok(key.to_string())
+}
+
+/// The token of an `Authorization: Bearer <token>` header; the scheme is
+/// case-insensitive (RFC 9110 section 11.1).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
 async fn auth(
@@ -72,12 +97,12 @@ async fn auth(
     req: Request,
     next: Next,
 ) -> Response {
-    if let Some(key) = &state.api_key {
+    let open = req.uri().path() == "/health";
+    if let (Some(key), false) = (&state.api_key, open) {
         let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
+            .and_then(bearer_token);
         match given {
             None => {
                 return ApiError::unauthorized(
