@@ -47,27 +47,13 @@ impl CudaBackend {
     /// gives the one-row q8 matvec (under tuning overrides that send one
     /// row elsewhere, the fused launch does not run either), and a form.
     pub(crate) fn glu_takes(&self, ty: GgmlType, k: usize, blocks: usize) -> bool {
-        use super::{plan, MmPlan, MmShape};
         let block32 = matches!(
             ty,
             GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0
         );
         let m = blocks * 32;
-        let shape = MmShape {
-            ty,
-            k,
-            n: 1,
-            rows: &[m, m],
-            aligned16: false,
-            outs_vec4: false,
-        };
-        let one_row_q8 = plan(&shape, Mode::Fast, &self.mm_caps(), &self.tuning.matmul)
-            == MmPlan::Matvec {
-                float: false,
-                warps: 1,
-            };
         block32
-            && one_row_q8
+            && self.one_row_q8(ty, k, &[m, m], Mode::Fast)
             && self.tuning.matvec.prequant
             && glu_form(blocks, false, &self.mm_caps(), &self.tuning.matmul).is_some()
     }

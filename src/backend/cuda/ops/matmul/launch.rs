@@ -14,6 +14,7 @@ use crate::backend::cuda::device::memory::{Dev, DevMatrix};
 use crate::backend::cuda::ops::kernels::WG_KERNELS;
 use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
 use crate::backend::{validate, MatJob, Mode, WeightInfo};
+use crate::quant::GgmlType;
 use anyhow::Result;
 use cudarc::driver::{CudaStream, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
@@ -188,21 +189,27 @@ impl CudaBackend {
             return false;
         };
         let rows: Vec<usize> = jobs.iter().map(|j| j.w.rows).collect();
-        // One row: no form that reads the alignment facts can be planned.
+        n == 1 && self.one_row_q8(j0.w.ty, j0.w.cols, &rows, mode)
+    }
+
+    /// Whether the planner gives one row of products of `ty` weights (k
+    /// columns, jobs of `rows` output rows) the one-row q8 matvec
+    /// (`mv_q8_r1`, one warp a row). One row: no form that reads the
+    /// alignment facts can be planned, so they are left false.
+    pub(crate) fn one_row_q8(&self, ty: GgmlType, k: usize, rows: &[usize], mode: Mode) -> bool {
         let shape = MmShape {
-            ty: j0.w.ty,
-            k: j0.w.cols,
-            n,
-            rows: &rows,
+            ty,
+            k,
+            n: 1,
+            rows,
             aligned16: false,
             outs_vec4: false,
         };
-        n == 1
-            && plan(&shape, mode, &self.mm_caps(), &self.tuning.matmul)
-                == MmPlan::Matvec {
-                    float: false,
-                    warps: 1,
-                }
+        plan(&shape, mode, &self.mm_caps(), &self.tuning.matmul)
+            == MmPlan::Matvec {
+                float: false,
+                warps: 1,
+            }
     }
 
     /// One row of short rows (`short_takes`): `mv_q8_r1_s4`, SHORT_ROWS
