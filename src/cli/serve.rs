@@ -3,11 +3,10 @@
 use super::ModelArgs;
 use crate::scheduler::PrefillCap;
 use crate::serve::EngineConfig;
-use crate::server::{AppState, ServerOptions};
+use crate::server::{AppState, BodyLimits, ConnLimits, ServerOptions};
 use anyhow::{Context, Result};
 use clap::Args;
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -55,6 +54,30 @@ pub struct ServeArgs {
     /// Disable prefix caching (every prompt is prefilled in full).
     #[arg(long)]
     pub no_prefix_cache: bool,
+    /// Most open client connections; one more gets 503 (JSON) and is
+    /// closed. Keep it under the process's file-descriptor limit.
+    #[arg(long, default_value_t = 512)]
+    pub max_connections: usize,
+    /// Seconds a client has to send a request's line and headers; a
+    /// keep-alive connection idle this long is closed too.
+    #[arg(long, default_value_t = 30.0)]
+    pub header_read_timeout: f64,
+    /// Seconds a client has to send the whole request body, once its
+    /// headers arrived (408 after).
+    #[arg(long, default_value_t = 60.0)]
+    pub body_read_timeout: f64,
+    /// Largest request body in bytes (413 beyond it; at once when
+    /// Content-Length says so).
+    #[arg(long, default_value_t = 4 << 20)]
+    pub max_body_bytes: usize,
+}
+
+/// A positive, finite number of seconds.
+fn seconds(v: f64, flag: &str) -> Result<Duration> {
+    if !(v.is_finite() && v > 0.0) {
+        anyhow::bail!("{flag} must be a positive number of seconds, got {v}");
+    }
+    Duration::try_from_secs_f64(v).with_context(|| format!("{flag} {v}"))
 }
 
 fn parse_cap(s: &str) -> std::result::Result<PrefillCap, String> {
@@ -77,6 +100,11 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             Err(_) => None,
         },
     };
+    let header_read_timeout = seconds(a.header_read_timeout, "--header-read-timeout")?;
+    let body_read_timeout = seconds(a.body_read_timeout, "--body-read-timeout")?;
+    if a.max_connections == 0 || a.max_body_bytes == 0 {
+        anyhow::bail!("--max-connections and --max-body-bytes must be at least 1");
+    }
     let path = crate::fetch::resolve_model(a.model.model.as_deref())?;
     let model_id = a.served_model_name.clone().unwrap_or_else(|| {
         path.file_name()
@@ -95,23 +123,22 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     };
     let mode = format!("{:?}", a.model.mode).to_lowercase();
     let (engine, join) = crate::serve::spawn(runner, cfg)?;
-    let state = Arc::new(AppState {
-        engine,
-        tok: Arc::new(tok),
-        fingerprint: format!("quire-{}-{mode}", env!("CARGO_PKG_VERSION")),
-        model_id,
-        api_key,
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
-        next_id: AtomicU64::new(0),
-        shutting_down: AtomicBool::new(false),
-    });
+    let mut state = AppState::new(engine, Arc::new(tok), model_id);
+    state.fingerprint = format!("quire-{}-{mode}", env!("CARGO_PKG_VERSION"));
+    state.api_key = api_key;
+    state.body_limits = BodyLimits {
+        max_body_bytes: a.max_body_bytes,
+        body_read_timeout,
+    };
+    let state = Arc::new(state);
     let opts = ServerOptions {
         host: a.host.clone(),
         port: a.port,
-        shutdown_grace: Duration::from_secs(a.shutdown_grace),
+        conn: ConnLimits {
+            header_read_timeout,
+            max_connections: a.max_connections,
+            shutdown_grace: Duration::from_secs(a.shutdown_grace),
+        },
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

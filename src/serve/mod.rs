@@ -235,6 +235,12 @@ impl EngineHandle {
         Ok(RequestHandle { events: rx, cancel })
     }
 
+    /// Most sequences that may wait for admission (`EngineConfig::max_queue`):
+    /// a request of more choices than this can never be queued.
+    pub fn max_queue(&self) -> usize {
+        self.max_queue
+    }
+
     /// Sequences waiting for admission.
     pub fn queue_depth(&self) -> usize {
         self.queued.load(Ordering::Acquire)

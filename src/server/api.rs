@@ -6,6 +6,7 @@ use crate::serve::{EngineLimits, GenRequest};
 use crate::tokenizer::{ChatMessage, Tokenizer};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
+use serde_json::{Map, Value};
 
 /// Most choices per request.
 pub const MAX_N: u32 = 16;
@@ -118,17 +119,221 @@ pub struct CompletionRequest {
     pub suffix: Option<String>,
 }
 
-/// Parses a JSON body; malformed JSON or wrong types give a 400 that says
-/// where.
-pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| {
-        let what = if e.is_syntax() || e.is_eof() {
-            "malformed JSON"
-        } else {
-            "invalid request body"
-        };
-        ApiError::bad_request(format!("{what}: {e}"), None)
+/// Which endpoint a body is for (their fields differ).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completions,
+}
+
+impl Endpoint {
+    /// The field holding the prompt: errors about its length name it.
+    pub fn prompt_param(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "messages",
+            Endpoint::Completions => "prompt",
+        }
+    }
+}
+
+/// Checks that one field's JSON value has the type the request struct
+/// expects (so a type error can name the field).
+type Probe = fn(&Value) -> Result<(), serde_json::Error>;
+
+fn probe<T: DeserializeOwned>(v: &Value) -> Result<(), serde_json::Error> {
+    T::deserialize(v).map(drop)
+}
+
+/// Every field [`Common`] reads, with its type. Invariant: this table and
+/// the struct list the same fields (a field missing here is refused as
+/// unknown; the tests send each).
+const COMMON_FIELDS: &[(&str, Probe)] = &[
+    ("model", probe::<String>),
+    ("stream", probe::<Option<bool>>),
+    ("stream_options", probe::<Option<StreamOptions>>),
+    ("max_tokens", probe::<Option<u64>>),
+    ("stop", probe::<Option<StopSpec>>),
+    ("temperature", probe::<Option<f32>>),
+    ("top_p", probe::<Option<f32>>),
+    ("top_k", probe::<Option<i64>>),
+    ("min_p", probe::<Option<f32>>),
+    ("repetition_penalty", probe::<Option<f32>>),
+    ("seed", probe::<Option<i64>>),
+    ("n", probe::<Option<u32>>),
+];
+
+/// The fields only [`ChatRequest`] reads.
+const CHAT_FIELDS: &[(&str, Probe)] = &[
+    ("messages", probe::<Vec<InMessage>>),
+    ("max_completion_tokens", probe::<Option<u64>>),
+    ("logprobs", probe::<Option<bool>>),
+    ("top_logprobs", probe::<Option<u32>>),
+];
+
+/// The fields only [`CompletionRequest`] reads.
+const COMPLETION_FIELDS: &[(&str, Probe)] = &[
+    ("prompt", probe::<PromptSpec>),
+    ("logprobs", probe::<Option<u32>>),
+    ("echo", probe::<Option<bool>>),
+    ("suffix", probe::<Option<String>>),
+];
+
+/// Fields accepted and ignored on purpose: they change nothing a client can
+/// observe in this server's output (bookkeeping for OpenAI's platform, or a
+/// tool setting that is moot because `tools` is refused). Anything not in
+/// a field table, this list or [`check_unsupported`] is refused as unknown,
+/// so a client never gets a 200 that silently dropped what it asked for.
+const IGNORED_FIELDS: &[&str] = &[
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "parallel_tool_calls",
+];
+
+/// Parameters OpenAI defines that this server does not implement. Each
+/// value that would change the output is refused with a 400 naming it; the
+/// values that ask for the default behaviour pass (null, an empty list,
+/// zero penalties, `{"type": "text"}`...). Returns whether `key` is one.
+fn check_unsupported(
+    key: &str,
+    v: &Value,
+    obj: &Map<String, Value>,
+    ep: Endpoint,
+) -> Result<bool, ApiError> {
+    let is_zero = |v: &Value| v.as_f64() == Some(0.0);
+    let empty = |v: &Value| match v {
+        Value::Null => true,
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        _ => false,
+    };
+    let refuse = |detail: &str| Err(ApiError::unsupported(key, detail));
+    match key {
+        "tools" | "functions" if !empty(v) => refuse(": tool calling is not implemented"),
+        "tool_choice" | "function_call" if !(v.is_null() || v == "none") => {
+            refuse(": tool calling is not implemented (only \"none\")")
+        }
+        "response_format" if !(v.is_null() || v["type"] == "text") => refuse(
+            ": structured output (json_object, json_schema) is not implemented; only {\"type\": \"text\"}",
+        ),
+        "logit_bias" if !empty(v) => refuse(": logit biases are not implemented"),
+        "frequency_penalty" | "presence_penalty" if !(v.is_null() || is_zero(v)) => {
+            refuse(" (only 0); repetition_penalty is")
+        }
+        "best_of" if ep == Endpoint::Completions => {
+            let n = obj.get("n").and_then(Value::as_u64).unwrap_or(1);
+            match v {
+                Value::Null => Ok(true),
+                b if b.as_u64() == Some(n) => Ok(true),
+                _ => refuse(&format!(": only best_of = n ({n}) is accepted")),
+            }
+        }
+        "tools" | "functions" | "tool_choice" | "function_call" | "response_format"
+        | "logit_bias" | "frequency_penalty" | "presence_penalty" => Ok(true),
+        _ => Ok(false),
+    }
+}
+
+/// Checks every top-level field of a request body: known fields have the
+/// right type (a type error names the field in `param`), unsupported
+/// parameters are refused unless they ask for the default, unknown fields
+/// are refused.
+fn check_fields(obj: &Map<String, Value>, ep: Endpoint) -> Result<(), ApiError> {
+    let own = match ep {
+        Endpoint::Chat => CHAT_FIELDS,
+        Endpoint::Completions => COMPLETION_FIELDS,
+    };
+    for (key, v) in obj {
+        let known = COMMON_FIELDS
+            .iter()
+            .chain(own)
+            .find(|(name, _)| name == key);
+        if let Some((name, check)) = known {
+            check(v).map_err(|e| {
+                ApiError::bad_request(format!("invalid type for `{name}`: {e}"), Some(name))
+            })?;
+            continue;
+        }
+        if IGNORED_FIELDS.contains(&key.as_str()) || check_unsupported(key, v, obj, ep)? {
+            continue;
+        }
+        return Err(ApiError::bad_request(
+            format!("Unrecognized request argument supplied: {key}"),
+            Some(key),
+        ));
+    }
+    Ok(())
+}
+
+/// Parses a JSON body for `ep`; malformed JSON, wrong types, unknown or
+/// unsupported fields give a 400 that says which.
+pub fn parse_request<T: DeserializeOwned>(body: &[u8], ep: Endpoint) -> Result<T, ApiError> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}"), None))?;
+    let Value::Object(obj) = &v else {
+        return Err(ApiError::bad_request(
+            "invalid request body: expected a JSON object",
+            None,
+        ));
+    };
+    check_fields(obj, ep)?;
+    serde_json::from_value(v).map_err(|e| {
+        // Types were checked field by field: what is left is a missing
+        // required field, named in serde's message.
+        let msg = e.to_string();
+        let param = msg
+            .split('`')
+            .nth(1)
+            .filter(|_| msg.starts_with("missing field"))
+            .map(str::to_string);
+        ApiError::bad_request(format!("invalid request body: {msg}"), param.as_deref())
     })
+}
+
+/// Generous bound on the UTF-8 bytes one token can cover, used to refuse a
+/// prompt before tokenizing it: at least 64, and at least 3 times the
+/// vocabulary's longest piece (normalization such as NFKC can shrink text
+/// by up to about 3x, e.g. a full-width letter of 3 bytes becomes 1).
+/// A prompt longer than `context_length * bound` bytes needs more tokens
+/// than the context holds, so refusing it at once changes no answer.
+pub fn bytes_per_token_bound(tok: &Tokenizer) -> usize {
+    let longest = (0..tok.vocab_size() as u32)
+        .filter_map(|id| tok.piece_bytes(id, false).ok())
+        .map(|b| b.len())
+        .max()
+        .unwrap_or(0);
+    longest.saturating_mul(3).max(64)
+}
+
+/// Refuses a prompt of `bytes` UTF-8 bytes that cannot fit the context
+/// whatever the tokenization (see [`bytes_per_token_bound`]), before any
+/// tokenizer work.
+pub fn precheck_bytes(
+    bytes: usize,
+    bytes_per_token: usize,
+    limits: &EngineLimits,
+    ep: Endpoint,
+) -> Result<(), ApiError> {
+    let ctx = limits.context_length;
+    if bytes > ctx.saturating_mul(bytes_per_token) {
+        return Err(ApiError::context_length(
+            format!(
+                "This model's maximum context length is {ctx} tokens. However, your prompt is {bytes} bytes of text, more than {ctx} tokens can hold (at most {bytes_per_token} bytes per token). Please reduce the length of the prompt."
+            ),
+            ep.prompt_param(),
+        ));
+    }
+    Ok(())
+}
+
+/// What [`prepare`] checks a request against.
+pub struct Admission<'a> {
+    pub tok: &'a Tokenizer,
+    pub limits: &'a EngineLimits,
+    /// Most sequences the engine queues (`--max-queue`).
+    pub max_queue: usize,
+    pub endpoint: Endpoint,
 }
 
 /// A validated request, ready for the engine.
@@ -191,19 +396,24 @@ impl ChatRequest {
 }
 
 /// Builds the engine request: sampling parameters, limits against the
-/// context and the KV pool, stop strings.
+/// context and the KV pool, stop strings. `max_tokens` None means "as
+/// many as fit": `default_max` (capped to what fits) or else everything the
+/// context and the KV pool leave after the prompt.
 pub fn prepare(
     c: &Common,
     prompt: Vec<u32>,
     max_tokens: Option<u64>,
+    default_max: Option<u64>,
     top_logprobs: Option<usize>,
-    tok: &Tokenizer,
-    limits: &EngineLimits,
+    adm: &Admission<'_>,
 ) -> Result<Prepared, ApiError> {
+    let limits = adm.limits;
+    let param = adm.endpoint.prompt_param();
     let ctx = limits.context_length;
+    let kv = limits.kv_tokens;
     let p = prompt.len();
     if p == 0 {
-        return Err(ApiError::bad_request("the prompt is empty", Some("prompt")));
+        return Err(ApiError::bad_request("the prompt is empty", Some(param)));
     }
     if let Some(&t) = prompt.iter().find(|&&t| t as usize >= limits.vocab_size) {
         return Err(ApiError::bad_request(
@@ -223,27 +433,37 @@ pub fn prepare(
     if p >= ctx {
         return Err(ApiError::context_length(format!(
             "This model's maximum context length is {ctx} tokens. However, your prompt has {p} tokens, leaving no room for a completion. Please reduce the length of the prompt."
-        )));
+        ), param));
     }
+    // The whole KV pool is the most one sequence can ever hold: a request
+    // beyond it would be admitted, then cut with "length" (or starve).
+    if p >= kv {
+        return Err(ApiError::context_length(format!(
+            "The prompt has {p} tokens but the server's KV cache holds {kv} tokens (--kv-tokens), leaving no room for a completion. Please reduce the length of the prompt."
+        ), param));
+    }
+    let room = ctx.min(kv) - p;
     let max_tokens = match max_tokens {
         Some(m) => {
             let m = usize::try_from(m).unwrap_or(usize::MAX);
-            if p.saturating_add(m) > ctx {
+            let total = p.saturating_add(m);
+            if total > ctx {
                 return Err(ApiError::context_length(format!(
-                    "This model's maximum context length is {ctx} tokens. However, you requested {} tokens ({p} in the prompt, {m} in the completion). Please reduce the length of the prompt or completion.",
-                    p.saturating_add(m)
-                )));
+                    "This model's maximum context length is {ctx} tokens. However, you requested {total} tokens ({p} in the prompt, {m} in the completion). Please reduce the length of the prompt or completion."
+                ), param));
+            }
+            if total > kv {
+                return Err(ApiError::context_length(format!(
+                    "The server's KV cache holds {kv} tokens (--kv-tokens). However, you requested {total} tokens ({p} in the prompt, {m} in the completion). Please reduce the length of the prompt or completion."
+                ), param));
             }
             m
         }
-        None => ctx - p,
+        None => match default_max {
+            Some(d) => usize::try_from(d).unwrap_or(usize::MAX).min(room),
+            None => room,
+        },
     };
-    if p + 1 > limits.kv_tokens {
-        return Err(ApiError::context_length(format!(
-            "The prompt has {p} tokens but the server's KV cache holds {} tokens (--kv-tokens).",
-            limits.kv_tokens
-        )));
-    }
     let temperature = c.temperature.unwrap_or(1.0);
     if !(temperature.is_finite() && (0.0..=2.0).contains(&temperature)) {
         return Err(ApiError::bad_request(
@@ -289,6 +509,17 @@ pub fn prepare(
             Some("n"),
         ));
     }
+    // Each choice queues as one sequence: n beyond the queue can never be
+    // admitted, so a retryable 429 would be a lie.
+    if n as usize > adm.max_queue {
+        return Err(ApiError::bad_request(
+            format!(
+                "n = {n} can never be served: the server queues at most {} sequences (--max-queue), one per choice",
+                adm.max_queue
+            ),
+            Some("n"),
+        ));
+    }
     // No seed: a fresh one per request (OpenAI semantics: not reproducible
     // unless asked). With a seed, output is reproducible by construction.
     let seed = c.seed.map(|s| s as u64).unwrap_or_else(rand::random::<u64>);
@@ -320,7 +551,7 @@ pub fn prepare(
             prompt,
             params,
             max_tokens,
-            stop_ids: tok.stop_ids().to_vec(),
+            stop_ids: adm.tok.stop_ids().to_vec(),
             top_logprobs,
             n: n as usize,
         },
@@ -362,8 +593,26 @@ pub fn completion_logprobs(r: &CompletionRequest) -> Result<Option<usize>, ApiEr
     }
 }
 
-/// Token ids of a completion prompt.
-pub fn completion_prompt(r: &CompletionRequest, tok: &Tokenizer) -> Result<Vec<u32>, ApiError> {
+/// A completion prompt before tokenization.
+pub enum PromptInput {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+impl PromptInput {
+    /// UTF-8 bytes of a text prompt (0 for token ids: their count is
+    /// checked exactly).
+    pub fn text_bytes(&self) -> usize {
+        match self {
+            PromptInput::Text(t) => t.len(),
+            PromptInput::Tokens(_) => 0,
+        }
+    }
+}
+
+/// The prompt of a completion request (tokenized by the caller, off the
+/// async runtime).
+pub fn completion_prompt(r: &CompletionRequest) -> Result<PromptInput, ApiError> {
     if r.echo == Some(true) {
         return Err(ApiError::bad_request("echo is not supported", Some("echo")));
     }
@@ -373,21 +622,26 @@ pub fn completion_prompt(r: &CompletionRequest, tok: &Tokenizer) -> Result<Vec<u
             Some("suffix"),
         ));
     }
-    let text = match &r.prompt {
-        PromptSpec::Text(t) => t.as_str(),
-        PromptSpec::Texts(v) if v.len() == 1 => v[0].as_str(),
-        PromptSpec::Texts(v) => {
-            return Err(ApiError::bad_request(
-                format!(
-                    "exactly one prompt per request is supported, got {}",
-                    v.len()
-                ),
-                Some("prompt"),
-            ))
-        }
-        PromptSpec::Tokens(ids) => return Ok(ids.clone()),
-    };
-    tok.encode(text, true, false).map_err(|e| {
-        ApiError::bad_request(format!("cannot tokenize the prompt: {e:#}"), Some("prompt"))
-    })
+    match &r.prompt {
+        PromptSpec::Text(t) => Ok(PromptInput::Text(t.clone())),
+        PromptSpec::Texts(v) if v.len() == 1 => Ok(PromptInput::Text(v[0].clone())),
+        PromptSpec::Texts(v) => Err(ApiError::bad_request(
+            format!(
+                "exactly one prompt per request is supported, got {}",
+                v.len()
+            ),
+            Some("prompt"),
+        )),
+        PromptSpec::Tokens(ids) => Ok(PromptInput::Tokens(ids.clone())),
+    }
+}
+
+/// Token ids of a completion prompt (blocking: run on the blocking pool).
+pub fn tokenize_completion(tok: &Tokenizer, input: PromptInput) -> Result<Vec<u32>, ApiError> {
+    match input {
+        PromptInput::Tokens(ids) => Ok(ids),
+        PromptInput::Text(text) => tok.encode(&text, true, false).map_err(|e| {
+            ApiError::bad_request(format!("cannot tokenize the prompt: {e:#}"), Some("prompt"))
+        }),
+    }
 }

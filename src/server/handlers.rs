@@ -1,12 +1,13 @@
 //! `POST /v1/chat/completions` and `POST /v1/completions`: validation,
 //! submission, then a JSON response or an SSE stream ending `data: [DONE]`.
 
-use super::api::{self, ChatRequest, CompletionRequest, Prepared};
+use super::api::{self, Admission, ChatRequest, CompletionRequest, Endpoint, Prepared};
 use super::drive::{drive, Ended, Out};
 use super::error::ApiError;
 use super::text::LpEntry;
 use super::AppState;
 use crate::serve::SubmitError;
+use crate::tokenizer::{ChatMessage, Tokenizer};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -102,30 +103,56 @@ pub async fn chat(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
 }
 
 async fn chat_inner(state: Arc<AppState>, body: Bytes) -> Result<Response, ApiError> {
-    let req: ChatRequest = api::parse_body(&body)?;
+    let req: ChatRequest = api::parse_request(&body, Endpoint::Chat)?;
     check_model(&state, &req.common.model)?;
     let msgs = req.messages()?;
     let top = api::chat_logprobs(&req)?;
-    // Off the async runtime: a hostile template may burn its whole budget.
+    // The template only adds text: the contents alone already bound the
+    // rendered prompt from below.
+    let bytes = msgs.iter().map(|m| m.content.len()).sum();
+    api::precheck_bytes(
+        bytes,
+        state.bytes_per_token,
+        &state.engine.limits,
+        Endpoint::Chat,
+    )?;
+    // Off the async runtime, in one blocking task: a hostile template may
+    // burn its whole budget, and a long prompt tokenizes for a long time.
     let st = state.clone();
-    let text = tokio::task::spawn_blocking(move || st.tok.apply_chat_template(&msgs, true))
+    let prompt = tokio::task::spawn_blocking(move || chat_prompt_ids(&st.tok, &msgs))
         .await
-        .map_err(|e| ApiError::internal(format!("chat template task: {e}")))?
-        .map_err(|e| ApiError::bad_request(format!("chat template: {e:#}"), Some("messages")))?;
-    let prompt = state
-        .tok
-        .encode(&text, false, true)
-        .map_err(|e| ApiError::bad_request(format!("cannot tokenize: {e:#}"), Some("messages")))?;
+        .map_err(|e| ApiError::internal(format!("chat prompt task: {e}")))??;
     let max = req.max_completion_tokens.or(req.common.max_tokens);
     let prep = api::prepare(
         &req.common,
         prompt,
         max,
+        None,
         top,
-        &state.tok,
-        &state.engine.limits,
+        &admission(&state, Endpoint::Chat),
     )?;
     respond(state, prep, Kind::Chat).await
+}
+
+/// The chat prompt's token ids: the template rendered over `msgs`, then
+/// tokenized (special tokens in the rendered text are parsed). Blocking:
+/// the one step of the chat path that runs on the blocking pool; whatever
+/// turns messages into ids belongs here, whole.
+fn chat_prompt_ids(tok: &Tokenizer, msgs: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
+    let text = tok
+        .apply_chat_template(msgs, true)
+        .map_err(|e| ApiError::bad_request(format!("chat template: {e:#}"), Some("messages")))?;
+    tok.encode(&text, false, true)
+        .map_err(|e| ApiError::bad_request(format!("cannot tokenize: {e:#}"), Some("messages")))
+}
+
+fn admission(state: &AppState, endpoint: Endpoint) -> Admission<'_> {
+    Admission {
+        tok: &state.tok,
+        limits: &state.engine.limits,
+        max_queue: state.engine.max_queue(),
+        endpoint,
+    }
 }
 
 pub async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
@@ -136,19 +163,28 @@ pub async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Res
 }
 
 async fn completions_inner(state: Arc<AppState>, body: Bytes) -> Result<Response, ApiError> {
-    let req: CompletionRequest = api::parse_body(&body)?;
+    let req: CompletionRequest = api::parse_request(&body, Endpoint::Completions)?;
     check_model(&state, &req.common.model)?;
     let top = api::completion_logprobs(&req)?;
-    let prompt = api::completion_prompt(&req, &state.tok)?;
-    // OpenAI's legacy default is 16 tokens.
-    let max = Some(req.common.max_tokens.unwrap_or(16));
+    let input = api::completion_prompt(&req)?;
+    api::precheck_bytes(
+        input.text_bytes(),
+        state.bytes_per_token,
+        &state.engine.limits,
+        Endpoint::Completions,
+    )?;
+    let st = state.clone();
+    let prompt = tokio::task::spawn_blocking(move || api::tokenize_completion(&st.tok, input))
+        .await
+        .map_err(|e| ApiError::internal(format!("tokenizer task: {e}")))??;
+    // OpenAI's legacy default is 16 tokens (fewer when less room is left).
     let prep = api::prepare(
         &req.common,
         prompt,
-        max,
+        req.common.max_tokens,
+        Some(16),
         top,
-        &state.tok,
-        &state.engine.limits,
+        &admission(&state, Endpoint::Completions),
     )?;
     respond(state, prep, Kind::Completion).await
 }

@@ -5,17 +5,27 @@
 //! `GET /v1/models`, `GET /metrics` (Prometheus text), `GET /health`.
 //! With an API key, every endpoint but `/health` needs
 //! `Authorization: Bearer <key>`.
+//!
+//! Hostile clients are bounded: [`conn`] caps open connections and times
+//! out slow request heads, [`body`] caps and times the body and turns every
+//! error into OpenAI's JSON shape, and tokenization runs on the blocking
+//! pool after a byte-length precheck, so /health stays responsive.
 
 pub mod api;
+pub mod body;
+pub mod conn;
 pub mod drive;
 pub mod error;
 pub mod handlers;
 pub mod text;
 
+pub use body::BodyLimits;
+pub use conn::ConnLimits;
+
 use crate::serve::EngineHandle;
 use crate::tokenizer::Tokenizer;
 use anyhow::{Context, Result};
-use axum::extract::{Request, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -23,9 +33,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use error::ApiError;
 use serde_json::json;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
-use std::time::Duration;
 
 /// Shared by every handler.
 pub struct AppState {
@@ -40,15 +49,38 @@ pub struct AppState {
     pub created: u64,
     pub next_id: AtomicU64,
     pub shutting_down: AtomicBool,
+    /// Bound on UTF-8 bytes per token for the pre-tokenization length
+    /// check ([`api::bytes_per_token_bound`]).
+    pub bytes_per_token: usize,
+    pub body_limits: BodyLimits,
+}
+
+impl AppState {
+    /// A state with no API key and the default body limits.
+    pub fn new(engine: EngineHandle, tok: Arc<Tokenizer>, model_id: String) -> AppState {
+        AppState {
+            bytes_per_token: api::bytes_per_token_bound(&tok),
+            engine,
+            tok,
+            model_id,
+            api_key: None,
+            fingerprint: format!("quire-{}", env!("CARGO_PKG_VERSION")),
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            next_id: AtomicU64::new(0),
+            shutting_down: AtomicBool::new(false),
+            body_limits: BodyLimits::default(),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
     pub host: String,
     pub port: u16,
-    /// After Ctrl-C / SIGTERM, in-flight requests get this long to finish
-    /// before they are cancelled.
-    pub shutdown_grace: Duration,
+    pub conn: ConnLimits,
 }
 
 /// The router over `state` (exposed for in-process tests).
@@ -64,7 +96,13 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/health", get(health))
         .merge(protected)
+        // Innermost first: the body is read only for authorized clients;
+        // json_errors sees every response, the rejections included.
+        .layer(middleware::from_fn_with_state(state.clone(), body::read_body))
         .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(middleware::from_fn(body::json_errors))
+        // read_body enforces the limit (with 413 up front).
+        .layer(DefaultBodyLimit::disable())
         .with_state(state)
 }
 
@@ -157,8 +195,9 @@ async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
 }
 
 /// Serves until Ctrl-C or SIGTERM, then stops accepting, lets in-flight
-/// requests finish for `shutdown_grace`, and cancels what is left.
-/// `on_listen` gets the bound address (the port may have been 0).
+/// requests finish for the shutdown grace, and cancels what is left
+/// ([`conn::serve`]). `on_listen` gets the bound address (the port may
+/// have been 0).
 pub async fn run(
     state: Arc<AppState>,
     opts: ServerOptions,
@@ -170,25 +209,9 @@ pub async fn run(
         .with_context(|| format!("binding {addr}"))?;
     on_listen(listener.local_addr().context("reading the bound address")?);
     let app = router(state.clone());
-    let st = state.clone();
-    let grace = opts.shutdown_grace;
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown_signal().await;
-            eprintln!(
-                "quire serve: shutting down: finishing in-flight requests (at most {} s)",
-                grace.as_secs()
-            );
-            st.shutting_down.store(true, Ordering::Release);
-            let engine = st.engine.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(grace).await;
-                engine.cancel_all();
-            });
-        })
+    conn::serve(listener, state, app, opts.conn, shutdown_signal())
         .await
-        .context("serving HTTP")?;
-    Ok(())
+        .context("serving HTTP")
 }
 
 async fn shutdown_signal() {

@@ -280,3 +280,38 @@ pub fn open_stream(
     assert!(acc.starts_with("HTTP/1.1 200"), "stream status: {acc}");
     s
 }
+
+/// An in-process server state on the default model (engine thread
+/// started), for tests through `quire::server::router` or
+/// `quire::server::conn::serve`. None (SKIPPED printed) when the model is
+/// unavailable.
+pub fn in_process_state(
+    test: &str,
+    kv_tokens: usize,
+    max_queue: usize,
+) -> Option<std::sync::Arc<quire::server::AppState>> {
+    let path = default_model(test)?;
+    let opts = quire::runner::RunnerOptions {
+        kv_tokens,
+        ..Default::default()
+    };
+    let runner = quire::runner::Runner::load(&path, &opts).expect("loading the default model");
+    let tok = quire::tokenizer::Tokenizer::from_gguf(&runner.gguf).expect("tokenizer");
+    let cfg = quire::serve::EngineConfig {
+        max_queue,
+        ..Default::default()
+    };
+    // The engine thread ends when the last handle (in the state) drops.
+    let (engine, _join) = quire::serve::spawn(runner, cfg).expect("starting the engine");
+    let model_id = path
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .trim_end_matches(".gguf")
+        .to_string();
+    Some(std::sync::Arc::new(quire::server::AppState::new(
+        engine,
+        std::sync::Arc::new(tok),
+        model_id,
+    )))
+}
