@@ -51,3 +51,71 @@ fn ordinary_templates_still_render() {
     assert!(s.ends_with("<|im_start|>assistant\n"));
     assert_eq!(s.matches("<|im_end|>").count(), 2000);
 }
+
+mod sandbox {
+    use quire::tokenizer::sandbox::{RenderSandbox, SandboxOptions, WorkerConfig};
+    use quire::tokenizer::ChatMessage;
+    use std::time::Duration;
+
+    /// Doubles a string 60 times when the first message says "boom": 2^60
+    /// bytes, far past any memory, in a few hundred instructions of fuel.
+    const DOUBLING: &str = "{% if messages[0].content == 'boom' %}\
+        {% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}\
+        {{ ns.s|length }}{% else %}ok:{{ messages[0].content }}{% endif %}";
+
+    fn sandbox(template: &str, timeout: Duration) -> RenderSandbox {
+        let mut opts = SandboxOptions::new(env!("CARGO_BIN_EXE_quire").into());
+        opts.memory_mib = 256;
+        opts.timeout = timeout;
+        opts.max_workers = 2;
+        let cfg = WorkerConfig {
+            template: template.into(),
+            bos_token: String::new(),
+            eos_token: String::new(),
+        };
+        RenderSandbox::new(opts, cfg).expect("starting the sandbox")
+    }
+
+    #[test]
+    fn string_doubling_kills_the_worker_not_the_process() {
+        let sb = sandbox(DOUBLING, Duration::from_secs(30));
+        let ok = sb.render(&[ChatMessage::new("user", "hi")], true).unwrap();
+        assert_eq!(ok, "ok:hi");
+        let err = sb
+            .render(&[ChatMessage::new("user", "boom")], true)
+            .unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(
+            msg.contains("the chat template exceeded its budget") && msg.contains("memory"),
+            "{msg}"
+        );
+        // A fresh worker takes the next request.
+        for i in 0..4 {
+            let s = format!("again{i}");
+            let ok = sb
+                .render(&[ChatMessage::new("user", s.clone())], true)
+                .unwrap();
+            assert_eq!(ok, format!("ok:{s}"));
+        }
+    }
+
+    #[test]
+    fn slow_rendering_hits_the_timeout_and_errors_pass_through() {
+        let src = "{% if messages[0].content == 'slow' %}{% for i in range(100000) %}\
+                   {% for j in range(100000) %}{% endfor %}{% endfor %}{% endif %}\
+                   {% if messages[0].content == 'raise' %}{{ raise_exception('no') }}{% endif %}done";
+        let sb = sandbox(src, Duration::from_millis(20));
+        let err = sb
+            .render(&[ChatMessage::new("user", "slow")], true)
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("took more than"), "{err:#}");
+        let err = sb
+            .render(&[ChatMessage::new("user", "raise")], true)
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("no"), "{err:#}");
+        assert_eq!(
+            sb.render(&[ChatMessage::new("user", "x")], true).unwrap(),
+            "done"
+        );
+    }
+}

@@ -72,6 +72,17 @@ pub enum Command {
     /// defaults, or with overrides laid over them): the start of a
     /// `--tuning FILE`.
     Tuning(tuning::TuningArgs),
+    /// Internal: renders chat templates for `quire serve` in a process with
+    /// a memory cap (JSON lines on stdin/stdout).
+    #[command(hide = true)]
+    TemplateWorker(TemplateWorkerArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct TemplateWorkerArgs {
+    /// Address-space cap of this process, MiB.
+    #[arg(long, default_value_t = crate::tokenizer::sandbox::DEFAULT_WORKER_MEMORY_MIB)]
+    pub memory_mib: u64,
 }
 
 /// Options shared by every command that loads a model.
@@ -222,6 +233,7 @@ pub fn main_with(cli: Cli) -> Result<()> {
         Command::CheckGreedy(a) => check_greedy::check_greedy(a),
         Command::Kernels(a) => kernels::kernels(a),
         Command::Tuning(a) => tuning::tuning(a),
+        Command::TemplateWorker(a) => crate::tokenizer::sandbox::worker_main(a.memory_mib),
     }
 }
 

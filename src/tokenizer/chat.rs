@@ -2,11 +2,13 @@
 //! Python string/dict methods from minijinja-contrib's pycompat and the
 //! globals HF templates expect.
 
+use super::sandbox::{RenderSandbox, SandboxOptions, WorkerConfig};
 use super::Tokenizer;
 use anyhow::{anyhow, bail, Result};
 use minijinja::{context, Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
 use std::io;
+use std::sync::Arc;
 
 /// Instructions one rendering may execute (minijinja's fuel). Real chat
 /// templates spend a few hundred per message; this stops a runaway loop in
@@ -51,14 +53,43 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String> {
-        let src = self.chat_template().unwrap_or(CHATML_TEMPLATE);
+        if let Some(sb) = self.sandbox.get() {
+            return sb.render(messages, add_generation_prompt);
+        }
+        let c = self.template_config();
         render(
-            src,
+            &c.template,
             messages,
             add_generation_prompt,
-            self.bos_id().and_then(|i| self.token_text(i)).unwrap_or(""),
-            self.eos_id().and_then(|i| self.token_text(i)).unwrap_or(""),
+            &c.bos_token,
+            &c.eos_token,
         )
+    }
+
+    /// The template and the special-token strings it is rendered with.
+    fn template_config(&self) -> WorkerConfig {
+        WorkerConfig {
+            template: self.chat_template().unwrap_or(CHATML_TEMPLATE).to_string(),
+            bos_token: self
+                .bos_id()
+                .and_then(|i| self.token_text(i))
+                .unwrap_or("")
+                .to_string(),
+            eos_token: self
+                .eos_id()
+                .and_then(|i| self.token_text(i))
+                .unwrap_or("")
+                .to_string(),
+        }
+    }
+
+    /// From now on, renders chat templates in worker processes with a
+    /// memory cap (see [`super::sandbox`]). Starts the first worker now.
+    pub fn use_render_sandbox(&self, opts: SandboxOptions) -> Result<()> {
+        let sb = RenderSandbox::new(opts, self.template_config())?;
+        self.sandbox
+            .set(Arc::new(sb))
+            .map_err(|_| anyhow!("the render sandbox is already set"))
     }
 }
 

@@ -13,7 +13,9 @@
 //! control/unknown ones only with `parse_special`.
 
 mod chat;
+pub mod content;
 pub mod pretok;
+pub mod sandbox;
 pub mod spec;
 pub mod spm;
 mod stream;
@@ -22,6 +24,7 @@ pub use chat::{
     render as render_chat_template, ChatMessage, CHATML_TEMPLATE, TEMPLATE_FUEL,
     TEMPLATE_OUTPUT_SLACK,
 };
+pub use content::{ChatPrompt, SpecialsInContent};
 pub use spec::{TokenType, TokenizerModel, TokenizerSpec};
 pub use stream::StreamDecoder;
 
@@ -72,6 +75,9 @@ pub struct Tokenizer {
     add_space_prefix: bool,
     stop_ids: Vec<u32>,
     chat_template: Option<String>,
+    /// Set once by a server: chat templates render in worker processes
+    /// (see [`sandbox`]).
+    sandbox: std::sync::OnceLock<std::sync::Arc<sandbox::RenderSandbox>>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -215,6 +221,7 @@ impl Tokenizer {
             add_space_prefix: spec.add_space_prefix && model == TokenizerModel::Llama,
             stop_ids,
             chat_template: spec.chat_template,
+            sandbox: std::sync::OnceLock::new(),
         })
     }
 
@@ -274,6 +281,19 @@ impl Tokenizer {
     /// as `<|im_start|>` written in the text (user-defined tokens are always
     /// recognised, as in llama.cpp).
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
+        self.encode_with(text, add_special, parse_special, &[])
+    }
+
+    /// [`Self::encode`], where no special token is matched that overlaps one
+    /// of the `protected` byte ranges of `text` (those bytes stay text; see
+    /// [`content`]).
+    pub(crate) fn encode_with(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+        protected: &[std::ops::Range<usize>],
+    ) -> Result<Vec<u32>> {
         let mut out = Vec::new();
         if add_special && self.add_bos {
             out.push(
@@ -284,7 +304,7 @@ impl Tokenizer {
         // SentencePiece prefixes a space to text at the start and after
         // every special token.
         let mut prev_special = true;
-        for frag in self.partition(text, parse_special) {
+        for frag in self.partition(text, parse_special, protected) {
             match frag {
                 Fragment::Token(id) => {
                     out.push(id);
@@ -339,8 +359,14 @@ impl Tokenizer {
     }
 
     /// Splits `text` on special tokens, longest token first, as llama.cpp's
-    /// partitioning does.
-    fn partition<'a>(&self, text: &'a str, parse_special: bool) -> Vec<Fragment<'a>> {
+    /// partitioning does; an occurrence overlapping a `protected` byte range
+    /// of `text` stays text.
+    fn partition<'a>(
+        &self,
+        text: &'a str,
+        parse_special: bool,
+        protected: &[std::ops::Range<usize>],
+    ) -> Vec<Fragment<'a>> {
         let mut frags = vec![Fragment::Text(text)];
         for (tok, id, always) in &self.specials {
             if !(parse_special || *always) {
@@ -350,16 +376,27 @@ impl Tokenizer {
             for f in frags {
                 match f {
                     Fragment::Text(s) if s.contains(tok.as_str()) => {
-                        let mut rest = s;
-                        while let Some(pos) = rest.find(tok.as_str()) {
-                            if pos > 0 {
-                                next.push(Fragment::Text(&rest[..pos]));
+                        // `s` is a subslice of `text`: its offset there.
+                        let base = s.as_ptr() as usize - text.as_ptr() as usize;
+                        let (mut start, mut from) = (0, 0);
+                        while let Some(rel) = s[from..].find(tok.as_str()) {
+                            let pos = from + rel;
+                            let (a, b) = (base + pos, base + pos + tok.len());
+                            if protected.iter().any(|r| a < r.end && r.start < b) {
+                                // Step one char: a later match may start
+                                // inside this one.
+                                from = pos + s[pos..].chars().next().map_or(1, char::len_utf8);
+                                continue;
+                            }
+                            if pos > start {
+                                next.push(Fragment::Text(&s[start..pos]));
                             }
                             next.push(Fragment::Token(*id));
-                            rest = &rest[pos + tok.len()..];
+                            start = pos + tok.len();
+                            from = start;
                         }
-                        if !rest.is_empty() {
-                            next.push(Fragment::Text(rest));
+                        if start < s.len() {
+                            next.push(Fragment::Text(&s[start..]));
                         }
                     }
                     other => next.push(other),
@@ -478,11 +515,18 @@ mod tests {
         spec.token_types = vec![3, 3, 1];
         let t = Tokenizer::new(spec).unwrap();
         let f: Vec<String> = t
-            .partition("x<a><b><a>x", true)
+            .partition("x<a><b><a>x", true, &[])
             .iter()
             .map(|f| format!("{f:?}"))
             .collect();
         assert_eq!(f, ["Text(\"x\")", "Token(1)", "Token(0)", "Text(\"x\")"]);
-        assert_eq!(t.partition("x<a>", false).len(), 1);
+        assert_eq!(t.partition("x<a>", false, &[]).len(), 1);
+        // A protected range keeps the overlapping occurrence as text.
+        let f: Vec<String> = t
+            .partition("x<a><b><a>x", true, &[1..4])
+            .iter()
+            .map(|f| format!("{f:?}"))
+            .collect();
+        assert_eq!(f, ["Text(\"x<a><b>\")", "Token(0)", "Text(\"x\")"]);
     }
 }
