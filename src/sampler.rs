@@ -102,6 +102,39 @@ impl SamplingParams {
     }
 }
 
+/// Logits no token can be chosen from: the model's output is not finite.
+/// Returned (inside `anyhow::Error`) by [`Sampler::sample`]; callers that
+/// know the sequence position downcast it to say where
+/// ([`BadLogits::at_position`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BadLogits {
+    #[error("sample: logit {0} is NaN")]
+    Nan(usize),
+    #[error("sample: logit {0} is +inf")]
+    PosInf(usize),
+}
+
+impl BadLogits {
+    /// The message for a request: what the model produced, for the token at
+    /// `position` of the sequence (prompt tokens included).
+    pub fn at_position(&self, position: usize) -> String {
+        let (what, id) = match self {
+            BadLogits::Nan(i) => ("NaN", i),
+            BadLogits::PosInf(i) => ("+inf", i),
+        };
+        format!(
+            "the model produced {what} logits at position {position} (token id {id}): \
+             its weights or activations are not finite"
+        )
+    }
+
+    /// The message for `e` if it is a [`BadLogits`] error.
+    pub fn message_of(e: &anyhow::Error, position: usize) -> Option<String> {
+        e.downcast_ref::<BadLogits>()
+            .map(|b| b.at_position(position))
+    }
+}
+
 /// Candidate order: logit descending, then id ascending. A total order on
 /// non-NaN logits (inputs are checked) with unique ids.
 fn cand_cmp(a: &(u32, f32), b: &(u32, f32)) -> Ordering {
@@ -156,12 +189,6 @@ impl Sampler {
         if logits.is_empty() {
             bail!("sample: empty logits");
         }
-        if let Some(i) = logits.iter().position(|x| x.is_nan()) {
-            bail!("sample: logit {i} is NaN");
-        }
-        if let Some(i) = logits.iter().position(|&x| x == f32::INFINITY) {
-            bail!("sample: logit {i} is +inf");
-        }
         if logits.len() > u32::MAX as usize {
             bail!(
                 "sample: vocabulary of {} does not fit u32 ids",
@@ -169,8 +196,19 @@ impl Sampler {
             );
         }
         let p = self.params;
-        // `+ 0.0` turns -0.0 into +0.0 so equal logits tie on id only.
-        let mut work: Vec<f32> = logits.iter().map(|&x| x + 0.0).collect();
+        // `+ 0.0` turns -0.0 into +0.0 so equal logits tie on id only. The
+        // copy is the one pass over the row that also rejects a NaN or +inf
+        // (a model whose weights or activations went non-finite).
+        let mut work: Vec<f32> = Vec::with_capacity(logits.len());
+        for (i, &x) in logits.iter().enumerate() {
+            if x.is_nan() {
+                return Err(BadLogits::Nan(i).into());
+            }
+            if x == f32::INFINITY {
+                return Err(BadLogits::PosInf(i).into());
+            }
+            work.push(x + 0.0);
+        }
         self.apply_repetition_penalty(&mut work, history)?;
         if p.temperature == 0.0 {
             // First maximum in id order = ties to the lowest id.

@@ -16,7 +16,7 @@ use super::{
 };
 use crate::kv::{KvManager, SeqId};
 use crate::runner::Runner;
-use crate::sampler::{logprobs, Sampler};
+use crate::sampler::{logprobs, BadLogits, Sampler};
 use crate::scheduler::{PrefillBudget, Scheduler, SchedulerConfig};
 use anyhow::{anyhow, bail, Context, Result};
 use std::collections::{BTreeMap, VecDeque};
@@ -552,10 +552,12 @@ fn sample_one(
     now: Instant,
     metrics: &Metrics,
 ) -> Result<(u32, Option<(EndKind, Event)>), String> {
-    let tok = s
-        .sampler
-        .sample_with(logits, history, u)
-        .map_err(|e| format!("sampling failed: {e:#}"))?;
+    // A NaN or +inf row ends this sequence alone (its caller frees its
+    // blocks); the position is that of the token it was to choose.
+    let tok = s.sampler.sample_with(logits, history, u).map_err(|e| {
+        BadLogits::message_of(&e, history.len())
+            .unwrap_or_else(|| format!("sampling failed: {e:#}"))
+    })?;
     let lp = s.req.top_logprobs.map(|k| {
         let (logprob, top) = logprobs(logits, tok, k);
         TokenLogprobs { logprob, top }

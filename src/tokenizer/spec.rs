@@ -18,8 +18,12 @@ pub enum TokenType {
 }
 
 impl TokenType {
+    /// The largest raw value with a meaning (`Byte`).
+    pub const MAX_RAW: i32 = 6;
+
     /// Maps the raw GGUF value; out-of-range values are treated as
-    /// `Undefined` (llama.cpp does the same: only known bits matter).
+    /// `Undefined` (a spec read from GGUF has none: `from_gguf` rejects
+    /// them).
     pub fn from_i32(v: i32) -> TokenType {
         match v {
             1 => TokenType::Normal,
@@ -136,6 +140,8 @@ impl TokenizerSpec {
             spec.token_types = f
                 .get_i32_array("tokenizer.ggml.token_type")
                 .with_context(|| ctx("tokenizer.ggml.token_type"))?;
+            check_token_types(&spec.token_types, spec.tokens.len())
+                .with_context(|| file.clone())?;
         }
         if kind == TokenizerModel::Gpt2 {
             spec.merges = f
@@ -144,11 +150,29 @@ impl TokenizerSpec {
                 .into_iter()
                 .map(str::to_owned)
                 .collect();
+            // Without merges byte-level BPE never joins two bytes: every
+            // prompt would become one token per byte, silently.
+            if spec.merges.is_empty() {
+                bail!(
+                    "{file}: tokenizer.ggml.merges is empty: a gpt2 (byte-level BPE) \
+                     tokenizer needs its merge list"
+                );
+            }
         }
         if f.get("tokenizer.ggml.scores").is_some() {
             spec.scores = f
                 .get_f32_array("tokenizer.ggml.scores")
                 .with_context(|| ctx("tokenizer.ggml.scores"))?;
+            if spec.scores.len() != spec.tokens.len() {
+                bail!(
+                    "{file}: tokenizer.ggml.scores has {} entries but tokenizer.ggml.tokens has {}",
+                    spec.scores.len(),
+                    spec.tokens.len()
+                );
+            }
+            if let Some(i) = spec.scores.iter().position(|s| s.is_nan()) {
+                bail!("{file}: tokenizer.ggml.scores[{i}] is NaN: expected a number (the token's merge score)");
+            }
         }
         spec.bos_id = f
             .opt_u32("tokenizer.ggml.bos_token_id")
@@ -197,4 +221,27 @@ impl TokenizerSpec {
             .map(|&t| TokenType::from_i32(t))
             .unwrap_or(TokenType::Normal)
     }
+}
+
+/// `tokenizer.ggml.token_type` must give one known type per token.
+fn check_token_types(types: &[i32], n_tokens: usize) -> Result<()> {
+    if types.len() != n_tokens {
+        bail!(
+            "tokenizer.ggml.token_type has {} entries but tokenizer.ggml.tokens has {n_tokens}: \
+             expected one type per token",
+            types.len()
+        );
+    }
+    if let Some((i, v)) = types
+        .iter()
+        .enumerate()
+        .find(|(_, &v)| !(0..=TokenType::MAX_RAW).contains(&v))
+    {
+        bail!(
+            "tokenizer.ggml.token_type[{i}] is {v}: expected 0 to {} (undefined, normal, \
+             unknown, control, user-defined, unused, byte)",
+            TokenType::MAX_RAW
+        );
+    }
+    Ok(())
 }
