@@ -106,7 +106,10 @@ async fn f3_oversize_prompt_is_refused_before_tokenizing() {
     };
     let mut r = rng("f3_oversize");
     let bound = ctx_of(&state) * state.bytes_per_token;
-    assert!(bound < 4 << 20, "the test needs the prompt under the body limit");
+    assert!(
+        bound < 4 << 20,
+        "the test needs the prompt under the body limit"
+    );
     let extra = r.random_range(1..1000);
     let text = words(&mut r, bound + extra);
     let model = state.model_id.clone();
@@ -132,7 +135,11 @@ async fn f3_oversize_prompt_is_refused_before_tokenizing() {
     assert_eq!(resp.body["error"]["code"], "context_length_exceeded");
     // No tokenization: both answers take a fraction of tokenizing
     // hundreds of kilobytes.
-    assert!(t0.elapsed() < Duration::from_millis(500), "{:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t0.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -232,7 +239,9 @@ async fn read_all(s: &mut TcpStream, limit: Duration) -> (String, bool) {
 }
 
 fn status_and_json(raw: &str) -> (u16, Value) {
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or_else(|| panic!("{raw:?}"));
+    let (head, body) = raw
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("{raw:?}"));
     let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
     assert!(
         head.to_ascii_lowercase()
@@ -322,7 +331,10 @@ async fn f4_huge_content_length_gets_413_without_a_body() {
     assert!(t0.elapsed() < Duration::from_secs(3));
     let (status, v) = status_and_json(&raw);
     assert_eq!(status, 413, "{v}");
-    assert!(v["error"]["message"].as_str().unwrap().contains("1000000000000"));
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("1000000000000"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -331,7 +343,11 @@ async fn f4_slow_body_gets_408() {
     let Some(state) = in_process_state("f4_408", 8192, 256) else {
         return;
     };
-    let mut st = AppState::new(state.engine.clone(), state.tok.clone(), state.model_id.clone());
+    let mut st = AppState::new(
+        state.engine.clone(),
+        state.tok.clone(),
+        state.model_id.clone(),
+    );
     st.body_limits.body_read_timeout = Duration::from_millis(800);
     let (addr, _stop) = listen(Arc::new(st), limits(5.0, 64)).await;
     let mut s = TcpStream::connect(&addr).await.unwrap();
@@ -342,7 +358,10 @@ async fn f4_slow_body_gets_408() {
     let (raw, eof) = read_all(&mut s, Duration::from_secs(5)).await;
     assert!(eof, "{raw:?}");
     let took = t0.elapsed();
-    assert!(took >= Duration::from_millis(700) && took < Duration::from_secs(3), "{took:?}");
+    assert!(
+        took >= Duration::from_millis(700) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
     let (status, v) = status_and_json(&raw);
     assert_eq!(status, 408, "{v}");
 }
@@ -359,11 +378,16 @@ async fn f8_framework_errors_are_json() {
     assert!(msg.contains("GET"), "{msg}");
     assert!(r.headers.get("allow").is_some());
     // A chunked body over the limit: 413 JSON.
-    let mut st = AppState::new(state.engine.clone(), state.tok.clone(), state.model_id.clone());
+    let mut st = AppState::new(
+        state.engine.clone(),
+        state.tok.clone(),
+        state.model_id.clone(),
+    );
     st.body_limits.max_body_bytes = 1000;
     let (addr, _stop) = listen(Arc::new(st), limits(5.0, 64)).await;
     let mut s = TcpStream::connect(&addr).await.unwrap();
-    let mut req = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    let mut req =
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
     for _ in 0..3 {
         req.extend_from_slice(b"200\r\n");
         req.extend_from_slice(&[b' '; 0x200]);
@@ -387,7 +411,7 @@ async fn f8_framework_errors_are_json() {
     let mut s = TcpStream::connect(&addr).await.unwrap();
     let big = format!(
         "GET /health HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
-        "a".repeat(quire::server::conn::READ_BUF_BYTES + 10)
+        "a".repeat(2 * quire::server::conn::MAX_HEAD_BYTES)
     );
     let _ = s.write_all(big.as_bytes()).await;
     let (raw, _) = read_all(&mut s, Duration::from_secs(5)).await;
@@ -418,7 +442,13 @@ async fn f8_param_names_and_capped_messages() {
         let resp = call(&state, "POST", "/v1/chat/completions", Some(body)).await;
         error_of(&resp, 400, Some(field));
     }
-    let resp = call(&state, "POST", "/v1/completions", Some(json!({"model": model}))).await;
+    let resp = call(
+        &state,
+        "POST",
+        "/v1/completions",
+        Some(json!({"model": model})),
+    )
+    .await;
     error_of(&resp, 400, Some("prompt"));
     // Context errors name the prompt's field, per endpoint.
     let ctx = ctx_of(&state);
@@ -454,7 +484,11 @@ async fn f8_param_names_and_capped_messages() {
     let resp = call(&state, "POST", "/v1/chat/completions", Some(body)).await;
     assert_eq!(resp.status, 400);
     let msg = resp.body["error"]["message"].as_str().unwrap();
-    assert!(msg.len() <= quire::server::error::MAX_MESSAGE_BYTES, "{}", msg.len());
+    assert!(
+        msg.len() <= quire::server::error::MAX_MESSAGE_BYTES,
+        "{}",
+        msg.len()
+    );
     assert!(msg.contains("truncated"), "{msg}");
 }
 
@@ -570,7 +604,8 @@ async fn f10_requests_beyond_the_kv_pool() {
     error_of(&resp, 400, Some("prompt"));
     // max_tokens omitted on chat: defaults to what the pool leaves.
     let text = words(&mut r, 300);
-    let body = json!({"model": model, "messages": [{"role": "user", "content": text}], "temperature": 0});
+    let body =
+        json!({"model": model, "messages": [{"role": "user", "content": text}], "temperature": 0});
     let resp = call(&state, "POST", "/v1/chat/completions", Some(body)).await;
     assert_eq!(resp.status, StatusCode::OK, "{}", resp.body);
     let u = &resp.body["usage"];

@@ -3,8 +3,7 @@
 //!
 //! hyper answers some malformed requests itself, before any router runs,
 //! with an empty body: 400 (bad request line or header), 414 (URI longer
-//! than the read buffer) and 431 (headers larger than the read buffer,
-//! [`READ_BUF_BYTES`]). Every response the router produces is JSON.
+//! than [`MAX_HEAD_BYTES`]) and 431 (a head larger than it). Every response the router produces is JSON.
 
 use super::error::ApiError;
 use super::AppState;
@@ -23,9 +22,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 
-/// hyper's read buffer per connection, which also bounds the request line
-/// and headers (beyond it: 414 or 431).
-pub const READ_BUF_BYTES: usize = 64 << 10;
+/// Largest request head (line and headers) hyper reads; beyond it hyper
+/// answers 431 (or 414 for a long URI).
+pub const MAX_HEAD_BYTES: usize = 64 << 10;
 
 /// Connections over the cap that may be kept to answer 503 at once; beyond
 /// this many, an over-cap connection is closed without an answer.
@@ -83,7 +82,7 @@ pub async fn serve(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(lim.header_read_timeout)
-        .max_buf_size(READ_BUF_BYTES);
+        .max_header_size(MAX_HEAD_BYTES);
     let mut refuser = http1::Builder::new();
     refuser
         .timer(TokioTimer::new())

@@ -98,7 +98,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(protected)
         // Innermost first: the body is read only for authorized clients;
         // json_errors sees every response, the rejections included.
-        .layer(middleware::from_fn_with_state(state.clone(), body::read_body))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            body::read_body,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(middleware::from_fn(body::json_errors))
         // read_body enforces the limit (with 413 up front).
