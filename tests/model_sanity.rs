@@ -349,8 +349,10 @@ fn nan_logits_end_that_request_with_an_error() {
         top_logprobs: None,
         n: 1,
     };
-    let mut sampled = SamplingParams::default();
-    sampled.seed = 9;
+    let sampled = SamplingParams {
+        seed: 9,
+        ..Default::default()
+    };
     for params in [SamplingParams::greedy(), sampled] {
         let (good1, good2) = (prompt(), prompt());
         let mut bad = prompt();
@@ -388,4 +390,39 @@ fn nan_logits_end_that_request_with_an_error() {
     }
     drop(engine);
     join.join().unwrap();
+}
+
+/// `quire run` on the same model: the NaN is an error naming the position,
+/// with a non-zero exit, not an end of generation.
+#[test]
+fn quire_run_fails_on_nan_logits() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = GgufFile::open(&base(dir.path())).unwrap();
+    let dim = ModelConfig::from_gguf(&g).unwrap().dim;
+    let mut rng = ChaCha8Rng::seed_from_u64(21);
+    let at = rng.random_range(0..dim);
+    let p = variant(dir.path(), "general.name", None, &|name, x| {
+        if name == "output_norm.weight" {
+            x[at] = f32::NAN;
+        }
+    });
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_quire"))
+        .args([
+            "run",
+            "--raw",
+            "-p",
+            "hello",
+            "--temperature",
+            "0",
+            "-t",
+            "2",
+            "-m",
+        ])
+        .arg(&p)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    // "hello" is 5 byte-level tokens (no merge applies, no BOS).
+    assert!(stderr.contains("NaN logits at position 5"), "{stderr}");
 }

@@ -4,8 +4,9 @@ use super::{ModelArgs, SamplingArgs};
 use crate::engine::{generate, GenStats, GenerateOptions};
 use crate::kv::SeqId;
 use crate::runner::Runner;
+use crate::sampler::BadLogits;
 use crate::tokenizer::{ChatMessage, StreamDecoder, Tokenizer};
-use anyhow::Result;
+use anyhow::{anyhow, Result};
 use clap::Args;
 use std::io::{BufRead, Write};
 
@@ -63,7 +64,9 @@ fn stream_reply(
     let mut text = String::new();
     let stops = opts.stop_ids.clone();
     let mut stdout = std::io::stdout();
-    let (_, stats) = generate(runner, seq, prompt, opts, &mut |t| {
+    let mut received = 0usize;
+    let r = generate(runner, seq, prompt, opts, &mut |t| {
+        received += 1;
         if !stops.contains(&t) {
             if let Some(piece) = dec.push(t)? {
                 text.push_str(&piece);
@@ -72,7 +75,18 @@ fn stream_reply(
             }
         }
         Ok(true)
-    })?;
+    });
+    let (_, stats) = match r {
+        Ok(r) => r,
+        Err(e) => {
+            // The position of the token the bad logits were to choose.
+            println!();
+            return Err(match BadLogits::message_of(&e, prompt.len() + received) {
+                Some(m) => anyhow!(m),
+                None => e,
+            });
+        }
+    };
     if let Some(rest) = dec.finish() {
         text.push_str(&rest);
         stdout.write_all(rest.as_bytes())?;
