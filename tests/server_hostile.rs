@@ -20,11 +20,7 @@ use tower::ServiceExt;
 
 /// The tests of this file run one at a time: several assert latencies,
 /// which other tests' tokenization on the same cores would blur.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn rng(test: &str) -> ChaCha8Rng {
     let seed: u64 = rand::random();
@@ -100,7 +96,7 @@ fn ctx_of(state: &AppState) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f3_oversize_prompt_is_refused_before_tokenizing() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let Some(state) = in_process_state("f3_oversize", 8192, 256) else {
         return;
     };
@@ -144,7 +140,7 @@ async fn f3_oversize_prompt_is_refused_before_tokenizing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f3_health_answers_while_prompts_tokenize() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let Some(state) = in_process_state("f3_health", 8192, 256) else {
         return;
     };
@@ -254,7 +250,7 @@ fn status_and_json(raw: &str) -> (u16, Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f4_slow_header_client_is_closed() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let Some(state) = in_process_state("f4_slow_header", 8192, 256) else {
         return;
     };
@@ -284,7 +280,7 @@ async fn f4_slow_header_client_is_closed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f4_connection_over_cap_gets_503() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let Some(state) = in_process_state("f4_cap", 8192, 256) else {
         return;
     };
@@ -318,7 +314,7 @@ async fn f4_connection_over_cap_gets_503() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f4_huge_content_length_gets_413_without_a_body() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let Some(state) = in_process_state("f4_413", 8192, 256) else {
         return;
     };
@@ -339,7 +335,7 @@ async fn f4_huge_content_length_gets_413_without_a_body() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f4_slow_body_gets_408() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let Some(state) = in_process_state("f4_408", 8192, 256) else {
         return;
     };
@@ -368,7 +364,7 @@ async fn f4_slow_body_gets_408() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f8_framework_errors_are_json() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let Some(state) = in_process_state("f8_framework", 8192, 256) else {
         return;
     };
@@ -422,7 +418,7 @@ async fn f8_framework_errors_are_json() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f8_param_names_and_capped_messages() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let Some(state) = in_process_state("f8_params", 8192, 256) else {
         return;
     };
@@ -494,7 +490,7 @@ async fn f8_param_names_and_capped_messages() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f5_unimplemented_parameters_are_refused() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let Some(state) = in_process_state("f5_params", 8192, 256) else {
         return;
     };
@@ -554,7 +550,7 @@ async fn f5_unimplemented_parameters_are_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f9_n_over_the_queue_is_a_400() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let max_queue = 3;
     let Some(state) = in_process_state("f9_n", 8192, max_queue) else {
         return;
@@ -575,7 +571,7 @@ async fn f9_n_over_the_queue_is_a_400() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f10_requests_beyond_the_kv_pool() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let kv = 256;
     let Some(state) = in_process_state("f10_kv", kv, 256) else {
         return;

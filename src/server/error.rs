@@ -194,6 +194,18 @@ impl ApiError {
     }
 }
 
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.status, Json(self.body())).into_response();
+        if let Some(s) = self.retry_after {
+            if let Ok(v) = HeaderValue::from_str(&s.to_string()) {
+                r.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+        }
+        r
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,17 +223,5 @@ mod tests {
                 assert!(m.starts_with(c.split(" … [truncated").next().unwrap()));
             }
         }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut r = (self.status, Json(self.body())).into_response();
-        if let Some(s) = self.retry_after {
-            if let Ok(v) = HeaderValue::from_str(&s.to_string()) {
-                r.headers_mut().insert(header::RETRY_AFTER, v);
-            }
-        }
-        r
     }
 }
