@@ -3,7 +3,8 @@
 //!
 //! hyper answers some malformed requests itself, before any router runs,
 //! with an empty body: 400 (bad request line or header), 414 (URI longer
-//! than [`MAX_HEAD_BYTES`]) and 431 (a head larger than it). Every response the router produces is JSON.
+//! than [`MAX_HEAD_BYTES`]) and 431 (a head larger than it). Every
+//! response the router produces is JSON.
 
 use super::error::ApiError;
 use super::AppState;
