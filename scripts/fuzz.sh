@@ -11,7 +11,7 @@ set -u
 cd "$(dirname "$0")/.."
 
 minutes=${1:-10}
-cases=${2:-2000}
+cases=${2:-10000}
 # A run of $cases cases per target takes a few minutes on two cores; one
 # still going after this long counts as a hang.
 run_limit=900

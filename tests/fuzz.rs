@@ -16,7 +16,7 @@ fn fuzz_gguf_load() {
     let bases = gguf::bases();
     let dir = tempfile::tempdir().unwrap();
     let loaded = AtomicU32::new(0);
-    let cfg = config(300);
+    let cfg = config(3000);
     let cases = cfg.cases;
     let mut runner = TestRunner::new(cfg);
     let res = runner.run(&gguf::case(), |(seed, muts)| {
@@ -45,7 +45,7 @@ fn fuzz_gguf_load() {
 
 #[test]
 fn fuzz_chat_template() {
-    let cfg = config(2000);
+    let cfg = config(10_000);
     let cases = cfg.cases;
     let rendered = AtomicU32::new(0);
     let mut runner = TestRunner::new(cfg);
@@ -70,7 +70,7 @@ fn fuzz_chat_template() {
 #[test]
 fn fuzz_http_router() {
     let Some(t) = http::target() else { return };
-    let cfg = config(300);
+    let cfg = config(3000);
     let cases = cfg.cases;
     let mut runner = TestRunner::new(cfg);
     let res = runner.run(&http::case(), |r| http::check(t, &r));

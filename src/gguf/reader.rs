@@ -240,13 +240,14 @@ fn parse(path: PathBuf, mmap: Mmap) -> Result<GgufFile, GgufError> {
     for i in 0..n_kv {
         let at = c.pos;
         let key = c.strict_string(&format!("metadata key #{i}"))?;
-        let ty = c.u32(&key)?;
-        let value = c.value(ty, 0, &key)?;
+        let shown = clip(&key);
+        let ty = c.u32(&shown)?;
+        let value = c.value(ty, 0, &shown)?;
         if key_index.insert(key.clone(), metadata.len()).is_some() {
             return Err(GgufError::Malformed {
                 path: path.clone(),
                 offset: at as u64,
-                msg: format!("duplicate metadata key '{key}'"),
+                msg: format!("duplicate metadata key '{shown}'"),
             });
         }
         metadata.push((key, value));
@@ -280,7 +281,7 @@ fn parse(path: PathBuf, mmap: Mmap) -> Result<GgufFile, GgufError> {
             return Err(GgufError::Malformed {
                 path: path.clone(),
                 offset: at,
-                msg: format!("duplicate tensor name '{}'", t.name),
+                msg: format!("duplicate tensor name '{}'", clip(&t.name)),
             });
         }
         tensors.push(t);
@@ -311,10 +312,11 @@ fn read_tensor_info(
 ) -> Result<TensorInfo, GgufError> {
     let bad = |msg: String| GgufError::BadTensor {
         path: path.to_path_buf(),
-        tensor: name.clone(),
+        tensor: clip(&name),
         msg,
     };
-    let n_dims = c.u32(&name)?;
+    let shown = clip(&name);
+    let n_dims = c.u32(&shown)?;
     if n_dims == 0 || n_dims as usize > MAX_DIMS {
         return Err(bad(format!(
             "{n_dims} dimensions (GGML allows 1 to {MAX_DIMS})"
@@ -322,10 +324,10 @@ fn read_tensor_info(
     }
     let mut dims = Vec::with_capacity(n_dims as usize);
     for _ in 0..n_dims {
-        dims.push(c.u64(&name)?);
+        dims.push(c.u64(&shown)?);
     }
-    let type_raw = c.u32(&name)?;
-    let offset = c.u64(&name)?;
+    let type_raw = c.u32(&shown)?;
+    let offset = c.u64(&shown)?;
     let ty = GgmlType::from_id(type_raw)
         .ok()
         .filter(|&t| is_weight_type(t))
@@ -416,4 +418,18 @@ fn check_tensor_placement(
         }
     }
     Ok(())
+}
+
+/// A key or tensor name as error messages show it: a misread length can
+/// make a "name" of megabytes, and the message must stay short.
+fn clip(s: &str) -> String {
+    const MAX: usize = 120;
+    if s.len() <= MAX {
+        return s.to_string();
+    }
+    let mut end = MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes)", &s[..end], s.len())
 }

@@ -356,7 +356,7 @@ fn body_json(r: &Req, model_id: &str) -> Value {
                 obj.insert(k.into(), val.clone());
             }
             JMut::Inner { at, key, val } => {
-                let target = obj.get_mut("messages").or_else(|| None);
+                let target = obj.get_mut("messages");
                 if let Some(Value::Array(items)) = target {
                     if !items.is_empty() {
                         let n = items.len();
