@@ -426,3 +426,96 @@ fn quire_run_fails_on_nan_logits() {
     // "hello" is 5 byte-level tokens (no merge applies, no BOS).
     assert!(stderr.contains("NaN logits at position 5"), "{stderr}");
 }
+
+/// One HTTP/1.1 request to `addr` (the connection closes after it):
+/// the status and the body.
+fn post(addr: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out[9..12].parse().unwrap();
+    let body = out
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (status, body)
+}
+
+/// `quire serve` on a model whose logits are NaN: a completion answers 500
+/// with OpenAI's error object, a streamed one an error event, both naming
+/// the position.
+#[test]
+fn serve_answers_nan_logits_with_an_error() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let g = GgufFile::open(&base(dir.path())).unwrap();
+    let dim = ModelConfig::from_gguf(&g).unwrap().dim;
+    let at = ChaCha8Rng::seed_from_u64(8).random_range(0..dim);
+    let p = variant(dir.path(), "general.name", None, &|name, x| {
+        if name == "output_norm.weight" {
+            x[at] = f32::NAN;
+        }
+    });
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_quire"))
+        .args([
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "-t",
+            "2",
+            "--model",
+        ])
+        .arg(&p)
+        .env_remove("QUIRE_API_KEY")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if let Some(rest) = line.split("listening on http://").nth(1) {
+                let _ = tx.send(rest.trim().to_string());
+            }
+        }
+    });
+    let addr = rx.recv_timeout(Duration::from_secs(120));
+    let result = std::panic::catch_unwind(|| {
+        let addr = addr.expect("quire serve did not start");
+        let model = p.file_stem().unwrap().to_string_lossy();
+        let req = format!(
+            r#"{{"model": "{model}", "prompt": "hello", "max_tokens": 4, "temperature": 0}}"#
+        );
+        let (status, body) = post(&addr, "/v1/completions", &req);
+        assert_eq!(status, 500, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let msg = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains("NaN logits at position 5"), "{body}");
+        let req = req.replace("\"temperature\"", "\"stream\": true, \"temperature\"");
+        let (status, body) = post(&addr, "/v1/completions", &req);
+        assert_eq!(status, 200, "{body}");
+        assert!(
+            body.contains("\"error\"") && body.contains("NaN logits at position 5"),
+            "{body}"
+        );
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
