@@ -5,7 +5,7 @@ use crate::engine::{generate, GenStats, GenerateOptions};
 use crate::kv::SeqId;
 use crate::runner::Runner;
 use crate::sampler::BadLogits;
-use crate::tokenizer::{ChatMessage, StreamDecoder, Tokenizer};
+use crate::tokenizer::{ChatMessage, SpecialsInContent, StreamDecoder, Tokenizer};
 use anyhow::{anyhow, Result};
 use clap::Args;
 use std::io::{BufRead, Write};
@@ -122,8 +122,10 @@ pub fn run(a: RunArgs) -> Result<()> {
             role: "user".into(),
             content: a.prompt.clone(),
         });
-        let text = tok.apply_chat_template(&msgs, true)?;
-        tok.encode(&text, false, true)?
+        // Contents are data here too: control-token text in the prompt
+        // stays text (a prompt may come from anywhere).
+        let p = tok.render_chat(&msgs, true, SpecialsInContent::AsText)?;
+        tok.encode_chat(&p)?
     };
     let opts = gen_opts(&tok, &a.sampling, a.ubatch);
     let (_, stats) = stream_reply(&mut runner, &tok, SeqId(0), &prompt, &opts)?;
@@ -164,8 +166,8 @@ pub fn chat(a: ChatArgs) -> Result<()> {
             role: "user".into(),
             content: line.to_string(),
         });
-        let text = tok.apply_chat_template(&msgs, true)?;
-        let prompt = tok.encode(&text, false, true)?;
+        let p = tok.render_chat(&msgs, true, SpecialsInContent::AsText)?;
+        let prompt = tok.encode_chat(&p)?;
         // Each turn re-prefills the conversation as a fresh sequence.
         let (reply, stats) = stream_reply(&mut runner, &tok, SeqId(turn), &prompt, &opts)?;
         print_stats(&stats);

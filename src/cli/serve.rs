@@ -4,6 +4,8 @@ use super::ModelArgs;
 use crate::scheduler::PrefillCap;
 use crate::serve::EngineConfig;
 use crate::server::{AppState, BodyLimits, ConnLimits, ServerOptions};
+use crate::tokenizer::sandbox::SandboxOptions;
+use crate::tokenizer::SpecialsInContent;
 use anyhow::{Context, Result};
 use clap::Args;
 use std::io::Write;
@@ -70,6 +72,17 @@ pub struct ServeArgs {
     /// Content-Length says so).
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
+    /// Let control-token text in chat message contents become control
+    /// tokens (as the template's own markup does). Off: such text is
+    /// tokenized as plain text, so a client cannot open a fake system turn.
+    /// Only for clients you trust.
+    #[arg(long)]
+    pub trust_special_tokens: bool,
+    /// Render chat templates in this process instead of memory-capped
+    /// worker processes (a template that builds a huge string can then
+    /// abort the server). For debugging templates.
+    #[arg(long)]
+    pub no_template_sandbox: bool,
 }
 
 /// A positive, finite number of seconds.
@@ -123,7 +136,17 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     };
     let mode = format!("{:?}", a.model.mode).to_lowercase();
     let (engine, join) = crate::serve::spawn(runner, cfg)?;
+    if !a.no_template_sandbox {
+        let exe =
+            std::env::current_exe().context("finding the quire binary for template workers")?;
+        tok.use_render_sandbox(SandboxOptions::new(exe)).context(
+            "starting the chat template sandbox (--no-template-sandbox renders in process)",
+        )?;
+    }
     let mut state = AppState::new(engine, Arc::new(tok), model_id);
+    if a.trust_special_tokens {
+        state.specials_in_content = SpecialsInContent::Trusted;
+    }
     state.fingerprint = format!("quire-{}-{mode}", env!("CARGO_PKG_VERSION"));
     state.api_key = api_key;
     state.body_limits = BodyLimits {

@@ -7,7 +7,7 @@ use super::error::ApiError;
 use super::text::LpEntry;
 use super::AppState;
 use crate::serve::SubmitError;
-use crate::tokenizer::{ChatMessage, Tokenizer};
+use crate::tokenizer::{ChatMessage, SpecialsInContent, Tokenizer};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -119,9 +119,11 @@ async fn chat_inner(state: Arc<AppState>, body: Bytes) -> Result<Response, ApiEr
     // Off the async runtime, in one blocking task: a hostile template may
     // burn its whole budget, and a long prompt tokenizes for a long time.
     let st = state.clone();
-    let prompt = tokio::task::spawn_blocking(move || chat_prompt_ids(&st.tok, &msgs))
-        .await
-        .map_err(|e| ApiError::internal(format!("chat prompt task: {e}")))??;
+    let prompt = tokio::task::spawn_blocking(move || {
+        chat_prompt_ids(&st.tok, &msgs, st.specials_in_content)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("chat prompt task: {e}")))??;
     let max = req.max_completion_tokens.or(req.common.max_tokens);
     let prep = api::prepare(
         &req.common,
@@ -135,14 +137,19 @@ async fn chat_inner(state: Arc<AppState>, body: Bytes) -> Result<Response, ApiEr
 }
 
 /// The chat prompt's token ids: the template rendered over `msgs`, then
-/// tokenized (special tokens in the rendered text are parsed). Blocking:
-/// the one step of the chat path that runs on the blocking pool; whatever
-/// turns messages into ids belongs here, whole.
-fn chat_prompt_ids(tok: &Tokenizer, msgs: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
-    let text = tok
-        .apply_chat_template(msgs, true)
+/// tokenized; control-token text in message contents stays text unless the
+/// server trusts its clients (`--trust-special-tokens`). Blocking: the one
+/// step of the chat path that runs on the blocking pool; whatever turns
+/// messages into ids belongs here, whole.
+fn chat_prompt_ids(
+    tok: &Tokenizer,
+    msgs: &[ChatMessage],
+    policy: SpecialsInContent,
+) -> Result<Vec<u32>, ApiError> {
+    let p = tok
+        .render_chat(msgs, true, policy)
         .map_err(|e| ApiError::bad_request(format!("chat template: {e:#}"), Some("messages")))?;
-    tok.encode(&text, false, true)
+    tok.encode_chat(&p)
         .map_err(|e| ApiError::bad_request(format!("cannot tokenize: {e:#}"), Some("messages")))
 }
 

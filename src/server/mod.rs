@@ -23,7 +23,7 @@ pub use body::BodyLimits;
 pub use conn::ConnLimits;
 
 use crate::serve::EngineHandle;
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{SpecialsInContent, Tokenizer};
 use anyhow::{Context, Result};
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
@@ -53,6 +53,9 @@ pub struct AppState {
     /// check ([`api::bytes_per_token_bound`]).
     pub bytes_per_token: usize,
     pub body_limits: BodyLimits,
+    /// Whether control-token text in message contents becomes control
+    /// tokens (`--trust-special-tokens`); text by default.
+    pub specials_in_content: SpecialsInContent,
 }
 
 impl AppState {
@@ -72,6 +75,7 @@ impl AppState {
             next_id: AtomicU64::new(0),
             shutting_down: AtomicBool::new(false),
             body_limits: BodyLimits::default(),
+            specials_in_content: SpecialsInContent::AsText,
         }
     }
 }

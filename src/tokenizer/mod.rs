@@ -523,7 +523,7 @@ mod tests {
         assert_eq!(t.partition("x<a>", false, &[]).len(), 1);
         // A protected range keeps the overlapping occurrence as text.
         let f: Vec<String> = t
-            .partition("x<a><b><a>x", true, &[1..4])
+            .partition("x<a><b><a>x", true, &[std::ops::Range { start: 1, end: 4 }])
             .iter()
             .map(|f| format!("{f:?}"))
             .collect();
