@@ -7,6 +7,7 @@ pub mod attention;
 pub mod attention_avx2;
 pub mod dequant;
 pub mod dot;
+pub mod gdn;
 pub mod get_rows;
 pub mod kv_write;
 pub mod matmul;
