@@ -74,7 +74,7 @@ impl DeltaShape {
             "gated_delta_rule: zero size in h_k {h_k}, h_v {h_v}, d_k {d_k}, d_v {d_v}"
         );
         ensure!(
-            h_v % h_k == 0,
+            h_v.is_multiple_of(h_k),
             "gated_delta_rule: h_v {h_v} is not a multiple of h_k {h_k}"
         );
         Ok(())
@@ -97,8 +97,9 @@ impl DeltaShape {
         h * self.d_k * self.d_v + j * self.d_k + i
     }
 
-    /// Tokens in a call with `g.len() == g_len`, after checking every
+    /// Tokens in a call (`g` elements / h_v), after checking every
     /// argument length against the shape.
+    #[allow(clippy::too_many_arguments)]
     fn check_args(
         &self,
         q: usize,
@@ -112,7 +113,7 @@ impl DeltaShape {
         self.validate()?;
         let DeltaShape { h_k, h_v, d_k, d_v } = *self;
         ensure!(
-            g % h_v == 0,
+            g.is_multiple_of(h_v),
             "gated_delta_rule: g has {g} elements, not a multiple of h_v {h_v}"
         );
         let t = g / h_v;
@@ -179,7 +180,7 @@ pub fn causal_conv1d_silu(
         "causal_conv1d: zero size in channels {channels}, kernel {kernel}"
     );
     ensure!(
-        x.len() % channels == 0,
+        x.len().is_multiple_of(channels),
         "causal_conv1d: x has {} elements, not a multiple of channels {channels}",
         x.len()
     );
@@ -281,7 +282,7 @@ pub fn gated_rms_norm(
         w.len()
     );
     ensure!(
-        x.len() % head_dim == 0 && z.len() == x.len() && out.len() == x.len(),
+        x.len().is_multiple_of(head_dim) && z.len() == x.len() && out.len() == x.len(),
         "gated_rms_norm: x {}, z {}, out {} elements; expected equal multiples of head_dim {head_dim}",
         x.len(),
         z.len(),
@@ -384,7 +385,7 @@ pub fn gdn_gates(
         ssm_a.len()
     );
     ensure!(
-        a.len() % h_v == 0 && b.len() == a.len() && g_out.len() == a.len() && beta_out.len() == a.len(),
+        a.len().is_multiple_of(h_v) && b.len() == a.len() && g_out.len() == a.len() && beta_out.len() == a.len(),
         "gdn_gates: a {}, b {}, g_out {}, beta_out {} elements; expected equal multiples of h_v {h_v}",
         a.len(),
         b.len(),

@@ -13,7 +13,7 @@
 //! A[i][j] = (Σ_m (beta_i k_i[m]) k_j[m]) * exp(G[i] - G[j])     j < i  (mask before exp)
 //! U[i]    = beta_i v_i          - Σ_{j<i} A[i][j] U[j]          forward substitution:
 //! W[i]    = beta_i k_i exp(G[i]) - Σ_{j<i} A[i][j] W[j]         U = (I + A)^-1 diag(beta) V, ...
-//! V'[i]   = U[i] - Wᵀ-row-i · S                         (V'[i][c] = U[i][c] - Σ_m W[i][m] S[m][c])
+//! V'[i][c] = U[i][c] - Σ_m W[i][m] S[m][c]                     (S: the chunk-start state)
 //! M[i][j] = (Σ_m qs_i[m] k_j[m]) * exp(G[i] - G[j])             j <= i
 //! O[i][c] = exp(G[i]) * Σ_m qs_i[m] S[m][c] + Σ_{j<=i} M[i][j] V'[j][c]
 //! S[m][c] = exp(G[L-1]) * S[m][c] + Σ_j (exp(G[L-1] - G[j]) * k_j[m]) * V'[j][c]
