@@ -9,7 +9,7 @@ use std::path::PathBuf;
 #[derive(Args, Debug)]
 pub struct SynthArgs {
     /// Shape name (e.g. SmolLM2-135M, Llama-3.2-1B, Llama-3.1-8B,
-    /// Qwen2.5-7B); `--list` shows all.
+    /// Qwen2.5-7B, Qwen3.5-9B); `--list` shows all.
     #[arg(long, required_unless_present = "list")]
     pub shape: Option<String>,
     /// Weight type of the matrices: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1,

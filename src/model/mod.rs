@@ -8,7 +8,8 @@ pub mod weights;
 /// The host KV storage (owned by `kv`), re-exported for the graph.
 pub use crate::kv::KvStorage;
 pub use arch::llama::LlamaModel;
-pub use config::{Arch, ModelConfig};
+pub use arch::qwen35::Qwen35Model;
+pub use config::{Arch, GdnConfig, ModelConfig};
 
 /// The inputs of one step (defined by dispatch, which runs them).
 pub use crate::dispatch::StepInput;

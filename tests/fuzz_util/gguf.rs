@@ -37,6 +37,7 @@ fn tiny_shape(arch: &'static str, vocab: usize, tied: bool) -> SynthShape {
         context_length: 256,
         rope_base: 10000.0,
         tied,
+        gdn: None,
     }
 }
 

@@ -129,18 +129,7 @@ impl LlamaModel {
             });
             progress(i + 1, cfg.n_layers);
         }
-        let half = cfg.rope_dim / 2;
-        let mut inv_freq: Vec<f32> = (0..half)
-            .map(|i| {
-                (1.0f64 / (cfg.rope_base as f64).powf(2.0 * i as f64 / cfg.rope_dim as f64)) as f32
-            })
-            .collect();
-        // Llama 3.1+ long-context scaling ships as per-frequency divisors.
-        if let Some(factors) = optional_vector(g, "rope_freqs.weight", half)? {
-            for (f, s) in inv_freq.iter_mut().zip(&factors) {
-                *f = (*f as f64 / *s as f64) as f32;
-            }
-        }
+        let inv_freq = cfg.rope_inv_freq(g)?;
         Ok(LlamaModel {
             cfg,
             weights: LlamaWeights {

@@ -1,3 +1,4 @@
 //! One file per architecture graph.
 
 pub mod llama;
+pub mod qwen35;

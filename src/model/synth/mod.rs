@@ -10,11 +10,14 @@ use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 use std::path::Path;
 
+mod qwen35;
+pub use qwen35::SynthGdn;
+
 /// The shape of a model to synthesize.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SynthShape {
     pub name: &'static str,
-    /// GGUF architecture: llama, qwen2 or qwen3.
+    /// GGUF architecture: llama, qwen2, qwen3 or qwen35.
     pub arch: &'static str,
     pub n_layers: usize,
     pub dim: usize,
@@ -26,6 +29,8 @@ pub struct SynthShape {
     pub context_length: usize,
     pub rope_base: f32,
     pub tied: bool,
+    /// The Gated DeltaNet part of a qwen35 shape; None for the others.
+    pub gdn: Option<SynthGdn>,
 }
 
 // A const constructor for the table below: positional arguments keep each
@@ -56,6 +61,7 @@ const fn shape(
         context_length,
         rope_base,
         tied,
+        gdn: None,
     }
 }
 
@@ -171,6 +177,15 @@ pub const SHAPES: &[SynthShape] = &[
         1000000.0,
         false,
     ),
+    // Qwen3.5 dense (spec'd in model/synth/qwen35.rs): layers, dim,
+    // (heads, kv heads), ffn, value heads, tied.
+    qwen35::shape("Qwen3.5-0.8B", 24, 1024, (8, 2), 3584, 16, true),
+    qwen35::shape("Qwen3.5-2B", 24, 2048, (8, 2), 6144, 16, true),
+    qwen35::shape("Qwen3.5-4B", 32, 2560, (16, 4), 9216, 32, true),
+    qwen35::shape("Qwen3.5-9B", 32, 4096, (16, 4), 12288, 32, false),
+    qwen35::shape("Qwen3.5-27B", 64, 5120, (24, 4), 17408, 48, false),
+    qwen35::TINY,
+    qwen35::TINY_MTP,
 ];
 
 pub fn find_shape(name: &str) -> Result<&'static SynthShape> {
@@ -224,6 +239,36 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
+/// Adds a random (rows, cols) matrix in `ty`, std 1/sqrt(cols) so a
+/// product keeps O(1) activations.
+fn add_matrix(
+    w: &mut GgufWriter,
+    name: &str,
+    (rows, cols): (usize, usize),
+    ty: GgmlType,
+    seed: u64,
+) -> Result<()> {
+    let std = 1.0 / (cols as f32).sqrt();
+    let data = matrix(seed, rows, cols, std, ty).with_context(|| format!("tensor {name}"))?;
+    w.add_tensor(name, &[cols as u64, rows as u64], ty, data)?;
+    Ok(())
+}
+
+/// Adds an F32 vector of `n` normal samples around `mean`.
+fn add_vector(
+    w: &mut GgufWriter,
+    name: &str,
+    n: usize,
+    seed: u64,
+    mean: f32,
+    std: f32,
+) -> Result<()> {
+    let mut r = ChaCha8Rng::seed_from_u64(seed);
+    let v = normals(&mut r, n, std, mean);
+    w.add_tensor(name, &[n as u64], GgmlType::F32, f32_bytes(&v))?;
+    Ok(())
+}
+
 /// GPT-2's byte-to-unicode table: printable stand-ins for every byte.
 fn byte_tokens() -> Vec<String> {
     let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32)
@@ -263,7 +308,9 @@ pub fn write_model(path: &Path, s: &SynthShape, ty: GgmlType, seed: u64) -> Resu
         GgufValue::String(format!("synthetic {}", s.name)),
     );
     w.add_kv("general.alignment", GgufValue::U32(32));
-    w.add_kv(kv("block_count"), GgufValue::U32(s.n_layers as u32));
+    // qwen35 counts its MTP blocks in block_count.
+    let n_blocks = s.n_layers + s.gdn.as_ref().map_or(0, |h| h.nextn);
+    w.add_kv(kv("block_count"), GgufValue::U32(n_blocks as u32));
     w.add_kv(
         kv("context_length"),
         GgufValue::U32(s.context_length as u32),
@@ -284,11 +331,12 @@ pub fn write_model(path: &Path, s: &SynthShape, ty: GgmlType, seed: u64) -> Resu
         GgufValue::U32(s.head_dim as u32),
     );
     w.add_kv(kv("rope.freq_base"), GgufValue::F32(s.rope_base));
-    w.add_kv(
-        kv("rope.dimension_count"),
-        GgufValue::U32(s.head_dim as u32),
-    );
+    let rope_dim = s.gdn.as_ref().map_or(s.head_dim, |h| h.rope_dim);
+    w.add_kv(kv("rope.dimension_count"), GgufValue::U32(rope_dim as u32));
     w.add_kv(kv("attention.layer_norm_rms_epsilon"), GgufValue::F32(1e-6));
+    if let Some(h) = &s.gdn {
+        qwen35::add_keys(&mut w, s, h);
+    }
 
     let mut tokens = byte_tokens();
     let specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
@@ -304,7 +352,8 @@ pub fn write_model(path: &Path, s: &SynthShape, ty: GgmlType, seed: u64) -> Resu
         types.push(4);
     }
     w.add_kv("tokenizer.ggml.model", GgufValue::String("gpt2".into()));
-    w.add_kv("tokenizer.ggml.pre", GgufValue::String("default".into()));
+    let pre = if s.gdn.is_some() { "qwen35" } else { "default" };
+    w.add_kv("tokenizer.ggml.pre", GgufValue::String(pre.into()));
     w.add_kv(
         "tokenizer.ggml.tokens",
         GgufValue::Array(tokens.into_iter().map(GgufValue::String).collect()),
@@ -329,45 +378,59 @@ pub fn write_model(path: &Path, s: &SynthShape, ty: GgmlType, seed: u64) -> Resu
 
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut next_seed = move || rng.random::<u64>();
+    let d = s.dim;
+    // Embeddings: unit variance so the first norm sees O(1) activations.
+    {
+        let data = matrix(next_seed(), s.vocab, d, 1.0, ty).context("tensor token_embd.weight")?;
+        w.add_tensor("token_embd.weight", &[d as u64, s.vocab as u64], ty, data)?;
+    }
+    match &s.gdn {
+        Some(h) => qwen35::add_layers(&mut w, s, h, ty, &mut next_seed)?,
+        None => add_llama_layers(&mut w, s, ty, &mut next_seed)?,
+    }
+    add_vector(&mut w, "output_norm.weight", d, next_seed(), 1.0, 0.1)?;
+    if !s.tied {
+        add_matrix(&mut w, "output.weight", (s.vocab, d), ty, next_seed())?;
+    }
+    w.write_to(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+/// The layers of the llama family (llama, qwen2's q/k/v biases, qwen3's
+/// q/k norms).
+fn add_llama_layers(
+    w: &mut GgufWriter,
+    s: &SynthShape,
+    ty: GgmlType,
+    next_seed: &mut dyn FnMut() -> u64,
+) -> Result<()> {
+    let a = s.arch;
     let (d, q, kvd, f) = (
         s.dim,
         s.n_heads * s.head_dim,
         s.n_kv_heads * s.head_dim,
         s.ffn_dim,
     );
-    let mat = |w: &mut GgufWriter, name: &str, rows: usize, cols: usize, sd: u64| -> Result<()> {
-        let std = 1.0 / (cols as f32).sqrt();
-        let data = matrix(sd, rows, cols, std, ty).with_context(|| format!("tensor {name}"))?;
-        w.add_tensor(name, &[cols as u64, rows as u64], ty, data)?;
-        Ok(())
+    let mat = |w: &mut GgufWriter, name: &str, rows: usize, cols: usize, sd: u64| {
+        add_matrix(w, name, (rows, cols), ty, sd)
     };
-    let vecf =
-        |w: &mut GgufWriter, name: &str, n: usize, sd: u64, mean: f32, std: f32| -> Result<()> {
-            let mut r = ChaCha8Rng::seed_from_u64(sd);
-            let v = normals(&mut r, n, std, mean);
-            w.add_tensor(name, &[n as u64], GgmlType::F32, f32_bytes(&v))?;
-            Ok(())
-        };
-    // Embeddings: unit variance so the first norm sees O(1) activations.
-    {
-        let data = matrix(next_seed(), s.vocab, d, 1.0, ty).context("tensor token_embd.weight")?;
-        w.add_tensor("token_embd.weight", &[d as u64, s.vocab as u64], ty, data)?;
-    }
+    let vecf = add_vector;
     for i in 0..s.n_layers {
         let n = |x: &str| format!("blk.{i}.{x}");
-        vecf(&mut w, &n("attn_norm.weight"), d, next_seed(), 1.0, 0.1)?;
-        mat(&mut w, &n("attn_q.weight"), q, d, next_seed())?;
-        mat(&mut w, &n("attn_k.weight"), kvd, d, next_seed())?;
-        mat(&mut w, &n("attn_v.weight"), kvd, d, next_seed())?;
-        mat(&mut w, &n("attn_output.weight"), d, q, next_seed())?;
+        vecf(w, &n("attn_norm.weight"), d, next_seed(), 1.0, 0.1)?;
+        mat(w, &n("attn_q.weight"), q, d, next_seed())?;
+        mat(w, &n("attn_k.weight"), kvd, d, next_seed())?;
+        mat(w, &n("attn_v.weight"), kvd, d, next_seed())?;
+        mat(w, &n("attn_output.weight"), d, q, next_seed())?;
         if a == "qwen2" {
-            vecf(&mut w, &n("attn_q.bias"), q, next_seed(), 0.0, 0.1)?;
-            vecf(&mut w, &n("attn_k.bias"), kvd, next_seed(), 0.0, 0.1)?;
-            vecf(&mut w, &n("attn_v.bias"), kvd, next_seed(), 0.0, 0.1)?;
+            vecf(w, &n("attn_q.bias"), q, next_seed(), 0.0, 0.1)?;
+            vecf(w, &n("attn_k.bias"), kvd, next_seed(), 0.0, 0.1)?;
+            vecf(w, &n("attn_v.bias"), kvd, next_seed(), 0.0, 0.1)?;
         }
         if a == "qwen3" {
             vecf(
-                &mut w,
+                w,
                 &n("attn_q_norm.weight"),
                 s.head_dim,
                 next_seed(),
@@ -375,7 +438,7 @@ pub fn write_model(path: &Path, s: &SynthShape, ty: GgmlType, seed: u64) -> Resu
                 0.1,
             )?;
             vecf(
-                &mut w,
+                w,
                 &n("attn_k_norm.weight"),
                 s.head_dim,
                 next_seed(),
@@ -383,16 +446,10 @@ pub fn write_model(path: &Path, s: &SynthShape, ty: GgmlType, seed: u64) -> Resu
                 0.1,
             )?;
         }
-        vecf(&mut w, &n("ffn_norm.weight"), d, next_seed(), 1.0, 0.1)?;
-        mat(&mut w, &n("ffn_gate.weight"), f, d, next_seed())?;
-        mat(&mut w, &n("ffn_up.weight"), f, d, next_seed())?;
-        mat(&mut w, &n("ffn_down.weight"), d, f, next_seed())?;
+        vecf(w, &n("ffn_norm.weight"), d, next_seed(), 1.0, 0.1)?;
+        mat(w, &n("ffn_gate.weight"), f, d, next_seed())?;
+        mat(w, &n("ffn_up.weight"), f, d, next_seed())?;
+        mat(w, &n("ffn_down.weight"), d, f, next_seed())?;
     }
-    vecf(&mut w, "output_norm.weight", d, next_seed(), 1.0, 0.1)?;
-    if !s.tied {
-        mat(&mut w, "output.weight", s.vocab, d, next_seed())?;
-    }
-    w.write_to(path)
-        .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
