@@ -15,7 +15,10 @@ Files written to OUT_DIR:
                            qwen35.nextn_predict_layers = 1); MTP is skipped in
                            normal decoding, so its logits equal the others'
   reference.json           {"vocab_size", "config", "cases": [{"prompt",
-                           "greedy", "logits"}]}: "logits"[i] are the f32
+                           "f32": REF, "f16": REF}]}, REF = {"greedy",
+                           "logits", "min_greedy_gap"}: transformers in f32
+                           with the weights of that GGUF (for f16, the 2-D
+                           matrices rounded to f16). "logits"[i] are the
                            logits after token i of prompt + greedy (one full
                            forward); "greedy" is the 16-token greedy
                            continuation, decoded token by token with
@@ -93,7 +96,7 @@ def unpack_converter(cache: Path, sdist: Path | None) -> Path:
         cache.mkdir(parents=True, exist_ok=True)
         # pip fetches the sdist only (no build, no dependencies).
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", "llama-cpp-python",
              f"llama-cpp-python=={SDIST_VERSION}", "-d", str(cache)],
             check=True,
         )
@@ -240,7 +243,34 @@ def nmse(a, b):
     return float(((a - b) ** 2).sum() / (b**2).sum().clamp_min(1e-30))
 
 
-def make_cases(model, seed: int):
+def reference(model, prompt):
+    """Greedy continuation, full-forward logits and the smallest top-2 gap
+    over the greedy steps."""
+    import torch
+
+    n = len(prompt)
+    greedy, steps = greedy_decode(model, prompt, N_GREEDY)
+    with torch.no_grad():
+        full = model(torch.tensor([prompt + greedy]), use_cache=False).logits[0]
+    gaps = []
+    for i, s in enumerate(steps):
+        f = full[n - 1 + i]
+        # The cached (recurrent) and full (chunked) paths must agree.
+        e = nmse(s, f)
+        if e > 1e-9 or int(torch.argmax(f)) != greedy[i]:
+            raise SystemExit(f"transformers decode vs prefill differ at step {i}: NMSE {e:.3e}")
+        top2 = torch.topk(f, 2).values
+        gaps.append(float(top2[0] - top2[1]))
+    return {
+        "greedy": greedy,
+        "min_greedy_gap": min(gaps),
+        "logits": [[float(f"{v:.8e}") for v in row] for row in full.tolist()],
+    }
+
+
+def make_cases(models: dict, seed: int):
+    """One case per prompt length, with a reference per weight type (`models`:
+    name -> transformers model holding exactly the weights of that GGUF)."""
     import torch
 
     g = torch.Generator().manual_seed(seed + 1)
@@ -248,29 +278,29 @@ def make_cases(model, seed: int):
     for n in PROMPT_LENS:
         for attempt in range(100):
             prompt = torch.randint(0, TOKENIZER_SIZE, (n,), generator=g).tolist()
-            greedy, steps = greedy_decode(model, prompt, N_GREEDY)
-            with torch.no_grad():
-                full = model(torch.tensor([prompt + greedy]), use_cache=False).logits[0]
-            gaps = []
-            for i, s in enumerate(steps):
-                f = full[n - 1 + i]
-                # The cached (recurrent) and full (chunked) paths must agree.
-                e = nmse(s, f)
-                if e > 1e-9 or int(torch.argmax(f)) != greedy[i]:
-                    raise SystemExit(f"transformers decode vs prefill differ at step {i}: NMSE {e:.3e}")
-                top2 = torch.topk(f, 2).values
-                gaps.append(float(top2[0] - top2[1]))
-            if min(gaps) >= MIN_GREEDY_GAP:
+            refs = {k: reference(m, prompt) for k, m in models.items()}
+            if min(r["min_greedy_gap"] for r in refs.values()) >= MIN_GREEDY_GAP:
                 break
         else:
             raise SystemExit(f"no prompt of length {n} without a greedy near-tie")
-        cases.append({
-            "prompt": prompt,
-            "greedy": greedy,
-            "min_greedy_gap": min(gaps),
-            "logits": [[float(f"{v:.8e}") for v in row] for row in full.tolist()],
-        })
+        cases.append({"prompt": prompt, **refs})
     return cases
+
+
+def f16_twin(model):
+    """A copy with the weights the f16 GGUF holds: the converter stores the
+    2-D matrices (embeddings, projections, lm_head) as f16 and keeps norms,
+    ssm_a, dt bias and the conv kernel in f32 (checked in verify_gguf)."""
+    import copy
+
+    import torch
+
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in twin.parameters():
+            if p.dim() == 2:
+                p.copy_(p.half().float())
+    return twin
 
 
 def add_mtp(src: Path, dst: Path, seed: int):
@@ -439,7 +469,14 @@ def verify_gguf(path: Path, cfg: dict, hf_sd: dict, n_mtp: int) -> dict:
         ("blk.3.attn_q_norm.weight", hf("model.layers.3.self_attn.q_norm.weight") + 1),
         ("output_norm.weight", hf("model.norm.weight") + 1),
     ]
-    tol = 1e-6 if "f32" in path.name else 2e-3
+    f16 = "f16" in path.name
+    tol = 2e-3 if f16 else 1e-6
+    want_f16 = {k for k, ne in want.items() if f16 and len(ne) == 2 and "ssm_conv1d" not in k}
+    got_f16 = {t.name for t in r.tensors if t.tensor_type == gguf.GGMLQuantizationType.F16}
+    others = {t.tensor_type.name for t in r.tensors if t.name not in got_f16}
+    if got_f16 != want_f16 or others != {"F32"}:
+        raise SystemExit(f"{path.name}: f16 tensors {sorted(got_f16 ^ want_f16)} differ from the "
+                         f"reference's rounding rule, other types {others}")
     for name, want_v in checks:
         d = np.abs(arr[name] - want_v.reshape(-1)).max()
         if d > tol * max(1.0, np.abs(want_v).max()):
@@ -486,7 +523,7 @@ def main():
     if not torch.equal(l1, l2):
         raise SystemExit("transformers logits are not deterministic")
 
-    cases = make_cases(model, a.seed)
+    cases = make_cases({"f32": model, "f16": f16_twin(model)}, a.seed)
     saved = json.loads((hf_dir / "config.json").read_text())
     ref = {"vocab_size": CONFIG["vocab_size"], "config": saved, "cases": cases}
     (out / "reference.json").write_text(json.dumps(ref, separators=(",", ":")))
@@ -512,7 +549,9 @@ def main():
                 if k.startswith(("general.architecture", "qwen35.", "tokenizer.ggml.")):
                     print(f"  {k} = {meta[k]}")
     for c in cases:
-        print(f"prompt len {len(c['prompt'])}: greedy {c['greedy']} (min top-2 gap {c['min_greedy_gap']:.3f})")
+        for k in ("f32", "f16"):
+            print(f"prompt len {len(c['prompt'])} {k}: greedy {c[k]['greedy']} "
+                  f"(min top-2 gap {c[k]['min_greedy_gap']:.3f})")
     print(f"hf config: {json.dumps({k: saved[k] for k in sorted(saved) if k not in ('dtype', 'transformers_version')})}")
 
 
