@@ -208,10 +208,11 @@ fn load_gdn(
     // The conv weight is a [K, conv_dim] matrix in GGUF order (K taps
     // contiguous per channel); checking it as one rejects a transposed or
     // 3-D file whose element count happens to match.
+    let w_qkv = WeightRef::load(g, &n("attn_qkv.weight"), conv_dim, d)?;
     let conv_name = n("ssm_conv1d.weight");
     WeightRef::load(g, &conv_name, conv_dim, c.conv_kernel)?;
     Ok(GdnLayer {
-        w_qkv: WeightRef::load(g, &n("attn_qkv.weight"), conv_dim, d)?,
+        w_qkv,
         w_z: WeightRef::load(g, &n("attn_gate.weight"), c.value_dim(), d)?,
         w_beta: WeightRef::load(g, &n("ssm_beta.weight"), hv, d)?,
         w_alpha: WeightRef::load(g, &n("ssm_alpha.weight"), hv, d)?,
