@@ -20,11 +20,16 @@ fn synth_file(dir: &Path, shape: &str) -> PathBuf {
     p
 }
 
+/// Metadata to set (Some) or remove (None).
+type KvEdit = Vec<(&'static str, Option<GgufValue>)>;
+/// Matrices (name, rows, cols) and vectors (f32 bits) a model holds.
+type Contents = (Vec<(String, usize, usize)>, Vec<Vec<u32>>);
+
 /// A change to a file: metadata to set (Some) or remove (None), tensors to
 /// drop, and tensors to replace by zeros of new dims (F32).
 #[derive(Default)]
 struct Edit {
-    kv: Vec<(&'static str, Option<GgufValue>)>,
+    kv: KvEdit,
     drop: Vec<&'static str>,
     reshape: Vec<(&'static str, Vec<u64>)>,
 }
@@ -96,7 +101,7 @@ impl Store for Seen {
 
 /// Every matrix (name, rows, cols) and vector of the loaded model, sorted,
 /// as `Qwen35Weights::map` walks them.
-fn contents(m: &Qwen35Model) -> (Vec<(String, usize, usize)>, Vec<Vec<u32>>) {
+fn contents(m: &Qwen35Model) -> Contents {
     let mut mats = Vec::new();
     let mut vecs = Vec::new();
     let layers = std::cell::Cell::new(0);
@@ -256,7 +261,7 @@ fn mtp_blocks_are_outside_the_trunk() {
 fn broken_metadata_names_the_key() {
     let dir = tempfile::tempdir().unwrap();
     let u = |v: u32| Some(GgufValue::U32(v));
-    let cases: Vec<(Vec<(&'static str, Option<GgufValue>)>, Vec<&str>)> = vec![
+    let cases: Vec<(KvEdit, Vec<&str>)> = vec![
         (
             vec![("qwen35.nextn_predict_layers", u(4))],
             vec!["qwen35.nextn_predict_layers", "qwen35.block_count", "4"],
