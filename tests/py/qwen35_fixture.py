@@ -31,7 +31,7 @@ conversion code is used, for tests only. Nothing of llama.cpp is built.
 import argparse
 import hashlib
 import json
-import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -106,8 +106,6 @@ def unpack_converter(cache: Path, sdist: Path | None) -> Path:
         raise SystemExit(f"{tarball}: sha256 {digest}, expected {SDIST_SHA256}")
     tmp = dest.with_name(dest.name + ".tmp")
     if tmp.exists():
-        import shutil
-
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     with tarfile.open(tarball) as tf:
@@ -122,8 +120,6 @@ def unpack_converter(cache: Path, sdist: Path | None) -> Path:
         tf.extractall(tmp, members=members, filter="data")
     (tmp / ".complete").write_text(SDIST_SHA256 + "\n")
     if dest.exists():
-        import shutil
-
         shutil.rmtree(dest)
     tmp.rename(dest)
     return dest
@@ -307,8 +303,6 @@ def add_mtp(src: Path, dst: Path, seed: int):
     """Copies the model to `dst` with one random MTP block in the checkpoint
     layout of the published Qwen3.5 models (`mtp.*` tensors, config
     `mtp_num_hidden_layers`). transformers ignores these weights."""
-    import shutil
-
     import torch
     from safetensors.torch import load_file, save_file
 
