@@ -2,13 +2,10 @@
 //! Python string/dict methods from minijinja-contrib's pycompat and the
 //! globals HF templates expect.
 
-use super::sandbox::{RenderSandbox, SandboxOptions, WorkerConfig};
-use super::Tokenizer;
 use anyhow::{anyhow, bail, Result};
 use minijinja::{context, Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
 use std::io;
-use std::sync::Arc;
 
 /// Instructions one rendering may execute (minijinja's fuel). Real chat
 /// templates spend a few hundred per message; this stops a runaway loop in
@@ -41,57 +38,6 @@ pub const CHATML_TEMPLATE: &str = "{% for message in messages %}\
 {{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}\
 {% endfor %}\
 {% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
-
-impl Tokenizer {
-    /// Renders the chat template (the file's, else [`CHATML_TEMPLATE`]).
-    ///
-    /// Rendering follows HF transformers: `trim_blocks` and `lstrip_blocks`
-    /// on; globals `messages`, `add_generation_prompt`, `bos_token`,
-    /// `eos_token`, `raise_exception(msg)` and `strftime_now(fmt)` (UTC).
-    pub fn apply_chat_template(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<String> {
-        if let Some(sb) = self.sandbox.get() {
-            return sb.render(messages, add_generation_prompt);
-        }
-        let c = self.template_config();
-        render(
-            &c.template,
-            messages,
-            add_generation_prompt,
-            &c.bos_token,
-            &c.eos_token,
-        )
-    }
-
-    /// The template and the special-token strings it is rendered with.
-    fn template_config(&self) -> WorkerConfig {
-        WorkerConfig {
-            template: self.chat_template().unwrap_or(CHATML_TEMPLATE).to_string(),
-            bos_token: self
-                .bos_id()
-                .and_then(|i| self.token_text(i))
-                .unwrap_or("")
-                .to_string(),
-            eos_token: self
-                .eos_id()
-                .and_then(|i| self.token_text(i))
-                .unwrap_or("")
-                .to_string(),
-        }
-    }
-
-    /// From now on, renders chat templates in worker processes with a
-    /// memory cap (see [`super::sandbox`]). Starts the first worker now.
-    pub fn use_render_sandbox(&self, opts: SandboxOptions) -> Result<()> {
-        let sb = RenderSandbox::new(opts, self.template_config())?;
-        self.sandbox
-            .set(Arc::new(sb))
-            .map_err(|_| anyhow!("the render sandbox is already set"))
-    }
-}
 
 /// Renders `src` with the given messages and special-token strings.
 pub fn render(

@@ -152,7 +152,7 @@ impl Tokenizer {
 
         let (algo, pre_family) = match model {
             TokenizerModel::Gpt2 => {
-                let kind = pretok::resolve(spec.pre.as_deref());
+                let kind = pretok::resolve(spec.pre.as_deref())?;
                 let pretok = pretok::build(&kind)?;
                 let mut merges = Vec::with_capacity(spec.merges.len());
                 for (rank, m) in spec.merges.iter().enumerate() {

@@ -7,7 +7,7 @@
 //! these semantics). Unmatched text is kept as its own piece, which is why
 //! the GPT-2 regex needs no trailing `|\s+`.
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
@@ -20,6 +20,9 @@ const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]
 /// llama3 regex with the case-insensitive contractions spelled out (as
 /// llama.cpp does, so the meaning does not depend on the engine's `(?i:)`).
 const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen3.5: QWEN2's, with combining marks (\p{M}) joining letter runs and
+/// kept out of symbol runs.
+const QWEN35: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// A resolved pre-tokenizer family.
@@ -34,21 +37,21 @@ pub struct PreTokenizerKind {
     pub ignore_merges: bool,
 }
 
-/// Resolves a `tokenizer.ggml.pre` value. An absent or unknown value falls
-/// back to plain GPT-2 (with a warning for unknown values), so a model with
-/// a new pre-tokenizer still loads, possibly tokenizing a few strings
-/// differently from its reference.
-pub fn resolve(pre: Option<&str>) -> PreTokenizerKind {
+/// Resolves a `tokenizer.ggml.pre` value. An absent value means plain
+/// GPT-2; an unknown one is an error, as in llama.cpp: falling back to
+/// another family would silently give wrong token ids.
+pub fn resolve(pre: Option<&str>) -> Result<PreTokenizerKind> {
     let k = |family, regexes: Vec<&'static str>, ignore_merges| PreTokenizerKind {
         family,
         regexes,
         ignore_merges,
     };
-    match pre.unwrap_or("gpt-2") {
+    Ok(match pre.unwrap_or("gpt-2") {
         "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "pixtral" => {
             k("llama3", vec![LLAMA3], true)
         }
         "qwen2" | "deepseek-r1-qwen" | "megrez" | "stablelm2" => k("qwen2", vec![QWEN2], false),
+        "qwen35" => k("qwen35", vec![QWEN35], false),
         "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" => {
             k("smollm", vec![r"\p{N}", GPT2], false)
         }
@@ -66,13 +69,12 @@ pub fn resolve(pre: Option<&str>) -> PreTokenizerKind {
         | "jina-v2-es" | "jina-v2-de" | "jina-v2-code" | "jina-es" | "jina-de" | "gigachat" => {
             k("gpt2", vec![GPT2], false)
         }
-        other => {
-            tracing::warn!(
-                "unknown pre-tokenizer `{other}` (tokenizer.ggml.pre); falling back to gpt2"
-            );
-            k("gpt2", vec![GPT2], false)
-        }
-    }
+        other => bail!(
+            "unknown pre-tokenizer `{other}` (tokenizer.ggml.pre); known: llama3, llama-bpe, \
+             qwen2, qwen35, smollm, starcoder, falcon, default, gpt2 and their aliases \
+             (src/tokenizer/pretok.rs)"
+        ),
+    })
 }
 
 /// Builds the HF pre-tokenizer: the family's regex splits, then the
@@ -161,9 +163,12 @@ mod tests {
     }
 
     #[test]
-    fn unknown_pre_falls_back_to_gpt2() {
-        assert_eq!(resolve(Some("no-such-pre")).family, "gpt2");
-        assert_eq!(resolve(Some("smollm")).regexes.len(), 2);
-        assert!(resolve(Some("llama-bpe")).ignore_merges);
+    fn unknown_pre_is_an_error() {
+        let err = resolve(Some("no-such-pre")).unwrap_err();
+        assert!(format!("{err}").contains("no-such-pre"), "{err}");
+        assert_eq!(resolve(None).unwrap().family, "gpt2");
+        assert_eq!(resolve(Some("smollm")).unwrap().regexes.len(), 2);
+        assert!(resolve(Some("llama-bpe")).unwrap().ignore_merges);
+        assert_eq!(resolve(Some("qwen35")).unwrap().family, "qwen35");
     }
 }

@@ -11,13 +11,15 @@
 //! [`WorkerConfig`], then one [`RenderRequest`] per rendering; the worker
 //! answers each with a [`RenderReply`].
 
-use super::chat::{render, ChatMessage};
+use super::chat::{render, ChatMessage, CHATML_TEMPLATE};
+use super::Tokenizer;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
+use std::sync::Arc;
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
@@ -256,6 +258,57 @@ impl Drop for RenderSandbox {
         for w in self.lock().idle.drain(..) {
             w.kill();
         }
+    }
+}
+
+impl Tokenizer {
+    /// Renders the chat template (the file's, else [`CHATML_TEMPLATE`]).
+    ///
+    /// Rendering follows HF transformers: `trim_blocks` and `lstrip_blocks`
+    /// on; globals `messages`, `add_generation_prompt`, `bos_token`,
+    /// `eos_token`, `raise_exception(msg)` and `strftime_now(fmt)` (UTC).
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        if let Some(sb) = self.sandbox.get() {
+            return sb.render(messages, add_generation_prompt);
+        }
+        let c = self.template_config();
+        render(
+            &c.template,
+            messages,
+            add_generation_prompt,
+            &c.bos_token,
+            &c.eos_token,
+        )
+    }
+
+    /// The template and the special-token strings it is rendered with.
+    fn template_config(&self) -> WorkerConfig {
+        WorkerConfig {
+            template: self.chat_template().unwrap_or(CHATML_TEMPLATE).to_string(),
+            bos_token: self
+                .bos_id()
+                .and_then(|i| self.token_text(i))
+                .unwrap_or("")
+                .to_string(),
+            eos_token: self
+                .eos_id()
+                .and_then(|i| self.token_text(i))
+                .unwrap_or("")
+                .to_string(),
+        }
+    }
+
+    /// From now on, renders chat templates in worker processes with a
+    /// memory cap (see [`super::sandbox`]). Starts the first worker now.
+    pub fn use_render_sandbox(&self, opts: SandboxOptions) -> Result<()> {
+        let sb = RenderSandbox::new(opts, self.template_config())?;
+        self.sandbox
+            .set(Arc::new(sb))
+            .map_err(|_| anyhow!("the render sandbox is already set"))
     }
 }
 
