@@ -12,12 +12,15 @@ use crate::dispatch::{
 use crate::gguf::GgufFile;
 use crate::kv::{KvManager, SeqId};
 use crate::model::arch::llama::LlamaGraph;
-use crate::model::{KvStorage, LlamaModel, ModelConfig, StepInput};
+use crate::model::arch::qwen35_graph;
+use crate::model::{KvStorage, LlamaModel, Model, ModelConfig, StepInput};
 use anyhow::{bail, Context, Result};
+use hybrid::HybridState;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::Path;
 
 mod greedy;
+mod hybrid;
 
 /// Which logits a sequence wants from a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,6 +97,9 @@ pub struct RunnerOptions {
     /// `check-exact` sets `matvec.prequant` and `matvec.norm_ahead`
     /// through them for its fused and unfused runners).
     pub tuning: TuningOverrides,
+    /// Sequences that may hold a recurrent state at once (hybrid models
+    /// only; each slot holds every Gated DeltaNet layer's state).
+    pub state_slots: usize,
 }
 
 impl Default for RunnerOptions {
@@ -106,6 +112,7 @@ impl Default for RunnerOptions {
             progress: false,
             gpu: GpuMode::Off,
             tuning: Default::default(),
+            state_slots: 16,
         }
     }
 }
@@ -123,9 +130,11 @@ pub enum Compute {
 
 pub struct Runner {
     pub gguf: GgufFile,
-    pub model: LlamaModel,
+    pub model: Model,
     pub kv: KvManager,
     pub compute: Compute,
+    /// Recurrent states (hybrid models, host memory).
+    hybrid: Option<HybridState>,
     n_threads: usize,
 }
 
@@ -144,7 +153,8 @@ impl Runner {
             "loading {msg} [{bar:30}] {pos}/{len} layers",
             &name,
         );
-        let model = LlamaModel::load(&gguf, cfg.clone(), &|i, _| bar.set_position(i as u64))?;
+        let model = Model::load(&gguf, cfg.clone(), &|i, _| bar.set_position(i as u64))?;
+        let n_kv_layers = model.n_kv_layers();
         bar.finish_and_clear();
         if opts.block_size == 0 {
             bail!("block size must be at least 1");
@@ -154,7 +164,7 @@ impl Runner {
         let kv = KvManager::new(n_blocks, opts.block_size)?;
         let host_kv = || {
             KvStorage::new(
-                cfg.n_layers,
+                n_kv_layers,
                 n_blocks,
                 opts.block_size,
                 cfg.n_kv_heads,
@@ -164,14 +174,29 @@ impl Runner {
         let mut host_backends: Vec<Box<dyn Backend>> = Vec::new();
         match opts.gpu {
             GpuMode::Off => {}
+            GpuMode::Required | GpuMode::Auto if cfg.gdn.is_some() => {
+                let why = format!(
+                    "{:?} is a hybrid (Gated DeltaNet) model; the CUDA backend has no \
+                     kernels for its recurrent layers yet, so it runs on the cpu",
+                    cfg.arch
+                );
+                if opts.gpu == GpuMode::Required {
+                    bail!("--gpu required: {why}");
+                }
+                eprintln!("warning: --gpu auto: {why}");
+            }
             GpuMode::Required | GpuMode::Auto => {
-                match open_device(&gguf, &model, opts, n_blocks, &name) {
+                let Model::Llama(llama) = &model else {
+                    bail!("only the llama-family graph runs on the device");
+                };
+                match open_device(&gguf, llama, opts, n_blocks, &name) {
                     Ok(DeviceLoad::Device(d)) => {
                         return Ok(Runner {
                             gguf,
                             model,
                             kv,
                             compute: Compute::Device(d),
+                            hybrid: None,
                             n_threads: 1,
                         })
                     }
@@ -212,6 +237,7 @@ impl Runner {
                 dx,
                 storage: host_kv()?,
             },
+            hybrid: HybridState::new(&cfg, opts.state_slots)?,
             n_threads,
         })
     }
@@ -250,7 +276,7 @@ impl Runner {
     }
 
     pub fn config(&self) -> &ModelConfig {
-        &self.model.cfg
+        self.model.cfg()
     }
 
     pub fn n_threads(&self) -> usize {
@@ -269,7 +295,7 @@ impl Runner {
     pub fn step_flat(&mut self, work: &[SeqWork<'_>]) -> Result<Logits> {
         mark(Point::StepStart);
         let t_alloc = std::time::Instant::now();
-        let ctx = self.model.cfg.context_length;
+        let ctx = self.model.cfg().context_length;
         for w in work {
             let end = w.start_pos + w.tokens.len();
             if end > ctx {
@@ -292,7 +318,14 @@ impl Runner {
                 d.note_host("host: kv allocate", t_alloc.elapsed().as_secs_f64());
             }
         }
-        let r = forward_batch(&self.model, &self.gguf, &mut self.compute, &self.kv, work);
+        let r = forward_batch(
+            &self.model,
+            &self.gguf,
+            &mut self.compute,
+            self.hybrid.as_mut(),
+            &self.kv,
+            work,
+        );
         mark(Point::StepEnd);
         r
     }
@@ -301,7 +334,14 @@ impl Runner {
     /// copy-on-write copies done) in `kv`, a manager owned by someone else
     /// (the serving scheduler). Allocates nothing.
     pub fn step_with_kv(&mut self, kv: &KvManager, work: &[SeqWork<'_>]) -> Result<Logits> {
-        forward_batch(&self.model, &self.gguf, &mut self.compute, kv, work)
+        forward_batch(
+            &self.model,
+            &self.gguf,
+            &mut self.compute,
+            self.hybrid.as_mut(),
+            kv,
+            work,
+        )
     }
 
     /// Releases a sequence's KV blocks. Freeing a sequence that holds no
@@ -311,6 +351,22 @@ impl Runner {
             // Cannot fail for a sequence the manager holds.
             let _ = self.kv.free(seq);
         }
+        self.release_state(seq);
+    }
+
+    /// Gives back a sequence's recurrent state slot (hybrid models; a no-op
+    /// otherwise). Callers that manage KV blocks themselves (the serving
+    /// engine) call this when a sequence ends.
+    pub fn release_state(&mut self, seq: SeqId) {
+        if let Some(h) = &mut self.hybrid {
+            h.release(seq);
+        }
+    }
+
+    /// Whether the model has recurrent layers (its sequences cannot start
+    /// from cached prefix blocks: there is no state snapshot for them).
+    pub fn is_hybrid(&self) -> bool {
+        self.hybrid.is_some()
     }
 }
 
@@ -340,11 +396,11 @@ impl BatchInput<'_> {
 }
 
 fn batch_input<'k>(
-    model: &LlamaModel,
+    cfg: &ModelConfig,
     kv: &'k KvManager,
     work: &[SeqWork<'_>],
 ) -> Result<BatchInput<'k>> {
-    let ctx = model.cfg.context_length;
+    let ctx = cfg.context_length;
     let n_rows: usize = work.iter().map(|w| w.tokens.len()).sum();
     let mut tokens = Vec::with_capacity(n_rows);
     let mut positions = Vec::with_capacity(n_rows);
@@ -398,21 +454,35 @@ fn batch_input<'k>(
 
 /// Builds the step's batch inputs ([`batch_input`]) and runs the model.
 fn forward_batch(
-    model: &LlamaModel,
+    model: &Model,
     gguf: &GgufFile,
     compute: &mut Compute,
+    hybrid: Option<&mut HybridState>,
     kv: &KvManager,
     work: &[SeqWork<'_>],
 ) -> Result<Logits> {
-    let bi = batch_input(model, kv, work)?;
+    let bi = batch_input(model.cfg(), kv, work)?;
     mark(Point::InputBuilt);
     let input = bi.input();
     let (n_rows, logit_rows, wanted) = (bi.tokens.len(), &bi.logit_rows, &bi.wanted);
     let t_step = std::time::Instant::now();
     let logits = match compute {
-        Compute::Host { dx, storage } => {
-            model.forward_host(&HostExec { dx, gguf }, storage, &input)?
-        }
+        Compute::Host { dx, storage } => match model {
+            Model::Llama(m) => m.forward_host(&HostExec { dx, gguf }, storage, &input)?,
+            Model::Qwen35(m) => {
+                let h = hybrid.context("a hybrid model without recurrent state")?;
+                let row_slots = h.row_slots(work)?;
+                qwen35_graph::forward_host(
+                    &m.cfg,
+                    &m.weights,
+                    &HostExec { dx, gguf },
+                    storage,
+                    &mut h.states,
+                    &row_slots,
+                    &input,
+                )?
+            }
+        },
         Compute::Device(d) => {
             // A pure decode step: one row per sequence, all logits.
             let decode = work
@@ -421,7 +491,7 @@ fn forward_batch(
             d.step(&input, decode)?
         }
     };
-    let v = model.cfg.vocab_size;
+    let v = model.cfg().vocab_size;
     if logits.len() != logit_rows.len() * v {
         bail!(
             "the model returned {} logits for {} rows of vocabulary {v}",

@@ -321,7 +321,94 @@ pub enum OpT<'a, M: Mem> {
         batch: M::Batch<'a>,
         out: M::Out<'a>,
     },
+    // Hybrid (Gated DeltaNet) layers. Recurrent state lives in per-layer
+    // arrays of `n_slots` slots; `row_slots` (n,) names each row's slot.
+    // Rows of one slot are consecutive and in position order, so a slot's
+    // state advances row by row (a step may hold several slots).
+    /// Depthwise causal conv over time then SiLU, per channel:
+    /// out[t][c] = silu(sum_i w[c][i] * window_c[i]), the window being the
+    /// slot's last K-1 raw inputs then x[t][c]; the raw input is shifted into
+    /// the state. x, out: (n, channels); w: (channels * kernel,), row c
+    /// holds the taps oldest first; state: (n_slots, (kernel - 1) * channels).
+    Conv1dSilu {
+        x: M::In<'a>,
+        w: M::Param<'a>,
+        channels: usize,
+        kernel: usize,
+        row_slots: M::Idx<'a>,
+        state: M::Out<'a>,
+        out: M::Out<'a>,
+    },
+    /// In place, the first `n_heads` heads of `head_dim` of every row of
+    /// `row_len` values: v / max(||v||, eps) (ggml's L2 norm).
+    L2NormHeads {
+        x: M::Out<'a>,
+        row_len: usize,
+        n_heads: usize,
+        head_dim: usize,
+        eps: f32,
+    },
+    /// The gates of a Gated DeltaNet layer: g = softplus(a + dt_bias) *
+    /// ssm_a, beta = sigmoid(b). a, b, g, beta: (n, h_v); dt_bias, ssm_a:
+    /// (h_v,).
+    GdnGates {
+        a: M::In<'a>,
+        b: M::In<'a>,
+        dt_bias: M::Param<'a>,
+        ssm_a: M::Param<'a>,
+        g: M::Out<'a>,
+        beta: M::Out<'a>,
+    },
+    /// The gated delta rule, recurrent form, row by row per slot. qkv: (n,
+    /// 2 * h_k * d_k + h_v * d_v) = [q | k | v], q and k L2-normalized, q
+    /// unscaled (the op scales by 1/sqrt(d_k)); value head h reads key head
+    /// h % h_k; g, beta: (n, h_v); state: (n_slots, h_v * d_k * d_v);
+    /// out: (n, h_v * d_v).
+    DeltaRule {
+        qkv: M::In<'a>,
+        g: M::In<'a>,
+        beta: M::In<'a>,
+        h_k: usize,
+        h_v: usize,
+        d_k: usize,
+        d_v: usize,
+        row_slots: M::Idx<'a>,
+        state: M::Out<'a>,
+        out: M::Out<'a>,
+    },
+    /// Per head of `head_dim`: out = rms_norm(x) * w * silu(z). x, z, out:
+    /// (n, heads * head_dim); w: (head_dim,).
+    GatedRmsNorm {
+        x: M::In<'a>,
+        z: M::In<'a>,
+        w: M::Param<'a>,
+        head_dim: usize,
+        eps: f32,
+        out: M::Out<'a>,
+    },
+    /// Splits rows of heads holding two halves: x (n, heads, 2 * head_dim)
+    /// -> a, b (n, heads, head_dim) (the first and second half of each head).
+    SplitHeads {
+        x: M::In<'a>,
+        head_dim: usize,
+        a: M::Out<'a>,
+        b: M::Out<'a>,
+    },
+    /// x *= sigmoid(gate), elementwise (gated attention output).
+    SigmoidMul { x: M::Out<'a>, gate: M::In<'a> },
 }
+
+/// Op kinds of hybrid (Gated DeltaNet) models, which only the cpu backend
+/// runs so far.
+pub const HYBRID_OP_KINDS: &[&str] = &[
+    "conv1d_silu",
+    "l2_norm_heads",
+    "gdn_gates",
+    "delta_rule",
+    "gated_rms_norm",
+    "split_heads",
+    "sigmoid_mul",
+];
 
 /// Most jobs of one `MatMuls` op (the kernels' job table holds this many).
 pub const MAX_MAT_JOBS: usize = 4;
@@ -377,6 +464,13 @@ impl<M: Mem> OpT<'_, M> {
             OpT::PagedAttention { cache, .. } => {
                 ("paged_attention", None, Some(cache.geometry().2))
             }
+            OpT::Conv1dSilu { .. } => ("conv1d_silu", None, None),
+            OpT::L2NormHeads { .. } => ("l2_norm_heads", None, None),
+            OpT::GdnGates { .. } => ("gdn_gates", None, None),
+            OpT::DeltaRule { .. } => ("delta_rule", None, None),
+            OpT::GatedRmsNorm { .. } => ("gated_rms_norm", None, None),
+            OpT::SplitHeads { .. } => ("split_heads", None, None),
+            OpT::SigmoidMul { .. } => ("sigmoid_mul", None, None),
         };
         OpInfo {
             kind,

@@ -124,6 +124,10 @@ pub struct ModelArgs {
     /// e.g. `--tune runtime.graphs=false`.
     #[arg(long = "tune", value_name = "KEY=VALUE")]
     pub tune: Vec<String>,
+    /// Hybrid (Gated DeltaNet) models: sequences that may hold a recurrent
+    /// state at once (each slot holds every recurrent layer's state).
+    #[arg(long, default_value_t = 16)]
+    pub state_slots: usize,
 }
 
 impl ModelArgs {
@@ -137,6 +141,7 @@ impl ModelArgs {
             progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
             gpu: self.gpu,
             tuning: self.tuning_overrides()?,
+            state_slots: self.state_slots,
         };
         let runner = Runner::load(&path, &opts)?;
         let tok = Tokenizer::from_gguf(&runner.gguf)

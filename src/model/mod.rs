@@ -2,6 +2,7 @@
 
 pub mod arch;
 pub mod config;
+mod loaded;
 pub mod synth;
 pub mod weights;
 
@@ -10,6 +11,7 @@ pub use crate::kv::KvStorage;
 pub use arch::llama::LlamaModel;
 pub use arch::qwen35::Qwen35Model;
 pub use config::{Arch, GdnConfig, ModelConfig};
+pub use loaded::Model;
 
 /// The inputs of one step (defined by dispatch, which runs them).
 pub use crate::dispatch::StepInput;

@@ -114,7 +114,7 @@ impl Runner {
     /// Whether a decode step of these rows' samplers can chain its tokens
     /// on the device and the device can draw for every row.
     pub fn draws_on_device(&self, samplers: &[Sampler]) -> bool {
-        let vocab = self.model.cfg.vocab_size;
+        let vocab = self.model.cfg().vocab_size;
         self.greedy_on_device_rows(samplers.len())
             && samplers.iter().all(|s| {
                 s.params().logits_only() && self.device_draws(&s.params().draw_params(), vocab)
@@ -144,7 +144,7 @@ impl Runner {
         draws: &[Option<(DrawParams, f64)>],
     ) -> Result<Option<Vec<u32>>> {
         let b = work.len();
-        let vocab = self.model.cfg.vocab_size;
+        let vocab = self.model.cfg().vocab_size;
         let decode = work
             .iter()
             .all(|w| w.tokens.len() == 1 && w.logits == LogitsWanted::Last);
@@ -155,7 +155,7 @@ impl Runner {
         if b == 0 || !decode || !drawable || !self.greedy_on_device_rows(b) {
             return Ok(None);
         }
-        let bi = super::batch_input(&self.model, kv, work)?;
+        let bi = super::batch_input(self.model.cfg(), kv, work)?;
         let t = enqueue(&mut self.compute, &bi.input(), false, draws)?;
         self.greedy_wait(t).map(Some)
     }
@@ -305,7 +305,7 @@ impl Runner {
         i: usize,
         draws: &[Option<(DrawParams, f64)>],
     ) -> Result<ChainTicket> {
-        let ctx = self.model.cfg.context_length;
+        let ctx = self.model.cfg().context_length;
         let b = rows.seqs.len();
         let mut slots = Vec::with_capacity(b);
         let mut positions = Vec::with_capacity(b);

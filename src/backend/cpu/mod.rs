@@ -85,7 +85,14 @@ impl Backend for CpuBackend {
             | Op::Add { .. }
             | Op::AddBias { .. }
             | Op::KvWrite { .. }
-            | Op::PagedAttention { .. } => true,
+            | Op::PagedAttention { .. }
+            | Op::Conv1dSilu { .. }
+            | Op::L2NormHeads { .. }
+            | Op::GdnGates { .. }
+            | Op::DeltaRule { .. }
+            | Op::GatedRmsNorm { .. }
+            | Op::SplitHeads { .. }
+            | Op::SigmoidMul { .. } => true,
         }
     }
 
@@ -185,6 +192,60 @@ impl Backend for CpuBackend {
                 batch,
                 out,
             } => ops::attention::run(par, isa, q, n_heads, scale, cache, batch, out),
+            Op::Conv1dSilu {
+                x,
+                w,
+                channels,
+                kernel,
+                row_slots,
+                state,
+                out,
+            } => ops::hybrid::conv1d_silu(x, w, channels, kernel, row_slots, state, out),
+            Op::L2NormHeads {
+                x,
+                row_len,
+                n_heads,
+                head_dim,
+                eps,
+            } => ops::hybrid::l2_norm_heads(x, row_len, n_heads, head_dim, eps),
+            Op::GdnGates {
+                a,
+                b,
+                dt_bias,
+                ssm_a,
+                g,
+                beta,
+            } => ops::gdn::gdn_gates(a, b, dt_bias, ssm_a, g, beta),
+            Op::DeltaRule {
+                qkv,
+                g,
+                beta,
+                h_k,
+                h_v,
+                d_k,
+                d_v,
+                row_slots,
+                state,
+                out,
+            } => ops::hybrid::delta_rule(
+                qkv,
+                g,
+                beta,
+                ops::gdn::DeltaShape { h_k, h_v, d_k, d_v },
+                row_slots,
+                state,
+                out,
+            ),
+            Op::GatedRmsNorm {
+                x,
+                z,
+                w,
+                head_dim,
+                eps,
+                out,
+            } => ops::gdn::gated_rms_norm(x, z, w, head_dim, eps, out),
+            Op::SplitHeads { x, head_dim, a, b } => ops::hybrid::split_heads(x, head_dim, a, b),
+            Op::SigmoidMul { x, gate } => ops::hybrid::sigmoid_mul(x, gate),
         }
     }
 }
@@ -218,6 +279,14 @@ fn work(op: &Op<'_>) -> usize {
             // q.len() / rows = n_heads * head_dim per row; x2 for QK and PV.
             (q.len() / rows).saturating_mul(ctx).saturating_mul(2)
         }
+        // Serial by construction (state carried row by row).
+        Op::Conv1dSilu { .. }
+        | Op::L2NormHeads { .. }
+        | Op::GdnGates { .. }
+        | Op::DeltaRule { .. }
+        | Op::GatedRmsNorm { .. }
+        | Op::SplitHeads { .. }
+        | Op::SigmoidMul { .. } => 0,
     }
 }
 

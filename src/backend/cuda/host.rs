@@ -49,6 +49,19 @@ impl CudaBackend {
     /// Runs one host-slice op on the device (the caller holds the lock).
     pub(super) fn run_host(&self, op: &mut Op<'_>, mode: Mode) -> Result<()> {
         match op {
+            // `capability` refuses these first (HYBRID_OP_KINDS).
+            Op::Conv1dSilu { .. }
+            | Op::L2NormHeads { .. }
+            | Op::GdnGates { .. }
+            | Op::DeltaRule { .. }
+            | Op::GatedRmsNorm { .. }
+            | Op::SplitHeads { .. }
+            | Op::SigmoidMul { .. } => {
+                bail!(
+                    "op {} has no CUDA kernel yet (hybrid models run on the cpu)",
+                    op.kind()
+                )
+            }
             Op::MatMul { w, x, n, out } => {
                 validate::mat_mul(w, w.data.len(), x.len(), *n, out.len())?;
                 let wd = self.weight(w)?;

@@ -45,6 +45,16 @@ impl CudaBackend {
         // The annotation holds for this op only (cleared however it ends).
         let _scope = self.fusion_scope(fusion)?;
         match op {
+            // `capability` refuses these first (HYBRID_OP_KINDS).
+            OpT::Conv1dSilu { .. }
+            | OpT::L2NormHeads { .. }
+            | OpT::GdnGates { .. }
+            | OpT::DeltaRule { .. }
+            | OpT::GatedRmsNorm { .. }
+            | OpT::SplitHeads { .. }
+            | OpT::SigmoidMul { .. } => {
+                bail!("op {kind} has no CUDA kernel yet (hybrid models run on the cpu)")
+            }
             OpT::MatMul { w, x, n, mut out } => self.d_mat_mul(&w, &x, n, &mut out, mode),
             OpT::MatMuls {
                 x,

@@ -270,6 +270,13 @@ impl<'r, S: Store> ShapeExec<'r, S> {
             OpT::Add { .. } => StepOp::Other { kind: "add" },
             OpT::AddBias { .. } => StepOp::Other { kind: "add_bias" },
             OpT::KvWrite { .. } => StepOp::Other { kind: "kv_write" },
+            op @ (OpT::Conv1dSilu { .. }
+            | OpT::L2NormHeads { .. }
+            | OpT::GdnGates { .. }
+            | OpT::DeltaRule { .. }
+            | OpT::GatedRmsNorm { .. }
+            | OpT::SplitHeads { .. }
+            | OpT::SigmoidMul { .. }) => StepOp::Other { kind: op.kind() },
         })
     }
 

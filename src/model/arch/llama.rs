@@ -296,14 +296,14 @@ pub fn forward<E: Exec>(
 }
 
 /// One matmul of [`mat_muls`]: weight, output, whether it adds.
-type MatSpec<'b, E> = (
+pub(crate) type MatSpec<'b, E> = (
     &'b <<E as Exec>::S as Store>::Mat,
     &'b mut <E as Exec>::Buf,
     bool,
 );
 
 /// An input's RMS norm for `mat_muls`: weights, eps, scratch (n, k).
-type NormSpec<'b, E> = (
+pub(crate) type NormSpec<'b, E> = (
     &'b <<E as Exec>::S as Store>::Vec,
     f32,
     &'b mut <E as Exec>::Buf,
@@ -324,7 +324,7 @@ type NormSpec<'b, E> = (
 /// `glu` (n, m): the SwiGlu of jobs 0 and 1 (gate, up). With one op it
 /// rides on that op (`OpT::MatMuls::glu`, so a backend can fold it into
 /// the products' epilogue); with several, a `SwiGlu` op follows them.
-fn mat_muls<'b, E: Exec>(
+pub(crate) fn mat_muls<'b, E: Exec>(
     e: &E,
     x: &E::Buf,
     n: usize,

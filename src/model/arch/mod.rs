@@ -2,3 +2,4 @@
 
 pub mod llama;
 pub mod qwen35;
+pub mod qwen35_graph;

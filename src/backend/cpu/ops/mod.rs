@@ -9,6 +9,7 @@ pub mod dequant;
 pub mod dot;
 pub mod gdn;
 pub mod get_rows;
+pub mod hybrid;
 pub mod kv_write;
 pub mod matmul;
 pub mod rms_norm;
