@@ -363,10 +363,10 @@ impl Runner {
         }
     }
 
-    /// Whether the model has recurrent layers (its sequences cannot start
-    /// from cached prefix blocks: there is no state snapshot for them).
-    pub fn is_hybrid(&self) -> bool {
-        self.hybrid.is_some()
+    /// Recurrent state slots, for a hybrid model (its sequences cannot
+    /// start from cached prefix blocks: no state snapshot goes with them).
+    pub fn state_slots(&self) -> Option<usize> {
+        self.hybrid.as_ref().map(|h| h.states.n_slots())
     }
 }
 

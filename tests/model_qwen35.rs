@@ -171,3 +171,79 @@ fn state_slots_are_reset_reused_and_bounded() {
         "{err:#}"
     );
 }
+
+fn collect(rx: &mut tokio::sync::mpsc::UnboundedReceiver<quire::serve::Event>) -> Vec<u32> {
+    let mut toks = Vec::new();
+    loop {
+        match rx.blocking_recv().expect("the engine dropped the request") {
+            quire::serve::Event::Token { token, .. } => toks.push(token),
+            quire::serve::Event::Finished { .. } => return toks,
+            quire::serve::Event::Error { message, .. } => panic!("{message}"),
+        }
+    }
+}
+
+/// Serving a hybrid: 24 concurrent greedy requests (more than the 4 state
+/// slots, so slots are reused, and under a tight KV pool, so some are
+/// preempted and recomputed) each produce the tokens they produce alone.
+#[test]
+fn serving_a_hybrid_matches_one_request_at_a_time() {
+    use quire::sampler::SamplingParams;
+    use quire::serve::{EngineConfig, GenRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q35.gguf");
+    let shape = quire::model::synth::find_shape("qwen35-tiny").unwrap();
+    quire::model::synth::write_model(&path, shape, GgmlType::F32, 35).unwrap();
+    let opts = RunnerOptions {
+        threads: Some(2),
+        kv_tokens: 64,
+        block_size: 16,
+        state_slots: 4,
+        ..Default::default()
+    };
+    let prompts: Vec<Vec<u32>> = (0..24)
+        .map(|i| prompt(10 + i % 13, 500 + i as u64))
+        .collect();
+    let req = |p: &Vec<u32>| GenRequest {
+        prompt: p.clone(),
+        params: SamplingParams::greedy(),
+        max_tokens: 12,
+        stop_ids: vec![],
+        top_logprobs: None,
+        n: 1,
+    };
+    let alone: Vec<Vec<u32>> = {
+        let (engine, join) =
+            quire::serve::spawn(Runner::load(&path, &opts).unwrap(), EngineConfig::default())
+                .unwrap();
+        let out = prompts
+            .iter()
+            .map(|p| collect(&mut engine.submit(req(p)).unwrap().events))
+            .collect();
+        drop(engine);
+        join.join().unwrap();
+        out
+    };
+    let (engine, join) =
+        quire::serve::spawn(Runner::load(&path, &opts).unwrap(), EngineConfig::default()).unwrap();
+    let mut handles: Vec<_> = prompts
+        .iter()
+        .map(|p| engine.submit(req(p)).unwrap())
+        .collect();
+    for (i, h) in handles.iter_mut().enumerate() {
+        assert_eq!(collect(&mut h.events), alone[i], "request {i}");
+    }
+    assert!(
+        engine.metrics.snapshot().preemptions_total > 0,
+        "no preemption happened"
+    );
+    // Blocks return as the engine reaps the finished sequences.
+    let t0 = std::time::Instant::now();
+    while engine.metrics.snapshot().kv_blocks_used != 0 {
+        assert!(t0.elapsed().as_secs() < 10, "KV blocks were not returned");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    drop(handles);
+    drop(engine);
+    join.join().unwrap();
+}

@@ -41,6 +41,20 @@ pub fn spawn(runner: Runner, cfg: EngineConfig) -> Result<(EngineHandle, JoinHan
     );
     scfg.max_running = cfg.max_running;
     scfg.prefix_caching = cfg.prefix_caching;
+    if let Some(slots) = runner.state_slots() {
+        // A hybrid model: a sequence cannot start from cached prefix blocks
+        // (no state snapshot goes with them), and each running sequence
+        // holds a recurrent state slot.
+        if cfg.prefix_caching || cfg.max_running > slots {
+            eprintln!(
+                "quire serve: hybrid model: prefix caching off, at most {} running sequences \
+                 (--state-slots {slots})",
+                cfg.max_running.min(slots)
+            );
+        }
+        scfg.prefix_caching = false;
+        scfg.max_running = cfg.max_running.min(slots);
+    }
     scfg.budget = match cfg.static_prefill_budget {
         Some(n) => PrefillBudget::Static(n),
         None => PrefillBudget::Dynamic,
@@ -329,6 +343,7 @@ impl Engine {
     /// Removes a sequence for good: finishes it in the scheduler (freeing
     /// its blocks), uncounts it from the queue, sends its last event.
     fn end(&mut self, id: SeqId, s: Seq, kind: EndKind, event: Option<Event>) {
+        self.runner.release_state(id);
         if self.sched.tokens(id).is_some() {
             if let Err(e) = self.sched.finish(id) {
                 tracing::error!("finishing {id}: {e:#}");
@@ -369,6 +384,11 @@ impl Engine {
     /// Plans and runs one step, samples, sends events.
     fn step(&mut self) -> Result<()> {
         let plan = self.sched.schedule().context("scheduling")?;
+        // Preempted sequences are recomputed from position 0: their
+        // recurrent state slots (hybrid models) are free until then.
+        for &seq in &plan.preempted {
+            self.runner.release_state(seq);
+        }
         for id in &plan.must_finish {
             if let Some(s) = self.seqs.remove(id) {
                 let ev = Event::Finished {
