@@ -252,3 +252,67 @@ fn qwen35_f16_matches_transformers() {
 fn qwen35_with_mtp_block_matches_transformers() {
     check("qwen35-mtp-f32.gguf", "f32");
 }
+
+/// llama.cpp (through llama-cpp-python, when installed) on the same file:
+/// the same greedy continuation, and the same top-1 token at every prompt
+/// position where the reference's two best logits are not a near tie.
+#[test]
+fn qwen35_matches_llama_cpp() {
+    let test = "model_qwen35_hf llama.cpp";
+    let Some(dir) = fixture() else {
+        return;
+    };
+    if !python_has(test, &["llama_cpp", "numpy"]) {
+        return;
+    }
+    let (v, cases) = reference(dir, "f32");
+    let model = dir.join("qwen35-f32.gguf");
+    let req = serde_json::json!({
+        "model": model,
+        "prompts": cases.iter().map(|c| c.prompt.clone()).collect::<Vec<_>>(),
+        "greedy": cases[0].greedy.len(),
+    });
+    let mut child = Command::new(python())
+        .arg(repo_path("tests/py/llamacpp_qwen35.py"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running llama-cpp-python");
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), req.to_string().as_bytes()).unwrap();
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{test}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut r = Runner::load(&model, &RunnerOptions::default()).unwrap();
+    let (mut agree, mut compared) = (0, 0);
+    for (ci, c) in cases.iter().enumerate() {
+        let theirs_greedy = u32s(&j["greedy"][ci]);
+        assert_eq!(theirs_greedy.len(), c.greedy.len());
+        // Ours equals transformers' (checked above); llama.cpp's must too.
+        assert_eq!(theirs_greedy, c.greedy, "{test}: case {ci}: greedy");
+        let ours = teacher_forced_logits(&mut r, SeqId(1), &c.prompt, c.prompt.len()).unwrap();
+        let theirs = u32s(&j["top1"][ci]);
+        assert_eq!(theirs.len(), c.prompt.len());
+        for (p, &t) in theirs.iter().enumerate() {
+            let row = &ours[p * v..(p + 1) * v];
+            let best = argmax(row);
+            let mut sorted = row.to_vec();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            if sorted[0] - sorted[1] < 1e-3 {
+                continue;
+            }
+            compared += 1;
+            if best == t {
+                agree += 1;
+            }
+        }
+    }
+    eprintln!("{test}: top-1 agreement {agree}/{compared} positions");
+    assert!(compared > 0);
+    assert_eq!(agree, compared, "{test}: top-1 differs at some positions");
+}
