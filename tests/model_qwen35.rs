@@ -237,6 +237,30 @@ fn serving_a_hybrid_matches_one_request_at_a_time() {
         engine.metrics.snapshot().preemptions_total > 0,
         "no preemption happened"
     );
+    // n = 3 greedy choices of one prompt (siblings prefill themselves: no
+    // prefix cache for hybrids): each is the prompt's tokens alone.
+    let mut h = engine
+        .submit(GenRequest {
+            n: 3,
+            ..req(&prompts[5])
+        })
+        .unwrap();
+    let mut choices = vec![Vec::new(); 3];
+    let mut done = 0;
+    while done < 3 {
+        match h
+            .events
+            .blocking_recv()
+            .expect("the engine dropped the request")
+        {
+            quire::serve::Event::Token { index, token, .. } => choices[index].push(token),
+            quire::serve::Event::Finished { .. } => done += 1,
+            quire::serve::Event::Error { message, .. } => panic!("{message}"),
+        }
+    }
+    for c in &choices {
+        assert_eq!(c, &alone[5]);
+    }
     // Blocks return as the engine reaps the finished sequences.
     let t0 = std::time::Instant::now();
     while engine.metrics.snapshot().kv_blocks_used != 0 {
