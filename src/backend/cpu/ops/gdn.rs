@@ -428,6 +428,9 @@ pub fn gated_delta_rule(
     state: &mut [f32],
     out: &mut [f32],
 ) -> Result<()> {
+    if form == DeltaRuleForm::Chunked {
+        return gated_delta_rule_chunked(shape, GDN_CHUNK, q, k, v, g, beta, state, out);
+    }
     let t = shape.check_args(
         q.len(),
         k.len(),
@@ -437,10 +440,7 @@ pub fn gated_delta_rule(
         state.len(),
         out.len(),
     )?;
-    match form {
-        DeltaRuleForm::Recurrent => recurrent(shape, t, q, k, v, g, beta, state, out),
-        DeltaRuleForm::Chunked => chunked::run(shape, t, GDN_CHUNK, q, k, v, g, beta, state, out),
-    }
+    recurrent(shape, t, q, k, v, g, beta, state, out);
     Ok(())
 }
 
