@@ -10,10 +10,10 @@ use crate::dispatch::{
     TuningOverrides,
 };
 use crate::gguf::GgufFile;
-use crate::kv::{KvManager, SeqId};
+use crate::kv::{KvManager, RecurrentStates, SeqId};
 use crate::model::arch::llama::LlamaGraph;
-use crate::model::arch::qwen35_graph;
-use crate::model::{KvStorage, LlamaModel, Model, ModelConfig, StepInput};
+use crate::model::arch::qwen35_graph::Qwen35Graph;
+use crate::model::{KvStorage, Model, ModelConfig, StepInput};
 use anyhow::{bail, Context, Result};
 use hybrid::HybridState;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -174,29 +174,15 @@ impl Runner {
         let mut host_backends: Vec<Box<dyn Backend>> = Vec::new();
         match opts.gpu {
             GpuMode::Off => {}
-            GpuMode::Required | GpuMode::Auto if cfg.gdn.is_some() => {
-                let why = format!(
-                    "{:?} is a hybrid (Gated DeltaNet) model; the CUDA backend has no \
-                     kernels for its recurrent layers yet, so it runs on the cpu",
-                    cfg.arch
-                );
-                if opts.gpu == GpuMode::Required {
-                    bail!("--gpu required: {why}");
-                }
-                eprintln!("warning: --gpu auto: {why}");
-            }
             GpuMode::Required | GpuMode::Auto => {
-                let Model::Llama(llama) = &model else {
-                    bail!("only the llama-family graph runs on the device");
-                };
-                match open_device(&gguf, llama, opts, n_blocks, &name) {
+                match open_device(&gguf, &model, opts, n_blocks, &name) {
                     Ok(DeviceLoad::Device(d)) => {
                         return Ok(Runner {
                             gguf,
                             model,
                             kv,
                             compute: Compute::Device(d),
-                            hybrid: None,
+                            hybrid: HybridState::new(&cfg, opts.state_slots)?,
                             n_threads: 1,
                         })
                     }
@@ -229,15 +215,20 @@ impl Runner {
         let n_threads = cpu.n_threads();
         host_backends.push(Box::new(cpu));
         let dx = Dispatcher::new(host_backends, opts.mode);
+        let hybrid = HybridState::new(&cfg, opts.state_slots)?;
+        let mut storage = host_kv()?;
+        if let Some(h) = &hybrid {
+            let g = h.geometry();
+            let st = RecurrentStates::new(g.n_layers, g.n_slots, g.conv_len, g.ssm_len)
+                .context("allocating the recurrent state")?;
+            storage = storage.with_states(st);
+        }
         Ok(Runner {
             gguf,
             model,
             kv,
-            compute: Compute::Host {
-                dx,
-                storage: host_kv()?,
-            },
-            hybrid: HybridState::new(&cfg, opts.state_slots)?,
+            compute: Compute::Host { dx, storage },
+            hybrid,
             n_threads,
         })
     }
@@ -366,7 +357,7 @@ impl Runner {
     /// Recurrent state slots, for a hybrid model (its sequences cannot
     /// start from cached prefix blocks: no state snapshot goes with them).
     pub fn state_slots(&self) -> Option<usize> {
-        self.hybrid.as_ref().map(|h| h.states.n_slots())
+        self.hybrid.as_ref().map(|h| h.n_slots())
     }
 }
 
@@ -380,6 +371,8 @@ struct BatchInput<'k> {
     logit_rows: Vec<usize>,
     wanted: Vec<usize>,
     tables: Vec<&'k [u32]>,
+    state_slots: Vec<u32>,
+    fresh_slots: Vec<u32>,
 }
 
 impl BatchInput<'_> {
@@ -391,6 +384,8 @@ impl BatchInput<'_> {
             slots: &self.slots,
             block_tables: &self.tables,
             logit_rows: &self.logit_rows,
+            state_slots: &self.state_slots,
+            fresh_slots: &self.fresh_slots,
         }
     }
 }
@@ -449,6 +444,8 @@ fn batch_input<'k>(
         logit_rows,
         wanted,
         tables,
+        state_slots: Vec::new(),
+        fresh_slots: Vec::new(),
     })
 }
 
@@ -461,7 +458,12 @@ fn forward_batch(
     kv: &KvManager,
     work: &[SeqWork<'_>],
 ) -> Result<Logits> {
-    let bi = batch_input(model.cfg(), kv, work)?;
+    let mut bi = batch_input(model.cfg(), kv, work)?;
+    if let Some(h) = hybrid {
+        let s = h.step_slots(work)?;
+        bi.state_slots = s.rows;
+        bi.fresh_slots = s.fresh;
+    }
     mark(Point::InputBuilt);
     let input = bi.input();
     let (n_rows, logit_rows, wanted) = (bi.tokens.len(), &bi.logit_rows, &bi.wanted);
@@ -469,19 +471,7 @@ fn forward_batch(
     let logits = match compute {
         Compute::Host { dx, storage } => match model {
             Model::Llama(m) => m.forward_host(&HostExec { dx, gguf }, storage, &input)?,
-            Model::Qwen35(m) => {
-                let h = hybrid.context("a hybrid model without recurrent state")?;
-                let row_slots = h.row_slots(work)?;
-                qwen35_graph::forward_host(
-                    &m.cfg,
-                    &m.weights,
-                    &HostExec { dx, gguf },
-                    storage,
-                    &mut h.states,
-                    &row_slots,
-                    &input,
-                )?
-            }
+            Model::Qwen35(m) => m.forward_host(&HostExec { dx, gguf }, storage, &input)?,
         },
         Compute::Device(d) => {
             // A pure decode step: one row per sequence, all logits.
@@ -544,36 +534,49 @@ fn progress_bar(show: bool, len: u64, template: &str, name: &str) -> ProgressBar
 /// op it cannot run, for op-by-op dispatch with host memory.
 fn open_device(
     gguf: &GgufFile,
-    model: &LlamaModel,
+    model: &Model,
     opts: &RunnerOptions,
     n_blocks: usize,
     name: &str,
 ) -> Result<DeviceLoad> {
-    let cfg = &model.cfg;
-    load_device(
-        gguf,
-        LlamaGraph(cfg.clone()),
-        &model.weights,
-        &model.op_infos(),
-        &DeviceOptions {
-            gpu: opts.gpu,
-            mode: opts.mode,
-            tuning: &opts.tuning,
-            n_blocks,
-            block_size: opts.block_size,
-            n_kv_heads: cfg.n_kv_heads,
-            head_dim: cfg.head_dim,
-            n_layers: cfg.n_layers,
-        },
-        &|| {
-            progress_bar(
-                opts.progress,
-                cfg.n_layers as u64,
-                "uploading {msg} to the GPU [{bar:30}] {pos}/{len} layers",
-                name,
-            )
-        },
-    )
+    let cfg = model.cfg();
+    let dev = DeviceOptions {
+        gpu: opts.gpu,
+        mode: opts.mode,
+        tuning: &opts.tuning,
+        n_blocks,
+        block_size: opts.block_size,
+        n_kv_heads: cfg.n_kv_heads,
+        head_dim: cfg.head_dim,
+        n_layers: model.n_kv_layers(),
+        states: hybrid::state_geometry(cfg, opts.state_slots)?,
+    };
+    let bar = || {
+        progress_bar(
+            opts.progress,
+            cfg.n_layers as u64,
+            "uploading {msg} to the GPU [{bar:30}] {pos}/{len} layers",
+            name,
+        )
+    };
+    match model {
+        Model::Llama(m) => load_device(
+            gguf,
+            LlamaGraph(cfg.clone()),
+            &m.weights,
+            &m.op_infos(),
+            &dev,
+            &bar,
+        ),
+        Model::Qwen35(m) => load_device(
+            gguf,
+            Qwen35Graph(cfg.clone()),
+            &m.weights,
+            &m.op_infos(),
+            &dev,
+            &bar,
+        ),
+    }
 }
 
 fn prefault(g: &GgufFile, bar: &ProgressBar) -> Result<()> {

@@ -303,7 +303,13 @@ fn mean_std(v: &[f64]) -> (f64, f64) {
 }
 
 pub fn bench(a: BenchArgs) -> Result<()> {
-    let (mut r, _tok) = a.model.load()?;
+    // A hybrid model needs a recurrent state slot per sequence of the
+    // largest batch.
+    let mut margs = a.model.clone();
+    margs.state_slots = margs
+        .state_slots
+        .max(a.batch.iter().copied().max().unwrap_or(1));
+    let (mut r, _tok) = margs.load()?;
     let vocab = r.config().vocab_size;
     let model_name = a
         .model

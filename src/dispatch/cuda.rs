@@ -18,7 +18,7 @@ use crate::backend::cuda::device::memory::{zeros, Dev, DevAttnBatch, DevKv, DevK
 use crate::backend::cuda::{drv, CudaBackend};
 use crate::backend::{AttnBatch, Mode, OpT};
 use crate::dispatch::weights::{Store, WeightRef};
-use crate::kv::KvGeometry;
+use crate::kv::{KvGeometry, StateGeometry};
 use crate::quant::GgmlType;
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
@@ -57,9 +57,47 @@ pub struct DevKvCache {
     k: Vec<CudaSlice<u16>>,
     v: Vec<CudaSlice<u16>>,
     geo: KvGeometry,
+    /// Hybrid models: per recurrent layer, the conv (n_slots, conv_len)
+    /// and SSM (n_slots, ssm_len) states of every slot, zeroed at start.
+    states: Option<DevStates>,
+}
+
+/// The recurrent state arrays of a hybrid model on the device.
+pub struct DevStates {
+    conv: Vec<CudaSlice<f32>>,
+    ssm: Vec<CudaSlice<f32>>,
+    geo: StateGeometry,
+}
+
+impl DevStates {
+    pub fn new(be: &CudaBackend, geo: StateGeometry) -> Result<Self> {
+        geo.bytes()?;
+        let (mut conv, mut ssm) = (Vec::new(), Vec::new());
+        for li in 0..geo.n_layers {
+            let what = format!(
+                "allocating the recurrent state of layer {li} ({} MiB for {} slots)",
+                ((geo.conv_len + geo.ssm_len) * geo.n_slots * 4) >> 20,
+                geo.n_slots
+            );
+            conv.push(zeros::<f32>(be, geo.conv_len * geo.n_slots, &what)?);
+            ssm.push(zeros::<f32>(be, geo.ssm_len * geo.n_slots, &what)?);
+        }
+        Ok(DevStates { conv, ssm, geo })
+    }
 }
 
 impl DevKvCache {
+    /// The cache with recurrent states (hybrid models).
+    pub fn with_states(mut self, states: DevStates) -> Self {
+        self.states = Some(states);
+        self
+    }
+
+    /// The recurrent states' shape, for a hybrid model's cache.
+    pub fn state_geometry(&self) -> Option<StateGeometry> {
+        self.states.as_ref().map(|s| s.geo)
+    }
+
     pub fn new(be: &CudaBackend, geo: KvGeometry) -> Result<Self> {
         let per_layer = geo.layer_elems();
         let fill = vec![KvGeometry::FILL.to_bits(); per_layer];
@@ -74,7 +112,12 @@ impl DevKvCache {
             v.push(be.up(&fill, &what)?);
         }
         be.sync("KV cache allocation")?;
-        Ok(DevKvCache { k, v, geo })
+        Ok(DevKvCache {
+            k,
+            v,
+            geo,
+            states: None,
+        })
     }
 
     fn layer_len(&self) -> usize {
@@ -247,6 +290,7 @@ impl CudaExec {
             geometry: (kv.geo.block_size, kv.geo.n_kv_heads, kv.geo.head_dim),
             cells: kv.geo.n_blocks * kv.geo.block_size,
             layers: kv.k.len(),
+            states: kv.state_geometry(),
         };
         let bufs = step_ops::ShapeExec::<DevStore>::step_bufs(n, n_rows, rows_all);
         if let Err(err) = graph.forward_bufs(weights, &e, &mut shape, &bufs) {
@@ -549,6 +593,46 @@ impl Exec for CudaExec {
             }),
             _ => bail!("KV layer {li} out of range ({n} layers)"),
         }
+    }
+    fn state_layer_mut(
+        kv: &mut DevKvCache,
+        i: usize,
+    ) -> Result<(CudaViewMut<'_, f32>, CudaViewMut<'_, f32>)> {
+        let st = kv
+            .states
+            .as_mut()
+            .context("this KV cache holds no recurrent state")?;
+        let (n, g) = (st.conv.len(), st.geo);
+        match (st.conv.get_mut(i), st.ssm.get_mut(i)) {
+            (Some(c), Some(s)) => Ok((
+                c.slice_mut(0..g.conv_len * g.n_slots),
+                s.slice_mut(0..g.ssm_len * g.n_slots),
+            )),
+            _ => bail!("recurrent layer {i} out of range ({n} layers)"),
+        }
+    }
+    fn reset_states(&self, kv: &mut DevKvCache, slots: &[u32]) -> Result<()> {
+        if slots.is_empty() {
+            return Ok(());
+        }
+        let st = kv
+            .states
+            .as_mut()
+            .context("this KV cache holds no recurrent state")?;
+        let g = st.geo;
+        g.check_slots(slots)?;
+        self.be.bind()?;
+        let s = self.be.stream();
+        for &slot in slots {
+            let slot = slot as usize;
+            for (arr, len) in [(&mut st.conv, g.conv_len), (&mut st.ssm, g.ssm_len)] {
+                for l in arr.iter_mut() {
+                    let mut v = l.slice_mut(slot * len..(slot + 1) * len);
+                    drv(s.memset_zeros(&mut v), "zeroing a recurrent state slot")?;
+                }
+            }
+        }
+        Ok(())
     }
     fn run(&self, op: OpT<'_, Dev>) -> Result<()> {
         // Backend<Dev>::run checks capability and names the op and reason.

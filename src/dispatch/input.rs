@@ -19,6 +19,12 @@ pub struct StepInput<'a> {
     pub block_tables: &'a [&'a [u32]],
     /// Rows whose logits are returned, in this order.
     pub logit_rows: &'a [usize],
+    /// Hybrid models: (n_rows,) each row's recurrent state slot (a slot's
+    /// rows consecutive, in position order); empty for other models.
+    pub state_slots: &'a [u32],
+    /// Hybrid models: state slots to zero before the step (sequences that
+    /// start at position 0 in it).
+    pub fresh_slots: &'a [u32],
 }
 
 impl StepInput<'_> {
@@ -31,6 +37,12 @@ impl StepInput<'_> {
                 self.positions.len(),
                 self.row_seq.len(),
                 self.slots.len()
+            );
+        }
+        if !self.state_slots.is_empty() && self.state_slots.len() != n {
+            bail!(
+                "step input: {} state slots for {n} rows",
+                self.state_slots.len()
             );
         }
         if let Some(&t) = self.tokens.iter().find(|&&t| t as usize >= vocab) {

@@ -95,6 +95,9 @@ pub struct StepBufs<I, B> {
     pub positions: I,
     /// (n,) physical KV cells, checked distinct and in range.
     pub slots: I,
+    /// (n,) recurrent state slots of a hybrid model's rows (empty
+    /// otherwise), checked in range.
+    pub state_slots: I,
     /// (n_rows,) rows that go through the output head, checked < n.
     pub rows: I,
     /// `rows` is 0..n (every row wants its logits, in order, as in every
@@ -150,6 +153,16 @@ pub trait Exec {
     fn kv_cells(kv: &Self::Kv) -> usize;
     fn kv_layer(kv: &Self::Kv, li: usize) -> Result<<Self::M as Mem>::Kv<'_>>;
     fn kv_layer_mut(kv: &mut Self::Kv, li: usize) -> Result<<Self::M as Mem>::KvMut<'_>>;
+    /// Recurrent layer `i`'s (conv, ssm) state arrays, every slot (hybrid
+    /// models: the cache holds them beside the attention layers).
+    #[allow(clippy::type_complexity)]
+    fn state_layer_mut(
+        kv: &mut Self::Kv,
+        i: usize,
+    ) -> Result<(<Self::M as Mem>::Out<'_>, <Self::M as Mem>::Out<'_>)>;
+    /// Zeroes state `slots` in every recurrent layer (sequences that start
+    /// at position 0), ordered before the next op.
+    fn reset_states(&self, kv: &mut Self::Kv, slots: &[u32]) -> Result<()>;
     /// Runs one op (on whichever backend the executor picks).
     fn run(&self, op: OpT<'_, Self::M>) -> Result<()>;
     /// Moves an activation to the host (waits for every queued op).
@@ -257,6 +270,9 @@ pub struct DeviceOptions<'a> {
     pub n_kv_heads: usize,
     pub head_dim: usize,
     pub n_layers: usize,
+    /// Hybrid models: the recurrent state arrays to allocate beside the
+    /// KV cache.
+    pub states: Option<crate::kv::StateGeometry>,
 }
 
 /// What [`load_device`] gives back: the model on the device, or (`--gpu auto`)
@@ -338,6 +354,16 @@ impl Exec for HostExec<'_> {
     }
     fn kv_layer_mut(kv: &mut KvStorage, li: usize) -> Result<KvLayerMut<'_>> {
         kv.layer_mut(li)
+    }
+    fn state_layer_mut(kv: &mut KvStorage, i: usize) -> Result<(&mut [f32], &mut [f32])> {
+        kv.states_mut()?.layer_mut(i)
+    }
+    fn reset_states(&self, kv: &mut KvStorage, slots: &[u32]) -> Result<()> {
+        let st = kv.states_mut()?;
+        for &s in slots {
+            st.reset(s)?;
+        }
+        Ok(())
     }
     fn run(&self, op: Op<'_>) -> Result<()> {
         self.dx.run(op)

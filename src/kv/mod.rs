@@ -23,7 +23,7 @@ pub mod storage;
 pub use hash::{hash_block, ROOT_HASH};
 pub use manager::{KvManager, KvMetrics, DEFAULT_BLOCK_SIZE};
 pub use pool::BlockPool;
-pub use recurrent::{RecurrentStates, StateSlots};
+pub use recurrent::{RecurrentStates, StateGeometry, StateSlots};
 pub use storage::{KvGeometry, KvStorage};
 
 /// Identifier of one sequence (one request, or one fork of it).

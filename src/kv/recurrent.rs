@@ -70,6 +70,43 @@ impl StateSlots {
 
 /// The recurrent state arrays of every Gated DeltaNet layer: per layer,
 /// conv (n_slots, conv_len) and ssm (n_slots, ssm_len), f32.
+/// The shape of a model's recurrent state: `n_layers` recurrent layers,
+/// `n_slots` sequences, per slot and layer `conv_len` conv and `ssm_len`
+/// SSM values (f32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateGeometry {
+    pub n_layers: usize,
+    pub n_slots: usize,
+    pub conv_len: usize,
+    pub ssm_len: usize,
+}
+
+impl StateGeometry {
+    /// Bytes of every layer's arrays; errors when that overflows.
+    pub fn bytes(&self) -> Result<usize> {
+        let b = self
+            .conv_len
+            .checked_add(self.ssm_len)
+            .and_then(|l| l.checked_mul(self.n_slots))
+            .and_then(|l| l.checked_mul(self.n_layers))
+            .and_then(|l| l.checked_mul(4))
+            .context("recurrent state size overflows")?;
+        ensure!(
+            b <= isize::MAX as usize,
+            "recurrent state of {b} bytes is too large"
+        );
+        Ok(b)
+    }
+
+    /// Errors unless every slot in `slots` is below `n_slots`.
+    pub fn check_slots(&self, slots: &[u32]) -> Result<()> {
+        if let Some(&s) = slots.iter().find(|&&s| s as usize >= self.n_slots) {
+            anyhow::bail!("state slot {s} out of range ({} slots)", self.n_slots);
+        }
+        Ok(())
+    }
+}
+
 pub struct RecurrentStates {
     conv: Vec<Vec<f32>>,
     ssm: Vec<Vec<f32>>,
@@ -112,6 +149,16 @@ impl RecurrentStates {
 
     pub fn n_slots(&self) -> usize {
         self.n_slots
+    }
+
+    /// The arrays' shape.
+    pub fn geometry(&self) -> StateGeometry {
+        StateGeometry {
+            n_layers: self.conv.len(),
+            n_slots: self.n_slots,
+            conv_len: self.conv_len,
+            ssm_len: self.ssm_len,
+        }
     }
 
     /// Bytes held.

@@ -99,6 +99,9 @@ pub struct KvStorage {
     k: Vec<Vec<f16>>,
     v: Vec<Vec<f16>>,
     geo: KvGeometry,
+    /// Hybrid models: the recurrent state of every slot, beside the
+    /// attention layers' blocks.
+    states: Option<super::RecurrentStates>,
 }
 
 impl KvStorage {
@@ -119,7 +122,21 @@ impl KvStorage {
                 .map(|_| vec![KvGeometry::FILL; per_layer])
                 .collect(),
             geo,
+            states: None,
         })
+    }
+
+    /// The cache with recurrent states (hybrid models).
+    pub fn with_states(mut self, states: super::RecurrentStates) -> Self {
+        self.states = Some(states);
+        self
+    }
+
+    /// The recurrent states, for a hybrid model's cache.
+    pub fn states_mut(&mut self) -> Result<&mut super::RecurrentStates> {
+        self.states
+            .as_mut()
+            .ok_or_else(|| anyhow::anyhow!("this KV cache holds no recurrent state"))
     }
 
     /// The cache's layout.

@@ -339,6 +339,23 @@ impl Runner {
             );
         }
         let row_seq: Vec<u32> = (0..b as u32).collect();
+        // Hybrid models: each row's recurrent state slot (the token is
+        // only a placeholder here: slots depend on the sequence and position).
+        let (state_slots, fresh_slots) = match &mut self.hybrid {
+            Some(h) => {
+                let work: Vec<SeqWork<'_>> = (0..b)
+                    .map(|r| SeqWork {
+                        seq: rows.seqs[r],
+                        tokens: &rows.firsts[r..r + 1],
+                        start_pos: rows.starts[r] + i,
+                        logits: LogitsWanted::Last,
+                    })
+                    .collect();
+                let s = h.step_slots(&work)?;
+                (s.rows, s.fresh)
+            }
+            None => (Vec::new(), Vec::new()),
+        };
         let input = StepInput {
             // From step 1 on, only the count: the tokens are on the device.
             tokens: rows.firsts,
@@ -347,6 +364,8 @@ impl Runner {
             slots: &slots,
             block_tables: &tables,
             logit_rows: &(0..b).collect::<Vec<_>>(),
+            state_slots: &state_slots,
+            fresh_slots: &fresh_slots,
         };
         enqueue(&mut self.compute, &input, i > 0, draws)
     }

@@ -1,43 +1,54 @@
-//! The runner's recurrent state for hybrid models: the state arrays of
-//! every Gated DeltaNet layer, and which sequence owns which slot.
+//! The runner's side of hybrid models' recurrent state: which sequence owns
+//! which state slot. The numbers live beside the KV cache, in the
+//! executor's memory (host `KvStorage`, or the device cache).
 //!
-//! A sequence gets a fresh, zeroed slot whenever it steps from position 0
-//! (a new sequence, or one recomputed after preemption), keeps it while it
-//! steps forward, and gives it back when freed. A sequence cannot resume
-//! past position 0 without its slot: the state of its earlier tokens
-//! exists nowhere else (prefix-cache hits need state snapshots, which this
-//! runner does not keep; callers turn prefix caching off for hybrids).
+//! A sequence gets a fresh slot whenever it steps from position 0 (a new
+//! sequence, or one recomputed after preemption), which the step zeroes
+//! first; it keeps the slot while it steps forward and gives it back when
+//! freed. A sequence cannot resume past position 0 without its slot: the
+//! state of its earlier tokens exists nowhere else (prefix-cache hits need
+//! state snapshots, which this runner does not keep; callers turn prefix
+//! caching off for hybrids).
 
 use super::SeqWork;
-use crate::kv::{RecurrentStates, SeqId, StateSlots};
+use crate::kv::{SeqId, StateGeometry, StateSlots};
 use crate::model::ModelConfig;
 use anyhow::{bail, Context, Result};
 
 pub(crate) struct HybridState {
-    pub(crate) states: RecurrentStates,
     slots: StateSlots,
+    geo: StateGeometry,
+}
+
+/// A step's slots: each row's, and those to zero before the step.
+pub(crate) struct StepSlots {
+    pub(crate) rows: Vec<u32>,
+    pub(crate) fresh: Vec<u32>,
 }
 
 impl HybridState {
-    /// States for `n_slots` sequences of a hybrid model (None for a model
+    /// Slots for `n_slots` sequences of a hybrid model (None for a model
     /// without recurrent layers).
     pub(crate) fn new(cfg: &ModelConfig, n_slots: usize) -> Result<Option<HybridState>> {
-        let Some(g) = &cfg.gdn else { return Ok(None) };
-        let n_rec = (0..cfg.n_layers).filter(|&i| cfg.is_recurrent(i)).count();
-        let conv_len = g.conv_kernel.saturating_sub(1) * g.conv_dim();
-        let ssm_len = g.n_v_heads * g.d_k * g.d_v;
-        let states = RecurrentStates::new(n_rec, n_slots, conv_len, ssm_len)
-            .context("allocating the recurrent state")?;
+        let Some(geo) = state_geometry(cfg, n_slots)? else {
+            return Ok(None);
+        };
         Ok(Some(HybridState {
-            states,
             slots: StateSlots::new(n_slots)?,
+            geo,
         }))
     }
 
-    /// Each row's state slot for a step over `work`: consecutive rows of a
-    /// sequence share its slot.
-    pub(crate) fn row_slots(&mut self, work: &[SeqWork<'_>]) -> Result<Vec<u32>> {
+    /// The state arrays' shape.
+    pub(crate) fn geometry(&self) -> StateGeometry {
+        self.geo
+    }
+
+    /// Each row's state slot for a step over `work` (consecutive rows of
+    /// a sequence share its slot), and the slots to zero first.
+    pub(crate) fn step_slots(&mut self, work: &[SeqWork<'_>]) -> Result<StepSlots> {
         let mut rows = Vec::with_capacity(work.iter().map(|w| w.tokens.len()).sum());
+        let mut fresh = Vec::new();
         for w in work {
             let slot = if w.start_pos == 0 {
                 self.slots.release(w.seq);
@@ -48,7 +59,7 @@ impl HybridState {
                         self.slots.n_slots()
                     )
                 })?;
-                self.states.reset(s)?;
+                fresh.push(s);
                 s
             } else {
                 match self.slots.get(w.seq) {
@@ -63,10 +74,30 @@ impl HybridState {
             };
             rows.extend(std::iter::repeat_n(slot, w.tokens.len()));
         }
-        Ok(rows)
+        Ok(StepSlots { rows, fresh })
     }
 
     pub(crate) fn release(&mut self, seq: SeqId) {
         self.slots.release(seq);
     }
+
+    pub(crate) fn n_slots(&self) -> usize {
+        self.slots.n_slots()
+    }
+}
+
+/// The recurrent state's shape for `n_slots` sequences of `cfg` (None for
+/// a model without recurrent layers); errors on 0 slots or an overflowing
+/// size.
+pub(crate) fn state_geometry(cfg: &ModelConfig, n_slots: usize) -> Result<Option<StateGeometry>> {
+    let Some(g) = &cfg.gdn else { return Ok(None) };
+    StateSlots::new(n_slots)?;
+    let geo = StateGeometry {
+        n_layers: (0..cfg.n_layers).filter(|&i| cfg.is_recurrent(i)).count(),
+        n_slots,
+        conv_len: g.conv_kernel.saturating_sub(1) * g.conv_dim(),
+        ssm_len: g.n_v_heads * g.d_k * g.d_v,
+    };
+    geo.bytes().context("sizing the recurrent state")?;
+    Ok(Some(geo))
 }

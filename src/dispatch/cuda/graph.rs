@@ -153,6 +153,9 @@ pub(super) struct DecodeGraph {
     /// Greedy graphs: the draw records sample_rows reads (b, DRAW_WORDS),
     /// and the host's copy of what they hold (zeros: every row greedy).
     pub(super) draws: Option<(CudaSlice<u32>, Option<Vec<u32>>)>,
+    /// Hybrid models: each row's recurrent state slot (b,), and the host's
+    /// copy of what it holds (uploaded when it changes).
+    pub(super) state_slots: (CudaSlice<u32>, Option<Vec<u32>>),
     pub(super) graph: Option<SendGraph>,
     /// One uncaptured step ran with these inputs (it filled the buffer
     /// pool, so the capture allocates nothing).
@@ -268,6 +271,7 @@ impl CudaExec {
                 } else {
                     None
                 },
+                state_slots: (zeros::<u32>(&self.be, b, "decode state slots")?, None),
                 graph: None,
                 warm: false,
                 capture_failed: false,
@@ -331,6 +335,13 @@ impl CudaExec {
             kv.geo.n_blocks,
             stage,
         )?;
+        if !input.state_slots.is_empty() {
+            if let Some(st_geo) = kv.state_geometry() {
+                st_geo.check_slots(input.state_slots)?;
+            }
+            let (d, held) = &mut g.state_slots;
+            upload_if_changed(&self.be, held, input.state_slots, d, "decode state slots")?;
+        }
         if copied {
             staging.mark(&self.be, st, sel.synced)?;
         }
@@ -372,6 +383,7 @@ impl CudaExec {
                 // write too: one upload.
                 positions: DevIdx::View(g.batch.positions()),
                 slots: DevIdx::View(g.batch.slots()?),
+                state_slots: DevIdx::View(g.state_slots.0.slice(0..b)),
                 rows: DevIdx::View(g.rows.slice(0..b)),
                 // decode_run checked that every row wants its logits, in
                 // order.

@@ -7,7 +7,7 @@ use crate::backend::cuda::{device_draws, draw_record, CudaBackend};
 use crate::backend::{GpuMode, OpInfo};
 use crate::dispatch::weights::HostStore;
 use crate::dispatch::StepInput;
-use crate::dispatch::{DeviceLoad, DeviceModel, DeviceOptions, Graph, HostLogits};
+use crate::dispatch::{DeviceLoad, DeviceModel, DeviceOptions, Exec, Graph, HostLogits};
 use crate::gguf::GgufFile;
 use crate::sampler::DrawParams;
 use anyhow::{bail, Context, Result};
@@ -60,8 +60,13 @@ where
         opts.n_kv_heads,
         opts.head_dim,
     )?;
-    let kv =
+    let mut kv =
         DevKvCache::new(exec.backend(), geo).context("allocating the KV cache on the device")?;
+    if let Some(sg) = opts.states {
+        let st = super::DevStates::new(exec.backend(), sg)
+            .context("allocating the recurrent state on the device")?;
+        kv = kv.with_states(st);
+    }
     Ok(DeviceLoad::Device(Box::new(CudaModel {
         exec,
         weights,
@@ -113,6 +118,8 @@ where
         // Every step's ops carry the fusion pass's annotations
         // (backend/cuda/fusion.rs), planned once per step shape.
         if decode && self.exec.graphable(input.tokens.len()) {
+            // (`Graph::forward` zeroes them on the other path.)
+            self.exec.reset_states(&mut self.kv, input.fresh_slots)?;
             self.exec
                 .decode_step(graph.vocab(), input, &mut self.kv, &mut |e, kv, bufs| {
                     e.forward_fused(graph, weights, kv, bufs)
@@ -149,6 +156,7 @@ where
                     .flat_map(|d| draw_record(d.as_ref().map(|(p, u)| (p, *u)))),
             );
         }
+        self.exec.reset_states(&mut self.kv, input.fresh_slots)?;
         let (graph, weights) = (&self.graph, &self.weights);
         self.exec.decode_step_greedy(
             graph.vocab(),

@@ -53,6 +53,8 @@ pub struct KvShape {
     pub geometry: (usize, usize, usize),
     pub cells: usize,
     pub layers: usize,
+    /// Hybrid models: the recurrent state arrays' shape.
+    pub states: Option<crate::kv::StateGeometry>,
 }
 
 impl KvInfo for KvShape {
@@ -188,6 +190,7 @@ impl<'r, S: Store> ShapeExec<'r, S> {
             tokens: n,
             positions: n,
             slots: n,
+            state_slots: n,
             rows: n_rows,
             rows_all,
             batch: (),
@@ -355,6 +358,29 @@ impl<S: Store> Exec for ShapeExec<'_, S> {
     }
     fn kv_layer_mut(kv: &mut KvShape, li: usize) -> Result<KvShape> {
         Self::kv_layer(kv, li)
+    }
+    fn state_layer_mut(kv: &mut KvShape, i: usize) -> Result<(Named, Named)> {
+        let Some(g) = kv.states else {
+            bail!("this KV cache holds no recurrent state");
+        };
+        if i >= g.n_layers {
+            bail!("recurrent layer {i} out of range ({} layers)", g.n_layers);
+        }
+        // Names from the top of the id space: the state arrays outlive
+        // the step, so they never collide with its activations.
+        Ok((
+            Named {
+                id: BufId::MAX - 2 * i as BufId,
+                len: g.conv_len * g.n_slots,
+            },
+            Named {
+                id: BufId::MAX - 2 * i as BufId - 1,
+                len: g.ssm_len * g.n_slots,
+            },
+        ))
+    }
+    fn reset_states(&self, _kv: &mut KvShape, _slots: &[u32]) -> Result<()> {
+        Ok(())
     }
     fn run(&self, op: OpT<'_, ShapeMem>) -> Result<()> {
         let key = op_key(&op);

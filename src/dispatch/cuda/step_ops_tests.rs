@@ -38,6 +38,7 @@ fn recorded(model: &LlamaModel, mode: Mode, n: usize, m: usize) -> Vec<StepOp> {
         geometry: (16, c.n_kv_heads, c.head_dim),
         cells: 1024,
         layers: c.n_layers,
+        states: None,
     };
     let bufs = ShapeExec::<HostStore>::step_bufs(n, m, m == n);
     forward_bufs(c, &model.weights, &e, &mut kv, &bufs).unwrap();
@@ -134,6 +135,7 @@ fn the_cursor_hands_out_annotations_in_order_until_an_op_differs() {
         geometry: (16, c.n_kv_heads, c.head_dim),
         cells: 1024,
         layers: c.n_layers,
+        states: None,
     };
     let bufs = ShapeExec::<HostStore>::step_bufs(1, 1, true);
     forward_bufs(c, &model.weights, &e, &mut kv, &bufs).unwrap();

@@ -277,6 +277,7 @@ pub fn forward<E: Exec>(
         tokens: e.idx(input.tokens)?,
         positions: e.idx(input.positions)?,
         slots: e.idx(input.slots)?,
+        state_slots: e.idx(input.state_slots)?,
         rows_all: logit_rows.len() == n
             && logit_rows.iter().enumerate().all(|(i, &r)| r as usize == i),
         rows: e.idx(&logit_rows)?,

@@ -27,10 +27,12 @@
 //!
 //! # Determinism
 //!
-//! Every function is single-threaded and every reduction is a plain
-//! sequential sum over the reduced index in increasing order, starting from
-//! `0.0` (`acc = acc + term`, one rounding per multiply and per add, no FMA:
-//! Rust never contracts). Transcendentals are the canonical ones of
+//! Every function is single-threaded and every reduction over a head
+//! dimension is the canonical 32-lane sum [`canon::dot32_by`] (lane `l` adds
+//! the terms `l, l + 32, ...` in order from `0.0`, then the pairwise
+//! 32-lane tree), so a CUDA warp reproduces it bit for bit with one lane per
+//! stride. Every multiply and add is rounded on its own (no FMA: Rust never
+//! contracts). The conv's K-tap sum is sequential. Transcendentals are the canonical ones of
 //! [`crate::backend::cpu::canon`] (`exp`, `silu`, `rsqrt`) plus [`softplus`]
 //! below, built from plain IEEE operations only. Results therefore depend
 //! only on the inputs, never on the thread count or the ISA.
@@ -232,7 +234,7 @@ pub fn causal_conv1d_silu(
 }
 
 /// In-place L2 norm of each of `n_rows` rows of `head_dim` (ggml's form):
-/// `ss = Σ x²` (sequential); `n = sqrt(ss)`; `x *= 1 / max(n, eps)`.
+/// `ss = dot32(x, x)`; `n = sqrt(ss)`; `x *= 1 / max(n, eps)`.
 /// `eps` is `attention.layer_norm_rms_epsilon`. A NaN norm propagates.
 pub fn l2_norm_heads(x: &mut [f32], n_rows: usize, head_dim: usize, eps: f32) -> Result<()> {
     ensure!(
@@ -244,10 +246,7 @@ pub fn l2_norm_heads(x: &mut [f32], n_rows: usize, head_dim: usize, eps: f32) ->
         return Ok(());
     }
     for row in x.chunks_exact_mut(head_dim) {
-        let mut ss = 0f32;
-        for &v in row.iter() {
-            ss += v * v;
-        }
+        let ss = canon::dot32(row, row);
         let n = ss.sqrt();
         // `n < eps` is false for NaN, so a NaN norm is kept (f32::max would drop it).
         let scale = 1.0 / if n < eps { eps } else { n };
@@ -260,7 +259,7 @@ pub fn l2_norm_heads(x: &mut [f32], n_rows: usize, head_dim: usize, eps: f32) ->
 
 /// Per-head RMSNorm gated by SiLU (`ssm_norm`, a plain multiplier: the
 /// converter does not add 1 to it):
-/// `ss = Σ x²` (sequential); `scale = rsqrt(ss / head_dim + eps)`;
+/// `ss = dot32(x, x)`; `scale = rsqrt(ss / head_dim + eps)`;
 /// `out = ((x * scale) * w) * silu(z)`.
 ///
 /// * `x`, `z`, `out`: (n_rows, head_dim), rows are (token, value head);
@@ -293,10 +292,7 @@ pub fn gated_rms_norm(
         .zip(z.chunks_exact(head_dim))
         .zip(out.chunks_exact_mut(head_dim))
     {
-        let mut ss = 0f32;
-        for &v in xr {
-            ss += v * v;
-        }
+        let ss = canon::dot32(xr, xr);
         let scale = canon::rsqrt(ss / head_dim as f32 + eps);
         for (((o, &v), &zv), &wv) in or.iter_mut().zip(xr).zip(zr).zip(w) {
             *o = ((v * scale) * wv) * canon::silu(zv);
@@ -478,11 +474,14 @@ pub fn gated_delta_rule_chunked(
 ///
 /// ```text
 /// S[i][j] = S[i][j] * decay                 for all i     (decay first)
-/// kv      = Σ_i S[i][j] * k[t][kh][i]       (sequential in i, from 0.0)
+/// kv      = dot32_i(S[i][j] * k[t][kh][i])
 /// d       = beta[t][h] * (v[t][h][j] - kv)
 /// S[i][j] = S[i][j] + k[t][kh][i] * d       for all i
-/// out[t][h][j] = Σ_i S[i][j] * qs[i]        (the updated state; sequential in i)
+/// out[t][h][j] = dot32_i(S[i][j] * qs[i])   (the updated state)
 /// ```
+///
+/// A CUDA warp per column holds lane `l`'s entries `i = l, l + 32, ...` in
+/// registers and computes the same bits.
 ///
 /// This is transformers' `torch_recurrent_gated_delta_rule` step order.
 #[allow(clippy::too_many_arguments)]
@@ -499,6 +498,7 @@ fn recurrent(
 ) {
     let DeltaShape { h_k, h_v, d_k, d_v } = shape;
     let scale = canon::rsqrt(d_k as f32);
+    let mut qs = vec![0f32; d_k];
     for t in 0..t_len {
         for h in 0..h_v {
             let kh = shape.k_head(h);
@@ -509,19 +509,19 @@ fn recurrent(
             let b = beta[t * h_v + h];
             let s = &mut state[h * d_k * d_v..][..d_k * d_v];
             let o = &mut out[(t * h_v + h) * d_v..][..d_v];
+            for (qsi, &qi) in qs.iter_mut().zip(qt) {
+                *qsi = qi * scale;
+            }
             for (j, col) in s.chunks_exact_mut(d_k).enumerate() {
-                let mut kv = 0f32;
-                for (sv, &kv_i) in col.iter_mut().zip(kt) {
+                for sv in col.iter_mut() {
                     *sv *= decay;
-                    kv += *sv * kv_i;
                 }
+                let kv = canon::dot32(col, kt);
                 let d = b * (vt[j] - kv);
-                let mut acc = 0f32;
-                for ((sv, &ki), &qi) in col.iter_mut().zip(kt).zip(qt) {
+                for (sv, &ki) in col.iter_mut().zip(kt) {
                     *sv += ki * d;
-                    acc += *sv * (qi * scale);
                 }
-                o[j] = acc;
+                o[j] = canon::dot32(col, &qs);
             }
         }
     }
