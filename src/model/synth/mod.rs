@@ -185,6 +185,7 @@ pub const SHAPES: &[SynthShape] = &[
     qwen35::shape("Qwen3.5-9B", 32, 4096, (16, 4), 12288, 32, false),
     qwen35::shape("Qwen3.5-27B", 64, 5120, (24, 4), 17408, 48, false),
     qwen35::TINY,
+    qwen35::SMALL,
     qwen35::TINY_MTP,
 ];
 

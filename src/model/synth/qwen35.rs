@@ -75,6 +75,34 @@ pub(super) const fn shape(
     }
 }
 
+/// A small shape with the published head sizes (attention heads of 256,
+/// key and value heads of 128, two value heads per key head): 6 GDN and 2
+/// attention layers, for device tests where the kernels' real geometry
+/// matters but the model must build in seconds.
+pub(super) const SMALL: SynthShape = SynthShape {
+    name: "qwen35-small",
+    arch: "qwen35",
+    n_layers: 8,
+    dim: 512,
+    n_heads: 4,
+    n_kv_heads: 2,
+    head_dim: 256,
+    ffn_dim: 1024,
+    vocab: 4096,
+    context_length: 4096,
+    rope_base: 1e7,
+    tied: false,
+    gdn: Some(SynthGdn {
+        rope_dim: 64,
+        conv_kernel: 4,
+        d_k: 128,
+        n_k_heads: 4,
+        n_v_heads: 8,
+        full_attention_interval: 4,
+        nextn: 0,
+    }),
+};
+
 /// The tiny test shape: 3 GDN layers and 1 attention layer, two value
 /// heads per key head (so the tiled head mapping matters), partial RoPE.
 pub(super) const TINY: SynthShape = tiny("qwen35-tiny", 0, false);
