@@ -1,7 +1,8 @@
 //! CUDA backend at run time. On a device (`#[ignore]`d: run with
 //! `--ignored`, as scripts/gpu-check.sh does; they fail without a usable
 //! device): the op parity harness (quick grid, exact mode) against the cpu,
-//! and the GpuMode contract on an unsupported op. Without a GPU (CI): the
+//! the hybrid ops' cases in every mode and state path, and the GpuMode
+//! contract on an unsupported op. Without a GPU (CI): the
 //! GpuMode contract turns absence into errors.
 
 mod common;
@@ -69,6 +70,37 @@ fn cuda_ops_match_cpu_bitwise_in_exact_mode() {
     assert_eq!(f, 0, "{f} cases failed");
     assert_eq!(u, 0, "{u} cases unsupported");
     assert!(p > 100);
+}
+
+/// The hybrid (Gated DeltaNet) ops, the whole grid: bitwise equal to the
+/// cpu in every mode (one canonical kernel each), with the fused and the
+/// unfused state paths (tuning `gdn.fused`), which must also equal each
+/// other; none unsupported.
+#[test]
+#[ignore = "needs a CUDA device: scripts/gpu-check.sh"]
+fn cuda_hybrid_ops_match_cpu_bitwise_in_every_mode_and_state_path() {
+    let mut be = backend(GpuMode::Auto).without_fallback();
+    let cpu = CpuBackend::new(Some(2)).unwrap();
+    for mode in [Mode::Exact, Mode::Deterministic, Mode::Fast] {
+        let opts = opcheck::Options {
+            mode,
+            op_filter: None,
+            perf: false,
+            seed: 11,
+            quick: false,
+            wave_tail_forced: false,
+        };
+        let mut res = opcheck::hybrid::run(&be, &cpu, &opts);
+        res.extend(opcheck::hybrid::state_paths(&mut be, &cpu, &opts));
+        let (p, f, u) = opcheck::summary(&res);
+        for r in &res {
+            if !matches!(r.status, opcheck::Status::Pass) {
+                eprintln!("{mode:?}: {r}");
+            }
+        }
+        assert_eq!((f, u), (0, 0), "{mode:?}: {f} failed, {u} unsupported");
+        assert!(p >= 70, "{mode:?}: only {p} cases");
+    }
 }
 
 /// head_dim 320 is beyond the attention kernel: `auto` declines it (dispatch

@@ -398,18 +398,6 @@ pub enum OpT<'a, M: Mem> {
     SigmoidMul { x: M::Out<'a>, gate: M::In<'a> },
 }
 
-/// Op kinds of hybrid (Gated DeltaNet) models, which only the cpu backend
-/// runs so far.
-pub const HYBRID_OP_KINDS: &[&str] = &[
-    "conv1d_silu",
-    "l2_norm_heads",
-    "gdn_gates",
-    "delta_rule",
-    "gated_rms_norm",
-    "split_heads",
-    "sigmoid_mul",
-];
-
 /// Most jobs of one `MatMuls` op (the kernels' job table holds this many).
 pub const MAX_MAT_JOBS: usize = 4;
 

@@ -58,6 +58,7 @@ macro_rules! run_case {
 
 mod attention;
 mod elementwise;
+pub mod hybrid;
 pub(crate) mod mat_muls;
 pub mod mat_muls_glu;
 mod mat_muls_norm;
@@ -722,6 +723,7 @@ pub fn run(be: &dyn Backend, cpu: &dyn Backend, opts: &Options) -> Vec<CaseResul
     c.kv_write();
     c.rope_kv_write();
     c.attention();
+    c.hybrid();
     c.results
 }
 

@@ -11,6 +11,7 @@
 //! touch, remapped onto a compact buffer.
 
 use super::device::memory::{Dev, DevAttnBatch, DevKv, DevKvMut, DevMatrix};
+use super::ops::gdn;
 use super::{enter, supports};
 use super::{fingerprint, CudaBackend};
 use crate::backend::Backend;
@@ -49,18 +50,171 @@ impl CudaBackend {
     /// Runs one host-slice op on the device (the caller holds the lock).
     pub(super) fn run_host(&self, op: &mut Op<'_>, mode: Mode) -> Result<()> {
         match op {
-            // `capability` refuses these first (HYBRID_OP_KINDS).
-            Op::Conv1dSilu { .. }
-            | Op::L2NormHeads { .. }
-            | Op::GdnGates { .. }
-            | Op::DeltaRule { .. }
-            | Op::GatedRmsNorm { .. }
-            | Op::SplitHeads { .. }
-            | Op::SigmoidMul { .. } => {
-                bail!(
-                    "op {} has no CUDA kernel yet (hybrid models run on the cpu)",
-                    op.kind()
-                )
+            // The hybrid ops: the state-carrying two upload the whole state
+            // array (their slots checked here, as the cpu checks them) and
+            // download it back with their output.
+            Op::Conv1dSilu {
+                x,
+                w,
+                channels,
+                kernel,
+                row_slots,
+                state,
+                out,
+            } => {
+                let len = gdn::conv_state_len(*kernel, *channels);
+                gdn::check_conv(
+                    x.len(),
+                    w.len(),
+                    *channels,
+                    *kernel,
+                    row_slots.len(),
+                    out.len(),
+                )?;
+                gdn::check_row_slots(row_slots, state.len(), len)?;
+                let (xd, wd) = (self.up(x, "conv1d_silu: x")?, self.up(w, "conv1d_silu: w")?);
+                let rd = self.up(row_slots, "conv1d_silu: row_slots")?;
+                let mut sd = self.up(state, "conv1d_silu: state")?;
+                let mut od = self.scratch::<f32>(out.len(), "conv1d_silu: out")?;
+                self.d_conv1d_silu(
+                    &xd.slice(0..x.len()),
+                    &wd.slice(0..w.len()),
+                    *channels,
+                    *kernel,
+                    &rd.slice(0..row_slots.len()),
+                    &mut sd.slice_mut(0..state.len()),
+                    &mut od.slice_mut(0..out.len()),
+                )?;
+                self.down(&od, out, "conv1d_silu: out")?;
+                self.down(&sd, state, "conv1d_silu: state")
+            }
+            Op::DeltaRule {
+                qkv,
+                g,
+                beta,
+                h_k,
+                h_v,
+                d_k,
+                d_v,
+                row_slots,
+                state,
+                out,
+            } => {
+                let dims = (*h_k, *h_v, *d_k, *d_v);
+                gdn::check_delta(
+                    dims,
+                    qkv.len(),
+                    g.len(),
+                    beta.len(),
+                    row_slots.len(),
+                    out.len(),
+                )?;
+                gdn::check_row_slots(row_slots, state.len(), *h_v * *d_k * *d_v)?;
+                let qd = self.up(qkv, "delta_rule: qkv")?;
+                let (gd, bd) = (
+                    self.up(g, "delta_rule: g")?,
+                    self.up(beta, "delta_rule: beta")?,
+                );
+                let rd = self.up(row_slots, "delta_rule: row_slots")?;
+                let mut sd = self.up(state, "delta_rule: state")?;
+                let mut od = self.scratch::<f32>(out.len(), "delta_rule: out")?;
+                self.d_delta_rule(
+                    &qd.slice(0..qkv.len()),
+                    &gd.slice(0..g.len()),
+                    &bd.slice(0..beta.len()),
+                    dims,
+                    &rd.slice(0..row_slots.len()),
+                    &mut sd.slice_mut(0..state.len()),
+                    &mut od.slice_mut(0..out.len()),
+                )?;
+                self.down(&od, out, "delta_rule: out")?;
+                self.down(&sd, state, "delta_rule: state")
+            }
+            Op::L2NormHeads {
+                x,
+                row_len,
+                n_heads,
+                head_dim,
+                eps,
+            } => {
+                let mut xd = self.up(x, "l2_norm_heads: x")?;
+                let xl = x.len();
+                self.d_l2_norm_heads(
+                    &mut xd.slice_mut(0..xl),
+                    *row_len,
+                    *n_heads,
+                    *head_dim,
+                    *eps,
+                )?;
+                self.down(&xd, x, "l2_norm_heads: x")
+            }
+            Op::GdnGates {
+                a,
+                b,
+                dt_bias,
+                ssm_a,
+                g,
+                beta,
+            } => {
+                let (ad, bd) = (self.up(a, "gdn_gates: a")?, self.up(b, "gdn_gates: b")?);
+                let dd = self.up(dt_bias, "gdn_gates: dt_bias")?;
+                let sd = self.up(ssm_a, "gdn_gates: ssm_a")?;
+                let mut gd = self.scratch::<f32>(g.len(), "gdn_gates: g")?;
+                let mut betad = self.scratch::<f32>(beta.len(), "gdn_gates: beta")?;
+                self.d_gdn_gates(
+                    &ad.slice(0..a.len()),
+                    &bd.slice(0..b.len()),
+                    &dd.slice(0..dt_bias.len()),
+                    &sd.slice(0..ssm_a.len()),
+                    &mut gd.slice_mut(0..g.len()),
+                    &mut betad.slice_mut(0..beta.len()),
+                )?;
+                self.down(&gd, g, "gdn_gates: g")?;
+                self.down(&betad, beta, "gdn_gates: beta")
+            }
+            Op::GatedRmsNorm {
+                x,
+                z,
+                w,
+                head_dim,
+                eps,
+                out,
+            } => {
+                let (xd, zd) = (
+                    self.up(x, "gated_rms_norm: x")?,
+                    self.up(z, "gated_rms_norm: z")?,
+                );
+                let wd = self.up(w, "gated_rms_norm: w")?;
+                let mut od = self.scratch::<f32>(out.len(), "gated_rms_norm: out")?;
+                self.d_gated_rms_norm(
+                    &xd.slice(0..x.len()),
+                    &zd.slice(0..z.len()),
+                    &wd.slice(0..w.len()),
+                    *head_dim,
+                    *eps,
+                    &mut od.slice_mut(0..out.len()),
+                )?;
+                self.down(&od, out, "gated_rms_norm: out")
+            }
+            Op::SplitHeads { x, head_dim, a, b } => {
+                let xd = self.up(x, "split_heads: x")?;
+                let mut ad = self.scratch::<f32>(a.len(), "split_heads: a")?;
+                let mut bd = self.scratch::<f32>(b.len(), "split_heads: b")?;
+                self.d_split_heads(
+                    &xd.slice(0..x.len()),
+                    *head_dim,
+                    &mut ad.slice_mut(0..a.len()),
+                    &mut bd.slice_mut(0..b.len()),
+                )?;
+                self.down(&ad, a, "split_heads: a")?;
+                self.down(&bd, b, "split_heads: b")
+            }
+            Op::SigmoidMul { x, gate } => {
+                let mut xd = self.up(x, "sigmoid_mul: x")?;
+                let gd = self.up(gate, "sigmoid_mul: gate")?;
+                let xl = x.len();
+                self.d_sigmoid_mul(&mut xd.slice_mut(0..xl), &gd.slice(0..gate.len()))?;
+                self.down(&xd, x, "sigmoid_mul: x")
             }
             Op::MatMul { w, x, n, out } => {
                 validate::mat_mul(w, w.data.len(), x.len(), *n, out.len())?;

@@ -356,16 +356,10 @@ impl CudaBackend {
     /// Both memory spaces ask this; it depends only on what `OpInfo`
     /// carries (op kind, weight type, head_dim), never on where tensors live.
     pub fn capability(&self, op: &OpInfo, mode: Mode) -> std::result::Result<(), String> {
-        // Every op but the hybrid ones has a kernel in every mode (its
-        // family's planner picks it): only the weight type and the
-        // attention's head_dim bound it.
+        // Every op has a kernel in every mode (its family's planner picks
+        // it; the hybrid ops one canonical kernel each): only the weight
+        // type and the attention's head_dim bound it.
         let _ = mode;
-        if crate::backend::HYBRID_OP_KINDS.contains(&op.kind) {
-            return Err(format!(
-                "{} has no CUDA kernel yet (hybrid models run on the cpu)",
-                op.kind
-            ));
-        }
         if let Some(ty) = op.weight {
             if ty_code(ty).is_none() {
                 return Err(format!("{ty:?} is not a weight type"));

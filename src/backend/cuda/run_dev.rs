@@ -45,16 +45,67 @@ impl CudaBackend {
         // The annotation holds for this op only (cleared however it ends).
         let _scope = self.fusion_scope(fusion)?;
         match op {
-            // `capability` refuses these first (HYBRID_OP_KINDS).
-            OpT::Conv1dSilu { .. }
-            | OpT::L2NormHeads { .. }
-            | OpT::GdnGates { .. }
-            | OpT::DeltaRule { .. }
-            | OpT::GatedRmsNorm { .. }
-            | OpT::SplitHeads { .. }
-            | OpT::SigmoidMul { .. } => {
-                bail!("op {kind} has no CUDA kernel yet (hybrid models run on the cpu)")
-            }
+            // The hybrid ops (ops/gdn): one canonical kernel each in every
+            // mode; the state-carrying two as the tuning table's gdn.fused.
+            OpT::Conv1dSilu {
+                x,
+                w,
+                channels,
+                kernel,
+                row_slots,
+                mut state,
+                mut out,
+            } => self.d_conv1d_silu(&x, &w, channels, kernel, &row_slots, &mut state, &mut out),
+            OpT::L2NormHeads {
+                mut x,
+                row_len,
+                n_heads,
+                head_dim,
+                eps,
+            } => self.d_l2_norm_heads(&mut x, row_len, n_heads, head_dim, eps),
+            OpT::GdnGates {
+                a,
+                b,
+                dt_bias,
+                ssm_a,
+                mut g,
+                mut beta,
+            } => self.d_gdn_gates(&a, &b, &dt_bias, &ssm_a, &mut g, &mut beta),
+            OpT::DeltaRule {
+                qkv,
+                g,
+                beta,
+                h_k,
+                h_v,
+                d_k,
+                d_v,
+                row_slots,
+                mut state,
+                mut out,
+            } => self.d_delta_rule(
+                &qkv,
+                &g,
+                &beta,
+                (h_k, h_v, d_k, d_v),
+                &row_slots,
+                &mut state,
+                &mut out,
+            ),
+            OpT::GatedRmsNorm {
+                x,
+                z,
+                w,
+                head_dim,
+                eps,
+                mut out,
+            } => self.d_gated_rms_norm(&x, &z, &w, head_dim, eps, &mut out),
+            OpT::SplitHeads {
+                x,
+                head_dim,
+                mut a,
+                mut b,
+            } => self.d_split_heads(&x, head_dim, &mut a, &mut b),
+            OpT::SigmoidMul { mut x, gate } => self.d_sigmoid_mul(&mut x, &gate),
             OpT::MatMul { w, x, n, mut out } => self.d_mat_mul(&w, &x, n, &mut out, mode),
             OpT::MatMuls {
                 x,

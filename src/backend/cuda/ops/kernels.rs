@@ -200,6 +200,11 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
         include_str!("l2_ahead/kernels/l2_ahead_fast.cu"),
         &["l2_ahead"],
     ),
+    (
+        "gdn",
+        include_str!("gdn/kernels/gdn.cu"),
+        &super::gdn::GDN_ENTRIES,
+    ),
 ];
 
 /// Kernel files that use Hopper-only instructions (wgmma): compiled for
@@ -267,6 +272,19 @@ pub fn prelude() -> String {
         "#define QC_INV_FACT10 0x{:08x}u\n",
         (1.0f32 / 3_628_800.0).to_bits()
     ));
+    // gdn.rs's ln_ge1 (softplus): its threshold between mantissa halves
+    // and its series' coefficients, the same Rust expressions.
+    let gdn_consts: [(&str, f32); 6] = [
+        ("QC_SQRT_2", std::f32::consts::SQRT_2),
+        ("QC_INV_3", 1.0 / 3.0),
+        ("QC_INV_5", 1.0 / 5.0),
+        ("QC_INV_7", 1.0 / 7.0),
+        ("QC_INV_9", 1.0 / 9.0),
+        ("QC_INV_11", 1.0 / 11.0),
+    ];
+    for (name, v) in gdn_consts {
+        s.push_str(&format!("#define {name} 0x{:08x}u\n", v.to_bits()));
+    }
     s.push_str(&format!(
         "#define ACT_QMAX __int_as_float((int)0x{:08x}u)\n",
         ACT_QMAX.to_bits()

@@ -11,6 +11,7 @@
 
 pub(crate) mod attention;
 pub(crate) mod elementwise;
+pub(crate) mod gdn;
 pub mod kernels;
 pub(crate) mod l2_ahead;
 pub(crate) mod matmul;

@@ -16,11 +16,13 @@
 //! One sub-table per op family, each in its own file next to this one.
 
 mod attention;
+mod gdn;
 mod matmul;
 mod matvec;
 mod runtime;
 
 pub use attention::AttentionTuning;
+pub use gdn::GdnTuning;
 pub use matmul::{GluForm, MatmulTuning, WrShape};
 pub use matvec::MatvecTuning;
 pub use runtime::RuntimeTuning;
@@ -39,6 +41,8 @@ pub struct Tuning {
     pub matvec: MatvecTuning,
     /// Paged attention (decode split-KV, row forms, prefill).
     pub attention: AttentionTuning,
+    /// The hybrid (Gated DeltaNet) ops' state paths.
+    pub gdn: GdnTuning,
     /// Graphs, programmatic launch, on-device sampling.
     pub runtime: RuntimeTuning,
 }
@@ -61,6 +65,7 @@ impl Tuning {
             matmul: MatmulTuning::for_arch(major),
             matvec: MatvecTuning::for_arch(major),
             attention: AttentionTuning::for_arch(major),
+            gdn: GdnTuning::for_arch(major),
             runtime: RuntimeTuning::for_arch(major),
         }
     }
