@@ -101,7 +101,7 @@ pub struct KvStorage {
     geo: KvGeometry,
     /// Hybrid models: the recurrent state of every slot, beside the
     /// attention layers' blocks.
-    states: Option<super::RecurrentStates>,
+    states: Option<Box<super::RecurrentStates>>,
 }
 
 impl KvStorage {
@@ -128,14 +128,14 @@ impl KvStorage {
 
     /// The cache with recurrent states (hybrid models).
     pub fn with_states(mut self, states: super::RecurrentStates) -> Self {
-        self.states = Some(states);
+        self.states = Some(Box::new(states));
         self
     }
 
     /// The recurrent states, for a hybrid model's cache.
     pub fn states_mut(&mut self) -> Result<&mut super::RecurrentStates> {
         self.states
-            .as_mut()
+            .as_deref_mut()
             .ok_or_else(|| anyhow::anyhow!("this KV cache holds no recurrent state"))
     }
 
