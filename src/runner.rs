@@ -100,6 +100,9 @@ pub struct RunnerOptions {
     /// Sequences that may hold a recurrent state at once (hybrid models
     /// only; each slot holds every Gated DeltaNet layer's state).
     pub state_slots: usize,
+    /// Hybrid models: recurrent-state snapshots kept for prefix caching
+    /// (each the size of a slot).
+    pub state_snapshots: usize,
 }
 
 impl Default for RunnerOptions {
@@ -113,6 +116,7 @@ impl Default for RunnerOptions {
             gpu: GpuMode::Off,
             tuning: Default::default(),
             state_slots: 16,
+            state_snapshots: 0,
         }
     }
 }
@@ -182,7 +186,7 @@ impl Runner {
                             model,
                             kv,
                             compute: Compute::Device(d),
-                            hybrid: HybridState::new(&cfg, opts.state_slots)?,
+                            hybrid: HybridState::new(&cfg, opts.state_slots, opts.state_snapshots)?,
                             n_threads: 1,
                         })
                     }
@@ -215,7 +219,7 @@ impl Runner {
         let n_threads = cpu.n_threads();
         host_backends.push(Box::new(cpu));
         let dx = Dispatcher::new(host_backends, opts.mode);
-        let hybrid = HybridState::new(&cfg, opts.state_slots)?;
+        let hybrid = HybridState::new(&cfg, opts.state_slots, opts.state_snapshots)?;
         let mut storage = host_kv()?;
         if let Some(h) = &hybrid {
             let g = h.geometry();
@@ -354,8 +358,59 @@ impl Runner {
         }
     }
 
-    /// Recurrent state slots, for a hybrid model (its sequences cannot
-    /// start from cached prefix blocks: no state snapshot goes with them).
+    /// Hybrid models: recurrent-state snapshots held beside the slots.
+    pub fn state_snapshots(&self) -> usize {
+        self.hybrid.as_ref().map_or(0, |h| h.n_snapshots())
+    }
+
+    /// Copies state slot `src` into `dst` in every recurrent layer.
+    fn copy_state(&mut self, src: u32, dst: u32) -> Result<()> {
+        match &mut self.compute {
+            Compute::Host { storage, .. } => storage.states_mut()?.copy_slot(src, dst),
+            Compute::Device(d) => d.copy_state(src, dst),
+        }
+    }
+
+    /// Hybrid models: `seq` resumes from state snapshot `snap` (a
+    /// prefix-cache hit): a fresh slot of its own, filled with the snapshot.
+    pub fn restore_state(&mut self, seq: SeqId, snap: u32) -> Result<()> {
+        let h = self
+            .hybrid
+            .as_mut()
+            .context("restore_state: not a hybrid model")?;
+        let src = h.snapshot_slot(snap)?;
+        let dst = h.take_slot(seq)?;
+        self.copy_state(src, dst)
+            .with_context(|| format!("restoring state snapshot {snap} for {seq}"))
+    }
+
+    /// Hybrid models: keeps `seq`'s current state as snapshot `snap`.
+    pub fn save_state(&mut self, seq: SeqId, snap: u32) -> Result<()> {
+        let h = self
+            .hybrid
+            .as_ref()
+            .context("save_state: not a hybrid model")?;
+        let (src, dst) = (h.slot_of(seq)?, h.snapshot_slot(snap)?);
+        self.copy_state(src, dst)
+            .with_context(|| format!("saving {seq}'s state as snapshot {snap}"))
+    }
+
+    /// Hybrid models: `child` continues from `parent`'s current state (a
+    /// fork): a slot of its own holding a copy. The KV blocks are the
+    /// caller's (`KvManager::fork`).
+    pub fn fork_state(&mut self, parent: SeqId, child: SeqId) -> Result<()> {
+        let h = self
+            .hybrid
+            .as_mut()
+            .context("fork_state: not a hybrid model")?;
+        let src = h.slot_of(parent)?;
+        let dst = h.take_slot(child)?;
+        self.copy_state(src, dst)
+            .with_context(|| format!("forking {parent}'s state to {child}"))
+    }
+
+    /// Recurrent state slots, for a hybrid model (each running sequence
+    /// holds one).
     pub fn state_slots(&self) -> Option<usize> {
         self.hybrid.as_ref().map(|h| h.n_slots())
     }
@@ -549,7 +604,7 @@ fn open_device(
         n_kv_heads: cfg.n_kv_heads,
         head_dim: cfg.head_dim,
         n_layers: model.n_kv_layers(),
-        states: hybrid::state_geometry(cfg, opts.state_slots)?,
+        states: hybrid::state_geometry(cfg, opts.state_slots, opts.state_snapshots)?,
     };
     let bar = || {
         progress_bar(

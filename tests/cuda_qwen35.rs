@@ -251,3 +251,55 @@ fn qwen35_fast_is_reproducible_and_close_to_cpu() {
         );
     }
 }
+
+/// State copies on the device (snapshot save and restore, fork): the same
+/// logits as the cpu doing the same, bit for bit, in `exact`.
+#[test]
+#[ignore = "needs a CUDA device: scripts/gpu-check.sh"]
+fn qwen35_state_snapshots_and_forks_on_the_device() {
+    require_device();
+    let dir = tempfile::tempdir().unwrap();
+    let path = model(dir.path(), "qwen35-small", GgmlType::Q8_0);
+    let with_snaps = |gpu| RunnerOptions {
+        state_snapshots: 2,
+        ..opts(Mode::Exact, gpu)
+    };
+    let mut cpu = Runner::load(&path, &with_snaps(GpuMode::Off)).unwrap();
+    let mut gpu = on_device(&path, with_snaps(GpuMode::Required));
+    let vocab = cpu.config().vocab_size as u32;
+    let p = toks(5, 48, vocab);
+    let run = |r: &mut Runner| -> Vec<Vec<u32>> {
+        let step = |r: &mut Runner, seq, t: &[u32], pos| {
+            bits(
+                &r.step(&[SeqWork {
+                    seq,
+                    tokens: t,
+                    start_pos: pos,
+                    logits: LogitsWanted::All,
+                }])
+                .unwrap()[0],
+            )
+        };
+        let (a, b, c) = (SeqId(1), SeqId(2), SeqId(3));
+        let mut out = vec![step(r, a, &p[..32], 0)];
+        r.save_state(a, 1).unwrap();
+        out.push(step(r, a, &p[40..44], 32));
+        r.free(a);
+        out.push(step(r, b, &p[..32], 0));
+        r.restore_state(b, 1).unwrap();
+        out.push(step(r, b, &p[32..], 32));
+        r.kv.fork(b, c).unwrap();
+        r.fork_state(b, c).unwrap();
+        out.push(step(r, b, &[5], 48));
+        out.push(step(r, c, &[5], 48));
+        r.free(b);
+        r.free(c);
+        out
+    };
+    let want = run(&mut cpu);
+    let got = run(&mut gpu);
+    assert_eq!(want[4], want[5], "cpu: a fork continues as its parent");
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g, w, "step {i}: device state copies differ from the cpu's");
+    }
+}

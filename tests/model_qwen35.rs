@@ -237,8 +237,9 @@ fn serving_a_hybrid_matches_one_request_at_a_time() {
         engine.metrics.snapshot().preemptions_total > 0,
         "no preemption happened"
     );
-    // n = 3 greedy choices of one prompt (siblings prefill themselves: no
-    // prefix cache for hybrids): each is the prompt's tokens alone.
+    // n = 3 greedy choices of one prompt (this runner keeps no state
+    // snapshots, so siblings prefill themselves): each is the prompt's
+    // tokens alone.
     let mut h = engine
         .submit(GenRequest {
             n: 3,
@@ -268,6 +269,136 @@ fn serving_a_hybrid_matches_one_request_at_a_time() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     drop(handles);
+    drop(engine);
+    join.join().unwrap();
+}
+
+/// State snapshots and forks on the runner: a sequence resumed from a
+/// snapshot of another's state at position 32 (with that prefix's KV
+/// blocks forked) gives the logits of computing it from scratch, bit for
+/// bit; a forked child continues exactly as its parent would.
+#[test]
+fn snapshot_restore_and_fork_are_bitwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q35.gguf");
+    let shape = quire::model::synth::find_shape("qwen35-tiny").unwrap();
+    quire::model::synth::write_model(&path, shape, GgmlType::F32, 35).unwrap();
+    let mut r = Runner::load(
+        &path,
+        &RunnerOptions {
+            threads: Some(2),
+            kv_tokens: 1024,
+            state_slots: 4,
+            state_snapshots: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(r.state_snapshots(), 2);
+    let p = prompt(48, 77);
+    let want = chunked(&mut r, SeqId(9), &p, 48);
+    let (a, b, c) = (SeqId(1), SeqId(2), SeqId(3));
+    let step = |r: &mut Runner, seq, toks: &[u32], pos| {
+        r.step(&[SeqWork {
+            seq,
+            tokens: toks,
+            start_pos: pos,
+            logits: LogitsWanted::All,
+        }])
+        .unwrap()
+        .remove(0)
+    };
+    step(&mut r, a, &p[..32], 0);
+    r.save_state(a, 1).unwrap();
+    // Scribble on a's state past the snapshot, then free it.
+    step(&mut r, a, &p[40..44], 32);
+    r.free(a);
+    // b: the KV of positions 0..32 (recomputed here; the serving engine
+    // takes them from the prefix cache), the state from the snapshot.
+    step(&mut r, b, &p[..32], 0);
+    r.restore_state(b, 1).unwrap();
+    let got = step(&mut r, b, &p[32..], 32);
+    let v = 384;
+    assert_eq!(
+        got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        want[32 * v..]
+            .iter()
+            .map(|x| x.to_bits())
+            .collect::<Vec<_>>(),
+        "resumed from a snapshot"
+    );
+    // Fork: c gets b's blocks and state at 48; both step the same token.
+    r.kv.fork(b, c).unwrap();
+    r.fork_state(b, c).unwrap();
+    let lb = step(&mut r, b, &[5], 48);
+    let lc = step(&mut r, c, &[5], 48);
+    assert_eq!(
+        lb.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        lc.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        "a forked child continues as its parent"
+    );
+    assert!(
+        r.restore_state(c, 2).is_err(),
+        "snapshot 2 of 2 is out of range"
+    );
+}
+
+/// Serving a hybrid with prefix caching: a second request sharing a
+/// 96-token prefix resumes from a state snapshot (prefix hits counted) and
+/// produces the tokens it produces alone.
+#[test]
+fn serving_a_hybrid_resumes_cached_prefixes_from_snapshots() {
+    use quire::sampler::SamplingParams;
+    use quire::serve::{EngineConfig, GenRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q35.gguf");
+    let shape = quire::model::synth::find_shape("qwen35-tiny").unwrap();
+    quire::model::synth::write_model(&path, shape, GgmlType::F32, 35).unwrap();
+    let opts = RunnerOptions {
+        threads: Some(2),
+        kv_tokens: 1024,
+        block_size: 16,
+        state_slots: 4,
+        state_snapshots: 4,
+        ..Default::default()
+    };
+    let cfg = EngineConfig {
+        state_snapshot_stride: 32,
+        ..EngineConfig::default()
+    };
+    let first = prompt(100, 1);
+    let mut second = first[..96].to_vec();
+    second.extend(prompt(9, 2));
+    let req = |p: &Vec<u32>| GenRequest {
+        prompt: p.clone(),
+        params: SamplingParams::greedy(),
+        max_tokens: 10,
+        stop_ids: vec![],
+        top_logprobs: None,
+        n: 1,
+    };
+    let alone = {
+        let no_cache = EngineConfig {
+            prefix_caching: false,
+            ..cfg.clone()
+        };
+        let (engine, join) =
+            quire::serve::spawn(Runner::load(&path, &opts).unwrap(), no_cache).unwrap();
+        let out = collect(&mut engine.submit(req(&second)).unwrap().events);
+        assert_eq!(engine.metrics.snapshot().prefix_hit_tokens, 0);
+        drop(engine);
+        join.join().unwrap();
+        out
+    };
+    let (engine, join) = quire::serve::spawn(Runner::load(&path, &opts).unwrap(), cfg).unwrap();
+    collect(&mut engine.submit(req(&first)).unwrap().events);
+    let got = collect(&mut engine.submit(req(&second)).unwrap().events);
+    assert_eq!(got, alone, "resumed from a snapshot");
+    let t0 = std::time::Instant::now();
+    while engine.metrics.snapshot().prefix_hit_tokens < 96 {
+        assert!(t0.elapsed().as_secs() < 10, "no prefix hit of 96 tokens");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     drop(engine);
     join.join().unwrap();
 }

@@ -128,10 +128,33 @@ pub struct ModelArgs {
     /// state at once (each slot holds every recurrent layer's state).
     #[arg(long, default_value_t = 16)]
     pub state_slots: usize,
+    /// Hybrid models: recurrent-state snapshots kept for prefix caching
+    /// (`quire serve`; each the size of a state slot, in the same memory).
+    #[arg(long, default_value_t = 16)]
+    pub state_snapshots: usize,
+    /// Hybrid models: a snapshot is taken where a sequence's step ends on
+    /// a multiple of this many tokens (a multiple of --block-size); a
+    /// cached prefix resumes from the longest such multiple it covers.
+    #[arg(long, default_value_t = 256)]
+    pub state_snapshot_stride: usize,
 }
 
 impl ModelArgs {
     pub fn load(&self) -> Result<(Runner, Tokenizer)> {
+        self.load_with(0)
+    }
+
+    /// [`Self::load`] with `--state-snapshots` kept (serving with prefix
+    /// caching; other commands hold none).
+    pub fn load_serving(&self, prefix_caching: bool) -> Result<(Runner, Tokenizer)> {
+        self.load_with(if prefix_caching {
+            self.state_snapshots
+        } else {
+            0
+        })
+    }
+
+    fn load_with(&self, state_snapshots: usize) -> Result<(Runner, Tokenizer)> {
         let path = crate::fetch::resolve_model(self.model.as_deref())?;
         let opts = RunnerOptions {
             threads: self.threads,
@@ -142,6 +165,7 @@ impl ModelArgs {
             gpu: self.gpu,
             tuning: self.tuning_overrides()?,
             state_slots: self.state_slots,
+            state_snapshots,
         };
         let runner = Runner::load(&path, &opts)?;
         let tok = Tokenizer::from_gguf(&runner.gguf)

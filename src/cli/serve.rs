@@ -124,7 +124,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             .map(|f| f.to_string_lossy().trim_end_matches(".gguf").to_string())
             .unwrap_or_else(|| "quire".into())
     });
-    let (runner, tok) = a.model.load()?;
+    let (runner, tok) = a.model.load_serving(!a.no_prefix_cache)?;
     let cfg = EngineConfig {
         max_queue: a.max_queue,
         max_batch_tokens: a.max_batch_tokens,
@@ -133,6 +133,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         max_prefill_chunk: a.max_prefill_chunk,
         max_running: a.max_running,
         prefix_caching: !a.no_prefix_cache,
+        state_snapshot_stride: a.model.state_snapshot_stride,
     };
     let mode = format!("{:?}", a.model.mode).to_lowercase();
     let (engine, join) = crate::serve::spawn(runner, cfg)?;

@@ -93,6 +93,45 @@ impl DevKvCache {
         self
     }
 
+    /// Copies recurrent state slot `src` to `dst` in every layer, on the
+    /// device (stream-ordered with the steps).
+    pub fn copy_state(&mut self, be: &CudaBackend, src: u32, dst: u32) -> Result<()> {
+        let st = self
+            .states
+            .as_mut()
+            .context("this KV cache holds no recurrent state")?;
+        let g = st.geo;
+        g.check_slots(&[src, dst])?;
+        if src == dst {
+            return Ok(());
+        }
+        be.bind()?;
+        let s = be.stream();
+        for (arr, len) in [(&mut st.conv, g.conv_len), (&mut st.ssm, g.ssm_len)] {
+            if len == 0 {
+                continue;
+            }
+            for buf in arr.iter_mut() {
+                let base = dev_addr(buf);
+                let (from, to) = (
+                    base + (src as usize * len * 4) as u64,
+                    base + (dst as usize * len * 4) as u64,
+                );
+                // SAFETY: both ranges are whole slots inside `buf` (slots
+                // checked < n_slots, the buffer holds n_slots * len f32),
+                // distinct slots do not overlap, and the copy is ordered on
+                // the backend's stream after every kernel that wrote `buf`.
+                drv(
+                    unsafe {
+                        cudarc::driver::result::memcpy_dtod_async(to, from, len * 4, s.cu_stream())
+                    },
+                    "copying a recurrent state slot",
+                )?;
+            }
+        }
+        Ok(())
+    }
+
     /// The recurrent states' shape, for a hybrid model's cache.
     pub fn state_geometry(&self) -> Option<StateGeometry> {
         self.states.as_ref().map(|s| s.geo)

@@ -230,6 +230,9 @@ pub trait DeviceModel: Send {
     fn note_host(&self, kind: &'static str, seconds: f64);
     /// Copies physical KV block `src` to `dst` in every layer.
     fn copy_block(&mut self, src: u32, dst: u32) -> Result<()>;
+    /// Copies recurrent state slot `src` to `dst` in every recurrent layer
+    /// (hybrid models: snapshots, forks).
+    fn copy_state(&mut self, src: u32, dst: u32) -> Result<()>;
     /// Runs one step; `decode`: every sequence has one row and wants its
     /// logits (the device may replay a captured graph for it).
     fn step(&mut self, input: &StepInput<'_>, decode: bool) -> Result<HostLogits>;

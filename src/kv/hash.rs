@@ -35,6 +35,15 @@ fn splitmix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// Chain hash of the full blocks of `tokens` (its length a multiple of
+/// `block_size`): the prefix cache's key of its last block, [`ROOT_HASH`]
+/// for no tokens.
+pub fn prefix_hash(tokens: &[u32], block_size: usize) -> u64 {
+    tokens
+        .chunks_exact(block_size.max(1))
+        .fold(ROOT_HASH, hash_block)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -200,8 +200,13 @@ impl KvManager {
     /// blocks, so the last prompt token is always computed (its logits are
     /// needed).
     fn lookup_prefix(&self, tokens: &[u32]) -> (Vec<u32>, Vec<u64>) {
+        self.lookup_prefix_upto(tokens, usize::MAX)
+    }
+
+    /// [`Self::lookup_prefix`] of at most `max_tokens` tokens.
+    fn lookup_prefix_upto(&self, tokens: &[u32], max_tokens: usize) -> (Vec<u32>, Vec<u64>) {
         let b = self.block_size;
-        let max_blocks = tokens.len().saturating_sub(1) / b;
+        let max_blocks = (tokens.len().saturating_sub(1) / b).min(max_tokens / b);
         let mut blocks = Vec::new();
         let mut hashes = Vec::new();
         let mut parent = ROOT_HASH;
@@ -242,10 +247,23 @@ impl KvManager {
         tokens: &[u32],
         n_reserve: usize,
     ) -> Result<usize, KvError> {
+        self.allocate_with_prefix_upto(seq, tokens, usize::MAX, n_reserve)
+    }
+
+    /// [`Self::allocate_with_prefix_reserve`] taking at most `max_cached`
+    /// tokens from the prefix cache (a hybrid model resumes only where a
+    /// state snapshot exists).
+    pub fn allocate_with_prefix_upto(
+        &mut self,
+        seq: SeqId,
+        tokens: &[u32],
+        max_cached: usize,
+        n_reserve: usize,
+    ) -> Result<usize, KvError> {
         if self.seqs.contains_key(&seq) {
             return Err(KvError::SeqExists(seq));
         }
-        let (hits, hashes) = self.lookup_prefix(tokens);
+        let (hits, hashes) = self.lookup_prefix_upto(tokens, max_cached);
         let n_cached = hits.len() * self.block_size;
         let n_reserve = n_reserve.max(n_cached);
         let fresh = self.blocks_for(n_reserve) - hits.len();

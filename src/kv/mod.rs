@@ -18,12 +18,14 @@ mod hash;
 mod manager;
 mod pool;
 pub mod recurrent;
+pub mod snapshots;
 pub mod storage;
 
-pub use hash::{hash_block, ROOT_HASH};
+pub use hash::{hash_block, prefix_hash, ROOT_HASH};
 pub use manager::{KvManager, KvMetrics, DEFAULT_BLOCK_SIZE};
 pub use pool::BlockPool;
 pub use recurrent::{RecurrentStates, StateGeometry, StateSlots};
+pub use snapshots::SnapshotIndex;
 pub use storage::{KvGeometry, KvStorage};
 
 /// Identifier of one sequence (one request, or one fork of it).

@@ -17,6 +17,7 @@ use anyhow::{bail, Context, Result};
 
 pub(crate) struct HybridState {
     slots: StateSlots,
+    /// The state arrays: the sequences' slots, then the snapshot slots.
     geo: StateGeometry,
 }
 
@@ -29,8 +30,12 @@ pub(crate) struct StepSlots {
 impl HybridState {
     /// Slots for `n_slots` sequences of a hybrid model (None for a model
     /// without recurrent layers).
-    pub(crate) fn new(cfg: &ModelConfig, n_slots: usize) -> Result<Option<HybridState>> {
-        let Some(geo) = state_geometry(cfg, n_slots)? else {
+    pub(crate) fn new(
+        cfg: &ModelConfig,
+        n_slots: usize,
+        n_snapshots: usize,
+    ) -> Result<Option<HybridState>> {
+        let Some(geo) = state_geometry(cfg, n_slots, n_snapshots)? else {
             return Ok(None);
         };
         Ok(Some(HybridState {
@@ -84,17 +89,57 @@ impl HybridState {
     pub(crate) fn n_slots(&self) -> usize {
         self.slots.n_slots()
     }
+
+    /// Snapshot slots after the sequences' own.
+    pub(crate) fn n_snapshots(&self) -> usize {
+        self.geo.n_slots - self.slots.n_slots()
+    }
+
+    /// The state-array slot of snapshot `snap`.
+    pub(crate) fn snapshot_slot(&self, snap: u32) -> Result<u32> {
+        let n = self.n_snapshots();
+        anyhow::ensure!(
+            (snap as usize) < n,
+            "state snapshot {snap} out of range ({n} snapshots)"
+        );
+        Ok(self.slots.n_slots() as u32 + snap)
+    }
+
+    /// A fresh slot for `seq` (its old one given back first), to be filled
+    /// by a copy: (the slot).
+    pub(crate) fn take_slot(&mut self, seq: SeqId) -> Result<u32> {
+        self.slots.release(seq);
+        self.slots.acquire(seq).with_context(|| {
+            format!(
+                "no free recurrent state slot for {seq} ({} slots, all in use)",
+                self.slots.n_slots()
+            )
+        })
+    }
+
+    /// The slot `seq` holds.
+    pub(crate) fn slot_of(&self, seq: SeqId) -> Result<u32> {
+        self.slots
+            .get(seq)
+            .with_context(|| format!("{seq} holds no recurrent state slot"))
+    }
 }
 
-/// The recurrent state's shape for `n_slots` sequences of `cfg` (None for
-/// a model without recurrent layers); errors on 0 slots or an overflowing
-/// size.
-pub(crate) fn state_geometry(cfg: &ModelConfig, n_slots: usize) -> Result<Option<StateGeometry>> {
+/// The recurrent state's shape for `n_slots` sequences and `n_snapshots`
+/// snapshots of `cfg` (None for a model without recurrent layers); errors
+/// on 0 slots or an overflowing size.
+pub(crate) fn state_geometry(
+    cfg: &ModelConfig,
+    n_slots: usize,
+    n_snapshots: usize,
+) -> Result<Option<StateGeometry>> {
     let Some(g) = &cfg.gdn else { return Ok(None) };
     StateSlots::new(n_slots)?;
     let geo = StateGeometry {
         n_layers: (0..cfg.n_layers).filter(|&i| cfg.is_recurrent(i)).count(),
-        n_slots,
+        n_slots: n_slots
+            .checked_add(n_snapshots)
+            .context("state slots + snapshots overflow")?,
         conv_len: g.conv_kernel.saturating_sub(1) * g.conv_dim(),
         ssm_len: g.n_v_heads * g.d_k * g.d_v,
     };

@@ -15,7 +15,15 @@ use std::collections::{HashMap, VecDeque};
 use anyhow::{bail, ensure, Context, Result};
 
 use super::{ScheduledSeq, SchedulerConfig, StepPlan};
-use crate::kv::{KvError, KvManager, SeqId};
+use crate::kv::{prefix_hash, KvError, KvManager, SeqId, SnapshotIndex};
+
+/// A state snapshot to take now: sequence `seq`'s state (after the step
+/// just done) into snapshot slot `slot`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateSave {
+    pub seq: SeqId,
+    pub slot: u32,
+}
 
 #[derive(Debug, Clone)]
 struct Request {
@@ -50,11 +58,29 @@ pub struct Scheduler {
     running: Vec<Request>,
     in_flight: Option<Vec<InFlight>>,
     n_preemptions: u64,
+    /// Hybrid models with snapshots: which slot holds which prefix's state.
+    snaps: Option<SnapshotIndex>,
+    /// Snapshots the last `on_step_done` registered, for the engine to take.
+    saves: Vec<StateSave>,
 }
 
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig, kv: KvManager) -> Result<Self> {
         cfg.validate()?;
+        if let Some(s) = cfg.state_snapshots {
+            ensure!(
+                s.stride.is_multiple_of(kv.block_size()),
+                "state snapshot stride {} is not a multiple of the KV block size {}",
+                s.stride,
+                kv.block_size()
+            );
+        }
+        let snaps = match cfg.state_snapshots {
+            Some(s) if s.capacity > 0 && cfg.prefix_caching => {
+                Some(SnapshotIndex::new(s.capacity, s.stride)?)
+            }
+            _ => None,
+        };
         Ok(Scheduler {
             cfg,
             kv,
@@ -62,7 +88,45 @@ impl Scheduler {
             running: Vec::new(),
             in_flight: None,
             n_preemptions: 0,
+            snaps,
+            saves: Vec::new(),
         })
+    }
+
+    /// The snapshots the last step registered (taken by the engine right
+    /// after `on_step_done`, before any of their sequences' slots is freed).
+    pub fn take_saves(&mut self) -> Vec<StateSave> {
+        std::mem::take(&mut self.saves)
+    }
+
+    /// A chunk of `n` tokens from `start`, cut to end at the next snapshot
+    /// boundary (so every boundary's state is captured).
+    fn cut(&self, start: usize, n: usize) -> usize {
+        match &self.snaps {
+            Some(s) => n.min(s.next_boundary(start) - start),
+            None => n,
+        }
+    }
+
+    /// Where a new request may resume: (cached tokens, snapshot to
+    /// restore). Attention-only models take the whole cached prefix
+    /// (`n_hit`); hybrids the longest boundary within it that has a
+    /// snapshot, or nothing.
+    fn resume_point(&mut self, tokens: &[u32], n_hit: usize) -> (usize, Option<u32>) {
+        if self.cfg.state_snapshots.is_none() {
+            return (n_hit, None);
+        }
+        let Some(s) = self.snaps.as_mut() else {
+            return (0, None);
+        };
+        let mut b = n_hit / s.stride() * s.stride();
+        while b > 0 {
+            if let Some(slot) = s.lookup(prefix_hash(&tokens[..b], self.kv.block_size()), b) {
+                return (b, Some(slot));
+            }
+            b -= s.stride();
+        }
+        (0, None)
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -184,6 +248,7 @@ impl Scheduler {
             tokens: r.tokens[r.n_computed..end].to_vec(),
             sample: end == r.tokens.len(),
             copies,
+            restore: None,
         }
     }
 
@@ -268,7 +333,7 @@ impl Scheduler {
                 continue;
             }
             let seq = r.seq;
-            let mut n = r.remaining().min(*left).min(cap);
+            let mut n = self.cut(r.n_computed, r.remaining().min(*left).min(cap));
             loop {
                 let n_computed = self.running[i].n_computed;
                 match self.kv.allocate(seq, n_computed + n) {
@@ -318,11 +383,13 @@ impl Scheduler {
                 w += 1;
                 continue;
             }
-            let (_, n_cached) = self.kv.get_computed_blocks(&r.tokens);
-            let n = (r.tokens.len() - n_cached).min(*left).min(cap);
+            let (_, n_hit) = self.kv.get_computed_blocks(&r.tokens);
+            let (seq, tokens) = (r.seq, r.tokens.clone());
+            let (n_cached, restore) = self.resume_point(&tokens, n_hit);
+            let n = self.cut(n_cached, (tokens.len() - n_cached).min(*left).min(cap));
             match self
                 .kv
-                .allocate_with_prefix_reserve(r.seq, &r.tokens, n_cached + n)
+                .allocate_with_prefix_upto(seq, &tokens, n_cached, n_cached + n)
             {
                 Ok(got) => {
                     ensure!(
@@ -331,12 +398,14 @@ impl Scheduler {
                     );
                     let mut r = self.waiting.remove(w).context("waiting index")?;
                     r.n_computed = n_cached;
-                    plan.seqs.push(Self::entry(&r, n, Vec::new()));
+                    let mut e = Self::entry(&r, n, Vec::new());
+                    e.restore = restore;
+                    plan.seqs.push(e);
                     *left -= n;
                     self.running.push(r);
                 }
                 Err(KvError::OutOfBlocks { .. }) => break,
-                Err(e) => return Err(e).with_context(|| format!("admitting {}", r.seq)),
+                Err(e) => return Err(e).with_context(|| format!("admitting {seq}")),
             }
         }
         Ok(())
@@ -384,6 +453,17 @@ impl Scheduler {
                 self.kv
                     .commit_full_blocks(r.seq, &r.tokens, r.n_computed)
                     .with_context(|| format!("committing blocks of {}", r.seq))?;
+                // The state after this step is the prefix's: keep it where
+                // the prefix ends on a boundary (its blocks are committed).
+                if let Some(s) = self.snaps.as_mut() {
+                    let n = r.n_computed;
+                    if s.is_boundary(n) {
+                        let h = prefix_hash(&r.tokens[..n], self.kv.block_size());
+                        if let Some(slot) = s.insert(h, n) {
+                            self.saves.push(StateSave { seq: r.seq, slot });
+                        }
+                    }
+                }
             }
             if let Some(&tok) = tokens.get(&f.seq) {
                 r.tokens.push(tok);

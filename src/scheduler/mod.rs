@@ -25,7 +25,7 @@
 
 mod core;
 
-pub use self::core::Scheduler;
+pub use self::core::{Scheduler, StateSave};
 
 use crate::kv::{BlockCopy, SeqId};
 
@@ -66,6 +66,19 @@ pub struct SchedulerConfig {
     /// Register full blocks in the prefix cache so later requests with the
     /// same prefix skip their prefill (on by default).
     pub prefix_caching: bool,
+    /// Hybrid models (a sequence resumes only with its recurrent state):
+    /// prefix hits come from state snapshots alone. None: attention only.
+    pub state_snapshots: Option<StateSnapshots>,
+}
+
+/// State snapshots of a hybrid model: `capacity` snapshot slots (0: no
+/// prefix hits), taken where a step of a sequence ends on a multiple of
+/// `stride` tokens (a multiple of the block size). With snapshots on,
+/// prefill chunks end at those multiples so that every one is captured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateSnapshots {
+    pub capacity: usize,
+    pub stride: usize,
 }
 
 impl SchedulerConfig {
@@ -79,6 +92,7 @@ impl SchedulerConfig {
             budget: PrefillBudget::Dynamic,
             cap: PrefillCap::Off,
             prefix_caching: true,
+            state_snapshots: None,
         }
     }
 
@@ -111,7 +125,8 @@ impl SchedulerConfig {
             && self.n_ctx > 0
             && self.max_running > 0
             && self.budget != PrefillBudget::Static(0)
-            && self.cap != PrefillCap::Tokens(0);
+            && self.cap != PrefillCap::Tokens(0)
+            && self.state_snapshots.is_none_or(|s| s.stride > 0);
         anyhow::ensure!(ok, "invalid scheduler config (zero limit): {self:?}");
         Ok(())
     }
@@ -130,6 +145,9 @@ pub struct ScheduledSeq {
     pub sample: bool,
     /// Block copies to execute before this step (copy on write).
     pub copies: Vec<BlockCopy>,
+    /// Hybrid models: the state snapshot to restore into the sequence's
+    /// state slot before this step (a prefix-cache hit resumes there).
+    pub restore: Option<u32>,
 }
 
 impl ScheduledSeq {

@@ -17,7 +17,7 @@ use super::{
 use crate::kv::{KvManager, SeqId};
 use crate::runner::Runner;
 use crate::sampler::{logprobs, BadLogits, Sampler};
-use crate::scheduler::{PrefillBudget, Scheduler, SchedulerConfig};
+use crate::scheduler::{PrefillBudget, Scheduler, SchedulerConfig, StateSnapshots};
 use anyhow::{anyhow, bail, Context, Result};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -42,18 +42,28 @@ pub fn spawn(runner: Runner, cfg: EngineConfig) -> Result<(EngineHandle, JoinHan
     scfg.max_running = cfg.max_running;
     scfg.prefix_caching = cfg.prefix_caching;
     if let Some(slots) = runner.state_slots() {
-        // A hybrid model: a sequence cannot start from cached prefix blocks
-        // (no state snapshot goes with them), and each running sequence
-        // holds a recurrent state slot.
-        if cfg.prefix_caching || cfg.max_running > slots {
-            eprintln!(
-                "quire serve: hybrid model: prefix caching off, at most {} running sequences \
-                 (--state-slots {slots})",
-                cfg.max_running.min(slots)
-            );
-        }
-        scfg.prefix_caching = false;
+        // A hybrid model: each running sequence holds a recurrent state
+        // slot, and a cached prefix resumes only where a state snapshot
+        // exists (taken every `state_snapshot_stride` tokens).
+        let capacity = runner.state_snapshots();
+        scfg.state_snapshots = Some(StateSnapshots {
+            capacity,
+            stride: cfg.state_snapshot_stride,
+        });
         scfg.max_running = cfg.max_running.min(slots);
+        eprintln!(
+            "quire serve: hybrid model: at most {} running sequences (--state-slots {slots}); \
+             prefix caching {}",
+            scfg.max_running,
+            if cfg.prefix_caching && capacity > 0 {
+                format!(
+                    "through {capacity} state snapshots every {} tokens",
+                    cfg.state_snapshot_stride
+                )
+            } else {
+                "off (no state snapshots)".into()
+            }
+        );
     }
     scfg.budget = match cfg.static_prefill_budget {
         Some(n) => PrefillBudget::Static(n),
@@ -456,6 +466,11 @@ impl Engine {
             }
             match run_plan_greedy(&mut self.runner, self.sched.kv(), &plan, &draws) {
                 Ok(t) => chosen = t,
+                // A hybrid's recurrent state may have advanced: the step
+                // cannot run again.
+                Err(e) if self.runner.state_slots().is_some() => {
+                    return Err(e.context("decode step drawing on the device"))
+                }
                 Err(e) => tracing::debug!(
                     "decode step drawing on the device: {e:#}; stepping with logits"
                 ),
@@ -530,6 +545,11 @@ impl Engine {
         self.sched
             .on_step_done(&sampled)
             .context("completing the step")?;
+        // Hybrid models: snapshots of states that ended on a boundary,
+        // taken before any of their sequences ends below.
+        for s in self.sched.take_saves() {
+            self.runner.save_state(s.seq, s.slot)?;
+        }
         for (id, kind, ev) in ended {
             if let Some(s) = self.seqs.remove(&id) {
                 self.end(id, s, kind, Some(ev));

@@ -51,6 +51,9 @@ pub struct EngineConfig {
     pub max_running: usize,
     /// Reuse cached KV blocks of shared prompt prefixes.
     pub prefix_caching: bool,
+    /// Hybrid models: tokens between recurrent-state snapshots (a multiple
+    /// of the block size; the runner holds the snapshots).
+    pub state_snapshot_stride: usize,
 }
 
 impl Default for EngineConfig {
@@ -63,6 +66,7 @@ impl Default for EngineConfig {
             max_prefill_chunk: PrefillCap::Off,
             max_running: 64,
             prefix_caching: true,
+            state_snapshot_stride: 256,
         }
     }
 }

@@ -46,6 +46,10 @@ fn plan_work<'p>(runner: &mut Runner, plan: &'p StepPlan) -> Result<Vec<SeqWork<
                 format!("copying KV block {} -> {} for {}", c.src, c.dst, s.seq)
             })?;
         }
+        // A hybrid's prefix-cache hit resumes from its state snapshot.
+        if let Some(snap) = s.restore {
+            runner.restore_state(s.seq, snap)?;
+        }
     }
     let work: Vec<SeqWork> = plan
         .seqs

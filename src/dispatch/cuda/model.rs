@@ -111,6 +111,9 @@ where
     fn copy_block(&mut self, src: u32, dst: u32) -> Result<()> {
         self.kv.copy_block(self.exec.backend(), src, dst)
     }
+    fn copy_state(&mut self, src: u32, dst: u32) -> Result<()> {
+        self.kv.copy_state(self.exec.backend(), src, dst)
+    }
     fn step(&mut self, input: &StepInput<'_>, decode: bool) -> Result<HostLogits> {
         let (graph, weights) = (&self.graph, &self.weights);
         // A pure decode step (one row per sequence, all logits) replays a
