@@ -11,7 +11,7 @@
 
 use super::{
     check_conv, check_delta, check_gated_rms, check_gates, check_l2, check_split, conv_state_len,
-    n_slots, plan, Plan, StateOp, CONV_CH, CONV_RL, DR_WARPS, ROW_WARPS,
+    n_slots, plan, Plan, StateOp, CONV_CH, CONV_RL, DR_ROW_LANES, DR_WARPS, ROW_WARPS,
 };
 use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
 use crate::backend::validate;
@@ -225,8 +225,11 @@ impl CudaBackend {
             i32_of(d_v, "d_v")?,
             i32_of(n, "rows")?,
         );
-        // A CTA per (row, head, DR_WARPS columns).
-        let cfg = blocks(n * h_v * d_v.div_ceil(DR_WARPS), 32 * DR_WARPS)?;
+        // A CTA per (row lane, head, DR_WARPS columns); row lane y takes
+        // the runs starting at rows y, y + ry, ... (gdn.cu).
+        let ry = n.min(DR_ROW_LANES);
+        let ryi = i32_of(ry, "row lanes")?;
+        let cfg = blocks(ry * h_v * d_v.div_ceil(DR_WARPS), 32 * DR_WARPS)?;
         let mut scratch = if p.unfused() {
             let mut s = self.gdn_scratch(n, len, "delta_rule")?;
             self.gdn_gather(&state.as_view(), ns, len, row_slots, &mut s)?;
@@ -248,7 +251,7 @@ impl CudaBackend {
             Some(s) => b.arg(s),
             None => b.arg(&mut *state),
         };
-        b.arg(&ns).arg(&mut *out);
+        b.arg(&ns).arg(&mut *out).arg(&ryi);
         // SAFETY: matches gdn_delta_{fused,scratch}{4,8}; qkv, g, beta and
         // out hold n rows of their widths (checked), the state ns slots of
         // len (the scratch n rows of len); d_k <= 32 x the kernel's

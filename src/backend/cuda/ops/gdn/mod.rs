@@ -39,6 +39,11 @@ pub(crate) const GDN_ENTRIES: [&str; 14] = [
 
 /// Columns (warps) per CTA of the delta-rule kernels (gdn.cu's GDN_DR_WARPS).
 pub(crate) const DR_WARPS: usize = 4;
+
+/// Most row lanes of a delta-rule launch: lane y takes the runs starting
+/// in its share of the rows (gdn.cu), so a decode step of up to this many
+/// rows gets a warp per row and a long prefill run launches no idle CTAs.
+pub(crate) const DR_ROW_LANES: usize = 64;
 /// Channels x row lanes of a `gdn_conv_fused` CTA (GDN_CONV_CH, GDN_CONV_RL).
 pub(crate) const CONV_CH: usize = 32;
 pub(crate) const CONV_RL: usize = 8;

@@ -256,9 +256,13 @@ extern "C" __global__ void gdn_conv_unfolded(const float* __restrict__ win,
 //   S = S * decay; kv = dot32_i(S k); d = beta (v_j - kv);
 //   S = S + k d; out_j = dot32_i(S qs), qs = q * rsqrt(d_k).
 // A column's update reads only that column, so warps are independent.
-// Blocks: GDN_DR_WARPS columns of one (row, head); blockIdx.x = (row *
-// h_v + h) * ceil(d_v / GDN_DR_WARPS) + column group. Warps of a row that
-// does not start its run exit at once.
+// Blocks: GDN_DR_WARPS columns of one (row lane y, head); blockIdx.x = (y *
+// h_v + h) * ceil(d_v / GDN_DR_WARPS) + column group, y < ry (the host's
+// min(n, 64)). Lane y's warps take the runs that start in its share of the
+// rows, [y n / ry, (y + 1) n / ry): a decode step (every row its own run,
+// n <= ry) gets a warp per row, runs of a batched prefill spread over the
+// lanes, and a long run does not launch a CTA per row that would find
+// nothing to do.
 
 #define GDN_DR_WARPS 4
 
@@ -269,63 +273,86 @@ struct GdnDelta {
     const u32* row_slots;
     float* out;  // (n, h_v d_v)
     int n, h_k, h_v, d_k, d_v;
+    int ry;  // row lanes (grid rows)
 };
 
-// The warp's (first row, head, column); false: nothing to do (past the
-// shape, or a row inside a run).
-__device__ __forceinline__ bool gdn_delta_unit(const GdnDelta& D, int* r0, int* h, int* j) {
+// The warp's (row lane, head, column); false: past the shape.
+__device__ __forceinline__ bool gdn_delta_unit(const GdnDelta& D, int* y, int* h, int* j) {
     const int groups = (D.d_v + GDN_DR_WARPS - 1) / GDN_DR_WARPS;
     const long long b = blockIdx.x;
     *j = (int)(b % groups) * GDN_DR_WARPS + (threadIdx.x >> 5);
     *h = (int)((b / groups) % D.h_v);
-    *r0 = (int)(b / groups / D.h_v);
-    return *r0 < D.n && *j < D.d_v && gdn_run_first(D.row_slots, *r0);
+    *y = (int)(b / groups / D.h_v);
+    return *y < D.ry && *j < D.d_v;
 }
 
-// The rows of r0's run for column j of head h, S in s; returns the run's
-// last row. Writes out[r][h][j] from lane 0.
+// One row's inputs of the recurrence for this lane: k and q * scale at
+// i = lane + 32 u, v_j, the decay and beta.
 template <int R>
-__device__ __forceinline__ int gdn_delta_rows(const GdnDelta& D, int r0, int h, int j, float* s) {
+struct GdnRowIn {
+    float kr[R], qs[R];
+    float vj, decay, b;
+};
+
+template <int R>
+__device__ __forceinline__ void gdn_delta_load(const GdnDelta& D, int r, int h, int j,
+                                               GdnRowIn<R>* in) {
     const int lane = threadIdx.x & 31;
     const int kh = h % D.h_k;
     const long long width = 2LL * D.h_k * D.d_k + (long long)D.h_v * D.d_v;
     const float scale = q_rsqrt((float)D.d_k);
+    const float* row = D.qkv + (long long)r * width;
+    const float* q = row + (long long)kh * D.d_k;
+    const float* k = row + (long long)(D.h_k + kh) * D.d_k;
+    in->vj = row[2LL * D.h_k * D.d_k + (long long)h * D.d_v + j];
+    in->decay = q_exp(D.g[(long long)r * D.h_v + h]);
+    in->b = D.beta[(long long)r * D.h_v + h];
+#pragma unroll
+    for (int u = 0; u < R; u++) {
+        const int i = lane + 32 * u;
+        in->kr[u] = i < D.d_k ? k[i] : 0.0f;
+        in->qs[u] = i < D.d_k ? q_mul(q[i], scale) : 0.0f;
+    }
+}
+
+// The rows of r0's run for column j of head h, S in s; returns the run's
+// last row. Writes out[r][h][j] from lane 0.
+// The next row's inputs are loaded before this row's arithmetic (they do
+// not depend on the state), so a long run is not one load latency per row.
+// (Three rows ahead was slower on an H200: the registers cost occupancy.)
+template <int R>
+__device__ __forceinline__ int gdn_delta_rows(const GdnDelta& D, int r0, int h, int j, float* s) {
+    const int lane = threadIdx.x & 31;
     const u32 slot = D.row_slots[r0];
-    int r = r0;
-    for (; r < D.n && D.row_slots[r] == slot; r++) {
-        const float* row = D.qkv + (long long)r * width;
-        const float* q = row + (long long)kh * D.d_k;
-        const float* k = row + (long long)(D.h_k + kh) * D.d_k;
-        const float vj = row[2LL * D.h_k * D.d_k + (long long)h * D.d_v + j];
-        const float decay = q_exp(D.g[(long long)r * D.h_v + h]);
-        const float b = D.beta[(long long)r * D.h_v + h];
-        float kr[R], qs[R];
+    int end = r0 + 1;
+    while (end < D.n && D.row_slots[end] == slot) end++;
+    GdnRowIn<R> cur, nxt;
+    gdn_delta_load<R>(D, r0, h, j, &cur);
+    for (int r = r0; r < end; r++) {
+        if (r + 1 < end) gdn_delta_load<R>(D, r + 1, h, j, &nxt);
         float acc = 0.0f;
 #pragma unroll
         for (int u = 0; u < R; u++) {
-            const int i = lane + 32 * u;
-            if (i < D.d_k) {
-                kr[u] = k[i];
-                qs[u] = q_mul(q[i], scale);
-                s[u] = q_mul(s[u], decay);
-                acc = q_add(acc, q_mul(s[u], kr[u]));
+            if (lane + 32 * u < D.d_k) {
+                s[u] = q_mul(s[u], cur.decay);
+                acc = q_add(acc, q_mul(s[u], cur.kr[u]));
             }
         }
         const float kv = __shfl_sync(0xffffffffu, q_warp_tree32(acc), 0);
-        const float d = q_mul(b, q_sub(vj, kv));
+        const float d = q_mul(cur.b, q_sub(cur.vj, kv));
         float acc2 = 0.0f;
 #pragma unroll
         for (int u = 0; u < R; u++) {
-            const int i = lane + 32 * u;
-            if (i < D.d_k) {
-                s[u] = q_add(s[u], q_mul(kr[u], d));
-                acc2 = q_add(acc2, q_mul(s[u], qs[u]));
+            if (lane + 32 * u < D.d_k) {
+                s[u] = q_add(s[u], q_mul(cur.kr[u], d));
+                acc2 = q_add(acc2, q_mul(s[u], cur.qs[u]));
             }
         }
         const float o = q_warp_tree32(acc2);
         if (lane == 0) D.out[((long long)r * D.h_v + h) * D.d_v + j] = o;
+        cur = nxt;
     }
-    return r - 1;
+    return end - 1;
 }
 
 // Outputs of r0's run for column j of head h as NaN (an out-of-range slot).
@@ -342,24 +369,28 @@ __device__ __forceinline__ void gdn_delta_nan(const GdnDelta& D, int r0, int h, 
 template <int R>
 __device__ __forceinline__ void gdn_delta_fused(const GdnDelta& D, float* __restrict__ state,
                                                 int n_slots) {
-    int r0, h, j;
-    if (!gdn_delta_unit(D, &r0, &h, &j)) return;
-    const u32 slot = D.row_slots[r0];
-    if (slot >= (u32)n_slots) {
-        gdn_delta_nan(D, r0, h, j);
-        return;
+    int y, h, j;
+    if (!gdn_delta_unit(D, &y, &h, &j)) return;
+    const int lo = (int)((long long)y * D.n / D.ry), hi = (int)((long long)(y + 1) * D.n / D.ry);
+    for (int r0 = lo; r0 < hi; r0++) {
+        if (!gdn_run_first(D.row_slots, r0)) continue;
+        const u32 slot = D.row_slots[r0];
+        if (slot >= (u32)n_slots) {
+            gdn_delta_nan(D, r0, h, j);
+            continue;
+        }
+        const int lane = threadIdx.x & 31;
+        const long long len = (long long)D.h_v * D.d_k * D.d_v;
+        float* col = state + slot * len + ((long long)h * D.d_v + j) * D.d_k;
+        float s[R];
+#pragma unroll
+        for (int u = 0; u < R; u++)
+            if (lane + 32 * u < D.d_k) s[u] = col[lane + 32 * u];
+        gdn_delta_rows<R>(D, r0, h, j, s);
+#pragma unroll
+        for (int u = 0; u < R; u++)
+            if (lane + 32 * u < D.d_k) col[lane + 32 * u] = s[u];
     }
-    const int lane = threadIdx.x & 31;
-    const long long len = (long long)D.h_v * D.d_k * D.d_v;
-    float* col = state + slot * len + ((long long)h * D.d_v + j) * D.d_k;
-    float s[R];
-#pragma unroll
-    for (int u = 0; u < R; u++)
-        if (lane + 32 * u < D.d_k) s[u] = col[lane + 32 * u];
-    gdn_delta_rows<R>(D, r0, h, j, s);
-#pragma unroll
-    for (int u = 0; u < R; u++)
-        if (lane + 32 * u < D.d_k) col[lane + 32 * u] = s[u];
 }
 
 // The unfused form (between gdn_state_gather and gdn_state_scatter): the
@@ -369,32 +400,36 @@ __device__ __forceinline__ void gdn_delta_fused(const GdnDelta& D, float* __rest
 template <int R>
 __device__ __forceinline__ void gdn_delta_scratch(const GdnDelta& D, float* __restrict__ scratch,
                                                   int n_slots) {
-    int r0, h, j;
-    if (!gdn_delta_unit(D, &r0, &h, &j)) return;
-    if (D.row_slots[r0] >= (u32)n_slots) {
-        gdn_delta_nan(D, r0, h, j);
-        return;
+    int y, h, j;
+    if (!gdn_delta_unit(D, &y, &h, &j)) return;
+    const int lo = (int)((long long)y * D.n / D.ry), hi = (int)((long long)(y + 1) * D.n / D.ry);
+    for (int r0 = lo; r0 < hi; r0++) {
+        if (!gdn_run_first(D.row_slots, r0)) continue;
+        if (D.row_slots[r0] >= (u32)n_slots) {
+            gdn_delta_nan(D, r0, h, j);
+            continue;
+        }
+        const int lane = threadIdx.x & 31;
+        const long long len = (long long)D.h_v * D.d_k * D.d_v;
+        const long long at = ((long long)h * D.d_v + j) * D.d_k;
+        const float* col = scratch + r0 * len + at;
+        float s[R];
+#pragma unroll
+        for (int u = 0; u < R; u++)
+            if (lane + 32 * u < D.d_k) s[u] = col[lane + 32 * u];
+        const int last = gdn_delta_rows<R>(D, r0, h, j, s);
+        float* fin = scratch + last * len + at;
+#pragma unroll
+        for (int u = 0; u < R; u++)
+            if (lane + 32 * u < D.d_k) fin[lane + 32 * u] = s[u];
     }
-    const int lane = threadIdx.x & 31;
-    const long long len = (long long)D.h_v * D.d_k * D.d_v;
-    const long long at = ((long long)h * D.d_v + j) * D.d_k;
-    const float* col = scratch + r0 * len + at;
-    float s[R];
-#pragma unroll
-    for (int u = 0; u < R; u++)
-        if (lane + 32 * u < D.d_k) s[u] = col[lane + 32 * u];
-    const int last = gdn_delta_rows<R>(D, r0, h, j, s);
-    float* fin = scratch + last * len + at;
-#pragma unroll
-    for (int u = 0; u < R; u++)
-        if (lane + 32 * u < D.d_k) fin[lane + 32 * u] = s[u];
 }
 
 #define GDN_DELTA_PARAMS                                                                      \
     const float *__restrict__ qkv, const float *__restrict__ g, const float *__restrict__ beta, \
         int h_k, int h_v, int d_k, int d_v, const u32 *__restrict__ row_slots, int n,         \
-        float *__restrict__ st, int n_slots, float *__restrict__ out
-#define GDN_DELTA_ARGS {qkv, g, beta, row_slots, out, n, h_k, h_v, d_k, d_v}
+        float *__restrict__ st, int n_slots, float *__restrict__ out, int ry
+#define GDN_DELTA_ARGS {qkv, g, beta, row_slots, out, n, h_k, h_v, d_k, d_v, ry}
 
 // st: the state array (n_slots, h_v d_k d_v), updated in place.
 extern "C" __global__ void __launch_bounds__(32 * GDN_DR_WARPS)
