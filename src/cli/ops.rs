@@ -24,7 +24,9 @@ pub struct OpsArgs {
     pub mode: Mode,
     /// Only ops whose name contains this (mat_mul, mat_muls, mat_muls_norm,
     /// rms_norm, rope, swiglu, get_rows, select_rows, add, add_bias,
-    /// kv_write, rope_kv_write, paged_attention).
+    /// kv_write, rope_kv_write, paged_attention, and the hybrid ops
+    /// conv1d_silu, l2_norm_heads, gdn_gates, delta_rule, gated_rms_norm,
+    /// split_heads, sigmoid_mul).
     #[arg(long)]
     pub op: Option<String>,
     /// Time each op and print GB/s and TFLOP/s (times include the host <->
