@@ -259,6 +259,11 @@ fn server_prefix_cache_hits_repeat_prompts() {
         b["choices"][0]["logprobs"]["token_logprobs"]
     );
     assert!(srv.metric("quire_prefix_cache_hit_rate") > 0.0);
+    // usage reports the hit: none the first time, the reused blocks after.
+    let cached =
+        |v: &serde_json::Value| v["usage"]["prompt_tokens_details"]["cached_tokens"].as_f64();
+    assert_eq!(cached(&a), Some(0.0), "{a}");
+    assert_eq!(cached(&b), Some(hits1 - hits0), "{b}");
 }
 
 #[test]

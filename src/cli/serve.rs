@@ -56,6 +56,10 @@ pub struct ServeArgs {
     /// Disable prefix caching (every prompt is prefilled in full).
     #[arg(long)]
     pub no_prefix_cache: bool,
+    /// Let browsers on these origins call the API (CORS): `*` for any, or
+    /// comma-separated `https://host[:port]` origins. Default: none.
+    #[arg(long, value_name = "ORIGINS")]
+    pub cors_origins: Option<String>,
     /// Most open client connections; one more gets 503 (JSON) and is
     /// closed. Keep it under the process's file-descriptor limit.
     #[arg(long, default_value_t = 512)]
@@ -106,6 +110,10 @@ fn parse_cap(s: &str) -> std::result::Result<PrefillCap, String> {
 
 pub fn serve(a: ServeArgs) -> Result<()> {
     // Checked before the model loads: a bad key fails at once.
+    let cors_origins = match &a.cors_origins {
+        Some(o) => crate::server::parse_cors_origins(o).context("--cors-origins")?,
+        None => Vec::new(),
+    };
     let api_key = match &a.api_key {
         Some(k) => Some(crate::server::check_api_key(k).context("--api-key")?),
         None => match std::env::var("QUIRE_API_KEY") {
@@ -150,6 +158,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     }
     state.fingerprint = format!("quire-{}-{mode}", env!("CARGO_PKG_VERSION"));
     state.api_key = api_key;
+    state.cors_origins = cors_origins;
     state.body_limits = BodyLimits {
         max_body_bytes: a.max_body_bytes,
         body_read_timeout,

@@ -129,6 +129,8 @@ struct Seq {
     sampler: Sampler,
     /// Still counted in the handle's queue counter (never scheduled yet).
     in_queue_count: bool,
+    /// Prompt tokens its first admission took from the prefix cache.
+    cached_tokens: usize,
     last_token_at: Option<Instant>,
 }
 
@@ -283,6 +285,7 @@ impl Engine {
                 max_tokens: req.max_tokens,
                 sampler,
                 in_queue_count: true,
+                cached_tokens: 0,
                 last_token_at: None,
             };
             match leader {
@@ -405,6 +408,7 @@ impl Engine {
                     index: s.index,
                     reason: FinishReason::Length,
                     completion_tokens: s.generated,
+                    cached_tokens: s.cached_tokens,
                 };
                 self.end(*id, s, EndKind::Length, Some(ev));
             }
@@ -425,6 +429,7 @@ impl Engine {
             if let Some(s) = self.seqs.get_mut(&ss.seq) {
                 if s.in_queue_count {
                     s.in_queue_count = false;
+                    s.cached_tokens = ss.start;
                     self.queued.fetch_sub(1, Ordering::AcqRel);
                     newly += s.prompt_len as u64;
                 }
@@ -633,6 +638,7 @@ fn emit_token(
             index,
             reason: FinishReason::Stop,
             completion_tokens: s.generated,
+            cached_tokens: s.cached_tokens,
         };
         return (tok, Some((EndKind::Stop, ev)));
     }
@@ -658,6 +664,7 @@ fn emit_token(
             index,
             reason: FinishReason::Length,
             completion_tokens: s.generated,
+            cached_tokens: s.cached_tokens,
         };
         return (tok, Some((EndKind::Length, ev)));
     }

@@ -121,11 +121,14 @@ pub enum Event {
         token: u32,
         logprobs: Option<TokenLogprobs>,
     },
-    /// The choice ended; `completion_tokens` counts the stop token too.
+    /// The choice ended; `completion_tokens` counts the stop token too;
+    /// `cached_tokens`: prompt tokens its first admission took from the
+    /// prefix cache.
     Finished {
         index: usize,
         reason: FinishReason,
         completion_tokens: usize,
+        cached_tokens: usize,
     },
     /// The choice failed (or the server shuts down); no more events for it.
     Error { index: usize, message: String },

@@ -26,6 +26,8 @@ pub enum Out {
 pub struct ChoiceSummary {
     pub completion_tokens: usize,
     pub finish_reason: &'static str,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: usize,
 }
 
 /// How a drive ended.
@@ -124,6 +126,7 @@ pub async fn drive(
                 index,
                 reason,
                 completion_tokens,
+                cached_tokens,
             } => {
                 if index >= n || done[index] {
                     continue;
@@ -131,6 +134,7 @@ pub async fn drive(
                 done[index] = true;
                 live -= 1;
                 sums[index].completion_tokens = completion_tokens;
+                sums[index].cached_tokens = cached_tokens;
                 let rest = decs[index].finish();
                 let r = texts[index].finish(rest.as_deref());
                 // A stop string can still match in the flushed tail.

@@ -71,6 +71,13 @@ fn completion_logprobs_json(lps: &[LpEntry]) -> Value {
     })
 }
 
+/// The request's prompt tokens served from the prefix cache: the first
+/// choice's (the prompt is counted once; later choices of `n` reuse the
+/// first's blocks).
+fn cached_of(sums: &[super::drive::ChoiceSummary]) -> usize {
+    sums.first().map_or(0, |s| s.cached_tokens)
+}
+
 fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -280,6 +287,7 @@ async fn respond(state: Arc<AppState>, prep: Prepared, kind: Kind) -> Result<Res
             "prompt_tokens": prep.prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": prep.prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_of(&sums)},
         },
     }))
     .into_response())
@@ -376,6 +384,7 @@ async fn stream_task(
                             "prompt_tokens": prep.prompt_tokens,
                             "completion_tokens": ct,
                             "total_tokens": prep.prompt_tokens + ct,
+                            "prompt_tokens_details": {"cached_tokens": cached_of(&sums)},
                         },
                     })
                     .to_string(),

@@ -2,7 +2,10 @@
 //! thread of [`crate::serve`].
 //!
 //! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions`,
-//! `GET /v1/models`, `GET /metrics` (Prometheus text), `GET /health`.
+//! `GET /v1/models`, `GET /v1/models/{id}`, `POST /tokenize` and
+//! `POST /detokenize` (llama-server's), `GET /metrics` (Prometheus text),
+//! `GET /health`. With `--cors-origins`, browsers of those origins may call
+//! them (preflights answered before the key is checked).
 //! With an API key, every endpoint but `/health` needs
 //! `Authorization: Bearer <key>`.
 //!
@@ -18,6 +21,7 @@ pub mod drive;
 pub mod error;
 pub mod handlers;
 pub mod text;
+pub mod tokenize;
 
 pub use body::BodyLimits;
 pub use conn::ConnLimits;
@@ -56,6 +60,9 @@ pub struct AppState {
     /// Whether control-token text in message contents becomes control
     /// tokens (`--trust-special-tokens`); text by default.
     pub specials_in_content: SpecialsInContent,
+    /// Origins browsers may call from (`--cors-origins`; `*` any); empty:
+    /// no CORS headers.
+    pub cors_origins: Vec<String>,
 }
 
 impl AppState {
@@ -76,6 +83,7 @@ impl AppState {
             shutting_down: AtomicBool::new(false),
             body_limits: BodyLimits::default(),
             specials_in_content: SpecialsInContent::AsText,
+            cors_origins: Vec::new(),
         }
     }
 }
@@ -93,11 +101,15 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(handlers::chat))
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(tokenize::model))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         .route("/metrics", get(metrics))
         .fallback(not_found);
+    let cors = cors_layer(&state.cors_origins);
     // A layer over the whole router (not a route_layer), so that unknown
     // paths and wrong methods need the key too; `auth` lets /health through.
-    Router::new()
+    let app = Router::new()
         .route("/health", get(health))
         .merge(protected)
         // Innermost first: the body is read only for authorized clients;
@@ -110,7 +122,65 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(middleware::from_fn(body::json_errors))
         // read_body enforces the limit (with 413 up front).
         .layer(DefaultBodyLimit::disable())
-        .with_state(state)
+        .with_state(state);
+    // Outermost: a preflight is answered before the key is asked for, and
+    // every response (errors too) carries the CORS headers.
+    match cors {
+        Some(c) => app.layer(c),
+        None => app,
+    }
+}
+
+/// The CORS layer for `origins` (`*`: any origin, without credentials);
+/// None when empty. Origins are checked by `parse_cors_origins`.
+fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
+    use axum::http::{HeaderValue, Method};
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(
+            origins
+                .iter()
+                .filter_map(|o| HeaderValue::from_str(o).ok())
+                .collect::<Vec<_>>(),
+        )
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+            .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
+            .max_age(std::time::Duration::from_secs(600)),
+    )
+}
+
+/// `--cors-origins`: `*`, or comma-separated origins such as
+/// `https://app.example.com` (scheme and host, optional port, no path).
+pub fn parse_cors_origins(s: &str) -> anyhow::Result<Vec<String>> {
+    let mut out = Vec::new();
+    for o in s.split(',').map(str::trim).filter(|o| !o.is_empty()) {
+        if o != "*" {
+            let rest = o
+                .strip_prefix("https://")
+                .or_else(|| o.strip_prefix("http://"))
+                .ok_or_else(|| {
+                    anyhow::anyhow!("CORS origin `{o}` must start with http:// or https://")
+                })?;
+            anyhow::ensure!(
+                !rest.is_empty() && !rest.contains('/') && !rest.chars().any(char::is_whitespace),
+                "CORS origin `{o}` must be a scheme and host (and port), without a path"
+            );
+            axum::http::HeaderValue::from_str(o)
+                .map_err(|_| anyhow::anyhow!("CORS origin `{o}` is not a valid header value"))?;
+        }
+        out.push(o.to_string());
+    }
+    anyhow::ensure!(!out.is_empty(), "--cors-origins is empty");
+    Ok(out)
 }
 
 /// Checks an API key before the server starts: it must not be empty,
