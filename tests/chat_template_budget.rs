@@ -104,11 +104,15 @@ mod sandbox {
         let src = "{% if messages[0].content == 'slow' %}{% for i in range(100000) %}\
                    {% for j in range(100000) %}{% endfor %}{% endfor %}{% endif %}\
                    {% if messages[0].content == 'raise' %}{{ raise_exception('no') }}{% endif %}done";
+        // 20 ms stops the slow branch before its fuel runs out. The renders
+        // after it use a sandbox with room to start a worker on a loaded
+        // machine (a fresh worker after a kill is string_doubling's check).
         let sb = sandbox(src, Duration::from_millis(20));
         let err = sb
             .render(&[ChatMessage::new("user", "slow")], true)
             .unwrap_err();
         assert!(format!("{err:#}").contains("took more than"), "{err:#}");
+        let sb = sandbox(src, Duration::from_secs(10));
         let err = sb
             .render(&[ChatMessage::new("user", "raise")], true)
             .unwrap_err();
