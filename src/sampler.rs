@@ -10,7 +10,7 @@ mod draw;
 
 pub use draw::{cand_key, det_exp, draw as draw_token, DrawParams, CHUNK};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use std::cmp::Ordering;
@@ -141,11 +141,56 @@ fn cand_cmp(a: &(u32, f32), b: &(u32, f32)) -> Ordering {
     b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
 }
 
+/// OpenAI's logit adjustments: a per-token bias, and penalties on the
+/// tokens this sampler has produced (`logit -= count * frequency +
+/// (count > 0) * presence`, counting generated tokens only, as OpenAI and
+/// vLLM do).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LogitAdjust {
+    /// (token, bias), ids distinct; biases are added to the logits.
+    pub bias: Vec<(u32, f32)>,
+    pub frequency_penalty: f32,
+    pub presence_penalty: f32,
+}
+
+impl LogitAdjust {
+    /// Whether it changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.bias.is_empty() && self.frequency_penalty == 0.0 && self.presence_penalty == 0.0
+    }
+
+    /// Rejects what OpenAI rejects: biases outside [-100, 100], penalties
+    /// outside [-2, 2], a repeated token.
+    pub fn validate(&self) -> Result<()> {
+        for (name, v) in [
+            ("frequency_penalty", self.frequency_penalty),
+            ("presence_penalty", self.presence_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&v) {
+                bail!("{name} must be in [-2, 2], got {v}");
+            }
+        }
+        let mut ids: Vec<u32> = self.bias.iter().map(|b| b.0).collect();
+        ids.sort_unstable();
+        if ids.windows(2).any(|w| w[0] == w[1]) {
+            bail!("logit_bias names a token twice");
+        }
+        if let Some((t, b)) = self.bias.iter().find(|b| !(-100.0..=100.0).contains(&b.1)) {
+            bail!("logit_bias of token {t} must be in [-100, 100], got {b}");
+        }
+        Ok(())
+    }
+}
+
 /// One request's sampler: parameters plus its own RNG stream.
 #[derive(Debug, Clone)]
 pub struct Sampler {
     params: SamplingParams,
     rng: ChaCha20Rng,
+    adjust: LogitAdjust,
+    /// Times each token was produced, in first-produced order (the
+    /// penalties' counts; only kept when a penalty is on).
+    produced: Vec<(u32, u32)>,
 }
 
 impl Sampler {
@@ -154,11 +199,26 @@ impl Sampler {
         Ok(Sampler {
             params,
             rng: ChaCha20Rng::seed_from_u64(params.seed),
+            adjust: LogitAdjust::default(),
+            produced: Vec::new(),
         })
+    }
+
+    /// The sampler with OpenAI's logit bias and penalties.
+    pub fn with_adjust(mut self, adjust: LogitAdjust) -> Result<Self> {
+        adjust.validate()?;
+        self.adjust = adjust;
+        Ok(self)
     }
 
     pub fn params(&self) -> &SamplingParams {
         &self.params
+    }
+
+    /// Whether the draw reads the logits alone (no repetition penalty, no
+    /// logit adjustments): then the device may draw.
+    pub fn logits_only(&self) -> bool {
+        self.params.logits_only() && self.adjust.is_empty()
     }
 
     /// The uniform of the next sampled step, drawn here for a draw made
@@ -210,7 +270,8 @@ impl Sampler {
             work.push(x + 0.0);
         }
         self.apply_repetition_penalty(&mut work, history)?;
-        if p.temperature == 0.0 {
+        self.apply_adjust(&mut work)?;
+        let tok = if p.temperature == 0.0 {
             // First maximum in id order = ties to the lowest id.
             let (mut best, mut best_v) = (0usize, work[0]);
             for (i, &v) in work.iter().enumerate().skip(1) {
@@ -219,13 +280,46 @@ impl Sampler {
                     best_v = v;
                 }
             }
-            return Ok(best as u32);
-        }
-        let u = match u {
-            Some(u) => u,
-            None => self.uniform(),
+            best as u32
+        } else {
+            let u = match u {
+                Some(u) => u,
+                None => self.uniform(),
+            };
+            draw::draw(&work, &p.draw_params(), u)?
         };
-        draw::draw(&work, &p.draw_params(), u)
+        self.note_produced(tok);
+        Ok(tok)
+    }
+
+    /// Counts a produced token for the penalties.
+    fn note_produced(&mut self, tok: u32) {
+        if self.adjust.frequency_penalty == 0.0 && self.adjust.presence_penalty == 0.0 {
+            return;
+        }
+        match self.produced.iter_mut().find(|(t, _)| *t == tok) {
+            Some((_, n)) => *n += 1,
+            None => self.produced.push((tok, 1)),
+        }
+    }
+
+    /// The bias, then the penalties, each one rounded addition per logit,
+    /// in a fixed order (ids as given, tokens in first-produced order).
+    fn apply_adjust(&self, logits: &mut [f32]) -> Result<()> {
+        let a = &self.adjust;
+        let vocab = logits.len();
+        for &(t, b) in &a.bias {
+            let l = logits.get_mut(t as usize).with_context(|| {
+                format!("logit_bias: token {t} outside the vocabulary of {vocab}")
+            })?;
+            *l += b;
+        }
+        for &(t, n) in &self.produced {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l -= n as f32 * a.frequency_penalty + a.presence_penalty;
+            }
+        }
+        Ok(())
     }
 
     /// llama.cpp semantics: each distinct token among the last

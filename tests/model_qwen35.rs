@@ -211,6 +211,7 @@ fn serving_a_hybrid_matches_one_request_at_a_time() {
         stop_ids: vec![],
         top_logprobs: None,
         n: 1,
+        adjust: Default::default(),
     };
     let alone: Vec<Vec<u32>> = {
         let (engine, join) =
@@ -376,6 +377,7 @@ fn serving_a_hybrid_resumes_cached_prefixes_from_snapshots() {
         stop_ids: vec![],
         top_logprobs: None,
         n: 1,
+        adjust: Default::default(),
     };
     let alone = {
         let no_cache = EngineConfig {

@@ -348,6 +348,7 @@ fn nan_logits_end_that_request_with_an_error() {
         stop_ids: vec![poisoned],
         top_logprobs: None,
         n: 1,
+        adjust: Default::default(),
     };
     let sampled = SamplingParams {
         seed: 9,

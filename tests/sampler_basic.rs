@@ -1,6 +1,6 @@
 //! Sampler tests: determinism, greedy, filters, penalty, distribution, logprobs.
 
-use quire::sampler::{logprobs, Sampler, SamplingParams};
+use quire::sampler::{logprobs, LogitAdjust, Sampler, SamplingParams};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -260,3 +260,96 @@ fn golden_stream_for_seed_42() {
     assert_eq!(got, GOLDEN);
 }
 const GOLDEN: [u32; 12] = [20, 22, 11, 24, 24, 22, 1, 7, 11, 22, 11, 3];
+
+fn adjusted(adjust: LogitAdjust) -> Sampler {
+    Sampler::new(SamplingParams::greedy())
+        .unwrap()
+        .with_adjust(adjust)
+        .unwrap()
+}
+
+#[test]
+fn logit_bias_moves_the_greedy_choice() {
+    let logits = [0.5f32, 3.0, 1.0, 2.5];
+    let mut s = adjusted(LogitAdjust {
+        bias: vec![(1, -100.0)],
+        ..Default::default()
+    });
+    assert_eq!(s.sample(&logits, &[]).unwrap(), 3);
+    let mut s = adjusted(LogitAdjust {
+        bias: vec![(0, 2.6)],
+        ..Default::default()
+    });
+    assert_eq!(s.sample(&logits, &[]).unwrap(), 0, "0.5 + 2.6 > 3.0");
+    assert!(!s.logits_only(), "a bias must keep the draw on the host");
+    assert!(Sampler::new(SamplingParams::greedy())
+        .unwrap()
+        .logits_only());
+    // A bias outside the vocabulary is an error at the draw.
+    let mut s = adjusted(LogitAdjust {
+        bias: vec![(9, 1.0)],
+        ..Default::default()
+    });
+    assert!(s.sample(&logits, &[]).is_err());
+}
+
+#[test]
+fn frequency_and_presence_penalties_count_produced_tokens() {
+    // Token 1 leads token 3 by 0.5.
+    let logits = [0.0f32, 3.0, 1.0, 2.5];
+    // Frequency 0.3: token 1 after k uses is 3.0 - 0.3 k, so it wins twice
+    // (3.0, 2.7), then 2.4 < 2.5: token 3 (then 2.5 - 0.3 = 2.2 < 2.4: 1).
+    let mut s = adjusted(LogitAdjust {
+        frequency_penalty: 0.3,
+        ..Default::default()
+    });
+    let got: Vec<u32> = (0..4).map(|_| s.sample(&logits, &[]).unwrap()).collect();
+    assert_eq!(got, [1, 1, 3, 1]);
+    // Presence 0.6: one use of each is enough to hand over, and both then
+    // carry the same 0.6, so the original order returns.
+    let mut s = adjusted(LogitAdjust {
+        presence_penalty: 0.6,
+        ..Default::default()
+    });
+    let got: Vec<u32> = (0..4).map(|_| s.sample(&logits, &[]).unwrap()).collect();
+    assert_eq!(got, [1, 3, 1, 1]);
+    // A negative penalty rewards repeats.
+    let mut s = adjusted(LogitAdjust {
+        bias: vec![(3, 0.6)],
+        frequency_penalty: -1.0,
+        ..Default::default()
+    });
+    let got: Vec<u32> = (0..3).map(|_| s.sample(&logits, &[]).unwrap()).collect();
+    assert_eq!(got, [3, 3, 3]);
+}
+
+#[test]
+fn logit_adjust_ranges_are_checked() {
+    let bad = [
+        LogitAdjust {
+            bias: vec![(1, 100.5)],
+            ..Default::default()
+        },
+        LogitAdjust {
+            bias: vec![(1, 1.0), (1, 2.0)],
+            ..Default::default()
+        },
+        LogitAdjust {
+            frequency_penalty: 2.5,
+            ..Default::default()
+        },
+        LogitAdjust {
+            presence_penalty: -2.01,
+            ..Default::default()
+        },
+    ];
+    for a in bad {
+        assert!(
+            Sampler::new(SamplingParams::greedy())
+                .unwrap()
+                .with_adjust(a.clone())
+                .is_err(),
+            "{a:?}"
+        );
+    }
+}

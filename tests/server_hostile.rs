@@ -506,9 +506,11 @@ async fn f5_unimplemented_parameters_are_refused() {
             "response_format",
             json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
         ),
-        ("logit_bias", json!({"50": 5})),
-        ("frequency_penalty", json!(r.random_range(0.1..2.0))),
-        ("presence_penalty", json!(-r.random_range(0.1..2.0))),
+        // Implemented, but out of range or malformed.
+        ("logit_bias", json!({"fifty": 5})),
+        ("logit_bias", json!({"50": 100.5})),
+        ("frequency_penalty", json!(r.random_range(2.01..9.0))),
+        ("presence_penalty", json!(-r.random_range(2.01..9.0))),
         ("functions", tool.clone()),
         ("no_such_field", json!(true)),
         ("best_of", json!(2)),
@@ -523,7 +525,7 @@ async fn f5_unimplemented_parameters_are_refused() {
     let unknown = format!("x_{}", words(&mut r, 12).replace(' ', "_"));
     for (field, v) in [
         ("best_of", json!(3)),
-        ("logit_bias", json!({"1": -100})),
+        ("logit_bias", json!({"999999999": -100})),
         ("top_logprobs", json!(2)),
         (unknown.as_str(), json!(null)),
     ] {

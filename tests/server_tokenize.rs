@@ -165,3 +165,48 @@ fn cors_origins_are_checked_at_start() {
     );
     assert_eq!(quire::server::parse_cors_origins("*").unwrap(), vec!["*"]);
 }
+
+/// OpenAI's `logit_bias` end to end: a +100 bias makes greedy decoding
+/// emit that token every step; a -100 bias on the unbiased run's first
+/// token changes it (the penalties' arithmetic: tests/sampler_basic.rs).
+#[test]
+fn logit_bias_and_penalties_steer_greedy_decoding() {
+    let Some(srv) = Server::start("logit_bias_and_penalties_steer_greedy_decoding", None, &[])
+    else {
+        return;
+    };
+    let post = |path: &str, body: serde_json::Value| {
+        let r = http(&srv.addr, "POST", path, &[], Some(&body.to_string()));
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()
+    };
+    let ids = |text: &str| -> Vec<u32> {
+        serde_json::from_value(
+            post("/tokenize", serde_json::json!({ "content": text }))["tokens"].clone(),
+        )
+        .unwrap()
+    };
+    let hello = ids(" hello")[0];
+    let complete = |extra: serde_json::Value| {
+        let mut body = serde_json::json!({
+            "model": srv.model_id, "prompt": "The capital of France is",
+            "max_tokens": 6, "temperature": 0,
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        post("/v1/completions", body)["choices"][0]["text"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let plain = complete(serde_json::json!({}));
+    let forced = complete(serde_json::json!({ "logit_bias": { hello.to_string(): 100 } }));
+    assert_eq!(forced, " hello".repeat(6), "plain: {plain:?}");
+    let first = ids(&plain)[0];
+    let banned = complete(serde_json::json!({ "logit_bias": { first.to_string(): -100 } }));
+    assert_ne!(ids(&banned)[0], first, "{plain:?} / {banned:?}");
+    // Penalties are accepted (and change nothing at 0).
+    let zero = complete(serde_json::json!({ "frequency_penalty": 0, "presence_penalty": 0.0 }));
+    assert_eq!(zero, plain);
+}

@@ -93,7 +93,7 @@ impl Runner {
                 samplers.len()
             );
         }
-        if let Some(s) = samplers.iter().find(|s| !s.params().logits_only()) {
+        if let Some(s) = samplers.iter().find(|s| !s.logits_only()) {
             bail!(
                 "decode: a chained run needs samplers that read the logits alone (got {:?})",
                 s.params()
@@ -116,9 +116,9 @@ impl Runner {
     pub fn draws_on_device(&self, samplers: &[Sampler]) -> bool {
         let vocab = self.model.cfg().vocab_size;
         self.greedy_on_device_rows(samplers.len())
-            && samplers.iter().all(|s| {
-                s.params().logits_only() && self.device_draws(&s.params().draw_params(), vocab)
-            })
+            && samplers
+                .iter()
+                .all(|s| s.logits_only() && self.device_draws(&s.params().draw_params(), vocab))
     }
 
     /// Whether the device holding the model can draw with `p`.

@@ -262,7 +262,8 @@ impl Engine {
             self.next_id += 1;
             let mut params = req.params;
             params.seed = params.seed.wrapping_add(index as u64);
-            let sampler = match Sampler::new(params) {
+            let sampler = match Sampler::new(params).and_then(|s| s.with_adjust(req.adjust.clone()))
+            {
                 Ok(s) => s,
                 Err(e) => {
                     // Every choice shares the parameters: fail the rest.
@@ -452,7 +453,7 @@ impl Engine {
         let on_device = plan.seqs.iter().all(|ss| {
             self.seqs
                 .get(&ss.seq)
-                .is_some_and(|s| s.sampler.params().logits_only() && s.req.top_logprobs.is_none())
+                .is_some_and(|s| s.sampler.logits_only() && s.req.top_logprobs.is_none())
         });
         let mut uniforms: Vec<Option<f64>> = vec![None; plan.seqs.len()];
         let mut chosen = None;

@@ -86,6 +86,8 @@ pub struct GenRequest {
     /// Some(k): send the chosen token's log-probability and the k most likely.
     pub top_logprobs: Option<usize>,
     pub n: usize,
+    /// OpenAI's `logit_bias`, `frequency_penalty`, `presence_penalty`.
+    pub adjust: crate::sampler::LogitAdjust,
 }
 
 /// The log-probabilities of one generated token.

@@ -1,7 +1,7 @@
 //! OpenAI request bodies and their validation into an engine request.
 
 use super::error::ApiError;
-use crate::sampler::SamplingParams;
+use crate::sampler::{LogitAdjust, SamplingParams};
 use crate::serve::{EngineLimits, GenRequest};
 use crate::tokenizer::{ChatMessage, Tokenizer};
 use serde::de::DeserializeOwned;
@@ -81,6 +81,13 @@ pub struct Common {
     pub seed: Option<i64>,
     #[serde(default)]
     pub n: Option<u32>,
+    /// Token id (as a string) -> bias in [-100, 100].
+    #[serde(default)]
+    pub logit_bias: Option<std::collections::BTreeMap<String, f32>>,
+    #[serde(default)]
+    pub frequency_penalty: Option<f32>,
+    #[serde(default)]
+    pub presence_penalty: Option<f32>,
 }
 
 #[derive(Deserialize, Debug, Clone)]
@@ -160,6 +167,12 @@ const COMMON_FIELDS: &[(&str, Probe)] = &[
     ("repetition_penalty", probe::<Option<f32>>),
     ("seed", probe::<Option<i64>>),
     ("n", probe::<Option<u32>>),
+    (
+        "logit_bias",
+        probe::<Option<std::collections::BTreeMap<String, f32>>>,
+    ),
+    ("frequency_penalty", probe::<Option<f32>>),
+    ("presence_penalty", probe::<Option<f32>>),
 ];
 
 /// The fields only [`ChatRequest`] reads.
@@ -201,7 +214,6 @@ fn check_unsupported(
     obj: &Map<String, Value>,
     ep: Endpoint,
 ) -> Result<bool, ApiError> {
-    let is_zero = |v: &Value| v.as_f64() == Some(0.0);
     let empty = |v: &Value| match v {
         Value::Null => true,
         Value::Array(a) => a.is_empty(),
@@ -217,10 +229,6 @@ fn check_unsupported(
         "response_format" if !(v.is_null() || v["type"] == "text") => refuse(
             ": structured output (json_object, json_schema) is not implemented; only {\"type\": \"text\"}",
         ),
-        "logit_bias" if !empty(v) => refuse(": logit biases are not implemented"),
-        "frequency_penalty" | "presence_penalty" if !(v.is_null() || is_zero(v)) => {
-            refuse(" (only 0); repetition_penalty is")
-        }
         "best_of" if ep == Endpoint::Completions => {
             let n = obj.get("n").and_then(Value::as_u64).unwrap_or(1);
             match v {
@@ -229,8 +237,7 @@ fn check_unsupported(
                 _ => refuse(&format!(": only best_of = n ({n}) is accepted")),
             }
         }
-        "tools" | "functions" | "tool_choice" | "function_call" | "response_format"
-        | "logit_bias" | "frequency_penalty" | "presence_penalty" => Ok(true),
+        "tools" | "functions" | "tool_choice" | "function_call" | "response_format" => Ok(true),
         _ => Ok(false),
     }
 }
@@ -537,6 +544,7 @@ pub fn prepare(
             Some("stop"),
         ));
     }
+    let adjust = logit_adjust(c, adm.tok.vocab_size())?;
     let params = SamplingParams {
         temperature,
         top_k,
@@ -553,6 +561,7 @@ pub fn prepare(
             max_tokens,
             stop_ids: adm.tok.stop_ids().to_vec(),
             top_logprobs,
+            adjust,
             n: n as usize,
         },
         stops,
@@ -591,6 +600,56 @@ pub fn completion_logprobs(r: &CompletionRequest) -> Result<Option<usize>, ApiEr
             Some("logprobs"),
         )),
     }
+}
+
+/// OpenAI's `logit_bias` (token ids as strings, below `vocab`; biases in
+/// [-100, 100]) and penalties ([-2, 2]), each error naming its parameter.
+fn logit_adjust(c: &Common, vocab: usize) -> Result<LogitAdjust, ApiError> {
+    let mut bias = Vec::new();
+    for (k, &b) in c.logit_bias.iter().flatten() {
+        let id: u32 = k.trim().parse().map_err(|_| {
+            ApiError::bad_request(
+                format!("logit_bias keys must be token ids, got {k:?}"),
+                Some("logit_bias"),
+            )
+        })?;
+        if id as usize >= vocab {
+            return Err(ApiError::bad_request(
+                format!("logit_bias: token {id} is outside the vocabulary of {vocab} tokens"),
+                Some("logit_bias"),
+            ));
+        }
+        if !(-100.0..=100.0).contains(&b) {
+            return Err(ApiError::bad_request(
+                format!("logit_bias of token {id} must be in [-100, 100], got {b}"),
+                Some("logit_bias"),
+            ));
+        }
+        bias.push((id, b));
+    }
+    // "007" and "7" are one token: a repeat is an error, not a silent pick.
+    bias.sort_by_key(|&(t, _)| t);
+    if let Some(w) = bias.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(ApiError::bad_request(
+            format!("logit_bias names token {} twice", w[0].0),
+            Some("logit_bias"),
+        ));
+    }
+    let pen = |v: Option<f32>, name: &str| -> Result<f32, ApiError> {
+        let v = v.unwrap_or(0.0);
+        if !(-2.0..=2.0).contains(&v) {
+            return Err(ApiError::bad_request(
+                format!("{name} must be in [-2, 2], got {v}"),
+                Some(name),
+            ));
+        }
+        Ok(v)
+    };
+    Ok(LogitAdjust {
+        bias,
+        frequency_penalty: pen(c.frequency_penalty, "frequency_penalty")?,
+        presence_penalty: pen(c.presence_penalty, "presence_penalty")?,
+    })
 }
 
 /// A completion prompt before tokenization.
