@@ -137,3 +137,34 @@ fn stride_must_be_a_multiple_of_the_block_size() {
         "{err:#}"
     );
 }
+
+#[test]
+fn untaken_saves_are_forgotten() {
+    let mut s = sched(4);
+    s.add_request(SeqId(1), prompt(1, 70)).unwrap();
+    // The first step ends on the boundary at 32; its save is not taken.
+    let plan = s.schedule().unwrap();
+    assert_eq!(plan.seqs[0].len(), 32);
+    s.on_step_done(&[]).unwrap();
+    // The next step's completion forgets it (and registers 64's).
+    s.schedule().unwrap();
+    s.on_step_done(&[]).unwrap();
+    assert_eq!(
+        s.take_saves(),
+        vec![StateSave {
+            seq: SeqId(1),
+            slot: 0
+        }],
+        "slot 0 was freed and reused for the boundary at 64"
+    );
+    let plan = s.schedule().unwrap();
+    s.on_step_done(&[(SeqId(1), 7)]).unwrap();
+    assert!(plan.seqs[0].sample);
+    // A prompt sharing only the first 40 tokens finds no snapshot at 32.
+    let mut p = prompt(1, 40);
+    p.extend(prompt(5, 10));
+    s.add_request(SeqId(2), p).unwrap();
+    let plan = s.schedule().unwrap();
+    let b = plan.seqs.iter().find(|x| x.seq == SeqId(2)).unwrap();
+    assert_eq!((b.start, b.restore), (0, None));
+}

@@ -98,6 +98,17 @@ impl SnapshotIndex {
         self.by_key.contains_key(&(hash, n_tokens))
     }
 
+    /// Forgets whichever prefix slot `slot` holds (a snapshot that was
+    /// never filled); the slot is free again.
+    pub fn forget_slot(&mut self, slot: u32) {
+        let Some((&key, &(_, used))) = self.by_key.iter().find(|(_, v)| v.0 == slot) else {
+            return;
+        };
+        self.by_key.remove(&key);
+        self.lru.remove(&used);
+        self.free.push(slot);
+    }
+
     /// A slot for a new snapshot of the prefix (`hash`, `n_tokens`): an
     /// unused slot, else the least recently used one (its prefix is
     /// forgotten). None when the prefix has one already or capacity is 0.
@@ -143,6 +154,13 @@ mod tests {
         assert_eq!(s.len(), 2);
         // The key includes the length.
         assert_eq!(s.lookup(13, 64), None);
+        // A forgotten slot is free again, its prefix gone.
+        s.forget_slot(0);
+        assert!(!s.contains(13, 32));
+        assert_eq!(s.len(), 1);
+        assert_eq!(s.insert(14, 64), Some(0));
+        s.forget_slot(7);
+        assert_eq!(s.len(), 2);
     }
 
     #[test]

@@ -94,7 +94,8 @@ impl Scheduler {
     }
 
     /// The snapshots the last step registered (taken by the engine right
-    /// after `on_step_done`, before any of their sequences' slots is freed).
+    /// after `on_step_done`, before any of their sequences' slots is freed;
+    /// the next `on_step_done` forgets any left untaken).
     pub fn take_saves(&mut self) -> Vec<StateSave> {
         std::mem::take(&mut self.saves)
     }
@@ -439,6 +440,13 @@ impl Scheduler {
                 "on_step_done: missing sampled token for {}",
                 f.seq
             );
+        }
+        // Snapshots the engine did not take after the last step were never
+        // filled: forget them rather than serve an empty slot later.
+        if let Some(s) = self.snaps.as_mut() {
+            for save in self.saves.drain(..) {
+                s.forget_slot(save.slot);
+            }
         }
         let flight = self.in_flight.take().unwrap_or_default();
         for f in flight {
