@@ -310,18 +310,10 @@ pub fn forward_bufs<E: Exec>(
     if m == 0 {
         return Ok(None);
     }
-    let mut logits = e.output(m * c.vocab_size)?;
-    let mut normed = e.output(m * d)?;
-    if bufs.rows_all {
-        mat_muls(
-            e,
-            &x,
-            m,
-            vec![(&w.output, &mut logits, false)],
-            Some((&w.output_norm, c.rms_eps, &mut normed)),
-            None,
-            None,
-        )?;
+    // The output head reads the residual stream itself when every row
+    // wants its logits in order, else the selected rows.
+    let sel = if bufs.rows_all {
+        None
     } else {
         let mut sel = e.output(m * d)?; // (m, dim)
         e.run(OpT::SelectRows {
@@ -330,16 +322,19 @@ pub fn forward_bufs<E: Exec>(
             rows: E::idx_view(&bufs.rows),
             out: E::wr(&mut sel),
         })?;
-        mat_muls(
-            e,
-            &sel,
-            m,
-            vec![(&w.output, &mut logits, false)],
-            Some((&w.output_norm, c.rms_eps, &mut normed)),
-            None,
-            None,
-        )?;
-    }
+        Some(sel)
+    };
+    let mut logits = e.output(m * c.vocab_size)?;
+    let mut normed = e.output(m * d)?;
+    mat_muls(
+        e,
+        sel.as_ref().unwrap_or(&x),
+        m,
+        vec![(&w.output, &mut logits, false)],
+        Some((&w.output_norm, c.rms_eps, &mut normed)),
+        None,
+        None,
+    )?;
     Ok(Some(logits))
 }
 
