@@ -8,6 +8,11 @@
          1000 shared tokens), C at a time; reports prefill tokens computed
          (from /metrics), wall time and throughput. Run it against servers
          with and without prefix caching (bench/serve_prefix.sh).
+  sweep: concurrency levels (default 1,16,64) of streaming clients with
+         prompts of exactly N token ids and M generated tokens each, against
+         any OpenAI-compatible URL (quire serve, llama-server, vLLM): one JSON
+         row per level with generated tokens/s, TTFT and ITL p50/p99.
+         bench/serve_vs.sh runs it against Quire and llama-server on one file.
   stall: 8 decoding streams, then one long prompt (default 6000 tokens)
          arrives: reports the worst gap between decode tokens while it is
          prefilled, and its TTFT. Run it against servers with different
@@ -16,10 +21,12 @@
 Examples:
   bench/serve_load.py load --url http://127.0.0.1:8080 --clients 16 --requests 2
   bench/serve_load.py stall --url http://127.0.0.1:8080 --prompt-tokens 6000
+  bench/serve_load.py sweep --url http://127.0.0.1:8080 --concurrency 1,16,64 --label quire
 """
 
 import argparse
 import http.client
+import random
 import json
 import statistics
 import sys
@@ -46,7 +53,7 @@ def auth(key):
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def stream(url, key, body, on_token=None):
+def stream(url, key, body, on_token=None, on_event=None):
     """POSTs a streaming completion; returns (send time, [token arrival times], finish)."""
     u = urllib.parse.urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=3600)
@@ -71,6 +78,8 @@ def stream(url, key, body, on_token=None):
         ev = json.loads(data)
         if "error" in ev:
             raise RuntimeError(ev["error"]["message"])
+        if on_event:
+            on_event(ev)
         for c in ev.get("choices", []):
             if c.get("text"):
                 now = time.perf_counter()
@@ -174,6 +183,87 @@ def cmd_stall(a):
     return 0
 
 
+def cmd_sweep(a):
+    """Concurrency levels against one OpenAI-compatible server: at each
+    level C clients each send R requests back to back (prompts of exactly
+    --prompt-tokens random token ids, distinct per request, so no prefix
+    cache helps; --max-tokens each, temperature 0). Reports per level the
+    generated tokens/s (completion tokens from usage / wall time), TTFT and
+    inter-token latency p50/p99 (client side, one SSE chunk = one token) and
+    the mean prompt and completion tokens the server counted."""
+    model = model_id(a.url, a.key)
+    levels = [int(x) for x in a.concurrency.split(",") if x.strip()]
+    if a.warmup:
+        # Every batch size up to the largest level once (graph captures,
+        # kernel loads), outside the measurement.
+        one_level(a, model, max(levels), 1, 16, seed=10_000, label=None)
+    rows = []
+    for c in levels:
+        rows.append(one_level(a, model, c, a.requests, a.max_tokens, seed=c, label=a.label))
+    return 1 if any(r["errors"] for r in rows) else 0
+
+
+def one_level(a, model, clients, requests, max_tokens, seed, label):
+    ttfts, itls, errors = [], [], []
+    usage = {"prompt": 0, "completion": 0, "n": 0}
+    lock = threading.Lock()
+
+    def client(i):
+        rng = random.Random(seed * 100_003 + i)
+        for r in range(requests):
+            prompt = [1000 + rng.randrange(20_000) for _ in range(a.prompt_tokens)]
+            body = dict(model=model, prompt=prompt, max_tokens=max_tokens,
+                        temperature=a.temperature, stream_options={"include_usage": True})
+            try:
+                t0, times, _, u = stream_usage(a.url, a.key, body)
+            except Exception as e:  # reported, counted as a failure
+                with lock:
+                    errors.append(str(e))
+                continue
+            with lock:
+                if times:
+                    ttfts.append(times[0] - t0)
+                    itls.extend(b - x for x, b in zip(times, times[1:]))
+                usage["n"] += 1
+                usage["prompt"] += (u or {}).get("prompt_tokens", 0)
+                usage["completion"] += (u or {}).get("completion_tokens", len(times))
+
+    t0 = time.perf_counter()
+    th = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    wall = time.perf_counter() - t0
+    n = max(usage["n"], 1)
+    out = {
+        "label": label, "concurrency": clients, "requests": clients * requests,
+        "errors": len(errors), "wall_s": round(wall, 2),
+        "gen_tokens_per_s": round(usage["completion"] / wall, 1),
+        "ttft_p50_ms": round(pct(ttfts, 50) * 1e3, 1), "ttft_p99_ms": round(pct(ttfts, 99) * 1e3, 1),
+        "itl_p50_ms": round(pct(itls, 50) * 1e3, 2), "itl_p99_ms": round(pct(itls, 99) * 1e3, 2),
+        "prompt_tokens_mean": round(usage["prompt"] / n, 1),
+        "completion_tokens_mean": round(usage["completion"] / n, 1),
+    }
+    if label is not None:
+        print(json.dumps(out), flush=True)
+    if errors:
+        print("first error:", errors[0], file=sys.stderr)
+    return out
+
+
+def stream_usage(url, key, body):
+    """`stream`, plus the usage object of the last chunk (None if absent)."""
+    usage = [None]
+
+    def on_event(ev):
+        if ev.get("usage"):
+            usage[0] = ev["usage"]
+
+    t0, times, finish = stream(url, key, body, on_event=on_event)
+    return t0, times, finish, usage[0]
+
+
 def metric(url, key, name):
     req = urllib.request.Request(url + "/metrics", headers=auth(key))
     with urllib.request.urlopen(req) as r:
@@ -231,7 +321,7 @@ def cmd_prefix(a):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("load", "stall", "prefix"):
+    for name in ("load", "stall", "prefix", "sweep"):
         s = sub.add_parser(name)
         s.add_argument("--url", default="http://127.0.0.1:8080")
         s.add_argument("--key", default=None)
@@ -249,9 +339,19 @@ def main():
     s.add_argument("--shared-tokens", type=int, default=1000)
     s.add_argument("--suffix-tokens", type=int, default=16)
     s.add_argument("--max-tokens", type=int, default=8)
+    s = sub.choices["sweep"]
+    s.add_argument("--concurrency", default="1,16,64", help="comma-separated levels")
+    s.add_argument("--requests", type=int, default=1, help="per client, back to back")
+    s.add_argument("--prompt-tokens", type=int, default=512)
+    s.add_argument("--max-tokens", type=int, default=128)
+    s.add_argument("--temperature", type=float, default=0.0)
+    s.add_argument("--label", default="server", help="names the server in the output rows")
+    s.add_argument("--no-warmup", dest="warmup", action="store_false",
+                   help="skip the unmeasured pass at the largest level")
     a = p.parse_args()
     a.url = a.url.rstrip("/")
-    return {"load": cmd_load, "stall": cmd_stall, "prefix": cmd_prefix}[a.cmd](a)
+    cmds = {"load": cmd_load, "stall": cmd_stall, "prefix": cmd_prefix, "sweep": cmd_sweep}
+    return cmds[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ use crate::backend::{Backend, GpuMode, Mode};
 use crate::dispatch::step_times::{mark, Point};
 use crate::dispatch::{
     load_device, DeviceLoad, DeviceModel, DeviceOptions, Dispatcher, HostExec, HostLogits,
-    TuningOverrides,
+    KvBlocks, TuningOverrides,
 };
 use crate::gguf::GgufFile;
 use crate::kv::{KvManager, RecurrentStates, SeqId};
@@ -86,8 +86,14 @@ pub struct RunnerOptions {
     /// CPU threads (None: all cores).
     pub threads: Option<usize>,
     pub block_size: usize,
-    /// KV capacity in tokens, over all sequences.
-    pub kv_tokens: usize,
+    /// KV capacity in tokens, over all sequences. None: on the host
+    /// `HOST_KV_TOKENS`; on a device what its free memory holds after the
+    /// weights (past a reserve, `dispatch::auto_kv_blocks`), at most
+    /// `kv_seqs` sequences of the full context.
+    pub kv_tokens: Option<usize>,
+    /// The most sequences an automatic KV size is made for (`quire serve`:
+    /// its `--max-running`).
+    pub kv_seqs: usize,
     pub mode: Mode,
     /// Show a progress bar while loading.
     pub progress: bool,
@@ -110,7 +116,8 @@ impl Default for RunnerOptions {
         RunnerOptions {
             threads: None,
             block_size: 16,
-            kv_tokens: 8192,
+            kv_tokens: Some(HOST_KV_TOKENS),
+            kv_seqs: 64,
             mode: Mode::Exact,
             progress: false,
             gpu: GpuMode::Off,
@@ -120,6 +127,9 @@ impl Default for RunnerOptions {
         }
     }
 }
+
+/// KV capacity in tokens on the host when none is given.
+pub const HOST_KV_TOKENS: usize = 8192;
 
 /// Where a step's ops run and where the KV cache lives.
 pub enum Compute {
@@ -164,8 +174,22 @@ impl Runner {
             bail!("block size must be at least 1");
         }
         // +1: physical block 0 is the null block.
-        let n_blocks = opts.kv_tokens.div_ceil(opts.block_size) + 1;
-        let kv = KvManager::new(n_blocks, opts.block_size)?;
+        let n_blocks = opts
+            .kv_tokens
+            .unwrap_or(HOST_KV_TOKENS)
+            .div_ceil(opts.block_size)
+            + 1;
+        // The device's size: what was asked, or what its memory holds.
+        let dev_blocks = match opts.kv_tokens {
+            Some(_) => KvBlocks::Fixed(n_blocks),
+            None => KvBlocks::Auto {
+                max: cfg
+                    .context_length
+                    .div_ceil(opts.block_size)
+                    .saturating_mul(opts.kv_seqs.max(1))
+                    .saturating_add(1),
+            },
+        };
         let host_kv = || {
             KvStorage::new(
                 n_kv_layers,
@@ -179,8 +203,9 @@ impl Runner {
         match opts.gpu {
             GpuMode::Off => {}
             GpuMode::Required | GpuMode::Auto => {
-                match open_device(&gguf, &model, opts, n_blocks, &name) {
+                match open_device(&gguf, &model, opts, dev_blocks, &name) {
                     Ok(DeviceLoad::Device(d)) => {
+                        let kv = KvManager::new(d.kv_blocks(), opts.block_size)?;
                         return Ok(Runner {
                             gguf,
                             model,
@@ -188,7 +213,7 @@ impl Runner {
                             compute: Compute::Device(d),
                             hybrid: HybridState::new(&cfg, opts.state_slots, opts.state_snapshots)?,
                             n_threads: 1,
-                        })
+                        });
                     }
                     // The device path cannot run this model (an op it does
                     // not support): under auto, per-op dispatch with host
@@ -215,6 +240,7 @@ impl Runner {
         let bar = progress_bar(opts.progress, 1, "", &name);
         prefault(&gguf, &bar)?;
         bar.finish_and_clear();
+        let kv = KvManager::new(n_blocks, opts.block_size)?;
         let cpu = CpuBackend::new(opts.threads)?;
         let n_threads = cpu.n_threads();
         host_backends.push(Box::new(cpu));
@@ -242,6 +268,32 @@ impl Runner {
         match &self.compute {
             Compute::Host { dx, .. } => dx.report(),
             Compute::Device(d) => d.report(),
+        }
+    }
+
+    /// Decode batch sizes up to `max` that do not run as CUDA graphs on
+    /// this device (empty on the host, where none does).
+    pub fn decode_sizes_without_graphs(&self, max: usize) -> Vec<usize> {
+        match &self.compute {
+            Compute::Device(d) => match d.cuda() {
+                Some(c) => (1..=max).filter(|&b| !c.graphable(b)).collect(),
+                None => Vec::new(),
+            },
+            Compute::Host { .. } => Vec::new(),
+        }
+    }
+
+    /// Tokens the KV cache holds (the null block excluded).
+    pub fn kv_capacity_tokens(&self) -> usize {
+        self.kv.num_blocks().saturating_sub(1) * self.kv.block_size()
+    }
+
+    /// A device's steps so far by how they ran (None on the host, whose
+    /// steps all run op by op).
+    pub fn step_paths(&self) -> Option<crate::dispatch::StepPaths> {
+        match &self.compute {
+            Compute::Host { .. } => None,
+            Compute::Device(d) => Some(d.step_paths()),
         }
     }
 
@@ -591,7 +643,7 @@ fn open_device(
     gguf: &GgufFile,
     model: &Model,
     opts: &RunnerOptions,
-    n_blocks: usize,
+    n_blocks: KvBlocks,
     name: &str,
 ) -> Result<DeviceLoad> {
     let cfg = model.cfg();
@@ -600,6 +652,7 @@ fn open_device(
         mode: opts.mode,
         tuning: &opts.tuning,
         n_blocks,
+        max_seq_blocks: cfg.context_length.div_ceil(opts.block_size),
         block_size: opts.block_size,
         n_kv_heads: cfg.n_kv_heads,
         head_dim: cfg.head_dim,

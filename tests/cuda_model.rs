@@ -136,7 +136,7 @@ fn device_resident_model_is_bitwise_equal_to_cpu() {
             synth::write_model(&path, synth::find_shape(shape).unwrap(), ty, 5).unwrap();
             let opts = RunnerOptions {
                 threads: Some(2),
-                kv_tokens: 512,
+                kv_tokens: Some(512),
                 block_size: 16,
                 mode: Mode::Exact,
                 ..RunnerOptions::default()
@@ -274,7 +274,7 @@ fn device_fast_and_deterministic_modes() {
         synth::write_model(&path, synth::find_shape("tiny-qwen3").unwrap(), ty, 11).unwrap();
         let opts = |mode, gpu| RunnerOptions {
             threads: Some(2),
-            kv_tokens: 512,
+            kv_tokens: Some(512),
             mode,
             gpu,
             ..RunnerOptions::default()

@@ -26,7 +26,7 @@ fn toks(seed: u32, n: usize, vocab: u32) -> Vec<u32> {
 fn opts(mode: Mode, gpu: GpuMode) -> RunnerOptions {
     RunnerOptions {
         threads: Some(2),
-        kv_tokens: 4096,
+        kv_tokens: Some(4096),
         block_size: 16,
         mode,
         gpu,

@@ -42,7 +42,7 @@ fn prompt_over_context_is_an_error() {
     let mut r = Runner::load(
         &path,
         &RunnerOptions {
-            kv_tokens: 512,
+            kv_tokens: Some(512),
             ..Default::default()
         },
     )

@@ -20,7 +20,7 @@ fn runner(dir: &std::path::Path, threads: usize, slots: usize) -> Runner {
         &path,
         &RunnerOptions {
             threads: Some(threads),
-            kv_tokens: 1024,
+            kv_tokens: Some(1024),
             state_slots: slots,
             ..Default::default()
         },
@@ -196,7 +196,7 @@ fn serving_a_hybrid_matches_one_request_at_a_time() {
     quire::model::synth::write_model(&path, shape, GgmlType::F32, 35).unwrap();
     let opts = RunnerOptions {
         threads: Some(2),
-        kv_tokens: 64,
+        kv_tokens: Some(64),
         block_size: 16,
         state_slots: 4,
         ..Default::default()
@@ -288,7 +288,7 @@ fn snapshot_restore_and_fork_are_bitwise() {
         &path,
         &RunnerOptions {
             threads: Some(2),
-            kv_tokens: 1024,
+            kv_tokens: Some(1024),
             state_slots: 4,
             state_snapshots: 2,
             ..Default::default()
@@ -357,7 +357,7 @@ fn serving_a_hybrid_resumes_cached_prefixes_from_snapshots() {
     quire::model::synth::write_model(&path, shape, GgmlType::F32, 35).unwrap();
     let opts = RunnerOptions {
         threads: Some(2),
-        kv_tokens: 1024,
+        kv_tokens: Some(1024),
         block_size: 16,
         state_slots: 4,
         state_snapshots: 4,

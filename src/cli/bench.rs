@@ -439,6 +439,12 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         }
     }
     a.model.report_backends(&r);
+    if let Some(p) = r.step_paths() {
+        eprintln!(
+            "device steps: {} graph replays, {} graph warm-ups, {} decode op by op, {} prefill; {} captures, {} failed",
+            p.graph, p.warmup, p.eager, p.prefill, p.captures, p.capture_failures
+        );
+    }
     if let Some(path) = &a.plot {
         write_plot(path, &model_name, &a, batch_pts, ctx_pts)?;
         println!("plot written to {}", path.display());

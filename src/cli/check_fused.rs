@@ -29,7 +29,7 @@ const REPORT_KEY: &str = "norm_ahead";
 pub fn check_norm_ahead(run: &GreedyRunArgs, threads: Option<usize>) -> Result<()> {
     let base = RunnerOptions {
         threads,
-        kv_tokens: (run.prompt_tokens + run.tokens + 16).max(64),
+        kv_tokens: Some((run.prompt_tokens + run.tokens + 16).max(64)),
         mode: Mode::Fast,
         tuning: run.tuning()?,
         ..Default::default()

@@ -119,8 +119,10 @@ pub fn check_greedy(a: CheckGreedyArgs) -> Result<()> {
         &RunnerOptions {
             gpu: GpuMode::Required,
             // The single run twice, then four sequences of up to 64 tokens.
-            kv_tokens: 2 * (a.run.prompt_tokens + a.run.tokens + 16)
-                + 4 * (a.run.prompt_tokens.max(12) + 80),
+            kv_tokens: Some(
+                2 * (a.run.prompt_tokens + a.run.tokens + 16)
+                    + 4 * (a.run.prompt_tokens.max(12) + 80),
+            ),
             mode,
             tuning: a.run.tuning()?,
             ..Default::default()

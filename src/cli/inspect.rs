@@ -102,7 +102,12 @@ pub fn perplexity(a: PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&a.file)
         .with_context(|| format!("reading {}", a.file.display()))?;
     let mut model = a.model.clone();
-    model.kv_tokens = model.kv_tokens.max(a.ctx * a.parallel.max(1));
+    model.kv_tokens = Some(
+        model
+            .kv_tokens
+            .unwrap_or(crate::runner::HOST_KV_TOKENS)
+            .max(a.ctx * a.parallel.max(1)),
+    );
     let (mut r, tok) = model.load()?;
     let mut ids = tok.encode(&text, true, false)?;
     if a.max_chunks > 0 {

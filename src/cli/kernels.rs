@@ -16,15 +16,16 @@ pub struct KernelsArgs {
     /// table turns `matmul.wgmma` off).
     #[arg(long, default_value = "sm_90")]
     pub arch: String,
-    /// Cache directory (default: QUIRE_KERNEL_CACHE); a process uses it
-    /// when its QUIRE_KERNEL_CACHE names it.
+    /// Cache directory (default: the one every process uses,
+    /// `~/.cache/quire/kernels` or QUIRE_KERNEL_CACHE). Another directory
+    /// is used by a process whose QUIRE_KERNEL_CACHE names it.
     #[arg(long)]
     pub dir: Option<PathBuf>,
 }
 
 pub fn kernels(a: KernelsArgs) -> Result<()> {
     let Some(dir) = a.dir.clone().or_else(kcache::cache_dir) else {
-        bail!("no kernel cache directory: give --dir or set QUIRE_KERNEL_CACHE");
+        bail!("no kernel cache directory (no HOME, or QUIRE_KERNEL_CACHE=off): give --dir");
     };
     let mut jobs: Vec<(&'static str, String)> = Vec::new();
     for arch in a.arch.split(',').map(str::trim).filter(|s| !s.is_empty()) {

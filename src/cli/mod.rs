@@ -96,9 +96,12 @@ pub struct ModelArgs {
     /// any thread count.
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
-    /// KV cache capacity in tokens (all sequences together).
-    #[arg(long, default_value_t = 8192)]
-    pub kv_tokens: usize,
+    /// KV cache capacity in tokens (all sequences together). Default: on
+    /// the CPU 8192; on a GPU what its memory holds once the weights are
+    /// up (past a reserve for activations), at most enough for every
+    /// running sequence at the full context; printed at start.
+    #[arg(long)]
+    pub kv_tokens: Option<usize>,
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
@@ -141,25 +144,35 @@ pub struct ModelArgs {
 
 impl ModelArgs {
     pub fn load(&self) -> Result<(Runner, Tokenizer)> {
-        self.load_with(0)
+        self.load_with(0, 64)
     }
 
     /// [`Self::load`] with `--state-snapshots` kept (serving with prefix
     /// caching; other commands hold none).
-    pub fn load_serving(&self, prefix_caching: bool) -> Result<(Runner, Tokenizer)> {
-        self.load_with(if prefix_caching {
-            self.state_snapshots
-        } else {
-            0
-        })
+    /// `max_running`: the most sequences at once (an automatic KV size on
+    /// a device is made for that many at the full context).
+    pub fn load_serving(
+        &self,
+        prefix_caching: bool,
+        max_running: usize,
+    ) -> Result<(Runner, Tokenizer)> {
+        self.load_with(
+            if prefix_caching {
+                self.state_snapshots
+            } else {
+                0
+            },
+            max_running,
+        )
     }
 
-    fn load_with(&self, state_snapshots: usize) -> Result<(Runner, Tokenizer)> {
+    fn load_with(&self, state_snapshots: usize, kv_seqs: usize) -> Result<(Runner, Tokenizer)> {
         let path = crate::fetch::resolve_model(self.model.as_deref())?;
         let opts = RunnerOptions {
             threads: self.threads,
             block_size: self.block_size,
             kv_tokens: self.kv_tokens,
+            kv_seqs,
             mode: self.mode,
             progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
             gpu: self.gpu,
@@ -171,6 +184,11 @@ impl ModelArgs {
         let tok = Tokenizer::from_gguf(&runner.gguf)
             .with_context(|| format!("building the tokenizer of {}", path.display()))?;
         Ok((runner, tok))
+    }
+
+    /// The mode as the CLI spells it ("fast", "deterministic", "exact").
+    pub fn mode_name(&self) -> String {
+        format!("{:?}", self.mode).to_lowercase()
     }
 
     /// `--tuning FILE` then every `--tune KEY=VALUE`, in order.

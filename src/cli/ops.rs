@@ -165,7 +165,7 @@ pub fn check_exact(a: CheckExactArgs) -> Result<()> {
     };
     let base = RunnerOptions {
         threads: a.threads,
-        kv_tokens: (a.run.prompt_tokens + a.run.tokens + 16).max(64),
+        kv_tokens: Some((a.run.prompt_tokens + a.run.tokens + 16).max(64)),
         mode,
         // The prequant fusions are checked without norm-ahead (it has its
         // own check, `fast-norm-ahead`).

@@ -29,9 +29,10 @@ pub struct ServeArgs {
     /// Most sequences waiting for admission; beyond it requests get 429.
     #[arg(long, default_value_t = 256)]
     pub max_queue: usize,
-    /// T: most tokens per step (decodes first, prefill chunks fill the rest).
-    #[arg(long, default_value_t = 256)]
-    pub max_batch_tokens: usize,
+    /// T: most tokens per step (decodes first, prefill chunks fill the
+    /// rest). Default: 2048 with the model on a GPU, 256 on the CPU.
+    #[arg(long)]
+    pub max_batch_tokens: Option<usize>,
     /// Floor of the prefill budget per step, so prompts progress even when
     /// decodes fill T.
     #[arg(long, default_value_t = 32)]
@@ -89,6 +90,15 @@ pub struct ServeArgs {
     pub no_template_sandbox: bool,
 }
 
+/// `--max-batch-tokens` on a GPU: prefill chunks of up to 2,048 tokens keep
+/// the tensor cores busy (a budget of 256 spent most steps' weight reads
+/// on decode-sized batches, and a burst of prompts waited long for their
+/// first token).
+const GPU_BATCH_TOKENS: usize = 2048;
+/// `--max-batch-tokens` on the CPU, where a step's cost grows with its
+/// tokens and a large one stalls the running decodes.
+const CPU_BATCH_TOKENS: usize = 256;
+
 /// A positive, finite number of seconds.
 fn seconds(v: f64, flag: &str) -> Result<Duration> {
     if !(v.is_finite() && v > 0.0) {
@@ -132,10 +142,40 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             .map(|f| f.to_string_lossy().trim_end_matches(".gguf").to_string())
             .unwrap_or_else(|| "quire".into())
     });
-    let (runner, tok) = a.model.load_serving(!a.no_prefix_cache)?;
+    let t_load = std::time::Instant::now();
+    let (runner, tok) = a.model.load_serving(!a.no_prefix_cache, a.max_running)?;
+    let load_s = t_load.elapsed().as_secs_f64();
+    let on_device = runner.step_paths().is_some();
+    let max_batch_tokens = a.max_batch_tokens.unwrap_or(if on_device {
+        GPU_BATCH_TOKENS
+    } else {
+        CPU_BATCH_TOKENS
+    });
+    eprintln!(
+        "quire serve: {} on {} (loaded in {load_s:.1} s); max-running {}, max-batch-tokens {max_batch_tokens}, KV cache {} tokens{}",
+        a.model.mode_name(),
+        runner.placement(),
+        a.max_running,
+        runner.kv_capacity_tokens(),
+        if a.model.kv_tokens.is_none() && on_device {
+            " (from the device's free memory)"
+        } else {
+            ""
+        }
+    );
+    let eager = runner.decode_sizes_without_graphs(a.max_running);
+    if on_device && !eager.is_empty() {
+        eprintln!(
+            "quire serve: decode batches of {}..={} sequences run op by op, not as CUDA graphs \
+             (fast mode's cuBLAS GEMMs past 64 rows are not captured); --max-running 64 keeps \
+             every batch in a graph",
+            eager[0],
+            eager[eager.len() - 1]
+        );
+    }
     let cfg = EngineConfig {
         max_queue: a.max_queue,
-        max_batch_tokens: a.max_batch_tokens,
+        max_batch_tokens,
         min_prefill_tokens: a.min_prefill_tokens,
         static_prefill_budget: a.static_prefill_budget,
         max_prefill_chunk: a.max_prefill_chunk,
@@ -143,7 +183,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         prefix_caching: !a.no_prefix_cache,
         state_snapshot_stride: a.model.state_snapshot_stride,
     };
-    let mode = format!("{:?}", a.model.mode).to_lowercase();
+    let mode = a.model.mode_name();
     let (engine, join) = crate::serve::spawn(runner, cfg)?;
     if !a.no_template_sandbox {
         let exe =

@@ -4,9 +4,11 @@
 //! inputs (token ids, positions, slots, block tables: a few KB) and
 //! downloads only the logits of the rows that asked for them.
 
+mod capture;
 mod graph;
 mod greedy;
 mod model;
+mod pool;
 pub mod step_ops;
 pub use graph::DecodeFn;
 use graph::{DecodeGraph, GraphKey, Staging};
@@ -57,6 +59,8 @@ pub struct DevKvCache {
     k: Vec<CudaSlice<u16>>,
     v: Vec<CudaSlice<u16>>,
     geo: KvGeometry,
+    /// `table_stride()`.
+    table_stride: usize,
     /// Hybrid models: per recurrent layer, the conv (n_slots, conv_len)
     /// and SSM (n_slots, ssm_len) states of every slot, zeroed at start.
     states: Option<DevStates>,
@@ -137,26 +141,57 @@ impl DevKvCache {
         self.states.as_ref().map(|s| s.geo)
     }
 
-    pub fn new(be: &CudaBackend, geo: KvGeometry) -> Result<Self> {
+    /// Allocates the cache, every cell NaN (a device-side fill: a large
+    /// cache takes no host memory and no upload). `max_seq_blocks`: the
+    /// longest block table a sequence can have (its context length in
+    /// blocks), which sizes the decode graphs' table buffers.
+    pub fn new(be: &CudaBackend, geo: KvGeometry, max_seq_blocks: usize) -> Result<Self> {
         let per_layer = geo.layer_elems();
-        let fill = vec![KvGeometry::FILL.to_bits(); per_layer];
+        let fill = KvGeometry::FILL.to_bits();
         let mut k = Vec::with_capacity(geo.n_layers);
         let mut v = Vec::with_capacity(geo.n_layers);
+        be.bind()?;
+        let st = be.stream();
         for li in 0..geo.n_layers {
             let what = format!(
                 "allocating KV layer {li} ({} MiB for K and V)",
                 (2 * per_layer * 2) >> 20
             );
-            k.push(be.up(&fill, &what)?);
-            v.push(be.up(&fill, &what)?);
+            for dst in [&mut k, &mut v] {
+                // SAFETY: the allocation is filled whole by the memset
+                // below, ordered before any other use on this stream.
+                let buf = drv(unsafe { st.alloc::<u16>(per_layer.max(1)) }, &what)?;
+                // SAFETY: `buf` holds per_layer.max(1) u16 values from its
+                // device address; the fill is queued on the backend's stream.
+                drv(
+                    unsafe {
+                        cudarc::driver::sys::cuMemsetD16Async(
+                            dev_addr(&buf),
+                            fill,
+                            per_layer.max(1),
+                            st.cu_stream(),
+                        )
+                        .result()
+                    },
+                    &what,
+                )?;
+                dst.push(buf);
+            }
         }
         be.sync("KV cache allocation")?;
         Ok(DevKvCache {
             k,
             v,
+            table_stride: max_seq_blocks.clamp(1, geo.n_blocks.max(1)),
             geo,
             states: None,
         })
+    }
+
+    /// Room for one sequence's block table in a decode graph's tables: the
+    /// longest table a sequence can have (at most every block).
+    pub fn table_stride(&self) -> usize {
+        self.table_stride
     }
 
     fn layer_len(&self) -> usize {
@@ -184,28 +219,35 @@ impl DevKvCache {
     }
 }
 
-/// Device buffers of finished steps, by length, for the next step to
-/// reuse (a step allocates the same shapes as the one before it). Buffers
-/// a captured graph uses are `pinned` (by device address): the graph holds
-/// their addresses, so they are never freed; others are freed past a cap.
+/// The activation pool (`pool.rs`) and the addresses of the buffers a
+/// captured graph uses (`pinned`: the graph holds their addresses, so they
+/// are never freed).
 #[derive(Default)]
 struct PoolInner {
-    bufs: Mutex<HashMap<usize, Vec<CudaSlice<f32>>>>,
+    bufs: Mutex<pool::ClassPool<CudaSlice<f32>>>,
     pinned: Mutex<HashSet<u64>>,
 }
 
-fn dev_addr(s: &CudaSlice<f32>) -> u64 {
+fn dev_addr<T>(s: &CudaSlice<T>) -> u64 {
     use cudarc::driver::DevicePtr;
     let (p, _sync) = s.device_ptr(s.stream());
     p
 }
 
+impl PoolInner {
+    fn is_pinned(&self, d: &CudaSlice<f32>) -> bool {
+        // A poisoned lock: keep the buffer (never free what a graph holds).
+        self.pinned
+            .lock()
+            .map(|g| g.contains(&dev_addr(d)))
+            .unwrap_or(true)
+    }
+}
+
 type BufPool = Arc<PoolInner>;
 
-/// Most bytes the pool keeps.
-const POOL_CAP_BYTES: usize = 512 << 20;
-
-/// Owned activation on the device; returns its memory to the pool on drop.
+/// Owned activation on the device: `len` elements of a pooled buffer of at
+/// least that capacity; returns the buffer to the pool on drop.
 pub struct DevBuf {
     data: Option<CudaSlice<f32>>,
     len: usize,
@@ -221,21 +263,17 @@ impl DevBuf {
 
 impl Drop for DevBuf {
     fn drop(&mut self) {
-        if let (Some(d), Ok(mut p)) = (self.data.take(), self.pool.bufs.lock()) {
-            // Bounded: steps of ever new shapes (serving) must not hoard
-            // memory; past the cap a buffer is simply freed (unless pinned).
-            let held: usize = p.iter().map(|(len, v)| len * v.len()).sum();
-            let pinned = self
-                .pool
-                .pinned
-                .lock()
-                .map(|g| g.contains(&dev_addr(&d)))
-                .unwrap_or(true);
-            if pinned || (held + self.len) * 4 <= POOL_CAP_BYTES {
-                // Stream-ordered: a later user's kernels queue after this
-                // buffer's last kernels.
-                p.entry(self.len).or_default().push(d);
-            }
+        let Some(d) = self.data.take() else { return };
+        let pinned = self.pool.is_pinned(&d);
+        if let Ok(mut p) = self.pool.bufs.lock() {
+            let cap = d.len();
+            // Stream-ordered: a later user's kernels queue after this
+            // buffer's last kernels. Past the cap the oldest unpinned
+            // buffers are freed (steps of ever new shapes must not hoard
+            // memory), outside the lock.
+            let evicted = p.give(d, cap, pinned, pool::POOL_CAP_BYTES);
+            drop(p);
+            drop(evicted);
         }
     }
 }
@@ -272,6 +310,8 @@ pub struct CudaExec {
     plans: Mutex<HashMap<(usize, usize, bool), Arc<step_ops::Planned>>>,
     /// The step being issued: each op's annotation in turn.
     cursor: Mutex<step_ops::Cursor>,
+    /// Steps by how they ran.
+    paths: Mutex<super::StepPaths>,
 }
 
 impl CudaExec {
@@ -291,6 +331,19 @@ impl CudaExec {
             shared_ring: Mutex::new(None),
             plans: Mutex::new(HashMap::new()),
             cursor: Mutex::new(step_ops::Cursor::default()),
+            paths: Mutex::new(super::StepPaths::default()),
+        }
+    }
+
+    /// The steps so far by how they ran.
+    pub fn step_paths(&self) -> super::StepPaths {
+        self.paths.lock().map(|p| *p).unwrap_or_default()
+    }
+
+    /// Counts a step's path.
+    pub(crate) fn count_path(&self, f: impl FnOnce(&mut super::StepPaths)) {
+        if let Ok(mut p) = self.paths.lock() {
+            f(&mut p);
         }
     }
 
@@ -456,17 +509,17 @@ impl CudaExec {
             && (self.mode != Mode::Fast || !crate::backend::cuda::fast_uses_blas(b))
     }
 
-    /// An activation of `len` elements from the pool (allocated only
-    /// outside a graph capture), cleared with a memset when `clear` (the
-    /// `zeros` contract; `output`'s buffers are written whole by their op).
+    /// An activation of `len` elements from the pool (allocated, in its
+    /// size class, only outside a graph capture), cleared with a memset
+    /// when `clear` (the `zeros` contract; `output`'s buffers are written
+    /// whole by their op).
     fn pooled(&self, len: usize, clear: bool) -> Result<DevBuf> {
         let reused = self
             .pool
             .bufs
             .lock()
             .map_err(|_| anyhow!("cuda: buffer pool lock poisoned"))?
-            .get_mut(&len)
-            .and_then(|v| v.pop());
+            .take(len);
         let data = match reused {
             Some(mut d) => {
                 if self.capturing.load(Ordering::Relaxed) {
@@ -488,7 +541,7 @@ impl CudaExec {
                 bail!("cuda graph capture: no pooled buffer of {len} elements (would allocate)")
             }
             // Fresh allocations are zeroed either way (mem::zeros).
-            None => zeros::<f32>(&self.be, len, "allocating an activation")?,
+            None => zeros::<f32>(&self.be, pool::size_class(len), "allocating an activation")?,
         };
         Ok(DevBuf {
             data: Some(data),

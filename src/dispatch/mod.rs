@@ -83,6 +83,25 @@ impl Dispatcher {
     }
 }
 
+/// A device's steps by how they ran (`/metrics`, `quire bench`).
+/// Counters since load.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepPaths {
+    /// Decode steps that replayed a captured CUDA graph.
+    pub graph: u64,
+    /// Decode steps of a new graph key, run op by op before its capture.
+    pub warmup: u64,
+    /// Decode steps run op by op for good: graphs off or not taking the
+    /// batch size, or its capture failed.
+    pub eager: u64,
+    /// Steps with prompt rows (op by op by design).
+    pub prefill: u64,
+    /// Decode graphs captured.
+    pub captures: u64,
+    /// Captures that failed (that graph key then runs op by op).
+    pub capture_failures: u64,
+}
+
 /// A step's index inputs in an executor's memory space.
 pub struct StepBufs<I, B> {
     /// Rows of the step.
@@ -259,6 +278,10 @@ pub trait DeviceModel: Send {
     /// The CUDA executor underneath, for the device checks that launch
     /// kernels directly (`quire check-greedy`, `check-sample`).
     fn cuda(&self) -> Option<&cuda::CudaExec>;
+    /// The steps so far by how they ran.
+    fn step_paths(&self) -> StepPaths;
+    /// Physical KV blocks allocated (block 0 the null block).
+    fn kv_blocks(&self) -> usize;
 }
 
 /// How [`load_device`] opens a device and lays out the KV cache.
@@ -268,7 +291,10 @@ pub struct DeviceOptions<'a> {
     pub tuning: &'a TuningOverrides,
     /// KV cache geometry: physical blocks (block 0 the null block), tokens
     /// per block, and the model's KV heads, head_dim and layers.
-    pub n_blocks: usize,
+    pub n_blocks: KvBlocks,
+    /// The longest block table one sequence can have (its context length
+    /// in blocks).
+    pub max_seq_blocks: usize,
     pub block_size: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
@@ -276,6 +302,43 @@ pub struct DeviceOptions<'a> {
     /// Hybrid models: the recurrent state arrays to allocate beside the
     /// KV cache.
     pub states: Option<crate::kv::StateGeometry>,
+}
+
+/// How many KV blocks a device allocates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvBlocks {
+    /// Exactly this many (block 0 the null block).
+    Fixed(usize),
+    /// What the device's free memory holds once the weights are up, past
+    /// a reserve for activations, graphs and libraries (`auto_kv_blocks`);
+    /// at most `max`.
+    Auto { max: usize },
+}
+
+/// Device memory kept free of the KV cache under `KvBlocks::Auto`: the
+/// activation pool, decode graphs, the scratch arena, cuBLAS and its
+/// dequantized weights (the output head's f16 copy alone is about 1 GiB
+/// at 128k vocabulary and 4,096 columns): 1/32 of the device, at least
+/// 3 GiB.
+pub fn kv_reserve_bytes(total: usize) -> usize {
+    (total / 32).max(3 << 30)
+}
+
+/// Blocks of `per_block` bytes that `free` bytes hold past the reserve of
+/// a device of `total` bytes, at most `max` and at least 2 (the null block
+/// and one); an error naming the numbers when not even that fits.
+pub fn auto_kv_blocks(free: usize, total: usize, per_block: usize, max: usize) -> Result<usize> {
+    let room = free.saturating_sub(kv_reserve_bytes(total));
+    let n = (room / per_block.max(1)).min(max.max(2));
+    anyhow::ensure!(
+        n >= 2,
+        "not enough device memory for a KV cache: {} MiB free after the weights, {} MiB kept \
+         for activations, {} KiB a block (give --kv-tokens to size it yourself)",
+        free >> 20,
+        kv_reserve_bytes(total) >> 20,
+        per_block >> 10
+    );
+    Ok(n)
 }
 
 /// What [`load_device`] gives back: the model on the device, or (`--gpu auto`)
@@ -373,5 +436,28 @@ impl Exec for HostExec<'_> {
     }
     fn download(&self, b: Vec<f32>) -> Result<HostLogits> {
         Ok(HostLogits::Vec(b))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{auto_kv_blocks, kv_reserve_bytes};
+
+    #[test]
+    fn auto_kv_fills_free_memory_past_the_reserve() {
+        const G: usize = 1 << 30;
+        // An H200: 140 GiB, 4.4 GiB kept.
+        assert_eq!(kv_reserve_bytes(140 * G), 140 * G / 32);
+        // A small device keeps 3 GiB.
+        assert_eq!(kv_reserve_bytes(16 * G), 3 * G);
+        // 8B Q4_0 on an H200: 2 MiB blocks in 130 GiB free.
+        let per = 2 << 20;
+        let n = auto_kv_blocks(130 * G, 140 * G, per, usize::MAX).unwrap();
+        assert_eq!(n, (130 * G - 140 * G / 32) / per);
+        // Capped by `max`.
+        assert_eq!(auto_kv_blocks(130 * G, 140 * G, per, 1000).unwrap(), 1000);
+        // Nothing past the reserve: an error naming the numbers.
+        let e = auto_kv_blocks(3 * G, 16 * G, per, 1000).unwrap_err();
+        assert!(format!("{e}").contains("--kv-tokens"), "{e}");
     }
 }

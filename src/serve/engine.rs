@@ -547,7 +547,8 @@ impl Engine {
         }
         // The logits' page-locked buffer back to the pool for the next step.
         drop(outs);
-        self.metrics.record_step(now, sampled.len() as u64);
+        self.metrics
+            .record_step(now, sampled.len() as u64, self.runner.step_paths());
         self.sched
             .on_step_done(&sampled)
             .context("completing the step")?;

@@ -673,7 +673,7 @@ pub fn build(seed: &Index, muts: &[Mut]) -> Vec<u8> {
 pub fn load_and_use(path: &Path) -> anyhow::Result<()> {
     let opts = RunnerOptions {
         threads: Some(1),
-        kv_tokens: 64,
+        kv_tokens: Some(64),
         block_size: 16,
         ..Default::default()
     };

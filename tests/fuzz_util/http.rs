@@ -46,7 +46,7 @@ pub fn target() -> Option<&'static Target> {
         };
         let opts = RunnerOptions {
             threads: Some(1),
-            kv_tokens: 4096,
+            kv_tokens: Some(4096),
             ..Default::default()
         };
         let runner = Runner::load(&path, &opts).expect("loading the default model");

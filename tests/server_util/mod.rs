@@ -292,7 +292,7 @@ pub fn in_process_state(
 ) -> Option<std::sync::Arc<quire::server::AppState>> {
     let path = default_model(test)?;
     let opts = quire::runner::RunnerOptions {
-        kv_tokens,
+        kv_tokens: Some(kv_tokens),
         ..Default::default()
     };
     let runner = quire::runner::Runner::load(&path, &opts).expect("loading the default model");

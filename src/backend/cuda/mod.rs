@@ -232,10 +232,19 @@ impl CudaBackend {
         let mut att_per_sm = HashMap::new();
         let mut att_clusters = HashMap::new();
         let clusters = device::pdl::arch_major(&arch) >= 9;
-        let mut funcs = device::load_kernels(
+        // The Hopper-only kernels, unless the table turns the wgmma GEMM
+        // off (then they are not even compiled).
+        let sm90a: &[device::KernelFile] = if arch == "sm_90" && tuning.matmul.wgmma != Switch::Off
+        {
+            ops::kernels::KERNELS_SM90A
+        } else {
+            &[]
+        };
+        let funcs = device::load_kernels(
             &ctx,
             &arch,
             ops::kernels::KERNELS,
+            sm90a,
             ops::kernels::full_source,
             &mut |e, f| {
                 // Kernels past the default 48 KiB of dynamic shared memory
@@ -261,23 +270,13 @@ impl CudaBackend {
                     &mut att_clusters,
                 )
             },
+            // The GEMMs take more than the default 48 KiB of dynamic
+            // shared memory; to_f16_wr takes none.
+            &mut |e, f| match ops::wg_smem(e) {
+                Some(bytes) => allow_smem(f, bytes, e),
+                None => Ok(()),
+            },
         )?;
-        // The Hopper-only kernels, unless the table turns the wgmma GEMM
-        // off (then they are not even compiled).
-        if arch == "sm_90" && tuning.matmul.wgmma != Switch::Off {
-            device::load_sm90a(
-                &ctx,
-                ops::kernels::KERNELS_SM90A,
-                ops::kernels::full_source,
-                &mut funcs,
-                // The GEMMs take more than the default 48 KiB of dynamic
-                // shared memory; to_f16_wr takes none.
-                &mut |e, f| match ops::wg_smem(e) {
-                    Some(bytes) => allow_smem(f, bytes, e),
-                    None => Ok(()),
-                },
-            );
-        }
         // Runs only the one op that hit a device error (later ops are
         // declined and go to the dispatcher's own cpu backend): one thread.
         let fallback = if gpu_mode == GpuMode::Auto {

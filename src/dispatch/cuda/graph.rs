@@ -4,15 +4,15 @@
 //! edges) and replayed after; a greedy graph's last node chooses the
 //! next tokens (greedy.rs), any other's copies the logits out.
 
+use super::capture::GraphIo;
 use super::{CudaExec, DevBatch, DevBuf, DevIdx, DevKvCache, StepBufs};
 use crate::backend::cuda::device::memory::{upload_if_changed, zeros, DevAttnBatch};
 use crate::backend::cuda::device::step_times;
 use crate::backend::cuda::{drv, CudaBackend, PdlExec};
 use crate::backend::AttnBatch;
 use crate::dispatch::Exec;
-use anyhow::{anyhow, bail, ensure, Result};
+use anyhow::{anyhow, ensure, Result};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, PinnedHostSlice};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// A decode graph's key: (batch size, split-KV CTAs per row and head,
@@ -58,14 +58,14 @@ pub type DecodeFn<'f> = dyn FnMut(&CudaExec, &mut DevKvCache, &StepBufs<DevIdx<'
 /// A captured, instantiated graph, and on sm_90+ the same graph
 /// instantiated with programmatic kernel-to-kernel edges, which is the one
 /// launched (`backend::cuda::pdl`).
-pub(super) struct SendGraph(CudaGraph, Option<PdlExec>);
+pub(super) struct SendGraph(pub(super) CudaGraph, pub(super) Option<PdlExec>);
 
 // SAFETY: CUDA graph handles are not tied to a thread; every use (launch,
 // destroy) binds the context first and is serialized by `CudaExec::graphs`.
 unsafe impl Send for SendGraph {}
 
-/// Page-locked staging of decode inputs: the block tables, positions,
-/// slots and tokens (DevAttnBatch::refill), (B * (stride + 3),) for a
+/// Page-locked staging of decode inputs: the table offsets, block tables,
+/// positions, slots and tokens (DevAttnBatch::refill), (B * (stride + 4),) for a
 /// step of B rows, then the draw records. Async copies: the positions,
 /// slots and tokens in one (not the tokens in a greedy chain), the tables
 /// and the draws when they changed (`mem::upload_if_changed`; from
@@ -157,10 +157,12 @@ pub(super) struct DecodeGraph {
     /// copy of what it holds (uploaded when it changes).
     pub(super) state_slots: (CudaSlice<u32>, Option<Vec<u32>>),
     pub(super) graph: Option<SendGraph>,
-    /// One uncaptured step ran with these inputs (it filled the buffer
-    /// pool, so the capture allocates nothing).
+    /// A step of this key ran op by op (its L2 read-ahead measured).
     pub(super) warm: bool,
-    /// A capture of this size failed: run its steps op by op.
+    /// Captures of this key that failed since the last that worked.
+    pub(super) capture_attempts: u32,
+    /// Its captures failed `capture::CAPTURE_ATTEMPTS` times: run its
+    /// steps op by op.
     pub(super) capture_failed: bool,
     /// Scratch arena size at capture: a larger arena is a new allocation,
     /// and the graph must be captured again.
@@ -177,8 +179,8 @@ pub(super) struct DecodeGraph {
 
 impl CudaExec {
     /// Runs a decode step (one row per sequence, every row's logits) with
-    /// fixed input buffers, as a CUDA graph captured on the second step of
-    /// a batch size and replayed after. `step` runs the model's ops on the
+    /// fixed input buffers, as a CUDA graph captured right after the first
+    /// step of a batch size (which runs op by op) and replayed after. `step` runs the model's ops on the
     /// given inputs and returns its logits buffer (forward_bufs).
     #[allow(clippy::type_complexity)]
     pub fn decode_step(
@@ -254,12 +256,12 @@ impl CudaExec {
                 batch: DevAttnBatch::fixed(
                     &self.be,
                     b,
-                    kv.geo.n_blocks,
+                    kv.table_stride(),
                     kv.geo.block_size,
                     kv.geo.n_blocks,
                     ctas,
                 )?,
-                out: zeros::<f32>(&self.be, nl, "decode logits")?,
+                out: zeros::<f32>(&self.be, super::pool::size_class(nl), "decode logits")?,
                 ring: if greedy {
                     Some(self.greedy_ring(b)?)
                 } else {
@@ -274,6 +276,7 @@ impl CudaExec {
                 state_slots: (zeros::<u32>(&self.be, b, "decode state slots")?, None),
                 graph: None,
                 warm: false,
+                capture_attempts: 0,
                 capture_failed: false,
                 arena_len: 0,
                 l2: None,
@@ -304,8 +307,9 @@ impl CudaExec {
             .lock()
             .map_err(|_| anyhow!("cuda: staging lock poisoned"))?;
         let nd = b * crate::backend::cuda::DRAW_WORDS;
-        let stage = staging.take(&self.be, b * (kv.geo.n_blocks + 3) + nd)?;
-        let (stage, draw_stage) = stage.split_at_mut(b * (kv.geo.n_blocks + 3));
+        let stride = kv.table_stride();
+        let stage = staging.take(&self.be, b * (stride + 4) + nd)?;
+        let (stage, draw_stage) = stage.split_at_mut(b * (stride + 4));
         // Whether a copy read the staging (then its event is recorded).
         let mut copied = false;
         if let Some((d, held)) = g.draws.as_mut() {
@@ -332,7 +336,7 @@ impl CudaExec {
             input.slots,
             // A chained step's tokens are on the device already.
             sel.chain.is_none().then_some(input.tokens),
-            kv.geo.n_blocks,
+            stride,
             stage,
         )?;
         if !input.state_slots.is_empty() {
@@ -352,136 +356,47 @@ impl CudaExec {
         if g.graph.is_some() && g.arena_len != self.be.arena_len() {
             g.graph = None;
         }
+        // A graph not captured yet (or dropped: the arena grew) runs this
+        // step op by op, then is captured right after it, with nothing in
+        // between: the buffers the step used are back in the pool, so the
+        // capture allocates nothing.
+        let mut capture_after = false;
         if g.graph.is_none() {
-            // Greedy graphs end with sample_rows into their own token input.
-            let fin = match (greedy, &g.ring, &g.draws) {
-                (true, Some(ring), Some((d, _))) => Some(GreedyOut {
-                    b,
-                    vocab,
-                    draws: {
-                        use cudarc::driver::DevicePtr;
-                        d.device_ptr(st).0
-                    },
-                    tokens: {
-                        use cudarc::driver::DevicePtr;
-                        g.batch.tokens_and_status()?.device_ptr(st).0
-                    },
-                    ring,
-                    steps: {
-                        use cudarc::driver::DevicePtr;
-                        g.batch.step_words()?.device_ptr(st).0
-                    },
-                }),
-                (true, _, _) => bail!("greedy decode graph without its ring or draws"),
-                (false, _, _) => None,
-            };
-            let bufs = StepBufs {
-                n: b,
-                n_rows: b,
-                tokens: DevIdx::View(g.batch.tokens()?),
-                // The attention batch's positions serve rope and the KV
-                // write too: one upload.
-                positions: DevIdx::View(g.batch.positions()),
-                slots: DevIdx::View(g.batch.slots()?),
-                state_slots: DevIdx::View(g.state_slots.0.slice(0..b)),
-                rows: DevIdx::View(g.rows.slice(0..b)),
-                // decode_run checked that every row wants its logits, in
-                // order.
-                rows_all: true,
-                batch: DevBatch::Fixed(&g.batch),
-            };
-            if !g.warm || g.capture_failed {
-                // The first step also measures the weights the graph will
-                // read (whether it wants the L2 read-ahead branch).
-                if !g.warm {
-                    if self.be.l2_wants_rows(b) {
-                        self.be.l2_measure()?;
-                    } else {
-                        g.l2_measured = Some(0);
-                    }
-                }
-                let r = step(self, kv, &bufs).and_then(|l| {
-                    let l = l.ok_or_else(|| anyhow!("decode step returned no logits"))?;
-                    self.decode_finish(l, &mut g.out, fin.as_ref())
-                });
-                if let Some(d) = self.be.l2_measured()? {
-                    g.l2_measured = Some(d);
-                }
-                r?;
-                g.warm = true;
-            } else {
-                let l2_on = self.be.l2_prepare(&mut g.l2, g.l2_measured)?;
-                drv(
-                    st.begin_capture(
-                        cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-                    ),
-                    "beginning graph capture",
-                )?;
-                self.capturing.store(true, Ordering::Relaxed);
-                // The read-ahead branch (ops/l2_ahead) forks first and
-                // is joined last, after a failed step too.
-                let mut l2 = g.l2.as_mut().filter(|_| l2_on);
-                let r = match &mut l2 {
-                    Some(b) => self.be.l2_begin(b),
-                    None => Ok(()),
-                };
-                let r = r.and_then(|()| step(self, kv, &bufs)).and_then(|l| {
-                    let l = l.ok_or_else(|| anyhow!("decode step returned no logits"))?;
-                    self.decode_finish(l, &mut g.out, fin.as_ref())
-                });
-                let (r, l2_log) = match &l2 {
-                    Some(b) => match self.be.l2_end(b) {
-                        Ok(log) => (r, Some(log)),
-                        Err(e) => (r.and(Err(e)), None),
-                    },
-                    None => (r, None),
-                };
-                self.capturing.store(false, Ordering::Relaxed);
-                let graph = drv(
-                    st.end_capture(
-                        cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
-                    ),
-                    "ending graph capture",
-                );
-                let captured = r.and_then(|()| {
-                    graph?.ok_or_else(|| anyhow!("graph capture produced no graph"))
-                });
-                let captured = captured.and_then(|graph| {
-                    if let (Some(log), Some(l2)) = (l2_log, l2) {
-                        let (n, ahead) = self.be.l2_upload(l2, &log)?;
-                        tracing::debug!(
-                            "decode graph for batch {b}: l2 read-ahead of {n} pieces, {} KiB ahead",
-                            ahead >> 10
-                        );
-                    }
-                    Ok(graph)
-                });
-                let captured = captured.and_then(|graph| {
-                    if !self.be.pdl_enabled() {
-                        return Ok(SendGraph(graph, None));
-                    }
-                    let (exec, edges) = self.be.instantiate_pdl(graph.cu_graph())?;
-                    tracing::debug!("decode graph for batch {b}: {edges} programmatic edges");
-                    Ok(SendGraph(graph, Some(exec)))
-                });
-                match captured {
-                    Ok(graph) => {
-                        g.arena_len = self.be.arena_len();
-                        g.graph = Some(graph);
-                    }
-                    Err(e) => {
-                        // Nothing ran during the failed capture: run this
-                        // step (and later ones of this size) op by op.
-                        tracing::warn!(
-                            "cuda graph capture for batch {b} failed ({e:#}); running op by op"
-                        );
-                        g.capture_failed = true;
-                        let logits = step(self, kv, &bufs)?
-                            .ok_or_else(|| anyhow!("decode step returned no logits"))?;
-                        self.decode_finish(logits, &mut g.out, fin.as_ref())?;
-                    }
+            let io = GraphIo::of(
+                &g.batch,
+                &g.rows,
+                &g.state_slots.0,
+                g.ring.as_ref(),
+                g.draws.as_ref().map(|d| &d.0),
+                b,
+                vocab,
+                greedy,
+                st,
+            )?;
+            let bufs = &io.bufs;
+            // The first step also measures the weights the graph will read
+            // (whether it wants the L2 read-ahead branch).
+            if !g.warm {
+                if self.be.l2_wants_rows(b) {
+                    self.be.l2_measure()?;
+                } else {
+                    g.l2_measured = Some(0);
                 }
             }
+            let r = step(self, kv, bufs).and_then(|l| {
+                let l = l.ok_or_else(|| anyhow!("decode step returned no logits"))?;
+                self.decode_finish(l, &mut g.out, io.fin.as_ref())
+            });
+            if let Some(d) = self.be.l2_measured()? {
+                g.l2_measured = Some(d);
+            }
+            r?;
+            self.count_path(|p| match g.capture_failed {
+                true => p.eager += 1,
+                false => p.warmup += 1,
+            });
+            g.warm = true;
+            capture_after = !g.capture_failed;
         }
         if let Some(SendGraph(graph, pdl)) = &g.graph {
             step_times::mark(step_times::Point::Launch);
@@ -493,6 +408,7 @@ impl CudaExec {
             if let Ok(mut c) = self.counts.lock() {
                 c.entry("decode_graph").or_insert((0, 0.0)).0 += 1;
             }
+            self.count_path(|p| p.graph += 1);
             if let Some(l2) = &g.l2 {
                 self.be.l2_trace(l2, g.replays)?;
             }
@@ -501,7 +417,11 @@ impl CudaExec {
         // The step ran, or its replay is on the stream: a greedy one's
         // sample_rows advances the positions and slots.
         g.batch.hold_steps(held_steps, greedy);
-        after(&self.be, g)
+        let r = after(&self.be, g)?;
+        if capture_after {
+            self.capture_or_retry(g, kv, step, b, vocab, greedy);
+        }
+        Ok(r)
     }
 
     /// A decode step's end: its logits buffer becomes the graph's `out`,
@@ -510,8 +430,10 @@ impl CudaExec {
     /// The logits are not copied: the step's buffer and `out` trade places
     /// (the pool gets `out`'s old buffer back when `logits` drops), so the
     /// graph's last kernel writes `out` itself. A copy node there was a
-    /// full-dependency node of every replay. Only where the two differ in
-    /// length (never, for a pooled buffer of one length) is it copied.
+    /// full-dependency node of every replay. `out` may so have any
+    /// capacity of at least the logits' length (pooled buffers come in
+    /// size classes); readers take its first B * vocab values. Only a
+    /// greedy graph's logits are not swapped.
     pub(super) fn decode_finish(
         &self,
         mut logits: DevBuf,
@@ -519,7 +441,8 @@ impl CudaExec {
         greedy: Option<&GreedyOut<'_>>,
     ) -> Result<()> {
         if greedy.is_none() {
-            if let Some(d) = logits.data.as_mut().filter(|d| d.len() == out.len()) {
+            let n = logits.len;
+            if let Some(d) = logits.data.as_mut().filter(|d| d.len() >= n) {
                 std::mem::swap(d, out);
                 return Ok(());
             }

@@ -6,8 +6,8 @@ use super::{CudaExec, DevKvCache, DevStore, GreedyTicket};
 use crate::backend::cuda::{device_draws, draw_record, CudaBackend};
 use crate::backend::{GpuMode, OpInfo};
 use crate::dispatch::weights::HostStore;
-use crate::dispatch::StepInput;
-use crate::dispatch::{DeviceLoad, DeviceModel, DeviceOptions, Exec, Graph, HostLogits};
+use crate::dispatch::{DeviceLoad, DeviceModel, DeviceOptions, Exec, Graph, HostLogits, KvBlocks};
+use crate::dispatch::{StepInput, StepPaths};
 use crate::gguf::GgufFile;
 use crate::sampler::DrawParams;
 use anyhow::{bail, Context, Result};
@@ -53,18 +53,47 @@ where
         gguf,
     )?;
     bar.finish_and_clear();
+    // The recurrent states first: an automatic KV size takes what they
+    // leave.
+    let states = match opts.states {
+        Some(sg) => Some(
+            super::DevStates::new(exec.backend(), sg)
+                .context("allocating the recurrent state on the device")?,
+        ),
+        None => None,
+    };
+    // K and V of every layer, f16.
+    let per_block = 4
+        * opts.n_layers
+        * crate::kv::KvGeometry::new(
+            opts.n_layers,
+            2,
+            opts.block_size,
+            opts.n_kv_heads,
+            opts.head_dim,
+        )?
+        .block_elems();
+    let n_blocks = match opts.n_blocks {
+        KvBlocks::Fixed(n) => n,
+        KvBlocks::Auto { max } => {
+            exec.backend().bind()?;
+            let (free, total) = crate::backend::cuda::drv(
+                cudarc::driver::result::mem_get_info(),
+                "device memory info",
+            )?;
+            crate::dispatch::auto_kv_blocks(free, total, per_block, max)?
+        }
+    };
     let geo = crate::kv::KvGeometry::new(
         opts.n_layers,
-        opts.n_blocks,
+        n_blocks,
         opts.block_size,
         opts.n_kv_heads,
         opts.head_dim,
     )?;
-    let mut kv =
-        DevKvCache::new(exec.backend(), geo).context("allocating the KV cache on the device")?;
-    if let Some(sg) = opts.states {
-        let st = super::DevStates::new(exec.backend(), sg)
-            .context("allocating the recurrent state on the device")?;
+    let mut kv = DevKvCache::new(exec.backend(), geo, opts.max_seq_blocks)
+        .context("allocating the KV cache on the device")?;
+    if let Some(st) = states {
         kv = kv.with_states(st);
     }
     Ok(DeviceLoad::Device(Box::new(CudaModel {
@@ -128,6 +157,10 @@ where
                     e.forward_fused(graph, weights, kv, bufs)
                 })
         } else {
+            self.exec.count_path(|p| match decode {
+                true => p.eager += 1,
+                false => p.prefill += 1,
+            });
             let (n, rows) = (input.tokens.len(), input.logit_rows);
             let rows_all = rows.len() == n && rows.iter().enumerate().all(|(i, &r)| r == i);
             let shape = (n, rows.len(), rows_all);
@@ -175,5 +208,11 @@ where
     }
     fn cuda(&self) -> Option<&CudaExec> {
         Some(&self.exec)
+    }
+    fn step_paths(&self) -> StepPaths {
+        self.exec.step_paths()
+    }
+    fn kv_blocks(&self) -> usize {
+        self.kv.geo.n_blocks
     }
 }

@@ -165,6 +165,20 @@ pub const SHAPES: &[SynthShape] = &[
         1000000.0,
         true,
     ),
+    // Llama 3's 128k vocabulary on a tiny body: decode graphs whose
+    // logits dominate their buffers (tests/cuda_graphs.rs).
+    shape(
+        "tiny-llama-128k",
+        "llama",
+        2,
+        512,
+        (8, 2, 64),
+        1024,
+        128256,
+        4096,
+        500000.0,
+        false,
+    ),
     shape(
         "tiny-qwen3",
         "qwen3",

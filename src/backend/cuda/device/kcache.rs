@@ -1,37 +1,65 @@
 //! Compiled kernels cached on disk: one CUBIN per (kernel file, target
 //! architecture, NVRTC options, full source).
 //!
-//! Without a cache every process compiles every kernel file with NVRTC to
-//! PTX, and the driver then compiles the PTX for the device the first time
+//! Without a cache every process would compile every kernel file with
+//! NVRTC to PTX, and the driver then the PTX for the device the first time
 //! it sees it (about two minutes for all of Quire's kernels on an H100
 //! machine). With it, a file is compiled once, by NVRTC straight to the
-//! device's machine code, and later processes load the CUBIN as it is.
+//! device's machine code, in parallel with the others, and later processes
+//! load the CUBIN as it is.
 //!
-//! The cache is used when `QUIRE_KERNEL_CACHE` names a directory (unset,
-//! `0` or `off`: none, every process compiles PTX as before). A file is
-//! named by a 64-bit FNV-1a hash of the source, the options (the tuning
-//! defines of `QUIRE_CUDA_DEFINES` included) and the architecture, so an
-//! edited kernel or another define set is a new file and a stale one is
-//! never loaded. The NVRTC version is not part of the key: a CUBIN of one
-//! CUDA major version loads on any driver of it, so a cache built on one
-//! machine (`quire kernels --dir D`) can be carried to another. A CUBIN the
-//! driver refuses is deleted and the file compiled to PTX instead
-//! (`device::load_module`). Used on the lent H100s (built here with
-//! `quire kernels --arch sm_90`, carried; docs/PERF.md).
+//! The cache is on by default, in `$XDG_CACHE_HOME/quire/kernels` (else
+//! `~/.cache/quire/kernels`). `QUIRE_KERNEL_CACHE=DIR` puts it elsewhere
+//! (`0` or `off`: no cache; every process compiles PTX). A file is named by
+//! a 64-bit FNV-1a hash of the source, the options (the tuning defines of
+//! `QUIRE_CUDA_DEFINES` included) and the architecture, so an edited kernel
+//! or another define set is a new file and a stale one is never loaded.
+//! The NVRTC version is not part of the key: a CUBIN of one CUDA major
+//! version loads on any driver of it, so a cache built on one machine
+//! (`quire kernels --dir D`) can be carried to another. A CUBIN the driver
+//! refuses is deleted and the file compiled to PTX instead
+//! (`device::load_module`).
 
 use super::compile;
 use anyhow::{anyhow, bail, Context, Result};
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
-/// The cache directory, `QUIRE_KERNEL_CACHE` (see the module docs); None:
-/// no cache.
+/// The cache directory (see the module docs); None: no cache.
 pub fn cache_dir() -> Option<PathBuf> {
-    match std::env::var("QUIRE_KERNEL_CACHE") {
-        Ok(v) if v == "0" || v.eq_ignore_ascii_case("off") || v.is_empty() => None,
-        Ok(v) => Some(PathBuf::from(v)),
-        Err(_) => None,
+    cache_dir_from(
+        std::env::var("QUIRE_KERNEL_CACHE").ok().as_deref(),
+        std::env::var_os("XDG_CACHE_HOME").as_deref(),
+        std::env::var_os("HOME").as_deref(),
+    )
+}
+
+/// `cache_dir` from the three variables' values.
+fn cache_dir_from(
+    explicit: Option<&str>,
+    xdg: Option<&std::ffi::OsStr>,
+    home: Option<&std::ffi::OsStr>,
+) -> Option<PathBuf> {
+    match explicit {
+        Some(v) if v == "0" || v.eq_ignore_ascii_case("off") => None,
+        Some(v) if !v.is_empty() => Some(PathBuf::from(v)),
+        _ => {
+            let base = match (xdg.filter(|x| !x.is_empty()), home) {
+                (Some(x), _) => PathBuf::from(x),
+                (None, Some(h)) if !h.is_empty() => Path::new(h).join(".cache"),
+                _ => return None,
+            };
+            Some(base.join("quire").join("kernels"))
+        }
     }
+}
+
+/// Whether `stem` for `arch` is in the cache at `dir` (its CUBIN exists).
+pub fn is_cached(dir: Option<&Path>, stem: &str, src: &str, arch: &str) -> bool {
+    dir.is_some_and(|d| {
+        d.join(file_name(stem, arch, src, &compile::nvrtc_options(arch)))
+            .is_file()
+    })
 }
 
 /// 64-bit FNV-1a over byte strings, each followed by a 0 separator.
@@ -157,7 +185,7 @@ pub fn load_in(
     }
     let bin = compile_cubin(stem, arch, src, &opts)?;
     if let Err(e) = write_atomic(&path, &bin) {
-        tracing::warn!("kernel cache not written ({e:#}); set QUIRE_KERNEL_CACHE=0 to skip it");
+        tracing::warn!("kernel cache not written ({e:#}); QUIRE_KERNEL_CACHE=DIR puts it elsewhere, =off skips it");
     }
     Ok((cudarc::nvrtc::Ptx::from_binary(bin), Origin::Compiled))
 }
@@ -186,6 +214,34 @@ mod tests {
         assert_ne!(a, file_name("rope", "sm_90", "src", &d));
         // Separators: moving a byte between parts changes the hash.
         assert_ne!(fnv1a(&[b"ab", b"c"]), fnv1a(&[b"a", b"bc"]));
+    }
+
+    #[test]
+    fn the_cache_is_on_by_default() {
+        use super::cache_dir_from;
+        use std::ffi::OsStr;
+        use std::path::PathBuf;
+        let h = Some(OsStr::new("/home/u"));
+        assert_eq!(
+            cache_dir_from(None, None, h),
+            Some(PathBuf::from("/home/u/.cache/quire/kernels"))
+        );
+        assert_eq!(
+            cache_dir_from(None, Some(OsStr::new("/x")), h),
+            Some(PathBuf::from("/x/quire/kernels"))
+        );
+        assert_eq!(
+            cache_dir_from(Some("/k"), None, h),
+            Some(PathBuf::from("/k"))
+        );
+        assert_eq!(cache_dir_from(Some("off"), None, h), None);
+        assert_eq!(cache_dir_from(Some("0"), None, h), None);
+        // Empty values count as unset; no home: no cache.
+        assert_eq!(
+            cache_dir_from(Some(""), Some(OsStr::new("")), h),
+            Some(PathBuf::from("/home/u/.cache/quire/kernels"))
+        );
+        assert_eq!(cache_dir_from(None, None, None), None);
     }
 
     #[test]

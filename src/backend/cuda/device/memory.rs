@@ -109,6 +109,8 @@ pub struct DevAttnBatch {
     /// prefix its rows read): a refill whose tables are the same skips
     /// their copy. None until the first refill, and for uploaded batches.
     held_tables: Option<Vec<u32>>,
+    /// A fixed batch's table offsets as its last refill copied them.
+    held_offs: Option<Vec<u32>>,
     /// A fixed batch's positions and slots (2 n_rows words) as the device
     /// holds them once the steps enqueued so far have run: what the last
     /// refill copied, advanced by one per greedy replay since
@@ -221,13 +223,13 @@ pub(crate) fn upload_if_changed(
 }
 
 /// Lays a one-row-per-sequence step of n rows out in `stage` (n *
-/// (stride + 3) words, checked by the caller): row s's `need[s]` used
-/// blocks at s * stride, then the positions, `slots` and `tokens`.
-/// Returns the table words to copy (up to the last row's used blocks: a
-/// row's table is read up to its position's block) and the step words to
-/// copy (2n, or 3n with tokens). The unused words between rows inside
-/// that prefix are zeroed, so equal tables stage equal prefixes (the
-/// refill copies them only when they changed).
+/// (stride + 4) words, checked by the caller): each row's table offset
+/// (n words), then the rows' `need[s]` used blocks packed one after the
+/// other (room for n * stride), then the positions, `slots` and `tokens`.
+/// Returns the table words to copy (the packed tables: a row's table is
+/// read up to its position's block) and the step words to copy (2n, or 3n
+/// with tokens). Packed, a refill copies what the rows read however long
+/// the longest possible table (`stride`) is.
 fn stage_step(
     batch: &AttnBatch<'_>,
     need: &[usize],
@@ -237,17 +239,17 @@ fn stage_step(
     stage: &mut [u32],
 ) -> Result<(usize, usize)> {
     let n = need.len();
-    let (flat, pos) = stage.split_at_mut(n * stride);
+    let (offs, rest) = stage.split_at_mut(n);
+    let (flat, pos) = rest.split_at_mut(n * stride);
+    let mut at = 0;
     for (s, &nb) in need.iter().enumerate() {
         anyhow::ensure!(
             nb <= stride,
             "decode batch: a table of {nb} blocks exceeds {stride}"
         );
-        let row = &mut flat[s * stride..(s + 1) * stride];
-        row[..nb].copy_from_slice(&batch.block_tables[s][..nb]);
-        if s + 1 < n {
-            row[nb..].fill(0);
-        }
+        offs[s] = u32::try_from(at).context("block tables too long")?;
+        flat[at..at + nb].copy_from_slice(&batch.block_tables[s][..nb]);
+        at += nb;
     }
     pos[..n].copy_from_slice(batch.positions);
     pos[n..2 * n].copy_from_slice(slots);
@@ -258,8 +260,7 @@ fn stage_step(
         }
         None => 2 * n,
     };
-    let used = need.last().map_or(0, |&nb| (n - 1) * stride + nb);
-    Ok((used, words))
+    Ok((at, words))
 }
 
 /// How many of a refill's staged step words (`words`: n positions, n
@@ -315,6 +316,7 @@ impl DevAttnBatch {
             row_seq: be.up(batch.row_seq, "paged_attention: row_seq")?,
             positions: be.up(batch.positions, "paged_attention: positions")?,
             held_tables: None,
+            held_offs: None,
             held_steps: None,
             n_rows: batch.positions.len(),
             block_size,
@@ -408,16 +410,15 @@ impl DevAttnBatch {
         n_blocks: usize,
         part_ctas: usize,
     ) -> Result<Self> {
-        let offs: Vec<u32> = (0..n_rows)
-            .map(|s| u32::try_from(s * stride).context("block tables too long"))
-            .collect::<Result<_>>()?;
+        u32::try_from(n_rows * stride).context("block tables too long")?;
         let seqs: Vec<u32> = (0..n_rows as u32).collect();
         Ok(DevAttnBatch {
             tables: zeros::<u32>(be, n_rows * stride, "decode block tables")?,
-            table_off: be.up(&offs, "decode table offsets")?,
+            table_off: zeros::<u32>(be, n_rows, "decode table offsets")?,
             row_seq: be.up(&seqs, "decode row_seq")?,
             positions: zeros::<u32>(be, 4 * n_rows + 1, "decode positions, slots and tokens")?,
             held_tables: None,
+            held_offs: None,
             held_steps: None,
             n_rows,
             block_size,
@@ -467,7 +468,7 @@ impl DevAttnBatch {
         );
         let n = self.n_rows;
         anyhow::ensure!(
-            stage.len() == n * (stride + 3)
+            stage.len() == n * (stride + 4)
                 && slots.len() == n
                 && tokens.is_none_or(|t| t.len() == n),
             "decode batch: staging of {} values, {} slots and {:?} tokens for {n} rows of \
@@ -479,13 +480,21 @@ impl DevAttnBatch {
         // The step words' layout (positions, slots, tokens): a fixed batch's.
         self.fixed_part(2, "a refill")?;
         let (used, words) = stage_step(batch, &need, slots, tokens, stride, stage)?;
-        let (flat, pos) = stage.split_at_mut(n * stride);
+        let (offs, rest) = stage.split_at_mut(n);
+        let (flat, pos) = rest.split_at_mut(n * stride);
         let tables = upload_if_changed(
             be,
             &mut self.held_tables,
             &flat[..used],
             &mut self.tables,
             "decode block tables",
+        )?;
+        let offsets = upload_if_changed(
+            be,
+            &mut self.held_offs,
+            offs,
+            &mut self.table_off,
+            "decode table offsets",
         )?;
         // Taken: unknown (None) if the copy fails; its buffer reused.
         let held = self.held_steps.take();
@@ -501,7 +510,7 @@ impl DevAttnBatch {
         held.clear();
         held.extend_from_slice(&pos[..2 * n]);
         self.held_steps = Some(held);
-        Ok(tables || copy > 0)
+        Ok(tables || offsets || copy > 0)
     }
 }
 
@@ -577,8 +586,8 @@ mod tests {
     }
 
     #[test]
-    fn a_step_is_staged_tables_then_positions_slots_tokens() {
-        // Two rows, tables of stride 4: row 0 reads 3 blocks, row 1 one.
+    fn a_step_is_staged_offsets_packed_tables_then_positions_slots_tokens() {
+        // Two rows, room for 4 blocks a row: row 0 reads 3 blocks, row 1 one.
         let (t0, t1) = ([5u32, 6, 7, 8], [9u32, 10]);
         let tables: [&[u32]; 2] = [&t0, &t1];
         let batch = AttnBatch {
@@ -587,19 +596,22 @@ mod tests {
             positions: &[40, 3],
         };
         // Stale words from an earlier use of the buffer.
-        let mut stage = vec![77u32; 2 * (4 + 3)];
+        let mut stage = vec![77u32; 2 * (4 + 4)];
         let r = stage_step(&batch, &[3, 1], &[101, 102], Some(&[11, 12]), 4, &mut stage);
-        assert_eq!(r.unwrap(), (5, 6));
-        // Row 0's unused slot word zeroed (inside the copied prefix); row
-        // 1's past its block left alone (never copied).
-        assert_eq!(stage, [5, 6, 7, 0, 9, 77, 77, 77, 40, 3, 101, 102, 11, 12]);
+        assert_eq!(r.unwrap(), (4, 6));
+        // Offsets 0 and 3, the tables packed, the room past them left
+        // alone (never copied).
+        assert_eq!(
+            stage,
+            [0, 3, 5, 6, 7, 9, 77, 77, 77, 77, 40, 3, 101, 102, 11, 12]
+        );
         // A chained step: no tokens, two words a row.
-        let mut stage2 = vec![0u32; 14];
+        let mut stage2 = vec![0u32; 16];
         let r = stage_step(&batch, &[3, 1], &[101, 102], None, 4, &mut stage2);
-        assert_eq!(r.unwrap(), (5, 4));
-        assert_eq!(&stage2[..5], &stage[..5]);
+        assert_eq!(r.unwrap(), (4, 4));
+        assert_eq!(&stage2[..6], &stage[..6]);
         // A table longer than the stride is an error, not a panic.
-        let mut stage3 = vec![0u32; 2 * (2 + 3)];
+        let mut stage3 = vec![0u32; 2 * (2 + 4)];
         assert!(stage_step(&batch, &[3, 1], &[1, 2], None, 2, &mut stage3).is_err());
     }
 

@@ -84,42 +84,101 @@ fn load_module(
     }
 }
 
-/// Compiles (or reads from the kernel cache, kcache.rs) every file of
-/// `files` for `arch` in parallel, then loads them in order and returns
-/// their entry points. `source(stem)` is a file's full translation unit;
-/// `prepare(entry, f)` runs on each entry point as it loads (shared memory
-/// opt-in, occupancy counts). Any failure fails the load.
-pub(crate) fn load_kernels(
-    ctx: &Arc<CudaContext>,
-    arch: &str,
-    files: &[KernelFile],
-    source: fn(&str) -> Result<String>,
-    prepare: &mut dyn FnMut(&'static str, &CudaFunction) -> Result<()>,
-) -> Result<HashMap<&'static str, CudaFunction>> {
+/// A kernel file compiled (or read from the cache) for one architecture:
+/// its full source and code.
+type Compiled = Result<(String, (cudarc::nvrtc::Ptx, kcache::Origin))>;
+
+/// Compiles (or reads from the kernel cache, kcache.rs) every (file,
+/// architecture) of `jobs` in parallel, results in order. While files
+/// compile a progress bar shows on a terminal, and one line on stderr
+/// then names what was compiled and how long it took (a cold kernel
+/// cache); all from the cache, one INFO log line.
+fn compile_all(jobs: &[(&'static str, &str)], source: fn(&str) -> Result<String>) -> Vec<Compiled> {
     let t0 = std::time::Instant::now();
-    type Compiled = Result<(String, (cudarc::nvrtc::Ptx, kcache::Origin))>;
+    let dir = kcache::cache_dir();
+    let to_compile: Vec<&str> = jobs
+        .iter()
+        .filter(|(stem, arch)| {
+            source(stem).map_or(true, |src| {
+                !kcache::is_cached(dir.as_deref(), stem, &src, arch)
+            })
+        })
+        .map(|(stem, _)| *stem)
+        .collect();
+    let bar = if to_compile.is_empty() {
+        indicatif::ProgressBar::hidden()
+    } else {
+        let b = indicatif::ProgressBar::new(jobs.len() as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "compiling CUDA kernels [{bar:30}] {pos}/{len} files {elapsed}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    };
     let compiled: Vec<Compiled> = {
         use rayon::prelude::*;
-        files
-            .par_iter()
-            .map(|(stem, _, _)| {
+        jobs.par_iter()
+            .map(|(stem, arch)| {
                 let src = source(stem)?;
                 let ptx = kcache::load(stem, &src, arch)?;
+                bar.inc(1);
                 Ok((src, ptx))
             })
             .collect()
     };
+    bar.finish_and_clear();
     let cached = compiled
         .iter()
         .filter(|r| matches!(r, Ok((_, (_, kcache::Origin::Cached)))))
         .count();
-    tracing::info!(
-        "{} kernel files for {arch} ready in {:.1} s ({cached} from the kernel cache)",
-        compiled.len(),
-        t0.elapsed().as_secs_f64()
-    );
+    let secs = t0.elapsed().as_secs_f64();
+    if to_compile.is_empty() {
+        tracing::info!(
+            "{} CUDA kernel files ready in {secs:.2} s from the kernel cache",
+            compiled.len()
+        );
+    } else {
+        let place = match &dir {
+            Some(d) => format!("cached in {}", d.display()),
+            None => "no kernel cache: PTX for the driver to finish".into(),
+        };
+        eprintln!(
+            "cuda: compiled {} kernel files in {secs:.1} s ({place}; {cached} from the cache): {}",
+            to_compile.len(),
+            to_compile.join(", ")
+        );
+    }
+    compiled
+}
+
+/// Compiles (or reads from the kernel cache) every file of `files` for
+/// `arch`, and of `sm90a` for `sm_90a`, all in parallel (`compile_all`),
+/// then loads them in order and returns their entry points.
+/// `source(stem)` is a file's full translation unit; `prepare(entry, f)`
+/// runs on each entry point of `files` as it loads (shared memory opt-in,
+/// occupancy counts), `prepare_sm90a` on those of `sm90a`. Any failure of
+/// `files` fails the load; one of `sm90a` is logged and leaves that file
+/// out (the portable kernels serve the same ops), so a driver or NVRTC
+/// without `sm_90a` still runs.
+pub(crate) fn load_kernels(
+    ctx: &Arc<CudaContext>,
+    arch: &str,
+    files: &[KernelFile],
+    sm90a: &[KernelFile],
+    source: fn(&str) -> Result<String>,
+    prepare: &mut dyn FnMut(&'static str, &CudaFunction) -> Result<()>,
+    prepare_sm90a: &mut dyn FnMut(&'static str, &CudaFunction) -> Result<()>,
+) -> Result<HashMap<&'static str, CudaFunction>> {
+    let jobs: Vec<(&'static str, &str)> = files
+        .iter()
+        .map(|f| (f.0, arch))
+        .chain(sm90a.iter().map(|f| (f.0, "sm_90a")))
+        .collect();
+    let mut compiled = compile_all(&jobs, source).into_iter();
     let mut funcs = HashMap::new();
-    for ((stem, _, entries), c) in files.iter().zip(compiled) {
+    for ((stem, _, entries), c) in files.iter().zip(compiled.by_ref()) {
         let (src, ptx) = c?;
         let module = load_module(ctx, stem, &src, arch, ptx)?;
         for &e in entries.iter() {
@@ -128,33 +187,17 @@ pub(crate) fn load_kernels(
             funcs.insert(e, f);
         }
     }
-    Ok(funcs)
-}
-
-/// Compiles and loads `files` (the Hopper-only table) for `sm_90a` into
-/// `funcs`, `prepare` running on each entry point. A failure is logged and
-/// leaves that file out (the portable kernels serve the same ops), so a
-/// driver or NVRTC without `sm_90a` still runs.
-pub(crate) fn load_sm90a(
-    ctx: &Arc<CudaContext>,
-    files: &[KernelFile],
-    source: fn(&str) -> Result<String>,
-    funcs: &mut HashMap<&'static str, CudaFunction>,
-    prepare: &mut dyn FnMut(&'static str, &CudaFunction) -> Result<()>,
-) {
-    for (stem, _, entries) in files {
-        let loaded = (|| -> Result<Vec<(&'static str, CudaFunction)>> {
-            let src = source(stem)?;
-            let ptx = kcache::load(stem, &src, "sm_90a")?;
+    for ((stem, _, entries), c) in sm90a.iter().zip(compiled) {
+        let loaded = c.and_then(|(src, ptx)| {
             let module = load_module(ctx, stem, &src, "sm_90a", ptx)?;
             let mut v = Vec::new();
             for &e in entries.iter() {
                 let f = drv(module.load_function(e), &format!("kernel {e} of {stem}.cu"))?;
-                prepare(e, &f)?;
+                prepare_sm90a(e, &f)?;
                 v.push((e, f));
             }
             Ok(v)
-        })();
+        });
         match loaded {
             Ok(v) => funcs.extend(v),
             Err(e) => {
@@ -162,4 +205,5 @@ pub(crate) fn load_sm90a(
             }
         }
     }
+    Ok(funcs)
 }

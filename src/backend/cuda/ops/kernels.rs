@@ -4,7 +4,7 @@
 //! shared with the CPU, and the op families' geometry constants). Compiled
 //! and loaded by `device/` (NVRTC, kernel cache), which takes the text.
 
-use super::attention::{ATT_FAST_HEAD, ATT_PIPE, ATT_PIPE_ENTRIES, ATT_RMMA, ATT_RMMA_ENTRIES};
+use super::attention::{ATT_FAST_HEAD, ATT_PIPE, ATT_PIPE_PARTS, ATT_RMMA, ATT_RMMA_ENTRIES};
 use anyhow::{anyhow, Result};
 
 /// Activation integer range of quantized matmul: the CPU's own constant
@@ -16,6 +16,26 @@ pub const COMMON: &str = include_str!("../kernels/common.cuh");
 
 /// Element dequantization shared by get_rows and the matmul kernels.
 pub const DEQUANT: &str = include_str!("../kernels/dequant.cuh");
+
+/// One part of attention_pipe_fast.cu (its head_dim class `D32` and group
+/// class `GM` defined first; `di`, `gi`: their indices in ATT_PIPE_PARTS).
+macro_rules! att_pipe_part {
+    ($d:literal, $g:literal, $di:literal, $gi:literal) => {
+        (
+            concat!("attention_pipe_d", $d, "_g", $g, "_fast"),
+            concat!(
+                "#define ATT_PART_D32 ",
+                $d,
+                "\n#define ATT_PART_GM ",
+                $g,
+                "\n",
+                include_str!("attention/kernels/attention_split.cuh"),
+                include_str!("attention/kernels/attention_pipe_fast.cu")
+            ),
+            &ATT_PIPE_PARTS[$di][$gi],
+        )
+    };
+}
 
 /// (file stem, source, kernel entry points).
 pub const KERNELS: &[(&str, &str, &[&str])] = &[
@@ -174,14 +194,16 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
         ),
         &ATT_FAST_HEAD,
     ),
-    (
-        "attention_pipe_fast",
-        concat!(
-            include_str!("attention/kernels/attention_split.cuh"),
-            include_str!("attention/kernels/attention_pipe_fast.cu")
-        ),
-        &ATT_PIPE_ENTRIES,
-    ),
+    att_pipe_part!(2, 1, 0, 0),
+    att_pipe_part!(2, 2, 0, 1),
+    att_pipe_part!(2, 3, 0, 2),
+    att_pipe_part!(2, 4, 0, 3),
+    att_pipe_part!(2, 8, 0, 4),
+    att_pipe_part!(4, 1, 1, 0),
+    att_pipe_part!(4, 2, 1, 1),
+    att_pipe_part!(4, 3, 1, 2),
+    att_pipe_part!(4, 4, 1, 3),
+    att_pipe_part!(4, 8, 1, 4),
     (
         "attention_rmma_fast",
         concat!(

@@ -217,16 +217,23 @@ pub(crate) const ATT_FAST_HEAD: [&str; 4] = [
     "attention_combine",
     "attention_combine_d128",
 ];
-const ATT_PIPE_N: usize = ATT_PIPE.len() * ATT_PIPE[0].len() * ATT_PIPE[0][0].len();
-
-/// attention_pipe_fast.cu's entries: ATT_PIPE's in order.
-pub(crate) const ATT_PIPE_ENTRIES: [&str; ATT_PIPE_N] = {
-    let mut out = [""; ATT_PIPE_N];
-    let (nd, ng) = (ATT_PIPE[0].len(), ATT_PIPE[0][0].len());
-    let mut j = 0;
-    while j < ATT_PIPE_N {
-        out[j] = ATT_PIPE[j / (nd * ng)][(j / ng) % nd][j % ng];
-        j += 1;
+/// The entries of each part of attention_pipe_fast.cu, indexed [head_dim
+/// class][group class]: every form of ATT_PIPE at that class pair (the
+/// kernel table compiles the file once per part).
+pub(crate) const ATT_PIPE_PARTS: [[[&str; ATT_PIPE.len()]; 5]; 2] = {
+    let mut out = [[[""; ATT_PIPE.len()]; 5]; 2];
+    let mut d = 0;
+    while d < 2 {
+        let mut g = 0;
+        while g < 5 {
+            let mut f = 0;
+            while f < ATT_PIPE.len() {
+                out[d][g][f] = ATT_PIPE[f][d][g];
+                f += 1;
+            }
+            g += 1;
+        }
+        d += 1;
     }
     out
 };

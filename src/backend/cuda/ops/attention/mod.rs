@@ -23,7 +23,7 @@ mod planner;
 mod rmma;
 
 pub(crate) use caps::count_at_load;
-pub(crate) use entries::{ATT_FAST_HEAD, ATT_PIPE, ATT_PIPE_ENTRIES, ATT_RMMA, ATT_RMMA_ENTRIES};
+pub(crate) use entries::{ATT_FAST_HEAD, ATT_PIPE, ATT_PIPE_PARTS, ATT_RMMA, ATT_RMMA_ENTRIES};
 pub(crate) use exact::att_ex_threads;
 pub(crate) use geometry::{
     att_pipe_smem, att_rmma_shape, att_row_stages, att_row_warps, ATT_CLUSTER_MAX, ATT_M3_STAGES,

@@ -630,33 +630,21 @@ __device__ __forceinline__ void att_pipe_gqa(
 // GM = 3: groups of three query heads (SmolLM2's 9 over 3) would run the
 // 4-head entry with a quarter of its arithmetic on a zero head, and the
 // batch-1 tile loop is bound by that arithmetic (ATT_STAMP).
-ATT_PIPE_GQA(2, 1)
-ATT_PIPE_GQA(2, 2)
-ATT_PIPE_GQA(2, 3)
-ATT_PIPE_GQA(2, 4)
-ATT_PIPE_GQA(2, 8)
-ATT_PIPE_GQA(4, 1)
-ATT_PIPE_GQA(4, 2)
-ATT_PIPE_GQA(4, 3)
-ATT_PIPE_GQA(4, 4)
-ATT_PIPE_GQA(4, 8)
-ATT_PIPE_GQA8(2, 1)
-ATT_PIPE_GQA8(2, 2)
-ATT_PIPE_GQA8(2, 3)
-ATT_PIPE_GQA8(2, 4)
-ATT_PIPE_GQA8(2, 8)
-ATT_PIPE_GQA8(4, 1)
-ATT_PIPE_GQA8(4, 2)
-ATT_PIPE_GQA8(4, 3)
-ATT_PIPE_GQA8(4, 4)
-ATT_PIPE_GQA8(4, 8)
-ATT_ROW(2, 1, ATT_ROW_WARPS, ATT_ROW_STAGES)
-ATT_ROW(2, 2, ATT_ROW_WARPS, ATT_ROW_STAGES)
-ATT_ROW(2, 3, ATT_ROW_WARPS, ATT_ROW_STAGES)
-ATT_ROW(2, 4, ATT_ROW_WARPS, ATT_ROW_STAGES)
-ATT_ROW(2, 8, ATT_ROW_WARPS, ATT_ROW_STAGES)
-ATT_ROW(4, 1, ATT_ROW_WARPS_D4, ATT_ROW_STAGES_D4)
-ATT_ROW(4, 2, ATT_ROW_WARPS_D4, ATT_ROW_STAGES_D4)
-ATT_ROW(4, 3, ATT_ROW_WARPS_D4, ATT_ROW_STAGES_D4)
-ATT_ROW(4, 4, ATT_ROW_WARPS_D4, ATT_ROW_STAGES_D4)
-ATT_ROW(4, 8, ATT_ROW_WARPS_D4, ATT_ROW_STAGES_D4)
+// The kernel table compiles this file once per (head_dim class, group
+// class) part, ATT_PART_D32 and ATT_PART_GM defined before it
+// (ops/kernels.rs): ten translation units of nine entries that NVRTC
+// compiles in parallel, where the one unit of all ninety took 45 s on a
+// cold kernel cache. ATT_PART's arguments are expanded before they reach
+// the token pasting of the entry names.
+#if !defined(ATT_PART_D32) || !defined(ATT_PART_GM)
+#error "attention_pipe_fast.cu: define ATT_PART_D32 and ATT_PART_GM (ops/kernels.rs)"
+#endif
+#define ATT_PART(D32, GM, RW, RS)                                                               \
+    ATT_PIPE_GQA(D32, GM)                                                                       \
+    ATT_PIPE_GQA8(D32, GM)                                                                      \
+    ATT_ROW(D32, GM, RW, RS)
+#if ATT_PART_D32 == 2
+ATT_PART(2, ATT_PART_GM, ATT_ROW_WARPS, ATT_ROW_STAGES)
+#else
+ATT_PART(4, ATT_PART_GM, ATT_ROW_WARPS_D4, ATT_ROW_STAGES_D4)
+#endif

@@ -1,0 +1,188 @@
+//! Capturing a decode graph: a graph's fixed inputs as a step's buffers
+//! (`GraphIo`), and the capture itself, which `decode_run` (graph.rs) does
+//! right after the step of a new graph key ran op by op. Nothing runs
+//! between the two, so every buffer the capture takes is in the pool
+//! already (pool.rs) and it allocates nothing. A capture that fails anyway
+//! is tried again on the next step of that key, up to `CAPTURE_ATTEMPTS`
+//! times; then the key runs op by op for good, counted in
+//! `StepPaths::capture_failures` and logged once.
+
+use super::graph::{DecodeGraph, GreedyOut, SendGraph};
+use super::{CudaExec, DevBatch, DevIdx, DevKvCache, StepBufs};
+use crate::backend::cuda::device::memory::DevAttnBatch;
+use crate::backend::cuda::{drv, GreedyRing};
+use crate::dispatch::cuda::graph::DecodeFn;
+use anyhow::{anyhow, Result};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Captures of one graph key that may fail before it runs op by op for
+/// good.
+pub(super) const CAPTURE_ATTEMPTS: u32 = 3;
+
+/// A decode graph's fixed inputs as a step's buffers, and (greedy graphs)
+/// where its last node, sample_rows, reads and writes.
+pub(super) struct GraphIo<'g> {
+    pub(super) bufs: StepBufs<DevIdx<'g>, DevBatch<'g>>,
+    pub(super) fin: Option<GreedyOut<'g>>,
+}
+
+impl<'g> GraphIo<'g> {
+    /// The inputs of a graph of `b` rows (its fields, borrowed one by one
+    /// so that its `out` stays free to be written).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn of(
+        batch: &'g DevAttnBatch,
+        rows: &'g CudaSlice<u32>,
+        state_slots: &'g CudaSlice<u32>,
+        ring: Option<&'g Arc<GreedyRing>>,
+        draws: Option<&'g CudaSlice<u32>>,
+        b: usize,
+        vocab: usize,
+        greedy: bool,
+        st: &Arc<CudaStream>,
+    ) -> Result<Self> {
+        // Greedy graphs end with sample_rows into their own token input.
+        let fin = match (greedy, ring, draws) {
+            (true, Some(ring), Some(d)) => Some(GreedyOut {
+                b,
+                vocab,
+                draws: d.device_ptr(st).0,
+                tokens: batch.tokens_and_status()?.device_ptr(st).0,
+                ring,
+                steps: batch.step_words()?.device_ptr(st).0,
+            }),
+            (true, _, _) => anyhow::bail!("greedy decode graph without its ring or draws"),
+            (false, _, _) => None,
+        };
+        let bufs = StepBufs {
+            n: b,
+            n_rows: b,
+            tokens: DevIdx::View(batch.tokens()?),
+            // The attention batch's positions serve rope and the KV write
+            // too: one upload.
+            positions: DevIdx::View(batch.positions()),
+            slots: DevIdx::View(batch.slots()?),
+            state_slots: DevIdx::View(state_slots.slice(0..b)),
+            rows: DevIdx::View(rows.slice(0..b)),
+            // decode_run checked that every row wants its logits, in order.
+            rows_all: true,
+            batch: DevBatch::Fixed(batch),
+        };
+        Ok(GraphIo { bufs, fin })
+    }
+}
+
+impl CudaExec {
+    /// Captures graph `g` (its step just ran op by op) and keeps it, or
+    /// counts the failure: the next step of its key tries again, and after
+    /// `CAPTURE_ATTEMPTS` failures the key runs op by op for good.
+    pub(super) fn capture_or_retry(
+        &self,
+        g: &mut DecodeGraph,
+        kv: &mut DevKvCache,
+        step: &mut DecodeFn<'_>,
+        b: usize,
+        vocab: usize,
+        greedy: bool,
+    ) {
+        match self.capture(g, kv, step, b, vocab, greedy) {
+            Ok(graph) => {
+                g.arena_len = self.be.arena_len();
+                g.graph = Some(graph);
+                g.capture_attempts = 0;
+                self.count_path(|p| p.captures += 1);
+            }
+            Err(e) => {
+                g.capture_attempts += 1;
+                self.count_path(|p| p.capture_failures += 1);
+                if g.capture_attempts >= CAPTURE_ATTEMPTS {
+                    g.capture_failed = true;
+                    tracing::warn!(
+                        "cuda graph capture for batch {b} failed {} times ({e:#}); running it op by op",
+                        g.capture_attempts
+                    );
+                } else {
+                    tracing::info!(
+                        "cuda graph capture for batch {b} failed ({e:#}); its next step tries again"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Records the step's ops on `g`'s fixed inputs as a CUDA graph
+    /// (nothing runs) and instantiates it; on sm_90+ with programmatic
+    /// edges.
+    fn capture(
+        &self,
+        g: &mut DecodeGraph,
+        kv: &mut DevKvCache,
+        step: &mut DecodeFn<'_>,
+        b: usize,
+        vocab: usize,
+        greedy: bool,
+    ) -> Result<SendGraph> {
+        let st = self.be.stream();
+        let l2_on = self.be.l2_prepare(&mut g.l2, g.l2_measured)?;
+        let io = GraphIo::of(
+            &g.batch,
+            &g.rows,
+            &g.state_slots.0,
+            g.ring.as_ref(),
+            g.draws.as_ref().map(|d| &d.0),
+            b,
+            vocab,
+            greedy,
+            st,
+        )?;
+        drv(
+            st.begin_capture(
+                cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            ),
+            "beginning graph capture",
+        )?;
+        self.capturing.store(true, Ordering::Relaxed);
+        // The read-ahead branch (ops/l2_ahead) forks first and is joined
+        // last, after a failed step too.
+        let mut l2 = g.l2.as_mut().filter(|_| l2_on);
+        let r = match &mut l2 {
+            Some(l) => self.be.l2_begin(l),
+            None => Ok(()),
+        };
+        let r = r.and_then(|()| step(self, kv, &io.bufs)).and_then(|l| {
+            let l = l.ok_or_else(|| anyhow!("decode step returned no logits"))?;
+            self.decode_finish(l, &mut g.out, io.fin.as_ref())
+        });
+        let (r, l2_log) = match &l2 {
+            Some(l) => match self.be.l2_end(l) {
+                Ok(log) => (r, Some(log)),
+                Err(e) => (r.and(Err(e)), None),
+            },
+            None => (r, None),
+        };
+        self.capturing.store(false, Ordering::Relaxed);
+        let graph = drv(
+            st.end_capture(
+                cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
+            ),
+            "ending graph capture",
+        );
+        let graph =
+            r.and_then(|()| graph?.ok_or_else(|| anyhow!("graph capture produced no graph")))?;
+        if let (Some(log), Some(l2)) = (l2_log, l2) {
+            let (n, ahead) = self.be.l2_upload(l2, &log)?;
+            tracing::debug!(
+                "decode graph for batch {b}: l2 read-ahead of {n} pieces, {} KiB ahead",
+                ahead >> 10
+            );
+        }
+        if !self.be.pdl_enabled() {
+            return Ok(SendGraph(graph, None));
+        }
+        let (exec, edges) = self.be.instantiate_pdl(graph.cu_graph())?;
+        tracing::debug!("decode graph for batch {b}: {edges} programmatic edges");
+        Ok(SendGraph(graph, Some(exec)))
+    }
+}
