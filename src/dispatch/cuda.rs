@@ -312,6 +312,8 @@ pub struct CudaExec {
     cursor: Mutex<step_ops::Cursor>,
     /// Steps by how they ran.
     paths: Mutex<super::StepPaths>,
+    /// Why the last failed graph capture failed.
+    capture_error: Mutex<Option<String>>,
 }
 
 impl CudaExec {
@@ -332,12 +334,18 @@ impl CudaExec {
             plans: Mutex::new(HashMap::new()),
             cursor: Mutex::new(step_ops::Cursor::default()),
             paths: Mutex::new(super::StepPaths::default()),
+            capture_error: Mutex::new(None),
         }
     }
 
     /// The steps so far by how they ran.
     pub fn step_paths(&self) -> super::StepPaths {
         self.paths.lock().map(|p| *p).unwrap_or_default()
+    }
+
+    /// Why the last failed graph capture failed (None: none failed).
+    pub fn last_capture_error(&self) -> Option<String> {
+        self.capture_error.lock().ok().and_then(|e| e.clone())
     }
 
     /// Counts a step's path.
@@ -538,7 +546,7 @@ impl CudaExec {
                 d
             }
             None if self.capturing.load(Ordering::Relaxed) => {
-                bail!("cuda graph capture: no pooled buffer of {len} elements (would allocate)")
+                return Err(anyhow::Error::new(pool::NoPooledBuffer(len)))
             }
             // Fresh allocations are zeroed either way (mem::zeros).
             None => zeros::<f32>(&self.be, pool::size_class(len), "allocating an activation")?,
@@ -548,6 +556,21 @@ impl CudaExec {
             len,
             pool: self.pool.clone(),
         })
+    }
+
+    /// Adds a free buffer for `len` elements to the pool (outside a
+    /// capture: a capture that found none is tried again with it).
+    fn pool_add(&self, len: usize) -> Result<()> {
+        let d = zeros::<f32>(&self.be, pool::size_class(len), "allocating an activation")?;
+        let cap = d.len();
+        let evicted = self
+            .pool
+            .bufs
+            .lock()
+            .map_err(|_| anyhow!("cuda: buffer pool lock poisoned"))?
+            .give(d, cap, false, pool::POOL_CAP_BYTES);
+        drop(evicted);
+        Ok(())
     }
 
     /// Whether QUIRE_PROFILE_OPS=1 (per-op device time, no graphs).

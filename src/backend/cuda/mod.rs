@@ -30,6 +30,14 @@ pub use device::pinned::PinnedLogits;
 pub use ops::kernels;
 
 pub use device::pdl::PdlExec;
+/// The scratch arena's first size. Every growth is a new allocation, and
+/// every captured decode graph reads the old one, so a growth drops them
+/// all (each is captured again). Decode steps of up to 64 rows of an 8B
+/// model fit in this (their int8 activations and split-K partials), so a
+/// server's decode graphs are not dropped while its batch grows; a larger
+/// prefill grows it once or twice early on.
+const ARENA_START: usize = 64 << 20;
+
 pub(crate) use ops::fast_uses_blas;
 pub(crate) use ops::L2Bufs;
 pub(crate) use ops::{device_draws, draw_record, GreedyRing, DRAW_WORDS, GREEDY_SLOTS};
@@ -284,9 +292,9 @@ impl CudaBackend {
         } else {
             None
         };
-        // SAFETY: a 256-byte allocation nothing reads before writing.
+        // SAFETY: an allocation nothing reads before writing.
         let arena = drv(
-            unsafe { stream.alloc::<u8>(256) },
+            unsafe { stream.alloc::<u8>(ARENA_START) },
             "allocating the scratch arena",
         )?;
         // SAFETY: only tries to dlopen libcublas by its candidate names

@@ -1,8 +1,9 @@
 //! Capturing a decode graph: a graph's fixed inputs as a step's buffers
 //! (`GraphIo`), and the capture itself, which `decode_run` (graph.rs) does
 //! right after the step of a new graph key ran op by op. Nothing runs
-//! between the two, so every buffer the capture takes is in the pool
-//! already (pool.rs) and it allocates nothing. A capture that fails anyway
+//! between the two, so the buffers the capture takes are in the pool
+//! already (pool.rs) and it allocates nothing; one the pool's best fit
+//! still misses is added and the capture made again. A capture that fails anyway
 //! is tried again on the next step of that key, up to `CAPTURE_ATTEMPTS`
 //! times; then the key runs op by op for good, counted in
 //! `StepPaths::capture_failures` and logged once.
@@ -20,6 +21,10 @@ use std::sync::Arc;
 /// Captures of one graph key that may fail before it runs op by op for
 /// good.
 pub(super) const CAPTURE_ATTEMPTS: u32 = 3;
+
+/// Buffers one capture may add to the pool (each after a capture that
+/// missed it) before it counts as failed.
+const MAX_TOP_UPS: usize = 16;
 
 /// A decode graph's fixed inputs as a step's buffers, and (greedy graphs)
 /// where its last node, sample_rows, reads and writes.
@@ -87,7 +92,21 @@ impl CudaExec {
         vocab: usize,
         greedy: bool,
     ) {
-        match self.capture(g, kv, step, b, vocab, greedy) {
+        // Captured with nothing between it and the step, the capture finds
+        // each buffer that step used in the pool; the pool's best fit may
+        // still hand one to an earlier request than the step did, leaving
+        // a later one without. Each such miss adds the missing buffer and
+        // captures again (the pool only grows, so this ends).
+        let mut r = self.capture(g, kv, step, b, vocab, greedy);
+        for _ in 0..MAX_TOP_UPS {
+            let Some(len) = r.as_ref().err().and_then(super::pool::missing_buffer) else {
+                break;
+            };
+            r = self
+                .pool_add(len)
+                .and_then(|()| self.capture(g, kv, step, b, vocab, greedy));
+        }
+        match r {
             Ok(graph) => {
                 g.arena_len = self.be.arena_len();
                 g.graph = Some(graph);
@@ -97,6 +116,9 @@ impl CudaExec {
             Err(e) => {
                 g.capture_attempts += 1;
                 self.count_path(|p| p.capture_failures += 1);
+                if let Ok(mut last) = self.capture_error.lock() {
+                    *last = Some(format!("batch {b}: {e:#}"));
+                }
                 if g.capture_attempts >= CAPTURE_ATTEMPTS {
                     g.capture_failed = true;
                     tracing::warn!(

@@ -40,6 +40,30 @@ pub(super) fn size_class(len: usize) -> usize {
     len.div_ceil(step) * step
 }
 
+/// A graph capture asked the pool for `.0` elements and found no buffer
+/// (it may not allocate): the capture is tried again once one is added.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct NoPooledBuffer(pub(super) usize);
+
+impl std::fmt::Display for NoPooledBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "cuda graph capture: no pooled buffer of {} elements (would allocate)",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for NoPooledBuffer {}
+
+/// The missing buffer's length, when `e` comes from one.
+pub(super) fn missing_buffer(e: &anyhow::Error) -> Option<usize> {
+    e.chain()
+        .find_map(|c| c.downcast_ref::<NoPooledBuffer>())
+        .map(|m| m.0)
+}
+
 /// A free buffer: whether a graph holds it, and when it came back.
 struct Entry<T> {
     buf: T,
@@ -187,6 +211,14 @@ mod tests {
         assert_eq!(p.take(2048), Some((2048, 4)));
         assert_eq!(p.take(4097), Some((8192, 3)));
         assert_eq!(p.unpinned(), 0);
+    }
+
+    #[test]
+    fn a_missing_buffer_is_found_through_context() {
+        let e = anyhow::Error::new(NoPooledBuffer(32_256)).context("op mat_muls");
+        assert_eq!(missing_buffer(&e), Some(32_256));
+        assert!(format!("{e:#}").contains("no pooled buffer of 32256 elements"));
+        assert_eq!(missing_buffer(&anyhow::anyhow!("another failure")), None);
     }
 
     #[test]
