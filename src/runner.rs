@@ -19,8 +19,10 @@ use hybrid::HybridState;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::Path;
 
+mod embed;
 mod greedy;
 mod hybrid;
+pub use embed::{Pooling, EMBED_SEQ_BASE};
 
 /// Which logits a sequence wants from a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -372,6 +374,7 @@ impl Runner {
             self.hybrid.as_mut(),
             &self.kv,
             work,
+            false,
         );
         mark(Point::StepEnd);
         r
@@ -388,6 +391,7 @@ impl Runner {
             self.hybrid.as_mut(),
             kv,
             work,
+            false,
         )
     }
 
@@ -480,6 +484,7 @@ struct BatchInput<'k> {
     tables: Vec<&'k [u32]>,
     state_slots: Vec<u32>,
     fresh_slots: Vec<u32>,
+    hidden: bool,
 }
 
 impl BatchInput<'_> {
@@ -493,6 +498,7 @@ impl BatchInput<'_> {
             logit_rows: &self.logit_rows,
             state_slots: &self.state_slots,
             fresh_slots: &self.fresh_slots,
+            hidden: self.hidden,
         }
     }
 }
@@ -553,10 +559,13 @@ fn batch_input<'k>(
         tables,
         state_slots: Vec::new(),
         fresh_slots: Vec::new(),
+        hidden: false,
     })
 }
 
-/// Builds the step's batch inputs ([`batch_input`]) and runs the model.
+/// Builds the step's batch inputs ([`batch_input`]) and runs the model;
+/// `hidden`: the rows give their final hidden states (width `dim`) instead
+/// of logits.
 fn forward_batch(
     model: &Model,
     gguf: &GgufFile,
@@ -564,8 +573,10 @@ fn forward_batch(
     hybrid: Option<&mut HybridState>,
     kv: &KvManager,
     work: &[SeqWork<'_>],
+    hidden: bool,
 ) -> Result<Logits> {
     let mut bi = batch_input(model.cfg(), kv, work)?;
+    bi.hidden = hidden;
     if let Some(h) = hybrid {
         let s = h.step_slots(work)?;
         bi.state_slots = s.rows;
@@ -582,16 +593,20 @@ fn forward_batch(
         },
         Compute::Device(d) => {
             // A pure decode step: one row per sequence, all logits.
-            let decode = work
-                .iter()
-                .all(|w| w.tokens.len() == 1 && w.logits == LogitsWanted::Last);
+            let decode = !hidden
+                && work
+                    .iter()
+                    .all(|w| w.tokens.len() == 1 && w.logits == LogitsWanted::Last);
             d.step(&input, decode)?
         }
     };
-    let v = model.cfg().vocab_size;
+    let v = match hidden {
+        true => model.cfg().dim,
+        false => model.cfg().vocab_size,
+    };
     if logits.len() != logit_rows.len() * v {
         bail!(
-            "the model returned {} logits for {} rows of vocabulary {v}",
+            "the model returned {} values for {} rows of width {v}",
             logits.len(),
             logit_rows.len()
         );

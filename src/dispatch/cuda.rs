@@ -278,6 +278,10 @@ impl Drop for DevBuf {
     }
 }
 
+/// A step's shape as its fusion plan depends on it: (rows, rows through
+/// the head, every row in order, hidden states instead of logits).
+type StepShape = (usize, usize, bool, bool);
+
 /// Step shapes whose fusion plans `CudaExec` keeps at once.
 const MAX_PLANS: usize = 64;
 
@@ -307,7 +311,7 @@ pub struct CudaExec {
     shared_ring: Mutex<Option<Arc<crate::backend::cuda::GreedyRing>>>,
     /// The fusion pass's plans of steps by (rows, logit rows, every row
     /// in order), recorded once each (step_ops.rs).
-    plans: Mutex<HashMap<(usize, usize, bool), Arc<step_ops::Planned>>>,
+    plans: Mutex<HashMap<StepShape, Arc<step_ops::Planned>>>,
     /// The step being issued: each op's annotation in turn.
     cursor: Mutex<step_ops::Cursor>,
     /// Steps by how they ran.
@@ -368,9 +372,9 @@ impl CudaExec {
         graph: &G,
         weights: &G::Weights<DevStore>,
         kv: &DevKvCache,
-        (n, n_rows, rows_all): (usize, usize, bool),
+        (n, n_rows, rows_all, hidden): StepShape,
     ) -> Option<Arc<step_ops::Planned>> {
-        let key = (n, n_rows, rows_all);
+        let key = (n, n_rows, rows_all, hidden);
         if let Some(p) = self.plans.lock().ok()?.get(&key) {
             return Some(p.clone());
         }
@@ -392,7 +396,7 @@ impl CudaExec {
             layers: kv.k.len(),
             states: kv.state_geometry(),
         };
-        let bufs = step_ops::ShapeExec::<DevStore>::step_bufs(n, n_rows, rows_all);
+        let bufs = step_ops::ShapeExec::<DevStore>::step_bufs(n, n_rows, rows_all, hidden);
         if let Err(err) = graph.forward_bufs(weights, &e, &mut shape, &bufs) {
             tracing::debug!("fusion: recording a step of {n} rows failed: {err:#}");
             return None;
@@ -432,7 +436,12 @@ impl CudaExec {
         kv: &mut DevKvCache,
         bufs: &StepBufs<DevIdx<'_>, DevBatch<'_>>,
     ) -> Result<Option<DevBuf>> {
-        let planned = self.plan_step(graph, weights, kv, (bufs.n, bufs.n_rows, bufs.rows_all));
+        let planned = self.plan_step(
+            graph,
+            weights,
+            kv,
+            (bufs.n, bufs.n_rows, bufs.rows_all, bufs.hidden),
+        );
         self.begin_step(planned);
         let r = graph.forward_bufs(weights, self, kv, bufs);
         self.begin_step(None);

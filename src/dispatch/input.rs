@@ -25,6 +25,9 @@ pub struct StepInput<'a> {
     /// Hybrid models: state slots to zero before the step (sequences that
     /// start at position 0 in it).
     pub fresh_slots: &'a [u32],
+    /// The rows of `logit_rows` give their final hidden state (the output
+    /// norm's result, (rows, dim)) instead of logits: embeddings.
+    pub hidden: bool,
 }
 
 impl StepInput<'_> {

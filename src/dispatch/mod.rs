@@ -123,6 +123,9 @@ pub struct StepBufs<I, B> {
     /// decode step): the output head reads the residual stream itself,
     /// with no row selection.
     pub rows_all: bool,
+    /// The rows give their final hidden state (rms_norm with the output
+    /// norm, (n_rows, dim)) instead of logits (`StepInput::hidden`).
+    pub hidden: bool,
     /// The attention batch (validated at upload).
     pub batch: B,
 }

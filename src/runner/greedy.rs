@@ -366,6 +366,7 @@ impl Runner {
             logit_rows: &(0..b).collect::<Vec<_>>(),
             state_slots: &state_slots,
             fresh_slots: &fresh_slots,
+            hidden: false,
         };
         enqueue(&mut self.compute, &input, i > 0, draws)
     }

@@ -137,6 +137,11 @@ impl Scheduler {
     pub fn kv(&self) -> &KvManager {
         &self.kv
     }
+    /// The KV manager, for work outside the scheduler's sequences that
+    /// allocates and frees its blocks between two steps (embeddings).
+    pub fn kv_mut(&mut self) -> &mut KvManager {
+        &mut self.kv
+    }
     pub fn num_waiting(&self) -> usize {
         self.waiting.len()
     }

@@ -214,6 +214,21 @@ impl Engine {
     fn handle(&mut self, m: Msg) {
         match m {
             Msg::Submit(sub) => self.enqueue(*sub),
+            Msg::Embed(job) => {
+                let super::EmbedJob {
+                    inputs,
+                    pooling,
+                    reply,
+                } = *job;
+                let refs: Vec<&[u32]> = inputs.iter().map(Vec::as_slice).collect();
+                let budget = self.sched.config().max_batch_tokens;
+                let r = self
+                    .runner
+                    .embed_with_kv(self.sched.kv_mut(), &refs, pooling, budget)
+                    .map_err(|e| format!("{e:#}"));
+                // The client may have gone: nothing to do then.
+                let _ = reply.send(r);
+            }
             Msg::CancelAll => self.fail_all("the server is shutting down"),
         }
     }

@@ -165,8 +165,19 @@ impl RequestHandle {
 
 pub(crate) enum Msg {
     Submit(Box<Submission>),
+    /// Embed inputs between two steps (`EngineHandle::embed`).
+    Embed(Box<EmbedJob>),
     /// Cancel every live sequence (shutdown deadline passed).
     CancelAll,
+}
+
+/// The result of an embedding job: a vector per input, or why not.
+pub type EmbedResult = Result<Vec<Vec<f32>>, String>;
+
+pub(crate) struct EmbedJob {
+    inputs: Vec<Vec<u32>>,
+    pooling: crate::runner::Pooling,
+    reply: tokio::sync::oneshot::Sender<EmbedResult>,
 }
 
 pub(crate) struct Submission {
@@ -197,6 +208,36 @@ pub struct EngineHandle {
 }
 
 impl EngineHandle {
+    /// Queues an embedding job (`inputs`: token ids, each non-empty and
+    /// within the vocabulary): the engine runs it between two steps with
+    /// KV blocks of its cache and answers on the returned channel.
+    pub fn embed(
+        &self,
+        inputs: Vec<Vec<u32>>,
+        pooling: crate::runner::Pooling,
+    ) -> Result<tokio::sync::oneshot::Receiver<EmbedResult>, SubmitError> {
+        for (i, inp) in inputs.iter().enumerate() {
+            if inp.is_empty() {
+                return Err(SubmitError::Invalid(format!("input {i} is empty")));
+            }
+            if let Some(&t) = inp.iter().find(|&&t| t as usize >= self.limits.vocab_size) {
+                return Err(SubmitError::Invalid(format!(
+                    "input {i}: token id {t} is outside the vocabulary of {}",
+                    self.limits.vocab_size
+                )));
+            }
+        }
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        self.tx
+            .send(Msg::Embed(Box::new(EmbedJob {
+                inputs,
+                pooling,
+                reply,
+            })))
+            .map_err(|_| SubmitError::Stopped)?;
+        Ok(rx)
+    }
+
     /// Queues a request. Refuses it when its `n` sequences would overflow
     /// the queue, so the caller can answer 429 at once.
     pub fn submit(&self, req: GenRequest) -> Result<RequestHandle, SubmitError> {

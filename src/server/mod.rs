@@ -18,6 +18,7 @@ pub mod api;
 pub mod body;
 pub mod conn;
 pub mod drive;
+pub mod embeddings;
 pub mod error;
 pub mod handlers;
 pub mod text;
@@ -102,6 +103,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(tokenize::model))
+        .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route("/metrics", get(metrics))

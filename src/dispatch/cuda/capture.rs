@@ -73,6 +73,7 @@ impl<'g> GraphIo<'g> {
             rows: DevIdx::View(rows.slice(0..b)),
             // decode_run checked that every row wants its logits, in order.
             rows_all: true,
+            hidden: false,
             batch: DevBatch::Fixed(batch),
         };
         Ok(GraphIo { bufs, fin })

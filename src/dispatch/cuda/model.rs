@@ -149,7 +149,7 @@ where
         // captured CUDA graph; anything else runs op by op.
         // Every step's ops carry the fusion pass's annotations
         // (backend/cuda/fusion.rs), planned once per step shape.
-        if decode && self.exec.graphable(input.tokens.len()) {
+        if decode && !input.hidden && self.exec.graphable(input.tokens.len()) {
             // (`Graph::forward` zeroes them on the other path.)
             self.exec.reset_states(&mut self.kv, input.fresh_slots)?;
             self.exec
@@ -163,7 +163,7 @@ where
             });
             let (n, rows) = (input.tokens.len(), input.logit_rows);
             let rows_all = rows.len() == n && rows.iter().enumerate().all(|(i, &r)| r == i);
-            let shape = (n, rows.len(), rows_all);
+            let shape = (n, rows.len(), rows_all, input.hidden);
             let planned = self.exec.plan_step(graph, weights, &self.kv, shape);
             self.exec.begin_step(planned);
             let r = graph.forward(weights, &self.exec, &mut self.kv, input);

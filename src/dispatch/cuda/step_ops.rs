@@ -182,8 +182,9 @@ impl<'r, S: Store> ShapeExec<'r, S> {
         (self.ops.into_inner(), self.kinds.into_inner())
     }
 
-    /// A step's index inputs for `n` rows, `n_rows` of them wanting logits.
-    pub fn step_bufs(n: usize, n_rows: usize, rows_all: bool) -> StepBufs<usize, ()> {
+    /// A step's index inputs for `n` rows, `n_rows` of them wanting logits
+    /// (or their hidden states: `hidden`).
+    pub fn step_bufs(n: usize, n_rows: usize, rows_all: bool, hidden: bool) -> StepBufs<usize, ()> {
         StepBufs {
             n,
             n_rows,
@@ -193,6 +194,7 @@ impl<'r, S: Store> ShapeExec<'r, S> {
             state_slots: n,
             rows: n_rows,
             rows_all,
+            hidden,
             batch: (),
         }
     }

@@ -40,7 +40,7 @@ fn recorded(model: &LlamaModel, mode: Mode, n: usize, m: usize) -> Vec<StepOp> {
         layers: c.n_layers,
         states: None,
     };
-    let bufs = ShapeExec::<HostStore>::step_bufs(n, m, m == n);
+    let bufs = ShapeExec::<HostStore>::step_bufs(n, m, m == n, false);
     forward_bufs(c, &model.weights, &e, &mut kv, &bufs).unwrap();
     e.into_ops()
 }
@@ -137,7 +137,7 @@ fn the_cursor_hands_out_annotations_in_order_until_an_op_differs() {
         layers: c.n_layers,
         states: None,
     };
-    let bufs = ShapeExec::<HostStore>::step_bufs(1, 1, true);
+    let bufs = ShapeExec::<HostStore>::step_bufs(1, 1, true, false);
     forward_bufs(c, &model.weights, &e, &mut kv, &bufs).unwrap();
     let (ops, keys) = e.into_parts();
     let want = plan(&ops, Mode::Fast, &tuning()).ops;

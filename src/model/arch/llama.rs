@@ -281,6 +281,7 @@ pub fn forward<E: Exec>(
         rows_all: logit_rows.len() == n
             && logit_rows.iter().enumerate().all(|(i, &r)| r as usize == i),
         rows: e.idx(&logit_rows)?,
+        hidden: input.hidden,
         batch: e.batch(
             kv,
             AttnBatch {
@@ -569,6 +570,18 @@ pub fn forward_bufs<E: Exec>(
         Some(sel)
     };
     let mut normed = e.output(m * d)?;
+    if b.hidden {
+        // Embeddings: the rows' final hidden state, normed as the head
+        // reads it.
+        e.run(OpT::RmsNorm {
+            x: E::rd(sel.as_ref().unwrap_or(&x)),
+            w: E::param(&w.output_norm),
+            dim: d,
+            eps: c.rms_eps,
+            out: E::wr(&mut normed),
+        })?;
+        return Ok(Some(normed));
+    }
     // logits (m, vocab) = rms_norm(rows) · outputᵀ (the norm rides on the op).
     let mut logits = e.output(m * c.vocab_size)?;
     mat_muls(

@@ -218,6 +218,7 @@ pub fn forward<E: Exec>(
         rows_all: logit_rows.len() == n
             && logit_rows.iter().enumerate().all(|(i, &r)| r as usize == i),
         rows: e.idx(&logit_rows)?,
+        hidden: input.hidden,
         batch: e.batch(
             kv,
             AttnBatch {
@@ -324,8 +325,20 @@ pub fn forward_bufs<E: Exec>(
         })?;
         Some(sel)
     };
-    let mut logits = e.output(m * c.vocab_size)?;
     let mut normed = e.output(m * d)?;
+    if bufs.hidden {
+        // Embeddings: the rows' final hidden state, normed as the head
+        // reads it.
+        e.run(OpT::RmsNorm {
+            x: E::rd(sel.as_ref().unwrap_or(&x)),
+            w: E::param(&w.output_norm),
+            dim: d,
+            eps: c.rms_eps,
+            out: E::wr(&mut normed),
+        })?;
+        return Ok(Some(normed));
+    }
+    let mut logits = e.output(m * c.vocab_size)?;
     mat_muls(
         e,
         sel.as_ref().unwrap_or(&x),
