@@ -8,6 +8,7 @@ pub mod dispatch;
 pub mod engine;
 pub mod fetch;
 pub mod gguf;
+pub mod hub;
 pub mod kv;
 pub mod model;
 pub mod opcheck;

@@ -11,6 +11,7 @@ pub mod inspect;
 pub mod kernels;
 pub mod ops; // h-cuda
 mod plot;
+pub mod pull;
 pub mod serve;
 pub mod synth;
 pub mod tuning;
@@ -55,6 +56,9 @@ pub enum Command {
     Synth(synth::SynthArgs),
     /// OpenAI-compatible HTTP server with continuous batching.
     Serve(serve::ServeArgs),
+    /// Download a GGUF from the Hugging Face Hub into its cache
+    /// (`owner/name[:quant]`); prints the local path.
+    Pull(pull::PullArgs),
     /// Op parity harness: every op x dtype x shape on a backend vs the cpu.
     Ops(ops::OpsArgs),
     /// Greedy run on the GPU (exact) and the CPU, logits compared bitwise
@@ -92,6 +96,11 @@ pub struct ModelArgs {
     /// into the cache on first use).
     #[arg(long, short = 'm')]
     pub model: Option<PathBuf>,
+    /// A GGUF from the Hugging Face Hub instead, `owner/name[:quant]`,
+    /// pulled into its cache like `quire pull` (a cached file is not
+    /// downloaded again).
+    #[arg(long, value_name = "OWNER/NAME[:QUANT]", conflicts_with = "model")]
+    pub hf_repo: Option<crate::hub::HfSpec>,
     /// CPU threads (default: all cores). Results are bitwise identical for
     /// any thread count.
     #[arg(long, short = 't')]
@@ -166,8 +175,17 @@ impl ModelArgs {
         )
     }
 
+    /// The model file: `--model`, the pulled `--hf-repo` file, or the
+    /// default model (fetched if absent).
+    pub fn resolve_path(&self) -> Result<PathBuf> {
+        match &self.hf_repo {
+            Some(spec) => crate::hub::pull(spec, &crate::hub::PullOptions::default()),
+            None => crate::fetch::resolve_model(self.model.as_deref()),
+        }
+    }
+
     fn load_with(&self, state_snapshots: usize, kv_seqs: usize) -> Result<(Runner, Tokenizer)> {
-        let path = crate::fetch::resolve_model(self.model.as_deref())?;
+        let path = self.resolve_path()?;
         let opts = RunnerOptions {
             threads: self.threads,
             block_size: self.block_size,
@@ -275,6 +293,7 @@ pub fn main_with(cli: Cli) -> Result<()> {
         Command::Perplexity(a) => inspect::perplexity(a),
         Command::Synth(a) => synth::synth(a),
         Command::Serve(a) => serve::serve(a),
+        Command::Pull(a) => pull::pull(a),
         Command::Ops(a) => ops::ops(a),
         Command::CheckExact(a) => ops::check_exact(a),
         Command::CheckGreedy(a) => check_greedy::check_greedy(a),

@@ -136,7 +136,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     if a.max_connections == 0 || a.max_body_bytes == 0 {
         anyhow::bail!("--max-connections and --max-body-bytes must be at least 1");
     }
-    let path = crate::fetch::resolve_model(a.model.model.as_deref())?;
+    let path = a.model.resolve_path()?;
     let model_id = a.served_model_name.clone().unwrap_or_else(|| {
         path.file_name()
             .map(|f| f.to_string_lossy().trim_end_matches(".gguf").to_string())
