@@ -55,7 +55,7 @@ pub struct PerplexityArgs {
 }
 
 pub fn tokenize(a: TokenizeArgs) -> Result<()> {
-    let path = crate::fetch::resolve_model(a.model.model.as_deref())?;
+    let path = a.model.resolve_path()?;
     let g = crate::gguf::GgufFile::open(&path)?;
     let tok = crate::tokenizer::Tokenizer::from_gguf(&g)?;
     let ids = tok.encode(&a.text, a.add_special, a.special)?;

@@ -1,5 +1,4 @@
-//! Capturing a decode graph: a graph's fixed inputs as a step's buffers
-//! (`GraphIo`), and the capture itself, which `decode_run` (graph.rs) does
+//! Capturing a decode graph, which `decode_run` (graph.rs) does
 //! right after the step of a new graph key ran op by op. Nothing runs
 //! between the two, so the buffers the capture takes are in the pool
 //! already (pool.rs) and it allocates nothing; one the pool's best fit
@@ -8,15 +7,11 @@
 //! times; then the key runs op by op for good, counted in
 //! `StepPaths::capture_failures` and logged once.
 
-use super::graph::{DecodeGraph, GreedyOut, SendGraph};
-use super::{CudaExec, DevBatch, DevIdx, DevKvCache, StepBufs};
-use crate::backend::cuda::device::memory::DevAttnBatch;
-use crate::backend::cuda::{drv, GreedyRing};
-use crate::dispatch::cuda::graph::DecodeFn;
+use super::graph::{DecodeFn, DecodeGraph, GraphIo, SendGraph};
+use super::{CudaExec, DevKvCache};
+use crate::backend::cuda::drv;
 use anyhow::{anyhow, Result};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 /// Captures of one graph key that may fail before it runs op by op for
 /// good.
@@ -25,60 +20,6 @@ pub(super) const CAPTURE_ATTEMPTS: u32 = 3;
 /// Buffers one capture may add to the pool (each after a capture that
 /// missed it) before it counts as failed.
 const MAX_TOP_UPS: usize = 16;
-
-/// A decode graph's fixed inputs as a step's buffers, and (greedy graphs)
-/// where its last node, sample_rows, reads and writes.
-pub(super) struct GraphIo<'g> {
-    pub(super) bufs: StepBufs<DevIdx<'g>, DevBatch<'g>>,
-    pub(super) fin: Option<GreedyOut<'g>>,
-}
-
-impl<'g> GraphIo<'g> {
-    /// The inputs of a graph of `b` rows (its fields, borrowed one by one
-    /// so that its `out` stays free to be written).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn of(
-        batch: &'g DevAttnBatch,
-        rows: &'g CudaSlice<u32>,
-        state_slots: &'g CudaSlice<u32>,
-        ring: Option<&'g Arc<GreedyRing>>,
-        draws: Option<&'g CudaSlice<u32>>,
-        b: usize,
-        vocab: usize,
-        greedy: bool,
-        st: &Arc<CudaStream>,
-    ) -> Result<Self> {
-        // Greedy graphs end with sample_rows into their own token input.
-        let fin = match (greedy, ring, draws) {
-            (true, Some(ring), Some(d)) => Some(GreedyOut {
-                b,
-                vocab,
-                draws: d.device_ptr(st).0,
-                tokens: batch.tokens_and_status()?.device_ptr(st).0,
-                ring,
-                steps: batch.step_words()?.device_ptr(st).0,
-            }),
-            (true, _, _) => anyhow::bail!("greedy decode graph without its ring or draws"),
-            (false, _, _) => None,
-        };
-        let bufs = StepBufs {
-            n: b,
-            n_rows: b,
-            tokens: DevIdx::View(batch.tokens()?),
-            // The attention batch's positions serve rope and the KV write
-            // too: one upload.
-            positions: DevIdx::View(batch.positions()),
-            slots: DevIdx::View(batch.slots()?),
-            state_slots: DevIdx::View(state_slots.slice(0..b)),
-            rows: DevIdx::View(rows.slice(0..b)),
-            // decode_run checked that every row wants its logits, in order.
-            rows_all: true,
-            hidden: false,
-            batch: DevBatch::Fixed(batch),
-        };
-        Ok(GraphIo { bufs, fin })
-    }
-}
 
 impl CudaExec {
     /// Captures graph `g` (its step just ran op by op) and keeps it, or

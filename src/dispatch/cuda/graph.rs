@@ -4,15 +4,14 @@
 //! edges) and replayed after; a greedy graph's last node chooses the
 //! next tokens (greedy.rs), any other's copies the logits out.
 
-use super::capture::GraphIo;
 use super::{CudaExec, DevBatch, DevBuf, DevIdx, DevKvCache, StepBufs};
 use crate::backend::cuda::device::memory::{upload_if_changed, zeros, DevAttnBatch};
 use crate::backend::cuda::device::step_times;
-use crate::backend::cuda::{drv, CudaBackend, PdlExec};
+use crate::backend::cuda::{drv, CudaBackend, GreedyRing, PdlExec};
 use crate::backend::AttnBatch;
 use crate::dispatch::Exec;
 use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, PinnedHostSlice};
+use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaStream, DevicePtr, PinnedHostSlice};
 use std::sync::Arc;
 
 /// A decode graph's key: (batch size, split-KV CTAs per row and head,
@@ -49,6 +48,60 @@ pub(super) struct GraphSel<'d> {
     /// The step synchronizes the stream before it returns (its logits are
     /// downloaded), so its staging needs no event.
     pub(super) synced: bool,
+}
+
+/// A decode graph's fixed inputs as a step's buffers, and (greedy graphs)
+/// where its last node, sample_rows, reads and writes.
+pub(super) struct GraphIo<'g> {
+    pub(super) bufs: StepBufs<DevIdx<'g>, DevBatch<'g>>,
+    pub(super) fin: Option<GreedyOut<'g>>,
+}
+
+impl<'g> GraphIo<'g> {
+    /// The inputs of a graph of `b` rows (its fields, borrowed one by one
+    /// so that its `out` stays free to be written).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn of(
+        batch: &'g DevAttnBatch,
+        rows: &'g CudaSlice<u32>,
+        state_slots: &'g CudaSlice<u32>,
+        ring: Option<&'g Arc<GreedyRing>>,
+        draws: Option<&'g CudaSlice<u32>>,
+        b: usize,
+        vocab: usize,
+        greedy: bool,
+        st: &Arc<CudaStream>,
+    ) -> Result<Self> {
+        // Greedy graphs end with sample_rows into their own token input.
+        let fin = match (greedy, ring, draws) {
+            (true, Some(ring), Some(d)) => Some(GreedyOut {
+                b,
+                vocab,
+                draws: d.device_ptr(st).0,
+                tokens: batch.tokens_and_status()?.device_ptr(st).0,
+                ring,
+                steps: batch.step_words()?.device_ptr(st).0,
+            }),
+            (true, _, _) => anyhow::bail!("greedy decode graph without its ring or draws"),
+            (false, _, _) => None,
+        };
+        let bufs = StepBufs {
+            n: b,
+            n_rows: b,
+            tokens: DevIdx::View(batch.tokens()?),
+            // The attention batch's positions serve rope and the KV write
+            // too: one upload.
+            positions: DevIdx::View(batch.positions()),
+            slots: DevIdx::View(batch.slots()?),
+            state_slots: DevIdx::View(state_slots.slice(0..b)),
+            rows: DevIdx::View(rows.slice(0..b)),
+            // decode_run checked that every row wants its logits, in order.
+            rows_all: true,
+            hidden: false,
+            batch: DevBatch::Fixed(batch),
+        };
+        Ok(GraphIo { bufs, fin })
+    }
 }
 
 /// A decode step's ops on fixed buffers (`forward_bufs`): its logits.
