@@ -3,7 +3,8 @@
 use super::error::ApiError;
 use crate::sampler::{LogitAdjust, SamplingParams};
 use crate::serve::{EngineLimits, GenRequest};
-use crate::tokenizer::{ChatMessage, Tokenizer};
+use crate::tokenizer::content::ChatTurn;
+use crate::tokenizer::Tokenizer;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -14,6 +15,8 @@ pub const MAX_N: u32 = 16;
 pub const MAX_TOP_LOGPROBS: u32 = 20;
 /// Most stop strings.
 pub const MAX_STOP: usize = 16;
+/// Most tools per request (OpenAI's limit).
+pub const MAX_TOOLS: usize = 128;
 
 /// `stop`: one string or a list.
 #[derive(Deserialize, Debug, Clone)]
@@ -50,6 +53,15 @@ pub struct InMessage {
     pub role: String,
     #[serde(default)]
     pub content: Option<Content>,
+    /// An assistant turn's calls: OpenAI's list, checked by
+    /// [`ChatRequest::messages`].
+    #[serde(default)]
+    pub tool_calls: Option<Value>,
+    /// The call a `tool` turn answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
 }
 
 /// Sampling and length fields shared by both endpoints.
@@ -101,6 +113,15 @@ pub struct ChatRequest {
     pub logprobs: Option<bool>,
     #[serde(default)]
     pub top_logprobs: Option<u32>,
+    /// OpenAI tool objects, checked by [`ChatRequest::tools`].
+    #[serde(default)]
+    pub tools: Option<Vec<Value>>,
+    #[serde(default)]
+    pub tool_choice: Option<Value>,
+    /// Accepted: several calls per turn are always allowed (what the model
+    /// writes is what is parsed).
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
 }
 
 /// `prompt`: a string, a list of one string, or a list of token ids.
@@ -181,6 +202,9 @@ const CHAT_FIELDS: &[(&str, Probe)] = &[
     ("max_completion_tokens", probe::<Option<u64>>),
     ("logprobs", probe::<Option<bool>>),
     ("top_logprobs", probe::<Option<u32>>),
+    ("tools", probe::<Option<Vec<Value>>>),
+    ("tool_choice", probe::<Option<Value>>),
+    ("parallel_tool_calls", probe::<Option<bool>>),
 ];
 
 /// The fields only [`CompletionRequest`] reads.
@@ -192,8 +216,9 @@ const COMPLETION_FIELDS: &[(&str, Probe)] = &[
 ];
 
 /// Fields accepted and ignored on purpose: they change nothing a client can
-/// observe in this server's output (bookkeeping for OpenAI's platform, or a
-/// tool setting that is moot because `tools` is refused). Anything not in
+/// observe in this server's output (bookkeeping for OpenAI's platform;
+/// `parallel_tool_calls` on `/v1/completions`, which has no tools; chat
+/// reads it). Anything not in
 /// a field table, this list or [`check_unsupported`] is refused as unknown,
 /// so a client never gets a 200 that silently dropped what it asked for.
 const IGNORED_FIELDS: &[&str] = &[
@@ -222,9 +247,14 @@ fn check_unsupported(
     };
     let refuse = |detail: &str| Err(ApiError::unsupported(key, detail));
     match key {
-        "tools" | "functions" if !empty(v) => refuse(": tool calling is not implemented"),
-        "tool_choice" | "function_call" if !(v.is_null() || v == "none") => {
-            refuse(": tool calling is not implemented (only \"none\")")
+        // On chat, `tools` and `tool_choice` are fields of the request;
+        // here they reach only /v1/completions.
+        "tools" if !empty(v) => refuse(": tools are served on /v1/chat/completions"),
+        "tool_choice" if !(v.is_null() || v == "none") => {
+            refuse(": tools are served on /v1/chat/completions")
+        }
+        "functions" | "function_call" if !(empty(v) || v == "none") => {
+            refuse(": the legacy functions API is not implemented; use `tools`")
         }
         "response_format" if !(v.is_null() || v["type"] == "text") => refuse(
             ": structured output (json_object, json_schema) is not implemented; only {\"type\": \"text\"}",
@@ -352,8 +382,117 @@ pub struct Prepared {
     pub prompt_tokens: usize,
 }
 
+/// OpenAI's rule for function names: `^[a-zA-Z0-9_-]{1,64}$`.
+fn valid_tool_name(n: &str) -> bool {
+    (1..=64).contains(&n.len())
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// An assistant turn's `tool_calls`, checked, with each `arguments` JSON
+/// string parsed into its object where it parses (HF templates read the
+/// object: `tool_call.arguments | tojson`). None for null or an empty list.
+fn turn_tool_calls(i: usize, v: &Value) -> Result<Option<Value>, ApiError> {
+    let bad = |m: String| {
+        Err(ApiError::bad_request(
+            format!("messages[{i}].tool_calls{m}"),
+            Some("messages"),
+        ))
+    };
+    let calls = match v {
+        Value::Null => return Ok(None),
+        Value::Array(a) if a.is_empty() => return Ok(None),
+        Value::Array(a) => a,
+        _ => return bad(": expected a list".into()),
+    };
+    let mut out = Vec::with_capacity(calls.len());
+    for (k, c) in calls.iter().enumerate() {
+        let mut c = c.clone();
+        if c["function"]["name"].as_str().is_none_or(str::is_empty) {
+            return bad(format!("[{k}].function.name: expected a non-empty string"));
+        }
+        if let Some(args) = c["function"]["arguments"].as_str() {
+            if let Ok(obj @ Value::Object(_)) = serde_json::from_str::<Value>(args) {
+                c["function"]["arguments"] = obj;
+            }
+        }
+        out.push(c);
+    }
+    Ok(Some(Value::Array(out)))
+}
+
 impl ChatRequest {
-    pub fn messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
+    /// The tools to render and parse calls for: Some(list) when the request
+    /// has tools and `tool_choice` lets the model call them ("auto", the
+    /// default); None without tools or with "none". "required" and a named
+    /// function need constrained decoding, which the server does not have:
+    /// a 400 naming `tool_choice`.
+    pub fn tools(&self) -> Result<Option<Value>, ApiError> {
+        let tools = self.tools.as_deref().unwrap_or(&[]);
+        if tools.len() > MAX_TOOLS {
+            return Err(ApiError::bad_request(
+                format!("at most {MAX_TOOLS} tools, got {}", tools.len()),
+                Some("tools"),
+            ));
+        }
+        for (i, t) in tools.iter().enumerate() {
+            let bad = |m: &str| ApiError::bad_request(format!("tools[{i}]{m}"), Some("tools"));
+            if t["type"] != "function" {
+                return Err(bad(".type: expected \"function\""));
+            }
+            let f = &t["function"];
+            if !f.is_object() {
+                return Err(bad(".function: expected an object"));
+            }
+            if !f["name"].as_str().is_some_and(valid_tool_name) {
+                return Err(bad(
+                    ".function.name: expected 1 to 64 letters, digits, '_' or '-'",
+                ));
+            }
+            if !(f["description"].is_null() || f["description"].is_string()) {
+                return Err(bad(".function.description: expected a string"));
+            }
+            if !(f["parameters"].is_null() || f["parameters"].is_object()) {
+                return Err(bad(".function.parameters: expected a JSON Schema object"));
+            }
+        }
+        let unsupported = || {
+            Err(ApiError::unsupported(
+                "tool_choice",
+                ": \"required\" and a named function are not supported yet (they need \
+                 constrained decoding); use \"auto\" or \"none\"",
+            ))
+        };
+        let call = match &self.tool_choice {
+            None | Some(Value::Null) => true,
+            Some(Value::String(c)) if c == "none" => false,
+            Some(Value::String(c)) if c == "auto" => {
+                if tools.is_empty() {
+                    return Err(ApiError::bad_request(
+                        "tool_choice \"auto\" needs `tools`",
+                        Some("tool_choice"),
+                    ));
+                }
+                true
+            }
+            Some(Value::String(c)) if c == "required" => return unsupported(),
+            Some(Value::Object(o)) if o.get("type").is_some_and(|t| t == "function") => {
+                return unsupported()
+            }
+            Some(v) => {
+                return Err(ApiError::bad_request(
+                    format!(
+                        "invalid tool_choice {v}: expected \"none\", \"auto\", \"required\" \
+                         or {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}"
+                    ),
+                    Some("tool_choice"),
+                ))
+            }
+        };
+        Ok((call && !tools.is_empty()).then(|| Value::Array(tools.to_vec())))
+    }
+
+    pub fn messages(&self) -> Result<Vec<ChatTurn>, ApiError> {
         if self.messages.is_empty() {
             return Err(ApiError::bad_request(
                 "messages must not be empty",
@@ -396,7 +535,29 @@ impl ChatRequest {
             } else {
                 m.role.clone()
             };
-            out.push(ChatMessage { role, content });
+            let tool_calls = match &m.tool_calls {
+                Some(v) if role == "assistant" => turn_tool_calls(i, v)?,
+                Some(v) if !v.is_null() => {
+                    return Err(ApiError::bad_request(
+                        format!("messages[{i}].tool_calls: only assistant turns carry calls"),
+                        Some("messages"),
+                    ))
+                }
+                _ => None,
+            };
+            if role == "tool" && m.tool_call_id.is_none() {
+                return Err(ApiError::bad_request(
+                    format!("messages[{i}].tool_call_id: required in a `tool` turn"),
+                    Some("messages"),
+                ));
+            }
+            out.push(ChatTurn {
+                role,
+                content,
+                tool_calls,
+                tool_call_id: m.tool_call_id.clone(),
+                name: m.name.clone(),
+            });
         }
         Ok(out)
     }

@@ -21,6 +21,15 @@ pub enum Out {
     },
 }
 
+impl Out {
+    /// The choice this output is for.
+    pub fn index(&self) -> usize {
+        match self {
+            Out::Delta { index, .. } | Out::Finish { index, .. } => *index,
+        }
+    }
+}
+
 /// Per choice, at the end.
 #[derive(Debug, Clone, Default)]
 pub struct ChoiceSummary {

@@ -5,9 +5,11 @@ use super::api::{self, Admission, ChatRequest, CompletionRequest, Endpoint, Prep
 use super::drive::{drive, Ended, Out};
 use super::error::ApiError;
 use super::text::LpEntry;
+use super::tools::{self, Piece, ToolFormat, ToolStream};
 use super::AppState;
 use crate::serve::SubmitError;
-use crate::tokenizer::{ChatMessage, SpecialsInContent, Tokenizer};
+use crate::tokenizer::content::ChatTurn;
+use crate::tokenizer::{SpecialsInContent, Tokenizer, CHATML_TEMPLATE};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -113,6 +115,7 @@ async fn chat_inner(state: Arc<AppState>, body: Bytes) -> Result<Response, ApiEr
     let req: ChatRequest = api::parse_request(&body, Endpoint::Chat)?;
     check_model(&state, &req.common.model)?;
     let msgs = req.messages()?;
+    let tool_defs = req.tools()?;
     let top = api::chat_logprobs(&req)?;
     // The template only adds text: the contents alone already bound the
     // rendered prompt from below.
@@ -123,11 +126,13 @@ async fn chat_inner(state: Arc<AppState>, body: Bytes) -> Result<Response, ApiEr
         &state.engine.limits,
         Endpoint::Chat,
     )?;
+    let template = state.tok.chat_template().unwrap_or(CHATML_TEMPLATE);
+    let (msgs, tool_defs, tool_format) = tools::prompt_side(template, msgs, tool_defs);
     // Off the async runtime, in one blocking task: a hostile template may
     // burn its whole budget, and a long prompt tokenizes for a long time.
     let st = state.clone();
     let prompt = tokio::task::spawn_blocking(move || {
-        chat_prompt_ids(&st.tok, &msgs, st.specials_in_content)
+        chat_prompt_ids(&st.tok, &msgs, tool_defs.as_ref(), st.specials_in_content)
     })
     .await
     .map_err(|e| ApiError::internal(format!("chat prompt task: {e}")))??;
@@ -140,21 +145,23 @@ async fn chat_inner(state: Arc<AppState>, body: Bytes) -> Result<Response, ApiEr
         top,
         &admission(&state, Endpoint::Chat),
     )?;
-    respond(state, prep, Kind::Chat).await
+    respond(state, prep, Kind::Chat, tool_format).await
 }
 
-/// The chat prompt's token ids: the template rendered over `msgs`, then
-/// tokenized; control-token text in message contents stays text unless the
-/// server trusts its clients (`--trust-special-tokens`). Blocking: the one
-/// step of the chat path that runs on the blocking pool; whatever turns
-/// messages into ids belongs here, whole.
+/// The chat prompt's token ids: the template rendered over `msgs` (and
+/// `tools`, its `tools` variable), then tokenized; control-token text in
+/// client strings stays text unless the server trusts its clients
+/// (`--trust-special-tokens`). Blocking: the one step of the chat path that
+/// runs on the blocking pool; whatever turns messages into ids belongs
+/// here, whole.
 fn chat_prompt_ids(
     tok: &Tokenizer,
-    msgs: &[ChatMessage],
+    msgs: &[ChatTurn],
+    tools: Option<&Value>,
     policy: SpecialsInContent,
 ) -> Result<Vec<u32>, ApiError> {
     let p = tok
-        .render_chat(msgs, true, policy)
+        .render_chat_turns(msgs, tools, true, policy)
         .map_err(|e| ApiError::bad_request(format!("chat template: {e:#}"), Some("messages")))?;
     tok.encode_chat(&p)
         .map_err(|e| ApiError::bad_request(format!("cannot tokenize: {e:#}"), Some("messages")))
@@ -200,10 +207,17 @@ async fn completions_inner(state: Arc<AppState>, body: Bytes) -> Result<Response
         top,
         &admission(&state, Endpoint::Completions),
     )?;
-    respond(state, prep, Kind::Completion).await
+    respond(state, prep, Kind::Completion, None).await
 }
 
-async fn respond(state: Arc<AppState>, prep: Prepared, kind: Kind) -> Result<Response, ApiError> {
+/// Submits and answers; `tools`: the format to parse tool calls in (chat
+/// with tools only).
+async fn respond(
+    state: Arc<AppState>,
+    prep: Prepared,
+    kind: Kind,
+    tools: Option<ToolFormat>,
+) -> Result<Response, ApiError> {
     if state.shutting_down.load(Ordering::Acquire) {
         return Err(ApiError::unavailable("the server is shutting down"));
     }
@@ -220,7 +234,19 @@ async fn respond(state: Arc<AppState>, prep: Prepared, kind: Kind) -> Result<Res
         let (tx, rx) = mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
         let st = state.clone();
         tokio::spawn(async move {
-            stream_task(st, prep, handle, n, kind, id, created, logprobs_on, tx).await;
+            stream_task(
+                st,
+                prep,
+                handle,
+                n,
+                kind,
+                tools,
+                id,
+                created,
+                logprobs_on,
+                tx,
+            )
+            .await;
         });
         let stream = UnboundedReceiverStream::new(rx);
         return Ok(Sse::new(stream)
@@ -257,12 +283,15 @@ async fn respond(state: Arc<AppState>, prep: Prepared, kind: Kind) -> Result<Res
                 Value::Null
             };
             match kind {
-                Kind::Chat => json!({
-                    "index": i,
-                    "message": {"role": "assistant", "content": texts[i]},
-                    "logprobs": lp,
-                    "finish_reason": sums[i].finish_reason,
-                }),
+                Kind::Chat => {
+                    let (message, reason) = chat_message(tools, &texts[i], sums[i].finish_reason);
+                    json!({
+                        "index": i,
+                        "message": message,
+                        "logprobs": lp,
+                        "finish_reason": reason,
+                    })
+                }
                 Kind::Completion => json!({
                     "index": i,
                     "text": texts[i],
@@ -293,6 +322,39 @@ async fn respond(state: Arc<AppState>, prep: Prepared, kind: Kind) -> Result<Res
     .into_response())
 }
 
+/// A chat choice's message and finish reason: with tools, the calls parsed
+/// from `text` go to `tool_calls` (content null when nothing else was said)
+/// and the reason becomes "tool_calls".
+fn chat_message(
+    tools: Option<ToolFormat>,
+    text: &str,
+    reason: &'static str,
+) -> (Value, &'static str) {
+    let Some(format) = tools else {
+        return (json!({"role": "assistant", "content": text}), reason);
+    };
+    let p = tools::parse(format, text);
+    if p.calls.is_empty() {
+        return (json!({"role": "assistant", "content": p.content}), reason);
+    }
+    let content = if p.content.trim().is_empty() {
+        Value::Null
+    } else {
+        json!(p.content)
+    };
+    let calls: Vec<Value> = p.calls.iter().map(tools::ToolCall::to_json).collect();
+    (
+        json!({"role": "assistant", "content": content, "tool_calls": calls}),
+        tools::finish_reason(reason, p.calls.len()),
+    )
+}
+
+/// A streamed chat choice's tool-call parser and the calls it sent.
+struct ChoiceTools {
+    stream: ToolStream,
+    calls: usize,
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn stream_task(
     state: Arc<AppState>,
@@ -300,6 +362,7 @@ async fn stream_task(
     handle: crate::serve::RequestHandle,
     n: usize,
     kind: Kind,
+    tools: Option<ToolFormat>,
     id: String,
     created: u64,
     logprobs_on: bool,
@@ -335,7 +398,21 @@ async fn stream_task(
             }
         }
     }
+    let mut parsers: Vec<ChoiceTools> = match tools {
+        Some(f) => (0..n)
+            .map(|_| ChoiceTools {
+                stream: ToolStream::new(f),
+                calls: 0,
+            })
+            .collect(),
+        None => Vec::new(),
+    };
     let mut sink = |o: Out| -> bool {
+        if let Some(t) = parsers.get_mut(o.index()) {
+            return tool_chunks(t, o, logprobs_on)
+                .into_iter()
+                .all(|c| tx.send(Ok(chunk(vec![c]))).is_ok());
+        }
         let c = match o {
             Out::Delta {
                 index,
@@ -398,4 +475,117 @@ async fn stream_task(
         }
     }
     let _ = tx.send(Ok(SseEvent::default().data("[DONE]")));
+}
+
+/// The chunks' choices for one output of a streamed chat choice with
+/// tools: content the parser let through (with the output's log-probs),
+/// each finished call as a `tool_calls` delta, and at the end whatever the
+/// parser held, then the finish reason ("tool_calls" after a call).
+fn tool_chunks(t: &mut ChoiceTools, o: Out, logprobs_on: bool) -> Vec<Value> {
+    let (index, pieces, mut lps, reason) = match o {
+        Out::Delta {
+            index,
+            text,
+            logprobs,
+        } => (index, t.stream.push(&text), Some(logprobs), None),
+        Out::Finish { index, reason } => (index, t.stream.finish(), None, Some(reason)),
+    };
+    let lp_json = |lps: Option<Vec<LpEntry>>| match lps {
+        Some(l) if logprobs_on && !l.is_empty() => chat_logprobs_json(&l),
+        _ => Value::Null,
+    };
+    let mut out = Vec::new();
+    for p in pieces {
+        match p {
+            Piece::Text(s) => out.push(json!({
+                "index": index, "delta": {"content": s},
+                "logprobs": lp_json(lps.take()), "finish_reason": null,
+            })),
+            Piece::Call(c) => {
+                out.push(json!({
+                    "index": index, "delta": c.delta(t.calls),
+                    "logprobs": lp_json(lps.take()), "finish_reason": null,
+                }));
+                t.calls += 1;
+            }
+        }
+    }
+    // Log-probs of tokens whose text is held back still go out now, with
+    // an empty content delta.
+    if lps.as_ref().is_some_and(|l| logprobs_on && !l.is_empty()) {
+        out.push(json!({
+            "index": index, "delta": {"content": ""},
+            "logprobs": lp_json(lps.take()), "finish_reason": null,
+        }));
+    }
+    if let Some(r) = reason {
+        out.push(json!({
+            "index": index, "delta": {},
+            "logprobs": null, "finish_reason": tools::finish_reason(r, t.calls),
+        }));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delta(text: &str) -> Out {
+        Out::Delta {
+            index: 1,
+            text: text.to_string(),
+            logprobs: Vec::new(),
+        }
+    }
+
+    /// A streamed choice with tools: content up to the call, the call as
+    /// one `tool_calls` delta with index 0, the reason "tool_calls".
+    #[test]
+    fn streamed_tool_chunks() {
+        let mut t = ChoiceTools {
+            stream: ToolStream::new(ToolFormat::Hermes),
+            calls: 0,
+        };
+        let mut chunks = Vec::new();
+        for d in [
+            "Sure. <to",
+            "ol_call>\n{\"name\": \"f\", ",
+            "\"arguments\": {\"a\": 1}}\n</tool_call>",
+        ] {
+            chunks.extend(tool_chunks(&mut t, delta(d), false));
+        }
+        chunks.extend(tool_chunks(
+            &mut t,
+            Out::Finish {
+                index: 1,
+                reason: "stop",
+            },
+            false,
+        ));
+        assert_eq!(chunks.len(), 3, "{chunks:?}");
+        assert_eq!(chunks[0]["delta"]["content"], "Sure. ");
+        let call = &chunks[1]["delta"]["tool_calls"][0];
+        assert_eq!(call["index"], 0);
+        assert_eq!(call["type"], "function");
+        assert_eq!(call["function"]["name"], "f");
+        assert_eq!(call["function"]["arguments"], "{\"a\":1}");
+        assert!(call["id"].as_str().unwrap().starts_with("call_"));
+        assert_eq!(chunks[2]["finish_reason"], "tool_calls");
+        assert!(chunks.iter().all(|c| c["index"] == 1));
+        // Non-streamed: the same call, content kept, null when only calls.
+        let (m, r) = chat_message(
+            Some(ToolFormat::Hermes),
+            "<tool_call>{\"name\": \"f\"}</tool_call>",
+            "stop",
+        );
+        assert_eq!(r, "tool_calls");
+        assert!(m["content"].is_null());
+        assert_eq!(m["tool_calls"][0]["function"]["arguments"], "{}");
+        let (m, r) = chat_message(None, "<tool_call>{\"name\": \"f\"}</tool_call>", "stop");
+        assert_eq!(
+            (m["content"].as_str(), r),
+            (Some("<tool_call>{\"name\": \"f\"}</tool_call>"), "stop")
+        );
+    }
 }

@@ -23,6 +23,7 @@ pub mod error;
 pub mod handlers;
 pub mod text;
 pub mod tokenize;
+pub mod tools;
 
 pub use body::BodyLimits;
 pub use conn::ConnLimits;

@@ -5,6 +5,7 @@
 use anyhow::{anyhow, bail, Result};
 use minijinja::{context, Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use std::io;
 
 /// Instructions one rendering may execute (minijinja's fuel). Real chat
@@ -31,6 +32,51 @@ impl ChatMessage {
     }
 }
 
+/// One chat turn with the fields of OpenAI's tool calling, as HF templates
+/// read them: `tool_calls` (OpenAI's list, each `function.arguments` an
+/// object where the client's JSON string parsed), `tool_call_id` and `name`
+/// (of a `tool` turn). Absent fields are not serialized, so a template sees
+/// them undefined and a turn without them renders exactly as a
+/// [`ChatMessage`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatTurn {
+    pub role: String,
+    pub content: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl From<&ChatMessage> for ChatTurn {
+    fn from(m: &ChatMessage) -> ChatTurn {
+        ChatTurn {
+            role: m.role.clone(),
+            content: m.content.clone(),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
+        }
+    }
+}
+
+impl ChatTurn {
+    /// Bytes of text this turn brings into a rendering (for the output cap).
+    fn input_bytes(&self) -> usize {
+        self.role.len()
+            + self.content.len()
+            + self.tool_calls.as_ref().map_or(0, json_len)
+            + self.tool_call_id.as_ref().map_or(0, String::len)
+            + self.name.as_ref().map_or(0, String::len)
+    }
+}
+
+fn json_len(v: &Value) -> usize {
+    v.to_string().len()
+}
+
 /// ChatML, used when the file has no `tokenizer.chat_template`:
 /// `<|im_start|>{role}\n{content}<|im_end|>\n` per message, then
 /// `<|im_start|>assistant\n` when a generation prompt is asked for.
@@ -43,6 +89,28 @@ pub const CHATML_TEMPLATE: &str = "{% for message in messages %}\
 pub fn render(
     src: &str,
     messages: &[ChatMessage],
+    add_generation_prompt: bool,
+    bos_token: &str,
+    eos_token: &str,
+) -> Result<String> {
+    let turns: Vec<ChatTurn> = messages.iter().map(ChatTurn::from).collect();
+    render_turns(
+        src,
+        &turns,
+        None,
+        add_generation_prompt,
+        bos_token,
+        eos_token,
+    )
+}
+
+/// Renders `src` over turns that may carry tool calls, with `tools` (the
+/// list of OpenAI tool objects) as the template's `tools` variable; None
+/// leaves `tools` undefined, as HF does without tools.
+pub fn render_turns(
+    src: &str,
+    messages: &[ChatTurn],
+    tools: Option<&Value>,
     add_generation_prompt: bool,
     bos_token: &str,
     eos_token: &str,
@@ -65,10 +133,8 @@ pub fn render(
     let tmpl = env
         .template_from_str(src)
         .map_err(|e| anyhow!("parsing the chat template: {e:#}"))?;
-    let input: usize = messages
-        .iter()
-        .map(|m| m.role.len() + m.content.len())
-        .sum::<usize>()
+    let input: usize = messages.iter().map(ChatTurn::input_bytes).sum::<usize>()
+        + tools.map_or(0, json_len)
         + bos_token.len()
         + eos_token.len();
     let cap = input
@@ -79,11 +145,15 @@ pub fn render(
         cap,
         overflowed: false,
     };
-    let ctx = context! {
+    let base = context! {
         messages => messages,
         add_generation_prompt => add_generation_prompt,
         bos_token => bos_token,
         eos_token => eos_token,
+    };
+    let ctx = match tools {
+        Some(t) => context! { tools => t, ..base },
+        None => base,
     };
     if let Err(e) = tmpl.render_captured_to(ctx, &mut out) {
         if out.overflowed {
@@ -237,5 +307,54 @@ mod tests {
             year.len() == 4 && year.parse::<u32>().unwrap() >= 2024,
             "{year}"
         );
+    }
+
+    /// A Qwen2.5 (Hermes) style template: `tools` rendered with `tojson`,
+    /// assistant `tool_calls` with object arguments, `tool` turns.
+    #[test]
+    fn hermes_tools_template() {
+        let src = "{%- if tools %}<|im_start|>system\n<tools>\n\
+                   {%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n</tools><|im_end|>\n{%- endif %}\n\
+                   {%- for message in messages %}\n\
+                   {%- if message.role == 'assistant' and message.tool_calls is defined %}\
+                   <|im_start|>assistant\n{{ message.content }}\
+                   {%- for tc in message.tool_calls %}<tool_call>\n{\"name\": \"{{ tc.function.name }}\", \"arguments\": {{ tc.function.arguments | tojson }}}\n</tool_call>{%- endfor %}<|im_end|>\n\
+                   {%- elif message.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message.content }}\n</tool_response>[{{ message.tool_call_id }}]<|im_end|>\n\
+                   {%- else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{%- endif %}\n\
+                   {%- endfor %}\
+                   {%- if tools is not defined %}[no tools]{%- endif %}";
+        let tools = serde_json::json!([{"type": "function", "function": {
+            "name": "get_weather", "description": "Weather of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+        let turns = [
+            ChatTurn::from(&ChatMessage::new("user", "Weather in Paris?")),
+            ChatTurn {
+                tool_calls: Some(serde_json::json!([{"id": "call_1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}])),
+                ..ChatTurn::from(&ChatMessage::new("assistant", ""))
+            },
+            ChatTurn {
+                tool_call_id: Some("call_1".into()),
+                ..ChatTurn::from(&ChatMessage::new("tool", "18 C"))
+            },
+        ];
+        let s = render_turns(src, &turns, Some(&tools), false, "", "").unwrap();
+        let head =
+            "<|im_start|>system\n<tools>{\"function\":{\"description\":\"Weather of a city\"";
+        assert!(s.starts_with(head), "{s}");
+        let call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Paris\"}}";
+        assert!(s.contains(call), "{s}");
+        assert!(
+            s.contains("<tool_response>\n18 C\n</tool_response>[call_1]"),
+            "{s}"
+        );
+        assert!(!s.contains("[no tools]"), "{s}");
+        // Without tools the variable is undefined and plain turns render as
+        // ChatMessages do.
+        let plain = [ChatMessage::new("user", "hi")];
+        let a = render(src, &plain, false, "", "").unwrap();
+        let b = render_turns(src, &[ChatTurn::from(&plain[0])], None, false, "", "").unwrap();
+        assert_eq!(a, "<|im_start|>user\nhi<|im_end|>[no tools]");
+        assert_eq!(a, b);
     }
 }

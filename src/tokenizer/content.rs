@@ -18,7 +18,12 @@
 use super::chat::ChatMessage;
 use super::Tokenizer;
 use anyhow::{bail, Result};
+use serde_json::Value;
 use std::ops::Range;
+
+// Tool-calling turns are rendered through this module (`tokenizer::chat` is
+// private).
+pub use super::chat::{render_turns, ChatTurn};
 
 /// Opens a marker (Unicode plane 15, private use).
 pub const MARK_OPEN: char = '\u{F0000}';
@@ -106,6 +111,30 @@ pub(crate) fn unescape(rendered: &str, found: &[String]) -> Result<ChatPrompt> {
     Ok(ChatPrompt { text, protected })
 }
 
+/// Whether a string or object key anywhere in `v` satisfies `f`.
+fn value_has(v: &Value, f: &dyn Fn(&str) -> bool) -> bool {
+    match v {
+        Value::String(s) => f(s),
+        Value::Array(a) => a.iter().any(|x| value_has(x, f)),
+        Value::Object(o) => o.iter().any(|(k, x)| f(k) || value_has(x, f)),
+        Value::Null | Value::Bool(_) | Value::Number(_) => false,
+    }
+}
+
+/// `v` with `esc` applied to every string and object key.
+fn escape_value(v: &Value, esc: &mut dyn FnMut(&str) -> String) -> Value {
+    match v {
+        Value::String(s) => Value::String(esc(s)),
+        Value::Array(a) => Value::Array(a.iter().map(|x| escape_value(x, esc)).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, x)| (esc(k), escape_value(x, esc)))
+                .collect(),
+        ),
+        Value::Null | Value::Bool(_) | Value::Number(_) => v.clone(),
+    }
+}
+
 impl Tokenizer {
     /// Texts of the tokens that only `parse_special` recognises (control and
     /// unknown types), longest first.
@@ -126,33 +155,60 @@ impl Tokenizer {
         add_generation_prompt: bool,
         policy: SpecialsInContent,
     ) -> Result<ChatPrompt> {
+        let turns: Vec<ChatTurn> = messages.iter().map(ChatTurn::from).collect();
+        self.render_chat_turns(&turns, None, add_generation_prompt, policy)
+    }
+
+    /// [`Self::render_chat`] over turns that may carry tool calls, with the
+    /// template's `tools` variable. Every client string is data: roles,
+    /// contents, names, ids, and each string (and key) inside `tool_calls`
+    /// and `tools` is escaped the same way.
+    pub fn render_chat_turns(
+        &self,
+        messages: &[ChatTurn],
+        tools: Option<&Value>,
+        add_generation_prompt: bool,
+        policy: SpecialsInContent,
+    ) -> Result<ChatPrompt> {
         if policy == SpecialsInContent::Trusted {
-            let text = self.apply_chat_template(messages, add_generation_prompt)?;
+            let text = self.apply_chat_template_turns(messages, tools, add_generation_prompt)?;
             return Ok(ChatPrompt {
                 text,
                 protected: Vec::new(),
             });
         }
+        let marked = |s: &str| s.contains([MARK_OPEN, MARK_CLOSE]);
+        let reserved = "private-use characters this server reserves to keep control-token \
+                        text in contents inert";
         for (i, m) in messages.iter().enumerate() {
-            if m.content.contains([MARK_OPEN, MARK_CLOSE])
-                || m.role.contains([MARK_OPEN, MARK_CLOSE])
+            if marked(&m.content)
+                || marked(&m.role)
+                || m.name.as_deref().is_some_and(marked)
+                || m.tool_call_id.as_deref().is_some_and(marked)
+                || m.tool_calls.as_ref().is_some_and(|v| value_has(v, &marked))
             {
-                bail!(
-                    "messages[{i}] holds U+F0000 or U+F0001, private-use characters this server \
-                     reserves to keep control-token text in contents inert"
-                );
+                bail!("messages[{i}] holds U+F0000 or U+F0001, {reserved}");
             }
+        }
+        if tools.is_some_and(|v| value_has(v, &marked)) {
+            bail!("tools hold U+F0000 or U+F0001, {reserved}");
         }
         let specials = self.control_texts();
         let mut found = Vec::new();
-        let escaped: Vec<ChatMessage> = messages
+        let mut esc = |s: &str| escape(s, &specials, &mut found);
+        let escaped: Vec<ChatTurn> = messages
             .iter()
-            .map(|m| ChatMessage {
-                role: escape(&m.role, &specials, &mut found),
-                content: escape(&m.content, &specials, &mut found),
+            .map(|m| ChatTurn {
+                role: esc(&m.role),
+                content: esc(&m.content),
+                tool_calls: m.tool_calls.as_ref().map(|v| escape_value(v, &mut esc)),
+                tool_call_id: m.tool_call_id.as_deref().map(&mut esc),
+                name: m.name.as_deref().map(&mut esc),
             })
             .collect();
-        let rendered = self.apply_chat_template(&escaped, add_generation_prompt)?;
+        let tools = tools.map(|v| escape_value(v, &mut esc));
+        let rendered =
+            self.apply_chat_template_turns(&escaped, tools.as_ref(), add_generation_prompt)?;
         if found.is_empty() {
             // No marker went in; one coming out was written by the template
             // itself and is harmless text.

@@ -11,10 +11,11 @@
 //! [`WorkerConfig`], then one [`RenderRequest`] per rendering; the worker
 //! answers each with a [`RenderReply`].
 
-use super::chat::{render, ChatMessage, CHATML_TEMPLATE};
+use super::chat::{render_turns, ChatMessage, ChatTurn, CHATML_TEMPLATE};
 use super::Tokenizer;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -39,7 +40,10 @@ pub struct WorkerConfig {
 
 #[derive(Serialize, Deserialize, Debug)]
 pub struct RenderRequest {
-    pub messages: Vec<ChatMessage>,
+    pub messages: Vec<ChatTurn>,
+    /// The template's `tools` variable; absent: undefined.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Value>,
     pub add_generation_prompt: bool,
 }
 
@@ -201,8 +205,21 @@ impl RenderSandbox {
     /// killed and the rendering fails with an error saying which budget the
     /// template exceeded.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let turns: Vec<ChatTurn> = messages.iter().map(ChatTurn::from).collect();
+        self.render_turns(&turns, None, add_generation_prompt)
+    }
+
+    /// [`Self::render`] over turns that may carry tool calls, with the
+    /// template's `tools` variable (None: undefined).
+    pub fn render_turns(
+        &self,
+        messages: &[ChatTurn],
+        tools: Option<&Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let req = serde_json::to_string(&RenderRequest {
             messages: messages.to_vec(),
+            tools: tools.cloned(),
             add_generation_prompt,
         })
         .context("encoding the render request")?;
@@ -266,19 +283,34 @@ impl Tokenizer {
     ///
     /// Rendering follows HF transformers: `trim_blocks` and `lstrip_blocks`
     /// on; globals `messages`, `add_generation_prompt`, `bos_token`,
-    /// `eos_token`, `raise_exception(msg)` and `strftime_now(fmt)` (UTC).
+    /// `eos_token`, `raise_exception(msg)` and `strftime_now(fmt)` (UTC), and
+    /// `tools` when the turns come with tools
+    /// ([`Self::apply_chat_template_turns`]).
     pub fn apply_chat_template(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String> {
+        let turns: Vec<ChatTurn> = messages.iter().map(ChatTurn::from).collect();
+        self.apply_chat_template_turns(&turns, None, add_generation_prompt)
+    }
+
+    /// [`Self::apply_chat_template`] over turns that may carry tool calls,
+    /// with `tools` as the template's `tools` variable (None: undefined).
+    pub fn apply_chat_template_turns(
+        &self,
+        messages: &[ChatTurn],
+        tools: Option<&Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         if let Some(sb) = self.sandbox.get() {
-            return sb.render(messages, add_generation_prompt);
+            return sb.render_turns(messages, tools, add_generation_prompt);
         }
         let c = self.template_config();
-        render(
+        render_turns(
             &c.template,
             messages,
+            tools,
             add_generation_prompt,
             &c.bos_token,
             &c.eos_token,
@@ -327,9 +359,10 @@ pub fn worker_main(memory_mib: u64) -> Result<()> {
     for line in lines {
         let line = line.context("reading a render request")?;
         let reply = match serde_json::from_str::<RenderRequest>(&line) {
-            Ok(req) => match render(
+            Ok(req) => match render_turns(
                 &cfg.template,
                 &req.messages,
+                req.tools.as_ref(),
                 req.add_generation_prompt,
                 &cfg.bos_token,
                 &cfg.eos_token,
