@@ -499,7 +499,7 @@ async fn f5_unimplemented_parameters_are_refused() {
     let msgs = json!([{"role": "user", "content": "hi"}]);
     let tool = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
     let chat_refused = [
-        ("tools", tool.clone()),
+        // Without `tools`.
         ("tool_choice", json!("auto")),
         ("response_format", json!({"type": "json_object"})),
         (
