@@ -429,7 +429,7 @@ pub fn forward_bufs<E: Exec>(
     kv: &mut E::Kv,
     b: &StepBufs<E::IdxBuf<'_>, E::BatchBuf<'_>>,
 ) -> Result<Option<E::Buf>> {
-    let (n, m) = (b.n, b.n_rows);
+    let n = b.n;
     let (d, qd, kvd, hd) = (c.dim, c.q_dim(), c.kv_dim(), c.head_dim);
     let (tokens, positions, slots, batch) = (&b.tokens, &b.positions, &b.slots, &b.batch);
     let mut x = e.output(n * d)?; // (n, dim) residual stream
@@ -552,7 +552,23 @@ pub fn forward_bufs<E: Exec>(
             None,
         )?;
     }
-    // Only the rows that want logits go through the output head.
+    output_head(e, c, &w.output, &w.output_norm, &x, b)
+}
+
+/// The output head of a step's last residual stream `x` (n, dim): the rows
+/// of `b.rows` (all of them, in order, without a selection launch when
+/// `b.rows_all`) normed with `output_norm`, then their logits (n_rows,
+/// vocab) through `output`, or (`b.hidden`) the normed rows themselves
+/// (n_rows, dim). None when no row asks. Shared by every graph.
+pub(crate) fn output_head<E: Exec>(
+    e: &E,
+    c: &ModelConfig,
+    output: &<E::S as Store>::Mat,
+    output_norm: &<E::S as Store>::Vec,
+    x: &E::Buf,
+    b: &StepBufs<E::IdxBuf<'_>, E::BatchBuf<'_>>,
+) -> Result<Option<E::Buf>> {
+    let (m, d) = (b.n_rows, c.dim);
     if m == 0 {
         return Ok(None);
     }
@@ -562,20 +578,21 @@ pub fn forward_bufs<E: Exec>(
     } else {
         let mut sel = e.output(m * d)?; // (m, dim)
         e.run(OpT::SelectRows {
-            x: E::rd(&x),
+            x: E::rd(x),
             dim: d,
             rows: E::idx_view(&b.rows),
             out: E::wr(&mut sel),
         })?;
         Some(sel)
     };
-    let mut normed = e.output(m * d)?;
+    let rows = sel.as_ref().unwrap_or(x);
+    let mut normed = e.output(m * d)?; // (m, dim)
     if b.hidden {
         // Embeddings: the rows' final hidden state, normed as the head
         // reads it.
         e.run(OpT::RmsNorm {
-            x: E::rd(sel.as_ref().unwrap_or(&x)),
-            w: E::param(&w.output_norm),
+            x: E::rd(rows),
+            w: E::param(output_norm),
             dim: d,
             eps: c.rms_eps,
             out: E::wr(&mut normed),
@@ -586,10 +603,10 @@ pub fn forward_bufs<E: Exec>(
     let mut logits = e.output(m * c.vocab_size)?;
     mat_muls(
         e,
-        sel.as_ref().unwrap_or(&x),
+        rows,
         m,
-        vec![(&w.output, &mut logits, false)],
-        Some((&w.output_norm, c.rms_eps, &mut normed)),
+        vec![(output, &mut logits, false)],
+        Some((output_norm, c.rms_eps, &mut normed)),
         None,
         None,
     )?;

@@ -9,7 +9,7 @@
 //! order (the recurrent ops), so a sequence's result never depends on the
 //! other sequences of the step.
 
-use super::llama::mat_muls;
+use super::llama::{mat_muls, output_head};
 use super::qwen35::{AttnLayer, GdnLayer, Mixer, Qwen35Model, Qwen35Weights};
 use crate::backend::{validate, AttnBatch, OpInfo, OpT};
 use crate::dispatch::{Exec, Graph, HostExec, HostLogits, StepBufs};
@@ -263,7 +263,7 @@ pub fn forward_bufs<E: Exec>(
         .gdn
         .as_ref()
         .context("qwen35 graph without GDN parameters")?;
-    let (n, m, d) = (bufs.n, bufs.n_rows, c.dim);
+    let (n, d) = (bufs.n, c.dim);
     let mut x = e.output(n * d)?; // (n, dim) residual stream
     e.run(OpT::GetRows {
         table: e.mat(&w.token_embd)?,
@@ -308,47 +308,7 @@ pub fn forward_bufs<E: Exec>(
             None,
         )?;
     }
-    if m == 0 {
-        return Ok(None);
-    }
-    // The output head reads the residual stream itself when every row
-    // wants its logits in order, else the selected rows.
-    let sel = if bufs.rows_all {
-        None
-    } else {
-        let mut sel = e.output(m * d)?; // (m, dim)
-        e.run(OpT::SelectRows {
-            x: E::rd(&x),
-            dim: d,
-            rows: E::idx_view(&bufs.rows),
-            out: E::wr(&mut sel),
-        })?;
-        Some(sel)
-    };
-    let mut normed = e.output(m * d)?;
-    if bufs.hidden {
-        // Embeddings: the rows' final hidden state, normed as the head
-        // reads it.
-        e.run(OpT::RmsNorm {
-            x: E::rd(sel.as_ref().unwrap_or(&x)),
-            w: E::param(&w.output_norm),
-            dim: d,
-            eps: c.rms_eps,
-            out: E::wr(&mut normed),
-        })?;
-        return Ok(Some(normed));
-    }
-    let mut logits = e.output(m * c.vocab_size)?;
-    mat_muls(
-        e,
-        sel.as_ref().unwrap_or(&x),
-        m,
-        vec![(&w.output, &mut logits, false)],
-        Some((&w.output_norm, c.rms_eps, &mut normed)),
-        None,
-        None,
-    )?;
-    Ok(Some(logits))
+    output_head(e, c, &w.output, &w.output_norm, &x, bufs)
 }
 
 /// x += GDN(rms_norm(x)) (spec: projections, gates, conv + SiLU, L2 norm
