@@ -80,7 +80,7 @@ fn cached_of(sums: &[super::drive::ChoiceSummary]) -> usize {
     sums.first().map_or(0, |s| s.cached_tokens)
 }
 
-fn unix_now() -> u64 {
+pub(super) fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -96,7 +96,7 @@ fn new_id(state: &AppState, kind: Kind) -> String {
     format!("{prefix}-{:x}{:08x}", n, rand::random::<u32>())
 }
 
-fn check_model(state: &AppState, model: &str) -> Result<(), ApiError> {
+pub(super) fn check_model(state: &AppState, model: &str) -> Result<(), ApiError> {
     if model == state.model_id {
         Ok(())
     } else {
@@ -154,7 +154,7 @@ async fn chat_inner(state: Arc<AppState>, body: Bytes) -> Result<Response, ApiEr
 /// (`--trust-special-tokens`). Blocking: the one step of the chat path that
 /// runs on the blocking pool; whatever turns messages into ids belongs
 /// here, whole.
-fn chat_prompt_ids(
+pub(super) fn chat_prompt_ids(
     tok: &Tokenizer,
     msgs: &[ChatTurn],
     tools: Option<&Value>,
@@ -167,7 +167,7 @@ fn chat_prompt_ids(
         .map_err(|e| ApiError::bad_request(format!("cannot tokenize: {e:#}"), Some("messages")))
 }
 
-fn admission(state: &AppState, endpoint: Endpoint) -> Admission<'_> {
+pub(super) fn admission(state: &AppState, endpoint: Endpoint) -> Admission<'_> {
     Admission {
         tok: &state.tok,
         limits: &state.engine.limits,

@@ -2,6 +2,7 @@
 //! thread of [`crate::serve`].
 //!
 //! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions`,
+//! `POST /v1/responses`, `GET` / `DELETE /v1/responses/{id}`,
 //! `GET /v1/models`, `GET /v1/models/{id}`, `POST /tokenize` and
 //! `POST /detokenize` (llama-server's), `GET /metrics` (Prometheus text),
 //! `GET /health`. With `--cors-origins`, browsers of those origins may call
@@ -21,6 +22,7 @@ pub mod drive;
 pub mod embeddings;
 pub mod error;
 pub mod handlers;
+pub mod responses;
 pub mod text;
 pub mod tokenize;
 pub mod tools;
@@ -65,6 +67,9 @@ pub struct AppState {
     /// Origins browsers may call from (`--cors-origins`; `*` any); empty:
     /// no CORS headers.
     pub cors_origins: Vec<String>,
+    /// Responses kept for `previous_response_id` and
+    /// `GET /v1/responses/{id}` (bounded, oldest out: [`responses::store`]).
+    pub responses: responses::ResponseStore,
 }
 
 impl AppState {
@@ -86,6 +91,7 @@ impl AppState {
             body_limits: BodyLimits::default(),
             specials_in_content: SpecialsInContent::AsText,
             cors_origins: Vec::new(),
+            responses: responses::ResponseStore::default(),
         }
     }
 }
@@ -102,6 +108,11 @@ pub fn router(state: Arc<AppState>) -> Router {
     let protected = Router::new()
         .route("/v1/chat/completions", post(handlers::chat))
         .route("/v1/completions", post(handlers::completions))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::get).delete(responses::delete),
+        )
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(tokenize::model))
         .route("/v1/embeddings", post(embeddings::embeddings))
@@ -155,7 +166,7 @@ fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
     Some(
         CorsLayer::new()
             .allow_origin(allow)
-            .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+            .allow_methods([Method::GET, Method::POST, Method::DELETE, Method::OPTIONS])
             .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
             .max_age(std::time::Duration::from_secs(600)),
     )
