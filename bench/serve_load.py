@@ -214,6 +214,8 @@ def one_level(a, model, clients, requests, max_tokens, seed, label):
             prompt = [1000 + rng.randrange(20_000) for _ in range(a.prompt_tokens)]
             body = dict(model=model, prompt=prompt, max_tokens=max_tokens,
                         temperature=a.temperature, stream_options={"include_usage": True})
+            if a.response_format:
+                body["response_format"] = json.loads(a.response_format)
             try:
                 t0, times, _, u = stream_usage(a.url, a.key, body)
             except Exception as e:  # reported, counted as a failure
@@ -346,6 +348,8 @@ def main():
     s.add_argument("--max-tokens", type=int, default=128)
     s.add_argument("--temperature", type=float, default=0.0)
     s.add_argument("--label", default="server", help="names the server in the output rows")
+    s.add_argument("--response-format", default=None,
+                   help="a JSON response_format sent with every request (structured output)")
     s.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip the unmeasured pass at the largest level")
     a = p.parse_args()

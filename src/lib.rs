@@ -4,6 +4,7 @@
 
 pub mod backend;
 pub mod cli;
+pub mod constrain;
 pub mod dispatch;
 pub mod engine;
 pub mod fetch;

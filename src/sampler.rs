@@ -182,6 +182,15 @@ impl LogitAdjust {
     }
 }
 
+/// The tokens a sampling step may choose (a grammar's mask).
+pub trait TokenMask {
+    /// Sets the logit of every refused token to `-inf`, leaving the others'
+    /// bits alone; false when it refuses every token of `logits`.
+    fn apply(&self, logits: &mut [f32]) -> bool;
+    /// Whether token `id` is allowed.
+    fn allows(&self, id: u32) -> bool;
+}
+
 /// One request's sampler: parameters plus its own RNG stream.
 #[derive(Debug, Clone)]
 pub struct Sampler {
@@ -246,6 +255,21 @@ impl Sampler {
     /// from [`Sampler::next_uniform`], when a device draw was planned and
     /// the host draws after all); None draws it here.
     pub fn sample_with(&mut self, logits: &[f32], history: &[u32], u: Option<f64>) -> Result<u32> {
+        self.sample_masked(logits, history, u, None)
+    }
+
+    /// [`Sampler::sample_with`] over the tokens `allowed` accepts (a
+    /// grammar's mask): the others' logits become `-inf` before the
+    /// penalties and the draw, and every allowed logit keeps its bits, so
+    /// an unconstrained choice that is allowed is also the constrained one.
+    /// At least one token must be allowed.
+    pub fn sample_masked(
+        &mut self,
+        logits: &[f32],
+        history: &[u32],
+        u: Option<f64>,
+        mask: Option<&dyn TokenMask>,
+    ) -> Result<u32> {
         if logits.is_empty() {
             bail!("sample: empty logits");
         }
@@ -269,6 +293,11 @@ impl Sampler {
             }
             work.push(x + 0.0);
         }
+        if let Some(mask) = mask {
+            if !mask.apply(&mut work) {
+                bail!("sample: the mask allows no token");
+            }
+        }
         self.apply_repetition_penalty(&mut work, history)?;
         self.apply_adjust(&mut work)?;
         let tok = if p.temperature == 0.0 {
@@ -280,7 +309,14 @@ impl Sampler {
                     best_v = v;
                 }
             }
-            best as u32
+            // Every allowed logit -inf (a model's own -inf): the first
+            // allowed id, never a masked one.
+            match mask {
+                Some(m) if !m.allows(best as u32) => (0..work.len() as u32)
+                    .find(|&i| m.allows(i))
+                    .context("sample: the mask allows no token")?,
+                _ => best as u32,
+            }
         } else {
             let u = match u {
                 Some(u) => u,

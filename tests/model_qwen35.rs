@@ -212,6 +212,7 @@ fn serving_a_hybrid_matches_one_request_at_a_time() {
         top_logprobs: None,
         n: 1,
         adjust: Default::default(),
+        grammar: None,
     };
     let alone: Vec<Vec<u32>> = {
         let (engine, join) =
@@ -378,6 +379,7 @@ fn serving_a_hybrid_resumes_cached_prefixes_from_snapshots() {
         top_logprobs: None,
         n: 1,
         adjust: Default::default(),
+        grammar: None,
     };
     let alone = {
         let no_cache = EngineConfig {

@@ -349,6 +349,7 @@ fn nan_logits_end_that_request_with_an_error() {
         top_logprobs: None,
         n: 1,
         adjust: Default::default(),
+        grammar: None,
     };
     let sampled = SamplingParams {
         seed: 9,

@@ -501,12 +501,12 @@ async fn f5_unimplemented_parameters_are_refused() {
     let chat_refused = [
         // Without `tools`.
         ("tool_choice", json!("auto")),
-        ("response_format", json!({"type": "json_object"})),
+        // Implemented, but out of range or malformed.
+        ("response_format", json!({"type": "xml"})),
         (
             "response_format",
-            json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
+            json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}),
         ),
-        // Implemented, but out of range or malformed.
         ("logit_bias", json!({"fifty": 5})),
         ("logit_bias", json!({"50": 100.5})),
         ("frequency_penalty", json!(r.random_range(2.01..9.0))),

@@ -1,7 +1,8 @@
 //! End-to-end tests of `quire serve` driven by the official `openai` Python
 //! client (tests/py/openai_suite.py): chat and completions, streaming and
 //! not, logprobs, stop strings, n and seed, errors, 32 concurrent streams,
-//! batch invariance end to end.
+//! batch invariance end to end; structured outputs and forced tool calls
+//! (tests/py/openai_structured.py).
 
 mod server_util;
 
@@ -37,15 +38,20 @@ fn have_openai(test: &str) -> bool {
 }
 
 fn run_suite(test: &str, names: &[&str]) {
+    run_script(test, "openai_suite.py", names);
+}
+
+/// Runs `names` of tests/py/`script` against a fresh server.
+fn run_script(test: &str, script: &str, names: &[&str]) {
     if !have_openai(test) {
         return;
     }
     let Some(srv) = Server::start(test, Some(KEY), &[]) else {
         return;
     };
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py/openai_suite.py");
+    let script = format!("{}/tests/py/{script}", env!("CARGO_MANIFEST_DIR"));
     let out = Command::new(python())
-        .arg(script)
+        .arg(&script)
         .arg(srv.base_url())
         .arg(KEY)
         .arg(&srv.model_id)
@@ -89,5 +95,25 @@ fn server_openai_concurrency() {
     run_suite(
         "server_openai_concurrency",
         &["concurrent_streams", "batch_invariance"],
+    );
+}
+
+/// Structured outputs and forced tool calls (tests/py/openai_structured.py):
+/// 20 random JSON schemas validated with `jsonschema`, json_object, the
+/// grammar extension, tool_choice "required" and named, streamed and not.
+#[test]
+fn server_openai_structured() {
+    run_script(
+        "server_openai_structured",
+        "openai_structured.py",
+        &[
+            "json_schema_random",
+            "json_schema_stream_n",
+            "json_object",
+            "grammar_extension",
+            "tool_required",
+            "tool_named",
+            "structured_errors",
+        ],
     );
 }

@@ -388,12 +388,10 @@ fn server_responses() {
         ("n", json!({"n": 2})),
         (
             "text.format",
-            json!({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}),
+            json!({"text": {"format": {"type": "json_schema", "name": "x",
+                                       "schema": {"type": "strin"}}}}),
         ),
-        (
-            "text.format",
-            json!({"text": {"format": {"type": "json_object"}}}),
-        ),
+        ("text.format", json!({"text": {"format": {"type": "yaml"}}})),
         ("reasoning", json!({"reasoning": {"effort": "high"}})),
         (
             "include",
@@ -408,8 +406,9 @@ fn server_responses() {
         ),
         (
             "tool_choice",
-            json!({"tools": tools, "tool_choice": "required"}),
+            json!({"tools": tools, "tool_choice": {"type": "function", "name": "nope"}}),
         ),
+        ("tool_choice", json!({"tool_choice": "required"})),
         (
             "tool_choice",
             json!({"tool_choice": {"type": "file_search"}}),
@@ -486,7 +485,14 @@ fn server_responses_openai_client() {
     let Some(srv) = Server::start(test, Some(KEY), &[]) else {
         return;
     };
-    let names = ["create", "stream", "previous_response", "errors"];
+    let names = [
+        "create",
+        "stream",
+        "previous_response",
+        "errors",
+        "structured",
+        "tool_required",
+    ];
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py/openai_responses.py");
     let out = Command::new(python())
         .arg(script)

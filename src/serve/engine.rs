@@ -14,12 +14,14 @@ use super::{
     EngineConfig, EngineHandle, EngineLimits, Event, FinishReason, Metrics, Msg, Submission,
     TokenLogprobs,
 };
+use crate::constrain::Constraint;
 use crate::kv::{KvManager, SeqId};
 use crate::runner::Runner;
 use crate::sampler::{logprobs, BadLogits, Sampler};
 use crate::scheduler::{PrefillBudget, Scheduler, SchedulerConfig, StateSnapshots};
 use anyhow::{anyhow, bail, Context, Result};
-use std::collections::{BTreeMap, VecDeque};
+use rayon::prelude::*;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
@@ -127,6 +129,8 @@ struct Seq {
     max_len: usize,
     max_tokens: usize,
     sampler: Sampler,
+    /// The grammar's state, for a structured-output request.
+    constraint: Option<Constraint>,
     /// Still counted in the handle's queue counter (never scheduled yet).
     in_queue_count: bool,
     /// Prompt tokens its first admission took from the prefix cache.
@@ -300,6 +304,7 @@ impl Engine {
                 max_len,
                 max_tokens: req.max_tokens,
                 sampler,
+                constraint: req.grammar.as_ref().map(|g| g.start()),
                 in_queue_count: true,
                 cached_tokens: 0,
                 last_token_at: None,
@@ -466,9 +471,9 @@ impl Engine {
         // again with logits (it rewrites the same cells) and each sequence
         // samples with its uniform, and fails, on its own.
         let on_device = plan.seqs.iter().all(|ss| {
-            self.seqs
-                .get(&ss.seq)
-                .is_some_and(|s| s.sampler.logits_only() && s.req.top_logprobs.is_none())
+            self.seqs.get(&ss.seq).is_some_and(|s| {
+                s.sampler.logits_only() && s.req.top_logprobs.is_none() && s.constraint.is_none()
+            })
         });
         let mut uniforms: Vec<Option<f64>> = vec![None; plan.seqs.len()];
         let mut chosen = None;
@@ -499,7 +504,35 @@ impl Engine {
         }
         let outs = match chosen {
             Some(t) => Ok(StepOut::Tokens(t)),
-            None => run_plan(&mut self.runner, self.sched.kv(), &plan).map(StepOut::Logits),
+            None => {
+                // Grammar masks of the rows this step samples, computed on
+                // another thread while the model step runs (a mask reads
+                // only the tokens already committed).
+                let sampling: Vec<SeqId> = plan
+                    .seqs
+                    .iter()
+                    .filter(|ss| ss.sample)
+                    .map(|ss| ss.seq)
+                    .collect();
+                let masks: Vec<&mut Constraint> = self
+                    .seqs
+                    .iter_mut()
+                    .filter(|(id, _)| sampling.contains(id))
+                    .filter_map(|(_, s)| s.constraint.as_mut())
+                    .collect();
+                let (runner, kv) = (&mut self.runner, self.sched.kv());
+                std::thread::scope(|sc| {
+                    let worker = (!masks.is_empty())
+                        .then(|| sc.spawn(move || masks.into_iter().for_each(Constraint::prepare)));
+                    let outs = run_plan(runner, kv, &plan).map(StepOut::Logits);
+                    // A mask not computed (the worker panicked) is computed
+                    // again, and its error reported, when sampling.
+                    if let Some(w) = worker {
+                        let _ = w.join();
+                    }
+                    outs
+                })
+            }
         };
         let outs = match outs {
             Ok(o) => o,
@@ -523,22 +556,55 @@ impl Engine {
             }
         };
         let now = Instant::now();
+        // Each sampled row's token: drawn on the device, or here from its
+        // logits, rows in parallel (a row reads its own logits and changes
+        // only its own sampler and grammar state), then sent in plan order.
+        let mut picks: Vec<Option<Result<Pick, String>>> = match &outs {
+            StepOut::Tokens(t) => plan
+                .seqs
+                .iter()
+                .enumerate()
+                .map(|(i, ss)| ss.sample.then(|| Ok((t[i], None))))
+                .collect(),
+            StepOut::Logits(l) => {
+                let at: HashMap<SeqId, usize> = plan
+                    .seqs
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, ss)| ss.sample)
+                    .map(|(i, ss)| (ss.seq, i))
+                    .collect();
+                let sched = &self.sched;
+                let mut rows: Vec<(usize, &mut Seq, &[u32], &[f32])> = self
+                    .seqs
+                    .iter_mut()
+                    .filter_map(|(id, s)| {
+                        let &i = at.get(id)?;
+                        Some((i, s, sched.tokens(*id)?, l.seq(i)))
+                    })
+                    .collect();
+                let chosen: Vec<(usize, Result<Pick, String>)> = rows
+                    .par_iter_mut()
+                    .map(|(i, s, history, logits)| (*i, choose(s, logits, history, uniforms[*i])))
+                    .collect();
+                let mut picks = vec![None; plan.seqs.len()];
+                for (i, r) in chosen {
+                    picks[i] = Some(r);
+                }
+                picks
+            }
+        };
         let mut sampled = Vec::new();
         let mut ended: Vec<(SeqId, EndKind, Event)> = Vec::new();
         for (i, ss) in plan.seqs.iter().enumerate() {
-            if !ss.sample {
+            let Some(pick) = picks[i].take() else {
                 continue;
-            }
+            };
             let (Some(s), Some(history)) = (self.seqs.get_mut(&ss.seq), self.sched.tokens(ss.seq))
             else {
                 continue;
             };
-            let picked = match &outs {
-                StepOut::Logits(l) => {
-                    sample_one(s, l.seq(i), history, uniforms[i], now, &self.metrics)
-                }
-                StepOut::Tokens(t) => Ok(emit_token(s, t[i], None, history, now, &self.metrics)),
-            };
+            let picked = pick.map(|(tok, lp)| emit_token(s, tok, lp, history, now, &self.metrics));
             match picked {
                 Ok((tok, end)) => {
                     sampled.push((ss.seq, tok));
@@ -602,29 +668,40 @@ impl Engine {
     }
 }
 
-/// Samples the next token of `s` (whose tokens so far are `history`) and
-/// sends it; says whether the sequence ended, with its last event. A send
-/// failure (client gone) ends it as cancelled.
-#[allow(clippy::type_complexity)]
-fn sample_one(
-    s: &mut Seq,
-    logits: &[f32],
-    history: &[u32],
-    u: Option<f64>,
-    now: Instant,
-    metrics: &Metrics,
-) -> Result<(u32, Option<(EndKind, Event)>), String> {
+/// A chosen token and, when the request asked, its log-probabilities.
+type Pick = (u32, Option<TokenLogprobs>);
+
+/// Chooses the next token of `s` (whose tokens so far are `history`) from
+/// its logits, through its grammar's mask if it has one, and advances the
+/// grammar. The error is the sequence's end message.
+fn choose(s: &mut Seq, logits: &[f32], history: &[u32], u: Option<f64>) -> Result<Pick, String> {
     // A NaN or +inf row ends this sequence alone (its caller frees its
     // blocks); the position is that of the token it was to choose.
-    let tok = s.sampler.sample_with(logits, history, u).map_err(|e| {
+    let bad = |e: anyhow::Error| {
         BadLogits::message_of(&e, history.len())
             .unwrap_or_else(|| format!("sampling failed: {e:#}"))
-    })?;
+    };
+    let tok = match s.constraint.as_mut() {
+        None => s.sampler.sample_with(logits, history, u).map_err(bad)?,
+        Some(c) => {
+            let stops = &s.req.stop_ids;
+            let allowed = c.allows(stops).map_err(|e| format!("{e:#}"))?;
+            let tok = s
+                .sampler
+                .sample_masked(logits, history, u, Some(&allowed))
+                .map_err(bad)?;
+            if !stops.contains(&tok) {
+                c.commit(tok).map_err(|e| format!("{e:#}"))?;
+            }
+            tok
+        }
+    };
+    // Log-probabilities read the model's logits, not the masked ones.
     let lp = s.req.top_logprobs.map(|k| {
         let (logprob, top) = logprobs(logits, tok, k);
         TokenLogprobs { logprob, top }
     });
-    Ok(emit_token(s, tok, lp, history, now, metrics))
+    Ok((tok, lp))
 }
 
 /// Counts and sends a sequence's chosen token (with its logprobs, if

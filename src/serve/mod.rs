@@ -88,6 +88,10 @@ pub struct GenRequest {
     pub n: usize,
     /// OpenAI's `logit_bias`, `frequency_penalty`, `presence_penalty`.
     pub adjust: crate::sampler::LogitAdjust,
+    /// Structured output: every choice's tokens follow this grammar (each
+    /// choice its own matcher), and a stop token comes only where the
+    /// grammar is complete.
+    pub grammar: Option<crate::constrain::Grammar>,
 }
 
 /// The log-probabilities of one generated token.

@@ -1,6 +1,7 @@
 //! OpenAI request bodies and their validation into an engine request.
 
 use super::error::ApiError;
+use super::structured::ForcedTools;
 use crate::sampler::{LogitAdjust, SamplingParams};
 use crate::serve::{EngineLimits, GenRequest};
 use crate::tokenizer::content::ChatTurn;
@@ -100,6 +101,10 @@ pub struct Common {
     pub frequency_penalty: Option<f32>,
     #[serde(default)]
     pub presence_penalty: Option<f32>,
+    /// Structured output (`json_object`, `json_schema`, the `grammar`
+    /// extension): see [`super::structured::response_grammar`].
+    #[serde(default)]
+    pub response_format: Option<Value>,
 }
 
 #[derive(Deserialize, Debug, Clone)]
@@ -194,6 +199,7 @@ const COMMON_FIELDS: &[(&str, Probe)] = &[
     ),
     ("frequency_penalty", probe::<Option<f32>>),
     ("presence_penalty", probe::<Option<f32>>),
+    ("response_format", probe::<Option<Value>>),
 ];
 
 /// The fields only [`ChatRequest`] reads.
@@ -256,9 +262,6 @@ fn check_unsupported(
         "functions" | "function_call" if !(empty(v) || v == "none") => {
             refuse(": the legacy functions API is not implemented; use `tools`")
         }
-        "response_format" if !(v.is_null() || v["type"] == "text") => refuse(
-            ": structured output (json_object, json_schema) is not implemented; only {\"type\": \"text\"}",
-        ),
         "best_of" if ep == Endpoint::Completions => {
             let n = obj.get("n").and_then(Value::as_u64).unwrap_or(1);
             match v {
@@ -267,7 +270,7 @@ fn check_unsupported(
                 _ => refuse(&format!(": only best_of = n ({n}) is accepted")),
             }
         }
-        "tools" | "functions" | "tool_choice" | "function_call" | "response_format" => Ok(true),
+        "tools" | "functions" | "tool_choice" | "function_call" => Ok(true),
         _ => Ok(false),
     }
 }
@@ -424,9 +427,9 @@ fn turn_tool_calls(i: usize, v: &Value) -> Result<Option<Value>, ApiError> {
 impl ChatRequest {
     /// The tools to render and parse calls for: Some(list) when the request
     /// has tools and `tool_choice` lets the model call them ("auto", the
-    /// default); None without tools or with "none". "required" and a named
-    /// function need constrained decoding, which the server does not have:
-    /// a 400 naming `tool_choice`.
+    /// default, "required" or a named function); None without tools or
+    /// with "none". The calls "required" and a named function oblige are
+    /// enforced by a grammar ([`ChatRequest::forced_tools`]).
     pub fn tools(&self) -> Result<Option<Value>, ApiError> {
         let tools = self.tools.as_deref().unwrap_or(&[]);
         if tools.len() > MAX_TOOLS {
@@ -456,13 +459,6 @@ impl ChatRequest {
                 return Err(bad(".function.parameters: expected a JSON Schema object"));
             }
         }
-        let unsupported = || {
-            Err(ApiError::unsupported(
-                "tool_choice",
-                ": \"required\" and a named function are not supported yet (they need \
-                 constrained decoding); use \"auto\" or \"none\"",
-            ))
-        };
         let call = match &self.tool_choice {
             None | Some(Value::Null) => true,
             Some(Value::String(c)) if c == "none" => false,
@@ -475,9 +471,33 @@ impl ChatRequest {
                 }
                 true
             }
-            Some(Value::String(c)) if c == "required" => return unsupported(),
+            Some(Value::String(c)) if c == "required" => {
+                if tools.is_empty() {
+                    return Err(ApiError::bad_request(
+                        "tool_choice \"required\" needs `tools`",
+                        Some("tool_choice"),
+                    ));
+                }
+                true
+            }
             Some(Value::Object(o)) if o.get("type").is_some_and(|t| t == "function") => {
-                return unsupported()
+                let name = o
+                    .get("function")
+                    .and_then(|f| f.get("name"))
+                    .and_then(Value::as_str);
+                let Some(name) = name else {
+                    return Err(ApiError::bad_request(
+                        "tool_choice.function.name: expected a string",
+                        Some("tool_choice"),
+                    ));
+                };
+                if !tools.iter().any(|t| t["function"]["name"] == name) {
+                    return Err(ApiError::bad_request(
+                        format!("tool_choice names function `{name}`, which is not in `tools`"),
+                        Some("tool_choice"),
+                    ));
+                }
+                true
             }
             Some(v) => {
                 return Err(ApiError::bad_request(
@@ -490,6 +510,21 @@ impl ChatRequest {
             }
         };
         Ok((call && !tools.is_empty()).then(|| Value::Array(tools.to_vec())))
+    }
+
+    /// The calls `tool_choice` obliges ("required", a named function);
+    /// None for "auto" and "none". Call after [`ChatRequest::tools`], which
+    /// validates the choice.
+    pub fn forced_tools(&self) -> Option<ForcedTools> {
+        match &self.tool_choice {
+            Some(Value::String(c)) if c == "required" => Some(ForcedTools::Required),
+            Some(Value::Object(o)) => o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .map(|n| ForcedTools::Named(n.to_string())),
+            _ => None,
+        }
     }
 
     pub fn messages(&self) -> Result<Vec<ChatTurn>, ApiError> {
@@ -724,6 +759,7 @@ pub fn prepare(
             top_logprobs,
             adjust,
             n: n as usize,
+            grammar: None,
         },
         stops,
         stream: c.stream.unwrap_or(false),

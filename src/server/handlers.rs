@@ -4,6 +4,7 @@
 use super::api::{self, Admission, ChatRequest, CompletionRequest, Endpoint, Prepared};
 use super::drive::{drive, Ended, Out};
 use super::error::ApiError;
+use super::structured;
 use super::text::LpEntry;
 use super::tools::{self, Piece, ToolFormat, ToolStream};
 use super::AppState;
@@ -116,6 +117,7 @@ async fn chat_inner(state: Arc<AppState>, body: Bytes) -> Result<Response, ApiEr
     check_model(&state, &req.common.model)?;
     let msgs = req.messages()?;
     let tool_defs = req.tools()?;
+    let tool_defs_all = tool_defs.clone();
     let top = api::chat_logprobs(&req)?;
     // The template only adds text: the contents alone already bound the
     // rendered prompt from below.
@@ -128,6 +130,8 @@ async fn chat_inner(state: Arc<AppState>, body: Bytes) -> Result<Response, ApiEr
     )?;
     let template = state.tok.chat_template().unwrap_or(CHATML_TEMPLATE);
     let (msgs, tool_defs, tool_format) = tools::prompt_side(template, msgs, tool_defs);
+    let grammar =
+        structured::chat_grammar(&state, &req, tool_defs_all.as_ref(), tool_format).await?;
     // Off the async runtime, in one blocking task: a hostile template may
     // burn its whole budget, and a long prompt tokenizes for a long time.
     let st = state.clone();
@@ -137,7 +141,7 @@ async fn chat_inner(state: Arc<AppState>, body: Bytes) -> Result<Response, ApiEr
     .await
     .map_err(|e| ApiError::internal(format!("chat prompt task: {e}")))??;
     let max = req.max_completion_tokens.or(req.common.max_tokens);
-    let prep = api::prepare(
+    let mut prep = api::prepare(
         &req.common,
         prompt,
         max,
@@ -145,6 +149,7 @@ async fn chat_inner(state: Arc<AppState>, body: Bytes) -> Result<Response, ApiEr
         top,
         &admission(&state, Endpoint::Chat),
     )?;
+    prep.gen.grammar = grammar;
     respond(state, prep, Kind::Chat, tool_format).await
 }
 
@@ -199,7 +204,7 @@ async fn completions_inner(state: Arc<AppState>, body: Bytes) -> Result<Response
         .await
         .map_err(|e| ApiError::internal(format!("tokenizer task: {e}")))??;
     // OpenAI's legacy default is 16 tokens (fewer when less room is left).
-    let prep = api::prepare(
+    let mut prep = api::prepare(
         &req.common,
         prompt,
         req.common.max_tokens,
@@ -207,6 +212,9 @@ async fn completions_inner(state: Arc<AppState>, body: Bytes) -> Result<Response
         top,
         &admission(&state, Endpoint::Completions),
     )?;
+    if let Some(spec) = structured::response_grammar(req.common.response_format.as_ref())? {
+        prep.gen.grammar = Some(structured::compile(&state, spec, "response_format").await?);
+    }
     respond(state, prep, Kind::Completion, None).await
 }
 

@@ -23,6 +23,7 @@ pub mod embeddings;
 pub mod error;
 pub mod handlers;
 pub mod responses;
+pub mod structured;
 pub mod text;
 pub mod tokenize;
 pub mod tools;
@@ -70,6 +71,9 @@ pub struct AppState {
     /// Responses kept for `previous_response_id` and
     /// `GET /v1/responses/{id}` (bounded, oldest out: [`responses::store`]).
     pub responses: responses::ResponseStore,
+    /// The grammar compiler over the model's vocabulary, built by the
+    /// first structured-output request (see [`structured::grammars`]).
+    pub grammars: std::sync::OnceLock<Result<Arc<crate::constrain::Grammars>, String>>,
 }
 
 impl AppState {
@@ -92,6 +96,7 @@ impl AppState {
             specials_in_content: SpecialsInContent::AsText,
             cors_origins: Vec::new(),
             responses: responses::ResponseStore::default(),
+            grammars: std::sync::OnceLock::new(),
         }
     }
 }

@@ -19,6 +19,7 @@ use super::api::{self, ChatRequest, Common, Endpoint, Prepared};
 use super::drive::{drive, Ended, Out};
 use super::error::ApiError;
 use super::handlers::{admission, chat_prompt_ids, check_model, unix_now};
+use super::structured;
 use super::tools::{self, ToolFormat};
 use super::AppState;
 use crate::serve::{RequestHandle, SubmitError};
@@ -204,6 +205,7 @@ fn rename_param(mut e: ApiError) -> ApiError {
     e.param = e.param.map(|p| match p.as_str() {
         "messages" | "prompt" => "input".to_string(),
         "max_tokens" => "max_output_tokens".to_string(),
+        "response_format" => "text.format".to_string(),
         _ => p,
     });
     e
@@ -320,6 +322,7 @@ async fn create_inner(state: Arc<AppState>, body: Bytes) -> Result<Response, Api
         .map_err(|e| ApiError::bad_request(format!("invalid input: {e}"), Some("input")))?;
     let msgs = chat.messages().map_err(rename_param)?;
     let tool_defs = chat.tools()?;
+    let tool_defs_all = tool_defs.clone();
     let bytes = msgs.iter().map(|m| m.content.len()).sum();
     api::precheck_bytes(
         bytes,
@@ -330,6 +333,9 @@ async fn create_inner(state: Arc<AppState>, body: Bytes) -> Result<Response, Api
     .map_err(rename_param)?;
     let template = state.tok.chat_template().unwrap_or(CHATML_TEMPLATE);
     let (msgs, tool_defs, tool_format) = tools::prompt_side(template, msgs, tool_defs);
+    let grammar = structured::chat_grammar(&state, &chat, tool_defs_all.as_ref(), tool_format)
+        .await
+        .map_err(rename_param)?;
     let st = state.clone();
     let prompt = tokio::task::spawn_blocking(move || {
         chat_prompt_ids(&st.tok, &msgs, tool_defs.as_ref(), st.specials_in_content)
@@ -345,7 +351,7 @@ async fn create_inner(state: Arc<AppState>, body: Bytes) -> Result<Response, Api
         seed: req.seed,
         ..Common::default()
     };
-    let prep = api::prepare(
+    let mut prep = api::prepare(
         &common,
         prompt,
         req.max_output_tokens,
@@ -354,6 +360,7 @@ async fn create_inner(state: Arc<AppState>, body: Bytes) -> Result<Response, Api
         &admission(&state, Endpoint::Chat),
     )
     .map_err(rename_param)?;
+    prep.gen.grammar = grammar;
     let handle = submit(&state, &prep)?;
     let n = state.next_id.fetch_add(1, Ordering::Relaxed);
     let job = Job {

@@ -747,7 +747,7 @@ mod tests {
         assert_eq!(out[0].role, "system");
         assert!(out[0]
             .content
-            .contains("<tools>\n{\"function\":{\"name\":\"f\""));
+            .contains("<tools>\n{\"type\":\"function\",\"function\":{\"name\":\"f\""));
         assert_eq!(out[1], user);
         assert_eq!(
             out[2].content,

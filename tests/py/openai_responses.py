@@ -130,8 +130,9 @@ def test_errors():
         assert "resp_nope" in str(e), e
         assert param_of(e) == "previous_response_id", e.body
     try:
-        create("x", text={"format": {"type": "json_object"}})
-        raise AssertionError("json_object accepted")
+        create("x", text={"format": {"type": "json_schema", "name": "x",
+                                     "schema": {"type": "strin"}}})
+        raise AssertionError("an invalid schema accepted")
     except openai.BadRequestError as e:
         assert param_of(e) == "text.format", e.body
     try:
@@ -144,6 +145,60 @@ def test_errors():
         raise AssertionError("unknown id retrieved")
     except openai.NotFoundError:
         pass
+
+
+def test_structured():
+    """text.format json_schema: the output text parses and fits the
+    schema, streamed and not."""
+    import json
+    schema = {"type": "object",
+              "properties": {"city": {"type": "string", "maxLength": 20},
+                             "population": {"type": "integer", "minimum": 0},
+                             "capital": {"type": "boolean"}},
+              "required": ["city", "population", "capital"], "additionalProperties": False}
+    fmt = {"format": {"type": "json_schema", "name": "city", "schema": schema, "strict": True}}
+    r = create("Describe Paris as JSON.", text=fmt, max_output_tokens=200, temperature=0)
+    assert r.status == "completed", r
+    v = json.loads(r.output_text)
+    assert set(v) == {"city", "population", "capital"}, v
+    assert isinstance(v["population"], int) and isinstance(v["capital"], bool), v
+    assert len(v["city"]) <= 20, v
+    text, done = "", None
+    for ev in client.responses.create(model=MODEL, input="Describe Paris as JSON.", text=fmt,
+                                      max_output_tokens=200, temperature=0, stream=True):
+        if ev.type == "response.output_text.delta":
+            text += ev.delta
+        if ev.type == "response.completed":
+            done = ev.response
+    assert done is not None and done.output_text == text == r.output_text, (text, r.output_text)
+
+
+def test_tool_required():
+    """tool_choice "required": the output is function_call items with
+    arguments that fit the tool, streamed and not."""
+    import json
+    tools = [{"type": "function", "name": "get_weather", "description": "Weather of a city",
+              "parameters": {"type": "object",
+                             "properties": {"city": {"type": "string", "maxLength": 30}},
+                             "required": ["city"]}}]
+    for stream in (False, True):
+        if stream:
+            r = None
+            for ev in client.responses.create(model=MODEL, input="Weather in Oslo?", tools=tools,
+                                              tool_choice="required", max_output_tokens=200,
+                                              temperature=0, stream=True):
+                if ev.type == "response.completed":
+                    r = ev.response
+            assert r is not None
+        else:
+            r = create("Weather in Oslo?", tools=tools, tool_choice="required",
+                       max_output_tokens=200, temperature=0)
+        calls = [o for o in r.output if o.type == "function_call"]
+        assert calls, r.output
+        for c in calls:
+            assert c.name == "get_weather" and c.call_id, c
+            args = json.loads(c.arguments)
+            assert set(args) == {"city"} and isinstance(args["city"], str), args
 
 
 TESTS = {n[5:]: f for n, f in globals().items() if n.startswith("test_")}

@@ -215,25 +215,23 @@ pub fn chat_tools(tools: &[Value]) -> Result<Vec<Value>, ApiError> {
     Ok(out)
 }
 
-/// `tool_choice` in the chat shape. "auto" and "none" pass as they are
-/// (other strings too: the chat path refuses them, naming `tool_choice`).
-/// "required" and `{type: "function", name}` (chat:
-/// `{type: "function", function: {name}}`) oblige a call, which takes the
-/// chat path's grammar: not wired here yet (see [`response_format`]), so a
-/// 400 rather than a response that may not call. Other objects (built-in
-/// tools, `allowed_tools`) are refused.
+/// `tool_choice` in the chat shape. Strings pass as they are (the chat
+/// path checks them, naming `tool_choice`); `{type: "function", name}`
+/// becomes chat's `{type: "function", function: {name}}`. "required" and a
+/// named function oblige a call, which the chat path's grammar enforces.
+/// Other objects (built-in tools, `allowed_tools`) are refused.
 pub fn chat_tool_choice(v: &Value) -> Result<Value, ApiError> {
-    let forced = || {
-        Err(ApiError::unsupported(
-            "tool_choice",
-            ": \"required\" and a named function are not supported on /v1/responses yet \
-             (they need constrained decoding); use \"auto\" or \"none\"",
-        ))
-    };
     match v {
-        Value::String(c) if c == "required" => forced(),
         Value::Null | Value::String(_) => Ok(v.clone()),
-        Value::Object(o) if o.get("type").is_some_and(|t| t == "function") => forced(),
+        Value::Object(o) if o.get("type").is_some_and(|t| t == "function") => {
+            match o.get("name").and_then(Value::as_str) {
+                Some(name) => Ok(json!({"type": "function", "function": {"name": name}})),
+                None => Err(ApiError::bad_request(
+                    "tool_choice.name: expected a string",
+                    Some("tool_choice"),
+                )),
+            }
+        }
         _ => Err(ApiError::unsupported(
             "tool_choice",
             &format!(": {v} (only \"none\", \"auto\", \"required\" or {{\"type\": \"function\", \"name\": ...}})"),
@@ -269,23 +267,28 @@ pub fn check_text(text: &Value) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// STRUCTURED OUTPUT HOOK. `text.format` as the chat path's
-/// `response_format`: None for plain text. This is the one place where
-/// `{type: "json_schema", name, schema, strict}` becomes
-/// `{type: "json_schema", json_schema: {name, schema, strict}}` and
-/// `{type: "json_object"}` passes as is, once the chat path serves
-/// `response_format` (the caller puts a Some into the chat request it
-/// builds, but must also compile and attach the grammar as the chat
-/// handler does). Until then both are a 400 naming `text.format`.
+/// `text.format` as the chat path's `response_format`: None for plain
+/// text; `{type: "json_schema", name, schema, strict}` becomes
+/// `{type: "json_schema", json_schema: {name, schema, strict}}`;
+/// `json_object` and the `grammar` extension pass as they are (the chat
+/// path checks them; its errors are renamed to `text.format`).
 pub fn response_format(text: &Value) -> Result<Option<Value>, ApiError> {
     let format = &text["format"];
     match format["type"].as_str() {
         _ if format.is_null() => Ok(None),
         Some("text") => Ok(None),
-        Some("json_schema") | Some("json_object") => Err(ApiError::unsupported(
-            "text.format",
-            ": structured output (json_schema, json_object) is not implemented yet; only {\"type\": \"text\"}",
-        )),
+        Some("json_schema") => {
+            let mut js = serde_json::Map::new();
+            for k in ["name", "schema", "strict", "description"] {
+                if let Some(v) = format.get(k) {
+                    js.insert(k.to_string(), v.clone());
+                }
+            }
+            Ok(Some(
+                json!({"type": "json_schema", "json_schema": Value::Object(js)}),
+            ))
+        }
+        Some("json_object") | Some("grammar") => Ok(Some(format.clone())),
         _ => Err(ApiError::bad_request(
             format!("text.format: unknown format {format}"),
             Some("text.format"),
@@ -376,10 +379,17 @@ mod tests {
         }
         assert_eq!(chat_tool_choice(&json!("auto")).unwrap(), json!("auto"));
         assert_eq!(chat_tool_choice(&json!("none")).unwrap(), json!("none"));
+        assert_eq!(
+            chat_tool_choice(&json!("required")).unwrap(),
+            json!("required")
+        );
+        assert_eq!(
+            chat_tool_choice(&json!({"type": "function", "name": "f"})).unwrap(),
+            json!({"type": "function", "function": {"name": "f"}})
+        );
         for c in [
             json!({"type": "web_search_preview"}),
-            json!("required"),
-            json!({"type": "function", "name": "f"}),
+            json!({"type": "function"}),
         ] {
             let e = chat_tool_choice(&c).unwrap_err();
             assert_eq!(e.param.as_deref(), Some("tool_choice"), "{c}");
@@ -389,10 +399,19 @@ mod tests {
             None
         );
         assert_eq!(response_format(&Value::Null).unwrap(), None);
-        for f in ["json_schema", "json_object", "yaml"] {
-            let e = response_format(&json!({"format": {"type": f}})).unwrap_err();
-            assert_eq!(e.param.as_deref(), Some("text.format"), "{f}");
-        }
+        let e = response_format(&json!({"format": {"type": "yaml"}})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("text.format"));
+        assert_eq!(
+            response_format(&json!({"format": {"type": "json_schema", "name": "n",
+                "schema": {"type": "object"}, "strict": true}}))
+            .unwrap(),
+            Some(json!({"type": "json_schema", "json_schema": {"name": "n",
+                "schema": {"type": "object"}, "strict": true}}))
+        );
+        assert_eq!(
+            response_format(&json!({"format": {"type": "json_object"}})).unwrap(),
+            Some(json!({"type": "json_object"}))
+        );
         assert_eq!(
             check_text(&json!({"foo": 1})).unwrap_err().param.as_deref(),
             Some("text.foo")
