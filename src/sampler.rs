@@ -182,6 +182,27 @@ impl LogitAdjust {
     }
 }
 
+/// The first index of the largest value of `v` (no NaN; -0.0 and +0.0
+/// already one): the lowest id among equal maxima, as a sequential scan
+/// would find it. Two passes the compiler vectorizes: the maximum (exact in
+/// any order), then its first position.
+fn first_max(v: &[f32]) -> usize {
+    const LANES: usize = 16;
+    let mut m = [f32::NEG_INFINITY; LANES];
+    let chunks = v.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for j in 0..LANES {
+            m[j] = if c[j] > m[j] { c[j] } else { m[j] };
+        }
+    }
+    let max = m
+        .iter()
+        .chain(tail)
+        .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+    v.iter().position(|&x| x == max).unwrap_or(0)
+}
+
 /// The tokens a sampling step may choose (a grammar's mask).
 pub trait TokenMask {
     /// Sets the logit of every refused token to `-inf`, leaving the others'
@@ -200,6 +221,8 @@ pub struct Sampler {
     /// Times each token was produced, in first-produced order (the
     /// penalties' counts; only kept when a penalty is on).
     produced: Vec<(u32, u32)>,
+    /// The row being sampled (kept to reuse its allocation).
+    work: Vec<f32>,
 }
 
 impl Sampler {
@@ -210,6 +233,7 @@ impl Sampler {
             rng: ChaCha20Rng::seed_from_u64(params.seed),
             adjust: LogitAdjust::default(),
             produced: Vec::new(),
+            work: Vec::new(),
         })
     }
 
@@ -279,36 +303,55 @@ impl Sampler {
                 logits.len()
             );
         }
-        let p = self.params;
-        // `+ 0.0` turns -0.0 into +0.0 so equal logits tie on id only. The
-        // copy is the one pass over the row that also rejects a NaN or +inf
-        // (a model whose weights or activations went non-finite).
-        let mut work: Vec<f32> = Vec::with_capacity(logits.len());
-        for (i, &x) in logits.iter().enumerate() {
-            if x.is_nan() {
-                return Err(BadLogits::Nan(i).into());
+        // A NaN or +inf (a model whose weights or activations went
+        // non-finite) is refused, found in a branch-free pass the compiler
+        // vectorizes.
+        if logits
+            .iter()
+            .fold(false, |bad, &x| bad | x.is_nan() | (x == f32::INFINITY))
+        {
+            let i = logits
+                .iter()
+                .position(|x| x.is_nan() || *x == f32::INFINITY)
+                .unwrap_or(0);
+            return Err(if logits[i].is_nan() {
+                BadLogits::Nan(i)
+            } else {
+                BadLogits::PosInf(i)
             }
-            if x == f32::INFINITY {
-                return Err(BadLogits::PosInf(i).into());
-            }
-            work.push(x + 0.0);
+            .into());
         }
+        // `+ 0.0` turns -0.0 into +0.0 so equal logits tie on id only. The
+        // row's copy lives in the sampler between calls (a vocabulary of
+        // floats is worth not allocating per token).
+        let mut work = std::mem::take(&mut self.work);
+        work.clear();
+        work.extend(logits.iter().map(|&x| x + 0.0));
+        let tok = self.choose(&mut work, history, u, mask);
+        self.work = work;
+        let tok = tok?;
+        self.note_produced(tok);
+        Ok(tok)
+    }
+
+    /// The choice over `work` (the row's finite logits, copied).
+    fn choose(
+        &mut self,
+        work: &mut [f32],
+        history: &[u32],
+        u: Option<f64>,
+        mask: Option<&dyn TokenMask>,
+    ) -> Result<u32> {
+        let p = self.params;
         if let Some(mask) = mask {
-            if !mask.apply(&mut work) {
+            if !mask.apply(work) {
                 bail!("sample: the mask allows no token");
             }
         }
-        self.apply_repetition_penalty(&mut work, history)?;
-        self.apply_adjust(&mut work)?;
+        self.apply_repetition_penalty(work, history)?;
+        self.apply_adjust(work)?;
         let tok = if p.temperature == 0.0 {
-            // First maximum in id order = ties to the lowest id.
-            let (mut best, mut best_v) = (0usize, work[0]);
-            for (i, &v) in work.iter().enumerate().skip(1) {
-                if v > best_v {
-                    best = i;
-                    best_v = v;
-                }
-            }
+            let best = first_max(work);
             // Every allowed logit -inf (a model's own -inf): the first
             // allowed id, never a masked one.
             match mask {
@@ -322,9 +365,8 @@ impl Sampler {
                 Some(u) => u,
                 None => self.uniform(),
             };
-            draw::draw(&work, &p.draw_params(), u)?
+            draw::draw(work, &p.draw_params(), u)?
         };
-        self.note_produced(tok);
         Ok(tok)
     }
 

@@ -86,6 +86,7 @@ fn server_openai_api() {
             "stop_strings",
             "n_and_seed",
             "errors",
+            "completions_list_echo",
         ],
     );
 }

@@ -155,15 +155,76 @@ pub enum SubmitError {
 /// frees their KV blocks at its next step.
 pub struct RequestHandle {
     pub events: mpsc::UnboundedReceiver<Event>,
-    cancel: Arc<Vec<AtomicBool>>,
+    /// The cancel flags of each submitted request, in choice order (one
+    /// part, or one per request of a [`RequestHandle::merge`]).
+    cancel: Vec<Arc<Vec<AtomicBool>>>,
 }
 
 impl RequestHandle {
     /// Ends choice `index` (its blocks are freed at the next step).
-    pub fn cancel(&self, index: usize) {
-        if let Some(c) = self.cancel.get(index) {
-            c.store(true, Ordering::Relaxed);
+    pub fn cancel(&self, mut index: usize) {
+        for part in &self.cancel {
+            if index < part.len() {
+                part[index].store(true, Ordering::Relaxed);
+                return;
+            }
+            index -= part.len();
         }
+    }
+
+    /// One handle over several requests (a completion with a list of
+    /// prompts): choice `j` of request `p` becomes choice `p * n + j`,
+    /// where `n` is each request's choice count. Events keep their order
+    /// within a request. Dropping the merged handle drops the requests'
+    /// (their choices are cancelled). Needs a tokio runtime.
+    pub fn merge(handles: Vec<RequestHandle>, n: usize) -> RequestHandle {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut cancel = Vec::with_capacity(handles.len());
+        for (p, h) in handles.into_iter().enumerate() {
+            cancel.extend(h.cancel);
+            let mut events = h.events;
+            let tx = tx.clone();
+            let offset = p * n;
+            tokio::spawn(async move {
+                loop {
+                    let ev = tokio::select! {
+                        ev = events.recv() => ev,
+                        _ = tx.closed() => None,
+                    };
+                    let Some(ev) = ev else { break };
+                    let ev = match ev {
+                        Event::Token {
+                            index,
+                            token,
+                            logprobs,
+                        } => Event::Token {
+                            index: index + offset,
+                            token,
+                            logprobs,
+                        },
+                        Event::Finished {
+                            index,
+                            reason,
+                            completion_tokens,
+                            cached_tokens,
+                        } => Event::Finished {
+                            index: index + offset,
+                            reason,
+                            completion_tokens,
+                            cached_tokens,
+                        },
+                        Event::Error { index, message } => Event::Error {
+                            index: index + offset,
+                            message,
+                        },
+                    };
+                    if tx.send(ev).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        RequestHandle { events: rx, cancel }
     }
 }
 
@@ -286,7 +347,10 @@ impl EngineHandle {
             self.queued.fetch_sub(n, Ordering::AcqRel);
             return Err(SubmitError::Stopped);
         }
-        Ok(RequestHandle { events: rx, cancel })
+        Ok(RequestHandle {
+            events: rx,
+            cancel: vec![cancel],
+        })
     }
 
     /// Most sequences that may wait for admission (`EngineConfig::max_queue`):

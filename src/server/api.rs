@@ -129,14 +129,19 @@ pub struct ChatRequest {
     pub parallel_tool_calls: Option<bool>,
 }
 
-/// `prompt`: a string, a list of one string, or a list of token ids.
+/// `prompt`: a string, a list of strings, a list of token ids, or a list
+/// of token-id lists (each element of a list is its own prompt).
 #[derive(Deserialize, Debug, Clone)]
 #[serde(untagged)]
 pub enum PromptSpec {
     Text(String),
     Texts(Vec<String>),
     Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
 }
+
+/// Most prompts in one completion request.
+pub const MAX_PROMPTS: usize = 64;
 
 #[derive(Deserialize, Debug, Clone)]
 pub struct CompletionRequest {
@@ -866,11 +871,15 @@ impl PromptInput {
     }
 }
 
-/// The prompt of a completion request (tokenized by the caller, off the
-/// async runtime).
-pub fn completion_prompt(r: &CompletionRequest) -> Result<PromptInput, ApiError> {
-    if r.echo == Some(true) {
-        return Err(ApiError::bad_request("echo is not supported", Some("echo")));
+/// The prompts of a completion request (tokenized by the caller, off the
+/// async runtime), at most [`MAX_PROMPTS`]. `echo` is served without
+/// logprobs (the prompt's own log-probabilities are not computed).
+pub fn completion_prompts(r: &CompletionRequest) -> Result<Vec<PromptInput>, ApiError> {
+    if r.echo == Some(true) && r.logprobs.is_some() {
+        return Err(ApiError::bad_request(
+            "echo with logprobs is not supported (the prompt's log-probabilities are not computed)",
+            Some("echo"),
+        ));
     }
     if r.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::bad_request(
@@ -878,18 +887,28 @@ pub fn completion_prompt(r: &CompletionRequest) -> Result<PromptInput, ApiError>
             Some("suffix"),
         ));
     }
-    match &r.prompt {
-        PromptSpec::Text(t) => Ok(PromptInput::Text(t.clone())),
-        PromptSpec::Texts(v) if v.len() == 1 => Ok(PromptInput::Text(v[0].clone())),
-        PromptSpec::Texts(v) => Err(ApiError::bad_request(
+    let prompts: Vec<PromptInput> = match &r.prompt {
+        PromptSpec::Text(t) => vec![PromptInput::Text(t.clone())],
+        PromptSpec::Texts(v) => v.iter().cloned().map(PromptInput::Text).collect(),
+        PromptSpec::Tokens(ids) => vec![PromptInput::Tokens(ids.clone())],
+        PromptSpec::TokenLists(v) => v.iter().cloned().map(PromptInput::Tokens).collect(),
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::bad_request(
+            "the prompt list is empty",
+            Some("prompt"),
+        ));
+    }
+    if prompts.len() > MAX_PROMPTS {
+        return Err(ApiError::bad_request(
             format!(
-                "exactly one prompt per request is supported, got {}",
-                v.len()
+                "at most {MAX_PROMPTS} prompts per request, got {}",
+                prompts.len()
             ),
             Some("prompt"),
-        )),
-        PromptSpec::Tokens(ids) => Ok(PromptInput::Tokens(ids.clone())),
+        ));
     }
+    Ok(prompts)
 }
 
 /// Token ids of a completion prompt (blocking: run on the blocking pool).

@@ -150,7 +150,7 @@ async fn chat_inner(state: Arc<AppState>, body: Bytes) -> Result<Response, ApiEr
         &admission(&state, Endpoint::Chat),
     )?;
     prep.gen.grammar = grammar;
-    respond(state, prep, Kind::Chat, tool_format).await
+    respond(state, vec![prep], Kind::Chat, tool_format, None).await
 }
 
 /// The chat prompt's token ids: the template rendered over `msgs` (and
@@ -192,49 +192,114 @@ async fn completions_inner(state: Arc<AppState>, body: Bytes) -> Result<Response
     let req: CompletionRequest = api::parse_request(&body, Endpoint::Completions)?;
     check_model(&state, &req.common.model)?;
     let top = api::completion_logprobs(&req)?;
-    let input = api::completion_prompt(&req)?;
-    api::precheck_bytes(
-        input.text_bytes(),
-        state.bytes_per_token,
-        &state.engine.limits,
-        Endpoint::Completions,
-    )?;
-    let st = state.clone();
-    let prompt = tokio::task::spawn_blocking(move || api::tokenize_completion(&st.tok, input))
-        .await
-        .map_err(|e| ApiError::internal(format!("tokenizer task: {e}")))??;
-    // OpenAI's legacy default is 16 tokens (fewer when less room is left).
-    let mut prep = api::prepare(
-        &req.common,
-        prompt,
-        req.common.max_tokens,
-        Some(16),
-        top,
-        &admission(&state, Endpoint::Completions),
-    )?;
-    if let Some(spec) = structured::response_grammar(req.common.response_format.as_ref())? {
-        prep.gen.grammar = Some(structured::compile(&state, spec, "response_format").await?);
+    let inputs = api::completion_prompts(&req)?;
+    for input in &inputs {
+        api::precheck_bytes(
+            input.text_bytes(),
+            state.bytes_per_token,
+            &state.engine.limits,
+            Endpoint::Completions,
+        )?;
     }
-    respond(state, prep, Kind::Completion, None).await
+    let adm = admission(&state, Endpoint::Completions);
+    let n = req.common.n.unwrap_or(1) as usize;
+    // Each choice of each prompt queues as one sequence (`n` alone over
+    // the queue is [`api::prepare`]'s error, naming `n`).
+    if n <= adm.max_queue && inputs.len() * n > adm.max_queue {
+        return Err(ApiError::bad_request(
+            format!(
+                "{} prompts x n = {n} can never be served: the server queues at most {} sequences (--max-queue)",
+                inputs.len(),
+                adm.max_queue
+            ),
+            Some("prompt"),
+        ));
+    }
+    // `echo`: each prompt as the client sent it (token ids decoded).
+    let echo = req.echo == Some(true);
+    let st = state.clone();
+    let (prompts, echoes) = tokio::task::spawn_blocking(move || {
+        let mut prompts = Vec::with_capacity(inputs.len());
+        let mut echoes = Vec::with_capacity(inputs.len());
+        for input in inputs {
+            let text = match (&input, echo) {
+                (_, false) => String::new(),
+                (api::PromptInput::Text(t), true) => t.clone(),
+                (api::PromptInput::Tokens(ids), true) => {
+                    st.tok.decode(ids, false).map_err(|e| {
+                        ApiError::bad_request(
+                            format!("cannot decode the prompt: {e:#}"),
+                            Some("prompt"),
+                        )
+                    })?
+                }
+            };
+            prompts.push(api::tokenize_completion(&st.tok, input)?);
+            echoes.push(text);
+        }
+        Ok::<_, ApiError>((prompts, echoes))
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("tokenizer task: {e}")))??;
+    let grammar = match structured::response_grammar(req.common.response_format.as_ref())? {
+        Some(spec) => Some(structured::compile(&state, spec, "response_format").await?),
+        None => None,
+    };
+    let mut preps = Vec::with_capacity(prompts.len());
+    for prompt in prompts {
+        // OpenAI's legacy default is 16 tokens (fewer when less room is left).
+        let mut prep = api::prepare(
+            &req.common,
+            prompt,
+            req.common.max_tokens,
+            Some(16),
+            top,
+            &adm,
+        )?;
+        prep.gen.grammar = grammar.clone();
+        preps.push(prep);
+    }
+    respond(state, preps, Kind::Completion, None, echo.then_some(echoes)).await
 }
 
-/// Submits and answers; `tools`: the format to parse tool calls in (chat
-/// with tools only).
+/// Submits and answers; `preps`: one request per prompt (several only on
+/// /v1/completions), their choices numbered prompt by prompt; `tools`: the
+/// format to parse tool calls in (chat with tools only); `echo`: the text
+/// each prompt's choices start with (completions' `echo`).
 async fn respond(
     state: Arc<AppState>,
-    prep: Prepared,
+    mut preps: Vec<Prepared>,
     kind: Kind,
     tools: Option<ToolFormat>,
+    echo: Option<Vec<String>>,
 ) -> Result<Response, ApiError> {
     if state.shutting_down.load(Ordering::Acquire) {
         return Err(ApiError::unavailable("the server is shutting down"));
     }
-    let n = prep.gen.n;
-    let handle = state.engine.submit(prep.gen.clone()).map_err(|e| match e {
-        SubmitError::QueueFull(q) => ApiError::queue_full(q, 1),
-        SubmitError::Invalid(m) => ApiError::bad_request(m, None),
-        SubmitError::Stopped => ApiError::unavailable("the engine has stopped"),
-    })?;
+    // Every prompt's request shares the fields read below but its own.
+    let per = preps[0].gen.n;
+    let mut handles = Vec::with_capacity(preps.len());
+    for p in &preps {
+        // A failure drops the handles so far: their choices are cancelled.
+        handles.push(state.engine.submit(p.gen.clone()).map_err(|e| match e {
+            SubmitError::QueueFull(q) => ApiError::queue_full(q, 1),
+            SubmitError::Invalid(m) => ApiError::bad_request(m, None),
+            SubmitError::Stopped => ApiError::unavailable("the engine has stopped"),
+        })?);
+    }
+    let n = per * preps.len();
+    let handle = if handles.len() == 1 {
+        handles.remove(0)
+    } else {
+        crate::serve::RequestHandle::merge(handles, per)
+    };
+    let prompt_tokens = preps.iter().map(|p| p.prompt_tokens).sum();
+    let mut prep = preps.swap_remove(0);
+    prep.prompt_tokens = prompt_tokens;
+    let echo: Vec<String> = match echo {
+        Some(e) => (0..n).map(|i| e[i / per].clone()).collect(),
+        None => Vec::new(),
+    };
     let id = new_id(&state, kind);
     let created = unix_now();
     let logprobs_on = prep.gen.top_logprobs.is_some();
@@ -252,6 +317,7 @@ async fn respond(
                 id,
                 created,
                 logprobs_on,
+                echo,
                 tx,
             )
             .await;
@@ -261,7 +327,11 @@ async fn respond(
             .keep_alive(KeepAlive::default())
             .into_response());
     }
-    let mut texts = vec![String::new(); n];
+    let mut texts = if echo.is_empty() {
+        vec![String::new(); n]
+    } else {
+        echo
+    };
     let mut lps: Vec<Vec<LpEntry>> = vec![Vec::new(); n];
     let ended = drive(&state.tok, handle, n, &prep.stops, &mut |o| {
         if let Out::Delta {
@@ -374,6 +444,7 @@ async fn stream_task(
     id: String,
     created: u64,
     logprobs_on: bool,
+    echo: Vec<String>,
     tx: mpsc::UnboundedSender<Result<SseEvent, Infallible>>,
 ) {
     let object = match kind {
@@ -404,6 +475,13 @@ async fn stream_task(
             if tx.send(Ok(chunk(vec![c]))).is_err() {
                 return;
             }
+        }
+    }
+    // `echo`: each choice's first chunk is its prompt.
+    for (i, text) in echo.into_iter().enumerate() {
+        let c = json!({"index": i, "text": text, "logprobs": null, "finish_reason": null});
+        if tx.send(Ok(chunk(vec![c]))).is_err() {
+            return;
         }
     }
     let mut parsers: Vec<ChoiceTools> = match tools {

@@ -248,6 +248,26 @@ def test_batch_invariance():
     wait_idle()
 
 
+def test_completions_list_echo():
+    """A list of prompts with n = 2: choices numbered prompt by prompt, each
+    the prompt's own greedy answer; echo prefixes the prompt."""
+    prompts = ["The capital of France is", "Water boils at"]
+    alone = [client.completions.create(model=MODEL, prompt=p, max_tokens=6, temperature=0)
+             .choices[0].text for p in prompts]
+    r = client.completions.create(model=MODEL, prompt=prompts, max_tokens=6, temperature=0, n=2)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3], r.choices
+    assert [c.text for c in r.choices] == [alone[0], alone[0], alone[1], alone[1]], r.choices
+    r = client.completions.create(model=MODEL, prompt=prompts, max_tokens=6, temperature=0,
+                                  echo=True)
+    assert [c.text for c in r.choices] == [p + a for p, a in zip(prompts, alone)], r.choices
+    texts = {}
+    for ch in client.completions.create(model=MODEL, prompt=prompts, max_tokens=6,
+                                        temperature=0, echo=True, stream=True):
+        for c in ch.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+    assert texts == {0: prompts[0] + alone[0], 1: prompts[1] + alone[1]}, texts
+
+
 TESTS = {n[5:]: f for n, f in globals().items() if n.startswith("test_")}
 
 if __name__ == "__main__":
