@@ -522,8 +522,9 @@ impl Engine {
                     .collect();
                 let (runner, kv) = (&mut self.runner, self.sched.kv());
                 std::thread::scope(|sc| {
-                    let worker = (!masks.is_empty())
-                        .then(|| sc.spawn(move || masks.into_iter().for_each(Constraint::prepare)));
+                    let worker = (!masks.is_empty()).then(|| {
+                        sc.spawn(move || masks.into_par_iter().for_each(Constraint::prepare))
+                    });
                     let outs = run_plan(runner, kv, &plan).map(StepOut::Logits);
                     // A mask not computed (the worker panicked) is computed
                     // again, and its error reported, when sampling.
