@@ -316,7 +316,8 @@ fn apply_matches_allows() {
 /// with arguments that fit their parameters (extra keys refused).
 #[test]
 fn tool_grammars_parse_as_calls() {
-    use quire::server::structured::{tool_grammar, ForcedTools};
+    use quire::server::api::ForcedTools;
+    use quire::server::structured::tool_grammar;
     use quire::server::tools::{parse, ToolFormat};
     let Some((tok, g)) = load() else { return };
     let tools = json!([

@@ -1,7 +1,6 @@
 //! OpenAI request bodies and their validation into an engine request.
 
 use super::error::ApiError;
-use super::structured::ForcedTools;
 use crate::sampler::{LogitAdjust, SamplingParams};
 use crate::serve::{EngineLimits, GenRequest};
 use crate::tokenizer::content::ChatTurn;
@@ -127,6 +126,16 @@ pub struct ChatRequest {
     /// writes is what is parsed).
     #[serde(default)]
     pub parallel_tool_calls: Option<bool>,
+}
+
+/// A `tool_choice` that obliges the model to call (enforced by a grammar:
+/// [`super::structured::tool_grammar`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ForcedTools {
+    /// At least one call, to any of the tools.
+    Required,
+    /// One call to this function.
+    Named(String),
 }
 
 /// `prompt`: a string, a list of strings, a list of token ids, or a list

@@ -6,7 +6,7 @@
 use serde_json::{json, Value};
 use std::sync::Arc;
 
-use super::api::ChatRequest;
+use super::api::{ChatRequest, ForcedTools};
 use super::error::ApiError;
 use super::tools::ToolFormat;
 use super::AppState;
@@ -77,15 +77,6 @@ pub fn response_grammar(rf: Option<&Value>) -> Result<Option<GrammarSpec>, ApiEr
             rf["type"]
         )),
     }
-}
-
-/// A `tool_choice` that obliges the model to call.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ForcedTools {
-    /// At least one call, to any of the tools.
-    Required,
-    /// One call to this function.
-    Named(String),
 }
 
 /// `schema` with `additionalProperties: false` on every object schema that
