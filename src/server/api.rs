@@ -185,9 +185,9 @@ impl Endpoint {
 
 /// Checks that one field's JSON value has the type the request struct
 /// expects (so a type error can name the field).
-type Probe = fn(&Value) -> Result<(), serde_json::Error>;
+pub(super) type Probe = fn(&Value) -> Result<(), serde_json::Error>;
 
-fn probe<T: DeserializeOwned>(v: &Value) -> Result<(), serde_json::Error> {
+pub(super) fn probe<T: DeserializeOwned>(v: &Value) -> Result<(), serde_json::Error> {
     T::deserialize(v).map(drop)
 }
 

@@ -15,7 +15,7 @@ pub mod store;
 
 pub use store::ResponseStore;
 
-use super::api::{self, ChatRequest, Common, Endpoint, Prepared};
+use super::api::{self, probe, ChatRequest, Common, Endpoint, Prepared, Probe};
 use super::drive::{drive, Ended, Out};
 use super::error::ApiError;
 use super::handlers::{admission, chat_prompt_ids, check_model, unix_now};
@@ -30,7 +30,6 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -76,12 +75,6 @@ struct CreateRequest {
     parallel_tool_calls: Option<bool>,
     #[serde(default)]
     text: Option<Value>,
-}
-
-type Probe = fn(&Value) -> Result<(), serde_json::Error>;
-
-fn probe<T: DeserializeOwned>(v: &Value) -> Result<(), serde_json::Error> {
-    T::deserialize(v).map(drop)
 }
 
 /// Every field [`CreateRequest`] reads, with its type. Invariant: this
