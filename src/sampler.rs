@@ -7,8 +7,10 @@
 //! seed therefore give the same token on every platform and backend.
 
 mod draw;
+mod mask;
 
 pub use draw::{cand_key, det_exp, draw as draw_token, DrawParams, CHUNK};
+pub use mask::{RowMasks, WordMask};
 
 use anyhow::{bail, Context, Result};
 use rand_chacha::rand_core::{RngCore, SeedableRng};

@@ -4,7 +4,7 @@
 //! are a function of the tokens alone, and bad grammars are errors.
 
 use quire::constrain::{Constraint, GrammarSpec, Grammars};
-use quire::sampler::{Sampler, SamplingParams, TokenMask};
+use quire::sampler::{RowMasks, Sampler, SamplingParams, TokenMask, WordMask};
 use quire::tokenizer::Tokenizer;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -280,7 +280,8 @@ fn bad_grammars_are_errors() {
 }
 
 /// `apply` (word by word) agrees with `allows` (token by token) on every
-/// id, keeps the allowed logits' bits, and refuses ids past the vocabulary.
+/// id, keeps the allowed logits' bits, and refuses ids past the vocabulary;
+/// so do the words written for the device draw.
 #[test]
 fn apply_matches_allows() {
     let Some((tok, g)) = load() else { return };
@@ -305,6 +306,19 @@ fn apply_matches_allows() {
             };
             assert_eq!(masked[i].to_bits(), want, "step {k}, id {i}");
         }
+        // The words the device draw reads allow the same ids and mask a
+        // vocabulary row to the same bits.
+        let v = tok.vocab_size();
+        let mut words = vec![u32::MAX; RowMasks::words_for(v)];
+        a.write_words(&mut words);
+        let w = WordMask::new(&words);
+        for i in 0..v as u32 {
+            assert_eq!(w.allows(i), a.allows(i), "step {k}, id {i}: words");
+        }
+        let (mut by_words, mut by_allowed) = (logits[..v].to_vec(), logits[..v].to_vec());
+        assert!(w.apply(&mut by_words) && a.apply(&mut by_allowed));
+        let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&by_words), bits(&by_allowed), "step {k}: words apply");
         if let Some(&t) = ids.get(k) {
             c.commit(t).unwrap();
         }

@@ -85,6 +85,71 @@ fn mask_keeps_allowed_outputs_bitwise() {
     assert!(srv.wait_idle(Duration::from_secs(30)));
 }
 
+/// A constrained request without logprobs (which a GPU draws on the
+/// device, through the mask as words) gives the text of the same request
+/// with logprobs (drawn on the host from downloaded logits), greedy and
+/// sampled, alone and batched with other constrained rows.
+#[test]
+fn constrained_draw_paths_agree() {
+    let Some(srv) = Server::start(
+        "constrained_draw_paths_agree",
+        None,
+        &["--mode", "deterministic"],
+    ) else {
+        return;
+    };
+    let model = srv.model_id.clone();
+    let schema = json!({"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "days": {"type": "integer"}, "sunny": {"type": "boolean"}},
+        "required": ["city", "days", "sunny"], "additionalProperties": false});
+    let body = |i: u64, logprobs: bool| {
+        let mut b = json!({"model": model, "prompt": format!("Trip {i} as JSON:"),
+                           "max_tokens": 40, "temperature": if i % 2 == 0 { 0.0 } else { 0.9 },
+                           "seed": i, "response_format": {"type": "json_schema",
+                           "json_schema": {"name": "trip", "schema": schema}}});
+        if logprobs {
+            b["logprobs"] = json!(1);
+        }
+        b
+    };
+    let run = |logprobs: bool| -> Vec<(String, String)> {
+        let hs: Vec<_> = (0..6u64)
+            .map(|i| {
+                let (addr, b) = (srv.addr.clone(), body(i, logprobs));
+                std::thread::spawn(move || {
+                    server_util::http(&addr, "POST", "/v1/completions", &[], Some(&b.to_string()))
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                let r = h.join().unwrap();
+                assert_eq!(r.status, 200, "{}", r.body);
+                let c = &r.json()["choices"][0];
+                let text = c["text"].as_str().unwrap().to_string();
+                (text, c["finish_reason"].as_str().unwrap().to_string())
+            })
+            .collect()
+    };
+    let (device, host) = (run(false), run(true));
+    assert_eq!(device, host);
+    let done: Vec<&String> = device
+        .iter()
+        .filter(|(_, f)| f == "stop")
+        .map(|(t, _)| t)
+        .collect();
+    assert!(!done.is_empty(), "no output completed: {device:?}");
+    for t in done {
+        let v: Value = serde_json::from_str(t).unwrap_or_else(|e| panic!("{t:?}: {e}"));
+        assert!(
+            v["city"].is_string() && v["days"].is_i64() && v["sunny"].is_boolean(),
+            "{t}"
+        );
+    }
+    assert!(srv.wait_idle(Duration::from_secs(30)));
+}
+
 /// Each bad value is a 400 naming its parameter, and the server is idle
 /// after them (no sequence was queued).
 #[test]

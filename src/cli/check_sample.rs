@@ -19,7 +19,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 /// Parameter shapes the device draws (every one within `device_draws`).
-fn shapes(vocab: usize) -> Vec<SamplingParams> {
+pub(super) fn shapes(vocab: usize) -> Vec<SamplingParams> {
     let p = |temperature, top_k, top_p, min_p| SamplingParams {
         temperature,
         top_k,
@@ -50,7 +50,7 @@ fn shapes(vocab: usize) -> Vec<SamplingParams> {
 /// Rows of `vocab` logits: random, coarse (many exact ties), signed
 /// zeros at the top, -inf runs (fewer finite than top-k), all -inf but
 /// one, all -inf, a NaN, a +inf.
-fn rows(vocab: usize, rng: &mut ChaCha8Rng) -> Vec<Vec<f32>> {
+pub(super) fn rows(vocab: usize, rng: &mut ChaCha8Rng) -> Vec<Vec<f32>> {
     let mut out = Vec::new();
     for s in [8.0f32, 2.0, 30.0] {
         out.push((0..vocab).map(|_| rng.random_range(-s..s)).collect());
@@ -89,7 +89,7 @@ fn rows(vocab: usize, rng: &mut ChaCha8Rng) -> Vec<Vec<f32>> {
 
 /// sample_rows over the `n` rows of `vocab` logits and draw records in
 /// (logits, draws), into (tokens, statuses).
-fn sample_on(
+pub(super) fn sample_on(
     be: &crate::backend::cuda::CudaBackend,
     (d, dr): (&CudaSlice<f32>, &CudaSlice<u32>),
     n: usize,
@@ -140,7 +140,7 @@ fn check_rows(r: &Runner, vocab: usize, seed: u64) -> Result<usize> {
     for (ri, p, u) in &cases {
         flat.extend_from_slice(&rows[*ri]);
         let d: DrawParams = p.draw_params();
-        recs.extend(draw_record(Some((&d, *u))));
+        recs.extend(draw_record(Some((&d, *u)), false));
     }
     let d = be.up(&flat, "check-sample: logits")?;
     let dr = be.up(&recs, "check-sample: draws")?;
@@ -211,7 +211,7 @@ fn time_rows(r: &Runner, vocab: usize, n: usize) -> Result<String> {
         let d = if peak { &dp } else { &d };
         let p = shapes(vocab)[idx];
         let recs: Vec<u32> = (0..n)
-            .flat_map(|_| draw_record(Some((&p.draw_params(), 0.5))))
+            .flat_map(|_| draw_record(Some((&p.draw_params(), 0.5)), false))
             .collect();
         let dr = be.up(&recs, "check-sample: draws")?;
         let mut launch = || sample_on(be, (d, &dr), n, vocab, (&mut toks, &mut stat));
@@ -242,6 +242,13 @@ pub(super) fn check_sampled(
         n += check_rows(r, v, a.seed)?;
     }
     println!("check-sample: sample_rows agrees with the sampler on {n} crafted cases");
+    let mut n = 0;
+    for v in [vocab, 1001, 4096, 300] {
+        n += super::check_masked::check_masked_rows(r, v, a.seed)?;
+    }
+    println!(
+        "check-sample: mask_rows + sample_rows agree with the masked sampler on {n} crafted cases"
+    );
     for (v, rows) in [(vocab, 1), (128_256, 1), (128_256, 64)] {
         println!("check-sample: sample_rows time, {}", time_rows(r, v, rows)?);
     }

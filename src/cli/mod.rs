@@ -4,6 +4,7 @@ pub mod bench;
 pub mod bench_attn;
 mod check_fused;
 pub mod check_greedy;
+mod check_masked;
 mod check_sample;
 pub mod generate;
 pub mod greedy_run;

@@ -257,6 +257,41 @@ impl Allowed<'_> {
         self.end
     }
 
+    /// The allowed set as 32-id words (`sampler::WordMask`'s layout)
+    /// over the first `out.len() * 32` ids: within the vocabulary, a bit
+    /// is set exactly where [`TokenMask::allows`] allows the id, so a
+    /// `WordMask` of them applies as [`TokenMask::apply`] does to a row of
+    /// `vocab` logits.
+    pub fn write_words(&self, out: &mut [u32]) {
+        let words = self.mask.as_slice();
+        let limit = self.vocab.min(self.mask.len());
+        for (w, o) in out.iter_mut().enumerate() {
+            let base = w * 32;
+            let mut bits = words.get(w).copied().unwrap_or(0);
+            if base + 32 > limit {
+                let keep = limit.saturating_sub(base);
+                bits &= if keep >= 32 {
+                    u32::MAX
+                } else {
+                    (1u32 << keep) - 1
+                };
+            }
+            *o = bits;
+        }
+        for &s in self.stops {
+            let i = s as usize;
+            if i < self.vocab {
+                if let Some(o) = out.get_mut(i / 32) {
+                    if self.end {
+                        *o |= 1 << (i % 32);
+                    } else {
+                        *o &= !(1 << (i % 32));
+                    }
+                }
+            }
+        }
+    }
+
     /// The grammar's own bit for `id` (stop tokens aside).
     fn bit(&self, id: u32) -> bool {
         (id as usize) < self.vocab && (id as usize) < self.mask.len() && self.mask.is_allowed(id)

@@ -309,6 +309,10 @@ pub struct CudaExec {
     /// The ring every greedy graph of up to SHARED_RING_ROWS rows writes
     /// (greedy.rs), made by the first.
     shared_ring: Mutex<Option<Arc<crate::backend::cuda::GreedyRing>>>,
+    /// The grammar masks every greedy graph of up to SHARED_RING_ROWS rows
+    /// reads (greedy.rs: (SHARED_RING_ROWS, mask words) u32), made by the
+    /// first.
+    shared_masks: Mutex<Option<cudarc::driver::CudaSlice<u32>>>,
     /// The fusion pass's plans of steps by (rows, logit rows, every row
     /// in order), recorded once each (step_ops.rs).
     plans: Mutex<HashMap<StepShape, Arc<step_ops::Planned>>>,
@@ -335,6 +339,7 @@ impl CudaExec {
             use_graphs,
             greedy: Mutex::new(greedy::Greedy::default()),
             shared_ring: Mutex::new(None),
+            shared_masks: Mutex::new(None),
             plans: Mutex::new(HashMap::new()),
             cursor: Mutex::new(step_ops::Cursor::default()),
             paths: Mutex::new(super::StepPaths::default()),

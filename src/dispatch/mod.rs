@@ -269,13 +269,18 @@ pub trait DeviceModel: Send {
     /// are the previous such step's choices (`input.tokens` then only
     /// gives the row count). `draws`: per row, None (greedy) or its draw
     /// parameters (within [`DeviceModel::draws`]) and this step's uniform;
-    /// empty: every row greedy.
+    /// empty: every row greedy. `masks`: the rows' grammar masks (a
+    /// masked row draws among its allowed ids; see
+    /// [`DeviceModel::masks_rows`]).
     fn enqueue_chained(
         &mut self,
         input: &StepInput<'_>,
         chain: bool,
         draws: &[Option<(DrawParams, f64)>],
+        masks: Option<&crate::sampler::RowMasks>,
     ) -> Result<ChainTicket>;
+    /// Whether a chained step of `rows` rows can take masks.
+    fn masks_rows(&self, rows: usize) -> bool;
     /// Waits for an enqueued step and returns its tokens, one per row.
     fn chained_tokens(&self, t: ChainTicket) -> Result<Vec<u32>>;
     /// The CUDA executor underneath, for the device checks that launch

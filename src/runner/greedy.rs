@@ -17,7 +17,7 @@ use crate::dispatch::ChainTicket;
 use crate::kv::KvManager;
 use crate::kv::SeqId;
 use crate::model::StepInput;
-use crate::sampler::{DrawParams, Sampler, SamplingParams};
+use crate::sampler::{DrawParams, RowMasks, Sampler, SamplingParams};
 use anyhow::{bail, Context, Result};
 use std::collections::VecDeque;
 
@@ -134,14 +134,19 @@ impl Runner {
     /// [`Runner::step_with_kv`]), whose next tokens are chosen on the
     /// device: one per sequence, the logits never downloaded. `draws`:
     /// per row, None (greedy) or its draw parameters and this step's
-    /// uniform (drawn by the caller from the row's sampler). None where
-    /// the step cannot run as such a decode graph here (the caller then
-    /// steps with logits and samples on the host, with the same uniforms).
+    /// uniform (drawn by the caller from the row's sampler). `masks`: the
+    /// rows' grammar masks, if any (a masked row chooses among its
+    /// allowed ids as `Sampler::sample_masked` does, except that a greedy
+    /// row whose allowed logits are all -inf may come back with a refused
+    /// id: the caller then takes the first allowed one). None where the
+    /// step cannot run as such a decode graph here (the caller then steps
+    /// with logits and samples on the host, with the same uniforms).
     pub fn step_greedy_with_kv(
         &mut self,
         kv: &KvManager,
         work: &[SeqWork<'_>],
         draws: &[Option<(DrawParams, f64)>],
+        masks: Option<&RowMasks>,
     ) -> Result<Option<Vec<u32>>> {
         let b = work.len();
         let vocab = self.model.cfg().vocab_size;
@@ -152,12 +157,27 @@ impl Runner {
             && draws
                 .iter()
                 .all(|d| d.as_ref().is_none_or(|(p, _)| self.device_draws(p, vocab)));
-        if b == 0 || !decode || !drawable || !self.greedy_on_device_rows(b) {
+        let masked = masks.is_some_and(RowMasks::any);
+        if b == 0
+            || !decode
+            || !drawable
+            || !self.greedy_on_device_rows(b)
+            || (masked && !self.masks_on_device(b))
+        {
             return Ok(None);
         }
         let bi = super::batch_input(self.model.cfg(), kv, work)?;
-        let t = enqueue(&mut self.compute, &bi.input(), false, draws)?;
+        let t = enqueue(&mut self.compute, &bi.input(), false, draws, masks)?;
         self.greedy_wait(t).map(Some)
+    }
+
+    /// Whether a decode step of `b` rows here can draw on the device with
+    /// grammar masks.
+    pub fn masks_on_device(&self, b: usize) -> bool {
+        match &self.compute {
+            Compute::Device(d) => d.masks_rows(b),
+            Compute::Host { .. } => false,
+        }
     }
 
     /// Whether a one-row decode step here chains its tokens on the device
@@ -368,7 +388,7 @@ impl Runner {
             fresh_slots: &fresh_slots,
             hidden: false,
         };
-        enqueue(&mut self.compute, &input, i > 0, draws)
+        enqueue(&mut self.compute, &input, i > 0, draws, None)
     }
 
     fn greedy_wait(&self, t: ChainTicket) -> Result<Vec<u32>> {
@@ -388,15 +408,17 @@ fn greedy_samplers(b: usize) -> Result<Vec<Sampler>> {
 
 /// Enqueues a decode step of `input` whose tokens are chosen on the device
 /// (`DeviceModel::enqueue_chained`; `chain`: its tokens are the previous
-/// such step's; `draws`: the rows' draws, empty: greedy).
+/// such step's; `draws`: the rows' draws, empty: greedy; `masks`: the
+/// rows' grammar masks).
 fn enqueue(
     compute: &mut Compute,
     input: &StepInput<'_>,
     chain: bool,
     draws: &[Option<(DrawParams, f64)>],
+    masks: Option<&RowMasks>,
 ) -> Result<ChainTicket> {
     match compute {
-        Compute::Device(d) => d.enqueue_chained(input, chain, draws),
+        Compute::Device(d) => d.enqueue_chained(input, chain, draws, masks),
         Compute::Host { .. } => bail!("greedy decode on the device: the model is on the host"),
     }
 }

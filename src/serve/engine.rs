@@ -17,7 +17,7 @@ use super::{
 use crate::constrain::Constraint;
 use crate::kv::{KvManager, SeqId};
 use crate::runner::Runner;
-use crate::sampler::{logprobs, BadLogits, Sampler};
+use crate::sampler::{logprobs, BadLogits, RowMasks, Sampler};
 use crate::scheduler::{PrefillBudget, Scheduler, SchedulerConfig, StateSnapshots};
 use anyhow::{anyhow, bail, Context, Result};
 use rayon::prelude::*;
@@ -101,6 +101,7 @@ pub fn spawn(runner: Runner, cfg: EngineConfig) -> Result<(EngineHandle, JoinHan
         seqs: BTreeMap::new(),
         deferred: VecDeque::new(),
         next_id: 1,
+        row_masks: RowMasks::default(),
     };
     engine.publish_metrics();
     let join = std::thread::Builder::new()
@@ -111,18 +112,18 @@ pub fn spawn(runner: Runner, cfg: EngineConfig) -> Result<(EngineHandle, JoinHan
 }
 
 /// What a request's sequences share.
-struct ReqShared {
+pub(super) struct ReqShared {
     tx: UnboundedSender<Event>,
     cancel: Arc<Vec<AtomicBool>>,
-    stop_ids: Vec<u32>,
+    pub(super) stop_ids: Vec<u32>,
     top_logprobs: Option<usize>,
     arrival: Instant,
 }
 
 /// The engine's side of one choice (the scheduler holds its tokens).
-struct Seq {
+pub(super) struct Seq {
     index: usize,
-    req: Arc<ReqShared>,
+    pub(super) req: Arc<ReqShared>,
     prompt_len: usize,
     generated: usize,
     /// Generation ends (Length) when the sequence reaches this many tokens.
@@ -130,7 +131,7 @@ struct Seq {
     max_tokens: usize,
     sampler: Sampler,
     /// The grammar's state, for a structured-output request.
-    constraint: Option<Constraint>,
+    pub(super) constraint: Option<Constraint>,
     /// Still counted in the handle's queue counter (never scheduled yet).
     in_queue_count: bool,
     /// Prompt tokens its first admission took from the prefix cache.
@@ -176,6 +177,8 @@ struct Engine {
     seqs: BTreeMap<SeqId, Seq>,
     deferred: VecDeque<Deferred>,
     next_id: u64,
+    /// The grammar masks of a step drawn on the device (masks.rs).
+    row_masks: RowMasks,
 }
 
 impl Engine {
@@ -466,15 +469,34 @@ impl Engine {
         // Every planned row a decode row whose draw reads the logits alone
         // (greedy, or sampled without a repetition penalty), without
         // logprobs: the device chooses the tokens and no logits come down
-        // (Runner::step_greedy_with_kv). Sampled rows' uniforms are drawn
-        // here, once: if the device step cannot run or fails, the step runs
-        // again with logits (it rewrites the same cells) and each sequence
-        // samples with its uniform, and fails, on its own.
-        let on_device = plan.seqs.iter().all(|ss| {
-            self.seqs.get(&ss.seq).is_some_and(|s| {
-                s.sampler.logits_only() && s.req.top_logprobs.is_none() && s.constraint.is_none()
-            })
+        // (Runner::step_greedy_with_kv), through the grammar masks of
+        // constrained rows, computed first (masks.rs). Sampled rows'
+        // uniforms are drawn here, once: if the device step cannot run or
+        // fails, the step runs again with logits (it rewrites the same
+        // cells) and each sequence samples with its uniform, and fails, on
+        // its own.
+        let mut on_device = plan.seqs.iter().all(|ss| {
+            self.seqs
+                .get(&ss.seq)
+                .is_some_and(|s| s.sampler.logits_only() && s.req.top_logprobs.is_none())
         });
+        let constrained = plan.seqs.iter().any(|ss| {
+            self.seqs
+                .get(&ss.seq)
+                .is_some_and(|s| s.constraint.is_some())
+        });
+        self.row_masks.reset(0, 0);
+        if on_device && constrained {
+            let n = plan.seqs.len();
+            on_device = plan.seqs.iter().all(|ss| ss.sample && ss.tokens.len() == 1)
+                && self.runner.masks_on_device(n)
+                && super::masks::step_masks(
+                    &mut self.seqs,
+                    &plan,
+                    self.limits.vocab_size,
+                    &mut self.row_masks,
+                );
+        }
         let mut uniforms: Vec<Option<f64>> = vec![None; plan.seqs.len()];
         let mut chosen = None;
         if on_device {
@@ -490,7 +512,8 @@ impl Engine {
                     None
                 });
             }
-            match run_plan_greedy(&mut self.runner, self.sched.kv(), &plan, &draws) {
+            let masks = Some(&self.row_masks).filter(|m| m.any());
+            match run_plan_greedy(&mut self.runner, self.sched.kv(), &plan, &draws, masks) {
                 Ok(t) => chosen = t,
                 // A hybrid's recurrent state may have advanced: the step
                 // cannot run again.
@@ -561,12 +584,17 @@ impl Engine {
         // logits, rows in parallel (a row reads its own logits and changes
         // only its own sampler and grammar state), then sent in plan order.
         let mut picks: Vec<Option<Result<Pick, String>>> = match &outs {
-            StepOut::Tokens(t) => plan
-                .seqs
-                .iter()
-                .enumerate()
-                .map(|(i, ss)| ss.sample.then(|| Ok((t[i], None))))
-                .collect(),
+            StepOut::Tokens(t) => {
+                let mut picks = vec![None; plan.seqs.len()];
+                for (i, ss) in plan.seqs.iter().enumerate().filter(|(_, ss)| ss.sample) {
+                    picks[i] = Some(match self.seqs.get_mut(&ss.seq) {
+                        Some(s) => super::masks::device_pick(s, t[i], self.row_masks.row(i))
+                            .map(|tok| (tok, None)),
+                        None => Ok((t[i], None)),
+                    });
+                }
+                picks
+            }
             StepOut::Logits(l) => {
                 let at: HashMap<SeqId, usize> = plan
                     .seqs

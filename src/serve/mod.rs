@@ -17,6 +17,7 @@
 //! prefilled and its full blocks are in the prefix cache, then reuse them.
 
 mod engine;
+mod masks;
 pub mod metrics;
 pub mod step;
 

@@ -32,21 +32,20 @@ impl CudaExec {
         step: &mut DecodeFn<'_>,
         b: usize,
         vocab: usize,
-        greedy: bool,
     ) {
         // Captured with nothing between it and the step, the capture finds
         // each buffer that step used in the pool; the pool's best fit may
         // still hand one to an earlier request than the step did, leaving
         // a later one without. Each such miss adds the missing buffer and
         // captures again (the pool only grows, so this ends).
-        let mut r = self.capture(g, kv, step, b, vocab, greedy);
+        let mut r = self.capture(g, kv, step, b, vocab);
         for _ in 0..MAX_TOP_UPS {
             let Some(len) = r.as_ref().err().and_then(super::pool::missing_buffer) else {
                 break;
             };
             r = self
                 .pool_add(len)
-                .and_then(|()| self.capture(g, kv, step, b, vocab, greedy));
+                .and_then(|()| self.capture(g, kv, step, b, vocab));
         }
         match r {
             Ok(graph) => {
@@ -86,7 +85,6 @@ impl CudaExec {
         step: &mut DecodeFn<'_>,
         b: usize,
         vocab: usize,
-        greedy: bool,
     ) -> Result<SendGraph> {
         let st = self.be.stream();
         let l2_on = self.be.l2_prepare(&mut g.l2, g.l2_measured)?;
@@ -94,11 +92,9 @@ impl CudaExec {
             &g.batch,
             &g.rows,
             &g.state_slots.0,
-            g.ring.as_ref(),
-            g.draws.as_ref().map(|d| &d.0),
+            g.greedy.as_ref(),
             b,
             vocab,
-            greedy,
             st,
         )?;
         drv(

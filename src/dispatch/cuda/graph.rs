@@ -19,13 +19,16 @@ use std::sync::Arc;
 /// logits out).
 pub(super) type GraphKey = (usize, usize, bool);
 
-/// Where a greedy graph's sample_rows reads its draw records and writes
-/// (decode_finish).
+/// Where a greedy graph's mask_rows and sample_rows read their draw
+/// records and masks and write (decode_finish).
 pub(super) struct GreedyOut<'g> {
     pub(super) b: usize,
     pub(super) vocab: usize,
     /// Device address of the graph's draw records (b, DRAW_WORDS).
     pub(super) draws: u64,
+    /// Device address of the masks (b, mask words), 0: the graph masks
+    /// nothing (more rows than the shared masks hold).
+    pub(super) masks: u64,
     /// Device address of the graph's tokens: (b tokens, b statuses).
     pub(super) tokens: u64,
     pub(super) ring: &'g Arc<crate::backend::cuda::GreedyRing>,
@@ -43,8 +46,12 @@ pub(super) struct GraphSel<'d> {
     /// step's (None: uploaded from `input.tokens`).
     pub(super) chain: Option<GraphKey>,
     /// A greedy graph's draw records (b, DRAW_WORDS), uploaded where they
-    /// differ from the graph's last ones; empty: every row greedy.
+    /// differ from the graph's last ones; empty: every row greedy and
+    /// unmasked.
     pub(super) draws: &'d [u32],
+    /// The masks of the rows whose draw record says so (b, mask words),
+    /// uploaded; empty: no row masked.
+    pub(super) masks: &'d [u32],
     /// The step synchronizes the stream before it returns (its logits are
     /// downloaded), so its staging needs no event.
     pub(super) synced: bool,
@@ -65,25 +72,24 @@ impl<'g> GraphIo<'g> {
         batch: &'g DevAttnBatch,
         rows: &'g CudaSlice<u32>,
         state_slots: &'g CudaSlice<u32>,
-        ring: Option<&'g Arc<GreedyRing>>,
-        draws: Option<&'g CudaSlice<u32>>,
+        greedy: Option<&'g GreedyBufs>,
         b: usize,
         vocab: usize,
-        greedy: bool,
         st: &Arc<CudaStream>,
     ) -> Result<Self> {
-        // Greedy graphs end with sample_rows into their own token input.
-        let fin = match (greedy, ring, draws) {
-            (true, Some(ring), Some(d)) => Some(GreedyOut {
+        // Greedy graphs end with mask_rows and sample_rows into their own
+        // token input.
+        let fin = match greedy {
+            Some(g) => Some(GreedyOut {
                 b,
                 vocab,
-                draws: d.device_ptr(st).0,
+                draws: g.draws.device_ptr(st).0,
+                masks: g.masks,
                 tokens: batch.tokens_and_status()?.device_ptr(st).0,
-                ring,
+                ring: &g.ring,
                 steps: batch.step_words()?.device_ptr(st).0,
             }),
-            (true, _, _) => anyhow::bail!("greedy decode graph without its ring or draws"),
-            (false, _, _) => None,
+            None => None,
         };
         let bufs = StepBufs {
             n: b,
@@ -193,6 +199,19 @@ impl Staging {
     }
 }
 
+/// A greedy graph's buffers beyond the step's.
+pub(super) struct GreedyBufs {
+    /// The page-locked ring its sample_rows writes.
+    pub(super) ring: Arc<GreedyRing>,
+    /// The draw records mask_rows and sample_rows read (b, DRAW_WORDS).
+    pub(super) draws: CudaSlice<u32>,
+    /// The host's copy of what `draws` holds (zeros: every row greedy).
+    pub(super) held: Option<Vec<u32>>,
+    /// Device address of the shared masks (`CudaExec::shared_masks`), 0
+    /// when the graph has more rows than they hold.
+    pub(super) masks: u64,
+}
+
 /// Fixed inputs, fixed logits buffer and the captured graph of the decode
 /// steps of one batch size (one row per sequence, every row's logits).
 pub(super) struct DecodeGraph {
@@ -201,11 +220,8 @@ pub(super) struct DecodeGraph {
     /// (B, vocab) logits, written by the graph's last node (greedy graphs:
     /// unused).
     pub(super) out: CudaSlice<f32>,
-    /// Greedy graphs: the page-locked ring their sample_rows writes.
-    pub(super) ring: Option<Arc<crate::backend::cuda::GreedyRing>>,
-    /// Greedy graphs: the draw records sample_rows reads (b, DRAW_WORDS),
-    /// and the host's copy of what they hold (zeros: every row greedy).
-    pub(super) draws: Option<(CudaSlice<u32>, Option<Vec<u32>>)>,
+    /// Greedy graphs: what their last nodes read and write.
+    pub(super) greedy: Option<GreedyBufs>,
     /// Hybrid models: each row's recurrent state slot (b,), and the host's
     /// copy of what it holds (uploaded when it changes).
     pub(super) state_slots: (CudaSlice<u32>, Option<Vec<u32>>),
@@ -248,6 +264,7 @@ impl CudaExec {
             key: Self::graph_key(input, false),
             chain: None,
             draws: &[],
+            masks: &[],
             synced: true,
         };
         self.decode_run(vocab, input, kv, step, sel, |be, g| {
@@ -315,14 +332,14 @@ impl CudaExec {
                     ctas,
                 )?,
                 out: zeros::<f32>(&self.be, super::pool::size_class(nl), "decode logits")?,
-                ring: if greedy {
-                    Some(self.greedy_ring(b)?)
-                } else {
-                    None
-                },
-                draws: if greedy {
+                greedy: if greedy {
                     let n = b * crate::backend::cuda::DRAW_WORDS;
-                    Some((zeros::<u32>(&self.be, n, "decode draws")?, Some(vec![0; n])))
+                    Some(GreedyBufs {
+                        ring: self.greedy_ring(b)?,
+                        draws: zeros::<u32>(&self.be, n, "decode draws")?,
+                        held: Some(vec![0; n]),
+                        masks: self.greedy_masks(b, vocab)?,
+                    })
                 } else {
                     None
                 },
@@ -360,12 +377,26 @@ impl CudaExec {
             .lock()
             .map_err(|_| anyhow!("cuda: staging lock poisoned"))?;
         let nd = b * crate::backend::cuda::DRAW_WORDS;
+        let nm = sel.masks.len();
         let stride = kv.table_stride();
-        let stage = staging.take(&self.be, b * (stride + 4) + nd)?;
+        let stage = staging.take(&self.be, b * (stride + 4) + nd + nm)?;
         let (stage, draw_stage) = stage.split_at_mut(b * (stride + 4));
+        let (draw_stage, mask_stage) = draw_stage.split_at_mut(nd);
         // Whether a copy read the staging (then its event is recorded).
         let mut copied = false;
-        if let Some((d, held)) = g.draws.as_mut() {
+        if nm > 0 {
+            let gb = g.greedy.as_ref().filter(|gb| gb.masks != 0);
+            ensure!(
+                gb.is_some() && nm == b * crate::sampler::RowMasks::words_for(vocab),
+                "decode step: {nm} mask words for {b} rows of {vocab} ids \
+                 (masks on the device: up to {} rows)",
+                super::greedy::SHARED_RING_ROWS
+            );
+            mask_stage.copy_from_slice(sel.masks);
+            self.upload_masks(mask_stage)?;
+            copied = true;
+        }
+        if let Some(GreedyBufs { draws: d, held, .. }) = g.greedy.as_mut() {
             // Only what changed goes up: a greedy chain's records stay zero.
             if sel.draws.is_empty() {
                 draw_stage.fill(0);
@@ -419,11 +450,9 @@ impl CudaExec {
                 &g.batch,
                 &g.rows,
                 &g.state_slots.0,
-                g.ring.as_ref(),
-                g.draws.as_ref().map(|d| &d.0),
+                g.greedy.as_ref(),
                 b,
                 vocab,
-                greedy,
                 st,
             )?;
             let bufs = &io.bufs;
@@ -472,7 +501,7 @@ impl CudaExec {
         g.batch.hold_steps(held_steps, greedy);
         let r = after(&self.be, g)?;
         if capture_after {
-            self.capture_or_retry(g, kv, step, b, vocab, greedy);
+            self.capture_or_retry(g, kv, step, b, vocab);
         }
         Ok(r)
     }
@@ -507,9 +536,21 @@ impl CudaExec {
             // step words at `steps`, whose positions and slots every node
             // before this one has finished reading (it is the step's last);
             // the step read its tokens first (stream order); its draws
-            // buffer holds b records, written only by uploads ordered
-            // before the graph on this stream.
+            // buffer holds b records and the shared masks at least b rows
+            // of mask words, written only by uploads ordered before the
+            // graph on this stream; the logits (b, vocab) are the step's
+            // own, which nothing reads after these two launches.
             Some(f) => unsafe {
+                if f.masks != 0 {
+                    self.be.d_mask_rows_at(
+                        l.device_ptr(self.be.stream()).0,
+                        f.b,
+                        f.vocab,
+                        f.draws,
+                        f.masks,
+                        crate::sampler::RowMasks::words_for(f.vocab),
+                    )?;
+                }
                 self.be.d_sample_rows_at(
                     &l,
                     f.b,

@@ -160,7 +160,7 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
     (
         "sample",
         include_str!("sample/kernels/sample.cu"),
-        &["sample_rows"],
+        &["sample_rows", "mask_rows"],
     ),
     (
         "select_rows",

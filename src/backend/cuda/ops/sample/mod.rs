@@ -24,12 +24,25 @@ pub const SAMPLE_KMAX: usize = 1024;
 pub const SAMPLE_MAX_VOCAB: usize = 1024 * crate::sampler::CHUNK;
 
 /// u32 words of one row's draw record (sample.cu's params).
-pub const DRAW_WORDS: usize = 6;
+pub const DRAW_WORDS: usize = 7;
 
-/// A row's draw record: temperature, top-k, top-p, min-p and the uniform;
-/// `None` (or temperature 0): the greedy rule.
-pub fn draw_record(p: Option<(&crate::sampler::DrawParams, f64)>) -> [u32; DRAW_WORDS] {
-    match p {
+/// The draw record's word that says mask_rows masks the row.
+pub const MASKED_WORD: usize = 6;
+
+/// CTAs per row of mask_rows.
+const MASK_CTAS: u32 = 8;
+
+/// Threads per CTA of mask_rows (MASK_THREADS in sample.cu).
+const MASK_THREADS: u32 = 256;
+
+/// A row's draw record: temperature, top-k, top-p, min-p and the uniform
+/// (`None`, or temperature 0: the greedy rule), and whether the row's
+/// logits are masked first (`masked`: mask_rows).
+pub fn draw_record(
+    p: Option<(&crate::sampler::DrawParams, f64)>,
+    masked: bool,
+) -> [u32; DRAW_WORDS] {
+    let mut r = match p {
         Some((d, u)) if d.temperature != 0.0 => {
             let ub = u.to_bits();
             [
@@ -39,10 +52,13 @@ pub fn draw_record(p: Option<(&crate::sampler::DrawParams, f64)>) -> [u32; DRAW_
                 d.min_p.to_bits(),
                 ub as u32,
                 (ub >> 32) as u32,
+                0,
             ]
         }
         _ => [0; DRAW_WORDS],
-    }
+    };
+    r[MASKED_WORD] = u32::from(masked);
+    r
 }
 
 /// Whether the device can draw for these parameters over `vocab` logits
@@ -145,6 +161,47 @@ impl CudaBackend {
         // SAFETY: t and s hold n u32 each (checked), borrowed mutably here;
         // params holds n records (checked), borrowed.
         unsafe { self.d_sample_rows_at(logits, n, vocab, p, t, s, None) }
+    }
+
+    /// Masks the logits of the rows whose draw record says so (mask_rows
+    /// in sample.cu), in place: a refused id's logit becomes -inf unless
+    /// it is a NaN or +inf (which sample_rows then refuses, as the host
+    /// sampler does); allowed ids keep their bits.
+    ///
+    /// # Safety
+    /// `logits` must be the address of n * vocab f32, `params` of n draw
+    /// records and `masks` of n * mwords u32, of device memory that nothing
+    /// reads or writes (logits) or writes (params, masks) concurrently
+    /// with this launch (stream order).
+    pub(crate) unsafe fn d_mask_rows_at(
+        &self,
+        logits: u64,
+        n: usize,
+        vocab: usize,
+        params: u64,
+        masks: u64,
+        mwords: usize,
+    ) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        ensure!(
+            mwords * 32 >= vocab,
+            "mask_rows: {mwords} words cannot mask {vocab} ids"
+        );
+        let (vi, mw) = (i32::try_from(vocab)?, i32::try_from(mwords)?);
+        let cfg = LaunchConfig {
+            grid_dim: (MASK_CTAS, u32::try_from(n)?, 1),
+            block_dim: (MASK_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream().launch_builder(self.func("mask_rows")?);
+        b.arg(&logits).arg(&vi).arg(&params).arg(&masks).arg(&mw);
+        // SAFETY: matches mask_rows (logits, vocab, params, masks, mwords);
+        // one CTA row per logits row, each buffer holding the n rows the
+        // caller promised.
+        drv(unsafe { b.launch(cfg) }, "mask_rows: launch")?;
+        Ok(())
     }
 
     /// [`CudaBackend::d_sample_rows`] with device addresses (a decode

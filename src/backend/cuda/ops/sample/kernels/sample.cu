@@ -2,9 +2,10 @@
 // operation: the host and the device pick the same token from the same
 // logits (and, when sampling, the same uniform).
 //
-// Per row a draw record of 6 u32 (params): temperature (f32 bits), top_k,
-// top_p (f32 bits), min_p (f32 bits), the step's uniform u (f64: low word,
-// high word). Temperature 0: the greedy rule, the first maximum in id
+// Per row a draw record of DRAW_WORDS u32 (params): temperature (f32
+// bits), top_k, top_p (f32 bits), min_p (f32 bits), the step's uniform u
+// (f64: low word, high word), and whether mask_rows masked the row (which
+// sample_rows does not read). Temperature 0: the greedy rule, the first maximum in id
 // order (ties go to the lowest id; -0.0 and +0.0 compare equal). Otherwise
 // draw.rs's draw: weights det_exp((l - max) * (1 / T)) in IEEE double operations
 // (__d*_rn: never contracted), summed in id order over chunks of
@@ -44,6 +45,7 @@
 // 512 threads: 128 registers each, room for the 16 weights in flight
 // of the chunk sums without spilling.
 #define SAMPLE_THREADS 512
+#define DRAW_WORDS 7
 #define SAMPLE_KMAX 1024
 #define SAMPLE_CHUNK 256
 #define SAMPLE_MAX_CHUNKS 1024
@@ -412,7 +414,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     const int csize = cl_shape(&rank);
     const int ri = blockIdx.y;
     const float* row = logits + (long long)ri * vocab;
-    const unsigned* pr = params + 6 * (long long)ri;
+    const unsigned* pr = params + DRAW_WORDS * (long long)ri;
     const float temp = __uint_as_float(pr[0]);
     const unsigned top_k = pr[1];
     const float top_p = __uint_as_float(pr[2]);
@@ -786,6 +788,37 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                 for (unsigned r = 0; r < 2 * n; r++) steps[r] += 1u;
                 atomicExch(&steps[4 * n], 0u);
             }
+        }
+    }
+}
+
+// A grammar's mask over the logits of the rows whose draw record says so
+// (word 6 nonzero), in place, before sample_rows reads them: an id whose
+// bit is clear in the row's words (masks: (n, mwords) u32, id i at bit
+// i % 32 of word i / 32; ids past the words refused) gets -inf, except a
+// NaN or +inf, which stays, so that sample_rows refuses the row as the
+// host sampler does (it checks the model's logits before masking).
+// Allowed ids keep their bits. Other rows are left alone.
+// logits: (n, vocab) f32; params: (n, DRAW_WORDS) u32.
+// grid (MASK_CTAS, n), MASK_THREADS each: a warp per 32-id word, lane l
+// on id 32 w + l (each warp's 128-byte run coalesced).
+#define MASK_THREADS 256
+extern "C" __global__ void __launch_bounds__(MASK_THREADS)
+    mask_rows(float* __restrict__ logits, int vocab, const unsigned* __restrict__ params,
+              const unsigned* __restrict__ masks, int mwords) {
+    GRID_DEP();
+    const int ri = blockIdx.y;
+    if (params[DRAW_WORDS * (long long)ri + 6] == 0) return;
+    float* row = logits + (long long)ri * vocab;
+    const unsigned* m = masks + (long long)ri * mwords;
+    const int nw = (vocab + 31) / 32, lane = threadIdx.x & 31, wpb = blockDim.x >> 5;
+    for (int w = blockIdx.x * wpb + (threadIdx.x >> 5); w < nw; w += gridDim.x * wpb) {
+        const unsigned bits = w < mwords ? m[w] : 0u;
+        if (bits == 0xffffffffu) continue;
+        const int id = 32 * w + lane;
+        if (id < vocab && ((bits >> lane) & 1u) == 0u) {
+            const float v = row[id];
+            if (!(v != v || v == Q_INF)) row[id] = Q_NINF;
         }
     }
 }
