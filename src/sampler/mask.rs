@@ -125,6 +125,12 @@ impl RowMasks {
     pub fn data(&self) -> &[u32] {
         &self.data
     }
+
+    /// Every row's flag and words, to be written together (rows in
+    /// parallel): a row is masked when its flag is set.
+    pub fn parts_mut(&mut self) -> (&mut [bool], &mut [u32]) {
+        (&mut self.rows, &mut self.data)
+    }
 }
 
 #[cfg(test)]

@@ -585,13 +585,18 @@ impl Engine {
         // only its own sampler and grammar state), then sent in plan order.
         let mut picks: Vec<Option<Result<Pick, String>>> = match &outs {
             StepOut::Tokens(t) => {
-                let mut picks = vec![None; plan.seqs.len()];
-                for (i, ss) in plan.seqs.iter().enumerate().filter(|(_, ss)| ss.sample) {
-                    picks[i] = Some(match self.seqs.get_mut(&ss.seq) {
-                        Some(s) => super::masks::device_pick(s, t[i], self.row_masks.row(i))
-                            .map(|tok| (tok, None)),
-                        None => Ok((t[i], None)),
-                    });
+                let mut picks: Vec<Option<Result<Pick, String>>> = plan
+                    .seqs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, ss)| ss.sample.then(|| Ok((t[i], None))))
+                    .collect();
+                if constrained {
+                    for (i, r) in
+                        super::masks::device_picks(&mut self.seqs, &plan, &t, &self.row_masks)
+                    {
+                        picks[i] = Some(r);
+                    }
                 }
                 picks
             }
@@ -698,7 +703,7 @@ impl Engine {
 }
 
 /// A chosen token and, when the request asked, its log-probabilities.
-type Pick = (u32, Option<TokenLogprobs>);
+pub(super) type Pick = (u32, Option<TokenLogprobs>);
 
 /// Chooses the next token of `s` (whose tokens so far are `history`) from
 /// its logits, through its grammar's mask if it has one, and advances the

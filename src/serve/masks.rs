@@ -4,18 +4,18 @@
 //! no logits come down. The host then only advances each grammar past
 //! its row's token.
 
-use super::engine::Seq;
-use crate::constrain::Constraint;
+use super::engine::{Pick, Seq};
 use crate::kv::SeqId;
 use crate::sampler::{RowMasks, TokenMask, WordMask};
 use crate::scheduler::StepPlan;
 use rayon::prelude::*;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// Fills `out` with the masks of `plan`'s rows (one per planned sequence,
-/// in plan order; rows without a grammar unmasked) over `vocab` ids.
-/// False when some mask cannot be had (a grammar with no way on): the step
-/// then samples on the host, which reports that row's error alone.
+/// in plan order; rows without a grammar unmasked) over `vocab` ids, rows
+/// in parallel. False when some mask cannot be had (a grammar with no way
+/// on): the step then samples on the host, which reports that row's error
+/// alone.
 pub(super) fn step_masks(
     seqs: &mut BTreeMap<SeqId, Seq>,
     plan: &StepPlan,
@@ -23,27 +23,68 @@ pub(super) fn step_masks(
     out: &mut RowMasks,
 ) -> bool {
     out.reset(plan.seqs.len(), vocab);
-    let planned: Vec<SeqId> = plan.seqs.iter().map(|ss| ss.seq).collect();
-    let grammars: Vec<&mut Constraint> = seqs
-        .iter_mut()
-        .filter(|(id, _)| planned.contains(id))
-        .filter_map(|(_, s)| s.constraint.as_mut())
+    let words = out.words();
+    let at: HashMap<SeqId, usize> = plan
+        .seqs
+        .iter()
+        .enumerate()
+        .map(|(i, ss)| (ss.seq, i))
         .collect();
-    // A mask reads only the tokens already committed.
-    grammars.into_par_iter().for_each(Constraint::prepare);
-    for (i, ss) in plan.seqs.iter().enumerate() {
-        let Some(s) = seqs.get_mut(&ss.seq) else {
-            continue;
-        };
-        let stops = &s.req.stop_ids;
-        if let Some(c) = s.constraint.as_mut() {
-            match c.allows(stops) {
-                Ok(a) => a.write_words(out.row_mut(i)),
-                Err(_) => return false,
-            }
+    let mut by_row: Vec<Option<&mut Seq>> = (0..plan.seqs.len()).map(|_| None).collect();
+    for (id, s) in seqs.iter_mut() {
+        if let Some(&i) = at.get(id) {
+            by_row[i] = Some(s);
         }
     }
-    true
+    let (flags, data) = out.parts_mut();
+    // A mask reads only the tokens already committed.
+    by_row
+        .into_par_iter()
+        .zip(flags.par_iter_mut())
+        .zip(data.par_chunks_mut(words))
+        .all(|((s, flag), w)| {
+            let Some(s) = s else { return true };
+            let stops = &s.req.stop_ids;
+            let Some(c) = s.constraint.as_mut() else {
+                return true;
+            };
+            match c.allows(stops) {
+                Ok(a) => {
+                    a.write_words(w);
+                    *flag = true;
+                    true
+                }
+                Err(_) => false,
+            }
+        })
+}
+
+/// The constrained rows' picks of a step drawn on the device (`tokens`:
+/// one per planned sequence, drawn under `masks`), each advancing its
+/// grammar, rows in parallel: (plan row, pick).
+pub(super) fn device_picks(
+    seqs: &mut BTreeMap<SeqId, Seq>,
+    plan: &StepPlan,
+    tokens: &[u32],
+    masks: &RowMasks,
+) -> Vec<(usize, Result<Pick, String>)> {
+    let at: HashMap<SeqId, usize> = plan
+        .seqs
+        .iter()
+        .enumerate()
+        .filter(|(_, ss)| ss.sample)
+        .map(|(i, ss)| (ss.seq, i))
+        .collect();
+    seqs.iter_mut()
+        .filter(|(_, s)| s.constraint.is_some())
+        .filter_map(|(id, s)| Some((*at.get(id)?, s)))
+        .collect::<Vec<_>>()
+        .into_par_iter()
+        .map(|(i, s)| {
+            let r = device_pick(s, tokens[i], masks.row(i));
+            (i, r.map(|tok| (tok, None)))
+        })
+        .collect()
 }
 
 /// A constrained row's token drawn on the device under `mask`: a greedy
@@ -51,11 +92,7 @@ pub(super) fn step_masks(
 /// first maximum, which may be refused; the host sampler's choice is then
 /// the first allowed id. Advances the grammar past the token (not past a
 /// stop token). The error is the sequence's end message.
-pub(super) fn device_pick(
-    s: &mut Seq,
-    tok: u32,
-    mask: Option<WordMask<'_>>,
-) -> Result<u32, String> {
+fn device_pick(s: &mut Seq, tok: u32, mask: Option<WordMask<'_>>) -> Result<u32, String> {
     let Some(c) = s.constraint.as_mut() else {
         return Ok(tok);
     };
@@ -68,6 +105,9 @@ pub(super) fn device_pick(
     };
     if !s.req.stop_ids.contains(&tok) {
         c.commit(tok).map_err(|e| format!("{e:#}"))?;
+        // The next step's mask, while this thread has the grammar (the
+        // next step's masks are then ready when it is planned).
+        c.prepare();
     }
     Ok(tok)
 }
