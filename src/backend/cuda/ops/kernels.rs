@@ -125,6 +125,8 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
             "mm_q8_mma_t16_k2",
             "mm_q8_mma_t16_k2b",
             "mm_q8_mma_t8_k2b",
+            "mm_q8_mma_t16",
+            "mm_q8_mma_t8",
         ],
     ),
     (

@@ -33,7 +33,10 @@ mod wr;
 pub(crate) use glu::glu_form;
 pub(crate) use jobs::MV_ROWS;
 pub(crate) use jobs::{job_table, mm_dims, mv_grid, MmDims, MmJobs};
-pub(crate) use mq::{mq_kernel, mq_smem, mq_smem_max, mq_splits, mq_takes, MqKernel, MQ_ROWS};
+pub(crate) use mq::{
+    mq_det_kernel, mq_det_splits, mq_fits, mq_kernel, mq_smem, mq_smem_max, mq_splits, mq_takes,
+    MqKernel, MQ_ROWS,
+};
 pub(crate) use wr::{
     wg_default_takes, wg_smem, wg_type_index, wr_plan, wr_smem_of, wr_tail, wr_threads, WR_SHAPES,
 };
@@ -187,8 +190,13 @@ pub(crate) enum KOrder {
     /// The short-row matvec's eight lanes a row.
     ShortRow,
     /// A tensor-core tile kernel, k in `splits` ranges of `per_split`
-    /// (blocks or units) each (the first job's, for the tile kernel).
-    SplitK { splits: usize, per_split: usize },
+    /// (blocks or units) each (the first job's, for the tile kernel),
+    /// each range's blocks in `ks` k groups added in group order.
+    SplitK {
+        splits: usize,
+        per_split: usize,
+        ks: usize,
+    },
     /// The wgmma GEMM's shape, k splits and wave tail.
     Wgmma {
         shape: usize,
@@ -209,14 +217,22 @@ impl MmPlan {
             MmPlan::Matvec { warps, .. } => KOrder::WarpPerRow { warps: *warps },
             MmPlan::Short => KOrder::ShortRow,
             MmPlan::Mq {
-                splits, per_split, ..
+                kern,
+                splits,
+                per_split,
+                ..
             } => KOrder::SplitK {
                 splits: *splits,
                 per_split: *per_split,
+                ks: kern.ks,
             },
             MmPlan::Tile { splits } => {
                 let (splits, per_split) = splits.first().copied().unwrap_or((1, 0));
-                KOrder::SplitK { splits, per_split }
+                KOrder::SplitK {
+                    splits,
+                    per_split,
+                    ks: 1,
+                }
             }
             MmPlan::Wgmma {
                 shape,
@@ -244,8 +260,10 @@ impl MmPlan {
 /// The plan of a `MatMuls` op (validated shapes).
 ///
 /// `exact`, or k not a multiple of 32: the canonical kernels.
-/// `deterministic`: the warp-per-row kernels for every n, in groups of
-/// MV_ROWS rows (batch-invariant). `fast`, by rows: mm_q8_mma past
+/// `deterministic`: for the types the int8 tensor-core kernels take, those
+/// for every n in one k group with the weights' own split-K
+/// (`mq_det_kernel`, `mq_det_splits`); for the others the warp-per-row
+/// kernels for every n, in groups of MV_ROWS rows. Both batch-invariant. `fast`, by rows: mm_q8_mma past
 /// `mq_min_rows` up to `mma_max_rows` for the types it takes; the f16 tile
 /// kernel past `mma_min_rows` up to `mma_max_rows` for other quantized
 /// types; past both, the wgmma GEMM (sm_90, where it takes the op) or
@@ -270,6 +288,19 @@ pub(crate) fn plan(s: &MmShape<'_>, mode: Mode, caps: &MmCaps, t: &MatmulTuning)
         } else {
             ExactForm::Q32
         });
+    }
+    if mode == Mode::Deterministic && mq_fits(ty, k) {
+        // Int8 tensor cores for every row count, one k group and a
+        // split-K of the weights' shape: a row's bits never depend on the
+        // batch (mq.rs).
+        let ctas: usize = s.rows.iter().map(|r| r.div_ceil(MQ_ROWS)).sum();
+        let (splits, per_split) = mq_det_splits(ctas * MQ_ROWS, k / 32, caps.sms);
+        return MmPlan::Mq {
+            kern: mq_det_kernel(ty, n),
+            splits,
+            per_split,
+            vec4: s.outs_vec4,
+        };
     }
     let fast = mode == Mode::Fast;
     let (lo, hi) = (t.mma_min_rows, t.mma_max_rows);

@@ -65,8 +65,27 @@ pub(crate) const MQ_T8_K2B: MqKernel = MqKernel {
     stages: 3,
     ..MQ_T16_K2B
 };
+/// Up to 16 rows in one k group (`deterministic`: every kernel of one k
+/// group gives a row the same bits, see `mq_det_kernel`), three chunk
+/// buffers, two CTAs per SM.
+pub(crate) const MQ_T16: MqKernel = MqKernel {
+    name: "mm_q8_mma_t16",
+    wn: 1,
+    tok: 16,
+    stages: 3,
+    ctas: 2,
+    ks: 1,
+};
+/// Up to 8 rows in one k group (`deterministic`, down to one row).
+pub(crate) const MQ_T8: MqKernel = MqKernel {
+    name: "mm_q8_mma_t8",
+    tok: 8,
+    ..MQ_T16
+};
 /// Every instantiation (the kernel table, ops/kernels.rs, loads these names).
-pub(crate) const MQ_KERNELS: [MqKernel; 5] = [MQ_BASE, MQ_W2, MQ_T16_K2B, MQ_T16_K2, MQ_T8_K2B];
+pub(crate) const MQ_KERNELS: [MqKernel; 7] = [
+    MQ_BASE, MQ_W2, MQ_T16_K2B, MQ_T16_K2, MQ_T8_K2B, MQ_T16, MQ_T8,
+];
 
 /// Weight rows of one mq CTA (MQ_ROWS), its k chunk in 32-blocks (MQ_KB)
 /// and the activation row stride in shared memory (MQ_XLD), as in the
@@ -93,6 +112,40 @@ pub(crate) fn mq_kernel(ty: GgmlType, n: usize, t: &MatmulTuning) -> MqKernel {
     } else {
         MQ_BASE
     }
+}
+
+/// `deterministic`'s mq kernel for `n` activation rows of `ty` weights:
+/// one k group (KS 1), so that each output adds its blocks' terms in k
+/// order in one chain, whatever the kernel's tile of activation rows or
+/// warps along them: every choice here gives a row the same bits, so
+/// the choice may follow `n` (t8 up to 8 rows, t16 up to 16, then 64-row
+/// tiles, two warps along them past 16), where its shared memory allows
+/// the kernel's CTAs per SM. The tuning table is not read.
+pub(crate) fn mq_det_kernel(ty: GgmlType, n: usize) -> MqKernel {
+    let fits = |k: &&MqKernel| n <= k.tok && mq_smem(ty, **k).is_some_and(|b| ctas_fit(b, k.ctas));
+    if let Some(&k) = [MQ_T8, MQ_T16].iter().find(fits) {
+        k
+    } else if n > 16 {
+        MQ_W2
+    } else {
+        MQ_BASE
+    }
+}
+
+/// `deterministic`'s split-K for mq jobs of `m` weight rows in all (the
+/// job table's row tiles) and `blocks` 32-blocks of k: `mq_splits` as if
+/// one tile of activation rows, aiming at two CTAs per SM, so that it
+/// depends on the weights' shape and the device alone, never on the row
+/// count (each output's partial sums, and their order, are the same for
+/// any batch).
+pub(crate) fn mq_det_splits(m: usize, blocks: usize, sms: usize) -> (usize, usize) {
+    mq_splits(m, 1, 1, blocks, sms, 2)
+}
+
+/// Whether the mq kernels can take `ty` weights with rows of `k` values
+/// at all (`mq_takes` without the table's switch).
+pub(crate) fn mq_fits(ty: GgmlType, k: usize) -> bool {
+    mq_smem(ty, MQ_BASE).is_some() && k > 0 && k.is_multiple_of(32 * MQ_KB)
 }
 
 /// Warps of mm_q8_mma along the activation rows for `n` of them: 1
@@ -145,7 +198,7 @@ pub(crate) fn mq_smem_max(name: &str) -> usize {
 /// the table has it on): Q4_0, Q4_1 and Q8_0 with k a multiple of 256
 /// (whole chunks; row bytes then multiples of 16 for the 16-byte copies).
 pub(crate) fn mq_takes(ty: GgmlType, k: usize, t: &MatmulTuning) -> bool {
-    t.mq && mq_smem(ty, MQ_BASE).is_some() && k > 0 && k.is_multiple_of(32 * MQ_KB)
+    t.mq && mq_fits(ty, k)
 }
 
 /// Split-K for an mq kernel with `tok` activation rows per CTA: (splits,
@@ -229,6 +282,32 @@ mod tests {
             Some(mq_smem_max("mm_q8_mma_t16_k2"))
         );
         assert!(ctas_fit(mq_smem(GgmlType::Q8_0, MQ_T8_K2B).unwrap(), 2));
+    }
+
+    #[test]
+    fn mq_det_kernels_are_one_k_group() {
+        use super::{mq_det_kernel, mq_det_splits, MQ_T16, MQ_T8};
+        // Every row count and type: a kernel of one k group whose shared
+        // memory allows its CTAs; the split depends on the weights alone.
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+            for n in [1, 2, 7, 8, 9, 16, 17, 33, 64, 65, 512, 2048] {
+                let k = mq_det_kernel(ty, n);
+                assert_eq!(k.ks, 1, "{ty:?} {n}");
+                assert!(ctas_fit(mq_smem(ty, k).unwrap(), k.ctas), "{ty:?} {n}");
+            }
+        }
+        assert_eq!(mq_det_kernel(GgmlType::Q4_0, 1), MQ_T8);
+        assert_eq!(mq_det_kernel(GgmlType::Q8_0, 8), MQ_T8);
+        assert_eq!(mq_det_kernel(GgmlType::Q4_0, 12), MQ_T16);
+        // Q8_0's three 16-row buffers do not fit twice.
+        assert_eq!(mq_det_kernel(GgmlType::Q8_0, 12), MQ_BASE);
+        assert_eq!(mq_det_kernel(GgmlType::Q4_1, 17), MQ_W2);
+        // 8B shapes on 132 SMs: q / o (4096 x 128 blocks), the fused
+        // gate / up (2 x 14336), down (4096 x 448 blocks), the head.
+        assert_eq!(mq_det_splits(4096, 128, 132), (8, 16));
+        assert_eq!(mq_det_splits(2 * 14336, 128, 132), (1, 128));
+        assert_eq!(mq_det_splits(4096, 448, 132), (8, 56));
+        assert_eq!(mq_det_splits(128256, 128, 132), (1, 128));
     }
 
     #[test]

@@ -167,11 +167,33 @@ fn exact_forms() {
 }
 
 #[test]
-fn deterministic_is_the_one_warp_matvec() {
+fn deterministic_is_one_k_group_mma_or_the_one_warp_matvec() {
     for caps in [SM80, SM90] {
         for n in row_counts() {
+            // The int8 tensor cores for the types they take, one k group,
+            // the 4096-row matrix's split (8 x 16 blocks on 132 SMs).
+            let want = super::mq_det_splits(4096, 128, caps.sms);
+            for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+                match plan_of(ty, &[4096], 4096, n, Mode::Deterministic, &caps) {
+                    MmPlan::Mq {
+                        kern,
+                        splits,
+                        per_split,
+                        ..
+                    } if kern.ks == 1 && (splits, per_split) == want => {}
+                    p => panic!("{ty:?} n {n}: {p:?}"),
+                }
+            }
+            // k not a multiple of 256, other types: the matvec.
             assert_eq!(
-                plan_of(GgmlType::Q4_0, &[4096], 4096, n, Mode::Deterministic, &caps),
+                plan_of(GgmlType::Q4_0, &[4096], 4000, n, Mode::Deterministic, &caps),
+                MmPlan::Matvec {
+                    float: false,
+                    warps: 1
+                }
+            );
+            assert_eq!(
+                plan_of(GgmlType::Q4_K, &[4096], 4096, n, Mode::Deterministic, &caps),
                 MmPlan::Matvec {
                     float: false,
                     warps: 1

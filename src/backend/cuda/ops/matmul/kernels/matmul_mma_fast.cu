@@ -466,3 +466,13 @@ extern "C" __global__ void __launch_bounds__(2 * MQ_THREADS(1), 2) mm_q8_mma_t16
 extern "C" __global__ void __launch_bounds__(2 * MQ_THREADS(1), 2) mm_q8_mma_t8_k2b(MQ_ARGS) {
     mq_kernel<1, 8, 3, 2>(MQ_PASS);
 }
+// One k group (ops/matmul/mq.rs MQ_T16, MQ_T8: `deterministic` mode's
+// small batches, down to one row): each output adds its blocks' terms in
+// k order in one chain, as mm_q8_mma and mm_q8_mma_w2 do, so the same
+// bits for any tile of activation rows.
+extern "C" __global__ void __launch_bounds__(MQ_THREADS(1), 2) mm_q8_mma_t16(MQ_ARGS) {
+    mq_kernel<1, 16, 3, 1>(MQ_PASS);
+}
+extern "C" __global__ void __launch_bounds__(MQ_THREADS(1), 2) mm_q8_mma_t8(MQ_ARGS) {
+    mq_kernel<1, 8, 3, 1>(MQ_PASS);
+}
