@@ -5,6 +5,7 @@
 //! downloads only the logits of the rows that asked for them.
 
 mod capture;
+mod draw;
 mod graph;
 mod greedy;
 mod model;
@@ -309,10 +310,9 @@ pub struct CudaExec {
     /// The ring every greedy graph of up to SHARED_RING_ROWS rows writes
     /// (greedy.rs), made by the first.
     shared_ring: Mutex<Option<Arc<crate::backend::cuda::GreedyRing>>>,
-    /// The grammar masks every greedy graph of up to SHARED_RING_ROWS rows
-    /// reads (greedy.rs: (SHARED_RING_ROWS, mask words) u32), made by the
-    /// first.
-    shared_masks: Mutex<Option<cudarc::driver::CudaSlice<u32>>>,
+    /// Draw records, masks, tokens and statuses of steps drawn outside a
+    /// graph (draw.rs), grown as needed.
+    draw_bufs: Mutex<Option<cudarc::driver::CudaSlice<u32>>>,
     /// The fusion pass's plans of steps by (rows, logit rows, every row
     /// in order), recorded once each (step_ops.rs).
     plans: Mutex<HashMap<StepShape, Arc<step_ops::Planned>>>,
@@ -339,7 +339,7 @@ impl CudaExec {
             use_graphs,
             greedy: Mutex::new(greedy::Greedy::default()),
             shared_ring: Mutex::new(None),
-            shared_masks: Mutex::new(None),
+            draw_bufs: Mutex::new(None),
             plans: Mutex::new(HashMap::new()),
             cursor: Mutex::new(step_ops::Cursor::default()),
             paths: Mutex::new(super::StepPaths::default()),

@@ -269,18 +269,28 @@ pub trait DeviceModel: Send {
     /// are the previous such step's choices (`input.tokens` then only
     /// gives the row count). `draws`: per row, None (greedy) or its draw
     /// parameters (within [`DeviceModel::draws`]) and this step's uniform;
-    /// empty: every row greedy. `masks`: the rows' grammar masks (a
-    /// masked row draws among its allowed ids; see
-    /// [`DeviceModel::masks_rows`]).
+    /// empty: every row greedy.
     fn enqueue_chained(
         &mut self,
         input: &StepInput<'_>,
         chain: bool,
         draws: &[Option<(DrawParams, f64)>],
-        masks: Option<&crate::sampler::RowMasks>,
     ) -> Result<ChainTicket>;
-    /// Whether a chained step of `rows` rows can take masks.
+    /// Whether a step of `rows` rows can draw on the device through grammar
+    /// masks ([`DeviceModel::step_draw`]).
     fn masks_rows(&self, rows: usize) -> bool;
+    /// Runs a decode step (one row per sequence, every row's logits) whose
+    /// tokens the device draws (`draws` per row, None: greedy) through
+    /// grammar masks: `fill` writes them into `masks` while the device
+    /// runs the forward. Returns one token per row. Only where
+    /// [`DeviceModel::masks_rows`] says so.
+    fn step_draw(
+        &mut self,
+        input: &StepInput<'_>,
+        draws: &[Option<(DrawParams, f64)>],
+        masks: &mut crate::sampler::RowMasks,
+        fill: &mut dyn FnMut(&mut crate::sampler::RowMasks),
+    ) -> Result<Vec<u32>>;
     /// Waits for an enqueued step and returns its tokens, one per row.
     fn chained_tokens(&self, t: ChainTicket) -> Result<Vec<u32>>;
     /// The CUDA executor underneath, for the device checks that launch

@@ -134,19 +134,14 @@ impl Runner {
     /// [`Runner::step_with_kv`]), whose next tokens are chosen on the
     /// device: one per sequence, the logits never downloaded. `draws`:
     /// per row, None (greedy) or its draw parameters and this step's
-    /// uniform (drawn by the caller from the row's sampler). `masks`: the
-    /// rows' grammar masks, if any (a masked row chooses among its
-    /// allowed ids as `Sampler::sample_masked` does, except that a greedy
-    /// row whose allowed logits are all -inf may come back with a refused
-    /// id: the caller then takes the first allowed one). None where the
-    /// step cannot run as such a decode graph here (the caller then steps
-    /// with logits and samples on the host, with the same uniforms).
+    /// uniform (drawn by the caller from the row's sampler). None where
+    /// the step cannot run as such a decode graph here (the caller then
+    /// steps with logits and samples on the host, with the same uniforms).
     pub fn step_greedy_with_kv(
         &mut self,
         kv: &KvManager,
         work: &[SeqWork<'_>],
         draws: &[Option<(DrawParams, f64)>],
-        masks: Option<&RowMasks>,
     ) -> Result<Option<Vec<u32>>> {
         let b = work.len();
         let vocab = self.model.cfg().vocab_size;
@@ -157,18 +152,48 @@ impl Runner {
             && draws
                 .iter()
                 .all(|d| d.as_ref().is_none_or(|(p, _)| self.device_draws(p, vocab)));
-        let masked = masks.is_some_and(RowMasks::any);
-        if b == 0
-            || !decode
-            || !drawable
-            || !self.greedy_on_device_rows(b)
-            || (masked && !self.masks_on_device(b))
-        {
+        if b == 0 || !decode || !drawable || !self.greedy_on_device_rows(b) {
             return Ok(None);
         }
         let bi = super::batch_input(self.model.cfg(), kv, work)?;
-        let t = enqueue(&mut self.compute, &bi.input(), false, draws, masks)?;
+        let t = enqueue(&mut self.compute, &bi.input(), false, draws)?;
         self.greedy_wait(t).map(Some)
+    }
+
+    /// A decode step of `work` (as [`Runner::step_greedy_with_kv`]) whose
+    /// tokens the device draws through grammar masks: `fill` writes the
+    /// rows' masks into `masks` (one row per sequence, or none) while the
+    /// device runs the step's forward, so the host's mask work overlaps
+    /// it. A greedy row whose allowed logits are all -inf may come back
+    /// with a refused id (the caller then takes the first allowed one).
+    /// None where the step cannot run so here (not a decode step, no decode
+    /// graph, a hybrid model, parameters the device cannot draw): `fill`
+    /// was not called, and the caller samples on the host.
+    pub fn step_draw_with_kv(
+        &mut self,
+        kv: &KvManager,
+        work: &[SeqWork<'_>],
+        draws: &[Option<(DrawParams, f64)>],
+        masks: &mut RowMasks,
+        fill: &mut dyn FnMut(&mut RowMasks),
+    ) -> Result<Option<Vec<u32>>> {
+        let b = work.len();
+        let vocab = self.model.cfg().vocab_size;
+        let decode = work
+            .iter()
+            .all(|w| w.tokens.len() == 1 && w.logits == LogitsWanted::Last);
+        let drawable = draws.len() == b
+            && draws
+                .iter()
+                .all(|d| d.as_ref().is_none_or(|(p, _)| self.device_draws(p, vocab)));
+        if b == 0 || !decode || !drawable || self.hybrid.is_some() || !self.masks_on_device(b) {
+            return Ok(None);
+        }
+        let bi = super::batch_input(self.model.cfg(), kv, work)?;
+        match &mut self.compute {
+            Compute::Device(d) => d.step_draw(&bi.input(), draws, masks, fill).map(Some),
+            Compute::Host { .. } => Ok(None),
+        }
     }
 
     /// Whether a decode step of `b` rows here can draw on the device with
@@ -388,7 +413,7 @@ impl Runner {
             fresh_slots: &fresh_slots,
             hidden: false,
         };
-        enqueue(&mut self.compute, &input, i > 0, draws, None)
+        enqueue(&mut self.compute, &input, i > 0, draws)
     }
 
     fn greedy_wait(&self, t: ChainTicket) -> Result<Vec<u32>> {
@@ -408,17 +433,15 @@ fn greedy_samplers(b: usize) -> Result<Vec<Sampler>> {
 
 /// Enqueues a decode step of `input` whose tokens are chosen on the device
 /// (`DeviceModel::enqueue_chained`; `chain`: its tokens are the previous
-/// such step's; `draws`: the rows' draws, empty: greedy; `masks`: the
-/// rows' grammar masks).
+/// such step's; `draws`: the rows' draws, empty: greedy).
 fn enqueue(
     compute: &mut Compute,
     input: &StepInput<'_>,
     chain: bool,
     draws: &[Option<(DrawParams, f64)>],
-    masks: Option<&RowMasks>,
 ) -> Result<ChainTicket> {
     match compute {
-        Compute::Device(d) => d.enqueue_chained(input, chain, draws, masks),
+        Compute::Device(d) => d.enqueue_chained(input, chain, draws),
         Compute::Host { .. } => bail!("greedy decode on the device: the model is on the host"),
     }
 }

@@ -9,7 +9,7 @@
 //! return to the pool at once.
 
 use super::metrics::EndKind;
-use super::step::{run_plan, run_plan_greedy};
+use super::step::{run_plan, run_plan_draw, run_plan_greedy};
 use super::{
     EngineConfig, EngineHandle, EngineLimits, Event, FinishReason, Metrics, Msg, Submission,
     TokenLogprobs,
@@ -469,13 +469,13 @@ impl Engine {
         // Every planned row a decode row whose draw reads the logits alone
         // (greedy, or sampled without a repetition penalty), without
         // logprobs: the device chooses the tokens and no logits come down
-        // (Runner::step_greedy_with_kv), through the grammar masks of
-        // constrained rows, computed first (masks.rs). Sampled rows'
-        // uniforms are drawn here, once: if the device step cannot run or
-        // fails, the step runs again with logits (it rewrites the same
-        // cells) and each sequence samples with its uniform, and fails, on
-        // its own.
-        let mut on_device = plan.seqs.iter().all(|ss| {
+        // (Runner::step_greedy_with_kv), with constrained rows through
+        // their grammar masks, computed while the forward runs
+        // (Runner::step_draw_with_kv, masks.rs). Sampled rows' uniforms
+        // are drawn here, once: if the device step cannot run or fails,
+        // the step runs again with logits (it rewrites the same cells) and
+        // each sequence samples with its uniform, and fails, on its own.
+        let on_device = plan.seqs.iter().all(|ss| {
             self.seqs
                 .get(&ss.seq)
                 .is_some_and(|s| s.sampler.logits_only() && s.req.top_logprobs.is_none())
@@ -485,20 +485,11 @@ impl Engine {
                 .get(&ss.seq)
                 .is_some_and(|s| s.constraint.is_some())
         });
-        self.row_masks.reset(0, 0);
-        if on_device && constrained {
-            let n = plan.seqs.len();
-            on_device = plan.seqs.iter().all(|ss| ss.sample && ss.tokens.len() == 1)
-                && self.runner.masks_on_device(n)
-                && super::masks::step_masks(
-                    &mut self.seqs,
-                    &plan,
-                    self.limits.vocab_size,
-                    &mut self.row_masks,
-                );
-        }
         let mut uniforms: Vec<Option<f64>> = vec![None; plan.seqs.len()];
         let mut chosen = None;
+        // Rows whose grammar could not go on (their end messages).
+        let mut dead: Vec<(usize, String)> = Vec::new();
+        self.row_masks.reset(0, 0);
         if on_device {
             let mut draws = Vec::with_capacity(plan.seqs.len());
             for (i, ss) in plan.seqs.iter().enumerate() {
@@ -512,8 +503,23 @@ impl Engine {
                     None
                 });
             }
-            let masks = Some(&self.row_masks).filter(|m| m.any());
-            match run_plan_greedy(&mut self.runner, self.sched.kv(), &plan, &draws, masks) {
+            let r = if constrained {
+                let (seqs, masks) = (&mut self.seqs, &mut self.row_masks);
+                let vocab = self.limits.vocab_size;
+                let mut fill =
+                    |m: &mut RowMasks| dead = super::masks::step_masks(seqs, &plan, vocab, m);
+                run_plan_draw(
+                    &mut self.runner,
+                    self.sched.kv(),
+                    &plan,
+                    &draws,
+                    masks,
+                    &mut fill,
+                )
+            } else {
+                run_plan_greedy(&mut self.runner, self.sched.kv(), &plan, &draws)
+            };
+            match r {
                 Ok(t) => chosen = t,
                 // A hybrid's recurrent state may have advanced: the step
                 // cannot run again.
@@ -523,6 +529,9 @@ impl Engine {
                 Err(e) => tracing::debug!(
                     "decode step drawing on the device: {e:#}; stepping with logits"
                 ),
+            }
+            if chosen.is_none() {
+                dead.clear();
             }
         }
         let outs = match chosen {
@@ -596,6 +605,9 @@ impl Engine {
                         super::masks::device_picks(&mut self.seqs, &plan, &t, &self.row_masks)
                     {
                         picks[i] = Some(r);
+                    }
+                    for (i, message) in dead.drain(..) {
+                        picks[i] = Some(Err(message));
                     }
                 }
                 picks

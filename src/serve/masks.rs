@@ -1,8 +1,8 @@
 //! Grammar masks for a decode step drawn on the device: every constrained
-//! row's mask is computed before the step (rows in parallel) and goes up
-//! with it as 32-id words, so the device draws among the allowed ids and
-//! no logits come down. The host then only advances each grammar past
-//! its row's token.
+//! row's mask is computed while the step's forward runs (rows in
+//! parallel) and goes up after it as 32-id words, so the device draws
+//! among the allowed ids and no logits come down. The host then advances
+//! each grammar past its row's token.
 
 use super::engine::{Pick, Seq};
 use crate::kv::SeqId;
@@ -13,15 +13,14 @@ use std::collections::{BTreeMap, HashMap};
 
 /// Fills `out` with the masks of `plan`'s rows (one per planned sequence,
 /// in plan order; rows without a grammar unmasked) over `vocab` ids, rows
-/// in parallel. False when some mask cannot be had (a grammar with no way
-/// on): the step then samples on the host, which reports that row's error
-/// alone.
+/// in parallel. Returns the rows whose grammar cannot go on (left
+/// unmasked) with their end messages.
 pub(super) fn step_masks(
     seqs: &mut BTreeMap<SeqId, Seq>,
     plan: &StepPlan,
     vocab: usize,
     out: &mut RowMasks,
-) -> bool {
+) -> Vec<(usize, String)> {
     out.reset(plan.seqs.len(), vocab);
     let words = out.words();
     let at: HashMap<SeqId, usize> = plan
@@ -42,21 +41,20 @@ pub(super) fn step_masks(
         .into_par_iter()
         .zip(flags.par_iter_mut())
         .zip(data.par_chunks_mut(words))
-        .all(|((s, flag), w)| {
-            let Some(s) = s else { return true };
+        .enumerate()
+        .filter_map(|(i, ((s, flag), w))| {
+            let s = s?;
             let stops = &s.req.stop_ids;
-            let Some(c) = s.constraint.as_mut() else {
-                return true;
-            };
-            match c.allows(stops) {
+            match s.constraint.as_mut()?.allows(stops) {
                 Ok(a) => {
                     a.write_words(w);
                     *flag = true;
-                    true
+                    None
                 }
-                Err(_) => false,
+                Err(e) => Some((i, format!("{e:#}"))),
             }
         })
+        .collect()
 }
 
 /// The constrained rows' picks of a step drawn on the device (`tokens`:
@@ -105,9 +103,6 @@ fn device_pick(s: &mut Seq, tok: u32, mask: Option<WordMask<'_>>) -> Result<u32,
     };
     if !s.req.stop_ids.contains(&tok) {
         c.commit(tok).map_err(|e| format!("{e:#}"))?;
-        // The next step's mask, while this thread has the grammar (the
-        // next step's masks are then ready when it is planned).
-        c.prepare();
     }
     Ok(tok)
 }

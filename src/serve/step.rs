@@ -17,17 +17,15 @@ pub fn run_plan(runner: &mut Runner, kv: &KvManager, plan: &StepPlan) -> Result<
 
 /// Runs a plan of decode rows only, each due for sampling, with the next
 /// tokens chosen on the device (`Runner::step_greedy_with_kv`; `draws`
-/// per planned sequence: None greedy, or its draw parameters and uniform;
-/// `masks`: grammar masks per planned sequence, see
-/// `Runner::step_greedy_with_kv`): one per planned sequence, in plan order.
-/// None where that cannot run (not a pure decode plan, no decode graph
-/// here, or parameters or masks the device cannot take).
+/// per planned sequence: None greedy, or its draw parameters and uniform):
+/// one per planned sequence, in plan order. None where that cannot run
+/// (not a pure decode plan, no decode graph here, or parameters the device
+/// cannot draw).
 pub fn run_plan_greedy(
     runner: &mut Runner,
     kv: &KvManager,
     plan: &StepPlan,
     draws: &[Option<(crate::sampler::DrawParams, f64)>],
-    masks: Option<&crate::sampler::RowMasks>,
 ) -> Result<Option<Vec<u32>>> {
     if !plan.seqs.iter().all(|s| s.sample && s.tokens.len() == 1)
         || !runner.greedy_on_device_rows(plan.seqs.len())
@@ -35,7 +33,29 @@ pub fn run_plan_greedy(
         return Ok(None);
     }
     let work = plan_work(runner, plan)?;
-    runner.step_greedy_with_kv(kv, &work, draws, masks)
+    runner.step_greedy_with_kv(kv, &work, draws)
+}
+
+/// Runs a plan of decode rows only, each due for sampling, with the
+/// tokens drawn on the device through grammar masks that `fill` writes
+/// into `masks` while the forward runs (`Runner::step_draw_with_kv`):
+/// one per planned sequence, in plan order. None where that cannot run
+/// (`fill` not called).
+pub fn run_plan_draw(
+    runner: &mut Runner,
+    kv: &KvManager,
+    plan: &StepPlan,
+    draws: &[Option<(crate::sampler::DrawParams, f64)>],
+    masks: &mut crate::sampler::RowMasks,
+    fill: &mut dyn FnMut(&mut crate::sampler::RowMasks),
+) -> Result<Option<Vec<u32>>> {
+    if !plan.seqs.iter().all(|s| s.sample && s.tokens.len() == 1)
+        || !runner.masks_on_device(plan.seqs.len())
+    {
+        return Ok(None);
+    }
+    let work = plan_work(runner, plan)?;
+    runner.step_draw_with_kv(kv, &work, draws, masks, fill)
 }
 
 /// The plan's copy-on-write block copies, done, and its work list.

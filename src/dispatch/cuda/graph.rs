@@ -19,16 +19,13 @@ use std::sync::Arc;
 /// logits out).
 pub(super) type GraphKey = (usize, usize, bool);
 
-/// Where a greedy graph's mask_rows and sample_rows read their draw
-/// records and masks and write (decode_finish).
+/// Where a greedy graph's sample_rows reads its draw records and writes
+/// (decode_finish).
 pub(super) struct GreedyOut<'g> {
     pub(super) b: usize,
     pub(super) vocab: usize,
     /// Device address of the graph's draw records (b, DRAW_WORDS).
     pub(super) draws: u64,
-    /// Device address of the masks (b, mask words), 0: the graph masks
-    /// nothing (more rows than the shared masks hold).
-    pub(super) masks: u64,
     /// Device address of the graph's tokens: (b tokens, b statuses).
     pub(super) tokens: u64,
     pub(super) ring: &'g Arc<crate::backend::cuda::GreedyRing>,
@@ -46,12 +43,8 @@ pub(super) struct GraphSel<'d> {
     /// step's (None: uploaded from `input.tokens`).
     pub(super) chain: Option<GraphKey>,
     /// A greedy graph's draw records (b, DRAW_WORDS), uploaded where they
-    /// differ from the graph's last ones; empty: every row greedy and
-    /// unmasked.
+    /// differ from the graph's last ones; empty: every row greedy.
     pub(super) draws: &'d [u32],
-    /// The masks of the rows whose draw record says so (b, mask words),
-    /// uploaded; empty: no row masked.
-    pub(super) masks: &'d [u32],
     /// The step synchronizes the stream before it returns (its logits are
     /// downloaded), so its staging needs no event.
     pub(super) synced: bool,
@@ -77,14 +70,12 @@ impl<'g> GraphIo<'g> {
         vocab: usize,
         st: &Arc<CudaStream>,
     ) -> Result<Self> {
-        // Greedy graphs end with mask_rows and sample_rows into their own
-        // token input.
+        // Greedy graphs end with sample_rows into their own token input.
         let fin = match greedy {
             Some(g) => Some(GreedyOut {
                 b,
                 vocab,
                 draws: g.draws.device_ptr(st).0,
-                masks: g.masks,
                 tokens: batch.tokens_and_status()?.device_ptr(st).0,
                 ring: &g.ring,
                 steps: batch.step_words()?.device_ptr(st).0,
@@ -203,13 +194,10 @@ impl Staging {
 pub(super) struct GreedyBufs {
     /// The page-locked ring its sample_rows writes.
     pub(super) ring: Arc<GreedyRing>,
-    /// The draw records mask_rows and sample_rows read (b, DRAW_WORDS).
+    /// The draw records sample_rows reads (b, DRAW_WORDS).
     pub(super) draws: CudaSlice<u32>,
     /// The host's copy of what `draws` holds (zeros: every row greedy).
     pub(super) held: Option<Vec<u32>>,
-    /// Device address of the shared masks (`CudaExec::shared_masks`), 0
-    /// when the graph has more rows than they hold.
-    pub(super) masks: u64,
 }
 
 /// Fixed inputs, fixed logits buffer and the captured graph of the decode
@@ -264,7 +252,6 @@ impl CudaExec {
             key: Self::graph_key(input, false),
             chain: None,
             draws: &[],
-            masks: &[],
             synced: true,
         };
         self.decode_run(vocab, input, kv, step, sel, |be, g| {
@@ -338,7 +325,6 @@ impl CudaExec {
                         ring: self.greedy_ring(b)?,
                         draws: zeros::<u32>(&self.be, n, "decode draws")?,
                         held: Some(vec![0; n]),
-                        masks: self.greedy_masks(b, vocab)?,
                     })
                 } else {
                     None
@@ -377,25 +363,11 @@ impl CudaExec {
             .lock()
             .map_err(|_| anyhow!("cuda: staging lock poisoned"))?;
         let nd = b * crate::backend::cuda::DRAW_WORDS;
-        let nm = sel.masks.len();
         let stride = kv.table_stride();
-        let stage = staging.take(&self.be, b * (stride + 4) + nd + nm)?;
+        let stage = staging.take(&self.be, b * (stride + 4) + nd)?;
         let (stage, draw_stage) = stage.split_at_mut(b * (stride + 4));
-        let (draw_stage, mask_stage) = draw_stage.split_at_mut(nd);
         // Whether a copy read the staging (then its event is recorded).
         let mut copied = false;
-        if nm > 0 {
-            let gb = g.greedy.as_ref().filter(|gb| gb.masks != 0);
-            ensure!(
-                gb.is_some() && nm == b * crate::sampler::RowMasks::words_for(vocab),
-                "decode step: {nm} mask words for {b} rows of {vocab} ids \
-                 (masks on the device: up to {} rows)",
-                super::greedy::SHARED_RING_ROWS
-            );
-            mask_stage.copy_from_slice(sel.masks);
-            self.upload_masks(mask_stage)?;
-            copied = true;
-        }
         if let Some(GreedyBufs { draws: d, held, .. }) = g.greedy.as_mut() {
             // Only what changed goes up: a greedy chain's records stay zero.
             if sel.draws.is_empty() {
@@ -536,21 +508,9 @@ impl CudaExec {
             // step words at `steps`, whose positions and slots every node
             // before this one has finished reading (it is the step's last);
             // the step read its tokens first (stream order); its draws
-            // buffer holds b records and the shared masks at least b rows
-            // of mask words, written only by uploads ordered before the
-            // graph on this stream; the logits (b, vocab) are the step's
-            // own, which nothing reads after these two launches.
+            // buffer holds b records, written only by uploads ordered
+            // before the graph on this stream.
             Some(f) => unsafe {
-                if f.masks != 0 {
-                    self.be.d_mask_rows_at(
-                        l.device_ptr(self.be.stream()).0,
-                        f.b,
-                        f.vocab,
-                        f.draws,
-                        f.masks,
-                        crate::sampler::RowMasks::words_for(f.vocab),
-                    )?;
-                }
                 self.be.d_sample_rows_at(
                     &l,
                     f.b,

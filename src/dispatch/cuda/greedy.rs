@@ -22,7 +22,7 @@ use super::graph::{GraphKey, GraphSel};
 use super::{CudaExec, DecodeFn, DevKvCache};
 use crate::backend::cuda::{drv, GreedyRing, GREEDY_SLOTS};
 use anyhow::{anyhow, bail, ensure, Result};
-use cudarc::driver::{CudaEvent, DevicePtr};
+use cudarc::driver::CudaEvent;
 use std::sync::Arc;
 
 /// Greedy steps in flight: one event per ring slot, and counters.
@@ -51,7 +51,7 @@ pub struct GreedyTicket {
 /// seconds for the whole load: one ring per graph 1.00 / 0.99 against
 /// 0.86 with host sampling; one shared ring 0.92 / 0.92 against 0.93 /
 /// 0.84). Larger steps get a ring of their own.
-pub(super) const SHARED_RING_ROWS: usize = 1024;
+const SHARED_RING_ROWS: usize = 1024;
 
 impl CudaExec {
     /// The ring a greedy graph of `b` rows writes: the shared one, or its
@@ -73,66 +73,13 @@ impl CudaExec {
         Ok(ring)
     }
 
-    /// Whether a greedy graph of `rows` rows can mask them.
-    pub fn masks_rows(&self, rows: usize) -> bool {
-        rows <= SHARED_RING_ROWS
-    }
-
-    /// Device address of the masks a greedy graph of `b` rows over
-    /// `vocab` ids reads: the shared ones (made by the first graph:
-    /// SHARED_RING_ROWS rows of mask words), or 0 past SHARED_RING_ROWS
-    /// rows (such a graph masks nothing). Graphs capture the address, so
-    /// the shared masks live as long as the executor.
-    pub(super) fn greedy_masks(&self, b: usize, vocab: usize) -> Result<u64> {
-        if b > SHARED_RING_ROWS {
-            return Ok(0);
-        }
-        let mut m = self
-            .shared_masks
-            .lock()
-            .map_err(|_| anyhow!("cuda: mask lock poisoned"))?;
-        let n = SHARED_RING_ROWS * crate::sampler::RowMasks::words_for(vocab);
-        if m.as_ref().is_none_or(|m| m.len() < n) {
-            *m = Some(crate::backend::cuda::device::memory::zeros::<u32>(
-                &self.be,
-                n,
-                "grammar masks",
-            )?);
-        }
-        let st = self.be.stream();
-        Ok(m.as_ref().map_or(0, |m| m.device_ptr(st).0))
-    }
-
-    /// Copies a step's masks (its rows' mask words, from the staging)
-    /// into the shared masks, on the stream.
-    pub(super) fn upload_masks(&self, words: &[u32]) -> Result<()> {
-        let mut m = self
-            .shared_masks
-            .lock()
-            .map_err(|_| anyhow!("cuda: mask lock poisoned"))?;
-        let m = m
-            .as_mut()
-            .filter(|m| m.len() >= words.len())
-            .ok_or_else(|| anyhow!("greedy decode: no room for {} mask words", words.len()))?;
-        drv(
-            self.be
-                .stream()
-                .memcpy_htod(words, &mut m.slice_mut(0..words.len())),
-            "greedy decode: masks",
-        )
-    }
-
     /// Enqueues a decode step (as [`CudaExec::decode_step`]: one row per
     /// sequence) whose graph also chooses each row's next token, without
     /// waiting for it. With `chain`, the step's tokens are the previous
     /// greedy step's choices: that step must have had as many rows and
     /// positions one lower; `input.tokens` then only gives the row count.
     /// `draws`: each row's draw record (`draw_record`, DRAW_WORDS words a
-    /// row, each within `device_draws`); empty: every row greedy and
-    /// unmasked. `masks`: (rows, mask words) u32, read for the rows whose
-    /// record says they are masked; empty: none is (at most
-    /// SHARED_RING_ROWS rows may be).
-    #[allow(clippy::too_many_arguments)]
+    /// row, each within `device_draws`); empty: every row greedy.
     pub fn decode_step_greedy(
         &self,
         vocab: usize,
@@ -141,7 +88,6 @@ impl CudaExec {
         step: &mut DecodeFn<'_>,
         chain: bool,
         draws: &[u32],
-        masks: &[u32],
     ) -> Result<GreedyTicket> {
         let b = input.tokens.len();
         let pos0 = *input
@@ -182,7 +128,6 @@ impl CudaExec {
                 key,
                 chain: from,
                 draws,
-                masks,
                 synced: false,
             },
             |_, _| Ok(()),

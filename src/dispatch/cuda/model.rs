@@ -182,26 +182,15 @@ where
         input: &StepInput<'_>,
         chain: bool,
         draws: &[Option<(DrawParams, f64)>],
-        masks: Option<&crate::sampler::RowMasks>,
     ) -> Result<GreedyTicket> {
-        let masks = masks.filter(|m| m.any());
-        if let Some(m) = masks {
-            anyhow::ensure!(
-                m.len() == input.tokens.len(),
-                "decode step: masks for {} rows, {} rows",
-                m.len(),
-                input.tokens.len()
-            );
-        }
-        // No records when every row is greedy and unmasked: the graph's
-        // greedy rule.
+        // No records when every row is greedy: the graph's greedy rule.
         self.recs.clear();
-        if masks.is_some() || !draws.iter().all(Option::is_none) {
-            let b = input.tokens.len();
-            self.recs.extend((0..b).flat_map(|r| {
-                let d = draws.get(r).and_then(|d| d.as_ref().map(|(p, u)| (p, *u)));
-                draw_record(d, masks.is_some_and(|m| m.has(r)))
-            }));
+        if !draws.iter().all(Option::is_none) {
+            self.recs.extend(
+                draws
+                    .iter()
+                    .flat_map(|d| draw_record(d.as_ref().map(|(p, u)| (p, *u)), false)),
+            );
         }
         self.exec.reset_states(&mut self.kv, input.fresh_slots)?;
         let (graph, weights) = (&self.graph, &self.weights);
@@ -212,11 +201,29 @@ where
             &mut |e, kv, bufs| e.forward_fused(graph, weights, kv, bufs),
             chain,
             &self.recs,
-            masks.map_or(&[], |m| m.data()),
+        )
+    }
+    fn step_draw(
+        &mut self,
+        input: &StepInput<'_>,
+        draws: &[Option<(DrawParams, f64)>],
+        masks: &mut crate::sampler::RowMasks,
+        fill: &mut dyn FnMut(&mut crate::sampler::RowMasks),
+    ) -> Result<Vec<u32>> {
+        self.exec.reset_states(&mut self.kv, input.fresh_slots)?;
+        let (graph, weights) = (&self.graph, &self.weights);
+        self.exec.decode_step_draw(
+            graph.vocab(),
+            input,
+            &mut self.kv,
+            &mut |e, kv, bufs| e.forward_fused(graph, weights, kv, bufs),
+            draws,
+            masks,
+            fill,
         )
     }
     fn masks_rows(&self, rows: usize) -> bool {
-        self.chains_tokens(rows) && self.exec.masks_rows(rows)
+        self.chains_tokens(rows)
     }
     fn chained_tokens(&self, t: GreedyTicket) -> Result<Vec<u32>> {
         self.exec.greedy_wait(t)
