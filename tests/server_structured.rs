@@ -105,7 +105,7 @@ fn constrained_draw_paths_agree() {
         "required": ["city", "days", "sunny"], "additionalProperties": false});
     let body = |i: u64, logprobs: bool| {
         let mut b = json!({"model": model, "prompt": format!("Trip {i} as JSON:"),
-                           "max_tokens": 40, "temperature": if i % 2 == 0 { 0.0 } else { 0.9 },
+                           "max_tokens": 40, "temperature": if i.is_multiple_of(2) { 0.0 } else { 0.9 },
                            "seed": i, "response_format": {"type": "json_schema",
                            "json_schema": {"name": "trip", "schema": schema}}});
         if logprobs {

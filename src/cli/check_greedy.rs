@@ -225,5 +225,14 @@ pub fn check_greedy(a: CheckGreedyArgs) -> Result<()> {
         "check-greedy: {b} sequences in lockstep, {} tokens each identical",
         dev[0].len()
     );
-    super::check_sample::check_sampled(&mut r, &a.run, mode)
+    super::check_sample::check_sampled(&mut r, &a.run, mode)?;
+    let vocab = r.config().vocab_size;
+    let mut n = 0;
+    for v in [vocab, 1001, 4096, 300] {
+        n += super::check_masked::check_masked_rows(&r, v, a.run.seed)?;
+    }
+    println!(
+        "check-sample: mask_rows + sample_rows agree with the masked sampler on {n} crafted cases"
+    );
+    Ok(())
 }

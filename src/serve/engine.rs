@@ -9,6 +9,7 @@
 //! return to the pool at once.
 
 use super::metrics::EndKind;
+use super::seq::{Pick, ReqShared, Seq};
 use super::step::{run_plan, run_plan_draw, run_plan_greedy};
 use super::{
     EngineConfig, EngineHandle, EngineLimits, Event, FinishReason, Metrics, Msg, Submission,
@@ -22,12 +23,11 @@ use crate::scheduler::{PrefillBudget, Scheduler, SchedulerConfig, StateSnapshots
 use anyhow::{anyhow, bail, Context, Result};
 use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc::UnboundedSender;
 
 /// Starts the engine thread, which owns `runner` until every
 /// [`EngineHandle`] is dropped and the last sequence has ended.
@@ -109,45 +109,6 @@ pub fn spawn(runner: Runner, cfg: EngineConfig) -> Result<(EngineHandle, JoinHan
         .spawn(move || engine.run())
         .context("starting the engine thread")?;
     Ok((handle, join))
-}
-
-/// What a request's sequences share.
-pub(super) struct ReqShared {
-    tx: UnboundedSender<Event>,
-    cancel: Arc<Vec<AtomicBool>>,
-    pub(super) stop_ids: Vec<u32>,
-    top_logprobs: Option<usize>,
-    arrival: Instant,
-}
-
-/// The engine's side of one choice (the scheduler holds its tokens).
-pub(super) struct Seq {
-    index: usize,
-    pub(super) req: Arc<ReqShared>,
-    prompt_len: usize,
-    generated: usize,
-    /// Generation ends (Length) when the sequence reaches this many tokens.
-    max_len: usize,
-    max_tokens: usize,
-    sampler: Sampler,
-    /// The grammar's state, for a structured-output request.
-    pub(super) constraint: Option<Constraint>,
-    /// Still counted in the handle's queue counter (never scheduled yet).
-    in_queue_count: bool,
-    /// Prompt tokens its first admission took from the prefix cache.
-    cached_tokens: usize,
-    last_token_at: Option<Instant>,
-}
-
-impl Seq {
-    fn cancelled(&self) -> bool {
-        self.req.tx.is_closed()
-            || self
-                .req
-                .cancel
-                .get(self.index)
-                .is_some_and(|c| c.load(Ordering::Relaxed))
-    }
 }
 
 /// A step's result: every planned row's logits, or (a greedy step on the
@@ -602,7 +563,7 @@ impl Engine {
                     .collect();
                 if constrained {
                     for (i, r) in
-                        super::masks::device_picks(&mut self.seqs, &plan, &t, &self.row_masks)
+                        super::masks::device_picks(&mut self.seqs, &plan, t, &self.row_masks)
                     {
                         picks[i] = Some(r);
                     }
@@ -713,9 +674,6 @@ impl Engine {
         });
     }
 }
-
-/// A chosen token and, when the request asked, its log-probabilities.
-pub(super) type Pick = (u32, Option<TokenLogprobs>);
 
 /// Chooses the next token of `s` (whose tokens so far are `history`) from
 /// its logits, through its grammar's mask if it has one, and advances the

@@ -4,7 +4,7 @@
 //! among the allowed ids and no logits come down. The host then advances
 //! each grammar past its row's token.
 
-use super::engine::{Pick, Seq};
+use super::seq::{Pick, Seq};
 use crate::kv::SeqId;
 use crate::sampler::{RowMasks, TokenMask, WordMask};
 use crate::scheduler::StepPlan;

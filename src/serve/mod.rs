@@ -19,6 +19,7 @@
 mod engine;
 mod masks;
 pub mod metrics;
+mod seq;
 pub mod step;
 
 pub use engine::spawn;
