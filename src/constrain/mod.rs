@@ -263,20 +263,8 @@ impl Allowed<'_> {
     /// `WordMask` of them applies as [`TokenMask::apply`] does to a row of
     /// `vocab` logits.
     pub fn write_words(&self, out: &mut [u32]) {
-        let words = self.mask.as_slice();
-        let limit = self.vocab.min(self.mask.len());
         for (w, o) in out.iter_mut().enumerate() {
-            let base = w * 32;
-            let mut bits = words.get(w).copied().unwrap_or(0);
-            if base + 32 > limit {
-                let keep = limit.saturating_sub(base);
-                bits &= if keep >= 32 {
-                    u32::MAX
-                } else {
-                    (1u32 << keep) - 1
-                };
-            }
-            *o = bits;
+            *o = self.word(w);
         }
         for &s in self.stops {
             let i = s as usize;
@@ -289,6 +277,18 @@ impl Allowed<'_> {
                     }
                 }
             }
+        }
+    }
+
+    /// The grammar's own bits for ids 32 w .. 32 w + 31 (stop tokens
+    /// aside); ids at or past the vocabulary are never allowed.
+    fn word(&self, w: usize) -> u32 {
+        let limit = self.vocab.min(self.mask.len());
+        let base = w * 32;
+        let bits = self.mask.as_slice().get(w).copied().unwrap_or(0);
+        match limit.saturating_sub(base) {
+            keep if keep >= 32 => bits,
+            keep => bits & ((1u32 << keep) - 1),
         }
     }
 
@@ -317,21 +317,9 @@ impl TokenMask for Allowed<'_> {
             .filter(|&s| s < logits.len())
             .map(|s| (s, logits[s]))
             .collect();
-        let words = self.mask.as_slice();
-        let limit = self.vocab.min(self.mask.len());
         let mut any = false;
         for (w, chunk) in logits.chunks_mut(32).enumerate() {
-            let base = w * 32;
-            let mut bits = words.get(w).copied().unwrap_or(0);
-            // Ids at or past the vocabulary are never allowed.
-            if base + 32 > limit {
-                let keep = limit.saturating_sub(base);
-                bits &= if keep >= 32 {
-                    u32::MAX
-                } else {
-                    (1u32 << keep) - 1
-                };
-            }
+            let bits = self.word(w);
             if bits == 0 {
                 chunk.fill(f32::NEG_INFINITY);
                 continue;

@@ -144,15 +144,7 @@ impl Runner {
         draws: &[Option<(DrawParams, f64)>],
     ) -> Result<Option<Vec<u32>>> {
         let b = work.len();
-        let vocab = self.model.cfg().vocab_size;
-        let decode = work
-            .iter()
-            .all(|w| w.tokens.len() == 1 && w.logits == LogitsWanted::Last);
-        let drawable = draws.len() == b
-            && draws
-                .iter()
-                .all(|d| d.as_ref().is_none_or(|(p, _)| self.device_draws(p, vocab)));
-        if b == 0 || !decode || !drawable || !self.greedy_on_device_rows(b) {
+        if !self.decode_drawable(work, draws) || !self.greedy_on_device_rows(b) {
             return Ok(None);
         }
         let bi = super::batch_input(self.model.cfg(), kv, work)?;
@@ -178,15 +170,7 @@ impl Runner {
         fill: &mut dyn FnMut(&mut RowMasks),
     ) -> Result<Option<Vec<u32>>> {
         let b = work.len();
-        let vocab = self.model.cfg().vocab_size;
-        let decode = work
-            .iter()
-            .all(|w| w.tokens.len() == 1 && w.logits == LogitsWanted::Last);
-        let drawable = draws.len() == b
-            && draws
-                .iter()
-                .all(|d| d.as_ref().is_none_or(|(p, _)| self.device_draws(p, vocab)));
-        if b == 0 || !decode || !drawable || self.hybrid.is_some() || !self.masks_on_device(b) {
+        if !self.decode_drawable(work, draws) || self.hybrid.is_some() || !self.masks_on_device(b) {
             return Ok(None);
         }
         let bi = super::batch_input(self.model.cfg(), kv, work)?;
@@ -194,6 +178,21 @@ impl Runner {
             Compute::Device(d) => d.step_draw(&bi.input(), draws, masks, fill).map(Some),
             Compute::Host { .. } => Ok(None),
         }
+    }
+
+    /// Whether `work` is a decode step (one token per sequence, each
+    /// wanting its logits) whose every row the device can draw as
+    /// `draws` says.
+    fn decode_drawable(&self, work: &[SeqWork<'_>], draws: &[Option<(DrawParams, f64)>]) -> bool {
+        let vocab = self.model.cfg().vocab_size;
+        !work.is_empty()
+            && draws.len() == work.len()
+            && work
+                .iter()
+                .all(|w| w.tokens.len() == 1 && w.logits == LogitsWanted::Last)
+            && draws
+                .iter()
+                .all(|d| d.as_ref().is_none_or(|(p, _)| self.device_draws(p, vocab)))
     }
 
     /// Whether a decode step of `b` rows here can draw on the device with
