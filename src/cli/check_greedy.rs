@@ -9,7 +9,7 @@
 
 use crate::backend::{GpuMode, Mode};
 use crate::kv::SeqId;
-use crate::runner::{Compute, Runner, RunnerOptions};
+use crate::runner::{Runner, RunnerOptions};
 use crate::sampler::{Sampler, SamplingParams};
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -66,13 +66,7 @@ fn crafted_rows(vocab: usize, rng: &mut rand_chacha::ChaCha8Rng) -> Vec<Vec<f32>
 /// The device's greedy rule (sample_rows) on crafted rows against the sampler: returns
 /// the number of rows checked.
 fn check_rows(r: &Runner, vocab: usize, seed: u64) -> Result<usize> {
-    let Some(exec) = (match &r.compute {
-        Compute::Device(d) => d.cuda(),
-        Compute::Host { .. } => None,
-    }) else {
-        bail!("check-greedy: the model is not on the device");
-    };
-    let be = exec.backend();
+    let be = super::device_backend(r, "check-greedy")?;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let rows = crafted_rows(vocab, &mut rng);
     let n = rows.len();

@@ -8,7 +8,7 @@
 
 use super::check_sample::{rows, sample_on, shapes};
 use crate::backend::cuda::{device_draws, draw_record, DRAW_WORDS};
-use crate::runner::{Compute, Runner};
+use crate::runner::Runner;
 use crate::sampler::{RowMasks, Sampler, TokenMask, WordMask};
 use anyhow::{bail, Result};
 use cudarc::driver::DevicePtr;
@@ -44,13 +44,7 @@ fn mask_of(k: usize, row: &[f32], rng: &mut ChaCha8Rng) -> Vec<u32> {
 /// Masked draws on the device against the host's on crafted rows of
 /// `vocab` logits: returns the number of cases checked.
 pub(super) fn check_masked_rows(r: &Runner, vocab: usize, seed: u64) -> Result<usize> {
-    let Some(exec) = (match &r.compute {
-        Compute::Device(d) => d.cuda(),
-        Compute::Host { .. } => None,
-    }) else {
-        bail!("check-sample: the model is not on the device");
-    };
-    let be = exec.backend();
+    let be = super::device_backend(r, "check-sample")?;
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x6d61736b ^ vocab as u64);
     let rows = rows(vocab, &mut rng);
     let mw = RowMasks::words_for(vocab);

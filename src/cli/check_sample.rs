@@ -11,7 +11,7 @@
 
 use crate::backend::cuda::{device_draws, draw_record, DRAW_WORDS};
 use crate::kv::SeqId;
-use crate::runner::{Compute, Runner};
+use crate::runner::Runner;
 use crate::sampler::{DrawParams, Sampler, SamplingParams};
 use anyhow::{bail, Result};
 use cudarc::driver::CudaSlice;
@@ -109,13 +109,7 @@ pub(super) fn sample_on(
 /// The device's draws on crafted rows against `Sampler::sample_with`:
 /// returns the number of (row, parameters, uniform) cases checked.
 fn check_rows(r: &Runner, vocab: usize, seed: u64) -> Result<usize> {
-    let Some(exec) = (match &r.compute {
-        Compute::Device(d) => d.cuda(),
-        Compute::Host { .. } => None,
-    }) else {
-        bail!("check-sample: the model is not on the device");
-    };
-    let be = exec.backend();
+    let be = super::device_backend(r, "check-sample")?;
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ vocab as u64);
     let rows = rows(vocab, &mut rng);
     let mut cases: Vec<(usize, SamplingParams, f64)> = Vec::new();
@@ -169,13 +163,7 @@ fn check_rows(r: &Runner, vocab: usize, seed: u64) -> Result<usize> {
 /// rows of `vocab` logits per parameter shape: what a step pays for its
 /// draw. Printed, not checked.
 fn time_rows(r: &Runner, vocab: usize, n: usize) -> Result<String> {
-    let Some(exec) = (match &r.compute {
-        Compute::Device(d) => d.cuda(),
-        Compute::Host { .. } => None,
-    }) else {
-        bail!("check-sample: the model is not on the device");
-    };
-    let be = exec.backend();
+    let be = super::device_backend(r, "check-sample")?;
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     let flat: Vec<f32> = (0..n * vocab)
         .map(|_| rng.random_range(-8.0f32..8.0))

@@ -322,3 +322,13 @@ pub fn tuning_overrides(
     }
     Ok(o)
 }
+
+/// The cuda backend holding `r`'s model, for the device checks that
+/// launch kernels directly (`what`: the command, for the error).
+fn device_backend<'r>(r: &'r Runner, what: &str) -> Result<&'r crate::backend::cuda::CudaBackend> {
+    match &r.compute {
+        crate::runner::Compute::Device(d) => d.cuda().map(|e| e.backend()),
+        crate::runner::Compute::Host { .. } => None,
+    }
+    .with_context(|| format!("{what}: the model is not on the device"))
+}

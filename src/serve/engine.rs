@@ -22,7 +22,7 @@ use crate::sampler::{logprobs, BadLogits, RowMasks, Sampler};
 use crate::scheduler::{PrefillBudget, Scheduler, SchedulerConfig, StateSnapshots};
 use anyhow::{anyhow, bail, Context, Result};
 use rayon::prelude::*;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
@@ -574,13 +574,7 @@ impl Engine {
                 picks
             }
             StepOut::Logits(l) => {
-                let at: HashMap<SeqId, usize> = plan
-                    .seqs
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, ss)| ss.sample)
-                    .map(|(i, ss)| (ss.seq, i))
-                    .collect();
+                let at = super::masks::sampled_rows(&plan);
                 let sched = &self.sched;
                 let mut rows: Vec<(usize, &mut Seq, &[u32], &[f32])> = self
                     .seqs

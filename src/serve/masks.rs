@@ -57,6 +57,16 @@ pub(super) fn step_masks(
         .collect()
 }
 
+/// The plan row of each sequence the step samples.
+pub(super) fn sampled_rows(plan: &StepPlan) -> HashMap<SeqId, usize> {
+    plan.seqs
+        .iter()
+        .enumerate()
+        .filter(|(_, ss)| ss.sample)
+        .map(|(i, ss)| (ss.seq, i))
+        .collect()
+}
+
 /// The constrained rows' picks of a step drawn on the device (`tokens`:
 /// one per planned sequence, drawn under `masks`), each advancing its
 /// grammar, rows in parallel: (plan row, pick).
@@ -66,13 +76,7 @@ pub(super) fn device_picks(
     tokens: &[u32],
     masks: &RowMasks,
 ) -> Vec<(usize, Result<Pick, String>)> {
-    let at: HashMap<SeqId, usize> = plan
-        .seqs
-        .iter()
-        .enumerate()
-        .filter(|(_, ss)| ss.sample)
-        .map(|(i, ss)| (ss.seq, i))
-        .collect();
+    let at = sampled_rows(plan);
     seqs.iter_mut()
         .filter(|(_, s)| s.constraint.is_some())
         .filter_map(|(id, s)| Some((*at.get(id)?, s)))

@@ -12,7 +12,7 @@ use super::graph::GraphSel;
 use super::{CudaExec, DecodeFn, DevKvCache};
 use crate::backend::cuda::{draw_record, drv, DRAW_WORDS};
 use crate::sampler::{DrawParams, RowMasks};
-use anyhow::{anyhow, bail, ensure, Result};
+use anyhow::{anyhow, ensure, Result};
 use cudarc::driver::{CudaSlice, DevicePtr};
 
 impl CudaExec {
@@ -104,13 +104,7 @@ impl CudaExec {
             let tail = d.slice(host.len()..host.len() + 2 * b);
             drv(st.memcpy_dtoh(&tail, &mut res), "decode draws: tokens")?;
             be.sync("decode draws: tokens")?;
-            if let Some(r) = res[b..].iter().position(|&s| s != 0) {
-                match res[b + r] {
-                    1 => bail!("sample: row {r}'s logits hold a NaN or +inf (draw on the device)"),
-                    2 => bail!("sample: every logit of row {r} is -inf (draw on the device)"),
-                    s => bail!("sample: row {r}: the device could not draw (status {s})"),
-                }
-            }
+            super::greedy::draw_statuses(&res[b..])?;
             res.truncate(b);
             Ok(res)
         })

@@ -180,13 +180,21 @@ impl CudaExec {
             .ok_or_else(|| anyhow!("greedy decode: the step's graph is gone"))?;
         let (b, cap) = (t.key.0, ring.cap);
         let slot = ring.slot(t.slot)?;
-        if let Some(r) = slot[cap..cap + b].iter().position(|&v| v != 0) {
-            match slot[cap + r] {
-                1 => bail!("sample: row {r}'s logits hold a NaN or +inf (choice on the device)"),
-                2 => bail!("sample: every logit of row {r} is -inf (draw on the device)"),
-                s => bail!("sample: row {r}: the device could not draw (status {s})"),
-            }
-        }
+        draw_statuses(&slot[cap..cap + b])?;
         Ok(slot[..b].to_vec())
+    }
+}
+
+/// The sampler's error for the first row whose sample_rows status is not
+/// 0 (ops/sample: 1 a NaN or +inf logit, 2 a sampled row of only -inf, 3
+/// more candidates than the device draws), if any.
+pub(super) fn draw_statuses(status: &[u32]) -> Result<()> {
+    let Some(r) = status.iter().position(|&v| v != 0) else {
+        return Ok(());
+    };
+    match status[r] {
+        1 => bail!("sample: row {r}'s logits hold a NaN or +inf (choice on the device)"),
+        2 => bail!("sample: every logit of row {r} is -inf (draw on the device)"),
+        s => bail!("sample: row {r}: the device could not draw (status {s})"),
     }
 }
