@@ -80,13 +80,6 @@ impl RowMasks {
         self.data.resize(rows * self.words, 0);
     }
 
-    /// Row `r`'s words, to be written whole; the row is masked from now
-    /// on. Panics if `r` is not a row (a programmer's error).
-    pub fn row_mut(&mut self, r: usize) -> &mut [u32] {
-        self.rows[r] = true;
-        &mut self.data[r * self.words..(r + 1) * self.words]
-    }
-
     /// Row `r`'s mask, if it has one.
     pub fn row(&self, r: usize) -> Option<WordMask<'_>> {
         self.rows
@@ -167,7 +160,9 @@ mod tests {
         m.reset(3, 65);
         assert_eq!(m.words(), 3);
         assert!(!m.any());
-        m.row_mut(2).copy_from_slice(&[0, 0, 1]);
+        let (flags, data) = m.parts_mut();
+        flags[2] = true;
+        data[6..9].copy_from_slice(&[0, 0, 1]);
         assert!(m.has(2) && !m.has(0) && !m.has(3));
         assert_eq!(m.row(2).and_then(|w| w.first_allowed()), Some(64));
         assert!(m.row(1).is_none());
