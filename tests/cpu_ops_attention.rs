@@ -1,13 +1,15 @@
 //! Paged attention: f64 reference, scattered vs contiguous blocks bitwise,
 //! GQA ratios 1/3/8, head dims 64/80/128, odd lengths, batch invariance,
-//! thread/ISA invariance, and errors for bad shapes.
+//! thread/ISA invariance, errors for bad shapes; sliding windows, softcap,
+//! ALiBi and sinks against the f64 reference, and windows never reading
+//! the blocks they left.
 
 mod cpu_ops_util;
 use cpu_ops_util::*;
 
 use half::f16;
 use quire::backend::cpu::CpuBackend;
-use quire::backend::{AttnBatch, Backend, KvLayer, Mode, Op};
+use quire::backend::{alibi_slopes, AttnBatch, AttnOpts, Backend, KvLayer, Mode, Op};
 use rand::seq::SliceRandom;
 
 struct Case {
@@ -82,6 +84,22 @@ impl Case {
         pos: &[u32],
         scale: f32,
     ) -> Vec<f32> {
+        self.run_opts(be, kp, vp, tables, q, row_seq, pos, scale, AttnOpts::none())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_opts(
+        &self,
+        be: &CpuBackend,
+        kp: &[f16],
+        vp: &[f16],
+        tables: &[Vec<u32>],
+        q: &[f32],
+        row_seq: &[u32],
+        pos: &[u32],
+        scale: f32,
+        opts: AttnOpts<&[f32]>,
+    ) -> Vec<f32> {
         let tabs: Vec<&[u32]> = tables.iter().map(|t| t.as_slice()).collect();
         let mut out = vec![0f32; q.len()];
         be.run(
@@ -101,6 +119,7 @@ impl Case {
                     row_seq,
                     positions: pos,
                 },
+                opts,
                 out: &mut out,
             },
             Mode::Exact,
@@ -110,30 +129,65 @@ impl Case {
     }
 
     fn reference(&self, q: &[f32], row_seq: &[u32], pos: &[u32], scale: f32) -> Vec<f64> {
+        self.reference_opts(q, row_seq, pos, scale, AttnOpts::none())
+    }
+
+    /// Softmax attention in f64 over the visible keys, with the options'
+    /// softcap, ALiBi bias and sink term.
+    fn reference_opts(
+        &self,
+        q: &[f32],
+        row_seq: &[u32],
+        pos: &[u32],
+        scale: f32,
+        opts: AttnOpts<&[f32]>,
+    ) -> Vec<f64> {
         let (nh, hd, nkv) = (self.n_heads, self.hd, self.nkv);
         let mut out = vec![0f64; q.len()];
         for (r, (&s, &p)) in row_seq.iter().zip(pos).enumerate() {
             for h in 0..nh {
                 let kvh = h / (nh / nkv);
                 let qv = &q[(r * nh + h) * hd..][..hd];
-                let sc: Vec<f64> = (0..=p as usize)
-                    .map(|j| {
+                let w = opts.window as usize;
+                let lo = if w == 0 {
+                    0
+                } else {
+                    (p as usize + 1).saturating_sub(w)
+                };
+                let keys: Vec<usize> = (lo..=p as usize).collect();
+                let sc: Vec<f64> = keys
+                    .iter()
+                    .map(|&j| {
                         let kr = &self.k[s as usize][(j * nkv + kvh) * hd..][..hd];
-                        qv.iter()
+                        let mut x = qv
+                            .iter()
                             .zip(kr)
                             .map(|(&a, b)| a as f64 * b.to_f64())
                             .sum::<f64>()
-                            * scale as f64
+                            * scale as f64;
+                        if opts.softcap > 0.0 {
+                            let c = opts.softcap as f64;
+                            x = c * (x / c).tanh();
+                        }
+                        if let Some(a) = opts.alibi {
+                            x += a[h] as f64 * (j as f64 - p as f64);
+                        }
+                        x
                     })
                     .collect();
-                let mx = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let sink = opts.sinks.map(|t| t[h] as f64);
+                let mx = sc
+                    .iter()
+                    .cloned()
+                    .chain(sink)
+                    .fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = sc.iter().map(|x| (x - mx).exp()).collect();
-                let z: f64 = e.iter().sum();
+                let z: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |t| (t - mx).exp());
                 for d in 0..hd {
                     let acc: f64 = e
                         .iter()
-                        .enumerate()
-                        .map(|(j, w)| w * self.v[s as usize][(j * nkv + kvh) * hd + d].to_f64())
+                        .zip(&keys)
+                        .map(|(w, &j)| w * self.v[s as usize][(j * nkv + kvh) * hd + d].to_f64())
                         .sum();
                     out[(r * nh + h) * hd + d] = acc / z;
                 }
@@ -236,6 +290,7 @@ fn paged_attention_errors() {
                     row_seq: &[seq],
                     positions: &[pos],
                 },
+                opts: AttnOpts::none(),
                 out: &mut out[..qlen],
             },
             Mode::Exact,
@@ -248,4 +303,202 @@ fn paged_attention_errors() {
     assert!(run(5, 1, 2, 128).is_err()); // no such sequence
     assert!(run(5, 0, 2, 127).is_err()); // q length
     assert!(run(5, 0, 3, 192.min(q.len())).is_err()); // 3 heads: q too short
+}
+
+#[test]
+fn paged_attention_options_match_the_f64_reference() {
+    let bes = backends();
+    let mut seed = 900;
+    for (nkv, ratio, hd, bs) in [
+        (2usize, 2usize, 64usize, 16usize),
+        (1, 8, 80, 7),
+        (2, 3, 128, 32),
+    ] {
+        seed += 1;
+        let lens = vec![3, 70, 200];
+        let c = Case::new(seed, nkv, ratio, hd, bs, lens);
+        let mut row_seq = vec![0u32, 0];
+        let mut pos = vec![1u32, 2];
+        for p in 0..70 {
+            row_seq.push(1);
+            pos.push(p);
+        }
+        for p in 150..200 {
+            row_seq.push(2);
+            pos.push(p);
+        }
+        let mut r = rng(seed + 1000);
+        let q = rand_vec(&mut r, pos.len() * c.n_heads * hd, 2.0);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let slopes = alibi_slopes(c.n_heads, 8.0);
+        let sinks = rand_vec(&mut r, c.n_heads, 3.0);
+        let (ks, vs, ts) = c.layout(Some(seed));
+        for (window, softcap, alibi, sink) in [
+            (1u32, 0f32, false, false),
+            (17, 0.0, false, false),
+            (64, 0.0, false, false),
+            (0, 2.0, false, false),
+            (0, 0.0, true, false),
+            (0, 0.0, false, true),
+            (33, 5.0, true, true),
+        ] {
+            let opts = AttnOpts {
+                window,
+                softcap,
+                alibi: alibi.then_some(&slopes[..]),
+                sinks: sink.then_some(&sinks[..]),
+            };
+            let cfg = format!("nkv {nkv} ratio {ratio} hd {hd} bs {bs} opts {opts:?}");
+            let got = c.run_opts(&bes[0].1, &ks, &vs, &ts, &q, &row_seq, &pos, scale, opts);
+            let want = c.reference_opts(&q, &row_seq, &pos, scale, opts);
+            let e = nmse(&got, &want);
+            assert!(e < 1e-10, "{cfg}: nmse {e:.3e}");
+            for (label, be) in &bes {
+                let other = c.run_opts(be, &ks, &vs, &ts, &q, &row_seq, &pos, scale, opts);
+                assert_eq!(bits(&other), bits(&got), "{cfg} {label}");
+            }
+            // A row alone is bitwise the row inside the batch.
+            let row = c.n_heads * hd;
+            for ri in [0usize, 40, pos.len() - 1] {
+                let alone = c.run_opts(
+                    &bes[1].1,
+                    &ks,
+                    &vs,
+                    &ts,
+                    &q[ri * row..(ri + 1) * row],
+                    &row_seq[ri..ri + 1],
+                    &pos[ri..ri + 1],
+                    scale,
+                    opts,
+                );
+                assert_eq!(
+                    bits(&alone),
+                    bits(&got[ri * row..(ri + 1) * row]),
+                    "{cfg}: row {ri}"
+                );
+            }
+        }
+        // The plain options are the plain op, bitwise.
+        let plain = c.run(&bes[0].1, &ks, &vs, &ts, &q, &row_seq, &pos, scale);
+        let big_window = AttnOpts {
+            window: 10_000,
+            ..AttnOpts::none()
+        };
+        let wide = c.run_opts(
+            &bes[0].1, &ks, &vs, &ts, &q, &row_seq, &pos, scale, big_window,
+        );
+        assert_eq!(
+            bits(&plain),
+            bits(&wide),
+            "a window past every row changes nothing"
+        );
+    }
+}
+
+#[test]
+fn sliding_window_never_reads_the_blocks_it_left() {
+    let be = CpuBackend::new(Some(2)).unwrap();
+    let (nkv, ratio, hd, bs) = (2usize, 2usize, 64usize, 16usize);
+    let c = Case::new(77, nkv, ratio, hd, bs, vec![100]);
+    let (mut kp, mut vp, t) = c.layout(Some(3));
+    let pos = [99u32];
+    let mut r = rng(78);
+    let q = rand_vec(&mut r, c.n_heads * hd, 2.0);
+    let opts = AttnOpts {
+        window: 40,
+        ..AttnOpts::none()
+    };
+    let before = c.run_opts(&be, &kp, &vp, &t, &q, &[0], &pos, 0.125, opts);
+    // Keys 0..60 are outside the window: poison their whole blocks (0..3,
+    // keys 0..48) and check nothing changes.
+    let cell = nkv * hd;
+    for &b in &t[0][..3] {
+        let at = b as usize * bs * cell;
+        kp[at..at + bs * cell].fill(f16::NAN);
+        vp[at..at + bs * cell].fill(f16::INFINITY);
+    }
+    let after = c.run_opts(&be, &kp, &vp, &t, &q, &[0], &pos, 0.125, opts);
+    assert_eq!(bits(&before), bits(&after));
+    assert!(after.iter().all(|x| x.is_finite()));
+}
+
+#[test]
+fn attention_options_are_validated() {
+    let be = CpuBackend::new(Some(1)).unwrap();
+    let c = Case::new(5, 1, 2, 64, 16, vec![20]);
+    let (kp, vp, t) = c.layout(None);
+    let q = vec![0.5f32; 2 * 64];
+    let short = [0.5f32];
+    for (opts, want) in [
+        (
+            AttnOpts {
+                softcap: -1.0,
+                ..AttnOpts::none()
+            },
+            "softcap",
+        ),
+        (
+            AttnOpts {
+                softcap: f32::NAN,
+                ..AttnOpts::none()
+            },
+            "softcap",
+        ),
+        (
+            AttnOpts {
+                alibi: Some(&short[..]),
+                ..AttnOpts::none()
+            },
+            "alibi",
+        ),
+        (
+            AttnOpts {
+                sinks: Some(&short[..]),
+                ..AttnOpts::none()
+            },
+            "sinks",
+        ),
+    ] {
+        let tabs: Vec<&[u32]> = t.iter().map(|t| t.as_slice()).collect();
+        let mut out = vec![0f32; 2 * 64];
+        let e = be
+            .run(
+                Op::PagedAttention {
+                    q: &q,
+                    n_heads: 2,
+                    scale: 0.125,
+                    cache: KvLayer {
+                        k: &kp,
+                        v: &vp,
+                        block_size: 16,
+                        n_kv_heads: 1,
+                        head_dim: 64,
+                    },
+                    batch: AttnBatch {
+                        block_tables: &tabs,
+                        row_seq: &[0],
+                        positions: &[5],
+                    },
+                    opts,
+                    out: &mut out,
+                },
+                Mode::Exact,
+            )
+            .unwrap_err();
+        assert!(format!("{e:#}").contains(want), "{e:#}");
+    }
+}
+
+#[test]
+fn alibi_slopes_follow_the_paper() {
+    // 8 heads, max bias 8: 2^-1 .. 2^-8.
+    let s = alibi_slopes(8, 8.0);
+    for (h, &x) in s.iter().enumerate() {
+        assert_eq!(x, 2f32.powi(-(h as i32 + 1)));
+    }
+    // 12 heads: the first 8 as above, then the odd powers of 2^-0.5.
+    let s = alibi_slopes(12, 8.0);
+    assert_eq!(s[7], 2f32.powi(-8));
+    assert!((s[8] as f64 - 2f64.powf(-0.5)).abs() < 1e-7);
+    assert!((s[9] as f64 - 2f64.powf(-1.5)).abs() < 1e-7);
 }

@@ -164,3 +164,29 @@ fn exp8_bitwise_equals_exp() {
     #[cfg(not(target_arch = "x86_64"))]
     println!("SKIPPED: not x86_64");
 }
+
+#[test]
+fn tanh_accuracy() {
+    let mut r = rng(7);
+    let mut worst = 0f64;
+    for i in 0..200_000 {
+        let x: f32 = match i % 3 {
+            0 => r.random_range(-0.2..0.2),
+            1 => r.random_range(-4.0..4.0),
+            _ => r.random_range(-20.0..20.0),
+        };
+        let u = ulps(canon::tanh(x), (x as f64).tanh());
+        worst = worst.max(u);
+    }
+    println!("tanh worst {worst:.2} ulp");
+    assert!(worst <= 8.0, "tanh worst error {worst} ulp");
+    assert_eq!(canon::tanh(0.0), 0.0);
+    assert_eq!(canon::tanh(100.0), 1.0);
+    assert_eq!(canon::tanh(-100.0), -1.0);
+    assert_eq!(canon::tanh(f32::INFINITY), 1.0);
+    assert!(canon::tanh(f32::NAN).is_nan());
+    // Odd: tanh(-x) = -tanh(x) bitwise.
+    for x in [0.01f32, 0.124, 0.125, 0.7, 3.0] {
+        assert_eq!(canon::tanh(-x).to_bits(), (-canon::tanh(x)).to_bits());
+    }
+}

@@ -114,6 +114,75 @@ pub struct AttnBatch<'a> {
     pub positions: &'a [u32],
 }
 
+/// What shapes a paged attention's scores beyond `q·k * scale` and the
+/// causal mask, for a query row at position P and head h (the canonical
+/// order is in `cpu::ops::attention`). `none()` is plain causal attention.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnOpts<P> {
+    /// Sliding window: only keys j with `P - j < window` are visible (0:
+    /// every key up to P). Blocks wholly before the window are never read,
+    /// so their table entries may name any valid block.
+    pub window: u32,
+    /// Logit softcap: `s = softcap * tanh(s / softcap)` (0: off).
+    pub softcap: f32,
+    /// ALiBi slopes (n_heads,): `s += slope[h] * (j - P)` ([`alibi_slopes`]).
+    pub alibi: Option<P>,
+    /// Learned sink logits (n_heads,): one more term of the softmax's
+    /// denominator, with no value (gpt-oss).
+    pub sinks: Option<P>,
+}
+
+impl<P> AttnOpts<P> {
+    /// Plain causal attention.
+    pub const fn none() -> Self {
+        AttnOpts {
+            window: 0,
+            softcap: 0.0,
+            alibi: None,
+            sinks: None,
+        }
+    }
+
+    /// No window, softcap, ALiBi or sinks.
+    pub fn is_plain(&self) -> bool {
+        self.window == 0 && self.softcap == 0.0 && self.alibi.is_none() && self.sinks.is_none()
+    }
+
+    /// The same options over other parameter handles.
+    pub fn map<Q>(self, mut f: impl FnMut(P) -> Q) -> AttnOpts<Q> {
+        AttnOpts {
+            window: self.window,
+            softcap: self.softcap,
+            alibi: self.alibi.map(&mut f),
+            sinks: self.sinks.map(&mut f),
+        }
+    }
+}
+
+/// ALiBi slopes of `n_heads` heads for `max_bias` (as ggml and the ALiBi
+/// paper define them): with `n = 2^floor(log2(n_heads))`, head h < n
+/// gets `2^(-max_bias (h + 1) / n)`, head h >= n gets
+/// `2^(-max_bias (2 (h - n) + 1) / (2 n))`. Computed in f64 and rounded
+/// once, so every backend reads the same f32 slopes.
+pub fn alibi_slopes(n_heads: usize, max_bias: f32) -> Vec<f32> {
+    let n = if n_heads == 0 {
+        1
+    } else {
+        1usize << (usize::BITS - 1 - n_heads.leading_zeros())
+    };
+    let b = max_bias as f64;
+    (0..n_heads)
+        .map(|h| {
+            let e = if h < n {
+                -b * (h + 1) as f64 / n as f64
+            } else {
+                -b * (2 * (h - n) + 1) as f64 / (2 * n) as f64
+            };
+            2f64.powf(e) as f32
+        })
+        .collect()
+}
+
 /// Where an op's tensors live. Each backend's ops are written over one
 /// memory space: `Host` (plain slices; the `cpu` backend, the parity
 /// harness) or a device space (`cuda::Dev`: device buffers, so a whole
@@ -312,13 +381,16 @@ pub enum OpT<'a, M: Mem> {
     },
     /// Causal attention reading K/V through the block tables in place.
     /// q, out: (n_rows, n_heads, head_dim); GQA: head h reads kv head
-    /// h / (n_heads / n_kv_heads).
+    /// h / (n_heads / n_kv_heads); `opts` adds a sliding window, a softcap,
+    /// ALiBi or sinks.
     PagedAttention {
         q: M::In<'a>,
         n_heads: usize,
         scale: f32,
         cache: M::Kv<'a>,
         batch: M::Batch<'a>,
+        /// Window, softcap, ALiBi slopes and sinks (n_heads,).
+        opts: AttnOpts<M::Param<'a>>,
         out: M::Out<'a>,
     },
     // Hybrid (Gated DeltaNet) layers. Recurrent state lives in per-layer

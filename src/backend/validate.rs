@@ -4,7 +4,7 @@
 //! buffers both know theirs); checks of index *values* (ids, slots, block
 //! tables) need them on the host and are done where they are uploaded.
 
-use super::{AttnBatch, WeightInfo};
+use super::{AttnBatch, AttnOpts, WeightInfo};
 use anyhow::{anyhow, ensure, Result};
 
 /// `MatMul` arguments: w (rows m, cols k) of `data_len` bytes, x (n, k),
@@ -250,6 +250,37 @@ pub fn attention(
         "paged_attention: q {q_len} / out {out_len} elements, expected n_rows {n_rows} * n_heads {n_heads} * head_dim {hd}"
     );
     Ok(cache_k_len / block_elems)
+}
+
+/// `PagedAttention` options: a finite, non-negative softcap and one ALiBi
+/// slope and one sink logit per query head.
+pub fn attention_opts<P: ParamLen>(opts: &AttnOpts<P>, n_heads: usize) -> Result<()> {
+    ensure!(
+        opts.softcap.is_finite() && opts.softcap >= 0.0,
+        "paged_attention: softcap {} must be finite and >= 0 (0: off)",
+        opts.softcap
+    );
+    for (name, p) in [("alibi slopes", &opts.alibi), ("sinks", &opts.sinks)] {
+        if let Some(p) = p {
+            ensure!(
+                p.param_len() == n_heads,
+                "paged_attention: {name} hold {} values, expected one per head ({n_heads})",
+                p.param_len()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Length of a parameter vector, whatever memory holds it.
+pub trait ParamLen {
+    fn param_len(&self) -> usize;
+}
+
+impl ParamLen for &[f32] {
+    fn param_len(&self) -> usize {
+        self.len()
+    }
 }
 
 /// `PagedAttention` batch values: every row names a sequence with a table

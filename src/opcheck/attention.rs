@@ -110,7 +110,32 @@ impl Ctx<'_> {
             cases.push((128, 8, 4, 16, vec![(8000, 1); 4]));
             cases.push((64, 3, 3, 16, vec![(0, 256)]));
         }
-        for (hd, nkv, ratio, bs, seqs) in cases {
+        let plain = (0u32, 0f32, 0f32, false);
+        let mut cases: Vec<(AttnCase, AttnCaseOpts)> =
+            cases.into_iter().map(|c| (c, plain)).collect();
+        // Windows (inside a chunk, across chunks and blocks, past the row),
+        // softcaps, ALiBi and sinks, alone and together, decode and prefill.
+        cases.extend([
+            (
+                (64, 2, 2, 16, vec![(100, 1), (7, 20)]),
+                (40, 0.0, 0.0, false),
+            ),
+            ((128, 1, 8, 16, vec![(300, 70)]), (64, 0.0, 0.0, false)),
+            ((80, 2, 1, 7, vec![(90, 3)]), (5, 0.0, 0.0, false)),
+            ((64, 1, 4, 16, vec![(10, 1)]), (4096, 0.0, 0.0, false)),
+            (
+                (64, 2, 3, 16, vec![(200, 4), (0, 9)]),
+                (0, 30.0, 0.0, false),
+            ),
+            ((96, 1, 8, 16, vec![(150, 2)]), (0, 0.0, 8.0, false)),
+            ((72, 3, 2, 16, vec![(60, 2), (0, 33)]), (0, 0.0, 0.0, true)),
+            (
+                (256, 2, 4, 16, vec![(500, 2), (31, 40)]),
+                (128, 50.0, 8.0, true),
+            ),
+            ((112, 1, 6, 32, vec![(1000, 1)]), (256, 20.0, 0.0, true)),
+        ]);
+        for ((hd, nkv, ratio, bs, seqs), (window, softcap, max_bias, sinks)) in cases {
             let nh = nkv * ratio;
             // Blocks per sequence; physical ids scattered over a shuffled pool
             // (plus spare unused blocks).
@@ -155,6 +180,14 @@ impl Ctx<'_> {
                 head_dim: hd,
             };
             let scale = 1.0 / (hd as f32).sqrt();
+            let slopes = crate::backend::alibi_slopes(nh, max_bias);
+            let sink_logits = randv(&mut self.rng, nh, 3.0);
+            let opts = crate::backend::AttnOpts {
+                window,
+                softcap,
+                alibi: (max_bias > 0.0).then_some(&slopes[..]),
+                sinks: sinks.then_some(&sink_logits[..]),
+            };
             let mut r = vec![0f32; q.len()];
             let mut y = Guarded::new(q.len());
             let mut tmp = vec![0f32; q.len()];
@@ -164,6 +197,7 @@ impl Ctx<'_> {
                 scale,
                 cache,
                 batch,
+                opts,
                 out,
             });
             let ctx: usize = positions.iter().map(|&p| p as usize + 1).sum();
@@ -175,10 +209,14 @@ impl Ctx<'_> {
                 )
             });
             let g = y.guards_ok();
-            let desc = format!(
+            let mut desc = format!(
                 "hd={hd} kv={nkv} gqa={ratio} B={bs} rows={n_rows} seqs={:?}",
                 seqs
             );
+            if !opts.is_plain() {
+                desc +=
+                    &format!(" window={window} softcap={softcap} alibi={max_bias} sinks={sinks}");
+            }
             self.finish("paged_attention", desc, sup, err, y.body(), &r, g, perf);
         }
     }

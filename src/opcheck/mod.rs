@@ -342,6 +342,10 @@ pub(crate) fn graded(
 /// (head_dim, n_kv_heads, gqa ratio, block_size, per-sequence (start, n_rows)).
 type AttnCase = (usize, usize, usize, usize, Vec<(usize, usize)>);
 
+/// A case's attention options: (window, softcap, ALiBi max bias (0: none),
+/// sinks).
+type AttnCaseOpts = (u32, f32, f32, bool);
+
 struct Ctx<'a> {
     be: &'a dyn Backend,
     cpu: &'a dyn Backend,

@@ -54,6 +54,8 @@
 //!   for |k| < 2^17, i.e. |x| < ~2e5); sin/cos Taylor polynomials of degree
 //!   9/10 on `r`, then quadrant selection by `k mod 4`.
 //! * [`rsqrt`]`(x) = 1 / sqrt(x)` (both correctly rounded).
+//! * [`tanh`]: the x^7 Taylor series below |x| = 0.125, else
+//!   `(1 - e) / (1 + e)` with `e = exp(-2|x|)` and the sign of x.
 //! * RoPE angle: `(pos as f32) * inv_freq[i]`; rotation `o0 = (x0*c) - (x1*s)`,
 //!   `o1 = (x0*s) + (x1*c)`.
 //! * rms_norm: `ss = dot32(x, x)`; `mean = ss / (dim as f32)`;
@@ -219,6 +221,29 @@ fn scale_pow2(v: f32, n: i32) -> f32 {
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + exp(-x))
 }
+
+/// Canonical tanh. `|x| < 0.125`: `x2 = x * x`; `p = 17/315`;
+/// `p = 2/15 - (p * x2)`; `p = 1/3 - (p * x2)`; `x - ((x * x2) * p)`
+/// (the Taylor series to x^7). Else `e = exp(-2 |x|)`,
+/// `t = (1 - e) / (1 + e)` with the sign of x. NaN stays NaN.
+#[inline]
+pub fn tanh(x: f32) -> f32 {
+    let a = x.abs();
+    if a < 0.125 {
+        let x2 = x * x;
+        let mut p = TANH_C7;
+        p = TANH_C5 - (p * x2);
+        p = TANH_C3 - (p * x2);
+        return x - ((x * x2) * p);
+    }
+    let e = exp(-2.0 * a);
+    ((1.0 - e) / (1.0 + e)).copysign(x)
+}
+
+/// tanh's series coefficients (correctly rounded f32 divisions).
+pub const TANH_C3: f32 = 1.0 / 3.0;
+pub const TANH_C5: f32 = 2.0 / 15.0;
+pub const TANH_C7: f32 = 17.0 / 315.0;
 
 /// Canonical reciprocal square root: `1 / sqrt(x)`.
 #[inline]

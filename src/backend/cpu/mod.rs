@@ -190,8 +190,9 @@ impl Backend for CpuBackend {
                 scale,
                 cache,
                 batch,
+                opts,
                 out,
-            } => ops::attention::run(par, isa, q, n_heads, scale, cache, batch, out),
+            } => ops::attention::run(par, isa, q, n_heads, scale, cache, batch, opts, out),
             Op::Conv1dSilu {
                 x,
                 w,

@@ -15,7 +15,9 @@ use super::ops::gdn;
 use super::{enter, supports};
 use super::{fingerprint, CudaBackend};
 use crate::backend::Backend;
-use crate::backend::{validate, AttnBatch, KvLayer, KvLayerMut, MatJob, Mode, Op, QMatrix};
+use crate::backend::{
+    validate, AttnBatch, AttnOpts, KvLayer, KvLayerMut, MatJob, Mode, Op, QMatrix,
+};
 use anyhow::{anyhow, Result};
 use anyhow::{bail, Context};
 use cudarc::driver::{CudaSlice, CudaView};
@@ -428,8 +430,9 @@ impl CudaBackend {
                 scale,
                 cache,
                 batch,
+                opts,
                 out,
-            } => self.host_attention(q, *n_heads, *scale, *cache, *batch, out, mode),
+            } => self.host_attention(q, *n_heads, *scale, *cache, *batch, *opts, out, mode),
         }?;
         self.sync("host op")
     }
@@ -574,10 +577,12 @@ impl CudaBackend {
         scale: f32,
         cache: KvLayer<'_>,
         batch: AttnBatch<'_>,
+        opts: AttnOpts<&[f32]>,
         out: &mut [f32],
         mode: Mode,
     ) -> Result<()> {
         let (bs, nkv, hd) = (cache.block_size, cache.n_kv_heads, cache.head_dim);
+        validate::attention_opts(&opts, n_heads)?;
         let n_blocks = validate::attention(
             (bs, nkv, hd),
             n_heads,
@@ -617,6 +622,20 @@ impl CudaBackend {
             self.up(&vb, "paged_attention: v blocks")?,
         );
         let qd = self.up(q, "paged_attention: q")?;
+        let alibi = opts
+            .alibi
+            .map(|a| self.up(a, "paged_attention: alibi"))
+            .transpose()?;
+        let sinks = opts
+            .sinks
+            .map(|a| self.up(a, "paged_attention: sinks"))
+            .transpose()?;
+        let dopts = AttnOpts {
+            window: opts.window,
+            softcap: opts.softcap,
+            alibi: alibi.as_ref().map(|a| a.slice(0..n_heads)),
+            sinks: sinks.as_ref().map(|a| a.slice(0..n_heads)),
+        };
         let mut od = self.scratch::<f32>(out.len(), "paged_attention: out")?;
         self.d_attention(
             &qd.slice(0..q.len()),
@@ -630,6 +649,7 @@ impl CudaBackend {
                 head_dim: hd,
             },
             &db,
+            &dopts,
             &mut od.slice_mut(0..out.len()),
             mode,
         )?;

@@ -207,10 +207,11 @@ impl CudaBackend {
                 scale,
                 cache,
                 batch,
+                opts,
                 mut out,
             } => {
                 let rows = batch.n_rows;
-                self.d_attention(&q, n_heads, scale, &cache, batch, &mut out, mode)?;
+                self.d_attention(&q, n_heads, scale, &cache, batch, &opts, &mut out, mode)?;
                 // The attention's forms without the annotated epilogue:
                 // the standalone conversion (ops/matmul/prepared.rs).
                 self.finish_out_for_next(&out.as_view(), Some(rows), mode)

@@ -514,6 +514,7 @@ pub fn forward_bufs<E: Exec>(
             scale,
             cache: E::kv_layer(kv, li)?,
             batch: E::batch_view(batch),
+            opts: crate::backend::AttnOpts::none(),
             out: E::wr(&mut att),
         })
         .with_context(|| format!("layer {li}"))?;

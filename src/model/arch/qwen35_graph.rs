@@ -466,6 +466,7 @@ fn attn_mixer<E: Exec>(
         scale: 1.0 / (hd as f32).sqrt(),
         cache: E::kv_layer(kv, attn_i)?,
         batch: E::batch_view(&bufs.batch),
+        opts: crate::backend::AttnOpts::none(),
         out: E::wr(&mut s.att),
     })?;
     e.run(OpT::SigmoidMul {

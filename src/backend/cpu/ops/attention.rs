@@ -1,29 +1,36 @@
 //! Paged causal attention reading f16 K/V in place through block tables.
 //!
-//! Canonical arithmetic, per query row r (position P) and head h:
+//! Canonical arithmetic, per query row r (position P) and head h, with
+//! `lo = P + 1 - window` (0 without a window):
 //! `m = -inf, l = 0, acc[0..hd] = 0`; for each chunk of 32 key positions
-//! `[32c, min(32c + 32, P + 1))` (aligned to absolute position 0), in order:
+//! `[32c, 32c + 32)` (aligned to absolute position 0) that holds a visible
+//! key, in order, over its visible keys `j` in `[max(lo, 32c), min(32c +
+//! 32, P + 1))`:
 //! * `s_j = dot32(q, k_j) * scale` (k_j converted exactly from f16);
+//!   with a softcap `s_j = softcap * tanh(s_j / softcap)`; with ALiBi
+//!   `s_j = s_j + (slope_h * -((P - j) as f32))`;
 //! * `m_new = max(m, max_j s_j)`; `alpha = exp(m - m_new)`; `p_j = exp(s_j - m_new)`;
 //! * `ls = 0; ls = ls + p_j` for j in order; `l = (l * alpha) + ls`;
 //! * per d: `vs = 0; vs = vs + (p_j * v_j[d])` for j in order;
 //!   `acc[d] = (acc[d] * alpha) + vs`;
 //!
-//! then `out[d] = acc[d] / l`. Key j lives in physical cell
+//! then with a sink logit `t_h`: `m_f = max(m, t_h)`, `a = exp(m - m_f)`,
+//! `l = (l * a) + exp(t_h - m_f)`, `acc[d] = acc[d] * a`; finally
+//! `out[d] = acc[d] / l`. Key j lives in physical cell
 //! `table[j / B] * B + j % B`; head h reads kv head `h / (n_heads / n_kv_heads)`.
 //! Threads split (row, head) pairs, so nothing depends on the batch.
 
 use super::dot::float::dot_f16;
 use super::for_chunks;
 use crate::backend::cpu::{canon, Isa};
-use crate::backend::{AttnBatch, KvLayer};
+use crate::backend::{AttnBatch, AttnOpts, KvLayer};
 use anyhow::Result;
 use half::f16;
 
 /// Positions per online-softmax chunk (aligned to absolute position 0).
 pub const CHUNK: usize = 32;
 
-/// q, out: (n_rows, n_heads, head_dim).
+/// q, out: (n_rows, n_heads, head_dim); `opts`' slopes and sinks: (n_heads,).
 #[allow(clippy::too_many_arguments)] // the op's fields, passed through
 pub fn run(
     par: crate::backend::cpu::pool::Par<'_>,
@@ -33,6 +40,7 @@ pub fn run(
     scale: f32,
     cache: KvLayer<'_>,
     batch: AttnBatch<'_>,
+    opts: AttnOpts<&[f32]>,
     out: &mut [f32],
 ) -> Result<()> {
     let (hd, nkv, bs) = (cache.head_dim, cache.n_kv_heads, cache.block_size);
@@ -45,25 +53,82 @@ pub fn run(
         q.len(),
         out.len(),
     )?;
+    crate::backend::validate::attention_opts(&opts, n_heads)?;
     crate::backend::validate::attention_batch(&batch, bs, n_blocks)?;
     let group = n_heads / nkv;
+    let plain = opts.is_plain();
     for_chunks(par, out, hd, |rh, o| {
         let (r, h) = (rh / n_heads, rh % n_heads);
         let qv = &q[rh * hd..(rh + 1) * hd];
         let table = batch.block_tables[batch.row_seq[r] as usize];
         let kvh = h / group;
-        head(
-            isa,
-            qv,
-            scale,
-            &cache,
-            table,
-            kvh,
-            batch.positions[r] as usize,
-            o,
-        );
+        let pos = batch.positions[r] as usize;
+        if plain {
+            head(isa, qv, scale, &cache, table, kvh, pos, o);
+        } else {
+            let ho = HeadOpts::of(&opts, h, pos);
+            head_opts(isa, qv, scale, &cache, table, kvh, pos, &ho, o);
+        }
     });
     Ok(())
+}
+
+/// One (row, head)'s view of the op's `AttnOpts`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct HeadOpts {
+    /// First visible key.
+    lo: usize,
+    /// 0: off.
+    softcap: f32,
+    slope: Option<f32>,
+    sink: Option<f32>,
+}
+
+impl HeadOpts {
+    const PLAIN: HeadOpts = HeadOpts {
+        lo: 0,
+        softcap: 0.0,
+        slope: None,
+        sink: None,
+    };
+
+    fn of(opts: &AttnOpts<&[f32]>, h: usize, pos: usize) -> HeadOpts {
+        let w = opts.window as usize;
+        HeadOpts {
+            lo: if w == 0 {
+                0
+            } else {
+                (pos + 1).saturating_sub(w)
+            },
+            softcap: opts.softcap,
+            slope: opts.alibi.map(|a| a[h]),
+            sink: opts.sinks.map(|t| t[h]),
+        }
+    }
+}
+
+/// One (row, head) with options: the portable kernels, or with AVX2 the
+/// bitwise-equal ones.
+#[allow(clippy::too_many_arguments)]
+fn head_opts(
+    isa: Isa,
+    qv: &[f32],
+    scale: f32,
+    cache: &KvLayer<'_>,
+    table: &[u32],
+    kvh: usize,
+    pos: usize,
+    ho: &HeadOpts,
+    o: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        // SAFETY: AVX2+F16C detected at runtime (Isa::Avx2).
+        unsafe { head_avx2(qv, scale, cache, table, kvh, pos, ho, o) };
+        return;
+    }
+    let _ = isa;
+    head_impl::<false>(qv, scale, cache, table, kvh, pos, ho, o)
 }
 
 /// One (row, head): o (hd,) = attention of qv (hd,) over positions 0..=pos.
@@ -101,12 +166,12 @@ fn head(
             };
         } else {
             // SAFETY: as above.
-            unsafe { head_avx2(qv, scale, cache, table, kvh, pos, o) };
+            unsafe { head_avx2(qv, scale, cache, table, kvh, pos, &HeadOpts::PLAIN, o) };
         }
         return;
     }
     let _ = isa;
-    head_impl::<false>(qv, scale, cache, table, kvh, pos, o)
+    head_impl::<false>(qv, scale, cache, table, kvh, pos, &HeadOpts::PLAIN, o)
 }
 
 /// `head_impl` compiled with AVX2 enabled, so its kernels inline.
@@ -120,9 +185,10 @@ unsafe fn head_avx2(
     table: &[u32],
     kvh: usize,
     pos: usize,
+    ho: &HeadOpts,
     o: &mut [f32],
 ) {
-    head_impl::<true>(qv, scale, cache, table, kvh, pos, o)
+    head_impl::<true>(qv, scale, cache, table, kvh, pos, ho, o)
 }
 
 /// The canonical per-(row, head) computation; `AVX` selects kernels that
@@ -137,6 +203,7 @@ fn head_impl<const AVX: bool>(
     table: &[u32],
     kvh: usize,
     pos: usize,
+    ho: &HeadOpts,
     o: &mut [f32],
 ) {
     let (hd, nkv, bs) = (cache.head_dim, cache.n_kv_heads, cache.block_size);
@@ -154,9 +221,11 @@ fn head_impl<const AVX: bool>(
     let mut l = 0f32;
     let mut s = [0f32; CHUNK];
     let mut offs = [0usize; CHUNK];
-    let mut j0 = 0;
+    // Chunks stay aligned to absolute position 0; the first one visited
+    // holds key lo, and only its keys from lo on are read.
+    let mut j0 = ho.lo;
     while j0 <= pos {
-        let j1 = (j0 + CHUNK).min(pos + 1);
+        let j1 = ((j0 / CHUNK + 1) * CHUNK).min(pos + 1);
         let cnt = j1 - j0;
         // Element offsets of this chunk's cells (block-table walk, no
         // per-position division).
@@ -171,7 +240,7 @@ fn head_impl<const AVX: bool>(
             }
         }
         let mut cmax = f32::NEG_INFINITY;
-        for (sj, &off) in s.iter_mut().zip(offs.iter()).take(cnt) {
+        for (t, (sj, &off)) in s.iter_mut().zip(offs.iter()).take(cnt).enumerate() {
             let kr = &cache.k[off..off + hd];
             let d = if AVX {
                 #[cfg(target_arch = "x86_64")]
@@ -189,7 +258,14 @@ fn head_impl<const AVX: bool>(
             } else {
                 dot_f16(Isa::Portable, qv, kr)
             };
-            *sj = d * scale;
+            let mut sc = d * scale;
+            if ho.softcap != 0.0 {
+                sc = ho.softcap * canon::tanh(sc / ho.softcap);
+            }
+            if let Some(slope) = ho.slope {
+                sc += slope * -((pos - (j0 + t)) as f32);
+            }
+            *sj = sc;
             cmax = cmax.max(*sj);
         }
         let m_new = m.max(cmax);
@@ -218,6 +294,14 @@ fn head_impl<const AVX: bool>(
         }
         m = m_new;
         j0 = j1;
+    }
+    if let Some(t) = ho.sink {
+        let m_f = m.max(t);
+        let a = canon::exp(m - m_f);
+        l = (l * a) + canon::exp(t - m_f);
+        for x in o.iter_mut() {
+            *x *= a;
+        }
     }
     for a in o.iter_mut() {
         *a /= l;

@@ -623,3 +623,9 @@ mod tests {
         assert_eq!(att_parts(100 * ATT_CHUNK), ATT_PARTS);
     }
 }
+
+impl crate::backend::validate::ParamLen for CudaView<'_, f32> {
+    fn param_len(&self) -> usize {
+        self.len()
+    }
+}

@@ -326,6 +326,21 @@ __device__ __forceinline__ float q_silu(float x) {
     return q_div(x, q_add(1.0f, q_exp(-x)));
 }
 
+// canon::tanh: the x^7 series below |x| = 0.125, else (1 - e) / (1 + e)
+// with e = exp(-2|x|) and the sign of x.
+__device__ __forceinline__ float q_tanh(float x) {
+    float a = fabsf(x);
+    if (a < 0.125f) {
+        float x2 = q_mul(x, x);
+        float p = QF(QC_TANH_C7);
+        p = q_sub(QF(QC_TANH_C5), q_mul(p, x2));
+        p = q_sub(QF(QC_TANH_C3), q_mul(p, x2));
+        return q_sub(x, q_mul(q_mul(x, x2), p));
+    }
+    float e = q_exp(q_mul(-2.0f, a));
+    return copysignf(q_div(q_sub(1.0f, e), q_add(1.0f, e)), x);
+}
+
 __device__ __forceinline__ float q_rsqrt(float x) { return q_div(1.0f, __fsqrt_rn(x)); }
 
 __device__ __forceinline__ void q_sin_cos(float x, float* so, float* co) {

@@ -186,6 +186,7 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
             "paged_attention",
             "paged_attention_par",
             "paged_attention_par2",
+            "paged_attention_opts",
         ],
     ),
     (
@@ -306,7 +307,12 @@ pub fn prelude() -> String {
         ("QC_INV_9", 1.0 / 9.0),
         ("QC_INV_11", 1.0 / 11.0),
     ];
-    for (name, v) in gdn_consts {
+    let tanh_consts: [(&str, f32); 3] = [
+        ("QC_TANH_C3", crate::backend::cpu::canon::TANH_C3),
+        ("QC_TANH_C5", crate::backend::cpu::canon::TANH_C5),
+        ("QC_TANH_C7", crate::backend::cpu::canon::TANH_C7),
+    ];
+    for (name, v) in gdn_consts.into_iter().chain(tanh_consts) {
         s.push_str(&format!("#define {name} 0x{:08x}u\n", v.to_bits()));
     }
     s.push_str(&format!(

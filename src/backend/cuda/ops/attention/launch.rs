@@ -6,7 +6,7 @@ use super::planner::{plan, AttnCaps, AttnPlan, AttnShape, SplitPlan};
 use crate::backend::cuda::device::launch::{arena3, RawArgs};
 use crate::backend::cuda::device::memory::{DevAttnBatch, DevKv};
 use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
-use crate::backend::{validate, KvInfo, Mode};
+use crate::backend::{validate, AttnOpts, KvInfo, Mode};
 use anyhow::{ensure, Result};
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
 
@@ -47,10 +47,12 @@ impl CudaBackend {
         scale: f32,
         cache: &DevKv<'_>,
         batch: &DevAttnBatch,
+        opts: &AttnOpts<CudaView<'_, f32>>,
         out: &mut CudaViewMut<'_, f32>,
         mode: Mode,
     ) -> Result<()> {
         let (bs, nkv, hd) = cache.geometry();
+        validate::attention_opts(opts, n_heads)?;
         let n_blocks = validate::attention(
             (bs, nkv, hd),
             n_heads,
@@ -91,6 +93,7 @@ impl CudaBackend {
             // A capture with the read-ahead branch: the tensor-core and
             // cluster rules read it (the canonical kernels never do).
             read_ahead: mode != Mode::Exact && self.l2_branch_live()?,
+            scored: !opts.is_plain(),
         };
         let caps = AttnCaps {
             arch_major: crate::backend::cuda::device::pdl::arch_major(&self.arch),
@@ -208,6 +211,7 @@ impl CudaBackend {
                 out,
                 (kernel, threads, cluster),
             ),
+            AttnPlan::Scored => self.attention_scored(q, args, scale, cache, batch, opts, out),
             AttnPlan::RowHead => {
                 // Heads not a multiple of 8: ATT_WARPS (8) warps per (row,
                 // head) splitting the keys (attention_fast.cu).
@@ -277,6 +281,63 @@ impl CudaBackend {
         drv(
             unsafe { b.launch(cfg) },
             &format!("paged_attention: launching {kernel}"),
+        )?;
+        Ok(())
+    }
+
+    /// The canonical warp-per-(row, head) kernel with a window, softcap,
+    /// ALiBi slopes or sinks (`paged_attention_opts`), arguments validated
+    /// by `d_attention`.
+    #[allow(clippy::too_many_arguments)] // the op's fields
+    fn attention_scored(
+        &self,
+        q: &CudaView<'_, f32>,
+        (nri, nhi, nkvi, hdi, bsi): (i32, i32, i32, i32, i32),
+        scale: f32,
+        cache: &DevKv<'_>,
+        batch: &DevAttnBatch,
+        opts: &AttnOpts<CudaView<'_, f32>>,
+        out: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        let s = self.stream();
+        let window = i32::try_from(opts.window)
+            .map_err(|_| anyhow::anyhow!("paged_attention: window {} too large", opts.window))?;
+        // Null pointers select no ALiBi / no sinks (the kernel tests them).
+        let alibi = opts.alibi.as_ref().map_or(0u64, |a| a.device_ptr(s).0);
+        let sinks = opts.sinks.as_ref().map_or(0u64, |a| a.device_ptr(s).0);
+        let cfg = LaunchConfig {
+            grid_dim: (u32::try_from(batch.n_rows * nhi as usize)?, 1, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = s.launch_builder(self.func("paged_attention_opts")?);
+        b.arg(q)
+            .arg(&nri)
+            .arg(&nhi)
+            .arg(&nkvi)
+            .arg(&hdi)
+            .arg(&bsi)
+            .arg(&scale)
+            .arg(&cache.k)
+            .arg(&cache.v)
+            .arg(&batch.tables)
+            .arg(&batch.table_off)
+            .arg(&batch.row_seq)
+            .arg(&batch.positions)
+            .arg(&mut *out)
+            .arg(&window)
+            .arg(&opts.softcap)
+            .arg(&alibi)
+            .arg(&sinks);
+        // SAFETY: paged_attention_opts takes ATT_ROWHEAD_PARAMS then
+        // (int window, float softcap, const float* alibi, const float*
+        // sinks), one warp per (row, head); the batch and cache were
+        // validated by d_attention, alibi / sinks are null or hold n_heads
+        // floats (validate::attention_opts), and the kernel reads no
+        // table entry of a block wholly before a row's window.
+        drv(
+            unsafe { b.launch(cfg) },
+            "paged_attention: launching paged_attention_opts",
         )?;
         Ok(())
     }

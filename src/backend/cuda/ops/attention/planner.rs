@@ -48,6 +48,9 @@ pub(crate) struct AttnShape {
     /// Every row is its sequence's only row (a decode batch): the split
     /// kernels may read K/V before their programmatic wait.
     pub one_row_per_seq: bool,
+    /// The launch carries a sliding window, a softcap, ALiBi slopes or
+    /// sinks (`AttnOpts`): only the canonical warp kernel has them.
+    pub scored: bool,
     /// The device fusions are on (the backend's `prequant`): the merging
     /// forms write the output and its int8 copy themselves. Off in
     /// check-exact's unfused reference (the same bits).
@@ -96,6 +99,11 @@ pub(crate) enum AttnPlan {
     },
     /// `exact`: one warp per (row, head) (paged_attention).
     ExactWarp,
+    /// Every mode, with a window, softcap, ALiBi or sinks: the canonical
+    /// arithmetic with them, one warp per (row, head)
+    /// (paged_attention_opts): batch- and KV-cache invariant and bitwise
+    /// the cpu, so `fast` pays the canonical kernel's speed for them.
+    Scored,
     /// `exact`: `kernel` (paged_attention_par, or _par2 at two CTAs per
     /// SM) of `threads` per (row, head), in clusters of `cluster` CTAs
     /// (1: none).
@@ -190,6 +198,9 @@ pub(crate) fn plan(
         );
     }
     let hd = s.head_dim;
+    if s.scored {
+        return Ok(AttnPlan::Scored);
+    }
     if mode == Mode::Fast && s.prefill_tiles && hd.is_multiple_of(16) && hd <= 128 {
         let (kernel, grid_y, threads) = prefill_kernel(s.heads, s.kv_heads);
         return Ok(AttnPlan::Prefill {
@@ -456,7 +467,9 @@ impl AttnPlan {
     /// The order in which this plan reduces a row's keys.
     pub(crate) fn reduction_order(&self) -> ReductionOrder {
         match self {
-            AttnPlan::ExactWarp | AttnPlan::ExactPar { .. } => ReductionOrder::Canonical,
+            AttnPlan::ExactWarp | AttnPlan::ExactPar { .. } | AttnPlan::Scored => {
+                ReductionOrder::Canonical
+            }
             AttnPlan::RowHead => ReductionOrder::RowHead,
             AttnPlan::Prefill { .. } => ReductionOrder::Prefill,
             AttnPlan::Split(p) => {

@@ -260,6 +260,83 @@ extern "C" __global__ void paged_attention(ATT_ROWHEAD_PARAMS) {
     }
 }
 
+// paged_attention with a sliding window, a softcap, ALiBi slopes or sink
+// logits (every mode; cpu ops/attention.rs has the canonical order): one
+// warp per (row, head); the chunks stay aligned to position 0 and only
+// visible keys (from lo = pos + 1 - window) are read, so a block wholly
+// before the window is never touched. alibi / sinks: (n_heads,) or null.
+extern "C" __global__ void paged_attention_opts(ATT_ROWHEAD_PARAMS, int window, float softcap,
+                                                const float* __restrict__ alibi,
+                                                const float* __restrict__ sinks) {
+    GRID_DEP();
+    __shared__ float qs[256];
+    __shared__ float ps[32];
+    int rh = blockIdx.x;
+    if (rh >= n_rows * n_heads) return;
+    int r = rh / n_heads, h = rh % n_heads;
+    int l = threadIdx.x;
+    int hd = head_dim;
+    int kvh = h / (n_heads / n_kv_heads);
+    const float* qv = q + (long long)rh * hd;
+    for (int d = l; d < hd; d += 32) qs[d] = qv[d];
+    __syncwarp();
+    const u32* table = tables + table_off[row_seq[r]];
+    int pos = (int)positions[r];
+    int lo = window > 0 ? max(0, pos + 1 - window) : 0;
+    float slope = alibi ? alibi[h] : 0.0f;
+    float acc[ATT_MAXD];
+#pragma unroll
+    for (int u = 0; u < ATT_MAXD; u++) acc[u] = 0.0f;
+    float m = Q_NINF, lsum = 0.0f;
+    for (int j0 = lo; j0 <= pos; j0 = (j0 / 32 + 1) * 32) {
+        int cnt = min((j0 / 32 + 1) * 32, pos + 1) - j0;
+        int j = j0 + l;
+        float s = Q_NINF;
+        if (l < cnt) {
+            long long cell = (long long)table[j / block_size] * block_size + j % block_size;
+            s = att_exact_score(qs, kc + (cell * n_kv_heads + kvh) * hd, hd, scale);
+            if (softcap != 0.0f) s = q_mul(softcap, q_tanh(q_div(s, softcap)));
+            if (alibi) s = q_add(s, q_mul(slope, -(float)(pos - j)));
+        }
+        float cmax = q_max(Q_NINF, s);
+        for (int st = 16; st >= 1; st >>= 1)
+            cmax = q_max(cmax, __shfl_xor_sync(0xffffffffu, cmax, st, 32));
+        float m_new = q_max(m, cmax);
+        float alpha = q_exp(q_sub(m, m_new));
+        ps[l] = (l < cnt) ? q_exp(q_sub(s, m_new)) : 0.0f;
+        __syncwarp();
+        float ls = 0.0f;
+        for (int t = 0; t < cnt; t++) ls = q_add(ls, ps[t]);
+        lsum = q_add(q_mul(lsum, alpha), ls);
+        float vs[ATT_MAXD];
+#pragma unroll
+        for (int u = 0; u < ATT_MAXD; u++) vs[u] = 0.0f;
+        for (int t = 0; t < cnt; t++) {
+            int jt = j0 + t;
+            long long cell = (long long)table[jt / block_size] * block_size + jt % block_size;
+            att_exact_pv(vs, ps[t], vc + (cell * n_kv_heads + kvh) * hd, l, hd);
+        }
+#pragma unroll
+        for (int u = 0; u < ATT_MAXD; u++) acc[u] = q_add(q_mul(acc[u], alpha), vs[u]);
+        m = m_new;
+        __syncwarp();
+    }
+    if (sinks) {
+        float t = sinks[h];
+        float mf = q_max(m, t);
+        float a = q_exp(q_sub(m, mf));
+        lsum = q_add(q_mul(lsum, a), q_exp(q_sub(t, mf)));
+#pragma unroll
+        for (int u = 0; u < ATT_MAXD; u++) acc[u] = q_mul(acc[u], a);
+    }
+    float* o = out + (long long)rh * hd;
+#pragma unroll
+    for (int u = 0; u < ATT_MAXD; u++) {
+        int d = l + 32 * u;
+        if (d < hd) o[d] = q_div(acc[u], lsum);
+    }
+}
+
 // The canonical recurrence over 32-key chunks c (keys 32c .. 32c + 31 of
 // the row, up to its position) is
 //   m_c = max(m_{c-1}, max_j s_j),  alpha_c = exp(m_{c-1} - m_c),
