@@ -4,6 +4,7 @@ pub mod bench;
 pub mod bench_attn;
 mod check_fused;
 pub mod check_greedy;
+pub mod check_invariance;
 mod check_masked;
 mod check_sample;
 pub mod generate;
@@ -70,6 +71,11 @@ pub enum Command {
     /// against the same steps sampled on the host (and the device's choice
     /// against the sampler on crafted rows): identical tokens.
     CheckGreedy(check_greedy::CheckGreedyArgs),
+    /// The invariance grid: paged attention over head dims, KV lengths,
+    /// batches, GQA, masks, ALiBi, sinks and softcap (and the norm and
+    /// matmuls around it): batch invariance, chunked = at once = token by
+    /// token, run to run, bitwise.
+    CheckInvariance(check_invariance::CheckInvarianceArgs),
     /// Compile every CUDA kernel file into the kernel cache for a device
     /// architecture (NVRTC only: no device needed), to carry to a device.
     Kernels(kernels::KernelsArgs),
@@ -298,6 +304,7 @@ pub fn main_with(cli: Cli) -> Result<()> {
         Command::Ops(a) => ops::ops(a),
         Command::CheckExact(a) => ops::check_exact(a),
         Command::CheckGreedy(a) => check_greedy::check_greedy(a),
+        Command::CheckInvariance(a) => check_invariance::check_invariance(a),
         Command::Kernels(a) => kernels::kernels(a),
         Command::Tuning(a) => tuning::tuning(a),
         Command::TemplateWorker(a) => crate::tokenizer::sandbox::worker_main(a.memory_mib),

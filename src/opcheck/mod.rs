@@ -59,6 +59,7 @@ macro_rules! run_case {
 mod attention;
 mod elementwise;
 pub mod hybrid;
+pub mod invariance;
 pub(crate) mod mat_muls;
 pub mod mat_muls_glu;
 mod mat_muls_norm;
