@@ -9,7 +9,7 @@
 # is `gpu-check: N passed, N failed` (each step, and each test).
 #
 #   QUIRE=./.devbin/quire TESTS=./.devbin/tests scripts/gpu-check.sh [steps...]
-# steps: ops-exact ops-det ops-fast attn perf smollm fuse ahead l2 greedy llama bench tests (default: all)
+# steps: ops-exact ops-det ops-fast invariance attn perf smollm fuse ahead l2 greedy llama bench tests (default: all)
 set -uo pipefail
 QUIRE="${QUIRE:-./target/release/quire}"
 OUT="${OUT:-./gpu-check-out}"
@@ -19,7 +19,7 @@ mkdir -p "$OUT"
 summary="$OUT/summary.txt"
 : >"$summary"
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(ops-exact ops-det ops-fast attn perf smollm fuse ahead l2 greedy llama bench tests)
+[ ${#steps[@]} -eq 0 ] && steps=(ops-exact ops-det ops-fast invariance attn perf smollm fuse ahead l2 greedy llama bench tests)
 note() { echo "$*" | tee -a "$summary"; }
 note "gpu-check: $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 status=0
@@ -34,7 +34,7 @@ run_step() {
   "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
   local last
-  last=$(grep -E "passed, .* failed|check-exact:|check-greedy:|check-sample:|error:" "$OUT/$name.log" | tail -2 | tr '\n' ' ')
+  last=$(grep -E "passed, .* failed|check-exact:|check-greedy:|check-sample:|^summary:|^invariant:|^negative control:|error:" "$OUT/$name.log" | tail -2 | tr '\n' ' ')
   note "$name: rc=$rc ($((SECONDS - t0)) s) $last"
   if [ $rc -eq 0 ]; then n_pass=$((n_pass + 1)); else n_fail=$((n_fail + 1)); status=1; fi
 }
@@ -84,6 +84,14 @@ for s in "${steps[@]}"; do
       done
       ;;
     ops-det) run_step ops-det "$QUIRE" ops --backend cuda --mode deterministic ;;
+    invariance)
+      # The full invariance grid: deterministic and exact bitwise invariant
+      # (exact also the cpu's bits); fast must show a difference (the
+      # negative control).
+      run_step invariance-det "$QUIRE" check-invariance --backend cuda --mode deterministic --full
+      run_step invariance-exact "$QUIRE" check-invariance --backend cuda --mode exact --full
+      run_step invariance-fast "$QUIRE" check-invariance --backend cuda --mode fast --full --expect-differences
+      ;;
     ops-fast)
       run_step ops-fast "$QUIRE" ops --backend cuda --mode fast
       # Norm-ahead's pairs (in the run above) with the consumer's four-warp

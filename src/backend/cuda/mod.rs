@@ -122,6 +122,9 @@ pub struct CudaBackend {
     /// gate/up matvecs with the SwiGlu in their epilogue launched or
     /// captured (ops/matmul/glu_launch.rs).
     pub(crate) glu_runs: std::sync::atomic::AtomicU64,
+    /// INFO lines already logged (each once per backend: a kernel choice
+    /// the tuning table asked for and did not get).
+    noted: Mutex<std::collections::HashSet<String>>,
     /// The stream's synchronizations (`sync_ticket` / `synced_past`).
     syncs: SyncCount,
     /// Page-locked buffers the logits downloads land in (a copy into
@@ -322,6 +325,7 @@ impl CudaBackend {
             norm_ahead: Mutex::new(ops::NormAhead::default()),
             norm_ahead_runs: std::sync::atomic::AtomicU64::new(0),
             glu_runs: std::sync::atomic::AtomicU64::new(0),
+            noted: Mutex::new(Default::default()),
             pinned: device::pinned::PinnedPool::default(),
             dev: Device {
                 ctx,
@@ -377,6 +381,18 @@ impl CudaBackend {
             // batch of such heads in every mode.
             Some(hd) => ops::attention::head_dim_supported(hd),
             None => Ok(()),
+        }
+    }
+
+    /// Logs `line` at INFO the first time this backend sees it.
+    pub(crate) fn info_once(&self, line: String) {
+        let new = self
+            .noted
+            .lock()
+            .map(|mut n| n.insert(line.clone()))
+            .unwrap_or(false);
+        if new {
+            tracing::info!("{line}");
         }
     }
 

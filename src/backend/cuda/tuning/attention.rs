@@ -7,9 +7,35 @@
 use super::Switch;
 use serde::{Deserialize, Serialize};
 
+/// A family of attention kernels (the `family` knob; llama.cpp's
+/// GGML_CUDA_FORCE_VEC / FORCE_TILE / ALLOW_MMA switches pick among its
+/// own families the same way). docs/BACKENDS.md lists each family's kernels.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttnFamily {
+    /// The mode's rules.
+    #[default]
+    Auto,
+    /// The canonical kernels (paged_attention, paged_attention_par):
+    /// 32-key chunks in order, one warp or a CTA cluster per (row, head).
+    Canonical,
+    /// Split-KV on the CUDA cores (att_pipe*, att_row*,
+    /// paged_attention_split / _fast).
+    Split,
+    /// Tensor cores (flash_attention_prefill*, att_rmma*).
+    Mma,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AttentionTuning {
+    /// `fast` only: the kernel family every launch takes where that
+    /// family has a kernel for it (else the rule's, with one INFO line
+    /// naming what ran). `deterministic` and `exact` fix their family
+    /// (split, canonical) and say so once when another is asked for;
+    /// launches with a window, softcap, ALiBi or sinks take the canonical
+    /// kernel in every mode.
+    pub family: AttnFamily,
     /// `fast` decode: the tensor-core row form (att_rmma_*, one CTA per
     /// (row, KV head) over the whole row). Auto: rmma_rule; on: every
     /// launch whose head_dim is 64 or 128 (gpu-check's parity steps).
@@ -74,6 +100,7 @@ impl AttentionTuning {
     /// (clusters, bulk copies, occupancy), not through these numbers.
     pub fn for_arch(_major: u32) -> Self {
         AttentionTuning {
+            family: AttnFamily::Auto,
             rmma: Switch::Auto,
             rmma_cluster: Switch::Auto,
             rmma_cluster_ctas: None,

@@ -21,7 +21,7 @@ mod matmul;
 mod matvec;
 mod runtime;
 
-pub use attention::AttentionTuning;
+pub use attention::{AttentionTuning, AttnFamily};
 pub use gdn::GdnTuning;
 pub use matmul::{GluForm, MatmulTuning, WrShape};
 pub use matvec::MatvecTuning;

@@ -2,7 +2,7 @@
 //! (`deterministic`, `fast` decode) and tensor-core prefill (`fast`).
 
 use super::maps::{att_maps, kv_cells, AttMaps};
-use super::planner::{plan, AttnCaps, AttnPlan, AttnShape, SplitPlan};
+use super::planner::{family_note, plan, AttnCaps, AttnPlan, AttnShape, SplitPlan};
 use crate::backend::cuda::device::launch::{arena3, RawArgs};
 use crate::backend::cuda::device::memory::{DevAttnBatch, DevKv};
 use crate::backend::cuda::{drv, grid_1d, i32_of, CudaBackend};
@@ -104,6 +104,9 @@ impl CudaBackend {
         };
         let args = (nri, nhi, nkvi, hdi, bsi);
         let plan = plan(&shape, mode, &caps, &self.tuning.attention)?;
+        if let Some(line) = family_note(&shape, mode, &self.tuning.attention, &plan) {
+            self.info_once(line);
+        }
         tracing::trace!(
             "paged_attention {mode:?}: {shape:?} -> {plan:?} (order {:?})",
             plan.reduction_order()

@@ -20,7 +20,7 @@ use super::forms::{
 use super::geometry::{att_pipe_smem, att_threads, att_tma_fits, gqa_split_kernel, SplitForm};
 use super::rmma::{rmma_cluster_ctas, rmma_cluster_wanted, rmma_wanted, RmmaLaunch};
 use crate::backend::cuda::device::memory::ATT_PARTS;
-use crate::backend::cuda::tuning::AttentionTuning;
+use crate::backend::cuda::tuning::{AttentionTuning, AttnFamily, Switch};
 use crate::backend::Mode;
 use anyhow::{anyhow, bail, Result};
 use std::collections::HashMap;
@@ -201,6 +201,9 @@ pub(crate) fn plan(
     if s.scored {
         return Ok(AttnPlan::Scored);
     }
+    if mode == Mode::Fast && t.family != AttnFamily::Auto {
+        return fast_family_plan(s, caps, t);
+    }
     if mode == Mode::Fast && s.prefill_tiles && hd.is_multiple_of(16) && hd <= 128 {
         let (kernel, grid_y, threads) = prefill_kernel(s.heads, s.kv_heads);
         return Ok(AttnPlan::Prefill {
@@ -216,6 +219,78 @@ pub(crate) fn plan(
         }
         Mode::Fast | Mode::Deterministic => Ok(AttnPlan::RowHead),
     }
+}
+
+/// `fast` with `attention.family` set: that family's kernel where it has
+/// one for the launch, else the rule's plan (`family_note` says so).
+fn fast_family_plan(s: &AttnShape, caps: &AttnCaps<'_>, t: &AttentionTuning) -> Result<AttnPlan> {
+    let hd = s.head_dim;
+    let auto = AttentionTuning {
+        family: AttnFamily::Auto,
+        ..t.clone()
+    };
+    match t.family {
+        AttnFamily::Auto => plan(s, Mode::Fast, caps, t),
+        AttnFamily::Canonical => Ok(exact_plan(s, caps, t)),
+        AttnFamily::Split if hd.is_multiple_of(8) => {
+            let split = AttentionTuning {
+                rmma: Switch::Off,
+                rmma_cluster: Switch::Off,
+                ..auto
+            };
+            split_plan(s, Mode::Fast, caps, &split).map(AttnPlan::Split)
+        }
+        AttnFamily::Split => Ok(AttnPlan::RowHead),
+        AttnFamily::Mma if s.prefill_tiles && hd.is_multiple_of(16) && hd <= 128 => {
+            let (kernel, grid_y, threads) = prefill_kernel(s.heads, s.kv_heads);
+            Ok(AttnPlan::Prefill {
+                kernel,
+                grid_y,
+                threads,
+            })
+        }
+        AttnFamily::Mma => {
+            let mma = AttentionTuning {
+                rmma: Switch::On,
+                ..auto
+            };
+            let p = plan(s, Mode::Fast, caps, &mma)?;
+            if p.family() == AttnFamily::Mma {
+                Ok(p)
+            } else {
+                plan(s, Mode::Fast, caps, &auto)
+            }
+        }
+    }
+}
+
+/// The INFO line for a launch whose plan is not of the family the tuning
+/// table asks for (None: it is, or none is asked for).
+pub(crate) fn family_note(
+    s: &AttnShape,
+    mode: Mode,
+    t: &AttentionTuning,
+    p: &AttnPlan,
+) -> Option<String> {
+    let want = t.family;
+    if want == AttnFamily::Auto || p.family() == want {
+        return None;
+    }
+    let why = if s.scored {
+        "launches with a window, softcap, ALiBi or sinks take the canonical kernel".to_string()
+    } else if mode != Mode::Fast {
+        format!("{mode:?} fixes its family")
+    } else {
+        format!(
+            "no {want:?} kernel for head_dim {} ({})",
+            s.head_dim,
+            if s.prefill_tiles { "prefill" } else { "decode" }
+        )
+    };
+    Some(format!(
+        "attention.family={want:?} asked for, {:?} ran instead: {why}",
+        p.family()
+    ))
 }
 
 /// The tensor-core prefill kernel for `n_heads` query heads over
@@ -464,6 +539,21 @@ pub(crate) enum ReductionOrder {
 }
 
 impl AttnPlan {
+    /// The kernel family of this plan (the `attention.family` knob's terms).
+    pub(crate) fn family(&self) -> AttnFamily {
+        match self {
+            AttnPlan::ExactWarp | AttnPlan::ExactPar { .. } | AttnPlan::Scored => {
+                AttnFamily::Canonical
+            }
+            AttnPlan::RowHead => AttnFamily::Split,
+            AttnPlan::Prefill { .. } => AttnFamily::Mma,
+            AttnPlan::Split(p) => match p.form {
+                Some(SplitForm::RowMma | SplitForm::RowMmaCluster) => AttnFamily::Mma,
+                _ => AttnFamily::Split,
+            },
+        }
+    }
+
     /// The order in which this plan reduces a row's keys.
     pub(crate) fn reduction_order(&self) -> ReductionOrder {
         match self {

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::backend::cuda::ops::attention::{ATT_PIPE, ATT_RMMA};
-use crate::backend::cuda::tuning::{Switch, Tuning};
+use crate::backend::cuda::tuning::{AttnFamily, Switch, Tuning};
 
 /// A device's capabilities: `sms` SMs of `arch_major`, the occupancy of
 /// each counted kernel (CTAs per SM by family and head_dim class, as an
@@ -99,6 +99,7 @@ fn decode(
         one_row_per_seq: true,
         fusions: true,
         read_ahead: false,
+        scored: false,
     }
 }
 
@@ -346,12 +347,115 @@ fn tunings() -> Vec<AttentionTuning> {
             ..base.clone()
         });
     }
+    for family in [AttnFamily::Canonical, AttnFamily::Split, AttnFamily::Mma] {
+        v.push(AttentionTuning {
+            family,
+            ..base.clone()
+        });
+    }
     v.push(AttentionTuning {
         cluster_ctas_max: 10_000,
         row_chunks_max: 32,
         ..base
     });
     v
+}
+
+#[test]
+fn deterministic_and_exact_ignore_the_attention_family() {
+    let dev = h100();
+    let caps = dev.caps();
+    for mode in [Mode::Deterministic, Mode::Exact] {
+        for h in [SMOL, L8B, (8, 8, 80), (4, 4, 20)] {
+            for (rows, chunks, tiles) in [(1, 1, false), (8, 4, false), (64, 2, true)] {
+                let s = AttnShape {
+                    prefill_tiles: tiles,
+                    one_row_per_seq: !tiles,
+                    ..decode(rows, h, chunks)
+                };
+                let base = plan(&s, mode, &caps, &tuning("sm_90")).unwrap();
+                for family in [AttnFamily::Canonical, AttnFamily::Split, AttnFamily::Mma] {
+                    let t = AttentionTuning {
+                        family,
+                        ..tuning("sm_90")
+                    };
+                    let p = plan(&s, mode, &caps, &t).unwrap();
+                    assert_eq!(p, base, "{mode:?} {s:?} {family:?}");
+                    // Asked for another family: one note says what ran.
+                    let note = family_note(&s, mode, &t, &p);
+                    assert_eq!(note.is_some(), p.family() != family, "{note:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn fast_takes_the_attention_family_asked_for_where_it_has_one() {
+    let dev = h100();
+    let caps = dev.caps();
+    let with = |family| AttentionTuning {
+        family,
+        ..tuning("sm_90")
+    };
+    let prefill = |h| AttnShape {
+        prefill_tiles: true,
+        one_row_per_seq: false,
+        ..decode(128, h, 2)
+    };
+    // (shape, family asked for, family that runs)
+    let table = [
+        (
+            decode(1, L8B, 4),
+            AttnFamily::Canonical,
+            AttnFamily::Canonical,
+        ),
+        (decode(1, L8B, 4), AttnFamily::Split, AttnFamily::Split),
+        (decode(1, L8B, 4), AttnFamily::Mma, AttnFamily::Mma),
+        (decode(32, L1B, 2), AttnFamily::Mma, AttnFamily::Mma),
+        (decode(32, L1B, 2), AttnFamily::Split, AttnFamily::Split),
+        // head_dim 80: no tensor-core decode form; 20: no split form.
+        (decode(4, (8, 8, 80), 2), AttnFamily::Mma, AttnFamily::Split),
+        (
+            decode(4, (4, 4, 20), 2),
+            AttnFamily::Split,
+            AttnFamily::Split,
+        ),
+        (
+            decode(4, (4, 4, 20), 2),
+            AttnFamily::Canonical,
+            AttnFamily::Canonical,
+        ),
+        (prefill(L8B), AttnFamily::Mma, AttnFamily::Mma),
+        (prefill(L8B), AttnFamily::Split, AttnFamily::Split),
+        (prefill(L8B), AttnFamily::Canonical, AttnFamily::Canonical),
+        (prefill((8, 8, 256)), AttnFamily::Mma, AttnFamily::Split),
+    ];
+    for (s, want, runs) in table {
+        let t = with(want);
+        let p = plan(&s, Mode::Fast, &caps, &t).unwrap();
+        assert_eq!(p.family(), runs, "{s:?} asked {want:?}: {p:?}");
+        let note = family_note(&s, Mode::Fast, &t, &p);
+        assert_eq!(note.is_some(), runs != want, "{note:?}");
+        if let Some(n) = note {
+            assert!(
+                n.contains(&format!("{want:?}")) && n.contains(&format!("{runs:?}")),
+                "{n}"
+            );
+        }
+    }
+    // Launches with options take the canonical kernel in every mode.
+    let scored = AttnShape {
+        scored: true,
+        ..decode(8, L8B, 3)
+    };
+    for mode in [Mode::Fast, Mode::Deterministic, Mode::Exact] {
+        for family in [AttnFamily::Auto, AttnFamily::Mma, AttnFamily::Split] {
+            let p = plan(&scored, mode, &caps, &with(family)).unwrap();
+            assert_eq!(p, AttnPlan::Scored);
+            assert_eq!(p.reduction_order(), ReductionOrder::Canonical);
+        }
+    }
 }
 
 #[test]
