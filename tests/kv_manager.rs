@@ -289,3 +289,57 @@ fn fork_full_last_block_needs_no_copy_and_cow_counts_toward_capacity() {
     );
     kv.check_invariants().unwrap();
 }
+
+#[test]
+fn sliding_window_releases_the_blocks_it_left() {
+    let mut kv = KvManager::new(10, 4).unwrap();
+    kv.allocate(S1, 14).unwrap(); // [1, 2, 3, 4]
+    kv.allocate(S2, 4).unwrap(); // [5]
+                                 // The next query is at 14 with a window of 5: keys 10.. are needed,
+                                 // so blocks 0 and 1 (positions 0..8) go; block 2 (8..12) stays.
+    assert_eq!(kv.release_before(S1, 14 + 1 - 5).unwrap(), 2);
+    assert_eq!(kv.block_table(S1).unwrap(), &[0, 0, 3, 4]);
+    assert_eq!(kv.pool().free_block_ids(), vec![6, 7, 8, 9, 1, 2]);
+    assert_eq!((kv.num_free_blocks(), kv.num_used_blocks()), (6, 3));
+    kv.check_invariants().unwrap();
+    // Again: nothing new to release.
+    assert_eq!(kv.release_before(S1, 10).unwrap(), 0);
+    // Positions past the reservation are not released (14 tokens: blocks
+    // 0..3 at most).
+    assert_eq!(kv.release_before(S1, 100).unwrap(), 1);
+    assert_eq!(kv.block_table(S1).unwrap(), &[0, 0, 0, 4]);
+    // The table keeps its length; growing appends after the last block.
+    kv.allocate(S1, 17).unwrap();
+    assert_eq!(kv.block_table(S1).unwrap(), &[0, 0, 0, 4, 6]);
+    assert_eq!(kv.slot_mapping(S1, 15, 2).unwrap(), vec![19, 24]);
+    kv.check_invariants().unwrap();
+    // A fork shares only the live blocks; freeing skips the null entries.
+    kv.fork(S1, S3).unwrap();
+    assert_eq!(kv.pool().ref_cnt(4), 2);
+    assert_eq!(kv.pool().ref_cnt(0), 0);
+    kv.check_invariants().unwrap();
+    kv.free(S1).unwrap();
+    kv.free(S3).unwrap();
+    kv.free(S2).unwrap();
+    assert_eq!(kv.num_used_blocks(), 0);
+    kv.check_invariants().unwrap();
+    assert!(matches!(
+        kv.release_before(S4, 3),
+        Err(KvError::UnknownSeq(S4))
+    ));
+}
+
+#[test]
+fn released_window_blocks_stay_in_the_prefix_cache() {
+    let mut kv = KvManager::new(10, 4).unwrap();
+    let t = toks(0..13);
+    assert_eq!(kv.allocate_with_prefix(S1, &t).unwrap(), 0); // [1, 2, 3, 4]
+    kv.commit_full_blocks(S1, &t, 12).unwrap();
+    assert_eq!(kv.release_before(S1, 9).unwrap(), 2);
+    // A new prompt with the same 12 first tokens revives them by hash.
+    let mut u = toks(0..12);
+    u.push(99);
+    assert_eq!(kv.allocate_with_prefix(S2, &u).unwrap(), 12);
+    assert_eq!(&kv.block_table(S2).unwrap()[..3], &[1, 2, 3]);
+    kv.check_invariants().unwrap();
+}

@@ -4,6 +4,8 @@
 //! Invariants (checked by the tests' leak audit):
 //! - for every sequence, `blocks.len() == ceil(n_tokens / B)`;
 //! - a block's ref count equals the number of block-table entries naming it;
+//! - the null block appears only in a prefix of a table: the blocks a
+//!   sliding window left ([`KvManager::release_before`]);
 //! - `hashes[i]` is the chained hash of logical block `i` for the committed
 //!   full blocks `0..hashes.len()`;
 //! - every method either succeeds or returns an error leaving all state
@@ -13,7 +15,7 @@ use std::collections::BTreeMap;
 
 use super::hash::{hash_block, ROOT_HASH};
 use super::pool::BlockPool;
-use super::{BlockCopy, KvError, SeqId};
+use super::{BlockCopy, KvError, SeqId, NULL_BLOCK};
 
 /// Default tokens per block.
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
@@ -344,7 +346,7 @@ impl KvManager {
             .get(&parent)
             .ok_or(KvError::UnknownSeq(parent))?
             .clone();
-        for &b in &state.blocks {
+        for &b in state.blocks.iter().filter(|&&b| b != NULL_BLOCK) {
             self.pool.touch(b);
         }
         self.seqs.insert(child, state);
@@ -355,10 +357,31 @@ impl KvManager {
     /// are evicted before the (more shareable) prefix blocks, as in vLLM.
     pub fn free(&mut self, seq: SeqId) -> Result<(), KvError> {
         let s = self.seqs.remove(&seq).ok_or(KvError::UnknownSeq(seq))?;
-        for &b in s.blocks.iter().rev() {
+        for &b in s.blocks.iter().rev().filter(|&&b| b != NULL_BLOCK) {
             self.pool.release(b);
         }
         Ok(())
+    }
+
+    /// Sliding-window attention: releases `seq`'s blocks that hold only
+    /// positions before `first_needed` (no later query reads them) and
+    /// puts the null block in their table entries, which the attention
+    /// never reads. Oldest first, so they are evicted first. Returns how
+    /// many blocks were released. Positions at or past the reserved
+    /// tokens stay.
+    pub fn release_before(&mut self, seq: SeqId, first_needed: usize) -> Result<usize, KvError> {
+        let b = self.block_size;
+        let s = self.seqs.get_mut(&seq).ok_or(KvError::UnknownSeq(seq))?;
+        let whole = first_needed.min(s.n_tokens) / b;
+        let mut n = 0;
+        for e in s.blocks.iter_mut().take(whole) {
+            if *e != NULL_BLOCK {
+                self.pool.release(*e);
+                *e = NULL_BLOCK;
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 
     /// Physical cell ids of positions `start_pos..start_pos + n` of `seq`.
@@ -398,9 +421,13 @@ impl KvManager {
                     s.n_tokens
                 ));
             }
-            for &b in &s.blocks {
-                if b == 0 {
-                    return Err(format!("{id} holds the null block"));
+            // Released window blocks: a prefix of null entries.
+            let released = s.blocks.iter().take_while(|&&b| b == NULL_BLOCK).count();
+            for &b in &s.blocks[released..] {
+                if b == NULL_BLOCK {
+                    return Err(format!(
+                        "{id} holds the null block past its released prefix"
+                    ));
                 }
                 refs[b as usize] += 1;
             }
