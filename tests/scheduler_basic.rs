@@ -336,3 +336,28 @@ fn older_prefill_preempts_a_newer_planned_decode() {
     assert_eq!(s.tokens(B).unwrap(), &[50, 51, 52, 2003, 2004]);
     assert_eq!(s.kv().pool().free_block_ids(), vec![2]);
 }
+
+#[test]
+fn a_sliding_window_returns_blocks_as_the_sequence_moves_on() {
+    let mut cfg = SchedulerConfig::new(8, 2, 64);
+    cfg.sliding_window = Some(6);
+    // 6 blocks of 4 (5 usable): without the window, 10 prompt tokens and
+    // 10 more decoded would need 5 blocks for A alone.
+    let mut s = sched(cfg, 6, 4);
+    s.add_request(A, (0..10).collect()).unwrap();
+    step(&mut s); // prefill 0..8: the next query at 8 needs keys 3..
+    assert_eq!(table(&s, A), vec![1, 2]);
+    step(&mut s); // 8..10, sampled 10: the next query at 10 needs 5..
+    assert_eq!(table(&s, A), vec![0, 2, 3]);
+    assert_eq!(s.kv().pool().free_block_ids(), vec![4, 5, 1]);
+    for _ in 0..3 {
+        step(&mut s); // decode 10, 11, 12: the next query at 13 needs 8..
+    }
+    assert_eq!(table(&s, A), vec![0, 0, 3, 4]);
+    // A second request fits in the blocks A released.
+    s.add_request(B, (20..28).collect()).unwrap();
+    let p = step(&mut s);
+    assert_eq!(shape(&p), vec![(1, 13, 1, true), (2, 0, 7, false)]);
+    assert_eq!(table(&s, B), vec![5, 1]);
+    s.kv().check_invariants().unwrap();
+}

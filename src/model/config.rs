@@ -107,6 +107,45 @@ pub struct ModelConfig {
     pub context_length: usize,
     /// Gated DeltaNet hyper-parameters; Some only for `Arch::Qwen35`.
     pub gdn: Option<GdnConfig>,
+    /// Attention options every attention layer of a llama-family file
+    /// takes from its metadata (`attention.sliding_window`,
+    /// `attn_logit_softcapping`, `attention.max_alibi_bias`); plain for
+    /// the other architectures.
+    pub attn: AttnHparams,
+}
+
+/// The metadata's attention options (see [`ModelConfig::attn`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AttnHparams {
+    /// Keys j visible from position P: P - j < window (None: all).
+    pub sliding_window: Option<usize>,
+    /// Logit softcap (0: off).
+    pub softcap: f32,
+    /// ALiBi's maximum bias (0: no ALiBi).
+    pub alibi_max_bias: f32,
+}
+
+impl AttnHparams {
+    fn read(g: &GgufFile, arch_name: &str) -> Result<AttnHparams> {
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let nonneg = |k: &str, what: &str| -> Result<f32> {
+            let k = key(k);
+            let v = g.opt_f32(&k)?.unwrap_or(0.0);
+            if !(v.is_finite() && v >= 0.0) {
+                bail!("{k} is {v}: expected a finite number >= 0 ({what})");
+            }
+            Ok(v)
+        };
+        let window = g.opt_u32(&key("attention.sliding_window"))?;
+        Ok(AttnHparams {
+            sliding_window: window.filter(|&w| w > 0).map(|w| w as usize),
+            softcap: nonneg(
+                "attn_logit_softcapping",
+                "the attention logit softcap, 0: none",
+            )?,
+            alibi_max_bias: nonneg("attention.max_alibi_bias", "ALiBi's maximum bias, 0: none")?,
+        })
+    }
 }
 
 /// Checks `block_count` against the layers the file holds, before anything
@@ -512,6 +551,10 @@ impl ModelConfig {
             check_gdn_shapes(g, &arch_name, dim, c, n_layers)?;
         }
         check_rope_freqs(g)?;
+        let attn = match arch {
+            Arch::Qwen35 => AttnHparams::default(),
+            _ => AttnHparams::read(g, &arch_name)?,
+        };
         Ok(ModelConfig {
             arch,
             arch_name,
@@ -527,6 +570,7 @@ impl ModelConfig {
             rms_eps,
             context_length,
             gdn,
+            attn,
         })
     }
 

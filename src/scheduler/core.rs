@@ -478,6 +478,14 @@ impl Scheduler {
                     }
                 }
             }
+            // The next query is at n_computed: keys before its window are
+            // never read again (committed above, so a prefix hit can still
+            // revive them).
+            if let Some(w) = self.cfg.sliding_window {
+                self.kv
+                    .release_before(r.seq, (r.n_computed + 1).saturating_sub(w))
+                    .with_context(|| format!("releasing the window of {}", r.seq))?;
+            }
             if let Some(&tok) = tokens.get(&f.seq) {
                 r.tokens.push(tok);
             }

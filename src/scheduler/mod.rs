@@ -69,6 +69,10 @@ pub struct SchedulerConfig {
     /// Hybrid models (a sequence resumes only with its recurrent state):
     /// prefix hits come from state snapshots alone. None: attention only.
     pub state_snapshots: Option<StateSnapshots>,
+    /// Every attention layer sees only the last `w` positions: after each
+    /// step a sequence's blocks before its next query's window go back to
+    /// the pool (`KvManager::release_before`). None: keep every block.
+    pub sliding_window: Option<usize>,
 }
 
 /// State snapshots of a hybrid model: `capacity` snapshot slots (0: no
@@ -93,6 +97,7 @@ impl SchedulerConfig {
             cap: PrefillCap::Off,
             prefix_caching: true,
             state_snapshots: None,
+            sliding_window: None,
         }
     }
 

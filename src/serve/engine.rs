@@ -43,6 +43,7 @@ pub fn spawn(runner: Runner, cfg: EngineConfig) -> Result<(EngineHandle, JoinHan
     );
     scfg.max_running = cfg.max_running;
     scfg.prefix_caching = cfg.prefix_caching;
+    scfg.sliding_window = mc.attn.sliding_window;
     if let Some(slots) = runner.state_slots() {
         // A hybrid model: each running sequence holds a recurrent state
         // slot, and a cached prefix resumes only where a state snapshot

@@ -31,6 +31,8 @@ pub struct Layer<S: Store> {
     pub(crate) w_gate: S::Mat,
     pub(crate) w_up: S::Mat,
     pub(crate) w_down: S::Mat,
+    /// (n_heads,) learned attention sink logits (`attn_sinks.weight`).
+    pub(crate) sinks: Option<S::Vec>,
 }
 
 /// All weights of a llama-family model, wherever they live.
@@ -43,6 +45,8 @@ pub struct LlamaWeights<S: Store> {
     /// (rope_dim / 2,) inverse frequencies, computed once in f64 then
     /// rounded to f32 so every backend gets the same table.
     pub(crate) inv_freq: S::Vec,
+    /// (n_heads,) ALiBi slopes (`alibi_slopes`), when the model has ALiBi.
+    pub(crate) alibi: Option<S::Vec>,
 }
 
 impl<S: Store> LlamaWeights<S> {
@@ -74,6 +78,7 @@ impl<S: Store> LlamaWeights<S> {
                 w_gate: mat(&l.w_gate)?,
                 w_up: mat(&l.w_up)?,
                 w_down: mat(&l.w_down)?,
+                sinks: opt(&l.sinks, vec)?,
             });
             progress(i + 1, self.layers.len());
         }
@@ -83,6 +88,7 @@ impl<S: Store> LlamaWeights<S> {
             output: mat(&self.output)?,
             layers,
             inv_freq: vec(&self.inv_freq)?,
+            alibi: opt(&self.alibi, vec)?,
         })
     }
 }
@@ -126,10 +132,13 @@ impl LlamaModel {
                 w_gate: WeightRef::load(g, &n("ffn_gate.weight"), f, d)?,
                 w_up: WeightRef::load(g, &n("ffn_up.weight"), f, d)?,
                 w_down: WeightRef::load(g, &n("ffn_down.weight"), d, f)?,
+                sinks: optional_vector(g, &n("attn_sinks.weight"), cfg.n_heads)?,
             });
             progress(i + 1, cfg.n_layers);
         }
         let inv_freq = cfg.rope_inv_freq(g)?;
+        let alibi = (cfg.attn.alibi_max_bias > 0.0)
+            .then(|| crate::backend::alibi_slopes(cfg.n_heads, cfg.attn.alibi_max_bias));
         Ok(LlamaModel {
             cfg,
             weights: LlamaWeights {
@@ -138,6 +147,7 @@ impl LlamaModel {
                 output,
                 layers,
                 inv_freq,
+                alibi,
             },
         })
     }
@@ -514,7 +524,12 @@ pub fn forward_bufs<E: Exec>(
             scale,
             cache: E::kv_layer(kv, li)?,
             batch: E::batch_view(batch),
-            opts: crate::backend::AttnOpts::none(),
+            opts: crate::backend::AttnOpts {
+                window: c.attn.sliding_window.map_or(Ok(0), u32::try_from)?,
+                softcap: c.attn.softcap,
+                alibi: w.alibi.as_ref().map(|a| E::param(a)),
+                sinks: l.sinks.as_ref().map(|t| E::param(t)),
+            },
             out: E::wr(&mut att),
         })
         .with_context(|| format!("layer {li}"))?;
