@@ -111,6 +111,9 @@ pub struct RunnerOptions {
     /// Hybrid models: recurrent-state snapshots kept for prefix caching
     /// (each the size of a slot).
     pub state_snapshots: usize,
+    /// How the KV cache stores K and V (`--kv-type`); the cuda backend
+    /// keeps f16 only.
+    pub kv_type: crate::backend::KvType,
 }
 
 impl Default for RunnerOptions {
@@ -126,6 +129,7 @@ impl Default for RunnerOptions {
             tuning: Default::default(),
             state_slots: 16,
             state_snapshots: 0,
+            kv_type: crate::backend::KvType::F16,
         }
     }
 }
@@ -193,17 +197,31 @@ impl Runner {
             },
         };
         let host_kv = || {
-            KvStorage::new(
-                n_kv_layers,
-                n_blocks,
-                opts.block_size,
-                cfg.n_kv_heads,
-                cfg.head_dim,
+            KvStorage::of(
+                crate::kv::KvGeometry::new(
+                    n_kv_layers,
+                    n_blocks,
+                    opts.block_size,
+                    cfg.n_kv_heads,
+                    cfg.head_dim,
+                )?
+                .with_type(opts.kv_type)?,
             )
         };
         let mut host_backends: Vec<Box<dyn Backend>> = Vec::new();
+        let quantized_kv = opts.kv_type != crate::backend::KvType::F16;
         match opts.gpu {
             GpuMode::Off => {}
+            GpuMode::Required if quantized_kv => bail!(
+                "--gpu required: the cuda backend keeps its KV cache in f16; \
+                 --kv-type {} runs on the cpu (--gpu off), or use --kv-type f16",
+                opts.kv_type
+            ),
+            GpuMode::Auto if quantized_kv => eprintln!(
+                "warning: --gpu auto: the cuda backend keeps its KV cache in f16; \
+                 running on the cpu for --kv-type {}",
+                opts.kv_type
+            ),
             GpuMode::Required | GpuMode::Auto => {
                 match open_device(&gguf, &model, opts, dev_blocks, &name) {
                     Ok(DeviceLoad::Device(d)) => {

@@ -113,6 +113,7 @@ impl Case {
                     block_size: self.bs,
                     n_kv_heads: self.nkv,
                     head_dim: self.hd,
+                    ty: quire::backend::KvType::F16,
                 },
                 batch: AttnBatch {
                     block_tables: &tabs,
@@ -277,6 +278,7 @@ fn paged_attention_errors() {
         block_size: 16,
         n_kv_heads: 1,
         head_dim: 64,
+        ty: quire::backend::KvType::F16,
     };
     let mut run = |pos: u32, seq: u32, nh: usize, qlen: usize| {
         be.run(
@@ -473,6 +475,7 @@ fn attention_options_are_validated() {
                         block_size: 16,
                         n_kv_heads: 1,
                         head_dim: 64,
+                        ty: quire::backend::KvType::F16,
                     },
                     batch: AttnBatch {
                         block_tables: &tabs,
@@ -501,4 +504,168 @@ fn alibi_slopes_follow_the_paper() {
     assert_eq!(s[7], 2f32.powi(-8));
     assert!((s[8] as f64 - 2f64.powf(-0.5)).abs() < 1e-7);
     assert!((s[9] as f64 - 2f64.powf(-1.5)).abs() < 1e-7);
+}
+
+#[test]
+fn quantized_kv_rows_round_trip_and_attend_as_their_values() {
+    use quire::backend::{KvLayerMut, KvType};
+    use quire::quant::{dequantize, quantize};
+    let bes = backends();
+    let (nkv, ratio, hd, bs) = (2usize, 3usize, 64usize, 16usize);
+    let nh = nkv * ratio;
+    let n = 50; // positions of one sequence
+    let mut r = rng(41);
+    let k = rand_vec(&mut r, n * nkv * hd, 2.0);
+    let v = rand_vec(&mut r, n * nkv * hd, 2.0);
+    let q = rand_vec(&mut r, n * nh * hd, 2.0);
+    let n_blocks = n.div_ceil(bs) + 2;
+    // Cells in scattered blocks: position p in block table[p / bs].
+    let table: Vec<u32> = (0..n.div_ceil(bs) as u32).rev().map(|b| b + 1).collect();
+    let slots: Vec<u32> = (0..n)
+        .map(|p| table[p / bs] * bs as u32 + (p % bs) as u32)
+        .collect();
+    let pos: Vec<u32> = (0..n as u32).collect();
+    let row_seq = vec![0u32; n];
+    for ty in [KvType::Q8_0, KvType::Q4_0] {
+        let units = n_blocks * bs * nkv * ty.row_units(hd);
+        let (mut kc, mut vc) = (vec![f16::NAN; units], vec![f16::NAN; units]);
+        bes[0]
+            .1
+            .run(
+                Op::KvWrite {
+                    k: &k,
+                    v: &v,
+                    slots: &slots,
+                    cache: KvLayerMut {
+                        k: &mut kc,
+                        v: &mut vc,
+                        block_size: bs,
+                        n_kv_heads: nkv,
+                        head_dim: hd,
+                        ty,
+                    },
+                },
+                Mode::Exact,
+            )
+            .unwrap();
+        let tabs: Vec<&[u32]> = vec![&table[..]];
+        let run = |be: &CpuBackend, qs: &[f32], rs: &[u32], ps: &[u32]| {
+            let mut out = vec![0f32; qs.len()];
+            be.run(
+                Op::PagedAttention {
+                    q: qs,
+                    n_heads: nh,
+                    scale: 0.125,
+                    cache: KvLayer {
+                        k: &kc,
+                        v: &vc,
+                        block_size: bs,
+                        n_kv_heads: nkv,
+                        head_dim: hd,
+                        ty,
+                    },
+                    batch: AttnBatch {
+                        block_tables: &tabs,
+                        row_seq: rs,
+                        positions: ps,
+                    },
+                    opts: AttnOpts::none(),
+                    out: &mut out,
+                },
+                Mode::Exact,
+            )
+            .unwrap();
+            out
+        };
+        let got = run(&bes[0].1, &q, &row_seq, &pos);
+        // f64 reference over the dequantized rows.
+        let rows = |x: &[f32]| -> Vec<f64> {
+            x.chunks(hd)
+                .flat_map(|row| {
+                    let b = quantize(ty.ggml(), row).unwrap();
+                    let mut y = vec![0f32; hd];
+                    dequantize(ty.ggml(), &b, &mut y).unwrap();
+                    y.into_iter().map(|v| v as f64)
+                })
+                .collect()
+        };
+        let (kd, vd) = (rows(&k), rows(&v));
+        let mut want = vec![0f64; q.len()];
+        for p in 0..n {
+            for h in 0..nh {
+                let kvh = h / ratio;
+                let qv = &q[(p * nh + h) * hd..][..hd];
+                let sc: Vec<f64> = (0..=p)
+                    .map(|j| {
+                        let kr = &kd[(j * nkv + kvh) * hd..][..hd];
+                        qv.iter().zip(kr).map(|(&a, &b)| a as f64 * b).sum::<f64>() * 0.125
+                    })
+                    .collect();
+                let mx = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = sc.iter().map(|x| (x - mx).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for d in 0..hd {
+                    want[(p * nh + h) * hd + d] = e
+                        .iter()
+                        .enumerate()
+                        .map(|(j, w)| w * vd[(j * nkv + kvh) * hd + d])
+                        .sum::<f64>()
+                        / z;
+                }
+            }
+        }
+        let e = nmse(&got, &want);
+        assert!(e < 1e-10, "{ty}: nmse {e:.3e}");
+        for (label, be) in &bes {
+            assert_eq!(
+                bits(&run(be, &q, &row_seq, &pos)),
+                bits(&got),
+                "{ty} {label}"
+            );
+        }
+        // A row alone is bitwise the row in the batch.
+        let row = nh * hd;
+        for p in [0usize, 17, n - 1] {
+            let alone = run(&bes[1].1, &q[p * row..(p + 1) * row], &[0], &[p as u32]);
+            assert_eq!(
+                bits(&alone),
+                bits(&got[p * row..(p + 1) * row]),
+                "{ty} row {p}"
+            );
+        }
+        // Quantized rows are lossy: the f16 cache's result is close, not equal.
+        assert!(got.iter().all(|x| x.is_finite()));
+    }
+}
+
+#[test]
+fn a_head_dim_the_kv_blocks_do_not_fit_is_an_error() {
+    use quire::backend::{KvLayerMut, KvType};
+    let be = CpuBackend::new(Some(1)).unwrap();
+    let (k, v) = (vec![0.5f32; 2 * 40], vec![0.5f32; 2 * 40]);
+    let mut kc = vec![f16::ZERO; 16 * 2 * 40];
+    let mut vc = kc.clone();
+    let e = be
+        .run(
+            Op::KvWrite {
+                k: &k,
+                v: &v,
+                slots: &[0, 1],
+                cache: KvLayerMut {
+                    k: &mut kc,
+                    v: &mut vc,
+                    block_size: 16,
+                    n_kv_heads: 2,
+                    head_dim: 40,
+                    ty: KvType::Q8_0,
+                },
+            },
+            Mode::Exact,
+        )
+        .unwrap_err();
+    let msg = format!("{e:#}");
+    assert!(
+        msg.contains("multiple of 32") && msg.contains("f16"),
+        "{msg}"
+    );
 }

@@ -123,6 +123,7 @@ fn unsupported_op_auto_declines_required_errors() {
         block_size: 16,
         n_kv_heads: 1,
         head_dim: hd,
+        ty: quire::backend::KvType::F16,
     };
     let batch = AttnBatch {
         block_tables: &tables,
@@ -135,6 +136,7 @@ fn unsupported_op_auto_declines_required_errors() {
         scale: 1.0,
         cache,
         batch,
+        opts: quire::backend::AttnOpts::none(),
         out: &mut out,
     };
     assert!(!auto.supports_op(&o, Mode::Exact));

@@ -80,17 +80,89 @@ pub struct QMatrix<'a> {
     pub data: &'a [u8],
 }
 
+/// How the paged KV cache stores a head's row of `head_dim` values, in
+/// 16-bit units (`--kv-type`). The block types are ggml's blocks of 32
+/// values, byte for byte (little-endian units): Q8_0 an f16 scale then 32
+/// i8 (17 units), Q4_0 an f16 scale then 16 bytes of nibbles, value i in
+/// the low nibble of byte i and value i + 16 in its high nibble (9 units).
+/// Written by ggml's reference quantizers; read as `scale * q` (exact in
+/// f32), so every backend reads the same values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KvType {
+    #[default]
+    F16,
+    Q8_0,
+    Q4_0,
+}
+
+impl KvType {
+    /// The weight type whose blocks this type stores.
+    pub fn ggml(self) -> GgmlType {
+        match self {
+            KvType::F16 => GgmlType::F16,
+            KvType::Q8_0 => GgmlType::Q8_0,
+            KvType::Q4_0 => GgmlType::Q4_0,
+        }
+    }
+
+    /// 16-bit units of one head's row of `head_dim` values (the block types
+    /// need a multiple of 32: [`KvType::check`]).
+    pub fn row_units(self, head_dim: usize) -> usize {
+        match self {
+            KvType::F16 => head_dim,
+            KvType::Q8_0 => head_dim / 32 * 17,
+            KvType::Q4_0 => head_dim / 32 * 9,
+        }
+    }
+
+    /// An error unless rows of `head_dim` values fit this type.
+    pub fn check(self, head_dim: usize) -> anyhow::Result<()> {
+        if self != KvType::F16 && !head_dim.is_multiple_of(32) {
+            anyhow::bail!(
+                "--kv-type {self}: head_dim {head_dim} is not a multiple of 32 (its block);                  use --kv-type f16"
+            );
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Display for KvType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+            KvType::Q4_0 => "q4_0",
+        })
+    }
+}
+
+impl std::str::FromStr for KvType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f16" => Ok(KvType::F16),
+            "q8_0" => Ok(KvType::Q8_0),
+            "q4_0" => Ok(KvType::Q4_0),
+            other => Err(format!(
+                "unknown KV cache type '{other}' (expected f16, q8_0 or q4_0)"
+            )),
+        }
+    }
+}
+
 /// One layer's paged K or V storage.
-/// `k`, `v`: (n_blocks, block_size, n_kv_heads, head_dim), f16.
+/// `k`, `v`: (n_blocks, block_size, n_kv_heads, ty.row_units(head_dim))
+/// 16-bit units (f16 values, or `ty`'s blocks).
 pub struct KvLayerMut<'a> {
     pub k: &'a mut [f16],
     pub v: &'a mut [f16],
     pub block_size: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
+    pub ty: KvType,
 }
 
-/// Read-only view of one layer's paged K/V.
+/// Read-only view of one layer's paged K/V (layout of [`KvLayerMut`]).
 #[derive(Clone, Copy)]
 pub struct KvLayer<'a> {
     pub k: &'a [f16],
@@ -98,6 +170,7 @@ pub struct KvLayer<'a> {
     pub block_size: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
+    pub ty: KvType,
 }
 
 /// The attention batch: which sequence each query row belongs to, its
@@ -215,9 +288,11 @@ pub trait WeightInfo {
     fn data_len(&self) -> usize;
 }
 
-/// Geometry of one KV layer: (block_size, n_kv_heads, head_dim).
+/// Geometry of one KV layer: (block_size, n_kv_heads, head_dim), and how
+/// it stores a row.
 pub trait KvInfo {
     fn geometry(&self) -> (usize, usize, usize);
+    fn kv_type(&self) -> KvType;
 }
 
 /// Host memory: the types every op had before device spaces existed.
@@ -253,11 +328,17 @@ impl KvInfo for KvLayer<'_> {
     fn geometry(&self) -> (usize, usize, usize) {
         (self.block_size, self.n_kv_heads, self.head_dim)
     }
+    fn kv_type(&self) -> KvType {
+        self.ty
+    }
 }
 
 impl KvInfo for KvLayerMut<'_> {
     fn geometry(&self) -> (usize, usize, usize) {
         (self.block_size, self.n_kv_heads, self.head_dim)
+    }
+    fn kv_type(&self) -> KvType {
+        self.ty
     }
 }
 
@@ -500,6 +581,9 @@ pub struct OpInfo {
     pub weight: Option<GgmlType>,
     /// head_dim of paged_attention.
     pub head_dim: Option<usize>,
+    /// How the KV cache of kv_write, rope_kv_write and paged_attention
+    /// stores its rows (None: not a KV op, or the model-level question).
+    pub kv: Option<KvType>,
 }
 
 impl<M: Mem> OpT<'_, M> {
@@ -508,34 +592,38 @@ impl<M: Mem> OpT<'_, M> {
     }
 
     pub fn info(&self) -> OpInfo {
-        let (kind, weight, head_dim) = match self {
-            OpT::MatMul { w, .. } => ("mat_mul", Some(w.ty()), None),
+        let (kind, weight, head_dim, kv) = match self {
+            OpT::MatMul { w, .. } => ("mat_mul", Some(w.ty()), None, None),
             // Every job has the same type (validate::mat_muls).
-            OpT::MatMuls { jobs, .. } => ("mat_muls", jobs.first().map(|j| j.w.ty()), None),
-            OpT::RmsNorm { .. } => ("rms_norm", None, None),
-            OpT::Rope { .. } => ("rope", None, None),
-            OpT::RopeKvWrite { .. } => ("rope_kv_write", None, None),
-            OpT::SwiGlu { .. } => ("swiglu", None, None),
-            OpT::GetRows { table, .. } => ("get_rows", Some(table.ty()), None),
-            OpT::SelectRows { .. } => ("select_rows", None, None),
-            OpT::Add { .. } => ("add", None, None),
-            OpT::AddBias { .. } => ("add_bias", None, None),
-            OpT::KvWrite { .. } => ("kv_write", None, None),
-            OpT::PagedAttention { cache, .. } => {
-                ("paged_attention", None, Some(cache.geometry().2))
-            }
-            OpT::Conv1dSilu { .. } => ("conv1d_silu", None, None),
-            OpT::L2NormHeads { .. } => ("l2_norm_heads", None, None),
-            OpT::GdnGates { .. } => ("gdn_gates", None, None),
-            OpT::DeltaRule { .. } => ("delta_rule", None, None),
-            OpT::GatedRmsNorm { .. } => ("gated_rms_norm", None, None),
-            OpT::SplitHeads { .. } => ("split_heads", None, None),
-            OpT::SigmoidMul { .. } => ("sigmoid_mul", None, None),
+            OpT::MatMuls { jobs, .. } => ("mat_muls", jobs.first().map(|j| j.w.ty()), None, None),
+            OpT::RmsNorm { .. } => ("rms_norm", None, None, None),
+            OpT::Rope { .. } => ("rope", None, None, None),
+            OpT::RopeKvWrite { cache, .. } => ("rope_kv_write", None, None, Some(cache.kv_type())),
+            OpT::SwiGlu { .. } => ("swiglu", None, None, None),
+            OpT::GetRows { table, .. } => ("get_rows", Some(table.ty()), None, None),
+            OpT::SelectRows { .. } => ("select_rows", None, None, None),
+            OpT::Add { .. } => ("add", None, None, None),
+            OpT::AddBias { .. } => ("add_bias", None, None, None),
+            OpT::KvWrite { cache, .. } => ("kv_write", None, None, Some(cache.kv_type())),
+            OpT::PagedAttention { cache, .. } => (
+                "paged_attention",
+                None,
+                Some(cache.geometry().2),
+                Some(cache.kv_type()),
+            ),
+            OpT::Conv1dSilu { .. } => ("conv1d_silu", None, None, None),
+            OpT::L2NormHeads { .. } => ("l2_norm_heads", None, None, None),
+            OpT::GdnGates { .. } => ("gdn_gates", None, None, None),
+            OpT::DeltaRule { .. } => ("delta_rule", None, None, None),
+            OpT::GatedRmsNorm { .. } => ("gated_rms_norm", None, None, None),
+            OpT::SplitHeads { .. } => ("split_heads", None, None, None),
+            OpT::SigmoidMul { .. } => ("sigmoid_mul", None, None, None),
         };
         OpInfo {
             kind,
             weight,
             head_dim,
+            kv,
         }
     }
 }

@@ -4,8 +4,8 @@
 //! buffers both know theirs); checks of index *values* (ids, slots, block
 //! tables) need them on the host and are done where they are uploaded.
 
-use super::{AttnBatch, AttnOpts, WeightInfo};
-use anyhow::{anyhow, ensure, Result};
+use super::{AttnBatch, AttnOpts, KvType, WeightInfo};
+use anyhow::{anyhow, ensure, Context, Result};
 
 /// `MatMul` arguments: w (rows m, cols k) of `data_len` bytes, x (n, k),
 /// out (n, m). Returns the weight's row bytes.
@@ -185,6 +185,7 @@ pub fn select_rows(x_len: usize, dim: usize, n_sel: usize, out_len: usize) -> Re
 /// number of cells.
 pub fn kv_write(
     geometry: (usize, usize, usize),
+    ty: KvType,
     cache_k_len: usize,
     cache_v_len: usize,
     k_len: usize,
@@ -197,15 +198,18 @@ pub fn kv_write(
         row > 0 && bs > 0,
         "kv_write: n_kv_heads {nkv} / head_dim {hd} / block_size {bs} must be > 0"
     );
+    ty.check(hd).context("kv_write")?;
+    // The cache's 16-bit units per cell.
+    let cell = nkv * ty.row_units(hd);
     ensure!(
-        cache_k_len == cache_v_len && cache_k_len.is_multiple_of(bs * row),
-        "kv_write: cache k {cache_k_len} / v {cache_v_len} elements, not whole blocks of (block_size {bs}, n_kv_heads {nkv}, head_dim {hd})"
+        cache_k_len == cache_v_len && cache_k_len.is_multiple_of(bs * cell),
+        "kv_write: cache k {cache_k_len} / v {cache_v_len} units, not whole blocks of (block_size {bs}, n_kv_heads {nkv}, head_dim {hd} as {ty})"
     );
     ensure!(
         k_len == n_slots * row && v_len == k_len,
         "kv_write: k {k_len} / v {v_len} elements, expected n {n_slots} * n_kv_heads {nkv} * head_dim {hd}"
     );
-    Ok(cache_k_len / row)
+    Ok(cache_k_len / cell)
 }
 
 /// `KvWrite` slot values: in range and distinct (two rows of one step never
@@ -224,6 +228,7 @@ pub fn kv_slots(slots: &[u32], n_cells: usize) -> Result<()> {
 #[allow(clippy::too_many_arguments)] // the op's scalar fields
 pub fn attention(
     geometry: (usize, usize, usize),
+    ty: KvType,
     n_heads: usize,
     cache_k_len: usize,
     cache_v_len: usize,
@@ -240,10 +245,11 @@ pub fn attention(
         n_heads.is_multiple_of(nkv),
         "paged_attention: n_heads {n_heads} is not a multiple of n_kv_heads {nkv}"
     );
-    let block_elems = bs * nkv * hd;
+    ty.check(hd).context("paged_attention")?;
+    let block_elems = bs * nkv * ty.row_units(hd);
     ensure!(
         cache_k_len == cache_v_len && cache_k_len.is_multiple_of(block_elems),
-        "paged_attention: cache k {cache_k_len} / v {cache_v_len} elements, not whole blocks of (block_size {bs}, n_kv_heads {nkv}, head_dim {hd})"
+        "paged_attention: cache k {cache_k_len} / v {cache_v_len} units, not whole blocks of (block_size {bs}, n_kv_heads {nkv}, head_dim {hd} as {ty})"
     );
     ensure!(
         q_len == n_rows * n_heads * hd && out_len == q_len,

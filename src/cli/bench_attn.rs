@@ -217,6 +217,7 @@ pub fn bench_attn(a: BenchAttnArgs) -> Result<()> {
                         block_size: bs,
                         n_kv_heads: nkv,
                         head_dim: hd,
+                        ty: crate::backend::KvType::F16,
                     },
                     batch: AttnBatch {
                         block_tables: &ctables,

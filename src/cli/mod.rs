@@ -121,6 +121,12 @@ pub struct ModelArgs {
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
+    /// How the KV cache stores K and V: f16, q8_0 (half the memory) or
+    /// q4_0 (a quarter-plus); the block types need a head_dim that is a
+    /// multiple of 32 and run on the cpu (docs/BACKENDS.md has their
+    /// accuracy).
+    #[arg(long, default_value = "f16")]
+    pub kv_type: crate::backend::KvType,
     /// Execution mode: fast, deterministic or exact (the CPU backend is
     /// exact in every mode).
     #[arg(long, default_value = "exact")]
@@ -204,6 +210,7 @@ impl ModelArgs {
             tuning: self.tuning_overrides()?,
             state_slots: self.state_slots,
             state_snapshots,
+            kv_type: self.kv_type,
         };
         let runner = Runner::load(&path, &opts)?;
         let tok = Tokenizer::from_gguf(&runner.gguf)

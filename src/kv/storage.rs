@@ -3,12 +3,13 @@
 //! memory ([`KvStorage`], which the CPU backend reads in place; the device
 //! executor allocates the same geometry in device memory).
 //!
-//! Layout per layer: k, v: (n_blocks, block_size, n_kv_heads, head_dim), f16,
-//! every cell NaN until written (a read of a never-written cell shows up as
+//! Layout per layer: k, v: (n_blocks, block_size, n_kv_heads, row units),
+//! 16-bit units (`KvType::row_units`: f16 values, or Q8_0 / Q4_0 blocks),
+//! every unit f16 NaN until written (a block type's scale included) (a read of a never-written cell shows up as
 //! NaN in the output instead of passing silently). Block ids and tables are
 //! owned by `kv::KvManager`; this is only memory.
 
-use crate::backend::{KvLayer, KvLayerMut};
+use crate::backend::{KvLayer, KvLayerMut, KvType};
 use anyhow::{bail, Result};
 use half::f16;
 
@@ -20,6 +21,8 @@ pub struct KvGeometry {
     pub block_size: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
+    /// How a row is stored (f16 unless [`KvGeometry::with_type`]).
+    pub ty: KvType,
 }
 
 impl KvGeometry {
@@ -53,12 +56,22 @@ impl KvGeometry {
             block_size,
             n_kv_heads,
             head_dim,
+            ty: KvType::F16,
         })
     }
 
-    /// f16 elements of one cell (all KV heads of one position).
+    /// The geometry with rows stored as `ty` (its blocks are no larger
+    /// than f16 rows, so every size still fits); an error if `head_dim`
+    /// does not fit the type.
+    pub fn with_type(mut self, ty: KvType) -> Result<Self> {
+        ty.check(self.head_dim)?;
+        self.ty = ty;
+        Ok(self)
+    }
+
+    /// 16-bit units of one cell (all KV heads of one position).
     pub fn cell_elems(&self) -> usize {
-        self.n_kv_heads * self.head_dim
+        self.n_kv_heads * self.ty.row_units(self.head_dim)
     }
 
     /// f16 elements of one block of one layer's K (or V).
@@ -112,8 +125,14 @@ impl KvStorage {
         n_kv_heads: usize,
         head_dim: usize,
     ) -> Result<Self> {
-        let geo = KvGeometry::new(n_layers, n_blocks, block_size, n_kv_heads, head_dim)?;
-        let per_layer = geo.layer_elems();
+        Self::of(KvGeometry::new(
+            n_layers, n_blocks, block_size, n_kv_heads, head_dim,
+        )?)
+    }
+
+    /// Host memory for `geo` (its row type included).
+    pub fn of(geo: KvGeometry) -> Result<Self> {
+        let (n_layers, per_layer) = (geo.n_layers, geo.layer_elems());
         Ok(KvStorage {
             k: (0..n_layers)
                 .map(|_| vec![KvGeometry::FILL; per_layer])
@@ -165,6 +184,7 @@ impl KvStorage {
                 block_size: self.geo.block_size,
                 n_kv_heads: self.geo.n_kv_heads,
                 head_dim: self.geo.head_dim,
+                ty: self.geo.ty,
             }),
             _ => bail!("KV layer {i} out of range ({} layers)", self.k.len()),
         }
@@ -179,6 +199,7 @@ impl KvStorage {
                 block_size: self.geo.block_size,
                 n_kv_heads: self.geo.n_kv_heads,
                 head_dim: self.geo.head_dim,
+                ty: self.geo.ty,
             }),
             _ => bail!("KV layer {i} out of range ({n} layers)"),
         }

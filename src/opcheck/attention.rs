@@ -9,17 +9,22 @@ impl Ctx<'_> {
             return;
         }
         let mode = self.opts.mode;
-        for &(n, nkv, hd, bs, nblk) in &[
-            (1usize, 1usize, 64usize, 16usize, 4usize),
-            (7, 3, 80, 16, 8),
-            (64, 8, 128, 16, 16),
-            (5, 2, 256, 7, 9),
+        use crate::backend::KvType;
+        for &(n, nkv, hd, bs, nblk, ty) in &[
+            (1usize, 1usize, 64usize, 16usize, 4usize, KvType::F16),
+            (7, 3, 80, 16, 8, KvType::F16),
+            (64, 8, 128, 16, 16, KvType::F16),
+            (5, 2, 256, 7, 9, KvType::F16),
+            (7, 3, 64, 16, 8, KvType::Q8_0),
+            (9, 2, 128, 7, 9, KvType::Q8_0),
+            (7, 3, 64, 16, 8, KvType::Q4_0),
+            (5, 2, 256, 16, 4, KvType::Q4_0),
         ] {
             let row = nkv * hd;
             let cells = bs * nblk;
             let k = randv(&mut self.rng, n * row, 3.0);
             let v = randv(&mut self.rng, n * row, 3.0);
-            let (slots, init) = kv_cells(&mut self.rng, cells, row, n);
+            let (slots, init) = kv_cells(&mut self.rng, cells, nkv * ty.row_units(hd), n);
             let (mut rk, mut rv) = (init.clone(), init.clone());
             let (mut gk, mut gv) = (GuardedF16::from(&init), GuardedF16::from(&init));
             // The op around one pair of cache buffers.
@@ -35,6 +40,7 @@ impl Ctx<'_> {
                             block_size: bs,
                             n_kv_heads: nkv,
                             head_dim: hd,
+                            ty,
                         },
                     }
                 };
@@ -60,7 +66,7 @@ impl Ctx<'_> {
             let g = gk.guards_ok() && gv.guards_ok();
             self.finish(
                 "kv_write",
-                format!("n={n} kv_heads={nkv} hd={hd} block={bs} blocks={nblk}"),
+                format!("n={n} kv_heads={nkv} hd={hd} block={bs} blocks={nblk} {ty}"),
                 sup,
                 err,
                 &y,
@@ -110,12 +116,13 @@ impl Ctx<'_> {
             cases.push((128, 8, 4, 16, vec![(8000, 1); 4]));
             cases.push((64, 3, 3, 16, vec![(0, 256)]));
         }
+        use crate::backend::KvType;
         let plain = (0u32, 0f32, 0f32, false);
-        let mut cases: Vec<(AttnCase, AttnCaseOpts)> =
-            cases.into_iter().map(|c| (c, plain)).collect();
+        let mut cases: Vec<(AttnCase, AttnCaseOpts, KvType)> =
+            cases.into_iter().map(|c| (c, plain, KvType::F16)).collect();
         // Windows (inside a chunk, across chunks and blocks, past the row),
         // softcaps, ALiBi and sinks, alone and together, decode and prefill.
-        cases.extend([
+        let scored: Vec<(AttnCase, AttnCaseOpts)> = vec![
             (
                 (64, 2, 2, 16, vec![(100, 1), (7, 20)]),
                 (40, 0.0, 0.0, false),
@@ -134,8 +141,21 @@ impl Ctx<'_> {
                 (128, 50.0, 8.0, true),
             ),
             ((112, 1, 6, 32, vec![(1000, 1)]), (256, 20.0, 0.0, true)),
+        ];
+        cases.extend(scored.into_iter().map(|(c, o)| (c, o, KvType::F16)));
+        // Quantized K/V rows (decode, prefill tiles, with options).
+        cases.extend([
+            ((64, 2, 3, 16, vec![(40, 9), (7, 1)]), plain, KvType::Q8_0),
+            ((128, 1, 8, 16, vec![(0, 80)]), plain, KvType::Q8_0),
+            (
+                (64, 2, 2, 16, vec![(300, 2)]),
+                (100, 0.0, 0.0, true),
+                KvType::Q8_0,
+            ),
+            ((64, 2, 3, 16, vec![(40, 9), (7, 1)]), plain, KvType::Q4_0),
+            ((256, 1, 4, 7, vec![(90, 3)]), plain, KvType::Q4_0),
         ]);
-        for ((hd, nkv, ratio, bs, seqs), (window, softcap, max_bias, sinks)) in cases {
+        for ((hd, nkv, ratio, bs, seqs), (window, softcap, max_bias, sinks), ty) in cases {
             let nh = nkv * ratio;
             // Blocks per sequence; physical ids scattered over a shuffled pool
             // (plus spare unused blocks).
@@ -159,12 +179,19 @@ impl Ctx<'_> {
             }
             let n_rows = positions.len();
             let cell = nkv * hd;
-            let kc: Vec<f16> = (0..total * bs * cell)
-                .map(|_| f16::from_f32(self.rng.random_range(-2.0f32..2.0)))
-                .collect();
-            let vc: Vec<f16> = (0..total * bs * cell)
-                .map(|_| f16::from_f32(self.rng.random_range(-2.0f32..2.0)))
-                .collect();
+            // Every (cell, KV head) row written as `ty` stores it.
+            let rows = |rng: &mut ChaCha8Rng| -> Vec<f16> {
+                let x = randv(rng, total * bs * cell, 2.0);
+                let u = ty.row_units(hd);
+                let mut out = vec![f16::ZERO; total * bs * nkv * u];
+                for (xr, o) in x.chunks_exact(hd).zip(out.chunks_exact_mut(u)) {
+                    crate::backend::cpu::ops::kv_write::store(ty, xr, o)
+                        .expect("rows of a multiple of 32");
+                }
+                out
+            };
+            let kc = rows(&mut self.rng);
+            let vc = rows(&mut self.rng);
             let q = randv(&mut self.rng, n_rows * nh * hd, 2.0);
             let trefs: Vec<&[u32]> = tables.iter().map(|t| &t[..]).collect();
             let batch = AttnBatch {
@@ -178,6 +205,7 @@ impl Ctx<'_> {
                 block_size: bs,
                 n_kv_heads: nkv,
                 head_dim: hd,
+                ty,
             };
             let scale = 1.0 / (hd as f32).sqrt();
             let slopes = crate::backend::alibi_slopes(nh, max_bias);
@@ -216,6 +244,9 @@ impl Ctx<'_> {
             if !opts.is_plain() {
                 desc +=
                     &format!(" window={window} softcap={softcap} alibi={max_bias} sinks={sinks}");
+            }
+            if ty != KvType::F16 {
+                desc += &format!(" kv={ty}");
             }
             self.finish("paged_attention", desc, sup, err, y.body(), &r, g, perf);
         }

@@ -76,6 +76,7 @@ impl Ctx<'_> {
                             block_size: bs,
                             n_kv_heads: nkv,
                             head_dim: hd,
+                            ty: crate::backend::KvType::F16,
                         },
                     }
                 };
@@ -134,6 +135,7 @@ impl Ctx<'_> {
                                     block_size: bs,
                                     n_kv_heads: nkv,
                                     head_dim: hd,
+                                    ty: crate::backend::KvType::F16,
                                 },
                             },
                             mode,

@@ -449,6 +449,7 @@ impl CudaBackend {
         let geo = (cache.block_size, cache.n_kv_heads, cache.head_dim);
         let n_cells = validate::kv_write(
             geo,
+            cache.ty,
             cache.k.len(),
             cache.v.len(),
             k.len(),
@@ -484,6 +485,7 @@ impl CudaBackend {
         let geo = (cache.block_size, cache.n_kv_heads, cache.head_dim);
         let n_cells = validate::kv_write(
             geo,
+            cache.ty,
             cache.k.len(),
             cache.v.len(),
             k.len(),
@@ -585,6 +587,7 @@ impl CudaBackend {
         validate::attention_opts(&opts, n_heads)?;
         let n_blocks = validate::attention(
             (bs, nkv, hd),
+            cache.ty,
             n_heads,
             cache.k.len(),
             cache.v.len(),

@@ -376,6 +376,11 @@ impl CudaBackend {
                 return Err(format!("{ty:?} is not a weight type"));
             }
         }
+        if let Some(t) = op.kv.filter(|&t| t != crate::backend::KvType::F16) {
+            return Err(format!(
+                "the cuda backend keeps its KV cache in f16, not {t} (use --kv-type f16, or --gpu off)"
+            ));
+        }
         match op.head_dim {
             // The attention planner's bound: a plan exists for every
             // batch of such heads in every mode.

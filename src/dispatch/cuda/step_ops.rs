@@ -61,6 +61,9 @@ impl KvInfo for KvShape {
     fn geometry(&self) -> (usize, usize, usize) {
         self.geometry
     }
+    fn kv_type(&self) -> crate::backend::KvType {
+        crate::backend::KvType::F16
+    }
 }
 
 /// The memory space of a recorded step: names instead of buffers.

@@ -162,17 +162,20 @@ impl LlamaModel {
                 kind: "get_rows",
                 weight: Some(w.token_embd.ty),
                 head_dim: None,
+                kv: None,
             },
             // The output head (a `MatMuls` with the output norm on it).
             OpInfo {
                 kind: "mat_muls",
                 weight: Some(w.output.ty),
                 head_dim: None,
+                kv: None,
             },
             OpInfo {
                 kind: "paged_attention",
                 weight: None,
                 head_dim: Some(self.cfg.head_dim),
+                kv: None,
             },
         ];
         for kind in [
@@ -186,6 +189,7 @@ impl LlamaModel {
                 kind,
                 weight: None,
                 head_dim: None,
+                kv: None,
             });
         }
         for l in &w.layers {
@@ -194,6 +198,7 @@ impl LlamaModel {
                     kind: "mat_muls",
                     weight: Some(m.ty),
                     head_dim: None,
+                    kv: None,
                 });
             }
         }

@@ -83,6 +83,7 @@ impl Qwen35Model {
             kind,
             weight,
             head_dim,
+            kv: None,
         };
         let mut out = vec![
             info("get_rows", Some(w.token_embd.ty), None),

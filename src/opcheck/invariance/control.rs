@@ -35,6 +35,7 @@ impl Backend for BatchVariant {
         let (hd, nkv, bs) = (cache.head_dim, cache.n_kv_heads, cache.block_size);
         let n_blocks = validate::attention(
             (bs, nkv, hd),
+            cache.ty,
             n_heads,
             cache.k.len(),
             cache.v.len(),

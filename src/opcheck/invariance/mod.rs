@@ -247,6 +247,7 @@ impl AttnCell {
                         block_size: BLOCK,
                         n_kv_heads: KV_HEADS,
                         head_dim: self.hd,
+                        ty: crate::backend::KvType::F16,
                     },
                     batch: AttnBatch {
                         block_tables: &trefs,

@@ -46,6 +46,7 @@ pub fn run(
     let (hd, nkv, bs) = (cache.head_dim, cache.n_kv_heads, cache.block_size);
     let n_blocks = crate::backend::validate::attention(
         (bs, nkv, hd),
+        cache.ty,
         n_heads,
         cache.k.len(),
         cache.v.len(),
@@ -56,7 +57,9 @@ pub fn run(
     crate::backend::validate::attention_opts(&opts, n_heads)?;
     crate::backend::validate::attention_batch(&batch, bs, n_blocks)?;
     let group = n_heads / nkv;
-    let plain = opts.is_plain();
+    // The AVX2 kernel reads f16 rows; block types go through the generic
+    // path, which dequantizes each row first.
+    let plain = opts.is_plain() && cache.ty == crate::backend::KvType::F16;
     for_chunks(par, out, hd, |rh, o| {
         let (r, h) = (rh / n_heads, rh % n_heads);
         let qv = &q[rh * hd..(rh + 1) * hd];
@@ -207,6 +210,17 @@ fn head_impl<const AVX: bool>(
     o: &mut [f32],
 ) {
     let (hd, nkv, bs) = (cache.head_dim, cache.n_kv_heads, cache.block_size);
+    let (ty, units) = (cache.ty, cache.ty.row_units(hd));
+    let f16_rows = ty == crate::backend::KvType::F16;
+    // A block-type row, dequantized (exact values) before it is used.
+    let mut row_stack = [0f32; 256];
+    let mut row_heap;
+    let row: &mut [f32] = if hd <= 256 {
+        &mut row_stack[..hd]
+    } else {
+        row_heap = vec![0f32; hd];
+        &mut row_heap[..]
+    };
     // `o` doubles as the accumulator; `vs` is the per-chunk sum.
     let mut vs_stack = [0f32; 256];
     let mut vs_heap;
@@ -232,7 +246,7 @@ fn head_impl<const AVX: bool>(
         let (mut blk, mut within) = (j0 / bs, j0 % bs);
         for off in offs.iter_mut().take(cnt) {
             let cell = table[blk] as usize * bs + within;
-            *off = (cell * nkv + kvh) * hd;
+            *off = (cell * nkv + kvh) * units;
             within += 1;
             if within == bs {
                 within = 0;
@@ -241,8 +255,11 @@ fn head_impl<const AVX: bool>(
         }
         let mut cmax = f32::NEG_INFINITY;
         for (t, (sj, &off)) in s.iter_mut().zip(offs.iter()).take(cnt).enumerate() {
-            let kr = &cache.k[off..off + hd];
-            let d = if AVX {
+            let kr = &cache.k[off..off + units];
+            let d = if !f16_rows {
+                super::kv_write::load(ty, kr, row);
+                canon::dot32(qv, row)
+            } else if AVX {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: AVX is true only inside head_avx2 (AVX2 + F16C);
                 // kr and qv both hold hd elements.
@@ -278,8 +295,13 @@ fn head_impl<const AVX: bool>(
         l = (l * alpha) + ls;
         vs.fill(0.0);
         for (&p, &off) in s.iter().zip(offs.iter()).take(cnt) {
-            let vr = &cache.v[off..off + hd];
-            if AVX {
+            let vr = &cache.v[off..off + units];
+            if !f16_rows {
+                super::kv_write::load(ty, vr, row);
+                for (a, &x) in vs.iter_mut().zip(row.iter()) {
+                    *a += p * x;
+                }
+            } else if AVX {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: AVX is true only inside head_avx2 (AVX2 + F16C).
                 unsafe {

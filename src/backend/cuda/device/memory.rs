@@ -76,15 +76,22 @@ pub struct DevKvMut<'a> {
     pub head_dim: usize,
 }
 
+// The device cache holds f16 rows only (`--kv-type f16`).
 impl KvInfo for DevKv<'_> {
     fn geometry(&self) -> (usize, usize, usize) {
         (self.block_size, self.n_kv_heads, self.head_dim)
+    }
+    fn kv_type(&self) -> crate::backend::KvType {
+        crate::backend::KvType::F16
     }
 }
 
 impl KvInfo for DevKvMut<'_> {
     fn geometry(&self) -> (usize, usize, usize) {
         (self.block_size, self.n_kv_heads, self.head_dim)
+    }
+    fn kv_type(&self) -> crate::backend::KvType {
+        crate::backend::KvType::F16
     }
 }
 
@@ -523,6 +530,12 @@ pub fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
     drv(be.stream().alloc_zeros::<T>(len.max(1)), what)
 }
 
+impl crate::backend::validate::ParamLen for CudaView<'_, f32> {
+    fn param_len(&self) -> usize {
+        self.len()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -621,11 +634,5 @@ mod tests {
         assert_eq!(att_parts(ATT_CHUNK - 1), 1);
         assert_eq!(att_parts(ATT_CHUNK), 2);
         assert_eq!(att_parts(100 * ATT_CHUNK), ATT_PARTS);
-    }
-}
-
-impl crate::backend::validate::ParamLen for CudaView<'_, f32> {
-    fn param_len(&self) -> usize {
-        self.len()
     }
 }

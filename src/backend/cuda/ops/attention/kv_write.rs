@@ -33,6 +33,7 @@ impl CudaBackend {
         validate::rope(k.len(), nkv, hd, rope_dim, n, inv_freq.len())?;
         let n_cells = validate::kv_write(
             cache.geometry(),
+            cache.kv_type(),
             cache.k.len(),
             cache.v.len(),
             k.len(),
@@ -87,6 +88,7 @@ impl CudaBackend {
     ) -> Result<()> {
         let n_cells = validate::kv_write(
             cache.geometry(),
+            cache.kv_type(),
             cache.k.len(),
             cache.v.len(),
             k.len(),

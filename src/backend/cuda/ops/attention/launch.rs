@@ -55,6 +55,7 @@ impl CudaBackend {
         validate::attention_opts(opts, n_heads)?;
         let n_blocks = validate::attention(
             (bs, nkv, hd),
+            cache.kv_type(),
             n_heads,
             cache.k.len(),
             cache.v.len(),
