@@ -1,7 +1,8 @@
 //! Random alloc / append / fork / free sequences against a simulated device
 //! memory: every live sequence must read back its own tokens through its
 //! block table (so prefix hits and copy on write are correct), ref counts must
-//! match the tables, failed allocations must change nothing, and freeing
+//! match the tables, failed allocations must change nothing, a sliding
+//! window's released blocks must leave the rest readable, and freeing
 //! everything must return every block.
 
 use std::collections::BTreeMap;
@@ -17,6 +18,8 @@ enum Op {
     Append(u64, u32),
     Fork(u64, u64),
     Free(u64),
+    /// Release the blocks before a window of this many positions.
+    Window(u64, usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -25,6 +28,7 @@ fn op() -> impl Strategy<Value = Op> {
         (0..6u64, 0..3u32).prop_map(|(s, t)| Op::Append(s, t)),
         (0..6u64, 0..6u64).prop_map(|(a, b)| Op::Fork(a, b)),
         (0..6u64).prop_map(Op::Free),
+        (0..6u64, 1..10usize).prop_map(|(s, w)| Op::Window(s, w)),
     ]
 }
 
@@ -68,6 +72,8 @@ fn run(ops: Vec<Op>, n_blocks: usize, b: usize) -> Result<(), TestCaseError> {
     };
     // Model: tokens per live sequence; all of them are computed.
     let mut seqs: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
+    // Per sequence: positions before this were released by a window.
+    let mut gone: BTreeMap<u64, usize> = BTreeMap::new();
     for op in ops {
         let before = snapshot(&kv);
         match op {
@@ -107,17 +113,36 @@ fn run(ops: Vec<Op>, n_blocks: usize, b: usize) -> Result<(), TestCaseError> {
                 kv.fork(SeqId(a), SeqId(c)).unwrap();
                 let toks = seqs[&a].clone();
                 seqs.insert(c, toks);
+                let g = gone.get(&a).copied().unwrap_or(0);
+                gone.insert(c, g);
             }
             Op::Free(s) if seqs.contains_key(&s) => {
                 kv.free(SeqId(s)).unwrap();
                 seqs.remove(&s);
+                gone.remove(&s);
+            }
+            Op::Window(s, w) if seqs.contains_key(&s) => {
+                let len = seqs[&s].len();
+                let first = (len + 1).saturating_sub(w);
+                kv.release_before(SeqId(s), first).unwrap();
+                let g = gone.entry(s).or_insert(0);
+                *g = (*g).max(first.min(len) / b * b);
+                // Those entries are the null block now.
+                let t = kv.block_table(SeqId(s)).unwrap();
+                prop_assert!(t[..*g / b].iter().all(|&x| x == 0));
             }
             _ => {}
         }
         kv.check_invariants().map_err(TestCaseError::fail)?;
         for (&s, toks) in &seqs {
-            let want: Vec<_> = toks.iter().map(|&t| Some(t)).collect();
-            prop_assert_eq!(dev.read(&kv, SeqId(s), toks.len()), want, "seq {}", s);
+            let g = gone.get(&s).copied().unwrap_or(0);
+            let want: Vec<_> = toks[g..].iter().map(|&t| Some(t)).collect();
+            prop_assert_eq!(
+                dev.read(&kv, SeqId(s), toks.len())[g..].to_vec(),
+                want,
+                "seq {}",
+                s
+            );
         }
     }
     for &s in seqs.keys() {
