@@ -84,6 +84,7 @@ impl CudaBackend {
                 cache,
                 batch,
                 out,
+                None,
             )
         }
     }

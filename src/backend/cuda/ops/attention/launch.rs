@@ -199,6 +199,7 @@ impl CudaBackend {
                         cache,
                         batch,
                         out,
+                        None,
                     )
                 }
             }
@@ -232,6 +233,7 @@ impl CudaBackend {
                         cache,
                         batch,
                         out,
+                        None,
                     )
                 }
             }
@@ -240,8 +242,9 @@ impl CudaBackend {
 
     /// Launches `kernel`, whose parameters are ATT_ROWHEAD_PARAMS
     /// (common.cuh: q, n_rows, n_heads, n_kv_heads, head_dim, block_size,
-    /// scale, k, v, tables, table_off, row_seq, positions, out), on `ctas`
-    /// CTAs of `threads`, without clusters.
+    /// scale, k, v, tables, table_off, row_seq, positions, out), then with
+    /// `tail` paged_attention_opts' (window, softcap, alibi, sinks), on
+    /// `ctas` CTAs of `threads`, without clusters.
     ///
     /// # Safety
     /// `kernel` takes these parameters and `threads` threads (within its
@@ -260,6 +263,7 @@ impl CudaBackend {
         cache: &DevKv<'_>,
         batch: &DevAttnBatch,
         out: &mut CudaViewMut<'_, f32>,
+        tail: Option<(i32, f32, u64, u64)>,
     ) -> Result<()> {
         let cfg = LaunchConfig {
             grid_dim: (u32::try_from(ctas)?, 1, 1),
@@ -281,6 +285,9 @@ impl CudaBackend {
             .arg(&batch.row_seq)
             .arg(&batch.positions)
             .arg(out);
+        if let Some((window, softcap, alibi, sinks)) = &tail {
+            b.arg(window).arg(softcap).arg(alibi).arg(sinks);
+        }
         // SAFETY: the caller's contract (above).
         drv(
             unsafe { b.launch(cfg) },
@@ -309,41 +316,26 @@ impl CudaBackend {
         // Null pointers select no ALiBi / no sinks (the kernel tests them).
         let alibi = opts.alibi.as_ref().map_or(0u64, |a| a.device_ptr(s).0);
         let sinks = opts.sinks.as_ref().map_or(0u64, |a| a.device_ptr(s).0);
-        let cfg = LaunchConfig {
-            grid_dim: (u32::try_from(batch.n_rows * nhi as usize)?, 1, 1),
-            block_dim: (32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = s.launch_builder(self.func("paged_attention_opts")?);
-        b.arg(q)
-            .arg(&nri)
-            .arg(&nhi)
-            .arg(&nkvi)
-            .arg(&hdi)
-            .arg(&bsi)
-            .arg(&scale)
-            .arg(&cache.k)
-            .arg(&cache.v)
-            .arg(&batch.tables)
-            .arg(&batch.table_off)
-            .arg(&batch.row_seq)
-            .arg(&batch.positions)
-            .arg(&mut *out)
-            .arg(&window)
-            .arg(&opts.softcap)
-            .arg(&alibi)
-            .arg(&sinks);
         // SAFETY: paged_attention_opts takes ATT_ROWHEAD_PARAMS then
         // (int window, float softcap, const float* alibi, const float*
         // sinks), one warp per (row, head); the batch and cache were
         // validated by d_attention, alibi / sinks are null or hold n_heads
         // floats (validate::attention_opts), and the kernel reads no
         // table entry of a block wholly before a row's window.
-        drv(
-            unsafe { b.launch(cfg) },
-            "paged_attention: launching paged_attention_opts",
-        )?;
-        Ok(())
+        unsafe {
+            self.attention_rowhead(
+                "paged_attention_opts",
+                batch.n_rows * nhi as usize,
+                32,
+                q,
+                (nri, nhi, nkvi, hdi, bsi),
+                scale,
+                cache,
+                batch,
+                out,
+                Some((window, opts.softcap, alibi, sinks)),
+            )
+        }
     }
 
     /// Split-KV attention (fast and deterministic modes, head_dim a
