@@ -4,7 +4,7 @@
 //! buffers both know theirs); checks of index *values* (ids, slots, block
 //! tables) need them on the host and are done where they are uploaded.
 
-use super::{AttnBatch, AttnOpts, KvType, WeightInfo};
+use super::{AttnBatch, AttnOpts, KvLayer, KvType, WeightInfo};
 use anyhow::{anyhow, ensure, Context, Result};
 
 /// `MatMul` arguments: w (rows m, cols k) of `data_len` bytes, x (n, k),
@@ -256,6 +256,31 @@ pub fn attention(
         "paged_attention: q {q_len} / out {out_len} elements, expected n_rows {n_rows} * n_heads {n_heads} * head_dim {hd}"
     );
     Ok(cache_k_len / block_elems)
+}
+
+/// A host-memory `PagedAttention`: its shapes, options and batch values
+/// ([`attention`], [`attention_opts`], [`attention_batch`]). Returns, per
+/// sequence, the number of blocks its rows read.
+pub fn host_attention(
+    q_len: usize,
+    n_heads: usize,
+    cache: &KvLayer<'_>,
+    batch: &AttnBatch<'_>,
+    opts: &AttnOpts<&[f32]>,
+    out_len: usize,
+) -> Result<Vec<usize>> {
+    let n_blocks = attention(
+        (cache.block_size, cache.n_kv_heads, cache.head_dim),
+        cache.ty,
+        n_heads,
+        cache.k.len(),
+        cache.v.len(),
+        batch.positions.len(),
+        q_len,
+        out_len,
+    )?;
+    attention_opts(opts, n_heads)?;
+    attention_batch(batch, cache.block_size, n_blocks)
 }
 
 /// `PagedAttention` options: a finite, non-negative softcap and one ALiBi

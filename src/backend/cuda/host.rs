@@ -584,18 +584,7 @@ impl CudaBackend {
         mode: Mode,
     ) -> Result<()> {
         let (bs, nkv, hd) = (cache.block_size, cache.n_kv_heads, cache.head_dim);
-        validate::attention_opts(&opts, n_heads)?;
-        let n_blocks = validate::attention(
-            (bs, nkv, hd),
-            cache.ty,
-            n_heads,
-            cache.k.len(),
-            cache.v.len(),
-            batch.positions.len(),
-            q.len(),
-            out.len(),
-        )?;
-        let need = validate::attention_batch(&batch, bs, n_blocks)?;
+        let need = validate::host_attention(q.len(), n_heads, &cache, &batch, &opts, out.len())?;
         if batch.positions.is_empty() {
             return Ok(());
         }

@@ -33,18 +33,7 @@ impl Backend for BatchVariant {
             bail!("the batch-variant control runs paged_attention only");
         };
         let (hd, nkv, bs) = (cache.head_dim, cache.n_kv_heads, cache.block_size);
-        let n_blocks = validate::attention(
-            (bs, nkv, hd),
-            cache.ty,
-            n_heads,
-            cache.k.len(),
-            cache.v.len(),
-            batch.positions.len(),
-            q.len(),
-            out.len(),
-        )?;
-        validate::attention_opts(&opts, n_heads)?;
-        validate::attention_batch(&batch, bs, n_blocks)?;
+        validate::host_attention(q.len(), n_heads, &cache, &batch, &opts, out.len())?;
         let n_rows = batch.positions.len();
         // The batch decides the split: 1 to 4 partials.
         let parts = 1 + n_rows % 4;

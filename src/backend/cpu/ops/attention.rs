@@ -43,19 +43,8 @@ pub fn run(
     opts: AttnOpts<&[f32]>,
     out: &mut [f32],
 ) -> Result<()> {
-    let (hd, nkv, bs) = (cache.head_dim, cache.n_kv_heads, cache.block_size);
-    let n_blocks = crate::backend::validate::attention(
-        (bs, nkv, hd),
-        cache.ty,
-        n_heads,
-        cache.k.len(),
-        cache.v.len(),
-        batch.positions.len(),
-        q.len(),
-        out.len(),
-    )?;
-    crate::backend::validate::attention_opts(&opts, n_heads)?;
-    crate::backend::validate::attention_batch(&batch, bs, n_blocks)?;
+    let (hd, nkv) = (cache.head_dim, cache.n_kv_heads);
+    crate::backend::validate::host_attention(q.len(), n_heads, &cache, &batch, &opts, out.len())?;
     let group = n_heads / nkv;
     // The AVX2 kernel reads f16 rows; block types go through the generic
     // path, which dequantizes each row first.
@@ -147,34 +136,27 @@ fn head(
     o: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
-        let hd = cache.head_dim;
-        if hd.is_multiple_of(8) && hd <= 256 {
-            // SAFETY: AVX2+F16C detected at runtime (Isa::Avx2); the caller
-            // validated the block table against the cache size, and
-            // qv / o hold hd elements.
-            unsafe {
-                super::attention_avx2::head(
-                    qv,
-                    scale,
-                    cache.k,
-                    cache.v,
-                    table,
-                    cache.block_size,
-                    cache.n_kv_heads,
-                    kvh,
-                    pos,
-                    o,
-                )
-            };
-        } else {
-            // SAFETY: as above.
-            unsafe { head_avx2(qv, scale, cache, table, kvh, pos, &HeadOpts::PLAIN, o) };
-        }
+    if isa == Isa::Avx2 && cache.head_dim.is_multiple_of(8) && cache.head_dim <= 256 {
+        // SAFETY: AVX2+F16C detected at runtime (Isa::Avx2); the caller
+        // validated the block table against the cache size, and qv / o
+        // hold hd elements.
+        unsafe {
+            super::attention_avx2::head(
+                qv,
+                scale,
+                cache.k,
+                cache.v,
+                table,
+                cache.block_size,
+                cache.n_kv_heads,
+                kvh,
+                pos,
+                o,
+            )
+        };
         return;
     }
-    let _ = isa;
-    head_impl::<false>(qv, scale, cache, table, kvh, pos, &HeadOpts::PLAIN, o)
+    head_opts(isa, qv, scale, cache, table, kvh, pos, &HeadOpts::PLAIN, o)
 }
 
 /// `head_impl` compiled with AVX2 enabled, so its kernels inline.
