@@ -20,3 +20,4 @@ pub mod scheduler;
 pub mod serve;
 pub mod server;
 pub mod tokenizer;
+pub mod tp;

@@ -14,6 +14,7 @@ use crate::kv::{KvManager, RecurrentStates, SeqId};
 use crate::model::arch::llama::LlamaGraph;
 use crate::model::arch::qwen35_graph::Qwen35Graph;
 use crate::model::{KvStorage, Model, ModelConfig, StepInput};
+use crate::tp::host::{HostRanks, KvShape};
 use anyhow::{bail, Context, Result};
 use hybrid::HybridState;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -114,6 +115,8 @@ pub struct RunnerOptions {
     /// How the KV cache stores K and V (`--kv-type`); the cuda backend
     /// keeps f16 only.
     pub kv_type: crate::backend::KvType,
+    /// Tensor-parallel ranks (`--tensor-parallel`; 1: none).
+    pub tensor_parallel: usize,
 }
 
 impl Default for RunnerOptions {
@@ -130,6 +133,7 @@ impl Default for RunnerOptions {
             state_slots: 16,
             state_snapshots: 0,
             kv_type: crate::backend::KvType::F16,
+            tensor_parallel: 1,
         }
     }
 }
@@ -143,6 +147,9 @@ pub enum Compute {
     /// host slices under `--gpu auto` when the device path cannot run the
     /// model); KV cache in host memory.
     Host { dx: Dispatcher, storage: KvStorage },
+    /// Tensor-parallel ranks on the host (`--tensor-parallel N`), each with
+    /// its shard of the weights and of the KV cache's heads.
+    Ranks(Box<HostRanks>),
     /// Device memory: weights, activations and KV cache on the GPU, behind
     /// the executor trait ([`load_device`]).
     Device(Box<dyn DeviceModel>),
@@ -208,6 +215,9 @@ impl Runner {
                 .with_type(opts.kv_type)?,
             )
         };
+        if opts.tensor_parallel != 1 {
+            return Self::load_ranks(gguf, model, opts, n_blocks, n_kv_layers, &name);
+        }
         let mut host_backends: Vec<Box<dyn Backend>> = Vec::new();
         let quantized_kv = opts.kv_type != crate::backend::KvType::F16;
         match opts.gpu {
@@ -283,10 +293,56 @@ impl Runner {
         })
     }
 
+    /// `Runner::load` for `--tensor-parallel N` (N > 1): simulated ranks
+    /// on the host (`tp::host`).
+    fn load_ranks(
+        gguf: GgufFile,
+        model: Model,
+        opts: &RunnerOptions,
+        n_blocks: usize,
+        n_kv_layers: usize,
+        name: &str,
+    ) -> Result<Self> {
+        let n = opts.tensor_parallel;
+        if opts.gpu != GpuMode::Off {
+            bail!(
+                "--tensor-parallel {n}: tensor parallel runs on the cpu backend's simulated \
+                 ranks (--gpu off); the cuda backend has no NCCL ranks yet"
+            );
+        }
+        let Model::Llama(m) = &model else {
+            bail!(
+                "--tensor-parallel {n}: {:?} models (hybrid) do not split yet; llama-family models do",
+                model.cfg().arch
+            );
+        };
+        let bar = progress_bar(opts.progress, 1, "", name);
+        prefault(&gguf, &bar)?;
+        bar.finish_and_clear();
+        let kv_shape = KvShape {
+            n_layers: n_kv_layers,
+            n_blocks,
+            block_size: opts.block_size,
+            ty: opts.kv_type,
+        };
+        let ranks = HostRanks::new(&gguf, m, n, opts.mode, opts.threads, kv_shape)
+            .with_context(|| format!("--tensor-parallel {n}"))?;
+        let n_threads = ranks.threads_per_rank() * n;
+        Ok(Runner {
+            kv: KvManager::new(n_blocks, opts.block_size)?,
+            gguf,
+            model,
+            compute: Compute::Ranks(Box::new(ranks)),
+            hybrid: None,
+            n_threads,
+        })
+    }
+
     /// Which backend ran each op kind, and how often.
     pub fn backend_report(&self) -> Vec<(String, String, u64)> {
         match &self.compute {
             Compute::Host { dx, .. } => dx.report(),
+            Compute::Ranks(r) => r.report(),
             Compute::Device(d) => d.report(),
         }
     }
@@ -299,7 +355,7 @@ impl Runner {
                 Some(c) => (1..=max).filter(|&b| !c.graphable(b)).collect(),
                 None => Vec::new(),
             },
-            Compute::Host { .. } => Vec::new(),
+            Compute::Host { .. } | Compute::Ranks(_) => Vec::new(),
         }
     }
 
@@ -312,7 +368,7 @@ impl Runner {
     /// steps all run op by op).
     pub fn step_paths(&self) -> Option<crate::dispatch::StepPaths> {
         match &self.compute {
-            Compute::Host { .. } => None,
+            Compute::Host { .. } | Compute::Ranks(_) => None,
             Compute::Device(d) => Some(d.step_paths()),
         }
     }
@@ -321,7 +377,7 @@ impl Runner {
     /// (QUIRE_PROFILE_OPS=1).
     pub fn op_profile(&self) -> Option<Vec<(String, u64, f64)>> {
         match &self.compute {
-            Compute::Host { .. } => None,
+            Compute::Host { .. } | Compute::Ranks(_) => None,
             Compute::Device(d) => d.profile(),
         }
     }
@@ -330,6 +386,11 @@ impl Runner {
     pub fn placement(&self) -> String {
         match &self.compute {
             Compute::Host { .. } => "host memory".into(),
+            Compute::Ranks(r) => format!(
+                "host memory, {} tensor-parallel ranks of {} threads",
+                r.world(),
+                r.threads_per_rank()
+            ),
             Compute::Device(d) => d.placement(),
         }
     }
@@ -338,6 +399,7 @@ impl Runner {
     pub fn copy_block(&mut self, src: u32, dst: u32) -> Result<()> {
         match &mut self.compute {
             Compute::Host { storage, .. } => storage.copy_block(src, dst),
+            Compute::Ranks(r) => r.copy_block(src, dst),
             Compute::Device(d) => d.copy_block(src, dst),
         }
     }
@@ -441,6 +503,7 @@ impl Runner {
     fn copy_state(&mut self, src: u32, dst: u32) -> Result<()> {
         match &mut self.compute {
             Compute::Host { storage, .. } => storage.states_mut()?.copy_slot(src, dst),
+            Compute::Ranks(_) => bail!("tensor-parallel ranks hold no recurrent states"),
             Compute::Device(d) => d.copy_state(src, dst),
         }
     }
@@ -609,6 +672,7 @@ fn forward_batch(
             Model::Llama(m) => m.forward_host(&HostExec { dx, gguf }, storage, &input)?,
             Model::Qwen35(m) => m.forward_host(&HostExec { dx, gguf }, storage, &input)?,
         },
+        Compute::Ranks(r) => r.forward(gguf, &input)?,
         Compute::Device(d) => {
             // A pure decode step: one row per sequence, all logits.
             let decode = !hidden

@@ -7,7 +7,7 @@
 mod common;
 
 use common::bits;
-use quire::gguf::{GgufFile, GgufValue, GgufWriter};
+use quire::gguf::{GgufFile, GgufValue};
 use quire::kv::SeqId;
 use quire::model::{synth, ModelConfig};
 use quire::quant::GgmlType;
@@ -27,36 +27,8 @@ fn base(dir: &Path) -> PathBuf {
 /// The base model with metadata `kvs` added and, with `sinks`, an
 /// `attn_sinks.weight` of random logits in every layer.
 fn variant(dir: &Path, name: &str, kvs: &[(&str, GgufValue)], sinks: bool) -> PathBuf {
-    let g = GgufFile::open(&base(dir)).unwrap();
-    let cfg = ModelConfig::from_gguf(&g).unwrap();
-    let mut w = GgufWriter::new();
-    for (k, v) in g.metadata() {
-        w.add_kv(k.clone(), v.clone());
-    }
-    for (k, v) in kvs {
-        w.add_kv(k.to_string(), v.clone());
-    }
-    for t in g.tensors() {
-        w.add_tensor(t.name.clone(), &t.dims, t.ty, g.data_of(t).to_vec())
-            .unwrap();
-    }
-    if sinks {
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
-        for l in 0..cfg.n_layers {
-            let x: Vec<u8> = (0..cfg.n_heads)
-                .flat_map(|_| rng.random_range(-2.0f32..2.0).to_le_bytes())
-                .collect();
-            w.add_tensor(
-                format!("blk.{l}.attn_sinks.weight"),
-                &[cfg.n_heads as u64],
-                GgmlType::F32,
-                x,
-            )
-            .unwrap();
-        }
-    }
     let p = dir.join(format!("{name}.gguf"));
-    w.write_to(&p).unwrap();
+    common::gguf_variant(&base(dir), &p, kvs, sinks.then_some(5));
     p
 }
 

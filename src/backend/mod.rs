@@ -549,6 +549,23 @@ pub enum OpT<'a, M: Mem> {
     },
     /// x *= sigmoid(gate), elementwise (gated attention output).
     SigmoidMul { x: M::Out<'a>, gate: M::In<'a> },
+    /// Tensor parallel (`tp`): gathers every rank's x (n, w) along the last
+    /// dimension, out (n, world * w) with rank r's part at columns
+    /// `[r * w, (r + 1) * w)`; with `add`, added to out (one rounding per
+    /// element, the bits of `Add`). Through the backend's communicator.
+    AllGather {
+        x: M::In<'a>,
+        n: usize,
+        out: M::Out<'a>,
+        add: bool,
+    },
+    /// Tensor parallel (`tp`): out += Σ_r x_r over every rank's partial x
+    /// (out's shape), summed in `order`.
+    AllReduce {
+        x: M::In<'a>,
+        out: M::Out<'a>,
+        order: crate::tp::ReduceOrder,
+    },
 }
 
 /// Most jobs of one `MatMuls` op (the kernels' job table holds this many).
@@ -618,6 +635,8 @@ impl<M: Mem> OpT<'_, M> {
             OpT::GatedRmsNorm { .. } => ("gated_rms_norm", None, None, None),
             OpT::SplitHeads { .. } => ("split_heads", None, None, None),
             OpT::SigmoidMul { .. } => ("sigmoid_mul", None, None, None),
+            OpT::AllGather { .. } => ("all_gather", None, None, None),
+            OpT::AllReduce { .. } => ("all_reduce", None, None, None),
         };
         OpInfo {
             kind,

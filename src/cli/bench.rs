@@ -425,17 +425,20 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             "engine": "quire",
             "model": model_name,
             "threads": r.n_threads(),
+            "tensor_parallel": a.model.tensor_parallel,
             "results": obj,
         });
         println!("{out}");
     } else {
+        // Threads as ranks x threads each under tensor parallelism.
+        let threads = match a.model.tensor_parallel {
+            1 => r.n_threads().to_string(),
+            n => format!("{n}x{}", r.n_threads() / n),
+        };
         println!("| model | threads | test | t/s |");
         println!("|---|---|---|---|");
         for (k, (m, s)) in &rows {
-            println!(
-                "| {model_name} | {} | {k} | {m:.2} ± {s:.2} |",
-                r.n_threads()
-            );
+            println!("| {model_name} | {threads} | {k} | {m:.2} ± {s:.2} |");
         }
     }
     a.model.report_backends(&r);

@@ -162,6 +162,12 @@ pub struct ModelArgs {
     /// cached prefix resumes from the longest such multiple it covers.
     #[arg(long, default_value_t = 256)]
     pub state_snapshot_stride: usize,
+    /// Split the model across N tensor-parallel ranks (attention heads,
+    /// FFN columns and the KV cache's heads; docs/BACKENDS.md). On the cpu
+    /// backend the ranks are threads sharing --threads; `exact` output is
+    /// bitwise that of one rank.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub tensor_parallel: usize,
 }
 
 impl ModelArgs {
@@ -211,6 +217,7 @@ impl ModelArgs {
             state_slots: self.state_slots,
             state_snapshots,
             kv_type: self.kv_type,
+            tensor_parallel: self.tensor_parallel,
         };
         let runner = Runner::load(&path, &opts)?;
         let tok = Tokenizer::from_gguf(&runner.gguf)
@@ -342,7 +349,7 @@ pub fn tuning_overrides(
 fn device_backend<'r>(r: &'r Runner, what: &str) -> Result<&'r crate::backend::cuda::CudaBackend> {
     match &r.compute {
         crate::runner::Compute::Device(d) => d.cuda().map(|e| e.backend()),
-        crate::runner::Compute::Host { .. } => None,
+        crate::runner::Compute::Host { .. } | crate::runner::Compute::Ranks(_) => None,
     }
     .with_context(|| format!("{what}: the model is not on the device"))
 }

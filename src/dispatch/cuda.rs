@@ -470,7 +470,7 @@ impl CudaExec {
             if let Some(d) = done.get(&w.name) {
                 return Ok(d.clone());
             }
-            let bytes = gguf.tensor_data(&w.name)?;
+            let bytes = w.matrix(gguf)?.data;
             let d = Arc::new(DevWeight {
                 ty: w.ty,
                 rows: w.rows,

@@ -6,6 +6,7 @@ use crate::backend::QMatrix;
 use crate::gguf::GgufFile;
 use crate::quant::GgmlType;
 use anyhow::{bail, Context, Result};
+use std::sync::Arc;
 
 /// Where a model's weights live: the types of its matrices and vectors.
 /// The graph is generic over it, so one graph runs from the mmap (host) or
@@ -32,6 +33,9 @@ pub struct WeightRef {
     pub rows: usize,
     /// Input features (GGUF dims[0], contiguous).
     pub cols: usize,
+    /// A copy of part of the tensor (a tensor-parallel shard, `tp::shard`;
+    /// `name` then says which part); None: the tensor in the mmap.
+    pub owned: Option<Arc<[u8]>>,
 }
 
 impl WeightRef {
@@ -53,6 +57,7 @@ impl WeightRef {
             ty: t.ty,
             rows,
             cols,
+            owned: None,
         })
     }
 
@@ -63,13 +68,16 @@ impl WeightRef {
         Self::load(g, name, rows, cols).map(Some)
     }
 
-    /// The matrix as an op argument, borrowing the mmap.
-    pub fn matrix<'a>(&self, g: &'a GgufFile) -> Result<QMatrix<'a>> {
+    /// The matrix as an op argument, borrowing the mmap (or the shard).
+    pub fn matrix<'a>(&'a self, g: &'a GgufFile) -> Result<QMatrix<'a>> {
         Ok(QMatrix {
             ty: self.ty,
             rows: self.rows,
             cols: self.cols,
-            data: g.tensor_data(&self.name)?,
+            data: match &self.owned {
+                Some(d) => d,
+                None => g.tensor_data(&self.name)?,
+            },
         })
     }
 }

@@ -125,7 +125,7 @@ impl Runner {
     fn device_draws(&self, p: &DrawParams, vocab: usize) -> bool {
         match &self.compute {
             Compute::Device(d) => d.draws(p, vocab),
-            Compute::Host { .. } => false,
+            Compute::Host { .. } | Compute::Ranks(_) => false,
         }
     }
 
@@ -176,7 +176,7 @@ impl Runner {
         let bi = super::batch_input(self.model.cfg(), kv, work)?;
         match &mut self.compute {
             Compute::Device(d) => d.step_draw(&bi.input(), draws, masks, fill).map(Some),
-            Compute::Host { .. } => Ok(None),
+            Compute::Host { .. } | Compute::Ranks(_) => Ok(None),
         }
     }
 
@@ -200,7 +200,7 @@ impl Runner {
     pub fn masks_on_device(&self, b: usize) -> bool {
         match &self.compute {
             Compute::Device(d) => d.masks_rows(b),
-            Compute::Host { .. } => false,
+            Compute::Host { .. } | Compute::Ranks(_) => false,
         }
     }
 
@@ -216,7 +216,7 @@ impl Runner {
     pub fn greedy_on_device_rows(&self, b: usize) -> bool {
         match &self.compute {
             Compute::Device(d) => d.chains_tokens(b),
-            Compute::Host { .. } => false,
+            Compute::Host { .. } | Compute::Ranks(_) => false,
         }
     }
 
@@ -418,7 +418,9 @@ impl Runner {
     fn greedy_wait(&self, t: ChainTicket) -> Result<Vec<u32>> {
         match &self.compute {
             Compute::Device(d) => d.chained_tokens(t),
-            Compute::Host { .. } => bail!("greedy decode on the device: the model is on the host"),
+            Compute::Host { .. } | Compute::Ranks(_) => {
+                bail!("greedy decode on the device: the model is on the host")
+            }
         }
     }
 }
@@ -441,6 +443,8 @@ fn enqueue(
 ) -> Result<ChainTicket> {
     match compute {
         Compute::Device(d) => d.enqueue_chained(input, chain, draws),
-        Compute::Host { .. } => bail!("greedy decode on the device: the model is on the host"),
+        Compute::Host { .. } | Compute::Ranks(_) => {
+            bail!("greedy decode on the device: the model is on the host")
+        }
     }
 }

@@ -75,3 +75,44 @@ pub fn gguf_python_unavailable() -> Option<String> {
         Ok(_) => None,
     }
 }
+
+/// A copy of the GGUF `base` at `out` with metadata `kvs` added and, with
+/// `sinks_seed`, an `attn_sinks.weight` of random logits in [-2, 2) in
+/// every layer (`n_heads` each).
+pub fn gguf_variant(
+    base: &std::path::Path,
+    out: &std::path::Path,
+    kvs: &[(&str, quire::gguf::GgufValue)],
+    sinks_seed: Option<u64>,
+) {
+    use rand::{Rng, SeedableRng};
+    let g = quire::gguf::GgufFile::open(base).unwrap();
+    let cfg = quire::model::ModelConfig::from_gguf(&g).unwrap();
+    let mut w = quire::gguf::GgufWriter::new();
+    for (k, v) in g.metadata() {
+        w.add_kv(k.clone(), v.clone());
+    }
+    for (k, v) in kvs {
+        w.add_kv(k.to_string(), v.clone());
+    }
+    for t in g.tensors() {
+        w.add_tensor(t.name.clone(), &t.dims, t.ty, g.data_of(t).to_vec())
+            .unwrap();
+    }
+    if let Some(seed) = sinks_seed {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        for l in 0..cfg.n_layers {
+            let x: Vec<u8> = (0..cfg.n_heads)
+                .flat_map(|_| rng.random_range(-2.0f32..2.0).to_le_bytes())
+                .collect();
+            w.add_tensor(
+                format!("blk.{l}.attn_sinks.weight"),
+                &[cfg.n_heads as u64],
+                quire::quant::GgmlType::F32,
+                x,
+            )
+            .unwrap();
+        }
+    }
+    w.write_to(out).unwrap();
+}

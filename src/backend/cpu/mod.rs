@@ -11,8 +11,10 @@ pub mod pool;
 pub mod simd;
 
 use crate::backend::{Backend, MatNorm, Mode, Op};
+use crate::tp::Communicator;
 use anyhow::{Context, Result};
 pub use simd::Isa;
+use std::sync::Arc;
 
 /// The `cpu` backend. Owns its worker pool; parallel ops run on it.
 pub struct CpuBackend {
@@ -20,6 +22,9 @@ pub struct CpuBackend {
     n_threads: usize,
     isa: Isa,
     par_min_work: usize,
+    /// A tensor-parallel rank's link to the others (`tp`): the collectives
+    /// run through it. None: a backend of its own, without collectives.
+    comm: Option<Arc<dyn Communicator>>,
 }
 
 impl CpuBackend {
@@ -45,7 +50,15 @@ impl CpuBackend {
             n_threads: n,
             isa: Isa::detect(force_portable),
             par_min_work: PAR_MIN_WORK,
+            comm: None,
         })
+    }
+
+    /// This backend as one rank of a tensor-parallel group: it runs the
+    /// collectives through `comm`.
+    pub fn with_comm(mut self, comm: Arc<dyn Communicator>) -> Self {
+        self.comm = Some(comm);
+        self
     }
 
     /// Sets the operation count below which an op runs serially on the
@@ -58,6 +71,12 @@ impl CpuBackend {
 
     pub fn n_threads(&self) -> usize {
         self.n_threads
+    }
+
+    fn comm(&self) -> Result<&dyn Communicator> {
+        self.comm
+            .as_deref()
+            .context("cpu backend: a tensor-parallel collective on a backend that is no rank")
     }
 
     /// The instruction set the kernels use.
@@ -93,6 +112,7 @@ impl Backend for CpuBackend {
             | Op::GatedRmsNorm { .. }
             | Op::SplitHeads { .. }
             | Op::SigmoidMul { .. } => true,
+            Op::AllGather { .. } | Op::AllReduce { .. } => self.comm.is_some(),
         }
     }
 
@@ -247,6 +267,8 @@ impl Backend for CpuBackend {
             } => ops::gdn::gated_rms_norm(x, z, w, head_dim, eps, out),
             Op::SplitHeads { x, head_dim, a, b } => ops::hybrid::split_heads(x, head_dim, a, b),
             Op::SigmoidMul { x, gate } => ops::hybrid::sigmoid_mul(x, gate),
+            Op::AllGather { x, n, out, add } => self.comm()?.all_gather(x, n, out, add),
+            Op::AllReduce { x, out, order } => self.comm()?.all_reduce_add(x, out, order),
         }
     }
 }
@@ -288,6 +310,8 @@ fn work(op: &Op<'_>) -> usize {
         | Op::GatedRmsNorm { .. }
         | Op::SplitHeads { .. }
         | Op::SigmoidMul { .. } => 0,
+        // The communicator's own work.
+        Op::AllGather { .. } | Op::AllReduce { .. } => 0,
     }
 }
 

@@ -218,6 +218,10 @@ impl CudaBackend {
                 self.d_sigmoid_mul(&mut xd.slice_mut(0..xl), &gd.slice(0..gate.len()))?;
                 self.down(&xd, x, "sigmoid_mul: x")
             }
+            // `capability` refuses them: this backend has no communicator.
+            Op::AllGather { .. } | Op::AllReduce { .. } => {
+                bail!("cuda backend: tensor-parallel collectives need a communicator")
+            }
             Op::MatMul { w, x, n, out } => {
                 validate::mat_mul(w, w.data.len(), x.len(), *n, out.len())?;
                 let wd = self.weight(w)?;

@@ -371,6 +371,12 @@ impl CudaBackend {
         // it; the hybrid ops one canonical kernel each): only the weight
         // type and the attention's head_dim bound it.
         let _ = mode;
+        if matches!(op.kind, "all_gather" | "all_reduce") {
+            return Err(
+                "no communicator: tensor parallel runs on the cpu backend (NCCL ranks are not built yet)"
+                    .into(),
+            );
+        }
         if let Some(ty) = op.weight {
             if ty_code(ty).is_none() {
                 return Err(format!("{ty:?} is not a weight type"));

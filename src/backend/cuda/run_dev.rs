@@ -106,6 +106,10 @@ impl CudaBackend {
                 mut b,
             } => self.d_split_heads(&x, head_dim, &mut a, &mut b),
             OpT::SigmoidMul { mut x, gate } => self.d_sigmoid_mul(&mut x, &gate),
+            // `capability` refuses them: this backend has no communicator.
+            OpT::AllGather { .. } | OpT::AllReduce { .. } => {
+                bail!("cuda backend: tensor-parallel collectives need a communicator")
+            }
             OpT::MatMul { w, x, n, mut out } => self.d_mat_mul(&w, &x, n, &mut out, mode),
             OpT::MatMuls {
                 x,

@@ -284,7 +284,9 @@ impl<'r, S: Store> ShapeExec<'r, S> {
             | OpT::DeltaRule { .. }
             | OpT::GatedRmsNorm { .. }
             | OpT::SplitHeads { .. }
-            | OpT::SigmoidMul { .. }) => StepOp::Other { kind: op.kind() },
+            | OpT::SigmoidMul { .. }
+            | OpT::AllGather { .. }
+            | OpT::AllReduce { .. }) => StepOp::Other { kind: op.kind() },
         })
     }
 

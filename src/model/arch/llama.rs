@@ -13,6 +13,7 @@ use crate::kv::KvStorage;
 use crate::model::config::{Arch, ModelConfig};
 use crate::model::weights::{load_vector, optional_vector, HostStore, Store, WeightRef};
 use crate::model::StepInput;
+use crate::tp::{Layout, TpRank};
 use anyhow::{bail, ensure, Context, Result};
 
 /// One transformer block's weights, wherever they live.
@@ -37,16 +38,20 @@ pub struct Layer<S: Store> {
 
 /// All weights of a llama-family model, wherever they live.
 pub struct LlamaWeights<S: Store> {
-    token_embd: S::Mat,
-    output_norm: S::Vec,
+    pub(crate) token_embd: S::Mat,
+    pub(crate) output_norm: S::Vec,
     /// `output.weight`, or `token_embd.weight` when tied.
-    output: S::Mat,
+    pub(crate) output: S::Mat,
     pub(crate) layers: Vec<Layer<S>>,
     /// (rope_dim / 2,) inverse frequencies, computed once in f64 then
     /// rounded to f32 so every backend gets the same table.
     pub(crate) inv_freq: S::Vec,
     /// (n_heads,) ALiBi slopes (`alibi_slopes`), when the model has ALiBi.
     pub(crate) alibi: Option<S::Vec>,
+    /// This rank's place when the weights are a tensor-parallel shard
+    /// (`llama_tp.rs`: heads, FFN columns and the two row-parallel
+    /// projections cut as `tp::Layout` says); None: the whole model.
+    pub(crate) tp: Option<TpRank>,
 }
 
 impl<S: Store> LlamaWeights<S> {
@@ -89,6 +94,7 @@ impl<S: Store> LlamaWeights<S> {
             layers,
             inv_freq: vec(&self.inv_freq)?,
             alibi: opt(&self.alibi, vec)?,
+            tp: self.tp,
         })
     }
 }
@@ -148,6 +154,7 @@ impl LlamaModel {
                 layers,
                 inv_freq,
                 alibi,
+                tp: None,
             },
         })
     }
@@ -197,6 +204,16 @@ impl LlamaModel {
                 out.push(OpInfo {
                     kind: "mat_muls",
                     weight: Some(m.ty),
+                    head_dim: None,
+                    kv: None,
+                });
+            }
+        }
+        if w.tp.is_some() {
+            for kind in ["all_gather", "all_reduce"] {
+                out.push(OpInfo {
+                    kind,
+                    weight: None,
                     head_dim: None,
                     kv: None,
                 });
@@ -464,6 +481,24 @@ pub fn forward_bufs<E: Exec>(
     let mut gate = e.output(n * c.ffn_dim)?; // (n, ffn)
     let mut up = e.output(n * c.ffn_dim)?;
     let mut act = e.output(n * c.ffn_dim)?;
+    // A tensor-parallel rank's buffers (`c` holds this rank's heads and
+    // FFN columns): the projections' partial or sliced output (n, out_dim)
+    // and, under `Layout::Gather`, the gathered inputs of the projections
+    // (n, world * qd) and (n, world * ffn).
+    let mut tp_bufs = match w.tp {
+        None => None,
+        Some(t) => {
+            let gather = t.layout == Layout::Gather;
+            let out_dim = if gather { d / t.world } else { d };
+            let full = |len: usize| e.output(if gather { n * len * t.world } else { 0 });
+            Some(TpBufs {
+                t,
+                part: e.output(n * out_dim)?,
+                att: full(qd)?,
+                act: full(c.ffn_dim)?,
+            })
+        }
+    };
     let scale = 1.0f32 / (hd as f32).sqrt();
     for (li, l) in w.layers.iter().enumerate() {
         let qk_norm = match (&l.q_norm, &l.k_norm) {
@@ -540,15 +575,18 @@ pub fn forward_bufs<E: Exec>(
         .with_context(|| format!("layer {li}"))?;
         // x += att · woᵀ (the residual add folded into the matmul); the
         // FFN norm reads x next.
-        mat_muls(
-            e,
-            &att,
-            n,
-            vec![(&l.wo, &mut x, true)],
-            None,
-            Some((&l.ffn_norm, c.rms_eps)),
-            None,
-        )?;
+        match &mut tp_bufs {
+            None => mat_muls(
+                e,
+                &att,
+                n,
+                vec![(&l.wo, &mut x, true)],
+                None,
+                Some((&l.ffn_norm, c.rms_eps)),
+                None,
+            )?,
+            Some(tb) => tb.project(e, &att, n, &l.wo, &mut x, false)?,
+        }
         // act = silu(gate) * up, riding on the gate/up op where it is
         // one (a backend may fold it into the products' epilogue).
         mat_muls(
@@ -563,17 +601,100 @@ pub fn forward_bufs<E: Exec>(
         // x += act · w_downᵀ; the next layer's attention norm reads x
         // next (no hint: the output norm may follow a row selection).
         let next = w.layers.get(li + 1).map(|nl| (&nl.attn_norm, c.rms_eps));
-        mat_muls(
-            e,
-            &act,
-            n,
-            vec![(&l.w_down, &mut x, true)],
-            None,
-            next,
-            None,
-        )?;
+        match &mut tp_bufs {
+            None => mat_muls(
+                e,
+                &act,
+                n,
+                vec![(&l.w_down, &mut x, true)],
+                None,
+                next,
+                None,
+            )?,
+            Some(tb) => tb.project(e, &act, n, &l.w_down, &mut x, true)?,
+        }
+    }
+    // Every rank holds the same residual stream: rank 0 alone reads the
+    // head (the other ranks' step ends here).
+    if w.tp.is_some_and(|t| t.rank != 0) {
+        return Ok(None);
     }
     output_head(e, c, &w.output, &w.output_norm, &x, b)
+}
+
+/// A tensor-parallel rank's buffers for its two row-parallel projections
+/// per layer (see `forward_bufs`).
+struct TpBufs<B> {
+    t: TpRank,
+    /// (n, dim / world) under `Layout::Gather`, else (n, dim).
+    part: B,
+    /// (n, world * q_dim) gathered attention output (`Gather`; else empty).
+    att: B,
+    /// (n, world * ffn_dim) gathered SwiGLU activations (`Gather`).
+    act: B,
+}
+
+impl<B> TpBufs<B> {
+    /// x (n, dim) += input · wᵀ over every rank, input (n, k) being this
+    /// rank's attention output or (`ffn`) SwiGLU activations.
+    ///
+    /// `Gather`: the inputs are gathered to their full width, this rank's
+    /// rows of w (output features) give its slice, and a gathering add puts
+    /// every slice into x: each element is `x + dot(whole row, whole k)`,
+    /// the bits of one rank. `Reduce`: w holds this rank's columns; the
+    /// partial products are all-reduced into x.
+    fn project<E: Exec<Buf = B>>(
+        &mut self,
+        e: &E,
+        input: &B,
+        n: usize,
+        w: &<E::S as Store>::Mat,
+        x: &mut B,
+        ffn: bool,
+    ) -> Result<()> {
+        match self.t.layout {
+            Layout::Gather => {
+                let full = if ffn { &mut self.act } else { &mut self.att };
+                e.run(OpT::AllGather {
+                    x: E::rd(input),
+                    n,
+                    out: E::wr(full),
+                    add: false,
+                })?;
+                mat_muls(
+                    e,
+                    full,
+                    n,
+                    vec![(w, &mut self.part, false)],
+                    None,
+                    None,
+                    None,
+                )?;
+                e.run(OpT::AllGather {
+                    x: E::rd(&self.part),
+                    n,
+                    out: E::wr(x),
+                    add: true,
+                })
+            }
+            Layout::Reduce(order) => {
+                mat_muls(
+                    e,
+                    input,
+                    n,
+                    vec![(w, &mut self.part, false)],
+                    None,
+                    None,
+                    None,
+                )?;
+                e.run(OpT::AllReduce {
+                    x: E::rd(&self.part),
+                    out: E::wr(x),
+                    order,
+                })
+            }
+        }
+    }
 }
 
 /// The output head of a step's last residual stream `x` (n, dim): the rows

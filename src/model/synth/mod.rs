@@ -153,6 +153,19 @@ pub const SHAPES: &[SynthShape] = &[
         10000.0,
         true,
     ),
+    // Four KV heads: splits 2 and 4 ways (tensor-parallel tests).
+    shape(
+        "tiny-llama-kv4",
+        "llama",
+        2,
+        256,
+        (8, 4, 32),
+        768,
+        384,
+        2048,
+        10000.0,
+        false,
+    ),
     shape(
         "tiny-qwen2",
         "qwen2",
