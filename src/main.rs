@@ -1,6 +1,10 @@
 use clap::Parser;
 
 fn main() {
+    // NVLink multicast (NVLS) stays off in every process Quire starts:
+    // NCCL reads this when a tensor-parallel group is created. Set before
+    // any thread exists.
+    std::env::set_var("NCCL_NVLS_ENABLE", "0");
     // Quire's own INFO lines (the device, the kernel cache, a kernel
     // choice the tuning table asked for and did not get) and everyone's
     // warnings, unless RUST_LOG says otherwise.

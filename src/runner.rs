@@ -115,8 +115,9 @@ pub struct RunnerOptions {
     /// How the KV cache stores K and V (`--kv-type`); the cuda backend
     /// keeps f16 only.
     pub kv_type: crate::backend::KvType,
-    /// Tensor-parallel ranks (`--tensor-parallel`; 1: none).
-    pub tensor_parallel: usize,
+    /// Tensor-parallel ranks (`--tensor-parallel`). None: the model whole,
+    /// no ranks; Some(1) runs the rank machinery on one rank.
+    pub tensor_parallel: Option<usize>,
 }
 
 impl Default for RunnerOptions {
@@ -133,7 +134,7 @@ impl Default for RunnerOptions {
             state_slots: 16,
             state_snapshots: 0,
             kv_type: crate::backend::KvType::F16,
-            tensor_parallel: 1,
+            tensor_parallel: None,
         }
     }
 }
@@ -215,8 +216,8 @@ impl Runner {
                 .with_type(opts.kv_type)?,
             )
         };
-        if opts.tensor_parallel != 1 {
-            return Self::load_ranks(gguf, model, opts, n_blocks, n_kv_layers, &name);
+        if let Some(n) = opts.tensor_parallel {
+            return Self::load_ranks(gguf, model, opts, n, dev_blocks, n_blocks, &name);
         }
         let mut host_backends: Vec<Box<dyn Backend>> = Vec::new();
         let quantized_kv = opts.kv_type != crate::backend::KvType::F16;
@@ -293,29 +294,75 @@ impl Runner {
         })
     }
 
-    /// `Runner::load` for `--tensor-parallel N` (N > 1): simulated ranks
-    /// on the host (`tp::host`).
+    /// `Runner::load` for `--tensor-parallel N`: ranks on GPUs 0..N
+    /// (`--gpu`; under `auto` the host's simulated ranks when that fails),
+    /// or the host's simulated ranks (`tp::host`).
+    #[allow(clippy::too_many_arguments)]
     fn load_ranks(
         gguf: GgufFile,
         model: Model,
         opts: &RunnerOptions,
+        n: usize,
+        dev_blocks: KvBlocks,
         n_blocks: usize,
-        n_kv_layers: usize,
         name: &str,
     ) -> Result<Self> {
-        let n = opts.tensor_parallel;
-        if opts.gpu != GpuMode::Off {
-            bail!(
-                "--tensor-parallel {n}: tensor parallel runs on the cpu backend's simulated \
-                 ranks (--gpu off); the cuda backend has no NCCL ranks yet"
-            );
-        }
         let Model::Llama(m) = &model else {
             bail!(
                 "--tensor-parallel {n}: {:?} models (hybrid) do not split yet; llama-family models do",
                 model.cfg().arch
             );
         };
+        let n_kv_layers = model.n_kv_layers();
+        if opts.gpu != GpuMode::Off {
+            let cfg = model.cfg();
+            let dev = DeviceOptions {
+                gpu: opts.gpu,
+                mode: opts.mode,
+                tuning: &opts.tuning,
+                n_blocks: dev_blocks,
+                max_seq_blocks: cfg.context_length.div_ceil(opts.block_size),
+                block_size: opts.block_size,
+                n_kv_heads: cfg.n_kv_heads,
+                head_dim: cfg.head_dim,
+                n_layers: n_kv_layers,
+                states: None,
+            };
+            let bar = || {
+                progress_bar(
+                    opts.progress,
+                    cfg.n_layers as u64,
+                    "uploading {msg} to the GPUs [{bar:30}] {pos}/{len} layers",
+                    name,
+                )
+            };
+            let res = if opts.kv_type != crate::backend::KvType::F16 {
+                Err(anyhow::anyhow!(
+                    "the cuda backend keeps its KV cache in f16, not {}",
+                    opts.kv_type
+                ))
+            } else {
+                crate::dispatch::cuda::load_ranks(&gguf, m, n, &dev, &bar)
+            };
+            match res {
+                Ok(d) => {
+                    return Ok(Runner {
+                        kv: KvManager::new(d.kv_blocks(), opts.block_size)?,
+                        gguf,
+                        model,
+                        compute: Compute::Device(d),
+                        hybrid: None,
+                        n_threads: 1,
+                    })
+                }
+                Err(e) if opts.gpu == GpuMode::Required => {
+                    return Err(e.context(format!("--gpu required --tensor-parallel {n}")))
+                }
+                Err(e) => eprintln!(
+                    "warning: --gpu auto --tensor-parallel {n}: {e:#}; running the ranks on the cpu"
+                ),
+            }
+        }
         let bar = progress_bar(opts.progress, 1, "", name);
         prefault(&gguf, &bar)?;
         bar.finish_and_clear();

@@ -7,88 +7,15 @@
 //! backend are clear errors.
 
 mod common;
+mod server_util;
 
+use common::tp::{all, load, run, synth_model};
 use common::{bits, nmse};
 use quire::gguf::{GgufFile, GgufValue};
-use quire::kv::SeqId;
-use quire::model::synth;
 use quire::quant::GgmlType;
-use quire::runner::{LogitsWanted, Runner, RunnerOptions, SeqWork};
+use quire::runner::{Runner, RunnerOptions};
 use quire::tp::shard::{cut, Cut};
-use rand::{Rng, SeedableRng};
 use std::path::{Path, PathBuf};
-
-fn synth_model(dir: &Path, shape: &str, ty: GgmlType) -> PathBuf {
-    let p = dir.join(format!("{shape}-{ty:?}.gguf"));
-    if !p.exists() {
-        synth::write_model(&p, synth::find_shape(shape).unwrap(), ty, 29).unwrap();
-    }
-    p
-}
-
-fn load(path: &Path, mode: &str, tp: usize) -> Runner {
-    Runner::load(
-        path,
-        &RunnerOptions {
-            threads: Some(2),
-            mode: mode.parse().unwrap(),
-            tensor_parallel: tp,
-            ..Default::default()
-        },
-    )
-    .unwrap()
-}
-
-fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-    (0..n).map(|_| rng.random_range(0..vocab as u32)).collect()
-}
-
-/// Every logit of a serving-like run: sequence A's prompt in two chunks
-/// (the second beside B's whole prompt), then `decode` steps of both
-/// together (or A alone when `with_b` is false), feeding back tokens taken
-/// from a fixed stream (not the argmax, so the run never depends on ties).
-/// Returns (A's logits, B's logits).
-fn run(r: &mut Runner, with_b: bool, decode: usize) -> (Vec<f32>, Vec<f32>) {
-    let vocab = r.config().vocab_size;
-    let a = tokens(37, vocab, 1);
-    let b = tokens(23, vocab, 2);
-    let next = tokens(2 * decode, vocab, 3);
-    let (mut la, mut lb) = (Vec::new(), Vec::new());
-    let w = |seq, tokens, start_pos| SeqWork {
-        seq: SeqId(seq),
-        tokens,
-        start_pos,
-        logits: LogitsWanted::All,
-    };
-    la.extend(r.step(&[w(0, &a[..17], 0)]).unwrap().remove(0));
-    let mut work = vec![w(0, &a[17..], 17)];
-    if with_b {
-        work.push(w(1, &b[..], 0));
-    }
-    let out = r.step(&work).unwrap();
-    la.extend(&out[0]);
-    if with_b {
-        lb.extend(&out[1]);
-    }
-    for i in 0..decode {
-        let mut work = vec![w(0, &next[2 * i..2 * i + 1], 37 + i)];
-        if with_b {
-            work.push(w(1, &next[2 * i + 1..2 * i + 2], 23 + i));
-        }
-        let out = r.step(&work).unwrap();
-        la.extend(&out[0]);
-        if with_b {
-            lb.extend(&out[1]);
-        }
-    }
-    (la, lb)
-}
-
-fn all(r: &mut Runner) -> Vec<f32> {
-    let (a, b) = run(r, true, 6);
-    [a, b].concat()
-}
 
 #[test]
 fn exact_ranks_are_bitwise_one_rank() {
@@ -105,7 +32,7 @@ fn exact_ranks_are_bitwise_one_rank() {
         Some(7),
     );
     let cases: Vec<(String, PathBuf, &[usize])> = vec![
-        ("llama Q4_0, 4 KV heads".into(), kv4.clone(), &[2, 4]),
+        ("llama Q4_0, 4 KV heads".into(), kv4.clone(), &[1, 2, 4]),
         (
             "llama Q4_K".into(),
             synth_model(dir.path(), "tiny-llama-kv4", GgmlType::Q4_K),
@@ -129,10 +56,10 @@ fn exact_ranks_are_bitwise_one_rank() {
         ("sinks, ALiBi, window".into(), sinks, &[2, 4]),
     ];
     for (name, path, worlds) in cases {
-        let one = all(&mut load(&path, "exact", 1));
+        let one = all(&mut load(&path, "exact", None));
         assert!(one.iter().all(|x| x.is_finite()), "{name}");
         for &n in worlds {
-            let got = all(&mut load(&path, "exact", n));
+            let got = all(&mut load(&path, "exact", Some(n)));
             assert_eq!(got.len(), one.len(), "{name}: {n} ranks");
             assert!(
                 bits(&got) == bits(&one),
@@ -147,26 +74,26 @@ fn exact_ranks_are_bitwise_one_rank() {
 fn deterministic_ranks_repeat_and_are_batch_invariant() {
     let dir = tempfile::tempdir().unwrap();
     let path = synth_model(dir.path(), "tiny-llama-kv4", GgmlType::Q8_0);
-    let one = all(&mut load(&path, "exact", 1));
+    let one = all(&mut load(&path, "exact", None));
     for n in [2, 4] {
-        let mut r = load(&path, "deterministic", n);
+        let mut r = load(&path, "deterministic", Some(n));
         let first = all(&mut r);
         // Run to run, in a fresh runner and in the same one (its KV blocks
         // now reused).
         assert_eq!(
-            bits(&all(&mut load(&path, "deterministic", n))),
+            bits(&all(&mut load(&path, "deterministic", Some(n)))),
             bits(&first)
         );
         assert_eq!(bits(&all(&mut r)), bits(&first));
         // A's logits alone equal A's logits beside B.
-        let (alone, _) = run(&mut load(&path, "deterministic", n), false, 6);
-        let (beside, _) = run(&mut load(&path, "deterministic", n), true, 6);
+        let (alone, _) = run(&mut load(&path, "deterministic", Some(n)), false, 6);
+        let (beside, _) = run(&mut load(&path, "deterministic", Some(n)), true, 6);
         assert_eq!(bits(&alone), bits(&beside), "{n} ranks");
         // The partial sums change the rounding, not the model (a wrong
         // cut is an nmse near 1).
         let e = nmse(&first, &one);
         assert!(e < 1e-6, "{n} ranks: nmse {e:e} against one rank");
-        let fast = all(&mut load(&path, "fast", n));
+        let fast = all(&mut load(&path, "fast", Some(n)));
         let e = nmse(&fast, &one);
         assert!(e < 1e-6, "fast, {n} ranks: nmse {e:e} against one rank");
     }
@@ -181,7 +108,7 @@ fn shapes_that_do_not_split_and_unsupported_setups_are_clear_errors() {
     };
     let tp = |n| RunnerOptions {
         threads: Some(2),
-        tensor_parallel: n,
+        tensor_parallel: Some(n),
         ..Default::default()
     };
     // 2 KV heads do not split 4 ways.
@@ -200,15 +127,15 @@ fn shapes_that_do_not_split_and_unsupported_setups_are_clear_errors() {
         },
     );
     assert!(e.contains("256-element blocks"), "{e}");
-    // The cuda backend has no ranks yet; hybrids do not split.
+    // Ranks on GPUs need the devices (and NCCL); hybrids do not split.
     let e = err(
         &llama,
         RunnerOptions {
             gpu: "required".parse().unwrap(),
-            ..tp(2)
+            ..tp(64)
         },
     );
-    assert!(e.contains("--gpu off"), "{e}");
+    assert!(e.contains("--gpu required --tensor-parallel 64"), "{e}");
     let hybrid = synth_model(dir.path(), "qwen35-tiny", GgmlType::Q8_0);
     let e = err(&hybrid, tp(2));
     assert!(e.contains("do not split yet"), "{e}");
@@ -243,6 +170,41 @@ fn cut_matrices_hold_the_rows_and_columns_they_name() {
         }
         assert!(cut(&g, &w, &Cut::Rows(0..257)).is_err());
     }
+}
+
+/// `quire serve --tensor-parallel 2` answers concurrent greedy requests
+/// with the text and logprobs of one rank, bit for bit (exact mode).
+#[test]
+fn serving_on_two_ranks_answers_as_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = synth_model(dir.path(), "tiny-llama-kv4", GgmlType::Q8_0);
+    let prompts = ["the cat sat", "on a mat by the door", "1 2 3 4", "zebra"];
+    let answers = |args: &[&str]| -> Vec<serde_json::Value> {
+        let srv = server_util::Server::start_model(&path, None, args);
+        let srv = &srv;
+        std::thread::scope(|s| {
+            let hs: Vec<_> = prompts
+                .iter()
+                .map(|p| {
+                    s.spawn(move || {
+                        let body = serde_json::json!({
+                            "model": srv.model_id, "prompt": p, "max_tokens": 16,
+                            "temperature": 0, "logprobs": 3,
+                        });
+                        let r = srv.request("POST", "/v1/completions", Some(&body.to_string()));
+                        assert_eq!(r.status, 200, "{}", r.body);
+                        r.json()["choices"][0].clone()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    };
+    let one = answers(&[]);
+    assert!(one[0]["logprobs"]["token_logprobs"]
+        .as_array()
+        .is_some_and(|a| a.len() == 16));
+    assert_eq!(answers(&["--tensor-parallel", "2"]), one);
 }
 
 fn dequant(m: &quire::backend::QMatrix<'_>) -> Vec<f32> {

@@ -432,8 +432,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     } else {
         // Threads as ranks x threads each under tensor parallelism.
         let threads = match a.model.tensor_parallel {
-            1 => r.n_threads().to_string(),
-            n => format!("{n}x{}", r.n_threads() / n),
+            None => r.n_threads().to_string(),
+            Some(n) => format!("{n}x{}", r.n_threads() / n.max(1)),
         };
         println!("| model | threads | test | t/s |");
         println!("|---|---|---|---|");

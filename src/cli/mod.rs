@@ -163,11 +163,12 @@ pub struct ModelArgs {
     #[arg(long, default_value_t = 256)]
     pub state_snapshot_stride: usize,
     /// Split the model across N tensor-parallel ranks (attention heads,
-    /// FFN columns and the KV cache's heads; docs/BACKENDS.md). On the cpu
-    /// backend the ranks are threads sharing --threads; `exact` output is
-    /// bitwise that of one rank.
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    pub tensor_parallel: usize,
+    /// FFN columns and the KV cache's heads; docs/BACKENDS.md): with
+    /// --gpu, GPUs 0..N linked by NCCL; otherwise threads sharing
+    /// --threads. `exact` output is bitwise that of one rank. 1 runs the
+    /// rank machinery on one rank.
+    #[arg(long, value_name = "N")]
+    pub tensor_parallel: Option<usize>,
 }
 
 impl ModelArgs {

@@ -10,6 +10,8 @@ mod graph;
 mod greedy;
 mod model;
 mod pool;
+mod ranks;
+pub use ranks::load_ranks;
 pub mod step_ops;
 pub use graph::DecodeFn;
 use graph::{DecodeGraph, GraphKey, Staging};

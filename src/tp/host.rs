@@ -63,6 +63,7 @@ impl HostRanks {
                 rank,
                 world,
                 layout: Layout::for_mode(mode),
+                head: rank == 0,
             };
             let shard = model.shard(g, t)?;
             let comm = Arc::new(comm);

@@ -154,7 +154,7 @@ impl Communicator for LocalComm {
     fn all_gather(&self, x: &[f32], rows: usize, out: &mut [f32], add: bool) -> Result<()> {
         let world = self.group.world;
         ensure!(
-            rows > 0 && x.len() % rows == 0 && out.len() == x.len() * world,
+            rows > 0 && x.len().is_multiple_of(rows) && out.len() == x.len() * world,
             "all_gather: {} values in {rows} rows, out {} (expected {} x {world})",
             x.len(),
             out.len(),

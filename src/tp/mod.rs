@@ -97,6 +97,10 @@ pub struct TpRank {
     pub rank: usize,
     pub world: usize,
     pub layout: Layout,
+    /// Whether this rank computes the output head (every rank holds the
+    /// same residual stream). The host ranks: rank 0 alone. The device
+    /// ranks: every rank (a decode graph ends in its logits).
+    pub head: bool,
 }
 
 /// The per-rank shapes of a llama-family model split `world` ways, or an

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod cuda;
+pub mod tp;
 
 use std::path::PathBuf;
 use std::process::Command;

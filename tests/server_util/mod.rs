@@ -34,10 +34,15 @@ impl Server {
     /// when the model is unavailable; panics if the server fails to start.
     pub fn start(test: &str, key: Option<&str>, extra: &[&str]) -> Option<Server> {
         let model = default_model(test)?;
+        Some(Self::start_model(&model, key, extra))
+    }
+
+    /// Starts `quire serve` on `model`; panics if it fails to start.
+    pub fn start_model(model: &std::path::Path, key: Option<&str>, extra: &[&str]) -> Server {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_quire"));
         cmd.arg("serve")
             .arg("--model")
-            .arg(&model)
+            .arg(model)
             .args(["--host", "127.0.0.1", "--port", "0"])
             .args(extra)
             .env_remove("QUIRE_API_KEY")
@@ -74,12 +79,12 @@ impl Server {
             .to_string_lossy()
             .trim_end_matches(".gguf")
             .to_string();
-        Some(Server {
+        Server {
             child,
             addr,
             key: key.map(str::to_string),
             model_id,
-        })
+        }
     }
 
     pub fn base_url(&self) -> String {

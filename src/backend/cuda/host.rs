@@ -218,9 +218,19 @@ impl CudaBackend {
                 self.d_sigmoid_mul(&mut xd.slice_mut(0..xl), &gd.slice(0..gate.len()))?;
                 self.down(&xd, x, "sigmoid_mul: x")
             }
-            // `capability` refuses them: this backend has no communicator.
-            Op::AllGather { .. } | Op::AllReduce { .. } => {
-                bail!("cuda backend: tensor-parallel collectives need a communicator")
+            Op::AllGather { x, n, out, add } => {
+                let xd = self.up(x, "all_gather: x")?;
+                let mut od = self.up(out, "all_gather: out")?;
+                let ol = out.len();
+                self.d_all_gather(&xd.slice(0..x.len()), *n, &mut od.slice_mut(0..ol), *add)?;
+                self.down(&od, out, "all_gather: out")
+            }
+            Op::AllReduce { x, out, order } => {
+                let xd = self.up(x, "all_reduce: x")?;
+                let mut od = self.up(out, "all_reduce: out")?;
+                let ol = out.len();
+                self.d_all_reduce(&xd.slice(0..x.len()), &mut od.slice_mut(0..ol), *order)?;
+                self.down(&od, out, "all_reduce: out")
             }
             Op::MatMul { w, x, n, out } => {
                 validate::mat_mul(w, w.data.len(), x.len(), *n, out.len())?;

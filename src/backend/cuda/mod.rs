@@ -27,6 +27,7 @@ mod host;
 mod ops;
 mod run_dev;
 pub use device::pinned::PinnedLogits;
+pub use ops::collective::{nccl_present, NcclComm};
 pub use ops::kernels;
 
 pub use device::pdl::PdlExec;
@@ -134,6 +135,9 @@ pub struct CudaBackend {
     /// cuBLAS on the backend's stream (fast-mode GEMMs), when libcublas
     /// loads; without it fast mode uses the warp-per-row kernel.
     blas: Option<cudarc::cublas::CudaBlas>,
+    /// This backend's NCCL communicator when it is a tensor-parallel rank
+    /// (`ops/collective`; set once, after every rank's backend is open).
+    comm: std::sync::OnceLock<ops::collective::NcclComm>,
     /// `auto` only: set after a launch/transfer error; the failing op then
     /// runs on `fallback` and every later op is declined (dispatch falls
     /// back to its cpu backend).
@@ -183,6 +187,14 @@ fn fingerprint(d: &[u8]) -> u64 {
     h
 }
 
+/// CUDA devices on this machine (an error where the driver does not load).
+pub fn device_count() -> Result<usize> {
+    if !device::compile::driver_present() {
+        bail!("the CUDA driver library (libcuda) was not found");
+    }
+    Ok(drv(CudaContext::device_count(), "cuDeviceGetCount")?.max(0) as usize)
+}
+
 impl CudaBackend {
     /// For the parity harness: no cpu fallback after a device error, which
     /// then fails the op that hit it (and stays visible in every later
@@ -206,6 +218,12 @@ impl CudaBackend {
     /// [`CudaBackend::new`] with `overrides` laid over the device
     /// architecture's tuning defaults (`--tuning FILE`).
     pub fn new_tuned(gpu_mode: GpuMode, overrides: &TuningOverrides) -> Result<Self> {
+        Self::new_on(0, gpu_mode, overrides)
+    }
+
+    /// [`CudaBackend::new_tuned`] on device `ordinal` (a tensor-parallel
+    /// rank's GPU).
+    pub fn new_on(ordinal: usize, gpu_mode: GpuMode, overrides: &TuningOverrides) -> Result<Self> {
         if gpu_mode == GpuMode::Off {
             bail!("cuda backend: --gpu off never opens a device");
         }
@@ -221,7 +239,13 @@ impl CudaBackend {
         if n < 1 {
             bail!("cuda backend: no CUDA device");
         }
-        let ctx = drv(CudaContext::new(0), "opening device 0")?;
+        if ordinal >= n as usize {
+            bail!("cuda backend: no CUDA device {ordinal} (this machine has {n})");
+        }
+        let ctx = drv(
+            CudaContext::new(ordinal),
+            &format!("opening device {ordinal}"),
+        )?;
         let (maj, min) = drv(ctx.compute_capability(), "compute capability")?;
         let arch = format!("sm_{maj}{min}");
         let tuning = Tuning::resolve(&arch, overrides)?;
@@ -341,6 +365,7 @@ impl CudaBackend {
             lock: Mutex::new(()),
             disabled: Mutex::new(None),
             fallback,
+            comm: std::sync::OnceLock::new(),
         })
     }
 
@@ -371,11 +396,8 @@ impl CudaBackend {
         // it; the hybrid ops one canonical kernel each): only the weight
         // type and the attention's head_dim bound it.
         let _ = mode;
-        if matches!(op.kind, "all_gather" | "all_reduce") {
-            return Err(
-                "no communicator: tensor parallel runs on the cpu backend (NCCL ranks are not built yet)"
-                    .into(),
-            );
+        if matches!(op.kind, "all_gather" | "all_reduce") && self.comm.get().is_none() {
+            return Err("a tensor-parallel collective on a backend that is no rank".into());
         }
         if let Some(ty) = op.weight {
             if ty_code(ty).is_none() {

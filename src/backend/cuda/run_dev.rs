@@ -106,10 +106,8 @@ impl CudaBackend {
                 mut b,
             } => self.d_split_heads(&x, head_dim, &mut a, &mut b),
             OpT::SigmoidMul { mut x, gate } => self.d_sigmoid_mul(&mut x, &gate),
-            // `capability` refuses them: this backend has no communicator.
-            OpT::AllGather { .. } | OpT::AllReduce { .. } => {
-                bail!("cuda backend: tensor-parallel collectives need a communicator")
-            }
+            OpT::AllGather { x, n, mut out, add } => self.d_all_gather(&x, n, &mut out, add),
+            OpT::AllReduce { x, mut out, order } => self.d_all_reduce(&x, &mut out, order),
             OpT::MatMul { w, x, n, mut out } => self.d_mat_mul(&w, &x, n, &mut out, mode),
             OpT::MatMuls {
                 x,

@@ -31,6 +31,23 @@ where
     G::Weights<DevStore>: Send,
 {
     let cuda = CudaBackend::new_tuned(opts.gpu, opts.tuning)?;
+    load_on(cuda, gguf, graph, host, ops, opts, upload_bar)
+}
+
+/// [`load`] on a backend already open (a tensor-parallel rank's, its
+/// communicator set).
+pub fn load_on<G: Graph>(
+    cuda: CudaBackend,
+    gguf: &GgufFile,
+    graph: G,
+    host: &G::Weights<HostStore>,
+    ops: &[OpInfo],
+    opts: &DeviceOptions<'_>,
+    upload_bar: &dyn Fn() -> ProgressBar,
+) -> Result<DeviceLoad>
+where
+    G::Weights<DevStore>: Send,
+{
     for info in ops {
         if let Err(why) = cuda.capability(info, opts.mode) {
             let why = format!(

@@ -614,9 +614,9 @@ pub fn forward_bufs<E: Exec>(
             Some(tb) => tb.project(e, &act, n, &l.w_down, &mut x, true)?,
         }
     }
-    // Every rank holds the same residual stream: rank 0 alone reads the
-    // head (the other ranks' step ends here).
-    if w.tp.is_some_and(|t| t.rank != 0) {
+    // Every rank holds the same residual stream: a rank without the head
+    // ends its step here.
+    if w.tp.is_some_and(|t| !t.head) {
         return Ok(None);
     }
     output_head(e, c, &w.output, &w.output_norm, &x, b)

@@ -175,6 +175,11 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
         &["add", "add_bias", "add_zero"],
     ),
     (
+        "collective",
+        include_str!("collective/kernels/collective.cu"),
+        &["tp_interleave", "tp_sum_ranks"],
+    ),
+    (
         "kv_write",
         include_str!("attention/kernels/kv_write.cu"),
         &["kv_write"],

@@ -10,6 +10,7 @@
 //! matmul reads its input in).
 
 pub(crate) mod attention;
+pub mod collective;
 pub(crate) mod elementwise;
 pub(crate) mod gdn;
 pub mod kernels;
