@@ -50,19 +50,25 @@ pub fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
 /// (the second beside B's whole prompt), then `decode` steps of both
 /// together (or A alone when `with_b` is false), feeding back tokens taken
 /// from a fixed stream (not the argmax, so the run never depends on ties).
-/// Returns (A's logits, B's logits).
+/// The decode steps want the last logits only: on a device they are
+/// decode steps (CUDA graphs). Returns (A's logits, B's logits).
 pub fn run(r: &mut Runner, with_b: bool, decode: usize) -> (Vec<f32>, Vec<f32>) {
     let vocab = r.config().vocab_size;
     let a = tokens(37, vocab, 1);
     let b = tokens(23, vocab, 2);
     let next = tokens(2 * decode, vocab, 3);
     let (mut la, mut lb) = (Vec::new(), Vec::new());
-    let w = |seq, tokens, start_pos| SeqWork {
-        seq: SeqId(seq),
-        tokens,
-        start_pos,
-        logits: LogitsWanted::All,
-    };
+    fn w(seq: u64, tokens: &[u32], start_pos: usize) -> SeqWork<'_> {
+        SeqWork {
+            seq: SeqId(seq),
+            tokens,
+            start_pos,
+            logits: match tokens.len() {
+                1 => LogitsWanted::Last,
+                _ => LogitsWanted::All,
+            },
+        }
+    }
     la.extend(r.step(&[w(0, &a[..17], 0)]).unwrap().remove(0));
     let mut work = vec![w(0, &a[17..], 17)];
     if with_b {
