@@ -1,8 +1,8 @@
 //! The in-process communicator: ranks are threads of one process sharing a
 //! rendezvous. It runs the tensor-parallel path on the cpu backend (CI's
-//! simulated ranks); every collective is deterministic (rank order).
+//! simulated ranks); its sum is in rank order.
 
-use super::{Communicator, ReduceOrder};
+use super::Communicator;
 use anyhow::{bail, ensure, Result};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
@@ -17,8 +17,8 @@ pub struct LocalGroup {
 /// What a rank posted for the current collective.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Kind {
-    Gather { rows: usize },
-    Reduce,
+    Gather,
+    Sum,
 }
 
 struct State {
@@ -142,6 +142,19 @@ pub struct LocalComm {
     rank: usize,
 }
 
+impl LocalComm {
+    /// Makes every pending and later collective of the group fail, naming
+    /// this rank (called by a rank whose step failed, so the others do not
+    /// wait for it forever).
+    pub fn abort(&self, why: &str) {
+        let mut s = self.group.lock();
+        if s.aborted.is_none() {
+            s.aborted = Some(format!("rank {} failed: {why}", self.rank));
+        }
+        self.group.cv.notify_all();
+    }
+}
+
 impl Communicator for LocalComm {
     fn rank(&self) -> usize {
         self.rank
@@ -151,63 +164,44 @@ impl Communicator for LocalComm {
         self.group.world
     }
 
-    fn all_gather(&self, x: &[f32], rows: usize, out: &mut [f32], add: bool) -> Result<()> {
-        let world = self.group.world;
+    fn all_gather(&self, x: &[f32], parts: &mut [f32]) -> Result<()> {
         ensure!(
-            rows > 0 && x.len().is_multiple_of(rows) && out.len() == x.len() * world,
-            "all_gather: {} values in {rows} rows, out {} (expected {} x {world})",
+            parts.len() == x.len() * self.group.world,
+            "all_gather: {} values into {} (expected {} x {})",
             x.len(),
-            out.len(),
-            x.len()
-        );
-        let w = x.len() / rows;
-        self.group
-            .round(self.rank, Kind::Gather { rows }, x, |parts| {
-                for (r, p) in parts.iter().enumerate() {
-                    let Some((_, p)) = p else { continue };
-                    for (i, src) in p.chunks_exact(w).enumerate() {
-                        let dst = &mut out[i * world * w + r * w..][..w];
-                        if add {
-                            dst.iter_mut().zip(src).for_each(|(o, s)| *o += s);
-                        } else {
-                            dst.copy_from_slice(src);
-                        }
-                    }
-                }
-                Ok(())
-            })
-    }
-
-    fn all_reduce_add(&self, x: &[f32], out: &mut [f32], _order: ReduceOrder) -> Result<()> {
-        ensure!(
-            x.len() == out.len(),
-            "all_reduce: {} values into {}",
+            parts.len(),
             x.len(),
-            out.len()
+            self.group.world
         );
-        // Rank order for either order: the simulated ranks are always
-        // deterministic (only a device communicator's `Any` differs).
-        self.group.round(self.rank, Kind::Reduce, x, |parts| {
-            let mut sum: Vec<f32> = Vec::new();
-            for (r, p) in parts.iter().enumerate() {
-                let Some((_, p)) = p else { continue };
-                if r == 0 {
-                    sum = p.clone();
-                } else {
-                    sum.iter_mut().zip(p).for_each(|(s, v)| *s += v);
+        self.group.round(self.rank, Kind::Gather, x, |posted| {
+            for (p, dst) in posted.iter().zip(parts.chunks_exact_mut(x.len().max(1))) {
+                if let Some((_, p)) = p {
+                    dst.copy_from_slice(p);
                 }
             }
-            out.iter_mut().zip(&sum).for_each(|(o, s)| *o += s);
             Ok(())
         })
     }
 
-    fn abort(&self, why: &str) {
-        let mut s = self.group.lock();
-        if s.aborted.is_none() {
-            s.aborted = Some(format!("rank {} failed: {why}", self.rank));
-        }
-        self.group.cv.notify_all();
+    /// The sum in rank order, `((x_0 + x_1) + x_2) + ...`.
+    fn all_reduce_sum(&self, x: &[f32], sum: &mut [f32]) -> Result<()> {
+        ensure!(
+            x.len() == sum.len(),
+            "all_reduce: {} values into {}",
+            x.len(),
+            sum.len()
+        );
+        self.group.round(self.rank, Kind::Sum, x, |posted| {
+            for (r, p) in posted.iter().enumerate() {
+                let Some((_, p)) = p else { continue };
+                if r == 0 {
+                    sum.copy_from_slice(p);
+                } else {
+                    sum.iter_mut().zip(p).for_each(|(s, v)| *s += v);
+                }
+            }
+            Ok(())
+        })
     }
 }
 
@@ -231,57 +225,40 @@ mod tests {
     }
 
     #[test]
-    fn all_gather_concatenates_rows_in_rank_order_and_adds() {
+    fn all_gather_lays_the_ranks_out_in_order() {
         for world in [1, 2, 3, 4] {
-            let (rows, w) = (3, 5);
+            let n = 7;
             let outs = run(world, |c| {
-                let x = vals(c.rank() + 1, rows * w);
-                let mut out = vec![f32::NAN; rows * w * world];
-                c.all_gather(&x, rows, &mut out, false).unwrap();
-                let base = vals(99, rows * w * world);
-                let mut acc = base.clone();
-                c.all_gather(&x, rows, &mut acc, true).unwrap();
-                (out, acc, base)
+                let mut parts = vec![f32::NAN; n * world];
+                c.all_gather(&vals(c.rank() + 1, n), &mut parts).unwrap();
+                parts
             });
-            for (out, acc, base) in &outs {
-                for i in 0..rows {
-                    for r in 0..world {
-                        let x = vals(r + 1, rows * w);
-                        for j in 0..w {
-                            let at = i * world * w + r * w + j;
-                            assert_eq!(out[at].to_bits(), x[i * w + j].to_bits());
-                            assert_eq!(acc[at].to_bits(), (base[at] + x[i * w + j]).to_bits());
-                        }
-                    }
-                }
+            let want: Vec<f32> = (0..world).flat_map(|r| vals(r + 1, n)).collect();
+            for o in &outs {
+                assert_eq!(
+                    o.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                );
             }
         }
     }
 
     #[test]
-    fn all_reduce_adds_the_sum_in_rank_order_on_every_rank() {
+    fn all_reduce_sums_in_rank_order_on_every_rank() {
         let world = 4;
         let n = 257;
         let outs = run(world, |c| {
-            let mut out = vals(50, n);
+            let mut sum = vec![f32::NAN; n];
             for _ in 0..3 {
-                c.all_reduce_add(&vals(c.rank(), n), &mut out, ReduceOrder::Fixed)
-                    .unwrap();
+                c.all_reduce_sum(&vals(c.rank(), n), &mut sum).unwrap();
             }
-            out
+            sum
         });
-        let mut want = vals(50, n);
-        for _ in 0..3 {
-            for (i, o) in want.iter_mut().enumerate() {
-                let s = ((vals(0, n)[i] + vals(1, n)[i]) + vals(2, n)[i]) + vals(3, n)[i];
-                *o += s;
-            }
-        }
+        let want: Vec<u32> = (0..n)
+            .map(|i| (((vals(0, n)[i] + vals(1, n)[i]) + vals(2, n)[i]) + vals(3, n)[i]).to_bits())
+            .collect();
         for o in &outs {
-            assert_eq!(
-                o.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-            );
+            assert_eq!(o.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want);
         }
     }
 
@@ -293,11 +270,7 @@ mod tests {
                 return "aborted".to_string();
             }
             let mut out = vec![0.0; 4];
-            format!(
-                "{:#}",
-                c.all_reduce_add(&[1.0; 4], &mut out, ReduceOrder::Fixed)
-                    .unwrap_err()
-            )
+            format!("{:#}", c.all_reduce_sum(&[1.0; 4], &mut out).unwrap_err())
         });
         assert!(
             errs[0].contains("rank 1 failed: out of memory"),
@@ -310,11 +283,11 @@ mod tests {
     #[test]
     fn mismatched_collectives_are_an_error_not_garbage() {
         let res = run(2, |c| {
-            let mut out = vec![0.0; 8];
+            let mut out = vec![0.0; 16];
             if c.rank() == 0 {
-                c.all_reduce_add(&[1.0; 8], &mut out, ReduceOrder::Fixed)
+                c.all_reduce_sum(&[1.0; 8], &mut out[..8])
             } else {
-                c.all_reduce_add(&[1.0; 6], &mut out[..6], ReduceOrder::Fixed)
+                c.all_gather(&[1.0; 8], &mut out)
             }
         });
         for r in res {

@@ -267,8 +267,12 @@ impl Backend for CpuBackend {
             } => ops::gdn::gated_rms_norm(x, z, w, head_dim, eps, out),
             Op::SplitHeads { x, head_dim, a, b } => ops::hybrid::split_heads(x, head_dim, a, b),
             Op::SigmoidMul { x, gate } => ops::hybrid::sigmoid_mul(x, gate),
-            Op::AllGather { x, n, out, add } => self.comm()?.all_gather(x, n, out, add),
-            Op::AllReduce { x, out, order } => self.comm()?.all_reduce_add(x, out, order),
+            Op::AllGather { x, n, out, add } => {
+                ops::collective::all_gather(self.comm()?, x, n, out, add)
+            }
+            Op::AllReduce { x, out, order } => {
+                ops::collective::all_reduce(self.comm()?, x, out, order)
+            }
         }
     }
 }

@@ -5,6 +5,7 @@ pub mod add;
 pub mod attention;
 #[cfg(target_arch = "x86_64")]
 pub mod attention_avx2;
+pub mod collective;
 pub mod dequant;
 pub mod dot;
 pub mod gdn;

@@ -14,8 +14,9 @@
 //!   tree), then the sum is added into out.
 
 use super::super::device::launch::arena3;
+use super::super::device::memory::Dev;
 use super::super::{drv, grid_1d, i32_of, CudaBackend};
-use crate::tp::ReduceOrder;
+use crate::tp::{Communicator, ReduceOrder};
 use anyhow::{anyhow, bail, ensure, Result};
 use cudarc::driver::{CudaStream, CudaView, CudaViewMut, PushKernelArg};
 use std::sync::Arc;
@@ -62,13 +63,43 @@ impl NcclComm {
             .map_err(|e| anyhow!("NCCL: creating {n} communicators: {e:?}"))?;
         Ok(comms.into_iter().map(|comm| NcclComm { comm }).collect())
     }
+}
 
-    pub fn rank(&self) -> usize {
+/// NCCL on device buffers, on the backend's stream (the one the
+/// communicator was made with).
+impl Communicator<Dev> for NcclComm {
+    fn rank(&self) -> usize {
         self.comm.rank()
     }
 
-    pub fn world(&self) -> usize {
+    fn world(&self) -> usize {
         self.comm.world_size()
+    }
+
+    fn all_gather(&self, x: CudaView<'_, f32>, mut parts: CudaViewMut<'_, f32>) -> Result<()> {
+        ensure!(
+            parts.len() == x.len() * self.world(),
+            "all_gather: {} values into {}",
+            x.len(),
+            parts.len()
+        );
+        self.comm
+            .all_gather(&x, &mut parts)
+            .map_err(|e| anyhow!("NCCL all_gather of {} values: {e:?}", x.len()))?;
+        Ok(())
+    }
+
+    fn all_reduce_sum(&self, x: CudaView<'_, f32>, mut sum: CudaViewMut<'_, f32>) -> Result<()> {
+        ensure!(
+            sum.len() == x.len(),
+            "all_reduce: {} values into {}",
+            x.len(),
+            sum.len()
+        );
+        self.comm
+            .all_reduce(&x, &mut sum, &cudarc::nccl::ReduceOp::Sum)
+            .map_err(|e| anyhow!("NCCL all_reduce of {} values: {e:?}", x.len()))?;
+        Ok(())
     }
 }
 
@@ -108,9 +139,7 @@ impl CudaBackend {
         let w = x.len() / n;
         let mut arena = self.arena(&[out.len() * 4])?;
         arena3::<f32, u8, u8, ()>(&mut arena, (out.len(), 0, 0), |parts, _, _| {
-            c.comm
-                .all_gather(x, parts)
-                .map_err(|e| anyhow!("NCCL all_gather of {} values: {e:?}", x.len()))?;
+            c.all_gather(x.slice(..), parts.slice_mut(..))?;
             let (ni, wi, ri) = (i32_of(n, "n")?, i32_of(w, "w")?, i32_of(world, "world")?);
             let addi = add as i32;
             let cfg = grid_1d(out.len(), 256)?;
@@ -155,10 +184,9 @@ impl CudaBackend {
         let mut arena = self.arena(&[parts_len * 4])?;
         arena3::<f32, u8, u8, ()>(&mut arena, (parts_len, 0, 0), |parts, _, _| {
             match order {
-                ReduceOrder::Fixed => c.comm.all_gather(x, parts),
-                ReduceOrder::Any => c.comm.all_reduce(x, parts, &cudarc::nccl::ReduceOp::Sum),
+                ReduceOrder::Fixed => c.all_gather(x.slice(..), parts.slice_mut(..))?,
+                ReduceOrder::Any => c.all_reduce_sum(x.slice(..), parts.slice_mut(..))?,
             }
-            .map_err(|e| anyhow!("NCCL {order:?} reduction of {len} values: {e:?}"))?;
             let (lenl, wi) = (len as i64, i32_of(sum_world, "world")?);
             let mut b = self.stream().launch_builder(self.func("tp_sum_ranks")?);
             b.arg(&mut *parts).arg(&mut *out).arg(&lenl).arg(&wi);
