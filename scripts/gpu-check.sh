@@ -41,8 +41,19 @@ run_step() {
 # Each test binary in $TESTS with --ignored (the tests that need a device,
 # which fail without one): each test counts; a binary that exits non-zero
 # without a failed test, or runs none, counts as one failure.
+# NCCL for the tensor-parallel tests: cudarc loads `libnccl.so`, pip's
+# nvidia-nccl package ships `libnccl.so.2`; link it under that name.
+nccl_on_path() {
+  local dir
+  dir=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" 2>/dev/null) || return 0
+  [ -f "$dir/libnccl.so.2" ] || return 0
+  mkdir -p "$OUT/nccl-lib"
+  ln -sf "$dir/libnccl.so.2" "$OUT/nccl-lib/libnccl.so"
+  export LD_LIBRARY_PATH="$OUT/nccl-lib:$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+}
 run_tests() {
   local bins=() b name log t0 rc res p f
+  nccl_on_path
   for b in "$TESTS"/*; do
     [ -f "$b" ] && [ -x "$b" ] && bins+=("$b")
   done
