@@ -20,4 +20,3 @@ pub mod scheduler;
 pub mod serve;
 pub mod server;
 pub mod tokenizer;
-pub mod tp;

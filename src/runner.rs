@@ -14,7 +14,7 @@ use crate::kv::{KvManager, RecurrentStates, SeqId};
 use crate::model::arch::llama::LlamaGraph;
 use crate::model::arch::qwen35_graph::Qwen35Graph;
 use crate::model::{KvStorage, Model, ModelConfig, StepInput};
-use crate::tp::host::HostRanks;
+use crate::runner::host_ranks::HostRanks;
 use anyhow::{bail, Context, Result};
 use hybrid::HybridState;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -22,6 +22,7 @@ use std::path::Path;
 
 mod embed;
 mod greedy;
+pub mod host_ranks;
 mod hybrid;
 mod ranks;
 pub use embed::{Pooling, EMBED_SEQ_BASE};

@@ -1,4 +1,4 @@
-//! Tensor parallelism on the cpu backend's simulated ranks (`tp`): in
+//! Tensor parallelism on the cpu backend's simulated ranks (`backend::tp`): in
 //! `exact` the logits of 2 and 4 ranks are bitwise those of one, over
 //! prefill chunks and batched decode, for every llama-family variant
 //! (biases, q/k norms, GQA, attention sinks and ALiBi cut per head);
@@ -12,9 +12,9 @@ mod server_util;
 use common::tp::{all, load, run, synth_model};
 use common::{bits, nmse};
 use quire::gguf::{GgufFile, GgufValue};
+use quire::model::shard::{cut, Cut};
 use quire::quant::GgmlType;
 use quire::runner::{Runner, RunnerOptions};
-use quire::tp::shard::{cut, Cut};
 use std::path::{Path, PathBuf};
 
 #[test]

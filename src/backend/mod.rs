@@ -8,6 +8,7 @@ pub mod cpu;
 pub mod cuda;
 mod host_logits;
 pub use host_logits::HostLogits;
+pub mod tp;
 pub mod validate;
 
 use crate::quant::GgmlType;
@@ -549,7 +550,7 @@ pub enum OpT<'a, M: Mem> {
     },
     /// x *= sigmoid(gate), elementwise (gated attention output).
     SigmoidMul { x: M::Out<'a>, gate: M::In<'a> },
-    /// Tensor parallel (`tp`): gathers every rank's x (n, w) along the last
+    /// Tensor parallel (`backend::tp`): gathers every rank's x (n, w) along the last
     /// dimension, out (n, world * w) with rank r's part at columns
     /// `[r * w, (r + 1) * w)`; with `add`, added to out (one rounding per
     /// element, the bits of `Add`). Through the backend's communicator.
@@ -559,12 +560,12 @@ pub enum OpT<'a, M: Mem> {
         out: M::Out<'a>,
         add: bool,
     },
-    /// Tensor parallel (`tp`): out += Σ_r x_r over every rank's partial x
+    /// Tensor parallel (`backend::tp`): out += Σ_r x_r over every rank's partial x
     /// (out's shape), summed in `order`.
     AllReduce {
         x: M::In<'a>,
         out: M::Out<'a>,
-        order: crate::tp::ReduceOrder,
+        order: crate::backend::tp::ReduceOrder,
     },
 }
 

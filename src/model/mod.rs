@@ -3,6 +3,7 @@
 pub mod arch;
 pub mod config;
 mod loaded;
+pub mod shard;
 pub mod synth;
 pub mod weights;
 

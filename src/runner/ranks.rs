@@ -1,20 +1,24 @@
 //! `Runner::load` for `--tensor-parallel N`: the model cut into ranks on
-//! GPUs (`dispatch::cuda::load_ranks`) or on the host's simulated ranks
-//! (`tp::host`).
+//! GPUs (`dispatch::cuda::open_ranks`, each rank's shard loaded on its
+//! device, `dispatch::cuda::device_ranks`) or on the host's simulated
+//! ranks (`runner/host_ranks.rs`).
 
 use super::{prefault, progress_bar, Compute, Runner, RunnerOptions};
+use crate::backend::tp::{Layout, TpRank};
 use crate::backend::GpuMode;
-use crate::dispatch::{DeviceOptions, KvBlocks};
+use crate::dispatch::{DeviceLoad, DeviceModel, DeviceOptions, KvBlocks};
 use crate::gguf::GgufFile;
 use crate::kv::KvManager;
+use crate::model::arch::llama::LlamaGraph;
+use crate::model::LlamaModel;
 use crate::model::Model;
-use crate::tp::host::{HostRanks, KvShape};
+use crate::runner::host_ranks::{HostRanks, KvShape};
 use anyhow::{bail, Context, Result};
 
 impl Runner {
     /// `Runner::load` for `--tensor-parallel N`: ranks on GPUs 0..N
     /// (`--gpu`; under `auto` the host's simulated ranks when that fails),
-    /// or the host's simulated ranks (`tp::host`).
+    /// or the host's simulated ranks (`host_ranks.rs`).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn load_ranks(
         gguf: GgufFile,
@@ -60,7 +64,7 @@ impl Runner {
                     opts.kv_type
                 ))
             } else {
-                crate::dispatch::cuda::load_ranks(&gguf, m, n, &dev, &bar)
+                load_device_ranks(&gguf, m, n, &dev, &bar)
             };
             match res {
                 Ok(d) => {
@@ -102,4 +106,52 @@ impl Runner {
             n_threads,
         })
     }
+}
+
+/// Opens GPUs 0..world as ranks and loads rank r's shard of `model` on
+/// device r. The KV cache has the same blocks on every rank (rank 0's
+/// automatic size, or `opts.n_blocks`).
+fn load_device_ranks(
+    gguf: &GgufFile,
+    model: &LlamaModel,
+    world: usize,
+    opts: &DeviceOptions<'_>,
+    upload_bar: &dyn Fn() -> indicatif::ProgressBar,
+) -> Result<Box<dyn DeviceModel>> {
+    let backends = crate::dispatch::cuda::open_ranks(world, opts.gpu, opts.tuning)?;
+    let mut ranks = Vec::with_capacity(world);
+    let mut n_blocks = opts.n_blocks;
+    for (rank, be) in backends.into_iter().enumerate() {
+        let t = TpRank {
+            rank,
+            world,
+            layout: Layout::for_mode(opts.mode),
+            head: true,
+        };
+        let shard = model.shard(gguf, t)?;
+        let o = DeviceOptions {
+            n_blocks,
+            n_kv_heads: shard.cfg.n_kv_heads,
+            states: None,
+            ..*opts
+        };
+        let graph = LlamaGraph(shard.cfg.clone());
+        let loaded = crate::dispatch::cuda::load_on(
+            be,
+            gguf,
+            graph,
+            &shard.weights,
+            &shard.op_infos(),
+            &o,
+            upload_bar,
+        )
+        .with_context(|| format!("tensor-parallel rank {rank}"))?;
+        let d = match loaded {
+            DeviceLoad::Device(d) => d,
+            DeviceLoad::OpByOp(_, why) => bail!("tensor-parallel rank {rank}: {why}"),
+        };
+        n_blocks = KvBlocks::Fixed(d.kv_blocks());
+        ranks.push(d);
+    }
+    crate::dispatch::cuda::device_ranks(ranks)
 }

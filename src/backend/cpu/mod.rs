@@ -10,8 +10,8 @@ pub mod ops;
 pub mod pool;
 pub mod simd;
 
+use crate::backend::tp::Communicator;
 use crate::backend::{Backend, MatNorm, Mode, Op};
-use crate::tp::Communicator;
 use anyhow::{Context, Result};
 pub use simd::Isa;
 use std::sync::Arc;
@@ -22,7 +22,7 @@ pub struct CpuBackend {
     n_threads: usize,
     isa: Isa,
     par_min_work: usize,
-    /// A tensor-parallel rank's link to the others (`tp`): the collectives
+    /// A tensor-parallel rank's link to the others (`backend::tp`): the collectives
     /// run through it. None: a backend of its own, without collectives.
     comm: Option<Arc<dyn Communicator>>,
 }

@@ -1,81 +1,40 @@
-//! A llama-family model split across GPUs (`--tensor-parallel N` with
-//! `--gpu`): one cuda backend per device, NCCL communicators between them
-//! (`backend/cuda/ops/collective`), each rank a resident model of its shard
-//! (`model/arch/llama_tp.rs`) with its KV heads. Every step runs on every
+//! A model split across GPUs (`--tensor-parallel N` with `--gpu`; the
+//! runner loads each rank's shard, `runner/ranks.rs`): one cuda backend
+//! per device, NCCL communicators between them
+//! (`backend/cuda/ops/collective`), each rank a resident model of its
+//! shard with its KV heads. Every step runs on every
 //! rank at once, one thread each (the collectives meet in the middle);
 //! rank 0's logits come back. Decode steps replay each rank's CUDA graph,
 //! collectives included.
 
-use super::model::load_on;
-use crate::backend::cuda::CudaBackend;
-use crate::backend::cuda::NcclComm;
-use crate::dispatch::{
-    DeviceLoad, DeviceModel, DeviceOptions, HostLogits, KvBlocks, StepInput, StepPaths,
-};
-use crate::gguf::GgufFile;
-use crate::model::arch::llama::LlamaGraph;
-use crate::model::LlamaModel;
+use crate::backend::cuda::{CudaBackend, NcclComm, TuningOverrides};
+use crate::backend::GpuMode;
+use crate::dispatch::{DeviceModel, HostLogits, StepInput, StepPaths};
 use crate::sampler::DrawParams;
-use crate::tp::{Layout, TpRank};
 use anyhow::{anyhow, bail, Context, Result};
-use indicatif::ProgressBar;
 
-/// Opens devices 0..world, links them with NCCL and loads rank r's shard
-/// of `model` on device r. The KV cache has the same blocks on every rank
-/// (rank 0's automatic size, or `opts.n_blocks`).
-pub fn load_ranks(
-    gguf: &GgufFile,
-    model: &LlamaModel,
+/// Opens devices 0..world as tensor-parallel ranks: a cuda backend each,
+/// linked by NCCL (one communicator per backend, on its stream).
+pub fn open_ranks(
     world: usize,
-    opts: &DeviceOptions<'_>,
-    upload_bar: &dyn Fn() -> ProgressBar,
-) -> Result<Box<dyn DeviceModel>> {
+    gpu: GpuMode,
+    tuning: &TuningOverrides,
+) -> Result<Vec<CudaBackend>> {
     let backends: Vec<CudaBackend> = (0..world)
-        .map(|r| CudaBackend::new_on(r, opts.gpu, opts.tuning))
+        .map(|r| CudaBackend::new_on(r, gpu, tuning))
         .collect::<Result<_>>()?;
     let comms = NcclComm::group(backends.iter().map(|b| b.stream().clone()).collect())?;
     for (b, c) in backends.iter().zip(comms) {
         b.set_comm(c)?;
     }
-    let mut ranks = Vec::with_capacity(world);
-    let mut n_blocks = opts.n_blocks;
-    for (rank, be) in backends.into_iter().enumerate() {
-        let t = TpRank {
-            rank,
-            world,
-            layout: Layout::for_mode(opts.mode),
-            head: true,
-        };
-        let shard = model.shard(gguf, t)?;
-        let o = DeviceOptions {
-            gpu: opts.gpu,
-            mode: opts.mode,
-            tuning: opts.tuning,
-            n_blocks,
-            max_seq_blocks: opts.max_seq_blocks,
-            block_size: opts.block_size,
-            n_kv_heads: shard.cfg.n_kv_heads,
-            head_dim: opts.head_dim,
-            n_layers: opts.n_layers,
-            states: None,
-        };
-        let graph = LlamaGraph(shard.cfg.clone());
-        let d = match load_on(
-            be,
-            gguf,
-            graph,
-            &shard.weights,
-            &shard.op_infos(),
-            &o,
-            upload_bar,
-        )
-        .with_context(|| format!("tensor-parallel rank {rank}"))?
-        {
-            DeviceLoad::Device(d) => d,
-            DeviceLoad::OpByOp(_, why) => bail!("tensor-parallel rank {rank}: {why}"),
-        };
-        n_blocks = KvBlocks::Fixed(d.kv_blocks());
-        ranks.push(d);
+    Ok(backends)
+}
+
+/// The ranks' resident models (rank order) as one: every step runs on
+/// all of them at once; rank 0's logits come back.
+pub fn device_ranks(ranks: Vec<Box<dyn DeviceModel>>) -> Result<Box<dyn DeviceModel>> {
+    if ranks.is_empty() {
+        bail!("a tensor-parallel group needs at least one rank");
     }
     Ok(Box::new(DeviceRanks { ranks }))
 }

@@ -6,6 +6,7 @@
 //! (or per (row, head)), so a row's result never depends on the rest of the
 //! batch: batch invariance follows from the backend's per-row arithmetic.
 
+use crate::backend::tp::{Layout, TpRank};
 use crate::backend::{validate, AttnBatch, MatJob, MatNorm, OpInfo, OpT, WeightInfo as _};
 use crate::dispatch::{Exec, Graph, HostExec, HostLogits, StepBufs};
 use crate::gguf::GgufFile;
@@ -13,7 +14,6 @@ use crate::kv::KvStorage;
 use crate::model::config::{Arch, ModelConfig};
 use crate::model::weights::{load_vector, optional_vector, HostStore, Store, WeightRef};
 use crate::model::StepInput;
-use crate::tp::{Layout, TpRank};
 use anyhow::{bail, ensure, Context, Result};
 
 /// One transformer block's weights, wherever they live.

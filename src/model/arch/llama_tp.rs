@@ -1,14 +1,14 @@
-//! A llama-family model cut into one tensor-parallel rank's share (`tp`):
+//! A llama-family model cut into one tensor-parallel rank's share (`backend::tp`):
 //! its query and KV heads, its FFN columns, and the attention output and
 //! FFN down projections cut as the mode's [`Layout`] says. Norms, RoPE
 //! frequencies, the embeddings and the output head stay whole (every rank
 //! holds the same residual stream; rank 0 reads the head).
 
 use super::llama::{Layer, LlamaModel, LlamaWeights};
+use crate::backend::tp::{shapes, Layout, TpRank};
 use crate::gguf::GgufFile;
+use crate::model::shard::{cut, part, Cut};
 use crate::model::weights::WeightRef;
-use crate::tp::shard::{cut, part, Cut};
-use crate::tp::{shapes, Layout, TpRank};
 use anyhow::{bail, Context, Result};
 
 impl LlamaModel {

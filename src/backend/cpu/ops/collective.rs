@@ -1,9 +1,9 @@
-//! Tensor-parallel collectives (`tp`) on the cpu backend: the rank's
+//! Tensor-parallel collectives (`backend::tp`) on the cpu backend: the rank's
 //! communicator moves the data (NCCL's all-gather and all-reduce), these
 //! functions do the arithmetic around it, the same steps as the cuda
 //! backend's `tp_interleave` and `tp_sum_ranks` kernels.
 
-use crate::tp::{Communicator, ReduceOrder};
+use crate::backend::tp::{Communicator, ReduceOrder};
 use anyhow::{ensure, Result};
 
 /// `AllGather`: every rank's x (n, w) into out (n, world * w), rank r's

@@ -1,4 +1,4 @@
-//! Tensor-parallel collectives on the device (`tp`): NCCL, through
+//! Tensor-parallel collectives on the device (`backend::tp`): NCCL, through
 //! cudarc, moves the data on the backend's stream (so a decode graph
 //! captures it with the step's kernels); two kernels here do the
 //! arithmetic, in the order the cpu's in-process group does it, so a rank
@@ -16,7 +16,7 @@
 use super::super::device::launch::arena3;
 use super::super::device::memory::Dev;
 use super::super::{drv, grid_1d, i32_of, CudaBackend};
-use crate::tp::{Communicator, ReduceOrder};
+use crate::backend::tp::{Communicator, ReduceOrder};
 use anyhow::{anyhow, bail, ensure, Result};
 use cudarc::driver::{CudaStream, CudaView, CudaViewMut, PushKernelArg};
 use std::sync::Arc;

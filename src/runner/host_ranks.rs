@@ -5,9 +5,9 @@
 //! blocks of all ranks; every step runs on every rank, rank 0 returns the
 //! logits.
 
-use super::local::{LocalComm, LocalGroup};
-use super::{Communicator, Layout, TpRank};
 use crate::backend::cpu::CpuBackend;
+use crate::backend::tp::local::{LocalComm, LocalGroup};
+use crate::backend::tp::{Communicator, Layout, TpRank};
 use crate::backend::{HostLogits, KvType, Mode};
 use crate::dispatch::{Dispatcher, HostExec};
 use crate::gguf::GgufFile;

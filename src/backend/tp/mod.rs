@@ -8,6 +8,11 @@
 //! [`crate::backend::OpT::AllReduce`]) run by the rank's backend through its
 //! [`Communicator`].
 //!
+//! This module is the part the backends need (the trait, the in-process
+//! group, the layouts and shapes); the cut of a model is
+//! `model/arch/llama_tp.rs`, the ranks themselves `runner/host_ranks.rs`
+//! and `dispatch/cuda/ranks.rs`.
+//!
 //! # The layout follows the mode
 //!
 //! * `exact` ([`Layout::Gather`]): bitwise equal to one rank and to the cpu.
@@ -32,9 +37,7 @@
 //! on the cpu backend with simulated ranks (threads), so CI proves the
 //! `exact` claim; its sum is in rank order.
 
-pub mod host;
 pub mod local;
-pub mod shard;
 
 use crate::backend::{Host, Mem, Mode};
 use anyhow::Result;
