@@ -136,25 +136,74 @@ impl CudaBackend {
             out.len(),
             x.len()
         );
-        let w = x.len() / n;
         let mut arena = self.arena(&[out.len() * 4])?;
         arena3::<f32, u8, u8, ()>(&mut arena, (out.len(), 0, 0), |parts, _, _| {
             c.all_gather(x.slice(..), parts.slice_mut(..))?;
-            let (ni, wi, ri) = (i32_of(n, "n")?, i32_of(w, "w")?, i32_of(world, "world")?);
-            let addi = add as i32;
-            let cfg = grid_1d(out.len(), 256)?;
-            let mut b = self.stream().launch_builder(self.func("tp_interleave")?);
-            b.arg(&mut *parts)
-                .arg(&mut *out)
-                .arg(&ni)
-                .arg(&wi)
-                .arg(&ri)
-                .arg(&addi);
-            // SAFETY: matches tp_interleave; parts holds world*n*w values,
-            // out n*world*w (checked above).
-            drv(unsafe { b.launch(cfg) }, "tp_interleave: launch")?;
-            Ok(())
+            self.tp_interleave(&parts.slice(..), n, world, out, add)
         })
+    }
+
+    /// parts (world, n, w) rank-major into out (n, world * w); with `add`,
+    /// `out + part` (the cpu's `ops::collective::interleave`).
+    pub fn tp_interleave(
+        &self,
+        parts: &CudaView<'_, f32>,
+        n: usize,
+        world: usize,
+        out: &mut CudaViewMut<'_, f32>,
+        add: bool,
+    ) -> Result<()> {
+        ensure!(
+            n > 0 && world > 0 && parts.len() == out.len() && parts.len().is_multiple_of(n * world),
+            "tp_interleave: {} parts into {} for {n} rows of {world} ranks",
+            parts.len(),
+            out.len()
+        );
+        if out.is_empty() {
+            return Ok(());
+        }
+        let w = out.len() / (n * world);
+        let (ni, wi, ri) = (i32_of(n, "n")?, i32_of(w, "w")?, i32_of(world, "world")?);
+        let addi = add as i32;
+        let cfg = grid_1d(out.len(), 256)?;
+        let mut b = self.stream().launch_builder(self.func("tp_interleave")?);
+        b.arg(parts)
+            .arg(&mut *out)
+            .arg(&ni)
+            .arg(&wi)
+            .arg(&ri)
+            .arg(&addi);
+        // SAFETY: matches tp_interleave; parts and out hold world*n*w
+        // values (checked above).
+        drv(unsafe { b.launch(cfg) }, "tp_interleave: launch")?;
+        Ok(())
+    }
+
+    /// parts (world, len): `out += ((p0 + p1) + ...)` (the cpu's
+    /// `ops::collective::sum_ranks`).
+    pub fn tp_sum_ranks(
+        &self,
+        parts: &CudaView<'_, f32>,
+        world: usize,
+        out: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        let len = out.len();
+        ensure!(
+            world > 0 && parts.len() == len * world,
+            "tp_sum_ranks: {} parts for {len} values of {world} ranks",
+            parts.len()
+        );
+        if len == 0 {
+            return Ok(());
+        }
+        let (lenl, wi) = (len as i64, i32_of(world, "world")?);
+        let cfg = grid_1d(len, 256)?;
+        let mut b = self.stream().launch_builder(self.func("tp_sum_ranks")?);
+        b.arg(parts).arg(&mut *out).arg(&lenl).arg(&wi);
+        // SAFETY: matches tp_sum_ranks; parts holds world*len values, out
+        // len (checked above).
+        drv(unsafe { b.launch(cfg) }, "tp_sum_ranks: launch")?;
+        Ok(())
     }
 
     /// `AllReduce`: out += Σ_r x_r.
@@ -187,16 +236,7 @@ impl CudaBackend {
                 ReduceOrder::Fixed => c.all_gather(x.slice(..), parts.slice_mut(..))?,
                 ReduceOrder::Any => c.all_reduce_sum(x.slice(..), parts.slice_mut(..))?,
             }
-            let (lenl, wi) = (len as i64, i32_of(sum_world, "world")?);
-            let mut b = self.stream().launch_builder(self.func("tp_sum_ranks")?);
-            b.arg(&mut *parts).arg(&mut *out).arg(&lenl).arg(&wi);
-            // SAFETY: matches tp_sum_ranks; parts holds sum_world*len
-            // values, out len.
-            drv(
-                unsafe { b.launch(grid_1d(len, 256)?) },
-                "tp_sum_ranks: launch",
-            )?;
-            Ok(())
+            self.tp_sum_ranks(&parts.slice(..), sum_world, out)
         })
     }
 }
