@@ -162,6 +162,15 @@ pub fn same_len(op: &str, lens: &[usize]) -> Result<()> {
     Ok(())
 }
 
+/// `AllGather` on `world` ranks: x (n, w) of each, out (n, world * w).
+pub fn all_gather(x_len: usize, n: usize, out_len: usize, world: usize) -> Result<()> {
+    ensure!(
+        n > 0 && x_len.is_multiple_of(n) && out_len == x_len * world,
+        "all_gather: {x_len} values in {n} rows, out {out_len} (expected {x_len} x {world})"
+    );
+    Ok(())
+}
+
 /// `AddBias`: x (n, dim), bias (dim,).
 pub fn add_bias(x_len: usize, dim: usize) -> Result<()> {
     ensure!(

@@ -4,7 +4,8 @@
 //! backend's `tp_interleave` and `tp_sum_ranks` kernels.
 
 use crate::backend::tp::{Communicator, ReduceOrder};
-use anyhow::{ensure, Result};
+use crate::backend::validate;
+use anyhow::Result;
 
 /// `AllGather`: every rank's x (n, w) into out (n, world * w), rank r's
 /// part at columns `[r * w, (r + 1) * w)`; with `add`, added to out.
@@ -16,13 +17,7 @@ pub fn all_gather(
     add: bool,
 ) -> Result<()> {
     let world = comm.world();
-    ensure!(
-        n > 0 && x.len().is_multiple_of(n) && out.len() == x.len() * world,
-        "all_gather: {} values in {n} rows, out {} (expected {} x {world})",
-        x.len(),
-        out.len(),
-        x.len()
-    );
+    validate::all_gather(x.len(), n, out.len(), world)?;
     let mut parts = vec![0f32; out.len()]; // (world, n, w)
     comm.all_gather(x, &mut parts)?;
     interleave(&parts, n, world, out, add);
@@ -53,12 +48,7 @@ pub fn all_reduce(
     out: &mut [f32],
     order: ReduceOrder,
 ) -> Result<()> {
-    ensure!(
-        x.len() == out.len(),
-        "all_reduce: {} values into {}",
-        x.len(),
-        out.len()
-    );
+    validate::same_len("all_reduce", &[x.len(), out.len()])?;
     match order {
         ReduceOrder::Fixed => {
             let mut parts = vec![0f32; x.len() * comm.world()];

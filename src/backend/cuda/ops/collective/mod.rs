@@ -17,6 +17,7 @@ use super::super::device::launch::arena3;
 use super::super::device::memory::Dev;
 use super::super::{drv, grid_1d, i32_of, CudaBackend};
 use crate::backend::tp::{Communicator, ReduceOrder};
+use crate::backend::validate;
 use anyhow::{anyhow, bail, ensure, Result};
 use cudarc::driver::{CudaStream, CudaView, CudaViewMut, PushKernelArg};
 use std::sync::Arc;
@@ -129,13 +130,7 @@ impl CudaBackend {
     ) -> Result<()> {
         let c = self.nccl()?;
         let world = c.world();
-        ensure!(
-            n > 0 && x.len().is_multiple_of(n) && out.len() == x.len() * world,
-            "all_gather: {} values in {n} rows, out {} (expected {} x {world})",
-            x.len(),
-            out.len(),
-            x.len()
-        );
+        validate::all_gather(x.len(), n, out.len(), world)?;
         let mut arena = self.arena(&[out.len() * 4])?;
         arena3::<f32, u8, u8, ()>(&mut arena, (out.len(), 0, 0), |parts, _, _| {
             c.all_gather(x.slice(..), parts.slice_mut(..))?;
@@ -216,11 +211,7 @@ impl CudaBackend {
         let c = self.nccl()?;
         let world = c.world();
         let len = x.len();
-        ensure!(
-            out.len() == len,
-            "all_reduce: {len} values into {}",
-            out.len()
-        );
+        validate::same_len("all_reduce", &[len, out.len()])?;
         if len == 0 {
             return Ok(());
         }
