@@ -288,6 +288,8 @@ impl CudaBackend {
                     Some(ops::TILE_SMEM)
                 } else if e.starts_with("mm_q8_mma") {
                     Some(ops::mq_smem_max(e))
+                } else if e.starts_with("mm_exact_mma") {
+                    ops::xm_smem_max(e)
                 } else {
                     ops::attention::att_pipe_smem(e)
                 };

@@ -456,6 +456,26 @@ __device__ __forceinline__ float2 q_f16x2(u32 v) {
     return make_float2(q_f16((u16)(v & 0xFFFF)), q_f16((u16)(v >> 16)));
 }
 
+// The canonical matmul's 16-bit activation layout (quant_act32 in
+// ops/matmul/kernels/matmul.cu writes it; mv_exact32, mm_q32 and
+// mm_exact_mma read it).
+// Blocks in block b's tile (32, or fewer in a row's last tile; nb blocks
+// a row): see canon_chunk.
+__device__ __forceinline__ int canon_tile_blocks(int nb, int b) { return min(32, nb - (b & ~31)); }
+// Where quant_act32 keeps a row's 16-bit activations (qs: rows of k): the
+// row's 32-blocks in tiles of 32 (the last one tb < 32 blocks when k / 32
+// is not a multiple of 32), a tile holding chunk 0 (values 0..7) of each
+// of its blocks in block order, then chunk 1, 2 and 3. A warp whose lane l
+// takes block 32t + l (mv_exact32) so reads one chunk of 32 blocks as 512
+// contiguous bytes: four L1 wavefronts for its 16-byte loads, not the
+// sixteen of blocks stored whole (64 bytes apart per lane). Integer dot
+// products do not depend on where the values sit: the same bits. Returns
+// the offset (in values) of chunk h of block b.
+__device__ __forceinline__ int canon_chunk(int nb, int b, int h) {
+    int t0 = b & ~31;
+    return 32 * t0 + 8 * (h * canon_tile_blocks(nb, b) + (b - t0));
+}
+
 // A MatMuls op's job table (ops/matmul/jobs.rs MmJobs, same layout): up to
 // MM_JOBS matrices of one type and k applied to one input in one launch.
 // Job j owns the CTAs blockIdx.y in [end[j - 1], end[j]) (end[-1] = 0) and

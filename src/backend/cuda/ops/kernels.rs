@@ -130,6 +130,11 @@ pub const KERNELS: &[(&str, &str, &[&str])] = &[
         ],
     ),
     (
+        "matmul_exact_mma",
+        include_str!("matmul/kernels/matmul_exact_mma.cu"),
+        &["mm_exact_mma", "mm_exact_mma_k1"],
+    ),
+    (
         "rms_norm",
         include_str!("norm/kernels/rms_norm.cu"),
         &["rms_norm", "rms_norm_block"],

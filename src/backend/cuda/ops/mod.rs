@@ -21,5 +21,5 @@ pub(crate) mod sample;
 
 pub(crate) use l2_ahead::{L2Bufs, L2Log};
 pub(crate) use matmul::norm_ahead::NormAhead;
-pub(crate) use matmul::{fast_uses_blas, mq_smem_max, wg_smem, TILE_SMEM};
+pub(crate) use matmul::{fast_uses_blas, mq_smem_max, wg_smem, xm_smem_max, TILE_SMEM};
 pub(crate) use sample::{device_draws, draw_record, GreedyRing, DRAW_WORDS, GREEDY_SLOTS};

@@ -58,6 +58,18 @@ pub struct MatmulTuning {
     /// `fast`: the int8 tensor-core kernels on (off: the f16 tile kernel
     /// and cuBLAS take their shapes; parity coverage).
     pub mq: bool,
+    /// `exact`: the int8 tensor-core form of the canonical kernel
+    /// (mm_exact_mma) for more than MV_ROWS rows of Q4_0 / Q4_1 / Q8_0
+    /// (off: mm_q32; the same bits either way).
+    pub exact_mma: bool,
+    /// `exact`: more than this many rows take mm_exact_mma (fewer, the
+    /// decode matvec mv_exact32 up to MV_ROWS, then mm_q32).
+    pub exact_mma_rows: usize,
+    /// `exact`: mm_exact_mma's k groups: None, the rule (`xm_form`: 2 up
+    /// to 64 rows, 1 beyond); 2 (two groups of 8 warps taking four
+    /// canonical lanes each, one CTA per SM) or 1 (one group of 8 warps,
+    /// two CTAs per SM) forced. The same bits either way.
+    pub exact_mma_kg: Option<usize>,
     /// mm_q8_mma's warps along the activation rows: None, the rule (2 past
     /// 16 rows); 1 or 2 forced (H100 8B Q4_0 B8/16/32/64: WN 1 1,487 /
     /// 2,444 / 3,461 / 4,290, WN 2 1,217-1,310 / 2,131-2,262 / 3,715-4,105
@@ -126,6 +138,9 @@ impl MatmulTuning {
             mma_max_rows: 64,
             mq_min_rows: 1,
             mq: true,
+            exact_mma: true,
+            exact_mma_rows: 8,
+            exact_mma_kg: None,
             mq_wn: None,
             mq_ctas_per_sm: 2,
             tile_ctas_per_sm: 2,

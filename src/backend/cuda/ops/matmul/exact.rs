@@ -21,9 +21,10 @@ fn mv_exact_name(n: usize) -> &'static str {
 impl CudaBackend {
     /// The canonical kernels for validated jobs (n, m, k > 0) in the
     /// planned form: 32-block weights quantize the activations once
-    /// (prepared by the op before where `pre`) and run every job in one mv_exact32 launch for
-    /// decode (`ExactForm::Matvec`) or mm_q32 per job; float and K-quant
-    /// weights run job by job.
+    /// (prepared by the op before where `pre`) and run every job in one
+    /// mv_exact32 launch for decode (`ExactForm::Matvec`), in one
+    /// mm_exact_mma launch (`ExactForm::Mma`) or mm_q32 per job; float
+    /// and K-quant weights run job by job.
     pub(super) fn mat_muls_exact(
         &self,
         x: &CudaView<'_, f32>,
@@ -101,6 +102,9 @@ impl CudaBackend {
                 drv(unsafe { b.launch(cfg) }, "mat_mul: launching mv_exact32")?;
                 return Ok(());
             }
+            if let ExactForm::Mma { form } = form {
+                return self.mm_exact_mma(jobs, n, &super::XM_FORMS[form], qs, ad, asum);
+            }
             for j in jobs.iter_mut() {
                 let MmDims { tc, mi, .. } = mm_dims(&j.w, n)?;
                 let add = j.add as i32;
@@ -122,6 +126,51 @@ impl CudaBackend {
             }
             Ok(())
         })
+    }
+
+    /// Every job in one mm_exact_mma launch (`ExactForm::Mma`: Q4_0 / Q4_1
+    /// / Q8_0, k a multiple of 256, weights 16-byte aligned) over
+    /// quant_act32's outputs qs (n, k), ad (n, k / 32) and asum (2, n, k /
+    /// 32; the kernel reads the first plane, the float sums).
+    fn mm_exact_mma(
+        &self,
+        jobs: &mut [MatJob<'_, Dev>],
+        n: usize,
+        form: &super::XmForm,
+        qs: &mut CudaViewMut<'_, i16>,
+        ad: &mut CudaViewMut<'_, f32>,
+        asum: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        let ty = jobs[0].w.ty;
+        let smem = super::xm_smem(ty, form)
+            .ok_or_else(|| anyhow::anyhow!("mat_mul: {} does not take {ty:?}", form.name))?;
+        let d = mm_dims(&jobs[0].w, n)?;
+        let s = self.stream();
+        let (table, ctas) = job_table(jobs, super::XM_ROWS, s)?;
+        let cfg = LaunchConfig {
+            grid_dim: (u32::try_from(n.div_ceil(super::XM_TOK))?, ctas, 1),
+            block_dim: (u32::try_from(form.threads())?, 1, 1),
+            shared_mem_bytes: u32::try_from(smem)?,
+        };
+        let mut b = s.launch_builder(self.func(form.name)?);
+        b.arg(&table)
+            .arg(&d.ki)
+            .arg(&d.rb)
+            .arg(&d.tc)
+            .arg(&mut *qs)
+            .arg(&mut *ad)
+            .arg(&mut *asum)
+            .arg(&d.ni);
+        // SAFETY: matches the parameters of every mm_exact_mma entry (form
+        // gives its block size and shared memory); the job table holds
+        // each job's weights (m rows of rb bytes, rb a multiple of 16 as k
+        // is of 256, 16-byte aligned: the plan) and output (n*m floats,
+        // validated) and its CTA ranges of XM_ROWS rows; qs holds n*k
+        // values, ad and the first plane of asum n*k/32 floats each
+        // (quant_act32); the shared memory is xm_smem(ty, form), which the
+        // kernel's stages take (opted in at load).
+        drv(unsafe { b.launch(cfg) }, form.name)?;
+        Ok(())
     }
 
     /// One job of float or K-quant weights.

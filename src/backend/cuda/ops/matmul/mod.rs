@@ -134,6 +134,93 @@ pub(crate) enum ExactForm {
     Matvec,
     /// quant_act32 + mm_q32 per job.
     Q32,
+    /// quant_act32 + one mm_exact_mma launch over every job: the same
+    /// terms with each block's integer dot on the int8 tensor cores
+    /// (Q4_0 / Q4_1 / Q8_0, k a multiple of 256, more rows than the
+    /// table's `exact_mma_rows`); `form` indexes XM_FORMS.
+    Mma { form: usize },
+}
+
+/// Weight rows and activation rows of one mm_exact_mma CTA (XM_MR, XM_NR
+/// in matmul_exact_mma.cu).
+pub(crate) const XM_ROWS: usize = 64;
+pub(crate) const XM_TOK: usize = 32;
+
+/// An entry of matmul_exact_mma.cu: `kg` k groups of 8 warps (each taking
+/// 8 / kg of the canonical lanes), `stages` chunk buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct XmForm {
+    pub name: &'static str,
+    pub kg: usize,
+    pub stages: usize,
+}
+
+impl XmForm {
+    pub(crate) fn threads(&self) -> usize {
+        256 * self.kg
+    }
+}
+
+/// The entries (the kernel file's list): two k groups, one CTA per SM
+/// (the default), and one k group, two CTAs per SM.
+pub(crate) const XM_FORMS: [XmForm; 2] = [
+    XmForm {
+        name: "mm_exact_mma",
+        kg: 2,
+        stages: 4,
+    },
+    XmForm {
+        name: "mm_exact_mma_k1",
+        kg: 1,
+        stages: 3,
+    },
+];
+
+/// mm_exact_mma's dynamic shared memory for `ty` in `form`
+/// (xm_stage_bytes times its stages), or None for a type it does not take.
+pub(crate) fn xm_smem(ty: GgmlType, form: &XmForm) -> Option<usize> {
+    let wld = match ty {
+        GgmlType::Q4_0 => 144,
+        GgmlType::Q4_1 => 176,
+        GgmlType::Q8_0 => 272,
+        _ => return None,
+    };
+    Some(form.stages * (XM_ROWS * wld + XM_TOK * (8 * 32 + 16) * 2 + 2 * 8 * XM_TOK * 4))
+}
+
+/// The most a launch of entry `name` takes (Q8_0's), None for other names.
+pub(crate) fn xm_smem_max(name: &str) -> Option<usize> {
+    let form = XM_FORMS.iter().find(|f| f.name == name)?;
+    [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0]
+        .into_iter()
+        .filter_map(|t| xm_smem(t, form))
+        .max()
+}
+
+/// The entry for `n` rows: the table's `exact_mma_kg` where set, else two
+/// k groups up to XM_KG2_ROWS rows and one beyond. H200, 8B Q4_0 exact, one
+/// call: B=64 2,704 / 2,399 tok/s with two / one, pp512 3,025 / 3,238.
+pub(crate) fn xm_form(n: usize, t: &MatmulTuning) -> usize {
+    let kg = t
+        .exact_mma_kg
+        .unwrap_or(if n <= XM_KG2_ROWS { 2 } else { 1 });
+    XM_FORMS.iter().position(|f| f.kg == kg).unwrap_or(0)
+}
+
+/// The most rows the two-k-group entry takes by default (batched decode).
+pub(crate) const XM_KG2_ROWS: usize = 64;
+
+/// Whether `exact` mode's tensor-core form takes `n` rows of these jobs:
+/// its types, k in whole chunks of 8 blocks, 16-byte aligned weights (its
+/// copies), the int8 MMA (sm_80+), and more rows than the table's
+/// `exact_mma_rows`.
+fn xm_takes(s: &MmShape<'_>, caps: &MmCaps, t: &MatmulTuning) -> bool {
+    t.exact_mma
+        && xm_smem(s.ty, &XM_FORMS[0]).is_some()
+        && s.k.is_multiple_of(256)
+        && s.aligned16
+        && caps.arch_major >= 8
+        && s.n > t.exact_mma_rows
 }
 
 /// A `MatMuls` op's kernel and launch geometry.
@@ -283,6 +370,10 @@ pub(crate) fn plan(s: &MmShape<'_>, mode: Mode, caps: &MmCaps, t: &MatmulTuning)
             ExactForm::Float
         } else if ty.block_size() == 256 {
             ExactForm::KQuant
+        } else if xm_takes(s, caps, t) {
+            ExactForm::Mma {
+                form: xm_form(n, t),
+            }
         } else if n <= MV_ROWS {
             ExactForm::Matvec
         } else {

@@ -45,7 +45,9 @@ pub(crate) fn act_read(plan: &MmPlan) -> Option<ActRead> {
     match plan {
         MmPlan::Empty | MmPlan::Zero => None,
         MmPlan::Exact(ExactForm::Float | ExactForm::KQuant) => Some(ActRead::Raw),
-        MmPlan::Exact(ExactForm::Matvec | ExactForm::Q32) => Some(ActRead::Canon),
+        MmPlan::Exact(ExactForm::Matvec | ExactForm::Q32 | ExactForm::Mma { .. }) => {
+            Some(ActRead::Canon)
+        }
         MmPlan::Tile { .. } | MmPlan::Blas => Some(ActRead::F16),
         MmPlan::Wgmma { .. } => Some(ActRead::F16Wr),
         // Past reads_q8: the float matvecs.
@@ -465,6 +467,7 @@ mod tests {
             (MmPlan::Exact(ExactForm::KQuant), Some(Raw)),
             (MmPlan::Exact(ExactForm::Matvec), Some(Canon)),
             (MmPlan::Exact(ExactForm::Q32), Some(Canon)),
+            (MmPlan::Exact(ExactForm::Mma { form: 0 }), Some(Canon)),
             (
                 MmPlan::Matvec {
                     float: true,

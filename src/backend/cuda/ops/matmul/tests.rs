@@ -150,7 +150,68 @@ fn exact_forms() {
     let e = |ty, n, k| plan_of(ty, &[4096], k, n, Mode::Exact, &c);
     assert_eq!(e(q4, 1, 4096), MmPlan::Exact(ExactForm::Matvec));
     assert_eq!(e(q4, 8, 4096), MmPlan::Exact(ExactForm::Matvec));
-    assert_eq!(e(q4, 9, 4096), MmPlan::Exact(ExactForm::Q32));
+    // Past the decode matvec: the int8 tensor-core form of the canonical
+    // kernel for Q4_0 / Q4_1 / Q8_0 with k a multiple of 256, mm_q32 for
+    // the rest.
+    for ty in [q4, GgmlType::Q4_1, GgmlType::Q8_0] {
+        for n in [9, 33, 64, 512, 2048] {
+            assert!(
+                matches!(e(ty, n, 4096), MmPlan::Exact(ExactForm::Mma { .. })),
+                "{ty:?} n {n}"
+            );
+        }
+    }
+    assert_eq!(e(GgmlType::Q5_0, 9, 4096), MmPlan::Exact(ExactForm::Q32));
+    assert_eq!(e(GgmlType::Q5_1, 512, 4096), MmPlan::Exact(ExactForm::Q32));
+    assert_eq!(e(q4, 512, 576), MmPlan::Exact(ExactForm::Q32));
+    assert_eq!(e(q4, 512, 1312), MmPlan::Exact(ExactForm::Q32));
+    let sm75 = MmCaps { arch_major: 7, ..c };
+    assert_eq!(
+        plan_of(q4, &[4096], 4096, 512, Mode::Exact, &sm75),
+        MmPlan::Exact(ExactForm::Q32)
+    );
+    let mut unaligned = shape(q4, &[4096], 4096, 512);
+    unaligned.aligned16 = false;
+    let t = MatmulTuning::for_arch(9);
+    assert_eq!(
+        plan(&unaligned, Mode::Exact, &c, &t),
+        MmPlan::Exact(ExactForm::Q32)
+    );
+    // The table: the one-k-group entry, and the form from two rows (the
+    // decode matvec's rows otherwise); the same bits either way.
+    let xm = |n, t: &MatmulTuning| plan(&shape(q4, &[4096], 4096, n), Mode::Exact, &c, t);
+    assert_eq!((XM_FORMS[0].kg, XM_FORMS[1].kg), (2, 1));
+    // By rows: two k groups for batched decode, one for prefill.
+    assert_eq!(xm(64, &t), MmPlan::Exact(ExactForm::Mma { form: 0 }));
+    assert_eq!(xm(65, &t), MmPlan::Exact(ExactForm::Mma { form: 1 }));
+    let mut k1 = t.clone();
+    k1.exact_mma_kg = Some(1);
+    assert_eq!(xm(9, &k1), MmPlan::Exact(ExactForm::Mma { form: 1 }));
+    k1.exact_mma_kg = Some(2);
+    assert_eq!(xm(512, &k1), MmPlan::Exact(ExactForm::Mma { form: 0 }));
+    let mut from2 = t.clone();
+    from2.exact_mma_rows = 1;
+    assert_eq!(
+        plan(&shape(q4, &[4096], 4096, 2), Mode::Exact, &c, &from2),
+        MmPlan::Exact(ExactForm::Mma { form: 0 })
+    );
+    assert_eq!(
+        plan(&shape(q4, &[4096], 4096, 1), Mode::Exact, &c, &from2),
+        MmPlan::Exact(ExactForm::Matvec)
+    );
+    // Every entry's shared memory fits an sm_90 CTA (227 KiB).
+    for f in XM_FORMS {
+        assert!(
+            xm_smem_max(f.name).is_some_and(|b| b <= 227 * 1024),
+            "{f:?}"
+        );
+    }
+    let mut off = t.clone();
+    off.exact_mma = false;
+    assert_eq!(
+        plan(&shape(q4, &[4096], 4096, 512), Mode::Exact, &c, &off),
+        MmPlan::Exact(ExactForm::Q32)
+    );
     assert_eq!(e(GgmlType::Q4_K, 1, 4096), MmPlan::Exact(ExactForm::KQuant));
     assert_eq!(e(GgmlType::F16, 512, 4096), MmPlan::Exact(ExactForm::Float));
     // k not a multiple of 32: the canonical kernels in every mode.
