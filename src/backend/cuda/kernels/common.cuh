@@ -451,6 +451,16 @@ __device__ __forceinline__ void cp_async_wait_group() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+// A shared-memory word at p, which is 4-byte aligned when ALIGNED, else
+// 2-byte aligned (two halves): the raw weight blocks of the int8 MMA
+// kernels (matmul_mma_fast.cu, matmul_exact_mma.cu).
+template <bool ALIGNED>
+__device__ __forceinline__ u32 lds_word(const u8* p) {
+    if (ALIGNED) return *(const u32*)p;
+    const u16* h = (const u16*)p;
+    return (u32)h[0] | ((u32)h[1] << 16);
+}
+
 // Two f16 (low half first) to f32.
 __device__ __forceinline__ float2 q_f16x2(u32 v) {
     return make_float2(q_f16((u16)(v & 0xFFFF)), q_f16((u16)(v >> 16)));

@@ -83,15 +83,6 @@ __device__ __forceinline__ void xm_mma_u8(const u32* a, u32 b0, u32 b1, int* c) 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(XM_MAGIC));
 }
 
-// A shared-memory word at p: 4-byte aligned when ALIGNED, else 2-byte
-// aligned (two halves).
-template <bool ALIGNED>
-__device__ __forceinline__ u32 xm_word(const u8* p) {
-    if (ALIGNED) return *(const u32*)p;
-    const u16* h = (const u16*)p;
-    return (u32)h[0] | ((u32)h[1] << 16);
-}
-
 // Queues chunk `b0` (its first block, a multiple of 8) into stage st:
 // XM_MR rows of raw weights from CTA row `by` (row bytes rb), XM_NR rows of
 // 16-bit activations (qs: canon_chunk's layout, rows of k) stored per
@@ -169,10 +160,10 @@ __device__ __forceinline__ void xm_chunk(const u8* st, float (*acc)[2][4]) {
             mw[h] = TY == TY_Q4_1 ? q_f16(*(const u16*)(blk + 2)) : 0.0f;
             const u8* q = blk + QOFF + 4 * t;
             if (TY == TY_Q8_0) {
-                a[h] = al ? xm_word<true>(q) : xm_word<false>(q);
-                a[2 + h] = al ? xm_word<true>(q + 16) : xm_word<false>(q + 16);
+                a[h] = al ? lds_word<true>(q) : lds_word<false>(q);
+                a[2 + h] = al ? lds_word<true>(q + 16) : lds_word<false>(q + 16);
             } else {
-                u32 v = al ? xm_word<true>(q) : xm_word<false>(q);
+                u32 v = al ? lds_word<true>(q) : lds_word<false>(q);
                 u32 lo = v & 0x0F0F0F0Fu, hi = (v >> 4) & 0x0F0F0F0Fu;
                 if (TY == TY_Q4_0) {
                     // q - 8 per byte (mm_q32's block_isum): -8..7 as int8.

@@ -101,15 +101,6 @@ __device__ __forceinline__ void mma_s8_16832(const u32* a, u32 b0, u32 b1, int* 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(MQ_MAGIC));
 }
 
-// A shared-memory word at p, which is 4-byte aligned when ALIGNED, else
-// 2-byte aligned (two halves).
-template <bool ALIGNED>
-__device__ __forceinline__ u32 lds_word(const u8* p) {
-    if (ALIGNED) return *(const u32*)p;
-    const u16* h = (const u16*)p;
-    return (u32)h[0] | ((u32)h[1] << 16);
-}
-
 // Queues chunk `b0` (its first block) into stage st: MQ_ROWS rows of raw
 // weights, TOK rows of activations, their scales as [block][row]. Rows
 // past m or n are not copied: whatever the stage holds there only reaches
