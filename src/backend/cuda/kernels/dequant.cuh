@@ -55,6 +55,13 @@ __device__ constexpr int gr_type_size(int ty) {
     }
 }
 
+// Shared row stride of a chunk's raw weights in the int8 MMA kernels
+// (matmul_mma_fast.cu, matmul_exact_mma.cu; ops/matmul/mq.rs mq_wld): 8
+// blocks, padded so that the eight rows g = 0..7 of a fragment load start
+// in banks 4 g apart (mod 32) or a permutation of them (Q4_1's 160 bytes
+// would put rows 0 and 4 in one bank).
+__device__ constexpr int mq_wld(int ty) { return ty == TY_Q4_1 ? 176 : 8 * gr_type_size(ty); }
+
 __device__ float q_dequant(const u8* __restrict__ row, int e, int ty) {
     float y;
     if (ty == 20) {

@@ -179,12 +179,7 @@ pub(crate) const XM_FORMS: [XmForm; 2] = [
 /// mm_exact_mma's dynamic shared memory for `ty` in `form`
 /// (xm_stage_bytes times its stages), or None for a type it does not take.
 pub(crate) fn xm_smem(ty: GgmlType, form: &XmForm) -> Option<usize> {
-    let wld = match ty {
-        GgmlType::Q4_0 => 144,
-        GgmlType::Q4_1 => 176,
-        GgmlType::Q8_0 => 272,
-        _ => return None,
-    };
+    let wld = mq::mq_wld(ty)?;
     Some(form.stages * (XM_ROWS * wld + XM_TOK * (8 * 32 + 16) * 2 + 2 * 8 * XM_TOK * 4))
 }
 

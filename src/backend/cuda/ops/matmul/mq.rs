@@ -166,16 +166,23 @@ pub(crate) fn ctas_fit(smem: usize, ctas: usize) -> bool {
     smem <= 227 * 1024 && ctas * (smem + 1024) <= 228 * 1024
 }
 
+/// The shared row stride of a chunk's raw weights (8 blocks) in the int8
+/// MMA kernels (mq_wld in kernels/dequant.cuh: Q4_1 padded), or None for a
+/// type they do not take.
+pub(crate) fn mq_wld(ty: GgmlType) -> Option<usize> {
+    match ty {
+        GgmlType::Q4_0 => Some(8 * 18),
+        GgmlType::Q4_1 => Some(176),
+        GgmlType::Q8_0 => Some(8 * 34),
+        _ => None,
+    }
+}
+
 /// Shared memory of one CTA of kernel `kern` for weights of type `ty`
 /// (mq_wld and mq_stage_bytes in the kernel), or None for a type it does
 /// not take.
 pub(crate) fn mq_smem(ty: GgmlType, kern: MqKernel) -> Option<usize> {
-    let wld = match ty {
-        GgmlType::Q4_0 => 8 * 18,
-        GgmlType::Q4_1 => 176,
-        GgmlType::Q8_0 => 8 * 34,
-        _ => return None,
-    };
+    let wld = mq_wld(ty)?;
     // The stages, then one mbarrier per stage (the bulk tensor copies).
     Some(kern.stages * (MQ_ROWS * wld + kern.tok * MQ_XLD + MQ_KB * kern.tok * 8 + 8))
 }

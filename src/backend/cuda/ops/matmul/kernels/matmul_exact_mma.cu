@@ -56,32 +56,21 @@
 #define XM_MAGIC 0x4B400000
 #define XM_MAGIC_F 12582912.0f
 
-// Shared row stride of a chunk's raw weights (8 blocks; Q4_1 padded so
-// that rows g = 0..7 start in distinct groups of banks).
-__device__ constexpr int xm_wld(int ty) { return ty == TY_Q4_1 ? 176 : 8 * gr_type_size(ty); }
 // One stage: weights, activations, then the scales d [8][XM_NR] and the
 // Q4_1 minimum's s [8][XM_NR] (ops/matmul/exact.rs xm_smem: the same sum).
 __device__ constexpr int xm_stage_bytes(int ty) {
-    return XM_MR * xm_wld(ty) + XM_NR * XM_XLD * 2 + 2 * 8 * XM_NR * 4;
+    return XM_MR * mq_wld(ty) + XM_NR * XM_XLD * 2 + 2 * 8 * XM_NR * 4;
 }
 
 // c = a . b + XM_MAGIC over one k32 step: weights (s8) by the activations'
-// high bytes (s8) or low bytes (u8). Not volatile: a pure function of its
-// registers, which the compiler may schedule among the other blocks' work.
-__device__ __forceinline__ void xm_mma_s8(const u32* a, u32 b0, u32 b1, int* c) {
-    asm(
-        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%10,%10,%10,%10};"
-        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(XM_MAGIC));
-}
-__device__ __forceinline__ void xm_mma_u8(const u32* a, u32 b0, u32 b1, int* c) {
-    asm(
-        "mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%10,%10,%10,%10};"
-        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(XM_MAGIC));
-}
+// high bytes (s8, BT = "s8") or low bytes (u8, BT = "u8"). Not volatile: a
+// pure function of its registers, which the compiler may schedule among
+// the other blocks' work.
+#define XM_MMA(BT, a, b0, b1, c)                                                         \
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8." BT ".s32 {%0,%1,%2,%3}, "            \
+        "{%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"                                     \
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])                                 \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(XM_MAGIC))
 
 // Queues chunk `b0` (its first block, a multiple of 8) into stage st:
 // XM_MR rows of raw weights from CTA row `by` (row bytes rb), XM_NR rows of
@@ -94,7 +83,7 @@ __device__ __forceinline__ void xm_issue(const u8* __restrict__ w, int m, long l
                                          const float* __restrict__ ad,
                                          const float* __restrict__ as, int k, int n, int b0,
                                          int by, u8* st) {
-    constexpr int BS = gr_type_size(TY), WLD = xm_wld(TY), WP = 8 * BS / 16;
+    constexpr int BS = gr_type_size(TY), WLD = mq_wld(TY), WP = 8 * BS / 16;
     constexpr int T = XM_THREADS(KG);
     int tid = threadIdx.x;
     int rows = min(XM_MR, m - by * XM_MR);
@@ -136,7 +125,7 @@ __device__ __forceinline__ void xm_issue(const u8* __restrict__ w, int m, long l
 template <int TY, int KG, int NT>
 __device__ __forceinline__ void xm_chunk(const u8* st, float (*acc)[2][4]) {
     constexpr int L = 8 / KG;
-    constexpr int BS = gr_type_size(TY), WLD = xm_wld(TY);
+    constexpr int BS = gr_type_size(TY), WLD = mq_wld(TY);
     constexpr int QOFF = TY == TY_Q4_1 ? 4 : 2;
     int wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 2, t = lane & 3;
@@ -185,8 +174,8 @@ __device__ __forceinline__ void xm_chunk(const u8* st, float (*acc)[2][4]) {
             u32 h0 = __byte_perm(p0.x, p0.y, 0x7531), l0 = __byte_perm(p0.x, p0.y, 0x6420);
             u32 h1 = __byte_perm(p1.x, p1.y, 0x7531), l1 = __byte_perm(p1.x, p1.y, 0x6420);
             int ch[4], cl[4];
-            xm_mma_s8(a, h0, h1, ch);
-            xm_mma_u8(a, l0, l1, cl);
+            XM_MMA("s8", a, h0, h1, ch);
+            XM_MMA("u8", a, l0, l1, cl);
             // d (and s) of activation rows 2t, 2t + 1 of this tile.
             float2 d = *(const float2*)(sd + bi * XM_NR + 8 * nt);
             float2 s = TY == TY_Q4_1 ? *(const float2*)(sd + (8 + bi) * XM_NR + 8 * nt)

@@ -72,11 +72,6 @@
 __device__ constexpr int mq_ntw(int wn, int tok) { return tok / 8 / wn; }
 __device__ constexpr int mq_min(int a, int b) { return a < b ? a : b; }
 
-// Shared row stride of a chunk's raw weights: 8 blocks, padded so that the
-// eight rows g = 0..7 of a fragment load start in banks 4 g apart (mod 32)
-// or a permutation of them (Q4_1's 160 bytes would put rows 0 and 4 in one
-// bank).
-__device__ constexpr int mq_wld(int ty) { return ty == TY_Q4_1 ? 176 : 8 * gr_type_size(ty); }
 __device__ constexpr int mq_stage_bytes(int ty, int tok) {
     return MQ_ROWS * mq_wld(ty) + tok * MQ_XLD + MQ_KB * tok * 8;
 }
